@@ -1,0 +1,4 @@
+fn main() {
+    eprintln!("ferroccl-bench: not built yet");
+    std::process::exit(1)
+}

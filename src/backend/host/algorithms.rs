@@ -1,0 +1,463 @@
+//! Each collective as a schedule of sends, receives and local steps.
+//!
+//! Reductions use "owners": the element range is split into one chunk per rank;
+//! every rank streams its part of chunk `o` to rank `o`, which reduces the
+//! contributions in a fixed order (its own first, then ranks o+1, o+2, ... mod n)
+//! straight out of the transport into the result, and then hands the result on
+//! (to everyone for all_reduce, to the root for reduce, nowhere for
+//! reduce_scatter). Every rank reduces 1/n of the data at the same time, the
+//! order is fixed so results are identical on every rank and from run to run, and
+//! narrow floats accumulate in float32 and are rounded once. Chunks are pipelined
+//! in segments so scratch memory stays bounded whatever the message size.
+
+use super::engine::{RunCtl, Schedule, Sink};
+use crate::coll::{Coll, CollKind};
+use crate::error::{Error, Result};
+use crate::mem::reduce;
+use crate::transport::Transport;
+use crate::types::{DataType, RedOp};
+
+/// Elements of a reduction pipelined at a time are at most this many bytes.
+const SEG_BYTES: usize = 256 << 10;
+
+/// Scratch buffers that must outlive a schedule's run.
+#[derive(Default)]
+pub struct Scratch {
+    bufs: Vec<Box<[u8]>>,
+}
+
+impl Scratch {
+    /// A zeroed buffer whose address stays fixed until the scratch is dropped.
+    pub fn alloc(&mut self, bytes: usize) -> *mut u8 {
+        let mut b = vec![0u8; bytes.max(8)].into_boxed_slice();
+        let p = b.as_mut_ptr();
+        self.bufs.push(b);
+        p
+    }
+}
+
+/// A raw pointer that a local step may carry to the thread that runs it.
+#[derive(Clone, Copy)]
+struct P(*mut u8);
+// SAFETY: the buffers behind these pointers are owned by the caller of the
+// collective (or by Scratch) and outlive the run; steps touch them in dependency order.
+unsafe impl Send for P {}
+
+/// Balanced split of `count` elements into `n` parts: (start, len) of part `i`.
+pub fn part(count: usize, n: usize, i: usize) -> (usize, usize) {
+    let (base, rem) = (count / n, count % n);
+    (i * base + i.min(rem), base + usize::from(i < rem))
+}
+
+/// Segments of a chunk of `len` elements: (offset, len) pairs.
+fn segments(len: usize, dtype: DataType) -> impl Iterator<Item = (usize, usize)> {
+    let seg = (SEG_BYTES / dtype.size()).max(1);
+    (0..len.div_ceil(seg)).map(move |k| (k * seg, seg.min(len - k * seg)))
+}
+
+/// Adds the steps of one collective (count > 0, validated) to `s`.
+pub fn build(s: &mut Schedule<'_>, co: &Coll, rank: usize, n: usize, scratch: &mut Scratch, _seq: u64) -> Result<()> {
+    let es = co.dtype.size();
+    let send = co.send as *mut u8;
+    let recv = co.recv;
+    let bytes = co.count * es;
+    match co.kind {
+        CollKind::AllReduce => {
+            let chunks = |o: usize| part(co.count, n, o);
+            reduce_phase(s, co, rank, n, scratch, &chunks, &|o| chunks(o).0, Dest::All)
+        }
+        CollKind::ReduceScatter => {
+            let chunks = |o: usize| (o * co.count, co.count);
+            reduce_phase(s, co, rank, n, scratch, &chunks, &|_| 0, Dest::Keep)
+        }
+        CollKind::Reduce => {
+            let chunks = |o: usize| part(co.count, n, o);
+            reduce_phase(s, co, rank, n, scratch, &chunks, &|o| chunks(o).0, Dest::Root(co.root))
+        }
+        CollKind::Broadcast => {
+            if rank == co.root {
+                copy_local(s, send, recv, bytes);
+                for p in (0..n).filter(|&p| p != rank) {
+                    s.send(p, send, bytes, &[]);
+                }
+            } else {
+                s.recv(co.root, bytes, Sink::Copy(recv), &[]);
+            }
+            Ok(())
+        }
+        CollKind::AllGather => {
+            // SAFETY (offsets below): recvbuff holds n*bytes (validated).
+            let mine = unsafe { recv.add(rank * bytes) };
+            copy_local(s, send, mine, bytes);
+            for p in (0..n).filter(|&p| p != rank) {
+                s.send(p, send, bytes, &[]);
+            }
+            for p in (0..n).filter(|&p| p != rank) {
+                s.recv(p, bytes, Sink::Copy(unsafe { recv.add(p * bytes) }), &[]);
+            }
+            Ok(())
+        }
+        CollKind::AlltoAll => {
+            let in_place = send == recv;
+            // SAFETY: both buffers hold n*bytes (validated).
+            copy_local(s, unsafe { send.add(rank * bytes) }, unsafe { recv.add(rank * bytes) }, bytes);
+            let mut sent = vec![usize::MAX; n];
+            for p in (0..n).filter(|&p| p != rank) {
+                sent[p] = s.send(p, unsafe { send.add(p * bytes) }, bytes, &[]);
+            }
+            for p in (0..n).filter(|&p| p != rank) {
+                // In place, block p may be overwritten only once it has been sent.
+                let deps: &[usize] = if in_place { std::slice::from_ref(&sent[p]) } else { &[] };
+                s.recv(p, bytes, Sink::Copy(unsafe { recv.add(p * bytes) }), deps);
+            }
+            Ok(())
+        }
+        CollKind::Gather => {
+            if rank == co.root {
+                copy_local(s, send, unsafe { recv.add(rank * bytes) }, bytes);
+                for p in (0..n).filter(|&p| p != rank) {
+                    s.recv(p, bytes, Sink::Copy(unsafe { recv.add(p * bytes) }), &[]);
+                }
+            } else {
+                s.send(co.root, send, bytes, &[]);
+            }
+            Ok(())
+        }
+        CollKind::Scatter => {
+            if rank == co.root {
+                copy_local(s, unsafe { send.add(rank * bytes) }, recv, bytes);
+                for p in (0..n).filter(|&p| p != rank) {
+                    s.send(p, unsafe { send.add(p * bytes) }, bytes, &[]);
+                }
+            } else {
+                s.recv(co.root, bytes, Sink::Copy(recv), &[]);
+            }
+            Ok(())
+        }
+        CollKind::AlltoAllv => {
+            let v = co.v.as_ref().ok_or_else(|| Error::internal("all_to_allv without counts"))?;
+            let mine_s = unsafe { send.add(v.sdispls[rank] * es) };
+            let mine_r = unsafe { recv.add(v.rdispls[rank] * es) };
+            copy_local(s, mine_s, mine_r, v.sendcounts[rank].min(v.recvcounts[rank]) * es);
+            for p in (0..n).filter(|&p| p != rank) {
+                s.send(p, unsafe { send.add(v.sdispls[p] * es) }, v.sendcounts[p] * es, &[]);
+            }
+            for p in (0..n).filter(|&p| p != rank) {
+                s.recv(p, v.recvcounts[p] * es, Sink::Copy(unsafe { recv.add(v.rdispls[p] * es) }), &[]);
+            }
+            Ok(())
+        }
+        CollKind::Barrier => {
+            for p in (0..n).filter(|&p| p != rank) {
+                s.send(p, std::ptr::null(), 0, &[]);
+            }
+            for p in (0..n).filter(|&p| p != rank) {
+                s.recv(p, 0, Sink::Discard, &[]);
+            }
+            Ok(())
+        }
+        CollKind::Send => {
+            s.p2p_send(co.root, send, bytes, format!("fcclSend of {} x {} to rank {}", co.count, co.dtype, co.root));
+            Ok(())
+        }
+        CollKind::Recv => {
+            s.p2p_recv(co.root, recv, bytes, format!("fcclRecv of {} x {} from rank {}", co.count, co.dtype, co.root));
+            Ok(())
+        }
+    }
+}
+
+/// A local memcpy step unless source and destination are the same.
+fn copy_local(s: &mut Schedule<'_>, src: *mut u8, dst: *mut u8, bytes: usize) {
+    if src == dst || bytes == 0 {
+        return;
+    }
+    let (src, dst) = (P(src), P(dst));
+    s.local(
+        move || {
+            let (src, dst) = (src, dst);
+            // SAFETY: both buffers are valid for `bytes` (validated); copy tolerates overlap.
+            unsafe { std::ptr::copy(src.0, dst.0, bytes) };
+            Ok(())
+        },
+        &[],
+    );
+}
+
+/// Where an owner's reduced chunk goes.
+#[derive(Clone, Copy, PartialEq)]
+enum Dest {
+    /// To every rank (all_reduce); it lands in recvbuff at the chunk's offset.
+    All,
+    /// Stays with the owner (reduce_scatter): recvbuff holds exactly the chunk.
+    Keep,
+    /// To the root (reduce), into its recvbuff at the chunk's offset.
+    Root(usize),
+}
+
+/// The reduction phase shared by all_reduce, reduce_scatter and reduce.
+/// `chunk(o)` = (element offset in sendbuff, length) of owner o's chunk;
+/// `res_off(o)` = element offset of its result in the receiving rank's recvbuff.
+#[allow(clippy::too_many_arguments)]
+fn reduce_phase(
+    s: &mut Schedule<'_>,
+    co: &Coll,
+    rank: usize,
+    n: usize,
+    scratch: &mut Scratch,
+    chunk: &dyn Fn(usize) -> (usize, usize),
+    res_off: &dyn Fn(usize) -> usize,
+    dest: Dest,
+) -> Result<()> {
+    let (dtype, op) = (co.dtype, co.op);
+    let (es, acs) = (dtype.size(), dtype.acc_size());
+    let narrow = dtype.is_narrow_float();
+    let send = co.send as *mut u8;
+    let recv = co.recv;
+    // The result lands in this rank's recvbuff unless reduce's owner is not the root.
+    let result_in_recv = match dest {
+        Dest::Root(root) => rank == root,
+        _ => true,
+    };
+
+    if n == 1 {
+        let (off, len) = chunk(0);
+        // SAFETY: offsets within validated buffers.
+        let (src, dst) = unsafe { (send.add(off * es), recv.add(res_off(0) * es)) };
+        copy_local(s, src, dst, len * es);
+        return Ok(());
+    }
+
+    // 1. Stream my part of every other owner's chunk to it.
+    for o in (0..n).filter(|&o| o != rank) {
+        let (off, len) = chunk(o);
+        for (a, m) in segments(len, dtype) {
+            // SAFETY: within sendbuff (validated size).
+            s.send(o, unsafe { send.add((off + a) * es) }, m * es, &[]);
+        }
+    }
+
+    // 2. Reduce my chunk, segment by segment, in a fixed order of contributors.
+    let (my_off, my_len) = chunk(rank);
+    let seg_elems = (SEG_BYTES / es).max(1).min(my_len.max(1));
+    let needs_scratch_acc = narrow || !result_in_recv;
+    // Two slots so that receiving segment k+1 overlaps finishing segment k.
+    let acc_slots: [*mut u8; 2] = if needs_scratch_acc {
+        [scratch.alloc(seg_elems * acs), scratch.alloc(seg_elems * acs)]
+    } else {
+        [std::ptr::null_mut(); 2]
+    };
+    // Narrow results for the root are rounded into their own buffer before sending.
+    let out_slots: [*mut u8; 2] = if narrow && !result_in_recv {
+        [scratch.alloc(seg_elems * es), scratch.alloc(seg_elems * es)]
+    } else {
+        [std::ptr::null_mut(); 2]
+    };
+    let mut slot_free: [Option<usize>; 2] = [None, None];
+    for (k, (a, m)) in segments(my_len, dtype).enumerate() {
+        let slot = k % 2;
+        // SAFETY: offsets within validated buffers.
+        let own = unsafe { send.add((my_off + a) * es) } as *const u8;
+        let res = if result_in_recv { unsafe { recv.add((res_off(rank) + a) * es) } } else { out_slots[slot] };
+        let acc = if needs_scratch_acc { acc_slots[slot] } else { res };
+        let mut prev: Vec<usize> = slot_free[slot].into_iter().collect();
+        for j in 1..n {
+            let peer = (rank + j) % n;
+            let sink = if j > 1 {
+                Sink::Reduce { acc, dtype, op }
+            } else if std::ptr::eq(acc, own) {
+                // In place: my contribution already sits in the accumulator.
+                Sink::Reduce { acc, dtype, op }
+            } else {
+                Sink::ReduceInit { acc, other: own, dtype, op }
+            };
+            let id = s.recv(peer, m * es, sink, &prev);
+            prev = vec![id];
+        }
+        // Round (narrow types) or divide (avg) once all contributions are in.
+        let ready = if narrow {
+            let (accp, resp) = (P(acc), P(res));
+            s.local(
+                move || {
+                    let (accp, resp) = (accp, resp);
+                    // SAFETY: acc holds m accumulators, res m elements; both exclusive to this step now.
+                    let (accs, out) = unsafe {
+                        (std::slice::from_raw_parts(accp.0, m * acs), std::slice::from_raw_parts_mut(resp.0, m * es))
+                    };
+                    reduce::acc_finish(dtype, op, n, accs, out);
+                    Ok(())
+                },
+                &prev,
+            )
+        } else if op == RedOp::Avg {
+            let accp = P(acc);
+            s.local(
+                move || {
+                    let accp = accp;
+                    // SAFETY: as above.
+                    let buf = unsafe { std::slice::from_raw_parts_mut(accp.0, m * es) };
+                    reduce::finish_inplace(dtype, op, n, buf);
+                    Ok(())
+                },
+                &prev,
+            )
+        } else {
+            prev[0]
+        };
+        let out = if needs_scratch_acc && !narrow { acc } else { res };
+        match dest {
+            Dest::All => {
+                for p in (0..n).filter(|&p| p != rank) {
+                    s.send(p, out, m * es, &[ready]);
+                }
+                slot_free[slot] = Some(ready);
+            }
+            Dest::Keep => slot_free[slot] = Some(ready),
+            Dest::Root(root) if root == rank => slot_free[slot] = Some(ready),
+            Dest::Root(root) => slot_free[slot] = Some(s.send(root, out, m * es, &[ready])),
+        }
+    }
+
+    // 3. Receive the other owners' results.
+    let receives_results = match dest {
+        Dest::All => true,
+        Dest::Keep => false,
+        Dest::Root(root) => rank == root,
+    };
+    if receives_results {
+        for o in (0..n).filter(|&o| o != rank) {
+            let (_, len) = chunk(o);
+            for (a, m) in segments(len, dtype) {
+                // SAFETY: within recvbuff (validated size).
+                let dst = unsafe { recv.add((res_off(o) + a) * es) };
+                s.recv(o, m * es, Sink::Copy(dst), &[]);
+            }
+        }
+    }
+    Ok(())
+}
+
+/// For every all_to_allv call: exchange counts with each peer, then let every rank
+/// know who found a mismatch, so all ranks fail together without moving data.
+/// Returns (seq, error if the call must fail) per call.
+pub fn alltoallv_agree(
+    t: &mut Transport,
+    calls: &[&super::Call],
+    ctl: &RunCtl<'_>,
+) -> Result<Vec<(u64, Option<Error>)>> {
+    let (me, n) = (t.rank, t.nranks);
+    let nc = calls.len();
+    let mut scratch = Scratch::default();
+    // counts[p] = [for each call: peer p's (sendcount to me, recvcount from me)].
+    let mut mine_out: Vec<Vec<u64>> = vec![Vec::new(); n];
+    for (p, out) in mine_out.iter_mut().enumerate() {
+        for c in calls {
+            let v = c.coll.v.as_ref().expect("all_to_allv has counts");
+            out.push(v.sendcounts[p] as u64);
+            out.push(v.recvcounts[p] as u64);
+        }
+    }
+    let inbox: Vec<*mut u8> = (0..n).map(|_| scratch.alloc(nc * 16)).collect();
+    let mut s = Schedule::new(calls[0].seq as u32);
+    for p in (0..n).filter(|&p| p != me) {
+        s.send(p, mine_out[p].as_ptr() as *const u8, nc * 16, &[]);
+    }
+    for p in (0..n).filter(|&p| p != me) {
+        s.recv(p, nc * 16, Sink::Copy(inbox[p]), &[]);
+    }
+    if let Some(e) = super::engine::run(t, &mut s, ctl)? {
+        return Err(e);
+    }
+    let read = |p: usize, i: usize| -> u64 {
+        // SAFETY: inbox[p] holds nc*16 bytes written by the run above.
+        let b = unsafe { std::slice::from_raw_parts(inbox[p].add(i * 8), 8) };
+        u64::from_le_bytes(b.try_into().unwrap())
+    };
+    // My findings per call: first mismatch description.
+    let mut found: Vec<Option<String>> = vec![None; nc];
+    for (ci, c) in calls.iter().enumerate() {
+        let v = c.coll.v.as_ref().unwrap();
+        for p in (0..n).filter(|&p| p != me) {
+            let (peer_sends, peer_expects) = (read(p, ci * 2), read(p, ci * 2 + 1));
+            if v.sendcounts[p] as u64 != peer_expects {
+                found[ci].get_or_insert(format!(
+                    "rank {me} sends sendcounts[{p}] = {} elements to rank {p}, but rank {p} expects recvcounts[{me}] = {peer_expects}",
+                    v.sendcounts[p]
+                ));
+            }
+            if peer_sends != v.recvcounts[p] as u64 {
+                found[ci].get_or_insert(format!(
+                    "rank {p} sends sendcounts[{me}] = {peer_sends} elements to rank {me}, but rank {me} expects recvcounts[{p}] = {}",
+                    v.recvcounts[p]
+                ));
+            }
+        }
+        if v.sendcounts[me] != v.recvcounts[me] {
+            found[ci].get_or_insert(format!(
+                "rank {me} sends sendcounts[{me}] = {} elements to itself but expects recvcounts[{me}] = {}",
+                v.sendcounts[me], v.recvcounts[me]
+            ));
+        }
+    }
+    // Agreement: everyone learns which ranks found a mismatch in which call.
+    let flags: Vec<u64> = found.iter().map(|f| u64::from(f.is_some())).collect();
+    let flag_in: Vec<*mut u8> = (0..n).map(|_| scratch.alloc(nc * 8)).collect();
+    let mut s = Schedule::new(calls[0].seq as u32);
+    for p in (0..n).filter(|&p| p != me) {
+        s.send(p, flags.as_ptr() as *const u8, nc * 8, &[]);
+    }
+    for p in (0..n).filter(|&p| p != me) {
+        s.recv(p, nc * 8, Sink::Copy(flag_in[p]), &[]);
+    }
+    if let Some(e) = super::engine::run(t, &mut s, ctl)? {
+        return Err(e);
+    }
+    Ok(calls
+        .iter()
+        .enumerate()
+        .map(|(ci, c)| {
+            let reporters: Vec<String> = (0..n)
+                .filter(|&p| {
+                    if p == me {
+                        return flags[ci] != 0;
+                    }
+                    // SAFETY: flag_in[p] holds nc*8 bytes written by the run above.
+                    let b = unsafe { std::slice::from_raw_parts(flag_in[p].add(ci * 8), 8) };
+                    u64::from_le_bytes(b.try_into().unwrap()) != 0
+                })
+                .map(|p| p.to_string())
+                .collect();
+            let err = match (&found[ci], reporters.is_empty()) {
+                (_, true) => None,
+                (Some(d), false) => Some(Error::mismatch(format!(
+                    "{d}; no data was moved, the communicator is still usable"
+                ))),
+                (None, false) => Some(Error::mismatch(format!(
+                    "ranks {} found mismatched send/receive counts with their peers (see their errors); no data was moved, the communicator is still usable",
+                    reporters.join(", ")
+                ))),
+            };
+            (c.seq, err)
+        })
+        .collect())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn parts_cover_the_range_exactly() {
+        for count in [0usize, 1, 7, 1000003] {
+            for n in 1..9 {
+                let mut next = 0;
+                for i in 0..n {
+                    let (s, l) = part(count, n, i);
+                    assert_eq!(s, next);
+                    next += l;
+                }
+                assert_eq!(next, count);
+            }
+        }
+    }
+}

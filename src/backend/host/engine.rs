@@ -1,0 +1,568 @@
+//! The progress engine: runs a schedule of sends, receives and local steps over the
+//! links of one rank until every step is done.
+//!
+//! A collective is compiled into a [`Schedule`] (a small DAG: each step may wait for
+//! earlier ones); the engine drives all of it at once, so sends to one peer, receives
+//! from another and local reductions overlap, and rings never deadlock as long as
+//! the ranks' schedules agree. Messages to a peer are written in schedule order and
+//! read in schedule order; point-to-point messages have their own handshake (header,
+//! reply with the receiver's count, payload) so that a count mismatch is reported on
+//! both sides and leaves the streams aligned.
+
+use crate::error::{Error, Result};
+use crate::mem::reduce;
+use crate::transport::Transport;
+use crate::types::{DataType, RedOp};
+use std::collections::VecDeque;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::{Duration, Instant};
+
+const HDR: usize = 16;
+const K_DATA: u8 = 1;
+const K_P2P_HDR: u8 = 2;
+const K_P2P_REPLY: u8 = 3;
+const K_P2P_DATA: u8 = 4;
+
+const fn pad8(n: usize) -> usize {
+    (n + 7) & !7
+}
+
+/// Where incoming payload bytes go.
+#[derive(Clone, Copy)]
+pub enum Sink {
+    /// Copy to `dst`.
+    Copy(*mut u8),
+    /// `acc op= incoming` in the accumulator type of `dtype` (acc holds acc_size() per element).
+    Reduce { acc: *mut u8, dtype: DataType, op: RedOp },
+    /// `acc = widen(other) op widen(incoming)`; `acc` must not overlap `other`.
+    ReduceInit { acc: *mut u8, other: *const u8, dtype: DataType, op: RedOp },
+    /// Read and drop (used to skip a payload nobody wants).
+    Discard,
+}
+
+impl Sink {
+    /// Consumes `data`, which starts `off` bytes into the message payload.
+    ///
+    /// # Safety
+    /// The destination regions named by the sink must be valid for the message's
+    /// length and not accessed by anyone else while the step runs.
+    unsafe fn consume(&self, off: usize, data: &[u8]) {
+        match *self {
+            Sink::Copy(dst) => {
+                // SAFETY: caller guarantees dst is valid for the message length.
+                unsafe { std::ptr::copy_nonoverlapping(data.as_ptr(), dst.add(off), data.len()) }
+            }
+            Sink::Reduce { acc, dtype, op } => {
+                let (es, acs) = (dtype.size(), dtype.acc_size());
+                // SAFETY: as above; acc has acc_size() bytes per element of the message.
+                let acc = unsafe { std::slice::from_raw_parts_mut(acc.add(off / es * acs), data.len() / es * acs) };
+                reduce::acc_reduce(dtype, op, acc, data);
+            }
+            Sink::ReduceInit { acc, other, dtype, op } => {
+                let (es, acs) = (dtype.size(), dtype.acc_size());
+                // SAFETY: as above; other is valid for the message length and disjoint from acc.
+                let (acc, other) = unsafe {
+                    (
+                        std::slice::from_raw_parts_mut(acc.add(off / es * acs), data.len() / es * acs),
+                        std::slice::from_raw_parts(other.add(off), data.len()),
+                    )
+                };
+                reduce::acc_init2(dtype, op, acc, other, data);
+            }
+            Sink::Discard => {}
+        }
+    }
+}
+
+/// A local step: runs once its dependencies are done.
+pub type LocalFn<'a> = Box<dyn FnMut() -> Result<()> + Send + 'a>;
+
+pub enum Action<'a> {
+    /// A collective message of `len` bytes from `src`.
+    Send {
+        peer: usize,
+        src: *const u8,
+        len: usize,
+    },
+    /// A collective message of exactly `len` bytes.
+    Recv {
+        peer: usize,
+        len: usize,
+        sink: Sink,
+    },
+    /// fcclSend: handshake with the receiver's count, then payload.
+    P2pSend {
+        peer: usize,
+        src: *const u8,
+        len: usize,
+        what: String,
+    },
+    /// fcclRecv.
+    P2pRecv {
+        peer: usize,
+        dst: *mut u8,
+        len: usize,
+        what: String,
+    },
+    Local(LocalFn<'a>),
+}
+
+pub struct Step<'a> {
+    pub action: Action<'a>,
+    pub deps: Vec<usize>,
+    /// Sequence number of the collective the step belongs to (checked on receipt).
+    pub tag: u32,
+}
+
+/// Steps in an order in which every rank agrees on per-peer message order.
+#[derive(Default)]
+pub struct Schedule<'a> {
+    pub steps: Vec<Step<'a>>,
+    /// Tag given to the steps added next.
+    pub tag: u32,
+}
+
+// SAFETY: raw pointers in steps point at user or scratch buffers that the caller
+// keeps valid and otherwise untouched until the run ends; a schedule moves to a
+// group thread as a whole and is used by one thread at a time.
+unsafe impl Send for Schedule<'_> {}
+
+impl<'a> Schedule<'a> {
+    pub fn new(tag: u32) -> Self {
+        Schedule { steps: Vec::new(), tag }
+    }
+    fn push(&mut self, action: Action<'a>, deps: &[usize]) -> usize {
+        self.steps.push(Step { action, deps: deps.to_vec(), tag: self.tag });
+        self.steps.len() - 1
+    }
+    pub fn send(&mut self, peer: usize, src: *const u8, len: usize, deps: &[usize]) -> usize {
+        self.push(Action::Send { peer, src, len }, deps)
+    }
+    pub fn recv(&mut self, peer: usize, len: usize, sink: Sink, deps: &[usize]) -> usize {
+        self.push(Action::Recv { peer, len, sink }, deps)
+    }
+    pub fn local(&mut self, f: impl FnMut() -> Result<()> + Send + 'a, deps: &[usize]) -> usize {
+        self.push(Action::Local(Box::new(f)), deps)
+    }
+    pub fn p2p_send(&mut self, peer: usize, src: *const u8, len: usize, what: String) -> usize {
+        self.push(Action::P2pSend { peer, src, len, what }, &[])
+    }
+    pub fn p2p_recv(&mut self, peer: usize, dst: *mut u8, len: usize, what: String) -> usize {
+        self.push(Action::P2pRecv { peer, dst, len, what }, &[])
+    }
+    /// Appends another schedule's steps (group calls), keeping its dependencies.
+    pub fn append(&mut self, other: Schedule<'a>) {
+        let base = self.steps.len();
+        for mut s in other.steps {
+            for d in &mut s.deps {
+                *d += base;
+            }
+            self.steps.push(s);
+        }
+    }
+    pub fn is_empty(&self) -> bool {
+        self.steps.is_empty()
+    }
+}
+
+/// What bounds a run.
+pub struct RunCtl<'a> {
+    pub deadline: Instant,
+    pub timeout: Duration,
+    pub abort: &'a AtomicBool,
+    /// Operation name for messages ("fcclAllReduce (seq 12)").
+    pub what: &'a str,
+}
+
+/// An outgoing message being written.
+struct Tx {
+    kind: u8,
+    tag: u32,
+    /// The header's length field: the payload's size, or for a handshake the count announced.
+    announce: usize,
+    src: *const u8,
+    /// Payload bytes that follow the header.
+    payload: usize,
+    step: Option<usize>,
+    written: usize,
+}
+
+impl Tx {
+    fn data(kind: u8, tag: u32, src: *const u8, len: usize, step: Option<usize>) -> Tx {
+        Tx { kind, tag, announce: len, src, payload: len, step, written: 0 }
+    }
+    fn control(kind: u8, tag: u32, announce: usize) -> Tx {
+        Tx { kind, tag, announce, src: std::ptr::null(), payload: 0, step: None, written: 0 }
+    }
+}
+
+/// An incoming message being read.
+struct Rx {
+    step: Option<usize>,
+    len: usize,
+    sink: Sink,
+    read: usize,
+}
+
+#[derive(Default)]
+struct Peer {
+    cur_tx: Option<Tx>,
+    urgent: VecDeque<Tx>,
+    send_q: VecDeque<usize>,
+    data_rq: VecDeque<usize>,
+    p2p_rq: VecDeque<usize>,
+    awaiting_reply: VecDeque<usize>,
+    awaiting_payload: VecDeque<usize>,
+    cur_rx: Option<Rx>,
+}
+
+/// Runs `sched` to completion. Fatal errors (timeout, dead peer, desynchronised
+/// streams) return `Err` at once; a step-level error (a point-to-point count
+/// mismatch, which leaves the streams aligned) comes back as `Ok(Some(e))` after
+/// every other step finished.
+pub fn run(t: &mut Transport, sched: &mut Schedule<'_>, ctl: &RunCtl<'_>) -> Result<Option<Error>> {
+    let n = sched.steps.len();
+    if n == 0 {
+        return Ok(None);
+    }
+    let mut done = vec![false; n];
+    let mut remaining = n;
+    let mut peers: Vec<Peer> = (0..t.nranks).map(|_| Peer::default()).collect();
+    let mut locals: Vec<usize> = Vec::new();
+    let mut step_err: Option<Error> = None;
+    for (i, s) in sched.steps.iter().enumerate() {
+        match &s.action {
+            Action::Send { peer, .. } | Action::P2pSend { peer, .. } => peers[*peer].send_q.push_back(i),
+            Action::Recv { peer, .. } => peers[*peer].data_rq.push_back(i),
+            Action::P2pRecv { peer, .. } => peers[*peer].p2p_rq.push_back(i),
+            Action::Local(_) => locals.push(i),
+        }
+    }
+    let ready = |done: &[bool], steps: &[Step<'_>], i: usize| steps[i].deps.iter().all(|&d| done[d]);
+
+    let mut idle_since: Option<Instant> = None;
+    let mut last_peer_check = Instant::now();
+    loop {
+        let seen = t.doorbell();
+        let mut progressed = t.progress_io()?;
+
+        // Local steps whose inputs are ready.
+        let mut k = 0;
+        while k < locals.len() {
+            let i = locals[k];
+            if ready(&done, &sched.steps, i) {
+                if let Action::Local(f) = &mut sched.steps[i].action {
+                    f()?;
+                }
+                done[i] = true;
+                remaining -= 1;
+                locals.swap_remove(k);
+                progressed = true;
+            } else {
+                k += 1;
+            }
+        }
+
+        let me = t.rank;
+        for (p, st) in peers.iter_mut().enumerate() {
+            if p == me {
+                continue;
+            }
+            progressed |= pump_tx(t, p, st, sched, &mut done, &mut remaining, &ready)?;
+            progressed |= pump_rx(t, p, st, sched, &mut done, &mut remaining, &mut step_err, &ready, ctl)?;
+        }
+
+        if remaining == 0 {
+            return Ok(step_err);
+        }
+        if progressed {
+            idle_since = None;
+            continue;
+        }
+        // Nothing moved: spin a little (a peer is usually microseconds away), then sleep.
+        let now = Instant::now();
+        let since = *idle_since.get_or_insert(now);
+        if ctl.abort.load(Ordering::Acquire) {
+            return Err(Error::remote(format!("{}: the communicator was aborted", ctl.what)));
+        }
+        let idle = now - since;
+        if idle < Duration::from_micros(30) {
+            std::hint::spin_loop();
+            continue;
+        }
+        if now >= ctl.deadline {
+            return Err(Error::timeout(format!(
+                "{}: timed out after {} ms; {}",
+                ctl.what,
+                ctl.timeout.as_millis(),
+                describe_waiting(t.rank, &peers, &done)
+            )));
+        }
+        if now - last_peer_check > Duration::from_millis(100) {
+            last_peer_check = now;
+            t.check_peers().map_err(|e| e.context(ctl.what))?;
+        }
+        if idle < Duration::from_micros(200) {
+            std::thread::yield_now();
+            continue;
+        }
+        let left = ctl.deadline.saturating_duration_since(now);
+        t.sleep(seen, left.min(Duration::from_millis(20)));
+    }
+}
+
+fn describe_waiting(me: usize, peers: &[Peer], done: &[bool]) -> String {
+    let mut from = Vec::new();
+    let mut to = Vec::new();
+    for (p, st) in peers.iter().enumerate() {
+        if p == me {
+            continue;
+        }
+        let waits_rx = st.cur_rx.is_some()
+            || st.data_rq.iter().any(|&i| !done[i])
+            || !st.p2p_rq.is_empty()
+            || !st.awaiting_reply.is_empty()
+            || !st.awaiting_payload.is_empty();
+        if waits_rx {
+            from.push(p.to_string());
+        }
+        if st.cur_tx.is_some() || !st.send_q.is_empty() || !st.urgent.is_empty() {
+            to.push(p.to_string());
+        }
+    }
+    let mut s = String::new();
+    if !from.is_empty() {
+        s += &format!("ranks that have not arrived (this rank {me} still waits for data from): {}", from.join(", "));
+    }
+    if !to.is_empty() {
+        if !s.is_empty() {
+            s += "; ";
+        }
+        s += &format!("ranks not draining what rank {me} sends them: {}", to.join(", "));
+    }
+    if s.is_empty() {
+        s = "waiting on local steps".into();
+    }
+    s
+}
+
+#[allow(clippy::too_many_arguments)]
+fn pump_tx(
+    t: &mut Transport,
+    p: usize,
+    st: &mut Peer,
+    sched: &mut Schedule<'_>,
+    done: &mut [bool],
+    remaining: &mut usize,
+    ready: &impl Fn(&[bool], &[Step<'_>], usize) -> bool,
+) -> Result<bool> {
+    let mut progressed = false;
+    loop {
+        if st.cur_tx.is_none() {
+            if let Some(m) = st.urgent.pop_front() {
+                st.cur_tx = Some(m);
+            } else if let Some(&i) = st.send_q.front() {
+                if !ready(done, &sched.steps, i) {
+                    break;
+                }
+                st.send_q.pop_front();
+                let tag = sched.steps[i].tag;
+                match sched.steps[i].action {
+                    Action::Send { src, len, .. } => st.cur_tx = Some(Tx::data(K_DATA, tag, src, len, Some(i))),
+                    Action::P2pSend { len, .. } => {
+                        // Announce the count; the payload follows once the receiver agrees.
+                        st.cur_tx = Some(Tx::control(K_P2P_HDR, tag, len));
+                        st.awaiting_reply.push_back(i);
+                    }
+                    _ => unreachable!("only sends are queued for sending"),
+                }
+            } else {
+                break;
+            }
+        }
+        let link = t.link(p);
+        let tx = st.cur_tx.as_mut().expect("set above");
+        let payload = tx.payload;
+        if tx.written < HDR {
+            let space = link.send_space();
+            if space.len() < HDR {
+                break;
+            }
+            space[0] = tx.kind;
+            space[1..4].fill(0);
+            space[4..8].copy_from_slice(&tx.tag.to_le_bytes());
+            space[8..16].copy_from_slice(&(tx.announce as u64).to_le_bytes());
+            link.send_commit(HDR);
+            tx.written = HDR;
+            progressed = true;
+        }
+        // Payload, padded to 8 bytes.
+        let total = HDR + pad8(payload);
+        while tx.written < total {
+            let space = link.send_space();
+            if space.is_empty() {
+                break;
+            }
+            let off = tx.written - HDR;
+            let n = space.len().min(total - tx.written);
+            let data_n = n.min(payload.saturating_sub(off));
+            // SAFETY: src is valid for `payload` bytes (the caller's buffer or
+            // scratch, kept alive and unmodified until this step is done).
+            unsafe { std::ptr::copy_nonoverlapping(tx.src.add(off), space.as_mut_ptr(), data_n) };
+            space[data_n..n].fill(0);
+            link.send_commit(n);
+            tx.written += n;
+            progressed = true;
+        }
+        if tx.written < total {
+            break;
+        }
+        if let Some(i) = tx.step {
+            done[i] = true;
+            *remaining -= 1;
+        }
+        st.cur_tx = None;
+    }
+    Ok(progressed)
+}
+
+#[allow(clippy::too_many_arguments)]
+fn pump_rx(
+    t: &mut Transport,
+    p: usize,
+    st: &mut Peer,
+    sched: &mut Schedule<'_>,
+    done: &mut [bool],
+    remaining: &mut usize,
+    step_err: &mut Option<Error>,
+    ready: &impl Fn(&[bool], &[Step<'_>], usize) -> bool,
+    ctl: &RunCtl<'_>,
+) -> Result<bool> {
+    let mut progressed = false;
+    loop {
+        if st.cur_rx.is_none() {
+            let link = t.link(p);
+            let avail = link.recv_avail();
+            if avail.len() < HDR {
+                break;
+            }
+            let kind = avail[0];
+            let tag = u32::from_le_bytes(avail[4..8].try_into().unwrap());
+            let len = u64::from_le_bytes(avail[8..16].try_into().unwrap()) as usize;
+            match kind {
+                K_DATA => {
+                    let Some(&i) = st.data_rq.front() else { break };
+                    if !ready(done, &sched.steps, i) {
+                        break;
+                    }
+                    let Action::Recv { len: want, sink, .. } = sched.steps[i].action else { unreachable!() };
+                    let want_tag = sched.steps[i].tag;
+                    if tag != want_tag || len != want {
+                        return Err(Error::mismatch(format!(
+                            "{}: rank {p} sent a message for its collective #{tag} of {len} bytes while rank {} expected collective #{want_tag} with {want} bytes: the ranks called different collectives, counts or types. The communicator is unusable now; destroy it (enable checkMode to detect this before any data moves)",
+                            ctl.what, t.rank
+                        )));
+                    }
+                    st.data_rq.pop_front();
+                    link.recv_commit(HDR);
+                    st.cur_rx = Some(Rx { step: Some(i), len, sink, read: 0 });
+                }
+                K_P2P_HDR => {
+                    let Some(&i) = st.p2p_rq.front() else { break };
+                    st.p2p_rq.pop_front();
+                    link.recv_commit(HDR);
+                    let Action::P2pRecv { len: want, ref what, .. } = sched.steps[i].action else { unreachable!() };
+                    // Reply with our count: both sides then know whether the payload comes.
+                    st.urgent.push_back(Tx::control(K_P2P_REPLY, tag, want));
+                    if len != want {
+                        step_err.get_or_insert_with(|| {
+                            Error::mismatch(format!(
+                                "{what}: rank {p} sends {len} bytes but rank {} receives {want} bytes; make the counts and types of the matching fcclSend/fcclRecv agree",
+                                t.rank
+                            ))
+                        });
+                        done[i] = true;
+                        *remaining -= 1;
+                    } else if len == 0 {
+                        done[i] = true;
+                        *remaining -= 1;
+                    } else {
+                        st.awaiting_payload.push_back(i);
+                    }
+                }
+                K_P2P_REPLY => {
+                    let Some(i) = st.awaiting_reply.pop_front() else {
+                        return Err(Error::internal(format!("{}: unexpected reply from rank {p}", ctl.what)));
+                    };
+                    link.recv_commit(HDR);
+                    let Action::P2pSend { src, len: mine, ref what, .. } = sched.steps[i].action else {
+                        unreachable!()
+                    };
+                    if len != mine {
+                        step_err.get_or_insert_with(|| {
+                            Error::mismatch(format!(
+                                "{what}: rank {} sends {mine} bytes but rank {p} receives {len} bytes; make the counts and types of the matching fcclSend/fcclRecv agree",
+                                t.rank
+                            ))
+                        });
+                        done[i] = true;
+                        *remaining -= 1;
+                    } else if mine == 0 {
+                        done[i] = true;
+                        *remaining -= 1;
+                    } else {
+                        st.urgent.push_back(Tx::data(K_P2P_DATA, tag, src, mine, Some(i)));
+                    }
+                    progressed = true;
+                    continue;
+                }
+                K_P2P_DATA => {
+                    let Some(i) = st.awaiting_payload.pop_front() else {
+                        return Err(Error::internal(format!("{}: unexpected payload from rank {p}", ctl.what)));
+                    };
+                    let Action::P2pRecv { dst, len: want, .. } = sched.steps[i].action else { unreachable!() };
+                    if len != want {
+                        return Err(Error::internal(format!(
+                            "{}: payload of {len} bytes from rank {p}, agreed {want}",
+                            ctl.what
+                        )));
+                    }
+                    link.recv_commit(HDR);
+                    st.cur_rx = Some(Rx { step: Some(i), len, sink: Sink::Copy(dst), read: 0 });
+                }
+                k => {
+                    return Err(Error::internal(format!(
+                        "{}: corrupt stream from rank {p} (message kind {k}); the communicator is unusable",
+                        ctl.what
+                    )))
+                }
+            }
+            progressed = true;
+        }
+        let rx = st.cur_rx.as_mut().expect("set above");
+        let total = pad8(rx.len);
+        let link = t.link(p);
+        while rx.read < total {
+            let avail = link.recv_avail();
+            if avail.is_empty() {
+                break;
+            }
+            let n = avail.len().min(total - rx.read);
+            let data_n = n.min(rx.len.saturating_sub(rx.read));
+            // SAFETY: the sink's buffers are valid for the message (schedule contract).
+            unsafe { rx.sink.consume(rx.read, &avail[..data_n]) };
+            link.recv_commit(n);
+            rx.read += n;
+            progressed = true;
+        }
+        if rx.read < total {
+            break;
+        }
+        if let Some(i) = rx.step {
+            done[i] = true;
+            *remaining -= 1;
+        }
+        st.cur_rx = None;
+    }
+    Ok(progressed)
+}

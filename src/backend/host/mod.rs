@@ -1,0 +1,110 @@
+//! The built-in backend: collectives as schedules over the transport's links.
+//!
+//! `algorithms` turns each collective into steps; `engine` runs them. A group of
+//! calls on one communicator becomes one schedule, so matched sends and receives
+//! never deadlock and independent collectives overlap.
+
+pub mod algorithms;
+pub mod engine;
+
+use crate::coll::{Coll, CollKind};
+use crate::error::{Error, Result};
+use crate::transport::Transport;
+use engine::{RunCtl, Schedule};
+use std::sync::atomic::AtomicBool;
+use std::time::{Duration, Instant};
+
+/// One call to execute, with its sequence number on the communicator.
+pub struct Call {
+    pub coll: Coll,
+    pub seq: u64,
+}
+
+/// Runs `calls` (one call, or a group's calls on this communicator) to completion.
+///
+/// `Err` is fatal for the communicator (timeout, dead peer, desynchronised
+/// streams); `Ok(Some(e))` is a failed call after which the communicator is fine
+/// (mismatched all_to_allv or send/recv counts detected before data moved).
+pub fn execute(t: &mut Transport, calls: &[Call], timeout: Duration, abort: &AtomicBool) -> Result<Option<Error>> {
+    let deadline = Instant::now() + timeout;
+    let what = describe(calls, t.rank);
+    let ctl = RunCtl { deadline, timeout, abort, what: &what };
+    let mut scratch = algorithms::Scratch::default();
+    let mut errors: Vec<Error> = Vec::new();
+
+    // all_to_allv first agrees on counts: a mismatch fails every rank, moves no data.
+    let vcalls: Vec<&Call> = calls.iter().filter(|c| c.coll.kind == CollKind::AlltoAllv).collect();
+    let mut skip = vec![false; calls.len()];
+    if !vcalls.is_empty() {
+        let verdicts = algorithms::alltoallv_agree(t, &vcalls, &ctl)?;
+        for (i, c) in calls.iter().enumerate() {
+            if c.coll.kind == CollKind::AlltoAllv {
+                if let Some(Some(e)) = verdicts.iter().find(|(s, _)| *s == c.seq).map(|(_, e)| e.clone()) {
+                    errors.push(e);
+                    skip[i] = true;
+                }
+            }
+        }
+    }
+
+    let mut sched = Schedule::new(0);
+    let mut self_sends: Vec<&Coll> = Vec::new();
+    let mut self_recvs: Vec<&Coll> = Vec::new();
+    for (i, c) in calls.iter().enumerate() {
+        if skip[i] || c.coll.is_noop() {
+            continue;
+        }
+        let co = &c.coll;
+        if matches!(co.kind, CollKind::Send | CollKind::Recv) && co.root == t.rank {
+            if co.kind == CollKind::Send {
+                self_sends.push(co)
+            } else {
+                self_recvs.push(co)
+            }
+            continue;
+        }
+        let mut s = Schedule::new(c.seq as u32);
+        algorithms::build(&mut s, co, t.rank, t.nranks, &mut scratch, c.seq)?;
+        sched.append(s);
+    }
+    // Sends to self match receives from self in order.
+    if self_sends.len() != self_recvs.len() {
+        errors.push(Error::invalid_usage(format!(
+            "rank {} posted {} fcclSend to itself but {} fcclRecv from itself in this group; they must pair up",
+            t.rank,
+            self_sends.len(),
+            self_recvs.len()
+        )));
+    }
+    for (s, r) in self_sends.iter().zip(&self_recvs) {
+        let (sb, rb) = (s.count * s.dtype.size(), r.count * r.dtype.size());
+        if sb != rb {
+            errors.push(Error::mismatch(format!(
+                "rank {} sends {sb} bytes to itself but receives {rb} bytes from itself",
+                t.rank
+            )));
+            continue;
+        }
+        // SAFETY: both buffers are valid for sb bytes (validated); ptr::copy
+        // tolerates overlap.
+        unsafe { std::ptr::copy(s.send, r.recv, sb) };
+    }
+    // A send/recv count mismatch leaves the streams aligned: not fatal.
+    if let Some(e) = engine::run(t, &mut sched, &ctl)? {
+        errors.push(e);
+    }
+    drop(scratch);
+    Ok(errors.into_iter().next())
+}
+
+fn describe(calls: &[Call], rank: usize) -> String {
+    match calls {
+        [c] => format!("{} #{} on rank {rank}", c.coll.kind.c_name(), c.seq),
+        _ => {
+            let names: Vec<String> =
+                calls.iter().take(4).map(|c| format!("{} #{}", c.coll.kind.c_name(), c.seq)).collect();
+            let more = if calls.len() > 4 { format!(" and {} more", calls.len() - 4) } else { String::new() };
+            format!("group of [{}{more}] on rank {rank}", names.join(", "))
+        }
+    }
+}

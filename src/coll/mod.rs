@@ -1,0 +1,287 @@
+//! Collective descriptors and the one validator every call goes through.
+//!
+//! The FFI layer turns a C call into a [`Coll`]; [`Coll::validate`] checks it
+//! against the communicator before any byte moves (NCCL's `ncclEnqueueCheck`
+//! idea); the backend then executes it.
+
+use crate::error::{Error, Result};
+use crate::types::{DataType, RedOp};
+
+/// Which collective.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum CollKind {
+    AllReduce,
+    Broadcast,
+    Reduce,
+    AllGather,
+    ReduceScatter,
+    AlltoAll,
+    Gather,
+    Scatter,
+    AlltoAllv,
+    Send,
+    Recv,
+    Barrier,
+}
+
+impl CollKind {
+    pub const fn c_name(self) -> &'static str {
+        match self {
+            CollKind::AllReduce => "fcclAllReduce",
+            CollKind::Broadcast => "fcclBroadcast",
+            CollKind::Reduce => "fcclReduce",
+            CollKind::AllGather => "fcclAllGather",
+            CollKind::ReduceScatter => "fcclReduceScatter",
+            CollKind::AlltoAll => "fcclAlltoAll",
+            CollKind::Gather => "fcclGather",
+            CollKind::Scatter => "fcclScatter",
+            CollKind::AlltoAllv => "fcclAlltoAllv",
+            CollKind::Send => "fcclSend",
+            CollKind::Recv => "fcclRecv",
+            CollKind::Barrier => "fcclBarrier",
+        }
+    }
+    fn has_root(self) -> bool {
+        matches!(self, CollKind::Broadcast | CollKind::Reduce | CollKind::Gather | CollKind::Scatter)
+    }
+    fn is_p2p(self) -> bool {
+        matches!(self, CollKind::Send | CollKind::Recv)
+    }
+}
+
+/// Per-peer counts and displacements of all_to_allv, in elements.
+#[derive(Clone, Debug, Default)]
+pub struct VCounts {
+    pub sendcounts: Vec<usize>,
+    pub sdispls: Vec<usize>,
+    pub recvcounts: Vec<usize>,
+    pub rdispls: Vec<usize>,
+}
+
+/// One collective call. Buffers are the caller's raw pointers: the C contract
+/// makes them valid for the sizes the arguments imply until the call completes.
+#[derive(Clone, Debug)]
+pub struct Coll {
+    pub kind: CollKind,
+    pub send: *const u8,
+    pub recv: *mut u8,
+    /// Elements: total for all_reduce/broadcast/reduce, per rank for all_gather,
+    /// reduce_scatter, all_to_all, gather and scatter, message size for send/recv.
+    pub count: usize,
+    pub dtype: DataType,
+    pub op: RedOp,
+    /// Root, or the peer of a send/recv.
+    pub root: usize,
+    pub v: Option<Box<VCounts>>,
+}
+
+// SAFETY: the pointers are only dereferenced by the rank's executing thread while
+// the call is in progress (or, in a group, until fcclGroupEnd returns), which the
+// C contract allows.
+unsafe impl Send for Coll {}
+
+impl Coll {
+    pub fn new(kind: CollKind, send: *const u8, recv: *mut u8, count: usize, dtype: DataType) -> Coll {
+        Coll { kind, send, recv, count, dtype, op: RedOp::Sum, root: 0, v: None }
+    }
+
+    /// True when the call moves no data (count 0), so it completes at once.
+    pub fn is_noop(&self) -> bool {
+        match self.kind {
+            CollKind::Barrier => false,
+            CollKind::AlltoAllv => {
+                self.v.as_ref().is_some_and(|v| v.sendcounts.iter().chain(&v.recvcounts).all(|&c| c == 0))
+            }
+            _ => self.count == 0,
+        }
+    }
+
+    /// Byte size of `elems` elements, or an error naming the argument.
+    pub fn bytes(&self, elems: usize, what: &str) -> Result<usize> {
+        elems.checked_mul(self.dtype.size()).filter(|&b| b <= isize::MAX as usize).ok_or_else(|| {
+            Error::invalid_arg(format!(
+                "{what} = {elems} elements of {} overflows the address space; pass a count in elements, not bytes",
+                self.dtype
+            ))
+        })
+    }
+
+    /// Checks arguments against a communicator of `nranks` ranks seen from `rank`.
+    /// Messages name the values and what to do; the caller prefixes the C call.
+    pub fn validate(&self, rank: usize, nranks: usize) -> Result<()> {
+        let k = self.kind;
+        if k.has_root() && self.root >= nranks {
+            return Err(Error::invalid_arg(format!(
+                "root {} out of range for a communicator of {nranks} ranks (valid: 0..{})",
+                self.root,
+                nranks - 1
+            )));
+        }
+        if k.is_p2p() && self.root >= nranks {
+            return Err(Error::invalid_arg(format!(
+                "peer {} out of range for a communicator of {nranks} ranks (valid: 0..{})",
+                self.root,
+                nranks - 1
+            )));
+        }
+        let is_root = self.root == rank;
+        // Size of each buffer this rank uses, in elements.
+        let (send_elems, recv_elems) = match k {
+            CollKind::AllReduce | CollKind::Broadcast | CollKind::Reduce => (self.count, self.count),
+            CollKind::AllGather | CollKind::Gather => (self.count, self.mul(self.count, nranks, "count * nranks")?),
+            CollKind::ReduceScatter | CollKind::AlltoAll | CollKind::Scatter => {
+                (self.mul(self.count, nranks, "count * nranks")?, self.count)
+            }
+            CollKind::Send => (self.count, 0),
+            CollKind::Recv => (0, self.count),
+            CollKind::Barrier => (0, 0),
+            CollKind::AlltoAllv => return self.validate_v(nranks),
+        };
+        let send_used = match k {
+            CollKind::Broadcast | CollKind::Scatter => is_root,
+            CollKind::Recv | CollKind::Barrier => false,
+            _ => true,
+        };
+        let recv_used = match k {
+            CollKind::Reduce | CollKind::Gather => is_root,
+            CollKind::Send | CollKind::Barrier => false,
+            _ => true,
+        };
+        let sb = self.bytes(send_elems, "count")?;
+        let rb = self.bytes(recv_elems, "count")?;
+        if send_used {
+            check_buf(self.send, sb, "sendbuff", self.count)?;
+        }
+        if recv_used {
+            check_buf(self.recv, rb, "recvbuff", self.count)?;
+        }
+        Ok(())
+    }
+
+    fn mul(&self, a: usize, b: usize, what: &str) -> Result<usize> {
+        a.checked_mul(b).ok_or_else(|| Error::invalid_arg(format!("{what} = {a} * {b} overflows size_t")))
+    }
+
+    fn validate_v(&self, nranks: usize) -> Result<()> {
+        let v = self.v.as_ref().ok_or_else(|| Error::internal("all_to_allv without counts"))?;
+        for (name, arr) in [
+            ("sendcounts", &v.sendcounts),
+            ("sdispls", &v.sdispls),
+            ("recvcounts", &v.recvcounts),
+            ("rdispls", &v.rdispls),
+        ] {
+            if arr.len() != nranks {
+                return Err(Error::internal(format!("{name} has {} entries for {nranks} ranks", arr.len())));
+            }
+        }
+        let mut send_extent = 0usize;
+        let mut recv_regions: Vec<(usize, usize, usize)> = Vec::new();
+        for p in 0..nranks {
+            let s_end = v.sdispls[p].checked_add(v.sendcounts[p]).ok_or_else(|| {
+                Error::invalid_arg(format!(
+                    "sdispls[{p}] + sendcounts[{p}] = {} + {} overflows",
+                    v.sdispls[p], v.sendcounts[p]
+                ))
+            })?;
+            let r_end = v.rdispls[p].checked_add(v.recvcounts[p]).ok_or_else(|| {
+                Error::invalid_arg(format!(
+                    "rdispls[{p}] + recvcounts[{p}] = {} + {} overflows",
+                    v.rdispls[p], v.recvcounts[p]
+                ))
+            })?;
+            self.bytes(s_end, &format!("sdispls[{p}] + sendcounts[{p}]"))?;
+            self.bytes(r_end, &format!("rdispls[{p}] + recvcounts[{p}]"))?;
+            if v.sendcounts[p] > 0 {
+                send_extent = send_extent.max(s_end);
+            }
+            if v.recvcounts[p] > 0 {
+                recv_regions.push((v.rdispls[p], r_end, p));
+            }
+        }
+        recv_regions.sort_unstable();
+        for w in recv_regions.windows(2) {
+            let ((a0, a1, pa), (b0, _, pb)) = (w[0], w[1]);
+            if b0 < a1 {
+                return Err(Error::invalid_arg(format!(
+                    "receive regions overlap: rank {pa}'s block [{a0}, {a1}) and rank {pb}'s block starting at {b0} (rdispls/recvcounts in elements); each element of recvbuff may be written once"
+                )));
+            }
+        }
+        let recv_extent = recv_regions.iter().map(|r| r.1).max().unwrap_or(0);
+        if send_extent > 0 {
+            check_buf(self.send, self.bytes(send_extent, "send extent")?, "sendbuff", send_extent)?;
+        }
+        if recv_extent > 0 {
+            check_buf(self.recv, self.bytes(recv_extent, "receive extent")?, "recvbuff", recv_extent)?;
+        }
+        Ok(())
+    }
+}
+
+fn check_buf(p: *const u8, bytes: usize, name: &str, count: usize) -> Result<()> {
+    if bytes == 0 {
+        return Ok(());
+    }
+    if p.is_null() {
+        return Err(Error::invalid_arg(format!("{name} is NULL with count {count}; pass a buffer or count 0")));
+    }
+    if (p as usize).checked_add(bytes).is_none() {
+        return Err(Error::invalid_arg(format!(
+            "{name} {p:p} + {bytes} bytes wraps around the address space; the count is too large"
+        )));
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::error::Code;
+
+    fn c(kind: CollKind, count: usize) -> Coll {
+        let mut b = [0u8; 64];
+        Coll::new(kind, b.as_ptr(), b.as_mut_ptr(), count, DataType::Float32)
+    }
+
+    #[test]
+    fn validator_names_the_bad_value() {
+        let mut x = c(CollKind::Broadcast, 4);
+        x.root = 5;
+        let e = x.validate(0, 4).unwrap_err();
+        assert_eq!(e.code, Code::InvalidArgument);
+        assert!(e.msg.contains("root 5 out of range for a communicator of 4 ranks"), "{}", e.msg);
+        let mut x = c(CollKind::AllReduce, 3);
+        x.send = std::ptr::null();
+        assert!(x.validate(0, 2).unwrap_err().msg.contains("sendbuff is NULL"));
+        let x = c(CollKind::AllReduce, usize::MAX / 2);
+        assert!(x.validate(0, 2).unwrap_err().msg.contains("overflows"));
+        let x = c(CollKind::AllGather, usize::MAX / 8);
+        assert!(x.validate(0, 16).is_err());
+        // Buffers only the root uses may be NULL elsewhere.
+        let mut x = c(CollKind::Reduce, 3);
+        x.root = 1;
+        x.recv = std::ptr::null_mut();
+        assert!(x.validate(0, 2).is_ok());
+        assert!(x.validate(1, 2).is_err());
+        // Count 0 needs no buffers.
+        let mut x = c(CollKind::AllReduce, 0);
+        x.send = std::ptr::null();
+        x.recv = std::ptr::null_mut();
+        assert!(x.validate(0, 2).is_ok());
+    }
+
+    #[test]
+    fn alltoallv_rejects_overlapping_receive_regions() {
+        let mut x = c(CollKind::AlltoAllv, 0);
+        x.v = Some(Box::new(VCounts {
+            sendcounts: vec![1, 1],
+            sdispls: vec![0, 1],
+            recvcounts: vec![2, 2],
+            rdispls: vec![0, 1],
+        }));
+        let e = x.validate(0, 2).unwrap_err();
+        assert!(e.msg.contains("overlap"), "{}", e.msg);
+        x.v.as_mut().unwrap().rdispls = vec![0, 5];
+        assert!(x.validate(0, 2).is_ok());
+    }
+}

@@ -1,0 +1,71 @@
+//! Group calls (`fcclGroupStart`/`fcclGroupEnd`), with NCCL's semantics: calls made
+//! between them are queued and run together at the outermost end, so one thread can
+//! drive several communicators and matched sends and receives never deadlock.
+
+use super::Comm;
+use crate::coll::Coll;
+use crate::error::{Error, Result};
+use std::cell::RefCell;
+use std::sync::Arc;
+
+#[derive(Default)]
+struct Group {
+    depth: usize,
+    calls: Vec<(Arc<Comm>, Coll)>,
+}
+
+thread_local! {
+    static GROUP: RefCell<Group> = RefCell::new(Group::default());
+}
+
+/// Opens a (possibly nested) group on this thread.
+pub fn start() {
+    GROUP.with(|g| g.borrow_mut().depth += 1);
+}
+
+/// True while this thread is inside a group.
+pub fn active() -> bool {
+    GROUP.with(|g| g.borrow().depth > 0)
+}
+
+/// Queues a validated call; it runs at the outermost `end`.
+pub fn enqueue(comm: Arc<Comm>, coll: Coll) {
+    GROUP.with(|g| g.borrow_mut().calls.push((comm, coll)));
+}
+
+/// Closes a group; the outermost close runs every queued call.
+pub fn end() -> Result<()> {
+    let calls = GROUP.with(|g| {
+        let mut g = g.borrow_mut();
+        if g.depth == 0 {
+            return Err(Error::invalid_usage("fcclGroupEnd without a matching fcclGroupStart"));
+        }
+        g.depth -= 1;
+        Ok(if g.depth == 0 { std::mem::take(&mut g.calls) } else { Vec::new() })
+    })?;
+    if calls.is_empty() {
+        return Ok(());
+    }
+    // Each communicator's calls, in the order they were made.
+    let mut per_comm: Vec<(Arc<Comm>, Vec<Coll>)> = Vec::new();
+    for (comm, coll) in calls {
+        match per_comm.iter_mut().find(|(c, _)| Arc::ptr_eq(c, &comm)) {
+            Some((_, v)) => v.push(coll),
+            None => per_comm.push((comm, vec![coll])),
+        }
+    }
+    if per_comm.len() == 1 {
+        let (comm, colls) = per_comm.pop().expect("one entry");
+        return comm.run(colls);
+    }
+    // Several communicators (e.g. all ranks of fcclCommInitAll driven by one
+    // thread): each progresses on its own thread so none waits for another.
+    let results: Vec<Result<()>> = std::thread::scope(|s| {
+        let handles: Vec<_> = per_comm.into_iter().map(|(comm, colls)| s.spawn(move || comm.run(colls))).collect();
+        handles
+            .into_iter()
+            .map(|h| h.join().unwrap_or_else(|_| Err(Error::internal("a group worker panicked"))))
+            .collect()
+    });
+    results.into_iter().find(|r| r.is_err()).unwrap_or(Ok(()))
+}

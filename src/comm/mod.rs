@@ -1,0 +1,279 @@
+//! Communicators: creation (rendezvous, threads, split), execution of calls, abort.
+
+pub mod bootstrap;
+pub mod group;
+mod wireup;
+
+use crate::backend::host::{self, Call};
+use crate::coll::Coll;
+use crate::error::{Code, Error, Result};
+use crate::log;
+use crate::transport::shm::Segment;
+use crate::transport::{inproc, Transport};
+use bootstrap::{Client, UniqueId};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+/// Which backend serves a communicator.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Backend {
+    Auto,
+    Host,
+    Nccl,
+}
+
+/// Communicator options (the core's view of `fcclConfig_t`).
+#[derive(Clone, Debug)]
+pub struct Options {
+    pub blocking: bool,
+    pub timeout: Duration,
+    pub backend: Backend,
+    pub name: String,
+    pub check_mode: bool,
+}
+
+impl Default for Options {
+    fn default() -> Self {
+        Options {
+            blocking: true,
+            timeout: crate::env::default_timeout(),
+            backend: Backend::Auto,
+            name: String::new(),
+            check_mode: false,
+        }
+    }
+}
+
+struct State {
+    transport: Transport,
+    /// Calls issued so far; every rank numbers its calls the same way.
+    seq: u64,
+    /// Set by a fatal error: the communicator only accepts destroy/abort now.
+    broken: Option<Error>,
+    finalized: bool,
+}
+
+/// One rank's communicator.
+pub struct Comm {
+    pub rank: usize,
+    pub nranks: usize,
+    pub opts: Options,
+    /// Shared by every rank of the communicator; names split children's segments.
+    nonce: u64,
+    splits: AtomicU64,
+    abort: AtomicBool,
+    async_err: Mutex<Option<Code>>,
+    /// Wakes this rank's waits from another thread (abort).
+    waker: Option<Arc<Segment>>,
+    state: Mutex<State>,
+}
+
+impl Comm {
+    fn new(rank: usize, nranks: usize, opts: Options, nonce: u64, transport: Transport) -> Comm {
+        let waker = transport.waker();
+        Comm {
+            rank,
+            nranks,
+            opts,
+            nonce,
+            splits: AtomicU64::new(0),
+            abort: AtomicBool::new(false),
+            async_err: Mutex::new(None),
+            waker,
+            state: Mutex::new(State { transport, seq: 0, broken: None, finalized: false }),
+        }
+    }
+
+    /// One rank of a communicator whose ranks meet at `id`'s rendezvous point.
+    pub fn init_rank(nranks: usize, id: &UniqueId, rank: usize, opts: Options) -> Result<Comm> {
+        if nranks == 0 {
+            return Err(Error::invalid_arg("nranks is 0; a communicator has at least one rank"));
+        }
+        if rank >= nranks {
+            return Err(Error::invalid_arg(format!(
+                "rank {rank} out of range for a communicator of {nranks} ranks (valid: 0..{})",
+                nranks - 1
+            )));
+        }
+        id.addr()?;
+        let deadline = Instant::now() + opts.timeout;
+        let mut client = Client::join(id, nranks, rank, deadline)?;
+        let nonce = client.nonce;
+        let transport = wireup::connect(rank, nranks, &format!("{nonce:016x}"), nonce, deadline, &mut |blob| {
+            client.allgather(blob, deadline)
+        })?;
+        client.finish();
+        let c = Comm::new(rank, nranks, opts, nonce, transport);
+        log::info(format_args!("rank {rank}/{nranks} joined communicator {}", c.label()));
+        Ok(c)
+    }
+
+    /// `n` ranks as threads of this process, with host memory.
+    pub fn init_all(n: usize, opts: Options) -> Result<Vec<Comm>> {
+        if n == 0 {
+            return Err(Error::invalid_arg("ndev is 0; create at least one rank"));
+        }
+        let nonce = bootstrap::random_u64()?;
+        Ok(inproc::build(n)?.into_iter().enumerate().map(|(r, t)| Comm::new(r, n, opts.clone(), nonce, t)).collect())
+    }
+
+    /// A name for logs and messages.
+    pub fn label(&self) -> String {
+        if self.opts.name.is_empty() {
+            format!("{:08x}", self.nonce as u32)
+        } else {
+            self.opts.name.clone()
+        }
+    }
+
+    fn usable(&self, st: &State) -> Result<()> {
+        if self.abort.load(Ordering::Acquire) {
+            return Err(Error::invalid_usage("the communicator was aborted; destroy it"));
+        }
+        if let Some(e) = &st.broken {
+            return Err(Error::invalid_usage(format!(
+                "the communicator is unusable after an earlier error ({}); destroy or abort it and create a new one",
+                e.msg
+            )));
+        }
+        if st.finalized {
+            return Err(Error::invalid_usage("the communicator was finalized; only fcclCommDestroy may follow"));
+        }
+        Ok(())
+    }
+
+    /// Runs calls (validated by the caller) as one unit: a single call, or this
+    /// communicator's share of a group.
+    pub fn run(&self, colls: Vec<Coll>) -> Result<()> {
+        let mut st = self.state.lock().unwrap_or_else(|p| p.into_inner());
+        self.usable(&st)?;
+        let calls: Vec<Call> = colls
+            .into_iter()
+            .map(|coll| {
+                st.seq += 1;
+                Call { coll, seq: st.seq }
+            })
+            .collect();
+        let t0 = Instant::now();
+        let res = host::execute(&mut st.transport, &calls, self.opts.timeout, &self.abort);
+        if log::enabled(log::Level::Info) {
+            let us = t0.elapsed().as_secs_f64() * 1e6;
+            for c in &calls {
+                log::info(format_args!(
+                    "rank {} comm {} seq {} {} count {} {} backend host {:.1} us",
+                    self.rank,
+                    self.label(),
+                    c.seq,
+                    c.coll.kind.c_name(),
+                    c.coll.count,
+                    c.coll.dtype.short_name(),
+                    us
+                ));
+            }
+        }
+        match res {
+            Ok(None) => Ok(()),
+            Ok(Some(e)) => Err(e),
+            Err(e) => {
+                log::warn(format_args!("rank {} comm {}: {}", self.rank, self.label(), e.msg));
+                *self.async_err.lock().unwrap() = Some(e.code);
+                st.broken = Some(e.clone());
+                st.transport.mark_failed();
+                Err(e)
+            }
+        }
+    }
+
+    /// `fcclCommSplit`: every rank of this communicator calls it; ranks with the
+    /// same colour form a communicator, ordered by key then by rank here.
+    pub fn split(&self, color: i32, key: i32, opts: Options) -> Result<Option<Comm>> {
+        if color < -1 {
+            return Err(Error::invalid_arg(format!(
+                "color {color} is negative; use a colour >= 0, or FCCL_SPLIT_NOCOLOR (-1) to opt out"
+            )));
+        }
+        let k = self.splits.fetch_add(1, Ordering::AcqRel);
+        let n = self.nranks;
+        let deadline = Instant::now() + opts.timeout;
+        // Everyone learns everyone's (colour, key).
+        let mut mine = [0u8; 8];
+        mine[0..4].copy_from_slice(&color.to_le_bytes());
+        mine[4..8].copy_from_slice(&key.to_le_bytes());
+        let all = self.allgather_bytes(&mine)?;
+        let ck = |r: usize| {
+            let b = &all[r * 8..r * 8 + 8];
+            (i32::from_le_bytes(b[0..4].try_into().unwrap()), i32::from_le_bytes(b[4..8].try_into().unwrap()))
+        };
+        let mut members: Vec<usize> = (0..n).filter(|&r| color >= 0 && ck(r).0 == color).collect();
+        members.sort_by_key(|&r| (ck(r).1, r));
+        // Wiring rounds run over this communicator; non-members take part and leave.
+        let mut rounds = |blob: &[u8]| -> Result<Vec<Vec<u8>>> {
+            let mut padded = vec![0u8; wireup::BLOB_BYTES];
+            padded[..blob.len()].copy_from_slice(blob);
+            let all = self.allgather_bytes(&padded)?;
+            Ok(members.iter().map(|&r| all[r * wireup::BLOB_BYTES..(r + 1) * wireup::BLOB_BYTES].to_vec()).collect())
+        };
+        if color < 0 {
+            for _ in 0..wireup::ROUNDS {
+                rounds(&[])?;
+            }
+            return Ok(None);
+        }
+        let new_rank = members.iter().position(|&r| r == self.rank).expect("a rank is a member of its colour");
+        let nonce = self.nonce ^ (k + 1).wrapping_mul(0x9e37_79b9_7f4a_7c15) ^ (color as u64).rotate_left(32);
+        let name = format!("{:016x}-s{k}-c{color}", self.nonce);
+        let t = wireup::connect(new_rank, members.len(), &name, nonce, deadline, &mut rounds)?;
+        let mut opts = opts;
+        if opts.name.is_empty() && !self.opts.name.is_empty() {
+            opts.name = format!("{}.{color}", self.opts.name);
+        }
+        Ok(Some(Comm::new(new_rank, members.len(), opts, nonce, t)))
+    }
+
+    /// All ranks' `mine` (equal sizes), concatenated in rank order.
+    fn allgather_bytes(&self, mine: &[u8]) -> Result<Vec<u8>> {
+        let mut all = vec![0u8; mine.len() * self.nranks];
+        let c = Coll::new(
+            crate::coll::CollKind::AllGather,
+            mine.as_ptr(),
+            all.as_mut_ptr(),
+            mine.len(),
+            crate::types::DataType::Uint8,
+        );
+        self.run(vec![c])?;
+        Ok(all)
+    }
+
+    /// `fcclCommFinalize`: no more calls; pending work is already complete on host.
+    pub fn finalize(&self) -> Result<()> {
+        let mut st = self.state.lock().unwrap_or_else(|p| p.into_inner());
+        self.usable(&st)?;
+        st.finalized = true;
+        Ok(())
+    }
+
+    /// `fcclCommAbort` from any thread: blocked calls return, peers are told.
+    pub fn abort(&self) {
+        self.abort.store(true, Ordering::Release);
+        if let Some(w) = &self.waker {
+            w.failed().store(1, Ordering::Release);
+            w.ring();
+        }
+        // If no call is running, tell peers right away.
+        if let Ok(mut st) = self.state.try_lock() {
+            st.transport.mark_failed();
+        }
+    }
+
+    /// The error that broke the communicator, if any.
+    pub fn async_error(&self) -> Code {
+        if let Some(c) = *self.async_err.lock().unwrap() {
+            return c;
+        }
+        if self.abort.load(Ordering::Acquire) {
+            return Code::RemoteError;
+        }
+        Code::Success
+    }
+}

@@ -1,0 +1,88 @@
+//! Every environment variable ferroccl reads, in one place, with its default and meaning.
+
+use std::time::Duration;
+
+/// One documented environment variable.
+pub struct Var {
+    pub name: &'static str,
+    pub default: &'static str,
+    pub doc: &'static str,
+}
+
+pub const RANK: Var = Var { name: "FERROCCL_RANK", default: "", doc: "rank of this process (fcclCommInitFromEnv)" };
+pub const WORLD_SIZE: Var =
+    Var { name: "FERROCCL_WORLD_SIZE", default: "", doc: "number of ranks (fcclCommInitFromEnv)" };
+pub const ROOT_ADDR: Var = Var {
+    name: "FERROCCL_ROOT_ADDR",
+    default: "",
+    doc: "host:port of the rendezvous point; rank 0 serves it when no unique id is given",
+};
+pub const UNIQUE_ID: Var = Var {
+    name: "FERROCCL_UNIQUE_ID",
+    default: "",
+    doc: "unique id as 256 hex digits (set by ferroccl-run); takes precedence over FERROCCL_ROOT_ADDR",
+};
+pub const SECRET: Var = Var {
+    name: "FERROCCL_SECRET",
+    default: "",
+    doc: "shared secret (any string) for FERROCCL_ROOT_ADDR rendezvous; empty = none",
+};
+pub const TIMEOUT_MS: Var =
+    Var { name: "FERROCCL_TIMEOUT_MS", default: "600000", doc: "bound on every blocking wait, in ms" };
+pub const DEBUG: Var = Var { name: "FERROCCL_DEBUG", default: "WARN", doc: "log level: WARN, INFO or TRACE" };
+pub const DEBUG_FILE: Var =
+    Var { name: "FERROCCL_DEBUG_FILE", default: "", doc: "log file instead of stderr (%h host, %p pid)" };
+pub const BACKEND: Var = Var { name: "FERROCCL_BACKEND", default: "auto", doc: "auto, host or nccl" };
+pub const NCCL_LIBRARY: Var =
+    Var { name: "FERROCCL_NCCL_LIBRARY", default: "", doc: "path to libnccl.so.2 (CUDA support)" };
+pub const TRANSPORT: Var = Var {
+    name: "FERROCCL_TRANSPORT",
+    default: "auto",
+    doc: "auto (shared memory on one host, TCP between hosts) or tcp (TCP everywhere)",
+};
+pub const HOST_ADDR: Var = Var {
+    name: "FERROCCL_HOST_ADDR",
+    default: "",
+    doc: "IP address this process advertises to peers (rendezvous point, TCP transport)",
+};
+pub const TORCH_RANK: Var = Var { name: "RANK", default: "", doc: "torchrun's rank (fallback)" };
+pub const TORCH_WORLD_SIZE: Var = Var { name: "WORLD_SIZE", default: "", doc: "torchrun's world size (fallback)" };
+pub const TORCH_MASTER_ADDR: Var = Var { name: "MASTER_ADDR", default: "", doc: "torchrun's master host (fallback)" };
+pub const TORCH_MASTER_PORT: Var = Var { name: "MASTER_PORT", default: "", doc: "torchrun's master port (fallback)" };
+
+/// All variables, for documentation and `ferroccl-run --help`.
+pub const ALL: &[&Var] = &[
+    &RANK,
+    &WORLD_SIZE,
+    &ROOT_ADDR,
+    &UNIQUE_ID,
+    &SECRET,
+    &TIMEOUT_MS,
+    &DEBUG,
+    &DEBUG_FILE,
+    &BACKEND,
+    &NCCL_LIBRARY,
+    &TRANSPORT,
+    &HOST_ADDR,
+    &TORCH_RANK,
+    &TORCH_WORLD_SIZE,
+    &TORCH_MASTER_ADDR,
+    &TORCH_MASTER_PORT,
+];
+
+impl Var {
+    /// The value if set and non-empty.
+    pub fn get(&self) -> Option<String> {
+        std::env::var(self.name).ok().filter(|v| !v.trim().is_empty())
+    }
+    /// The value, or the default.
+    pub fn get_or_default(&self) -> String {
+        self.get().unwrap_or_else(|| self.default.to_string())
+    }
+}
+
+/// The default timeout for blocking waits (`FERROCCL_TIMEOUT_MS`, 10 minutes if unset or invalid).
+pub fn default_timeout() -> Duration {
+    let ms = TIMEOUT_MS.get().and_then(|v| v.trim().parse::<u64>().ok()).filter(|&v| v > 0).unwrap_or(600_000);
+    Duration::from_millis(ms)
+}

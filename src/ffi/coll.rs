@@ -1,0 +1,330 @@
+//! Collective calls and groups. Each converts its C arguments into one `Coll`,
+//! which the core validates and runs (or queues, inside a group).
+
+use super::boundary::call;
+use super::handle;
+use super::*;
+use crate::coll::{Coll, CollKind, VCounts};
+use crate::comm::{group, Comm};
+use crate::error::{Error, Result};
+use crate::types::{DataType, RedOp};
+use std::os::raw::{c_int, c_void};
+
+fn dtype(v: fcclDataType_t) -> Result<DataType> {
+    DataType::try_from(v).map_err(|v| {
+        Error::invalid_arg(format!("datatype {v} is not a fcclDataType_t (valid: 0 fcclInt8 .. 11 fcclFloat8e5m2)"))
+    })
+}
+
+fn redop(v: fcclRedOp_t) -> Result<RedOp> {
+    RedOp::try_from(v)
+        .map_err(|v| Error::invalid_arg(format!("op {v} is not a fcclRedOp_t (valid: 0 fcclSum .. 4 fcclAvg)")))
+}
+
+fn rank_arg(v: c_int, what: &str, comm: &Comm) -> Result<usize> {
+    usize::try_from(v).ok().filter(|&r| r < comm.nranks).ok_or_else(|| {
+        Error::invalid_arg(format!(
+            "{what} {v} out of range for a communicator of {} ranks (valid: 0..{})",
+            comm.nranks,
+            comm.nranks - 1
+        ))
+    })
+}
+
+/// Validates the call and runs it, or queues it inside a group.
+fn submit(comm: fcclComm_t, make: impl FnOnce(&Comm) -> Result<Coll>) -> Result<()> {
+    let c = handle::get(comm)?;
+    let coll = make(&c)?;
+    coll.validate(c.rank, c.nranks)?;
+    if group::active() {
+        group::enqueue(c, coll);
+        Ok(())
+    } else {
+        c.run(vec![coll])
+    }
+}
+
+/// Reduces `count` elements across all ranks with `op`; every rank gets the result
+/// in `recvbuff`. In place when `sendbuff == recvbuff`.
+#[no_mangle]
+pub unsafe extern "C" fn fcclAllReduce(
+    sendbuff: *const c_void,
+    recvbuff: *mut c_void,
+    count: usize,
+    datatype: fcclDataType_t,
+    op: fcclRedOp_t,
+    comm: fcclComm_t,
+    stream: fcclStream_t,
+) -> fcclResult_t {
+    let _ = stream;
+    call("fcclAllReduce", || {
+        submit(comm, |_| {
+            let mut c = Coll::new(CollKind::AllReduce, sendbuff as _, recvbuff as _, count, dtype(datatype)?);
+            c.op = redop(op)?;
+            Ok(c)
+        })
+    })
+}
+
+/// Copies `count` elements from the root's `sendbuff` to every rank's `recvbuff`.
+/// In place when `sendbuff == recvbuff`; `sendbuff` is only read on the root.
+#[no_mangle]
+pub unsafe extern "C" fn fcclBroadcast(
+    sendbuff: *const c_void,
+    recvbuff: *mut c_void,
+    count: usize,
+    datatype: fcclDataType_t,
+    root: c_int,
+    comm: fcclComm_t,
+    stream: fcclStream_t,
+) -> fcclResult_t {
+    let _ = stream;
+    call("fcclBroadcast", || {
+        submit(comm, |cm| {
+            let mut c = Coll::new(CollKind::Broadcast, sendbuff as _, recvbuff as _, count, dtype(datatype)?);
+            c.root = rank_arg(root, "root", cm)?;
+            Ok(c)
+        })
+    })
+}
+
+/// Reduces `count` elements across all ranks into the root's `recvbuff` (which may be
+/// NULL on other ranks). In place when `sendbuff == recvbuff`.
+#[no_mangle]
+pub unsafe extern "C" fn fcclReduce(
+    sendbuff: *const c_void,
+    recvbuff: *mut c_void,
+    count: usize,
+    datatype: fcclDataType_t,
+    op: fcclRedOp_t,
+    root: c_int,
+    comm: fcclComm_t,
+    stream: fcclStream_t,
+) -> fcclResult_t {
+    let _ = stream;
+    call("fcclReduce", || {
+        submit(comm, |cm| {
+            let mut c = Coll::new(CollKind::Reduce, sendbuff as _, recvbuff as _, count, dtype(datatype)?);
+            c.op = redop(op)?;
+            c.root = rank_arg(root, "root", cm)?;
+            Ok(c)
+        })
+    })
+}
+
+/// Gathers `sendcount` elements from every rank into every rank's `recvbuff`, rank r's
+/// block at offset r*sendcount. In place when `sendbuff == recvbuff + rank*sendcount`.
+#[no_mangle]
+pub unsafe extern "C" fn fcclAllGather(
+    sendbuff: *const c_void,
+    recvbuff: *mut c_void,
+    sendcount: usize,
+    datatype: fcclDataType_t,
+    comm: fcclComm_t,
+    stream: fcclStream_t,
+) -> fcclResult_t {
+    let _ = stream;
+    call("fcclAllGather", || {
+        submit(comm, |_| Ok(Coll::new(CollKind::AllGather, sendbuff as _, recvbuff as _, sendcount, dtype(datatype)?)))
+    })
+}
+
+/// Reduces nranks*recvcount elements across ranks; rank r receives block r. In place
+/// when `recvbuff == sendbuff + rank*recvcount`.
+#[no_mangle]
+pub unsafe extern "C" fn fcclReduceScatter(
+    sendbuff: *const c_void,
+    recvbuff: *mut c_void,
+    recvcount: usize,
+    datatype: fcclDataType_t,
+    op: fcclRedOp_t,
+    comm: fcclComm_t,
+    stream: fcclStream_t,
+) -> fcclResult_t {
+    let _ = stream;
+    call("fcclReduceScatter", || {
+        submit(comm, |_| {
+            let mut c = Coll::new(CollKind::ReduceScatter, sendbuff as _, recvbuff as _, recvcount, dtype(datatype)?);
+            c.op = redop(op)?;
+            Ok(c)
+        })
+    })
+}
+
+/// Sends block p (`count` elements at offset p*count) of `sendbuff` to rank p and
+/// receives rank p's block for this rank at offset p*count of `recvbuff`.
+#[no_mangle]
+pub unsafe extern "C" fn fcclAlltoAll(
+    sendbuff: *const c_void,
+    recvbuff: *mut c_void,
+    count: usize,
+    datatype: fcclDataType_t,
+    comm: fcclComm_t,
+    stream: fcclStream_t,
+) -> fcclResult_t {
+    let _ = stream;
+    call("fcclAlltoAll", || {
+        submit(comm, |_| Ok(Coll::new(CollKind::AlltoAll, sendbuff as _, recvbuff as _, count, dtype(datatype)?)))
+    })
+}
+
+/// Gathers `count` elements from every rank into the root's `recvbuff` (rank r's block
+/// at offset r*count; NULL allowed on other ranks).
+#[no_mangle]
+pub unsafe extern "C" fn fcclGather(
+    sendbuff: *const c_void,
+    recvbuff: *mut c_void,
+    count: usize,
+    datatype: fcclDataType_t,
+    root: c_int,
+    comm: fcclComm_t,
+    stream: fcclStream_t,
+) -> fcclResult_t {
+    let _ = stream;
+    call("fcclGather", || {
+        submit(comm, |cm| {
+            let mut c = Coll::new(CollKind::Gather, sendbuff as _, recvbuff as _, count, dtype(datatype)?);
+            c.root = rank_arg(root, "root", cm)?;
+            Ok(c)
+        })
+    })
+}
+
+/// Sends block r (`count` elements at offset r*count) of the root's `sendbuff` to
+/// rank r's `recvbuff` (`sendbuff` may be NULL on other ranks).
+#[no_mangle]
+pub unsafe extern "C" fn fcclScatter(
+    sendbuff: *const c_void,
+    recvbuff: *mut c_void,
+    count: usize,
+    datatype: fcclDataType_t,
+    root: c_int,
+    comm: fcclComm_t,
+    stream: fcclStream_t,
+) -> fcclResult_t {
+    let _ = stream;
+    call("fcclScatter", || {
+        submit(comm, |cm| {
+            let mut c = Coll::new(CollKind::Scatter, sendbuff as _, recvbuff as _, count, dtype(datatype)?);
+            c.root = rank_arg(root, "root", cm)?;
+            Ok(c)
+        })
+    })
+}
+
+/// Reads `n` entries of a C array of size_t.
+///
+/// # Safety
+/// `p` is NULL or valid for `n` reads.
+unsafe fn array(p: *const usize, n: usize, name: &str) -> Result<Vec<usize>> {
+    if p.is_null() {
+        return Err(Error::invalid_arg(format!("{name} is NULL; pass an array of nranks entries")));
+    }
+    // SAFETY: non-NULL and, by the API contract, nranks entries long.
+    Ok(unsafe { std::slice::from_raw_parts(p, n) }.to_vec())
+}
+
+/// Sends `sendcounts[p]` elements at `sdispls[p]` of `sendbuff` to rank p and receives
+/// `recvcounts[p]` elements from rank p at `rdispls[p]` of `recvbuff` (counts and
+/// displacements in elements, arrays of nranks entries). If rank i's sendcounts[j]
+/// differs from rank j's recvcounts[i], every rank returns fcclCollectiveMismatch and
+/// no data moves.
+#[no_mangle]
+pub unsafe extern "C" fn fcclAlltoAllv(
+    sendbuff: *const c_void,
+    sendcounts: *const usize,
+    sdispls: *const usize,
+    recvbuff: *mut c_void,
+    recvcounts: *const usize,
+    rdispls: *const usize,
+    datatype: fcclDataType_t,
+    comm: fcclComm_t,
+    stream: fcclStream_t,
+) -> fcclResult_t {
+    let _ = stream;
+    call("fcclAlltoAllv", || {
+        submit(comm, |cm| {
+            let n = cm.nranks;
+            // SAFETY: each array is NULL (refused) or nranks entries long (API contract).
+            let v = unsafe {
+                VCounts {
+                    sendcounts: array(sendcounts, n, "sendcounts")?,
+                    sdispls: array(sdispls, n, "sdispls")?,
+                    recvcounts: array(recvcounts, n, "recvcounts")?,
+                    rdispls: array(rdispls, n, "rdispls")?,
+                }
+            };
+            let mut c = Coll::new(CollKind::AlltoAllv, sendbuff as _, recvbuff as _, 0, dtype(datatype)?);
+            c.v = Some(Box::new(v));
+            Ok(c)
+        })
+    })
+}
+
+/// Sends `count` elements to rank `peer`, which must post a matching fcclRecv. A count
+/// that differs from the receiver's returns fcclCollectiveMismatch on both sides.
+#[no_mangle]
+pub unsafe extern "C" fn fcclSend(
+    sendbuff: *const c_void,
+    count: usize,
+    datatype: fcclDataType_t,
+    peer: c_int,
+    comm: fcclComm_t,
+    stream: fcclStream_t,
+) -> fcclResult_t {
+    let _ = stream;
+    call("fcclSend", || {
+        submit(comm, |cm| {
+            let mut c = Coll::new(CollKind::Send, sendbuff as _, std::ptr::null_mut(), count, dtype(datatype)?);
+            c.root = rank_arg(peer, "peer", cm)?;
+            Ok(c)
+        })
+    })
+}
+
+/// Receives `count` elements from rank `peer` into `recvbuff`.
+#[no_mangle]
+pub unsafe extern "C" fn fcclRecv(
+    recvbuff: *mut c_void,
+    count: usize,
+    datatype: fcclDataType_t,
+    peer: c_int,
+    comm: fcclComm_t,
+    stream: fcclStream_t,
+) -> fcclResult_t {
+    let _ = stream;
+    call("fcclRecv", || {
+        submit(comm, |cm| {
+            let mut c = Coll::new(CollKind::Recv, std::ptr::null(), recvbuff as _, count, dtype(datatype)?);
+            c.root = rank_arg(peer, "peer", cm)?;
+            Ok(c)
+        })
+    })
+}
+
+/// Returns once every rank of `comm` has called fcclBarrier.
+#[no_mangle]
+pub unsafe extern "C" fn fcclBarrier(comm: fcclComm_t, stream: fcclStream_t) -> fcclResult_t {
+    let _ = stream;
+    call("fcclBarrier", || {
+        submit(comm, |_| Ok(Coll::new(CollKind::Barrier, std::ptr::null(), std::ptr::null_mut(), 0, DataType::Uint8)))
+    })
+}
+
+/// Starts a group: calls on this thread are queued until the matching fcclGroupEnd.
+/// Groups nest; the outermost fcclGroupEnd runs everything.
+#[no_mangle]
+pub extern "C" fn fcclGroupStart() -> fcclResult_t {
+    call("fcclGroupStart", || {
+        group::start();
+        Ok(())
+    })
+}
+
+/// Ends a group; the outermost end runs the queued calls together (one thread may
+/// drive several communicators; matched sends and receives never deadlock) and
+/// returns the first error.
+#[no_mangle]
+pub extern "C" fn fcclGroupEnd() -> fcclResult_t {
+    call("fcclGroupEnd", group::end)
+}

@@ -1,0 +1,395 @@
+//! Communicator calls: version, unique ids, init, split, finalize, destroy, abort, queries, errors.
+
+use super::boundary::{call, last_error_ptr, write_out};
+use super::handle;
+use super::*;
+use crate::comm::bootstrap::{UniqueId, UNIQUE_ID_BYTES};
+use crate::comm::{Backend, Comm, Options};
+use crate::env;
+use crate::error::{Code, Error, Result};
+use std::ffi::{CStr, CString};
+use std::net::ToSocketAddrs;
+use std::os::raw::{c_char, c_int};
+use std::sync::OnceLock;
+use std::time::Duration;
+
+fn id_to_c(id: &UniqueId) -> fcclUniqueId {
+    let mut out = fcclUniqueId { internal: [0; FCCL_UNIQUE_ID_BYTES] };
+    for (o, b) in out.internal.iter_mut().zip(id.0.iter()) {
+        *o = *b as c_char;
+    }
+    out
+}
+
+fn id_from_c(id: &fcclUniqueId) -> UniqueId {
+    let mut b = [0u8; UNIQUE_ID_BYTES];
+    for (o, c) in b.iter_mut().zip(id.internal.iter()) {
+        *o = *c as u8;
+    }
+    UniqueId(b)
+}
+
+fn check_out<T>(p: *mut T, name: &str) -> Result<()> {
+    if p.is_null() {
+        return Err(Error::invalid_arg(format!("{name} is NULL; pass a pointer to receive the result")));
+    }
+    Ok(())
+}
+
+/// Reads a fcclConfig_t over `base` options; NULL keeps `base`.
+///
+/// # Safety
+/// `config` is NULL or points to a readable fcclConfig_t of at least `config->size` bytes.
+unsafe fn options_from(config: *const fcclConfig_t, base: Options) -> Result<Options> {
+    if config.is_null() {
+        return Ok(base);
+    }
+    // SAFETY: non-NULL; the caller passes a fcclConfig_t.
+    let c = unsafe { &*config };
+    if c.magic != FCCL_CONFIG_MAGIC {
+        return Err(Error::invalid_arg(format!(
+            "config->magic is {:#x}, expected {FCCL_CONFIG_MAGIC:#x}; initialise the config with FCCL_CONFIG_INITIALIZER",
+            c.magic
+        )));
+    }
+    if c.size < std::mem::size_of::<fcclConfig_t>() || c.version == 0 {
+        return Err(Error::invalid_arg(format!(
+            "config->size {} / version {} do not describe a fcclConfig_t of this library ({} bytes, version {FCCL_CONFIG_VERSION}); initialise it with FCCL_CONFIG_INITIALIZER",
+            c.size,
+            c.version,
+            std::mem::size_of::<fcclConfig_t>()
+        )));
+    }
+    let mut o = base;
+    let undef = |v: c_int| v == FCCL_CONFIG_UNDEF_INT;
+    if !undef(c.blocking) {
+        match c.blocking {
+            0 | 1 => o.blocking = c.blocking == 1,
+            v => return Err(Error::invalid_arg(format!("config->blocking is {v}; use 0 or 1"))),
+        }
+    }
+    if !undef(c.timeoutMs) && c.timeoutMs != 0 {
+        if c.timeoutMs < 0 {
+            return Err(Error::invalid_arg(format!(
+                "config->timeoutMs is {}; use a positive number of ms or 0 for the default",
+                c.timeoutMs
+            )));
+        }
+        o.timeout = Duration::from_millis(c.timeoutMs as u64);
+    }
+    if !undef(c.backend) {
+        o.backend = match c.backend {
+            FCCL_BACKEND_AUTO => Backend::Auto,
+            FCCL_BACKEND_HOST => Backend::Host,
+            FCCL_BACKEND_NCCL => {
+                return Err(Error::unavailable(
+                    "config->backend is FCCL_BACKEND_NCCL but NCCL support is not available in this build; use FCCL_BACKEND_AUTO or FCCL_BACKEND_HOST",
+                ))
+            }
+            v => return Err(Error::invalid_arg(format!("config->backend is {v}; use FCCL_BACKEND_AUTO, _HOST or _NCCL"))),
+        };
+    }
+    if !c.commName.is_null() {
+        // SAFETY: a non-NULL commName is a NUL-terminated string (config contract).
+        let name = unsafe { CStr::from_ptr(c.commName) };
+        o.name = name.to_string_lossy().chars().take(128).collect();
+    }
+    if !undef(c.checkMode) {
+        o.check_mode = match c.checkMode {
+            FCCL_CHECK_OFF => false,
+            FCCL_CHECK_FINGERPRINT => true,
+            v => {
+                return Err(Error::invalid_arg(format!(
+                    "config->checkMode is {v}; use FCCL_CHECK_OFF or FCCL_CHECK_FINGERPRINT"
+                )))
+            }
+        };
+    }
+    Ok(o)
+}
+
+/// Writes the library version (MAJOR*10000 + MINOR*100 + PATCH, see FCCL_VERSION_CODE) to `*version`.
+#[no_mangle]
+pub unsafe extern "C" fn fcclGetVersion(version: *mut c_int) -> fcclResult_t {
+    call("fcclGetVersion", || {
+        check_out(version, "version")?;
+        // SAFETY: checked non-NULL.
+        unsafe { write_out(version, FCCL_VERSION_CODE) };
+        Ok(())
+    })
+}
+
+/// Creates a unique id and starts its rendezvous point in the calling process (a rank
+/// or not), which must stay alive until every rank has joined. Pass the id unchanged
+/// to every rank's fcclCommInitRank.
+#[no_mangle]
+pub unsafe extern "C" fn fcclGetUniqueId(uniqueId: *mut fcclUniqueId) -> fcclResult_t {
+    call("fcclGetUniqueId", || {
+        check_out(uniqueId, "uniqueId")?;
+        let id = UniqueId::generate(false)?;
+        // SAFETY: checked non-NULL.
+        unsafe { write_out(uniqueId, id_to_c(&id)) };
+        Ok(())
+    })
+}
+
+fn init_rank(comm: *mut fcclComm_t, nranks: c_int, id: &fcclUniqueId, rank: c_int, opts: Options) -> Result<()> {
+    check_out(comm, "comm")?;
+    if nranks <= 0 {
+        return Err(Error::invalid_arg(format!("nranks is {nranks}; a communicator has at least one rank")));
+    }
+    if rank < 0 || rank >= nranks {
+        return Err(Error::invalid_arg(format!(
+            "rank {rank} out of range for a communicator of {nranks} ranks (valid: 0..{})",
+            nranks - 1
+        )));
+    }
+    let c = Comm::init_rank(nranks as usize, &id_from_c(id), rank as usize, opts)?;
+    // SAFETY: checked non-NULL.
+    unsafe { write_out(comm, handle::register(c)) };
+    Ok(())
+}
+
+/// Creates rank `rank` of a communicator of `nranks` ranks that meet at `commId`'s
+/// rendezvous point. Blocks until every rank has joined, or returns fcclTimeout
+/// naming the ranks that never arrived.
+#[no_mangle]
+pub unsafe extern "C" fn fcclCommInitRank(
+    comm: *mut fcclComm_t,
+    nranks: c_int,
+    commId: fcclUniqueId,
+    rank: c_int,
+) -> fcclResult_t {
+    call("fcclCommInitRank", || init_rank(comm, nranks, &commId, rank, Options::default()))
+}
+
+/// Like fcclCommInitRank, with options (`config` NULL = defaults).
+#[no_mangle]
+pub unsafe extern "C" fn fcclCommInitRankConfig(
+    comm: *mut fcclComm_t,
+    nranks: c_int,
+    commId: fcclUniqueId,
+    rank: c_int,
+    config: *mut fcclConfig_t,
+) -> fcclResult_t {
+    call("fcclCommInitRankConfig", || {
+        // SAFETY: config is NULL or a fcclConfig_t (API contract).
+        let opts = unsafe { options_from(config, Options::default()) }?;
+        init_rank(comm, nranks, &commId, rank, opts)
+    })
+}
+
+/// Creates `ndev` ranks in this process at once, written to `comms[0..ndev]`.
+/// `devlist` NULL makes host-memory ranks (drive them from one thread per rank, or
+/// from one thread with fcclGroupStart/fcclGroupEnd). A device list needs CUDA.
+#[no_mangle]
+pub unsafe extern "C" fn fcclCommInitAll(comms: *mut fcclComm_t, ndev: c_int, devlist: *const c_int) -> fcclResult_t {
+    call("fcclCommInitAll", || {
+        check_out(comms, "comms")?;
+        if ndev <= 0 {
+            return Err(Error::invalid_arg(format!("ndev is {ndev}; create at least one rank")));
+        }
+        if !devlist.is_null() {
+            return Err(Error::unavailable(
+                "devlist is not NULL but CUDA is not available in this build; pass NULL for host-memory ranks",
+            ));
+        }
+        let all = Comm::init_all(ndev as usize, Options::default())?;
+        for (i, c) in all.into_iter().enumerate() {
+            // SAFETY: the caller provides room for ndev handles.
+            unsafe { write_out(comms.add(i), handle::register(c)) };
+        }
+        Ok(())
+    })
+}
+
+fn env_usize(var: &env::Var, fallback: &env::Var) -> Result<Option<usize>> {
+    match var.get().or_else(|| fallback.get()) {
+        None => Ok(None),
+        Some(v) => v.trim().parse::<usize>().map(Some).map_err(|_| {
+            Error::invalid_arg(format!("{} (or {}) is {v:?}, not a non-negative integer", var.name, fallback.name))
+        }),
+    }
+}
+
+/// Creates this process's rank from the environment: FERROCCL_RANK, FERROCCL_WORLD_SIZE
+/// and FERROCCL_UNIQUE_ID (set by ferroccl-run) or FERROCCL_ROOT_ADDR (host:port where
+/// rank 0 serves the rendezvous); torchrun's RANK, WORLD_SIZE, MASTER_ADDR and
+/// MASTER_PORT are used when the FERROCCL ones are absent.
+#[no_mangle]
+pub unsafe extern "C" fn fcclCommInitFromEnv(comm: *mut fcclComm_t) -> fcclResult_t {
+    call("fcclCommInitFromEnv", || {
+        check_out(comm, "comm")?;
+        let rank = env_usize(&env::RANK, &env::TORCH_RANK)?;
+        let size = env_usize(&env::WORLD_SIZE, &env::TORCH_WORLD_SIZE)?;
+        let (Some(rank), Some(size)) = (rank, size) else {
+            return Err(Error::invalid_usage(
+                "FERROCCL_RANK and FERROCCL_WORLD_SIZE (or RANK and WORLD_SIZE) must be set; start the program with ferroccl-run -n N",
+            ));
+        };
+        if size == 0 || rank >= size || size > c_int::MAX as usize {
+            return Err(Error::invalid_arg(format!(
+                "rank {rank} of world size {size} from the environment is out of range"
+            )));
+        }
+        let id = if let Some(hex) = env::UNIQUE_ID.get() {
+            UniqueId::from_hex(&hex).map_err(|e| e.context(env::UNIQUE_ID.name))?
+        } else {
+            let addr = match env::ROOT_ADDR.get() {
+                Some(a) => a,
+                None => match (env::TORCH_MASTER_ADDR.get(), env::TORCH_MASTER_PORT.get()) {
+                    (Some(h), Some(p)) => format!("{h}:{p}"),
+                    _ => {
+                        return Err(Error::invalid_usage(
+                            "no rendezvous given: set FERROCCL_UNIQUE_ID or FERROCCL_ROOT_ADDR (or MASTER_ADDR and MASTER_PORT)",
+                        ))
+                    }
+                },
+            };
+            let sock = addr.to_socket_addrs().ok().and_then(|mut a| a.next()).ok_or_else(|| {
+                Error::invalid_arg(format!("rendezvous address {addr:?} is not host:port that resolves"))
+            })?;
+            let id = UniqueId::from_addr(sock, &env::SECRET.get().unwrap_or_default());
+            if rank == 0 {
+                id.serve_here()?;
+            }
+            id
+        };
+        let c = Comm::init_rank(size, &id, rank, Options::default())?;
+        // SAFETY: checked non-NULL.
+        unsafe { write_out(comm, handle::register(c)) };
+        Ok(())
+    })
+}
+
+/// Splits `comm`: every rank calls it; ranks with the same `color` form a new
+/// communicator, ordered by `key` then by rank in `comm`. color FCCL_SPLIT_NOCOLOR
+/// makes `*newcomm` NULL. `config` NULL inherits the parent's options.
+#[no_mangle]
+pub unsafe extern "C" fn fcclCommSplit(
+    comm: fcclComm_t,
+    color: c_int,
+    key: c_int,
+    newcomm: *mut fcclComm_t,
+    config: *mut fcclConfig_t,
+) -> fcclResult_t {
+    call("fcclCommSplit", || {
+        let parent = handle::get(comm)?;
+        check_out(newcomm, "newcomm")?;
+        if crate::comm::group::active() {
+            return Err(Error::invalid_usage(
+                "fcclCommSplit inside a group is not supported; call it from every rank outside fcclGroupStart/End",
+            ));
+        }
+        // SAFETY: config is NULL or a fcclConfig_t (API contract).
+        let opts = unsafe { options_from(config, parent.opts.clone()) }?;
+        let child = parent.split(color, key, opts)?;
+        let h = child.map_or(std::ptr::null_mut(), handle::register);
+        // SAFETY: checked non-NULL.
+        unsafe { write_out(newcomm, h) };
+        Ok(())
+    })
+}
+
+/// Finishes outstanding work; afterwards only fcclCommDestroy may be called on `comm`.
+#[no_mangle]
+pub unsafe extern "C" fn fcclCommFinalize(comm: fcclComm_t) -> fcclResult_t {
+    call("fcclCommFinalize", || handle::get(comm)?.finalize())
+}
+
+/// Releases `comm` and everything it holds. NULL is a no-op; a destroyed handle returns fcclInvalidArgument.
+#[no_mangle]
+pub unsafe extern "C" fn fcclCommDestroy(comm: fcclComm_t) -> fcclResult_t {
+    call("fcclCommDestroy", || {
+        if comm.is_null() {
+            return Ok(());
+        }
+        handle::remove(comm).map(drop)
+    })
+}
+
+/// Aborts `comm` from any thread: every blocked call on it returns, peers are told,
+/// and the handle is released. NULL is a no-op.
+#[no_mangle]
+pub unsafe extern "C" fn fcclCommAbort(comm: fcclComm_t) -> fcclResult_t {
+    call("fcclCommAbort", || {
+        if comm.is_null() {
+            return Ok(());
+        }
+        let c = handle::remove(comm)?;
+        c.abort();
+        Ok(())
+    })
+}
+
+/// Writes the error that broke `comm` (fcclSuccess if none) to `*asyncError`.
+#[no_mangle]
+pub unsafe extern "C" fn fcclCommGetAsyncError(comm: fcclComm_t, asyncError: *mut fcclResult_t) -> fcclResult_t {
+    call("fcclCommGetAsyncError", || {
+        let c = handle::get(comm)?;
+        check_out(asyncError, "asyncError")?;
+        // SAFETY: checked non-NULL.
+        unsafe { write_out(asyncError, c.async_error() as fcclResult_t) };
+        Ok(())
+    })
+}
+
+/// Writes the number of ranks of `comm` to `*count`.
+#[no_mangle]
+pub unsafe extern "C" fn fcclCommCount(comm: fcclComm_t, count: *mut c_int) -> fcclResult_t {
+    call("fcclCommCount", || {
+        let c = handle::get(comm)?;
+        check_out(count, "count")?;
+        // SAFETY: checked non-NULL.
+        unsafe { write_out(count, c.nranks as c_int) };
+        Ok(())
+    })
+}
+
+/// Writes this rank's index in `comm` to `*rank`.
+#[no_mangle]
+pub unsafe extern "C" fn fcclCommUserRank(comm: fcclComm_t, rank: *mut c_int) -> fcclResult_t {
+    call("fcclCommUserRank", || {
+        let c = handle::get(comm)?;
+        check_out(rank, "rank")?;
+        // SAFETY: checked non-NULL.
+        unsafe { write_out(rank, c.rank as c_int) };
+        Ok(())
+    })
+}
+
+/// Writes the CUDA device of `comm` to `*device`: -1 for host-memory ranks.
+#[no_mangle]
+pub unsafe extern "C" fn fcclCommCuDevice(comm: fcclComm_t, device: *mut c_int) -> fcclResult_t {
+    call("fcclCommCuDevice", || {
+        handle::get(comm)?;
+        check_out(device, "device")?;
+        // SAFETY: checked non-NULL.
+        unsafe { write_out(device, -1) };
+        Ok(())
+    })
+}
+
+/// A fixed description of a result code (never NULL, also for unknown values).
+#[no_mangle]
+pub extern "C" fn fcclGetErrorString(result: fcclResult_t) -> *const c_char {
+    static TABLE: OnceLock<Vec<(fcclResult_t, CString)>> = OnceLock::new();
+    static UNKNOWN: &CStr = c"unknown result code";
+    let table = TABLE.get_or_init(|| {
+        [0, 1, 2, 3, 4, 5, 6, 7, 8, 100, 101]
+            .into_iter()
+            .filter_map(Code::from_i32)
+            .map(|c| (c as fcclResult_t, CString::new(c.describe()).expect("no NUL")))
+            .collect()
+    });
+    table.iter().find(|(c, _)| *c == result).map_or(UNKNOWN.as_ptr(), |(_, s)| s.as_ptr())
+}
+
+/// This thread's last error message: the call that failed, the values, the cause and
+/// what to do. Empty if no call failed on this thread yet. `comm` may be NULL (the
+/// message is per thread, not per communicator). Valid until this thread's next failing call.
+#[no_mangle]
+pub extern "C" fn fcclGetLastError(comm: fcclComm_t) -> *const c_char {
+    let _ = comm;
+    last_error_ptr()
+}

@@ -1,0 +1,51 @@
+//! Communicator handles: ids that are never reused, so a destroyed or foreign
+//! handle is recognised as such instead of being dereferenced.
+
+use super::{fcclComm, fcclComm_t};
+use crate::comm::Comm;
+use crate::error::{Error, Result};
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, RwLock};
+
+static NEXT: AtomicU64 = AtomicU64::new(1);
+static LIVE: RwLock<Option<HashMap<u64, Arc<Comm>>>> = RwLock::new(None);
+
+fn id_of(h: fcclComm_t) -> u64 {
+    (h as usize as u64) >> 4
+}
+
+/// Registers a communicator and returns its handle.
+pub fn register(c: Comm) -> fcclComm_t {
+    let id = NEXT.fetch_add(1, Ordering::Relaxed);
+    LIVE.write().unwrap_or_else(|p| p.into_inner()).get_or_insert_with(HashMap::new).insert(id, Arc::new(c));
+    // Looks like an aligned pointer; never dereferenced.
+    ((id << 4) as usize) as *mut fcclComm
+}
+
+/// The live communicator behind a handle.
+pub fn get(h: fcclComm_t) -> Result<Arc<Comm>> {
+    if h.is_null() {
+        return Err(Error::invalid_arg("comm is NULL; pass a communicator from fcclCommInit*"));
+    }
+    let live = LIVE.read().unwrap_or_else(|p| p.into_inner());
+    live.as_ref().and_then(|m| m.get(&id_of(h))).cloned().ok_or_else(|| not_live(h))
+}
+
+/// Removes a handle; the communicator is freed once no call still uses it.
+pub fn remove(h: fcclComm_t) -> Result<Arc<Comm>> {
+    if h.is_null() {
+        return Err(Error::invalid_arg("comm is NULL; pass a communicator from fcclCommInit*"));
+    }
+    LIVE.write()
+        .unwrap_or_else(|p| p.into_inner())
+        .as_mut()
+        .and_then(|m| m.remove(&id_of(h)))
+        .ok_or_else(|| not_live(h))
+}
+
+fn not_live(h: fcclComm_t) -> Error {
+    Error::invalid_arg(format!(
+        "comm {h:p} is not a live communicator (already destroyed, or not made by fcclCommInit*/fcclCommSplit)"
+    ))
+}

@@ -1,0 +1,154 @@
+//! The C ABI: the only code that speaks C (ABI.md is the contract).
+//!
+//! One file per area. Every exported function runs its body inside
+//! [`boundary::call`], which maps core errors to `fcclResult_t`, records the
+//! thread-local message and turns a panic into `fcclInternalError`.
+#![allow(non_camel_case_types, non_upper_case_globals, non_snake_case)]
+// The safety contract of every exported function is the C API's: pointers are NULL
+// (checked) or valid for the sizes the arguments imply. It is stated once in the
+// header's conventions rather than in a `# Safety` section per function.
+#![allow(clippy::missing_safety_doc)]
+
+pub mod boundary;
+pub mod coll;
+pub mod comm;
+pub mod handle;
+pub mod mem;
+
+use std::os::raw::{c_char, c_int};
+
+/// Result of every call. Values are NCCL's, plus fcclCollectiveMismatch and fcclUnavailable.
+pub type fcclResult_t = c_int;
+/// The call succeeded.
+pub const fcclSuccess: fcclResult_t = 0;
+/// A CUDA call failed.
+pub const fcclUnhandledCudaError: fcclResult_t = 1;
+/// A system call failed (out of memory, sockets, shared memory).
+pub const fcclSystemError: fcclResult_t = 2;
+/// A bug in ferroccl: please report it with the message of fcclGetLastError.
+pub const fcclInternalError: fcclResult_t = 3;
+/// An argument is invalid (NULL, out of range, overflowing, unknown enum value).
+pub const fcclInvalidArgument: fcclResult_t = 4;
+/// The call is not valid in the current state (destroyed, aborted or broken communicator, unbalanced groups).
+pub const fcclInvalidUsage: fcclResult_t = 5;
+/// A peer died, aborted or its connection broke.
+pub const fcclRemoteError: fcclResult_t = 6;
+/// A non-blocking operation is still in progress.
+pub const fcclInProgress: fcclResult_t = 7;
+/// A wait exceeded the communicator's timeout; the message names the ranks that did not arrive.
+pub const fcclTimeout: fcclResult_t = 8;
+/// Ranks called different collectives, counts, types or roots.
+pub const fcclCollectiveMismatch: fcclResult_t = 100;
+/// A library or backend the call needs (CUDA, NCCL) is not present.
+pub const fcclUnavailable: fcclResult_t = 101;
+
+/// Element type of a buffer (NCCL's values).
+pub type fcclDataType_t = c_int;
+pub const fcclInt8: fcclDataType_t = 0;
+pub const fcclChar: fcclDataType_t = 0;
+pub const fcclUint8: fcclDataType_t = 1;
+pub const fcclInt32: fcclDataType_t = 2;
+pub const fcclInt: fcclDataType_t = 2;
+pub const fcclUint32: fcclDataType_t = 3;
+pub const fcclInt64: fcclDataType_t = 4;
+pub const fcclUint64: fcclDataType_t = 5;
+pub const fcclFloat16: fcclDataType_t = 6;
+pub const fcclHalf: fcclDataType_t = 6;
+pub const fcclFloat32: fcclDataType_t = 7;
+pub const fcclFloat: fcclDataType_t = 7;
+pub const fcclFloat64: fcclDataType_t = 8;
+pub const fcclDouble: fcclDataType_t = 8;
+pub const fcclBfloat16: fcclDataType_t = 9;
+/// OCP FP8 E4M3 (no infinities, max 448; results saturate).
+pub const fcclFloat8e4m3: fcclDataType_t = 10;
+/// OCP FP8 E5M2 (IEEE-like, with infinities).
+pub const fcclFloat8e5m2: fcclDataType_t = 11;
+/// Number of data types.
+pub const fcclNumTypes: fcclDataType_t = 12;
+
+/// Reduction operator (NCCL's values). Half, bfloat16 and fp8 accumulate in float32 and round once.
+pub type fcclRedOp_t = c_int;
+pub const fcclSum: fcclRedOp_t = 0;
+pub const fcclProd: fcclRedOp_t = 1;
+pub const fcclMax: fcclRedOp_t = 2;
+pub const fcclMin: fcclRedOp_t = 3;
+/// Sum divided by the number of ranks (integer division for integer types).
+pub const fcclAvg: fcclRedOp_t = 4;
+/// Number of reduction operators.
+pub const fcclNumOps: fcclRedOp_t = 5;
+
+/// Colour for fcclCommSplit: this rank joins no new communicator (newcomm becomes NULL).
+pub const FCCL_SPLIT_NOCOLOR: c_int = -1;
+
+/// Backend choice in fcclConfig_t: pick automatically.
+pub const FCCL_BACKEND_AUTO: c_int = 0;
+/// Backend choice: the built-in backend (host memory; several ranks per GPU).
+pub const FCCL_BACKEND_HOST: c_int = 1;
+/// Backend choice: NCCL (CUDA memory, one GPU per rank).
+pub const FCCL_BACKEND_NCCL: c_int = 2;
+
+/// checkMode in fcclConfig_t: no cross-rank checking of calls.
+pub const FCCL_CHECK_OFF: c_int = 0;
+/// checkMode: fingerprint each call and compare across ranks to detect mismatches.
+pub const FCCL_CHECK_FINGERPRINT: c_int = 1;
+
+/// Library version, also returned by fcclGetVersion as MAJOR*10000 + MINOR*100 + PATCH.
+/// This is the one place the version is kept; Cargo.toml's version must match (a test checks).
+pub const FCCL_MAJOR: c_int = 0;
+pub const FCCL_MINOR: c_int = 1;
+pub const FCCL_PATCH: c_int = 0;
+pub const FCCL_VERSION_CODE: c_int = FCCL_MAJOR * 10000 + FCCL_MINOR * 100 + FCCL_PATCH;
+
+/// Bytes in a fcclUniqueId.
+pub const FCCL_UNIQUE_ID_BYTES: usize = 128;
+/// Value of fcclConfig_t.magic set by FCCL_CONFIG_INITIALIZER.
+pub const FCCL_CONFIG_MAGIC: u32 = 0xcafe_beef;
+/// Version of the fcclConfig_t layout.
+pub const FCCL_CONFIG_VERSION: u32 = 1;
+/// An int field of fcclConfig_t left at its default.
+pub const FCCL_CONFIG_UNDEF_INT: c_int = -2147483647 - 1;
+
+/// Opaque communicator.
+pub struct fcclComm {
+    _private: [u8; 0],
+}
+
+/// A communicator handle: created by fcclCommInit*, released by fcclCommDestroy or fcclCommAbort.
+pub type fcclComm_t = *mut fcclComm;
+
+/// CUDA's stream type, so a cudaStream_t passes unchanged; host-memory calls take NULL.
+pub struct CUstream_st {
+    _private: [u8; 0],
+}
+
+/// A CUDA stream (cudaStream_t), or NULL.
+pub type fcclStream_t = *mut CUstream_st;
+
+/// The rendezvous handle: opaque, safe to copy and to send to other processes by any
+/// means (file, MPI, environment as hex). Made by fcclGetUniqueId.
+#[repr(C)]
+#[derive(Clone, Copy)]
+pub struct fcclUniqueId {
+    pub internal: [c_char; FCCL_UNIQUE_ID_BYTES],
+}
+
+/// Communicator options. Initialise with FCCL_CONFIG_INITIALIZER, then set fields.
+#[repr(C)]
+pub struct fcclConfig_t {
+    /// sizeof(fcclConfig_t), set by FCCL_CONFIG_INITIALIZER.
+    pub size: usize,
+    /// FCCL_CONFIG_MAGIC, set by FCCL_CONFIG_INITIALIZER.
+    pub magic: u32,
+    /// FCCL_CONFIG_VERSION, set by FCCL_CONFIG_INITIALIZER.
+    pub version: u32,
+    /// 1 (default): calls return when complete. 0: accepted; host-memory calls still complete before returning.
+    pub blocking: c_int,
+    /// Bound on every blocking wait, in ms; 0 or FCCL_CONFIG_UNDEF_INT = FERROCCL_TIMEOUT_MS or 10 minutes.
+    pub timeoutMs: c_int,
+    /// FCCL_BACKEND_AUTO (default), FCCL_BACKEND_HOST or FCCL_BACKEND_NCCL.
+    pub backend: c_int,
+    /// A name for logs and messages (copied), or NULL.
+    pub commName: *const c_char,
+    /// FCCL_CHECK_OFF (default) or FCCL_CHECK_FINGERPRINT.
+    pub checkMode: c_int,
+}

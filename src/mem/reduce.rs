@@ -1,0 +1,1880 @@
+//! Element-wise reductions over raw byte buffers.
+//!
+//! Every collective that combines data (all_reduce, reduce, reduce_scatter, ...) ends
+//! up here, on every byte it moves, so the loops are written to be auto-vectorized:
+//!
+//! * Buffers are `&[u8]` because they come from C pointers with no alignment promise.
+//!   Elements are read and written with `from_ne_bytes`/`to_ne_bytes` over
+//!   `chunks_exact`, which LLVM turns into unaligned vector loads and stores; nothing
+//!   is ever reinterpreted as `&[f32]`, and there is no `unsafe` in this module.
+//! * The (type, operator) pair is matched once per call. Each arm calls a generic
+//!   kernel monomorphized for that pair, so the per-element body is straight-line code
+//!   with no dispatch. The 12 types x 5 operators come from a few traits ([`Elem`],
+//!   [`Arith`], [`Reducible`], [`Combine`]) and two dispatch macros, not 60 loops.
+//! * Conversions between float32 and the narrow float types (half, bfloat16, fp8) are
+//!   written branch-free with integer and float arithmetic only, so that they vectorize
+//!   inside the loops. (The `half` crate's per-value conversions branch on run-time CPU
+//!   feature detection and stay scalar; it is used by the tests as an independent
+//!   reference instead.)
+//!
+//! Semantics (ABI.md, NCCL):
+//! * Integers wrap (two's complement); `Avg` is the wrapped sum divided by `nranks`,
+//!   truncated toward zero like C.
+//! * Half, bfloat16 and fp8 accumulate in float32 and are rounded once per output
+//!   element, to nearest even. Float32 accumulates in float32, Float64 in float64.
+//!   `Avg` on floats is `sum / nranks` in the accumulator type, then rounded.
+//! * `Max`/`Min` on floats follow CUDA's `fmaxf`/`fminf` (and `__hmax`/`__hmin`), which
+//!   NCCL uses on the GPU: if exactly one operand is NaN the other one is returned; NaN
+//!   only when both are. This is IEEE 754-2008 maxNum/minNum, i.e. Rust's `f32::max`.
+//!   The sign of a zero result when comparing `-0.0` with `+0.0` is unspecified.
+//! * fp8 E4M3 (OCP "fn": bias 7, no infinities, NaN = S.1111.111, max 448) saturates:
+//!   any finite value or infinity beyond +-448 becomes +-448, NaN stays NaN. This is
+//!   CUDA's `__NV_SATFINITE`, which NCCL's fp8 kernels use.
+//! * fp8 E5M2 (OCP: bias 15, IEEE-like infinities and NaNs) rounds like IEEE: values at
+//!   or beyond the midpoint between the largest finite value (57344) and the next
+//!   power of two (61440 and up) become +-inf, infinities stay infinities. Note that
+//!   CUDA's `__nv_fp8_e5m2(float)` constructor saturates instead; this module follows
+//!   the project's contract (IEEE overflow) for E5M2.
+//! * Narrowing NaN gives the target's canonical quiet NaN with the input's sign.
+
+#![forbid(unsafe_code)]
+
+use crate::types::{DataType, RedOp};
+
+// ---------------------------------------------------------------------------------
+// Scalar conversions between float32 and the narrow float formats.
+//
+// All of them are branch-free (the `if`s below are selects between two already
+// computed values), so that LLVM can vectorize the loops they are inlined into.
+// ---------------------------------------------------------------------------------
+
+/// bfloat16 -> float32: bfloat16 is the top half of a float32, so this is exact.
+#[inline(always)]
+fn bf16_to_f32(h: u16) -> f32 {
+    f32::from_bits(u32::from(h) << 16)
+}
+
+/// float32 -> bfloat16, round to nearest even; overflow carries into the exponent and
+/// becomes infinity as IEEE rounding requires. NaN keeps its sign and is made quiet
+/// (truncating a NaN could otherwise clear every mantissa bit and yield infinity).
+#[inline(always)]
+fn f32_to_bf16(x: f32) -> u16 {
+    let bits = x.to_bits();
+    // Adding 0x7fff plus the lowest kept bit rounds to nearest, ties to even. Only NaN
+    // bit patterns can wrap here, and they take the other branch.
+    let rounded = bits.wrapping_add(0x7fff + ((bits >> 16) & 1)) >> 16;
+    let nan = (bits >> 16) | 0x0040;
+    let is_nan = bits & 0x7fff_ffff > 0x7f80_0000;
+    (if is_nan { nan } else { rounded }) as u16
+}
+
+/// IEEE half -> float32, exact (including subnormals, infinities and NaNs).
+///
+/// This is the branch-free method of Marat Dukhan's FP16 library (also used by
+/// PyTorch's `c10::Half`): normal numbers are rebiased with an exponent offset and a
+/// power-of-two multiply (which also maps the all-ones exponent to inf/NaN), and
+/// subnormals are built as `0.5 + m * 2^-24` and then have 0.5 subtracted, exactly.
+#[inline(always)]
+fn f16_to_f32(h: u16) -> f32 {
+    let w = u32::from(h) << 16;
+    let sign = w & 0x8000_0000;
+    // Shifting the sign out leaves exponent and mantissa at the top of the word.
+    let two_w = w.wrapping_add(w);
+
+    // Exponent field e becomes e + 224 (so e = 31 lands on 255, inf/NaN); the multiply
+    // by 2^-112 then takes the value from 2^(e+97) down to 2^(e-15).
+    const EXP_OFFSET: u32 = 0xe0 << 23;
+    let exp_scale = f32::from_bits(0x0780_0000); // 2^-112
+    let normalized = f32::from_bits((two_w >> 4) + EXP_OFFSET) * exp_scale;
+
+    // Subnormal: 0.5 has mantissa ulp 2^-24, the half-subnormal step; add m of them.
+    const MAGIC_MASK: u32 = 126 << 23; // the exponent of 0.5
+    let denormalized = f32::from_bits((two_w >> 17) | MAGIC_MASK) - 0.5;
+
+    // two_w < 2^27 exactly when the half exponent field is zero.
+    const DENORMALIZED_CUTOFF: u32 = 1 << 27;
+    let mag = if two_w < DENORMALIZED_CUTOFF { denormalized.to_bits() } else { normalized.to_bits() };
+    f32::from_bits(sign | mag)
+}
+
+/// float32 -> IEEE half, round to nearest even, overflow to infinity, NaN to a quiet
+/// NaN with the input's sign.
+///
+/// Branch-free method of the FP16 library: scaling |x| by 2^112 * 2^-110 turns values
+/// too big for half into infinity, then adding a power of two `2^(e+...)` chosen from
+/// x's own exponent makes the float adder itself round away exactly the mantissa bits
+/// that half cannot hold (with ties to even, and with the half subnormal step for
+/// small exponents thanks to the lower clamp on `bias`). The half encoding is then read
+/// straight out of the sum's bits.
+#[inline(always)]
+fn f32_to_f16(x: f32) -> u16 {
+    let scale_to_inf = f32::from_bits(0x7780_0000); // 2^112
+    let scale_to_zero = f32::from_bits(0x0880_0000); // 2^-110
+    let base = (x.abs() * scale_to_inf) * scale_to_zero;
+
+    let w = x.to_bits();
+    let shl1_w = w.wrapping_add(w);
+    let sign = w & 0x8000_0000;
+    // x's exponent (shifted left by one), clamped below at the exponent that makes the
+    // adder round at the half subnormal step.
+    let bias = (shl1_w & 0xff00_0000).max(0x7100_0000);
+    let base = f32::from_bits((bias >> 1) + 0x0780_0000) + base;
+
+    let bits = base.to_bits();
+    let exp_bits = (bits >> 13) & 0x0000_7c00;
+    let mantissa_bits = bits & 0x0000_0fff;
+    let nonsign = exp_bits + mantissa_bits;
+    // shl1_w > 0xff00_0000 exactly when x is NaN.
+    let mag = if shl1_w > 0xff00_0000 { 0x7e00 } else { nonsign };
+    ((sign >> 16) | mag) as u16
+}
+
+/// Finite part of fp8 -> float32 for a format with `M` mantissa bits and exponent
+/// bias `BIAS`; the callers patch in their own infinities and NaNs.
+#[inline(always)]
+fn f8_to_f32_finite<const M: u32, const BIAS: u32>(b: u8) -> (u32, u32) {
+    let sign = u32::from(b & 0x80) << 24;
+    let abs = u32::from(b & 0x7f);
+    // Normal: move exponent and mantissa under float32's and add the bias difference.
+    let normal = (abs << (23 - M)) + ((127 - BIAS) << 23);
+    // Subnormal: the value is the mantissa times the subnormal step 2^(1-BIAS-M). The
+    // integer to float conversion and the power-of-two multiply are exact, and avoid
+    // ever feeding a float32 subnormal to the FPU (slow on some CPUs).
+    let step = f32::from_bits((128 - BIAS - M) << 23);
+    let sub = (abs as i32 as f32 * step).to_bits();
+    let mag = if abs < (1 << M) { sub } else { normal };
+    (sign, mag)
+}
+
+/// Core of float32 -> fp8, round to nearest even, for a format with `M` mantissa bits
+/// and exponent bias `BIAS`. Results above `MAX_CODE` (in magnitude) are clamped to it
+/// and NaN becomes `NAN_CODE`; both carry the input's sign.
+///
+/// Normal results round in the integer domain: adding `half ulp - 1` plus the lowest
+/// kept bit to float32's bits rounds to nearest even, and a mantissa carry correctly
+/// bumps the exponent. Subnormal results let the float adder round: adding |x| to
+/// `2^(23 + 1 - BIAS - M)`, whose ulp is the fp8 subnormal step, leaves
+/// `round(|x| / step)` in the low bits of the sum (2^M means it rounded up to the
+/// smallest normal, whose encoding is also 2^M).
+#[inline(always)]
+fn f32_to_f8<const M: u32, const BIAS: u32, const MAX_CODE: u32, const NAN_CODE: u32>(x: f32) -> u8 {
+    let bits = x.to_bits();
+    let sign = (bits >> 24) & 0x80;
+    let abs = bits & 0x7fff_ffff;
+
+    let shift = 23 - M;
+    let rounded = abs + ((1 << (shift - 1)) - 1) + ((abs >> shift) & 1);
+    // Wraps for |x| below the normal range, whose result the select below discards.
+    let normal = (rounded >> shift).wrapping_sub((127 - BIAS) << M);
+
+    let magic = f32::from_bits((151 - BIAS - M) << 23);
+    let sub = (f32::from_bits(abs) + magic).to_bits() - magic.to_bits();
+
+    // abs < 2^31, so comparing as i32 is the same and vectorizes better on SSE2.
+    let min_normal = ((128 - BIAS) << 23) as i32;
+    let mag = if (abs as i32) < min_normal { sub } else { normal };
+    // Overflow (including infinity) clamps to MAX_CODE: +-inf for E5M2, +-448 for E4M3.
+    let mag = mag.min(MAX_CODE);
+    let mag = if abs > 0x7f80_0000 { NAN_CODE } else { mag };
+    (sign | mag) as u8
+}
+
+/// OCP fp8 E4M3 ("fn") -> float32, exact. 0x7f/0xff are NaN; there are no infinities.
+#[inline(always)]
+pub fn f8e4m3_to_f32(b: u8) -> f32 {
+    let (sign, mag) = f8_to_f32_finite::<3, 7>(b);
+    let mag = if b & 0x7f == 0x7f { 0x7fc0_0000 } else { mag };
+    f32::from_bits(sign | mag)
+}
+
+/// float32 -> OCP fp8 E4M3, round to nearest even, saturating: finite values and
+/// infinities beyond +-448 become +-448 (CUDA's `__NV_SATFINITE`). NaN -> NaN (0x7f
+/// with the input's sign).
+#[inline(always)]
+pub fn f32_to_f8e4m3(x: f32) -> u8 {
+    f32_to_f8::<3, 7, 0x7e, 0x7f>(x)
+}
+
+/// OCP fp8 E5M2 -> float32, exact. Exponent 31 holds +-inf (mantissa 0) and NaNs.
+#[inline(always)]
+pub fn f8e5m2_to_f32(b: u8) -> f32 {
+    let (sign, mag) = f8_to_f32_finite::<2, 15>(b);
+    let abs = b & 0x7f;
+    let mag = if abs == 0x7c { 0x7f80_0000 } else { mag };
+    let mag = if abs > 0x7c { 0x7fc0_0000 } else { mag };
+    f32::from_bits(sign | mag)
+}
+
+/// float32 -> OCP fp8 E5M2, round to nearest even with IEEE overflow: magnitudes from
+/// 61440 (the midpoint above the largest finite 57344, which rounds to the even
+/// neighbour, infinity) upward become +-inf. NaN -> NaN (0x7e with the input's sign).
+#[inline(always)]
+pub fn f32_to_f8e5m2(x: f32) -> u8 {
+    f32_to_f8::<2, 15, 0x7c, 0x7e>(x)
+}
+
+// ---------------------------------------------------------------------------------
+// Correct narrowing from float64 and from 64-bit integers.
+//
+// Rounding twice (f64 -> f32 -> f16, each to nearest) can be wrong when the first
+// rounding lands exactly on a midpoint of the second. Rounding the first step "to odd"
+// instead (truncate, then set the lowest bit if anything was lost) makes the second
+// rounding exact as long as the intermediate keeps two more bits than the target, and
+// float32's 24 bits cover every narrow type (at most 11). Only `convert` needs this:
+// the reduction paths start from values that are exact in float32.
+// ---------------------------------------------------------------------------------
+
+/// Given `t`, the round-to-nearest float32 of some exact value, and whether `t` is
+/// exact, too big or too small in magnitude, return the round-to-odd float32.
+#[inline(always)]
+fn round_to_odd(t: f32, ord: std::cmp::Ordering) -> f32 {
+    use std::cmp::Ordering;
+    let bits = t.to_bits();
+    // Truncation toward zero is t itself, or its neighbour toward zero (for t = inf
+    // that is f32::MAX). Of the two floats around the exact value, the odd one wins.
+    let truncated = match ord {
+        Ordering::Equal => return t,
+        Ordering::Greater => bits - 1,
+        Ordering::Less => bits,
+    };
+    f32::from_bits(truncated | 1)
+}
+
+/// float64 -> float32 rounded to odd (see above); NaN and infinities pass through.
+#[inline(always)]
+fn f64_to_f32_odd(x: f64) -> f32 {
+    let t = x as f32;
+    let back = f64::from(t);
+    if x.is_nan() {
+        return t;
+    }
+    round_to_odd(t, back.abs().total_cmp(&x.abs()))
+}
+
+/// Integer -> float32 rounded to odd.
+#[inline(always)]
+fn i128_to_f32_odd(x: i128) -> f32 {
+    let t = x as f32;
+    // t is an integer no larger than 2^64 here (the inputs are 64-bit integers).
+    let back = t as i128;
+    round_to_odd(t, back.unsigned_abs().cmp(&x.unsigned_abs()))
+}
+
+// ---------------------------------------------------------------------------------
+// Element types.
+// ---------------------------------------------------------------------------------
+
+/// A value stored in a buffer as `SIZE` native-endian bytes, at any alignment.
+trait Elem: Copy {
+    const SIZE: usize;
+    /// `bytes.len() == SIZE` (it comes from `chunks_exact(SIZE)`).
+    fn load(bytes: &[u8]) -> Self;
+    fn store(self, bytes: &mut [u8]);
+}
+
+/// Arithmetic of an accumulator type (the integers, f32, f64).
+trait Arith: Elem {
+    fn red_sum(self, other: Self) -> Self;
+    fn red_prod(self, other: Self) -> Self;
+    fn red_max(self, other: Self) -> Self;
+    fn red_min(self, other: Self) -> Self;
+    /// `self / nranks` for `Avg`: truncating for integers, rounded for floats.
+    fn div_ranks(self, nranks: usize) -> Self;
+}
+
+/// An element type together with the accumulator it is reduced in.
+trait Reducible: Elem {
+    type Acc: Arith;
+    fn widen(self) -> Self::Acc;
+    fn narrow(acc: Self::Acc) -> Self;
+}
+
+/// Conversion between element types for [`convert`]. Each source type forwards its
+/// value to the most exact of the three constructors.
+trait Convert: Elem {
+    /// From an integer value: wraps into integer types, rounds to nearest even into
+    /// float types.
+    fn from_int(v: i128) -> Self;
+    /// From a float32 value: rounds to nearest even into float types; into integer
+    /// types truncates toward zero and saturates, NaN giving 0 (Rust's `as`; C leaves
+    /// out-of-range values undefined).
+    fn from_f32(v: f32) -> Self;
+    /// From a float64 value, same rules as `from_f32`.
+    fn from_f64(v: f64) -> Self;
+    /// Calls the constructor of `T` that keeps `self` exactly.
+    fn convert_to<T: Convert>(self) -> T;
+}
+
+macro_rules! impl_load_store {
+    ($t:ty, $bits:ty, |$v:ident| $to_bits:expr, |$b:ident| $from_bits:expr) => {
+        impl Elem for $t {
+            const SIZE: usize = std::mem::size_of::<$bits>();
+            #[inline(always)]
+            fn load(bytes: &[u8]) -> Self {
+                // The length is known to be SIZE, so the unwrap folds away.
+                let $b = <$bits>::from_ne_bytes(bytes.try_into().unwrap());
+                $from_bits
+            }
+            #[inline(always)]
+            fn store(self, bytes: &mut [u8]) {
+                let $v = self;
+                bytes.copy_from_slice(&$to_bits.to_ne_bytes());
+            }
+        }
+    };
+}
+
+/// Integer conversion for `Avg`, truncating toward zero.
+///
+/// For 8- and 32-bit types the division is done in float64, which vectorizes (x86 has
+/// no vector integer division) and is exact after truncation: with |s| <= 2^32 and
+/// q = s / n, the rounding error of the f64 quotient is at most |q| 2^-53 <=
+/// 2^-21 / n, less than the 1/n gap between a non-integer q and the nearest
+/// integers, so truncating the rounded quotient gives trunc(q); integer quotients are
+/// exact. (For n > 2^53, where `n as f64` is inexact, |q| < 1 and both give 0.)
+macro_rules! div_small_int {
+    ($t:ty) => {
+        #[inline(always)]
+        fn div_ranks(self, nranks: usize) -> Self {
+            (f64::from(self) / nranks as f64) as $t
+        }
+    };
+}
+
+macro_rules! impl_int {
+    ($($t:ty: $div:tt),* $(,)?) => {$(
+        impl_load_store!($t, $t, |v| v, |b| b);
+
+        impl Arith for $t {
+            #[inline(always)]
+            fn red_sum(self, other: Self) -> Self {
+                self.wrapping_add(other)
+            }
+            #[inline(always)]
+            fn red_prod(self, other: Self) -> Self {
+                self.wrapping_mul(other)
+            }
+            #[inline(always)]
+            fn red_max(self, other: Self) -> Self {
+                Ord::max(self, other)
+            }
+            #[inline(always)]
+            fn red_min(self, other: Self) -> Self {
+                Ord::min(self, other)
+            }
+            impl_int!(@div $t, $div);
+        }
+
+        impl Reducible for $t {
+            type Acc = $t;
+            #[inline(always)]
+            fn widen(self) -> $t {
+                self
+            }
+            #[inline(always)]
+            fn narrow(acc: $t) -> Self {
+                acc
+            }
+        }
+
+        impl Convert for $t {
+            #[inline(always)]
+            fn from_int(v: i128) -> Self {
+                v as $t // keeps the low bits: C's conversion to unsigned, two's complement
+            }
+            #[inline(always)]
+            fn from_f32(v: f32) -> Self {
+                v as $t
+            }
+            #[inline(always)]
+            fn from_f64(v: f64) -> Self {
+                v as $t
+            }
+            #[inline(always)]
+            fn convert_to<T: Convert>(self) -> T {
+                T::from_int(i128::from(self))
+            }
+        }
+    )*};
+    (@div $t:ty, small) => {
+        div_small_int!($t);
+    };
+    (@div $t:ty, i64) => {
+        #[inline(always)]
+        fn div_ranks(self, nranks: usize) -> Self {
+            match i64::try_from(nranks) {
+                Ok(n) => self / n, // n >= 1, so neither overflow nor division by zero
+                Err(_) => (i128::from(self) / nranks as i128) as i64,
+            }
+        }
+    };
+    (@div $t:ty, u64) => {
+        #[inline(always)]
+        fn div_ranks(self, nranks: usize) -> Self {
+            self / nranks as u64
+        }
+    };
+}
+
+impl_int!(i8: small, u8: small, i32: small, u32: small, i64: i64, u64: u64);
+
+macro_rules! impl_native_float {
+    ($($t:ty),*) => {$(
+        impl_load_store!($t, $t, |v| v, |b| b);
+
+        impl Arith for $t {
+            #[inline(always)]
+            fn red_sum(self, other: Self) -> Self {
+                self + other
+            }
+            #[inline(always)]
+            fn red_prod(self, other: Self) -> Self {
+                self * other
+            }
+            // fmaxf/fminf semantics (see the module docs): a NaN operand loses.
+            #[inline(always)]
+            fn red_max(self, other: Self) -> Self {
+                <$t>::max(self, other)
+            }
+            #[inline(always)]
+            fn red_min(self, other: Self) -> Self {
+                <$t>::min(self, other)
+            }
+            #[inline(always)]
+            fn div_ranks(self, nranks: usize) -> Self {
+                self / nranks as $t
+            }
+        }
+
+        impl Reducible for $t {
+            type Acc = $t;
+            #[inline(always)]
+            fn widen(self) -> $t {
+                self
+            }
+            #[inline(always)]
+            fn narrow(acc: $t) -> Self {
+                acc
+            }
+        }
+    )*};
+}
+
+impl_native_float!(f32, f64);
+
+impl Convert for f32 {
+    #[inline(always)]
+    fn from_int(v: i128) -> Self {
+        v as f32 // Rust rounds integer -> float casts to nearest even
+    }
+    #[inline(always)]
+    fn from_f32(v: f32) -> Self {
+        v
+    }
+    #[inline(always)]
+    fn from_f64(v: f64) -> Self {
+        v as f32
+    }
+    #[inline(always)]
+    fn convert_to<T: Convert>(self) -> T {
+        T::from_f32(self)
+    }
+}
+
+impl Convert for f64 {
+    #[inline(always)]
+    fn from_int(v: i128) -> Self {
+        v as f64
+    }
+    #[inline(always)]
+    fn from_f32(v: f32) -> Self {
+        f64::from(v)
+    }
+    #[inline(always)]
+    fn from_f64(v: f64) -> Self {
+        v
+    }
+    #[inline(always)]
+    fn convert_to<T: Convert>(self) -> T {
+        T::from_f64(self)
+    }
+}
+
+/// IEEE half, as its bits.
+#[derive(Clone, Copy)]
+struct F16(u16);
+/// bfloat16, as its bits.
+#[derive(Clone, Copy)]
+struct Bf16(u16);
+/// OCP fp8 E4M3, as its bits.
+#[derive(Clone, Copy)]
+struct F8E4M3(u8);
+/// OCP fp8 E5M2, as its bits.
+#[derive(Clone, Copy)]
+struct F8E5M2(u8);
+
+macro_rules! impl_narrow_float {
+    ($($t:ident($bits:ty): $to_f32:ident, $from_f32:ident);* $(;)?) => {$(
+        impl_load_store!($t, $bits, |v| v.0, |b| $t(b));
+
+        impl Reducible for $t {
+            type Acc = f32;
+            #[inline(always)]
+            fn widen(self) -> f32 {
+                $to_f32(self.0)
+            }
+            #[inline(always)]
+            fn narrow(acc: f32) -> Self {
+                $t($from_f32(acc))
+            }
+        }
+
+        impl Convert for $t {
+            #[inline(always)]
+            fn from_int(v: i128) -> Self {
+                $t($from_f32(i128_to_f32_odd(v)))
+            }
+            #[inline(always)]
+            fn from_f32(v: f32) -> Self {
+                $t($from_f32(v))
+            }
+            #[inline(always)]
+            fn from_f64(v: f64) -> Self {
+                $t($from_f32(f64_to_f32_odd(v)))
+            }
+            #[inline(always)]
+            fn convert_to<T: Convert>(self) -> T {
+                T::from_f32($to_f32(self.0)) // widening to f32 is exact
+            }
+        }
+    )*};
+}
+
+impl_narrow_float! {
+    F16(u16): f16_to_f32, f32_to_f16;
+    Bf16(u16): bf16_to_f32, f32_to_bf16;
+    F8E4M3(u8): f8e4m3_to_f32, f32_to_f8e4m3;
+    F8E5M2(u8): f8e5m2_to_f32, f32_to_f8e5m2;
+}
+
+// ---------------------------------------------------------------------------------
+// Operators.
+// ---------------------------------------------------------------------------------
+
+/// A binary reduction operator, as a type so that kernels monomorphize on it.
+trait Combine {
+    fn apply<A: Arith>(a: A, b: A) -> A;
+}
+
+/// Also used for `Avg`, whose division happens once, when finishing.
+struct SumOp;
+struct ProdOp;
+struct MaxOp;
+struct MinOp;
+
+impl Combine for SumOp {
+    #[inline(always)]
+    fn apply<A: Arith>(a: A, b: A) -> A {
+        a.red_sum(b)
+    }
+}
+impl Combine for ProdOp {
+    #[inline(always)]
+    fn apply<A: Arith>(a: A, b: A) -> A {
+        a.red_prod(b)
+    }
+}
+impl Combine for MaxOp {
+    #[inline(always)]
+    fn apply<A: Arith>(a: A, b: A) -> A {
+        a.red_max(b)
+    }
+}
+impl Combine for MinOp {
+    #[inline(always)]
+    fn apply<A: Arith>(a: A, b: A) -> A {
+        a.red_min(b)
+    }
+}
+
+// ---------------------------------------------------------------------------------
+// Dispatch: one `match` per call binds a type alias, and the body is compiled once per
+// arm.
+// ---------------------------------------------------------------------------------
+
+/// Runs `$body` with `$T` bound to the element type of a native `$dtype` (one whose
+/// accumulator is itself); evaluates `$narrow` for the four narrow float types.
+macro_rules! with_native {
+    ($dtype:expr, $T:ident => $body:expr, narrow => $narrow:expr) => {
+        match $dtype {
+            DataType::Int8 => {
+                type $T = i8;
+                $body
+            }
+            DataType::Uint8 => {
+                type $T = u8;
+                $body
+            }
+            DataType::Int32 => {
+                type $T = i32;
+                $body
+            }
+            DataType::Uint32 => {
+                type $T = u32;
+                $body
+            }
+            DataType::Int64 => {
+                type $T = i64;
+                $body
+            }
+            DataType::Uint64 => {
+                type $T = u64;
+                $body
+            }
+            DataType::Float32 => {
+                type $T = f32;
+                $body
+            }
+            DataType::Float64 => {
+                type $T = f64;
+                $body
+            }
+            DataType::Float16 | DataType::Bfloat16 | DataType::Float8e4m3 | DataType::Float8e5m2 => $narrow,
+        }
+    };
+}
+
+/// Runs `$body` with `$T` bound to the element type of a narrow float `$dtype`;
+/// evaluates `$native` for the others.
+macro_rules! with_narrow {
+    ($dtype:expr, $T:ident => $body:expr, native => $native:expr) => {
+        match $dtype {
+            DataType::Float16 => {
+                type $T = F16;
+                $body
+            }
+            DataType::Bfloat16 => {
+                type $T = Bf16;
+                $body
+            }
+            DataType::Float8e4m3 => {
+                type $T = F8E4M3;
+                $body
+            }
+            DataType::Float8e5m2 => {
+                type $T = F8E5M2;
+                $body
+            }
+            DataType::Int8
+            | DataType::Uint8
+            | DataType::Int32
+            | DataType::Uint32
+            | DataType::Int64
+            | DataType::Uint64
+            | DataType::Float32
+            | DataType::Float64 => $native,
+        }
+    };
+}
+
+/// Runs `$body` with `$T` bound to the element type of any `$dtype`.
+macro_rules! with_any {
+    ($dtype:expr, $T:ident => $body:expr) => {
+        with_native!($dtype, $T => $body, narrow => with_narrow!($dtype, $T => $body,
+            native => unreachable!()))
+    };
+}
+
+/// Runs `$body` with `$O` bound to the combining operator of `$op` (`Avg` sums).
+macro_rules! with_op {
+    ($op:expr, $O:ident => $body:expr) => {
+        match $op {
+            RedOp::Sum | RedOp::Avg => {
+                type $O = SumOp;
+                $body
+            }
+            RedOp::Prod => {
+                type $O = ProdOp;
+                $body
+            }
+            RedOp::Max => {
+                type $O = MaxOp;
+                $body
+            }
+            RedOp::Min => {
+                type $O = MinOp;
+                $body
+            }
+        }
+    };
+}
+
+// ---------------------------------------------------------------------------------
+// Kernels. Each is one pass of `chunks_exact` zips with a straight-line body.
+// ---------------------------------------------------------------------------------
+
+/// dst = narrow(op(widen(dst), widen(src))).
+#[inline(never)]
+fn k_inplace<T: Reducible, O: Combine>(dst: &mut [u8], src: &[u8]) {
+    for (d, s) in dst.chunks_exact_mut(T::SIZE).zip(src.chunks_exact(T::SIZE)) {
+        let r = O::apply(T::load(d).widen(), T::load(s).widen());
+        T::narrow(r).store(d);
+    }
+}
+
+/// acc = widen(src).
+#[inline(never)]
+fn k_acc_init<T: Reducible>(acc: &mut [u8], src: &[u8]) {
+    let acc_size = <T::Acc as Elem>::SIZE;
+    for (a, s) in acc.chunks_exact_mut(acc_size).zip(src.chunks_exact(T::SIZE)) {
+        T::load(s).widen().store(a);
+    }
+}
+
+/// acc = op(acc, widen(src)).
+#[inline(never)]
+fn k_acc_reduce<T: Reducible, O: Combine>(acc: &mut [u8], src: &[u8]) {
+    let acc_size = <T::Acc as Elem>::SIZE;
+    for (a, s) in acc.chunks_exact_mut(acc_size).zip(src.chunks_exact(T::SIZE)) {
+        O::apply(T::Acc::load(a), T::load(s).widen()).store(a);
+    }
+}
+
+/// acc = op(widen(a), widen(b)).
+#[inline(never)]
+fn k_acc_init2<T: Reducible, O: Combine>(acc: &mut [u8], a: &[u8], b: &[u8]) {
+    let acc_size = <T::Acc as Elem>::SIZE;
+    let inputs = a.chunks_exact(T::SIZE).zip(b.chunks_exact(T::SIZE));
+    for (r, (x, y)) in acc.chunks_exact_mut(acc_size).zip(inputs) {
+        O::apply(T::load(x).widen(), T::load(y).widen()).store(r);
+    }
+}
+
+/// dst = narrow(acc), or narrow(acc / nranks) when `AVG`.
+#[inline(never)]
+fn k_finish<T: Reducible, const AVG: bool>(nranks: usize, acc: &[u8], dst: &mut [u8]) {
+    let acc_size = <T::Acc as Elem>::SIZE;
+    for (d, a) in dst.chunks_exact_mut(T::SIZE).zip(acc.chunks_exact(acc_size)) {
+        let v = T::Acc::load(a);
+        let v = if AVG { v.div_ranks(nranks) } else { v };
+        T::narrow(v).store(d);
+    }
+}
+
+/// buf = narrow(widen(buf) / nranks).
+#[inline(never)]
+fn k_div_inplace<T: Reducible>(nranks: usize, buf: &mut [u8]) {
+    for b in buf.chunks_exact_mut(T::SIZE) {
+        T::narrow(T::load(b).widen().div_ranks(nranks)).store(b);
+    }
+}
+
+/// dst = src converted from S to D.
+#[inline(never)]
+fn k_convert<S: Convert, D: Convert>(src: &[u8], dst: &mut [u8]) {
+    for (d, s) in dst.chunks_exact_mut(D::SIZE).zip(src.chunks_exact(S::SIZE)) {
+        S::load(s).convert_to::<D>().store(d);
+    }
+}
+
+// ---------------------------------------------------------------------------------
+// Public API.
+// ---------------------------------------------------------------------------------
+
+/// Number of elements of `dtype` in `buf`; panics if `buf` holds a partial element.
+fn elems(dtype: DataType, buf: &[u8]) -> usize {
+    let size = dtype.size();
+    assert!(buf.len() % size == 0, "{} buffer of {} bytes is not a whole number of elements", dtype, buf.len());
+    buf.len() / size
+}
+
+/// Checks that `buf` holds exactly `n` elements of `elem_size` bytes. Mismatched
+/// lengths are a caller bug; checking once per call keeps them from silently
+/// reducing a prefix.
+fn check_len(what: &str, buf: &[u8], n: usize, elem_size: usize) {
+    assert_eq!(buf.len(), n * elem_size, "{what}: expected {n} elements of {elem_size} bytes");
+}
+
+fn check_avg_ranks(op: RedOp, nranks: usize) {
+    assert!(op != RedOp::Avg || nranks > 0, "Avg over zero ranks");
+}
+
+/// `dst[i] = dst[i] op src[i]`, in the element type itself: narrow floats are widened
+/// to float32, combined and rounded back at every call. (That is the same as exact
+/// half/bfloat16/fp8 arithmetic: float32 keeps more than twice their precision plus
+/// two bits, so rounding twice is harmless for one addition or multiplication.)
+///
+/// For `Avg` this sums; the division is applied by [`finish_inplace`].
+pub fn reduce_inplace(dtype: DataType, op: RedOp, dst: &mut [u8], src: &[u8]) {
+    let n = elems(dtype, src);
+    check_len("reduce_inplace dst", dst, n, dtype.size());
+    with_any!(dtype, T => with_op!(op, O => k_inplace::<T, O>(dst, src)));
+}
+
+/// `acc[i] = widen(src[i])`; `acc` holds `dtype.acc_size()` bytes per element.
+pub fn acc_init(dtype: DataType, acc: &mut [u8], src: &[u8]) {
+    let n = elems(dtype, src);
+    check_len("acc_init acc", acc, n, dtype.acc_size());
+    with_narrow!(dtype, T => k_acc_init::<T>(acc, src), native => acc.copy_from_slice(src));
+}
+
+/// `acc[i] = acc[i] op widen(src[i])`; for `Avg` this accumulates the sum.
+pub fn acc_reduce(dtype: DataType, op: RedOp, acc: &mut [u8], src: &[u8]) {
+    let n = elems(dtype, src);
+    check_len("acc_reduce acc", acc, n, dtype.acc_size());
+    with_narrow!(dtype, T => with_op!(op, O => k_acc_reduce::<T, O>(acc, src)),
+        native => reduce_inplace(dtype, op, acc, src));
+}
+
+/// `acc[i] = widen(a[i]) op widen(b[i])`: the first step of a reduction fused into one
+/// pass. For `Avg` this is the sum.
+pub fn acc_init2(dtype: DataType, op: RedOp, acc: &mut [u8], a: &[u8], b: &[u8]) {
+    let n = elems(dtype, a);
+    check_len("acc_init2 b", b, n, dtype.size());
+    check_len("acc_init2 acc", acc, n, dtype.acc_size());
+    with_any!(dtype, T => with_op!(op, O => k_acc_init2::<T, O>(acc, a, b)));
+}
+
+/// `dst[i] = narrow(acc[i])`, dividing by `nranks` first for `Avg` (integer division
+/// truncating toward zero for integers). `acc` holds `dtype.acc_size()` bytes per
+/// element. When accumulator and destination are the same memory (native types), use
+/// [`finish_inplace`].
+///
+/// Panics if `op` is `Avg` and `nranks` is 0.
+pub fn acc_finish(dtype: DataType, op: RedOp, nranks: usize, acc: &[u8], dst: &mut [u8]) {
+    let n = elems(dtype, dst);
+    check_len("acc_finish acc", acc, n, dtype.acc_size());
+    check_avg_ranks(op, nranks);
+    if op == RedOp::Avg {
+        with_any!(dtype, T => k_finish::<T, true>(nranks, acc, dst));
+    } else {
+        with_narrow!(dtype, T => k_finish::<T, false>(nranks, acc, dst),
+            native => dst.copy_from_slice(acc));
+    }
+}
+
+/// Finishes a reduction whose accumulator is the destination itself (native types,
+/// where `acc_size() == size()`): divides by `nranks` in place for `Avg`, nothing for
+/// the other operators.
+///
+/// Narrow float types have a separate float32 accumulator and must use [`acc_finish`]:
+/// calling this for one is a bug caught by a debug assertion. Release builds divide
+/// in place in the narrow type (rounding once more) rather than leave a sum behind.
+///
+/// Panics if `op` is `Avg` and `nranks` is 0.
+pub fn finish_inplace(dtype: DataType, op: RedOp, nranks: usize, buf: &mut [u8]) {
+    debug_assert!(
+        !dtype.is_narrow_float(),
+        "finish_inplace called for {dtype}, which finishes from a float32 accumulator"
+    );
+    elems(dtype, buf);
+    check_avg_ranks(op, nranks);
+    if op == RedOp::Avg && nranks != 1 {
+        with_any!(dtype, T => k_div_inplace::<T>(nranks, buf));
+    }
+}
+
+/// Converts the elements of `src` (of type `from`) into `dst` (of type `to`), for
+/// "wire type" transfers.
+///
+/// * Float to float: the value is widened exactly and rounded once to nearest even
+///   (float64 sources narrow through round-to-odd, so they too are rounded only once).
+///   Narrowing follows the same overflow rules as the reductions.
+/// * Integer to integer: C value casts (keep the low bits, two's complement).
+/// * Integer to float: rounded once to nearest even.
+/// * Float to integer: truncation toward zero, saturating at the type's bounds, NaN
+///   giving 0 (Rust's `as`; C leaves out-of-range values undefined).
+pub fn convert(from: DataType, src: &[u8], to: DataType, dst: &mut [u8]) {
+    let n = elems(from, src);
+    check_len("convert dst", dst, n, to.size());
+    if from == to {
+        dst.copy_from_slice(src);
+        return;
+    }
+    with_any!(from, S => with_any!(to, D => k_convert::<S, D>(src, dst)));
+}
+
+#[cfg(test)]
+mod tests {
+    //! Every path is checked against an independent scalar reference: integers in
+    //! i128 then wrapped, floats exactly in f64 then rounded by a generic
+    //! round-to-nearest-even routine (itself checked against the `half` crate), and
+    //! fp8 decoded from its definition.
+
+    use super::*;
+    use half::{bf16, f16};
+
+    // ---- deterministic random numbers (no extra dependency) ----
+
+    struct Rng(u64);
+    impl Rng {
+        fn next(&mut self) -> u64 {
+            // xorshift64*
+            self.0 ^= self.0 >> 12;
+            self.0 ^= self.0 << 25;
+            self.0 ^= self.0 >> 27;
+            self.0.wrapping_mul(0x2545_f491_4f6c_dd1d)
+        }
+        fn below(&mut self, n: u64) -> u64 {
+            self.next() % n
+        }
+    }
+
+    // ---- reference formats ----
+
+    const NATIVE_FLOATS: [DataType; 2] = [DataType::Float32, DataType::Float64];
+
+    fn is_int(dt: DataType) -> bool {
+        !dt.is_narrow_float() && !NATIVE_FLOATS.contains(&dt)
+    }
+
+    fn is_signed(dt: DataType) -> bool {
+        matches!(dt, DataType::Int8 | DataType::Int32 | DataType::Int64)
+    }
+
+    /// Reduces an integer to `dt`'s range the way two's complement hardware does.
+    fn wrap(dt: DataType, v: i128) -> i128 {
+        let bits = 8 * dt.size() as u32;
+        let low = v & ((1i128 << bits) - 1);
+        if is_signed(dt) && low >= 1i128 << (bits - 1) {
+            low - (1i128 << bits)
+        } else {
+            low
+        }
+    }
+
+    fn dec_int(dt: DataType, b: &[u8]) -> i128 {
+        let mut raw = [0u8; 8];
+        raw[..b.len()].copy_from_slice(b);
+        // Little- or big-endian, native order: read the bytes as the type itself.
+        let v = match dt.size() {
+            1 => i128::from(b[0]),
+            4 => i128::from(u32::from_ne_bytes(b.try_into().unwrap())),
+            8 => i128::from(u64::from_ne_bytes(b.try_into().unwrap())),
+            _ => unreachable!(),
+        };
+        wrap(dt, v)
+    }
+
+    fn enc_int(dt: DataType, v: i128) -> Vec<u8> {
+        let v = wrap(dt, v);
+        match dt.size() {
+            1 => vec![v as u8],
+            4 => (v as u32).to_ne_bytes().to_vec(),
+            8 => (v as u64).to_ne_bytes().to_vec(),
+            _ => unreachable!(),
+        }
+    }
+
+    /// Parameters of a binary float format, for the reference rounding.
+    #[derive(Clone, Copy)]
+    struct Fmt {
+        mant: i32,
+        emin: i32,
+        max: f64,
+        saturate: bool,
+    }
+
+    fn fmt_of(dt: DataType) -> Fmt {
+        let (mant, emin, max, saturate) = match dt {
+            DataType::Float16 => (10, -14, 65504.0, false),
+            DataType::Bfloat16 => (7, -126, f64::from(bf16::MAX.to_f32()), false),
+            DataType::Float32 => (23, -126, f64::from(f32::MAX), false),
+            DataType::Float8e4m3 => (3, -6, 448.0, true),
+            DataType::Float8e5m2 => (2, -14, 57344.0, false),
+            _ => unreachable!("no reference format for {dt}"),
+        };
+        Fmt { mant, emin, max, saturate }
+    }
+
+    fn pow2(e: i32) -> f64 {
+        f64::from_bits(((e + 1023) as u64) << 52)
+    }
+
+    /// Rounds `x` (exact) to nearest even in `fmt`, with its overflow rule.
+    fn ref_round(fmt: Fmt, x: f64) -> f64 {
+        if x.is_nan() {
+            return f64::NAN;
+        }
+        let overflow = if fmt.saturate { fmt.max } else { f64::INFINITY };
+        let a = x.abs();
+        if a == 0.0 {
+            return x;
+        }
+        if a.is_infinite() {
+            return overflow.copysign(x);
+        }
+        let biased = (a.to_bits() >> 52) as i32;
+        let e = if biased == 0 { -1075 } else { biased - 1023 };
+        let quantum = pow2(e.max(fmt.emin) - fmt.mant);
+        let r = (a / quantum).round_ties_even() * quantum;
+        let r = if r > fmt.max { overflow } else { r };
+        r.copysign(x)
+    }
+
+    /// fp8 decoding straight from the format's definition.
+    fn ref_f8_decode(e4m3: bool, b: u8) -> f64 {
+        let (mant_bits, bias) = if e4m3 { (3, 7) } else { (2, 15) };
+        let sign = if b & 0x80 != 0 { -1.0 } else { 1.0 };
+        let exp = i32::from((b & 0x7f) >> mant_bits);
+        let mant = f64::from(b & ((1 << mant_bits) - 1));
+        let max_exp = (1 << (7 - mant_bits)) - 1;
+        if e4m3 && b & 0x7f == 0x7f {
+            return f64::NAN;
+        }
+        if !e4m3 && exp == max_exp {
+            return if mant == 0.0 { sign * f64::INFINITY } else { f64::NAN };
+        }
+        let frac = mant / f64::from(1 << mant_bits);
+        sign * if exp == 0 { frac * pow2(1 - bias) } else { (1.0 + frac) * pow2(exp - bias) }
+    }
+
+    /// Encodes a value that is exactly representable in fp8.
+    fn ref_f8_encode(e4m3: bool, v: f64) -> u8 {
+        if v.is_nan() {
+            return if e4m3 { 0x7f } else { 0x7e };
+        }
+        let sign = if v.is_sign_negative() { 0x80 } else { 0 };
+        let code = (0u8..0x80)
+            .find(|&c| ref_f8_decode(e4m3, c) == v.abs())
+            .unwrap_or_else(|| panic!("{v} is not an fp8 value"));
+        sign | code
+    }
+
+    fn dec_float(dt: DataType, b: &[u8]) -> f64 {
+        match dt {
+            DataType::Float16 => f16::from_bits(u16::from_ne_bytes(b.try_into().unwrap())).to_f64(),
+            DataType::Bfloat16 => bf16::from_bits(u16::from_ne_bytes(b.try_into().unwrap())).to_f64(),
+            DataType::Float32 => f64::from(f32::from_ne_bytes(b.try_into().unwrap())),
+            DataType::Float64 => f64::from_ne_bytes(b.try_into().unwrap()),
+            DataType::Float8e4m3 => ref_f8_decode(true, b[0]),
+            DataType::Float8e5m2 => ref_f8_decode(false, b[0]),
+            _ => unreachable!(),
+        }
+    }
+
+    /// Rounds `x` (exact) into `dt` and encodes it.
+    fn enc_float(dt: DataType, x: f64) -> Vec<u8> {
+        if dt == DataType::Float64 {
+            return x.to_ne_bytes().to_vec();
+        }
+        let r = ref_round(fmt_of(dt), x);
+        match dt {
+            // r is representable, so any conversion path is exact.
+            DataType::Float16 => f16::from_f64(r).to_bits().to_ne_bytes().to_vec(),
+            DataType::Bfloat16 => bf16::from_f64(r).to_bits().to_ne_bytes().to_vec(),
+            DataType::Float32 => (r as f32).to_ne_bytes().to_vec(),
+            DataType::Float8e4m3 => vec![ref_f8_encode(true, r)],
+            DataType::Float8e5m2 => vec![ref_f8_encode(false, r)],
+            _ => unreachable!(),
+        }
+    }
+
+    /// Rounding of an exact value to the accumulator of `dt`.
+    fn round_acc(dt: DataType, x: f64) -> f64 {
+        if dt == DataType::Float64 {
+            x
+        } else {
+            ref_round(fmt_of(DataType::Float32), x)
+        }
+    }
+
+    /// Compares buffers of `dt` elements: integers bit for bit, floats bit for bit
+    /// except that any NaN equals any NaN and, for Max/Min, +0 equals -0.
+    fn assert_same(dt: DataType, op: RedOp, got: &[u8], want: &[u8], what: &str) {
+        assert_eq!(got.len(), want.len(), "{what}: length");
+        let size = dt.size();
+        for (i, (g, w)) in got.chunks(size).zip(want.chunks(size)).enumerate() {
+            if g == w {
+                continue;
+            }
+            if !is_int(dt) {
+                let (gv, wv) = (dec_float(dt, g), dec_float(dt, w));
+                if gv.is_nan() && wv.is_nan() {
+                    continue;
+                }
+                if matches!(op, RedOp::Max | RedOp::Min) && gv == 0.0 && wv == 0.0 {
+                    continue;
+                }
+                panic!("{what}: {dt} {op} element {i}: got {gv:e} ({g:02x?}), want {wv:e} ({w:02x?})");
+            }
+            panic!("{what}: {dt} {op} element {i}: got {g:02x?}, want {w:02x?}");
+        }
+    }
+
+    // ---- reference reductions ----
+
+    fn ref_op_int(dt: DataType, op: RedOp, a: i128, b: i128) -> i128 {
+        match op {
+            RedOp::Sum | RedOp::Avg => wrap(dt, a + b),
+            RedOp::Prod => wrap(dt, a.wrapping_mul(b)),
+            RedOp::Max => a.max(b),
+            RedOp::Min => a.min(b),
+        }
+    }
+
+    fn ref_op_float(op: RedOp, a: f64, b: f64) -> f64 {
+        match op {
+            RedOp::Sum | RedOp::Avg => a + b,
+            RedOp::Prod => a * b,
+            RedOp::Max => a.max(b),
+            RedOp::Min => a.min(b),
+        }
+    }
+
+    /// The expected result of reducing `ranks` element-wise. `stepwise` rounds to the
+    /// element type after every step (what `reduce_inplace` does); otherwise values are
+    /// accumulated in the accumulator type and rounded once. Stepwise `Avg` on narrow
+    /// types is only the sum (there is no in-place finish for them).
+    fn reference(dt: DataType, op: RedOp, ranks: &[Vec<u8>], stepwise: bool) -> Vec<u8> {
+        let size = dt.size();
+        let n = ranks[0].len() / size;
+        let nranks = ranks.len();
+        let mut out = Vec::with_capacity(ranks[0].len());
+        for i in 0..n {
+            let elem = |r: usize| &ranks[r][i * size..(i + 1) * size];
+            if is_int(dt) {
+                let mut v = dec_int(dt, elem(0));
+                for r in 1..nranks {
+                    v = ref_op_int(dt, op, v, dec_int(dt, elem(r)));
+                }
+                if op == RedOp::Avg {
+                    v /= nranks as i128; // i128 division truncates toward zero
+                }
+                out.extend(enc_int(dt, v));
+            } else {
+                let step = |x: f64| {
+                    let acc = round_acc(dt, x);
+                    if stepwise {
+                        dec_float(dt, &enc_float(dt, acc))
+                    } else {
+                        acc
+                    }
+                };
+                let mut v = dec_float(dt, elem(0));
+                for r in 1..nranks {
+                    v = step(ref_op_float(op, v, dec_float(dt, elem(r))));
+                }
+                if op == RedOp::Avg && !(stepwise && dt.is_narrow_float()) {
+                    v = round_acc(dt, v / nranks as f64);
+                }
+                out.extend(enc_float(dt, v));
+            }
+        }
+        out
+    }
+
+    // ---- test data ----
+
+    fn random_elems(dt: DataType, n: usize, rng: &mut Rng) -> Vec<u8> {
+        let mut out = Vec::with_capacity(n * dt.size());
+        for _ in 0..n {
+            let bits = rng.next();
+            let choice = rng.below(10);
+            match dt {
+                DataType::Float32 => {
+                    let v = match choice {
+                        0 => [f32::NAN, f32::INFINITY, -f32::INFINITY, 0.0, -0.0, f32::MAX][rng.below(6) as usize],
+                        1..=4 => f32::from_bits(bits as u32),
+                        _ => ((bits >> 40) as f32 - 8e6) * 2f32.powi(rng.below(40) as i32 - 20),
+                    };
+                    out.extend(v.to_ne_bytes());
+                }
+                DataType::Float64 => {
+                    let v = match choice {
+                        0 => [f64::NAN, f64::INFINITY, -f64::INFINITY, 0.0, -0.0, f64::MAX][rng.below(6) as usize],
+                        1..=4 => f64::from_bits(bits),
+                        _ => ((bits >> 10) as f64 - 9e15) * 2f64.powi(rng.below(80) as i32 - 40),
+                    };
+                    out.extend(v.to_ne_bytes());
+                }
+                // Narrow floats and integers: every bit pattern is interesting, but
+                // small integers exercise Prod without always wrapping to zero.
+                _ if is_int(dt) && choice < 3 => {
+                    out.extend(enc_int(dt, (bits % 7) as i128 - 3));
+                }
+                _ => out.extend(&bits.to_ne_bytes()[..dt.size()]),
+            }
+        }
+        out
+    }
+
+    /// A copy of `data` placed at byte `offset` of a fresh allocation, so that the
+    /// slice `&v[offset..]` is misaligned for every element type when offset is odd.
+    fn at_offset(data: &[u8], offset: usize) -> Vec<u8> {
+        let mut v = vec![0xa5; offset];
+        v.extend_from_slice(data);
+        v
+    }
+
+    // ---- the pipelines against the reference ----
+
+    const LENS: [usize; 4] = [0, 1, 7, 1000];
+    const NRANKS: [usize; 4] = [1, 2, 3, 5];
+
+    /// Runs every (type, operator) pair through every entry point and compares.
+    fn check_all_pipelines(dt: DataType, op: RedOp, len: usize, nranks: usize, off: usize) {
+        let mut rng = Rng(0x9e37_79b9_7f4a_7c15 ^ ((dt as u64) << 32) ^ ((op as u64) << 24));
+        rng.0 ^= (len as u64) << 8 ^ (nranks as u64) << 4 ^ off as u64;
+        let ranks: Vec<Vec<u8>> = (0..nranks).map(|_| random_elems(dt, len, &mut rng)).collect();
+        let src: Vec<Vec<u8>> = ranks.iter().map(|r| at_offset(r, off)).collect();
+        let src = |r: usize| &src[r][off..];
+        let what = format!("len {len} nranks {nranks} offset {off}");
+        let once = reference(dt, op, &ranks, false);
+        let acc_bytes = len * dt.acc_size();
+
+        // 1. Fused first step, acc_reduce for the rest, acc_finish into dst.
+        let mut acc = at_offset(&vec![0; acc_bytes], off);
+        if nranks == 1 {
+            acc_init(dt, &mut acc[off..], src(0));
+        } else {
+            acc_init2(dt, op, &mut acc[off..], src(0), src(1));
+            for r in 2..nranks {
+                acc_reduce(dt, op, &mut acc[off..], src(r));
+            }
+        }
+        let mut dst = at_offset(&vec![0; len * dt.size()], off);
+        acc_finish(dt, op, nranks, &acc[off..], &mut dst[off..]);
+        assert_same(dt, op, &dst[off..], &once, &format!("init2+finish {what}"));
+
+        // 2. acc_init then acc_reduce for every other rank.
+        let mut acc2 = at_offset(&vec![0; acc_bytes], off);
+        acc_init(dt, &mut acc2[off..], src(0));
+        for r in 1..nranks {
+            acc_reduce(dt, op, &mut acc2[off..], src(r));
+        }
+        acc_finish(dt, op, nranks, &acc2[off..], &mut dst[off..]);
+        assert_same(dt, op, &dst[off..], &once, &format!("init+finish {what}"));
+
+        // 3. Native types: the destination is the accumulator, finished in place.
+        if !dt.is_narrow_float() {
+            let mut buf = at_offset(&vec![0; acc_bytes], off);
+            acc_init(dt, &mut buf[off..], src(0));
+            for r in 1..nranks {
+                acc_reduce(dt, op, &mut buf[off..], src(r));
+            }
+            finish_inplace(dt, op, nranks, &mut buf[off..]);
+            assert_same(dt, op, &buf[off..], &once, &format!("finish_inplace {what}"));
+        }
+
+        // 4. reduce_inplace step by step, rounding to the element type every time.
+        let mut buf = at_offset(&ranks[0], off);
+        for r in 1..nranks {
+            reduce_inplace(dt, op, &mut buf[off..], src(r));
+        }
+        if !dt.is_narrow_float() {
+            finish_inplace(dt, op, nranks, &mut buf[off..]);
+        }
+        let stepwise = reference(dt, op, &ranks, true);
+        assert_same(dt, op, &buf[off..], &stepwise, &format!("reduce_inplace {what}"));
+    }
+
+    #[test]
+    fn every_type_and_op_matches_reference() {
+        for dt in DataType::ALL {
+            for op in RedOp::ALL {
+                for len in LENS {
+                    for nranks in NRANKS {
+                        for off in [0, 1] {
+                            check_all_pipelines(dt, op, len, nranks, off);
+                        }
+                    }
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn reference_rounding_agrees_with_half_crate() {
+        // The generic reference rounder must itself be right for the formats `half`
+        // knows: check it on every half/bfloat16 value, the midpoints and neighbours.
+        let mut rng = Rng(7);
+        for i in 0..200_000u32 {
+            let x = if i < 65536 {
+                let v = f16::from_bits(i as u16).to_f32();
+                f32::from_bits(v.to_bits().wrapping_add((rng.below(3) as u32 * 4096).wrapping_sub(4096)))
+            } else {
+                f32::from_bits(rng.next() as u32)
+            };
+            let want = f16::from_f32(x).to_f64();
+            let got = ref_round(fmt_of(DataType::Float16), f64::from(x));
+            assert!(got == want || got.is_nan() && want.is_nan(), "f16 {x:e}: {got} vs {want}");
+            let want = bf16::from_f32(x).to_f64();
+            let got = ref_round(fmt_of(DataType::Bfloat16), f64::from(x));
+            assert!(got == want || got.is_nan() && want.is_nan(), "bf16 {x:e}: {got} vs {want}");
+        }
+    }
+
+    // ---- integer semantics ----
+
+    fn reduce2(dt: DataType, op: RedOp, a: &[u8], b: &[u8]) -> Vec<u8> {
+        let mut acc = vec![0; a.len() / dt.size() * dt.acc_size()];
+        acc_init2(dt, op, &mut acc, a, b);
+        let mut dst = vec![0; a.len()];
+        acc_finish(dt, op, 2, &acc, &mut dst);
+        // reduce_inplace must agree for native types.
+        if !dt.is_narrow_float() {
+            let mut inplace = a.to_vec();
+            reduce_inplace(dt, op, &mut inplace, b);
+            finish_inplace(dt, op, 2, &mut inplace);
+            assert_eq!(inplace, dst);
+        }
+        dst
+    }
+
+    #[test]
+    fn integers_wrap() {
+        assert_eq!(reduce2(DataType::Uint8, RedOp::Sum, &[200], &[100]), [44]);
+        assert_eq!(reduce2(DataType::Int8, RedOp::Sum, &[127], &[1]), [128]); // -128
+        assert_eq!(reduce2(DataType::Uint8, RedOp::Prod, &[16], &[17]), [16]); // 272 - 256
+        assert_eq!(reduce2(DataType::Int8, RedOp::Prod, &[0x80], &[0xff]), [0x80]); // -128 * -1
+        let i32s = |v: i32| v.to_ne_bytes();
+        assert_eq!(reduce2(DataType::Int32, RedOp::Sum, &i32s(i32::MAX), &i32s(1)), i32s(i32::MIN));
+        assert_eq!(reduce2(DataType::Int32, RedOp::Prod, &i32s(65536), &i32s(65537)), i32s(65536));
+        let u64s = |v: u64| v.to_ne_bytes();
+        assert_eq!(reduce2(DataType::Uint64, RedOp::Sum, &u64s(u64::MAX), &u64s(2)), u64s(1));
+        assert_eq!(reduce2(DataType::Uint64, RedOp::Prod, &u64s(1 << 63), &u64s(2)), u64s(0));
+        // Signed vs unsigned comparisons.
+        assert_eq!(reduce2(DataType::Int8, RedOp::Max, &[0xff], &[1]), [1]);
+        assert_eq!(reduce2(DataType::Uint8, RedOp::Max, &[0xff], &[1]), [0xff]);
+        assert_eq!(reduce2(DataType::Int8, RedOp::Min, &[0x80], &[0x7f]), [0x80]);
+    }
+
+    #[test]
+    fn integer_avg_truncates_toward_zero_after_wrapping() {
+        // -3 + -4 = -7, / 2 = -3 (C truncation; flooring would give -4).
+        assert_eq!(reduce2(DataType::Int8, RedOp::Avg, &[(-3i8) as u8], &[(-4i8) as u8]), [(-3i8) as u8]);
+        let i32s = |v: i32| v.to_ne_bytes();
+        assert_eq!(reduce2(DataType::Int32, RedOp::Avg, &i32s(-7), &i32s(0)), i32s(-3));
+        assert_eq!(reduce2(DataType::Int32, RedOp::Avg, &i32s(7), &i32s(0)), i32s(3));
+        // The sum wraps first: MAX + 1 = MIN, / 2.
+        assert_eq!(reduce2(DataType::Int32, RedOp::Avg, &i32s(i32::MAX), &i32s(1)), i32s(i32::MIN / 2));
+        assert_eq!(reduce2(DataType::Uint8, RedOp::Avg, &[200], &[100]), [22]); // 44 / 2
+        let i64s = |v: i64| v.to_ne_bytes();
+        assert_eq!(reduce2(DataType::Int64, RedOp::Avg, &i64s(-9), &i64s(0)), i64s(-4));
+        let u64s = |v: u64| v.to_ne_bytes();
+        assert_eq!(
+            reduce2(DataType::Uint64, RedOp::Avg, &u64s(u64::MAX), &u64s(u64::MAX)),
+            u64s(u64::MAX / 2) // (2^64 - 2) / 2
+        );
+
+        // Many ranks: more than the type can count, and every 32-bit quotient exact.
+        let mut buf = [(-128i8) as u8];
+        finish_inplace(DataType::Int8, RedOp::Avg, 200, &mut buf);
+        assert_eq!(buf, [0]);
+        let mut rng = Rng(3);
+        for _ in 0..20_000 {
+            let s = rng.next() as i32;
+            let range = if rng.below(2) == 0 { 10 } else { 1 << 33 };
+            let n = 1 + rng.below(range) as usize;
+            let mut b = s.to_ne_bytes();
+            finish_inplace(DataType::Int32, RedOp::Avg, n, &mut b);
+            assert_eq!(i32::from_ne_bytes(b) as i64, s as i64 / n as i64, "{s} / {n}");
+            let u = s as u32;
+            let mut b = u.to_ne_bytes();
+            finish_inplace(DataType::Uint32, RedOp::Avg, n, &mut b);
+            assert_eq!(u32::from_ne_bytes(b) as u64, u as u64 / n as u64, "{u} / {n}");
+        }
+        // Exhaustive for 8-bit values over the small rank counts.
+        for n in 1..=300 {
+            for v in 0..=255u8 {
+                let mut b = [v];
+                finish_inplace(DataType::Int8, RedOp::Avg, n, &mut b);
+                assert_eq!(b[0] as i8 as i32, v as i8 as i32 / n as i32);
+                let mut b = [v];
+                finish_inplace(DataType::Uint8, RedOp::Avg, n, &mut b);
+                assert_eq!(b[0] as usize, v as usize / n);
+            }
+        }
+        if let Ok(n) = usize::try_from(1u64 << 63) {
+            let mut b = i64::MIN.to_ne_bytes();
+            finish_inplace(DataType::Int64, RedOp::Avg, n, &mut b);
+            assert_eq!(i64::from_ne_bytes(b), -1);
+        }
+    }
+
+    #[test]
+    #[should_panic(expected = "Avg over zero ranks")]
+    fn avg_over_zero_ranks_panics() {
+        let mut b = [0u8; 4];
+        finish_inplace(DataType::Int32, RedOp::Avg, 0, &mut b);
+    }
+
+    #[test]
+    #[should_panic(expected = "expected 2 elements")]
+    fn mismatched_lengths_panic() {
+        reduce_inplace(DataType::Float32, RedOp::Sum, &mut [0; 4], &[0; 8]);
+    }
+
+    #[test]
+    #[should_panic(expected = "not a whole number of elements")]
+    fn partial_elements_panic() {
+        reduce_inplace(DataType::Float32, RedOp::Sum, &mut [0; 6], &[0; 6]);
+    }
+
+    #[cfg(debug_assertions)]
+    #[test]
+    #[should_panic(expected = "finish_inplace called")]
+    fn finish_inplace_rejects_narrow_types() {
+        finish_inplace(DataType::Bfloat16, RedOp::Avg, 2, &mut [0; 2]);
+    }
+
+    // ---- float semantics ----
+
+    fn f16s(vals: &[f32]) -> Vec<u8> {
+        vals.iter().flat_map(|&v| f16::from_f32(v).to_bits().to_ne_bytes()).collect()
+    }
+
+    fn bf16s(vals: &[f32]) -> Vec<u8> {
+        vals.iter().flat_map(|&v| bf16::from_f32(v).to_bits().to_ne_bytes()).collect()
+    }
+
+    /// Reduces rank buffers through the accumulator (rounding once) and through
+    /// reduce_inplace (rounding every step); returns both results decoded.
+    fn once_and_stepwise(dt: DataType, op: RedOp, ranks: &[Vec<u8>]) -> (f64, f64) {
+        let mut acc = vec![0; dt.acc_size()];
+        acc_init2(dt, op, &mut acc, &ranks[0], &ranks[1]);
+        for r in &ranks[2..] {
+            acc_reduce(dt, op, &mut acc, r);
+        }
+        let mut once = vec![0; dt.size()];
+        acc_finish(dt, op, ranks.len(), &acc, &mut once);
+        let mut step = ranks[0].clone();
+        for r in &ranks[1..] {
+            reduce_inplace(dt, op, &mut step, r);
+        }
+        (dec_float(dt, &once), dec_float(dt, &step))
+    }
+
+    #[test]
+    fn narrow_floats_round_once() {
+        // 1 + 2^-11 is a tie in half (ulp 2^-10 at 1) that rounds to even, 1.0; doing
+        // it twice stays at 1.0. Accumulated in float32, 1 + 2^-11 + 2^-11 = 1 + 2^-10
+        // is exact and representable.
+        let h = 2f32.powi(-11);
+        let ranks = [f16s(&[1.0]), f16s(&[h]), f16s(&[h])];
+        let (once, step) = once_and_stepwise(DataType::Float16, RedOp::Sum, &ranks);
+        assert_eq!(once, 1.0 + 2f64.powi(-10));
+        assert_eq!(step, 1.0);
+        // Avg: (1 + 2^-10 + ... ) / 3 rounded once, vs the reference.
+        let (once, _) = once_and_stepwise(DataType::Float16, RedOp::Avg, &ranks);
+        assert_eq!(once, f16::from_f32((1.0 + 2.0 * h) / 3.0).to_f64());
+
+        // bfloat16: ulp 2^-7 at 1.
+        let h = 2f32.powi(-8);
+        let ranks = [bf16s(&[1.0]), bf16s(&[h]), bf16s(&[h])];
+        let (once, step) = once_and_stepwise(DataType::Bfloat16, RedOp::Sum, &ranks);
+        assert_eq!(once, 1.0 + 2f64.powi(-7));
+        assert_eq!(step, 1.0);
+
+        // fp8: ulp 2^-3 (E4M3) and 2^-2 (E5M2) at 1.
+        for (dt, h) in [(DataType::Float8e4m3, 2f32.powi(-4)), (DataType::Float8e5m2, 2f32.powi(-3))] {
+            let enc = |v: f32| vec![if dt == DataType::Float8e4m3 { f32_to_f8e4m3(v) } else { f32_to_f8e5m2(v) }];
+            let ranks = [enc(1.0), enc(h), enc(h)];
+            let (once, step) = once_and_stepwise(dt, RedOp::Sum, &ranks);
+            assert_eq!(once, 1.0 + 2.0 * f64::from(h), "{dt}");
+            assert_eq!(step, 1.0, "{dt}");
+        }
+    }
+
+    #[test]
+    fn max_min_ignore_a_single_nan() {
+        let nan_and = |dt: DataType, x: f64| -> [Vec<u8>; 3] {
+            let nan = enc_float(dt, f64::NAN);
+            [nan.clone(), enc_float(dt, x), nan]
+        };
+        for dt in [
+            DataType::Float16,
+            DataType::Float32,
+            DataType::Float64,
+            DataType::Bfloat16,
+            DataType::Float8e4m3,
+            DataType::Float8e5m2,
+        ] {
+            let [nan, one, _] = nan_and(dt, 1.0);
+            for op in [RedOp::Max, RedOp::Min] {
+                for (a, b) in [(&nan, &one), (&one, &nan)] {
+                    let mut acc = vec![0; dt.acc_size()];
+                    acc_init2(dt, op, &mut acc, a, b);
+                    let mut out = vec![0; dt.size()];
+                    acc_finish(dt, op, 2, &acc, &mut out);
+                    assert_eq!(dec_float(dt, &out), 1.0, "{dt} {op} acc_init2");
+
+                    acc_init(dt, &mut acc, a);
+                    acc_reduce(dt, op, &mut acc, b);
+                    acc_finish(dt, op, 2, &acc, &mut out);
+                    assert_eq!(dec_float(dt, &out), 1.0, "{dt} {op} acc_reduce");
+
+                    let mut d = a.clone();
+                    reduce_inplace(dt, op, &mut d, b);
+                    assert_eq!(dec_float(dt, &d), 1.0, "{dt} {op} reduce_inplace");
+                }
+                let mut d = nan.clone();
+                reduce_inplace(dt, op, &mut d, &nan);
+                assert!(dec_float(dt, &d).is_nan(), "{dt} {op} NaN, NaN");
+            }
+            // Sum and Prod propagate NaN.
+            for op in [RedOp::Sum, RedOp::Prod, RedOp::Avg] {
+                let mut d = one.clone();
+                reduce_inplace(dt, op, &mut d, &nan);
+                assert!(dec_float(dt, &d).is_nan(), "{dt} {op}");
+            }
+        }
+    }
+
+    #[test]
+    fn fp8_overflow_in_reductions() {
+        // E4M3 saturates, E5M2 overflows to infinity.
+        let e4 = [f32_to_f8e4m3(448.0)];
+        let mut d = e4;
+        reduce_inplace(DataType::Float8e4m3, RedOp::Sum, &mut d, &e4);
+        assert_eq!(d, [0x7e]);
+        let mut d = [f32_to_f8e4m3(-448.0)];
+        reduce_inplace(DataType::Float8e4m3, RedOp::Prod, &mut d, &e4);
+        assert_eq!(d, [0xfe]);
+        let e5 = [f32_to_f8e5m2(57344.0)];
+        let mut d = e5;
+        reduce_inplace(DataType::Float8e5m2, RedOp::Sum, &mut d, &e5);
+        assert_eq!(d, [0x7c]);
+        // ... and inf - inf is NaN.
+        let mut d = [0xfc];
+        reduce_inplace(DataType::Float8e5m2, RedOp::Sum, &mut d, &[0x7c]);
+        assert!(f8e5m2_to_f32(d[0]).is_nan());
+    }
+
+    #[test]
+    fn float_avg_divides_in_accumulator() {
+        // float32: (1 + 2 + 4) / 3 rounded once in float32.
+        let ranks: Vec<Vec<u8>> = [1f32, 2.0, 4.0].iter().map(|v| v.to_ne_bytes().to_vec()).collect();
+        let mut acc = vec![0; 4];
+        acc_init2(DataType::Float32, RedOp::Avg, &mut acc, &ranks[0], &ranks[1]);
+        acc_reduce(DataType::Float32, RedOp::Avg, &mut acc, &ranks[2]);
+        finish_inplace(DataType::Float32, RedOp::Avg, 3, &mut acc);
+        assert_eq!(f32::from_ne_bytes(acc.try_into().unwrap()), 7.0f32 / 3.0);
+        // bfloat16 keeps float32's sum: 256 + 1 + 1 is 258 in float32 but would be
+        // 256 in bfloat16 steps; / 3 = 86.
+        let ranks = [bf16s(&[256.0]), bf16s(&[1.0]), bf16s(&[1.0])];
+        let (once, _) = once_and_stepwise(DataType::Bfloat16, RedOp::Avg, &ranks);
+        assert_eq!(once, 86.0);
+    }
+
+    // ---- half and bfloat16 conversions ----
+
+    #[test]
+    fn f16_and_bf16_decode_every_value() {
+        for bits in 0..=u16::MAX {
+            let want = f16::from_bits(bits).to_f32();
+            let got = f16_to_f32(bits);
+            assert!(got.to_bits() == want.to_bits() || got.is_nan() && want.is_nan(), "{bits:04x}");
+            let want = bf16::from_bits(bits).to_f32();
+            let got = bf16_to_f32(bits);
+            assert!(got.to_bits() == want.to_bits() || got.is_nan() && want.is_nan(), "{bits:04x}");
+        }
+    }
+
+    fn check_f16_bf16_encode(x: f32) {
+        let (got, want) = (f32_to_f16(x), f16::from_f32(x));
+        assert!(got == want.to_bits() || x.is_nan() && f16::from_bits(got).is_nan(), "f16 {x:e}");
+        let (got, want) = (f32_to_bf16(x), bf16::from_f32(x));
+        assert!(got == want.to_bits() || x.is_nan() && bf16::from_bits(got).is_nan(), "bf16 {x:e}");
+    }
+
+    #[test]
+    fn f16_and_bf16_encode_round_to_nearest_even() {
+        // Every value, midpoint and midpoint neighbour of both formats, in f32 terms.
+        for bits in 0..=u16::MAX {
+            for v in [f16_to_f32(bits), bf16_to_f32(bits)] {
+                let next = f32::from_bits(v.to_bits() + 1); // toward larger magnitude
+                for probe in [v, next] {
+                    check_f16_bf16_encode(probe);
+                }
+            }
+            let (h0, h1) = (f16::from_bits(bits), f16::from_bits(bits.wrapping_add(1)));
+            if h0.is_finite() && h1.is_finite() && (bits & 0x7fff) != 0x7fff {
+                let mid = (h0.to_f64() + h1.to_f64()) / 2.0;
+                let mid = mid as f32; // exact: one more bit than half
+                for probe in [mid, f32::from_bits(mid.to_bits() - 1), f32::from_bits(mid.to_bits() + 1)] {
+                    check_f16_bf16_encode(probe);
+                }
+            }
+            let mid_bf = f32::from_bits((u32::from(bits) << 16) | 0x8000);
+            for probe in [mid_bf, f32::from_bits(mid_bf.to_bits() - 1), f32::from_bits(mid_bf.to_bits() + 1)] {
+                check_f16_bf16_encode(probe);
+            }
+        }
+        // A stride through all of float32.
+        for i in 0..(1u64 << 20) {
+            check_f16_bf16_encode(f32::from_bits((i * 4093) as u32));
+        }
+        // The overflow thresholds.
+        assert_eq!(f32_to_f16(65519.99), 0x7bff);
+        assert_eq!(f32_to_f16(65520.0), 0x7c00);
+        assert_eq!(f32_to_bf16(f32::MAX), 0x7f80);
+        assert_eq!(f32_to_bf16(f32::NAN) & 0x7fc0, 0x7fc0);
+        // A NaN whose payload sits only in the low bits must stay NaN.
+        assert!(bf16::from_bits(f32_to_bf16(f32::from_bits(0x7f80_0001))).is_nan());
+    }
+
+    /// Exhaustive over all 2^32 float32 values; minutes in debug, seconds in release.
+    #[test]
+    #[ignore]
+    fn f16_and_bf16_encode_exhaustive() {
+        for bits in 0..=u32::MAX {
+            check_f16_bf16_encode(f32::from_bits(bits));
+        }
+    }
+
+    // ---- fp8 conversions ----
+
+    type F8Fns = (bool, fn(u8) -> f32, fn(f32) -> u8, DataType);
+    const FP8: [F8Fns; 2] = [
+        (true, f8e4m3_to_f32, f32_to_f8e4m3, DataType::Float8e4m3),
+        (false, f8e5m2_to_f32, f32_to_f8e5m2, DataType::Float8e5m2),
+    ];
+
+    #[test]
+    fn fp8_decode_and_round_trip_every_value() {
+        for (e4m3, to_f32, from_f32, _) in FP8 {
+            for b in 0..=255u8 {
+                let v = to_f32(b);
+                let want = ref_f8_decode(e4m3, b);
+                if want.is_nan() {
+                    assert!(v.is_nan(), "{b:02x}");
+                    assert!(to_f32(from_f32(v)).is_nan(), "{b:02x} NaN round trip");
+                } else {
+                    assert_eq!(f64::from(v), want, "{b:02x}");
+                    assert_eq!(v.is_sign_negative(), b & 0x80 != 0, "{b:02x} sign");
+                    assert_eq!(from_f32(v), b, "{b:02x} round trip");
+                }
+            }
+        }
+        // Landmarks of the formats.
+        assert_eq!(f8e4m3_to_f32(0x7e), 448.0);
+        assert_eq!(f8e4m3_to_f32(0x01), 2f32.powi(-9));
+        assert_eq!(f8e4m3_to_f32(0x08), 2f32.powi(-6));
+        assert_eq!(f8e5m2_to_f32(0x7b), 57344.0);
+        assert_eq!(f8e5m2_to_f32(0x7c), f32::INFINITY);
+        assert_eq!(f8e5m2_to_f32(0xfc), f32::NEG_INFINITY);
+        assert_eq!(f8e5m2_to_f32(0x01), 2f32.powi(-16));
+        assert_eq!(f8e5m2_to_f32(0x04), 2f32.powi(-14));
+    }
+
+    #[test]
+    fn fp8_midpoints_round_to_even() {
+        for (e4m3, to_f32, from_f32, _) in FP8 {
+            let max_code = if e4m3 { 0x7e } else { 0x7b };
+            for code in 0..max_code {
+                for sign in [0u8, 0x80] {
+                    let (lo, hi) = (sign | code, sign | (code + 1));
+                    let (lv, hv) = (to_f32(lo), to_f32(hi));
+                    let mid = ((f64::from(lv) + f64::from(hv)) / 2.0) as f32; // exact
+                    let even = if code & 1 == 0 { lo } else { hi };
+                    assert_eq!(from_f32(mid), even, "mid of {lo:02x} {hi:02x}");
+                    // Just inside either side of the midpoint.
+                    let toward_lo = f32::from_bits(mid.to_bits() - 1);
+                    let toward_hi = f32::from_bits(mid.to_bits() + 1);
+                    assert_eq!(from_f32(toward_lo), lo, "below mid of {lo:02x}");
+                    assert_eq!(from_f32(toward_hi), hi, "above mid of {lo:02x}");
+                }
+            }
+            // Below the smallest subnormal: the tie goes to (signed) zero.
+            let min_sub = to_f32(1);
+            assert_eq!(from_f32(min_sub / 2.0), 0);
+            assert_eq!(from_f32(-min_sub / 2.0), 0x80);
+            assert_eq!(from_f32(f32::from_bits((min_sub / 2.0).to_bits() + 1)), 1);
+            assert_eq!(from_f32(f32::from_bits(1)), 0); // float32 subnormal
+        }
+        // Overflow: E4M3 saturates (finite and infinite), E5M2 rounds to infinity from
+        // the midpoint 61440 (a tie between odd 0x7b and even 0x7c, i.e. infinity).
+        for x in [448.0, 449.0, 463.99, 464.0, 480.0, 1e9, f32::MAX, f32::INFINITY] {
+            assert_eq!(f32_to_f8e4m3(x), 0x7e, "{x}");
+            assert_eq!(f32_to_f8e4m3(-x), 0xfe, "{x}");
+        }
+        for x in [57344.0, 61439.996] {
+            assert_eq!(f32_to_f8e5m2(x), 0x7b, "{x}");
+        }
+        for x in [61440.0, 65536.0, 1e9, f32::MAX, f32::INFINITY] {
+            assert_eq!(f32_to_f8e5m2(x), 0x7c, "{x}");
+            assert_eq!(f32_to_f8e5m2(-x), 0xfc, "{x}");
+        }
+        for nan in [f32::NAN, -f32::NAN, f32::from_bits(0x7f80_0001)] {
+            assert_eq!(f32_to_f8e4m3(nan) & 0x7f, 0x7f);
+            assert_eq!(f32_to_f8e5m2(nan) & 0x7f, 0x7e);
+        }
+    }
+
+    #[test]
+    fn fp8_encode_matches_reference_sweep() {
+        let mut rng = Rng(11);
+        for (_, to_f32, from_f32, dt) in FP8 {
+            let fmt = fmt_of(dt);
+            let check = |x: f32| {
+                let got = to_f32(from_f32(x));
+                let want = ref_round(fmt, f64::from(x));
+                assert!(
+                    f64::from(got) == want && got.is_sign_negative() == want.is_sign_negative()
+                        || got.is_nan() && want.is_nan(),
+                    "{dt} {x:e}: got {got:e}, want {want:e}"
+                );
+            };
+            // A stride through all of float32, and dense random values in fp8 range.
+            for i in 0..(1u64 << 18) {
+                check(f32::from_bits((i * 16411) as u32));
+            }
+            for _ in 0..(1 << 18) {
+                let e = rng.below(40) as i32 - 22;
+                let x = (rng.next() >> 40) as f32 / (1u64 << 24) as f32 * 2f32.powi(e);
+                check(if rng.below(2) == 0 { x } else { -x });
+            }
+        }
+    }
+
+    // ---- convert ----
+
+    /// Reference conversion of one element, through the exact value.
+    fn ref_convert(from: DataType, src: &[u8], to: DataType) -> Vec<u8> {
+        if is_int(from) {
+            let v = dec_int(from, src);
+            if is_int(to) {
+                enc_int(to, v)
+            } else {
+                assert!(v.unsigned_abs() <= 1 << 53, "reference needs an exact f64");
+                enc_float(to, v as f64)
+            }
+        } else {
+            let v = dec_float(from, src);
+            if is_int(to) {
+                // Truncate and saturate, NaN -> 0.
+                let (lo, hi) = if is_signed(to) {
+                    (-(1i128 << (8 * to.size() - 1)), (1i128 << (8 * to.size() - 1)) - 1)
+                } else {
+                    (0, (1i128 << (8 * to.size())) - 1)
+                };
+                let t = if v.is_nan() { 0 } else { (v.trunc().clamp(lo as f64, hi as f64)) as i128 };
+                enc_int(to, t.clamp(lo, hi))
+            } else {
+                enc_float(to, v)
+            }
+        }
+    }
+
+    #[test]
+    fn convert_all_pairs_matches_reference() {
+        let mut rng = Rng(5);
+        for from in DataType::ALL {
+            for to in DataType::ALL {
+                for off in [0, 1] {
+                    let n = 500;
+                    let mut data = random_elems(from, n, &mut rng);
+                    if matches!(from, DataType::Int64 | DataType::Uint64) {
+                        // Keep 64-bit integers exact in f64 for the reference.
+                        for c in data.chunks_mut(8) {
+                            let v = u64::from_ne_bytes((&*c).try_into().unwrap()) >> 11;
+                            c.copy_from_slice(&v.to_ne_bytes());
+                        }
+                    }
+                    let src = at_offset(&data, off);
+                    let mut dst = at_offset(&vec![0; n * to.size()], off);
+                    convert(from, &src[off..], to, &mut dst[off..]);
+                    let want: Vec<u8> = data.chunks(from.size()).flat_map(|e| ref_convert(from, e, to)).collect();
+                    assert_same(to, RedOp::Sum, &dst[off..], &want, &format!("{from} -> {to}"));
+                }
+            }
+        }
+    }
+
+    fn convert1(from: DataType, src: &[u8], to: DataType) -> Vec<u8> {
+        let mut dst = vec![0; to.size()];
+        convert(from, src, to, &mut dst);
+        dst
+    }
+
+    #[test]
+    fn convert_rounds_only_once() {
+        // 1 + 2^-11 + 2^-40: above the half tie at 1 + 2^-11, so it rounds up to
+        // 1 + 2^-10. Through float32 by nearest it would first become the tie itself
+        // and then round to even, 1.0.
+        let x = 1.0 + 2f64.powi(-11) + 2f64.powi(-40);
+        let h = convert1(DataType::Float64, &x.to_ne_bytes(), DataType::Float16);
+        assert_eq!(dec_float(DataType::Float16, &h), 1.0 + 2f64.powi(-10));
+        let h = convert1(DataType::Float64, &(-x).to_ne_bytes(), DataType::Float16);
+        assert_eq!(dec_float(DataType::Float16, &h), -(1.0 + 2f64.powi(-10)));
+        // The same for an integer into bfloat16: 2^24 + 2^16 + 1 is just above the
+        // bfloat16 tie 2^24 + 2^16 (ulp 2^17), but float32 rounds it onto the tie.
+        let v = (1i64 << 24) + (1 << 16) + 1;
+        let b = convert1(DataType::Int64, &v.to_ne_bytes(), DataType::Bfloat16);
+        assert_eq!(dec_float(DataType::Bfloat16, &b), f64::from((1 << 24) + (1 << 17)));
+        // Exact ties still go to even, and large values are rounded right.
+        let b = convert1(DataType::Int64, &((1i64 << 24) + (1 << 16)).to_ne_bytes(), DataType::Bfloat16);
+        assert_eq!(dec_float(DataType::Bfloat16, &b), f64::from(1 << 24));
+        let f = convert1(DataType::Uint64, &u64::MAX.to_ne_bytes(), DataType::Float32);
+        assert_eq!(f32::from_ne_bytes(f.try_into().unwrap()), 2f32.powi(64));
+        let f = convert1(DataType::Uint64, &u64::MAX.to_ne_bytes(), DataType::Float16);
+        assert_eq!(dec_float(DataType::Float16, &f), f64::INFINITY);
+        let f = convert1(DataType::Int64, &i64::MIN.to_ne_bytes(), DataType::Bfloat16);
+        assert_eq!(dec_float(DataType::Bfloat16, &f), -(2f64.powi(63)));
+        let f = convert1(DataType::Int64, &i64::MAX.to_ne_bytes(), DataType::Float8e4m3);
+        assert_eq!(f, [0x7e]);
+        // Float64 beyond float32's range still saturates or overflows correctly.
+        let f = convert1(DataType::Float64, &1e300f64.to_ne_bytes(), DataType::Float8e5m2);
+        assert_eq!(f, [0x7c]);
+        let f = convert1(DataType::Float64, &(-1e300f64).to_ne_bytes(), DataType::Float8e4m3);
+        assert_eq!(f, [0xfe]);
+        let f = convert1(DataType::Float64, &1e-300f64.to_ne_bytes(), DataType::Float16);
+        assert_eq!(f, [0, 0]);
+    }
+
+    #[test]
+    fn convert_value_casts() {
+        assert_eq!(convert1(DataType::Int32, &(-1i32).to_ne_bytes(), DataType::Uint8), [0xff]);
+        assert_eq!(convert1(DataType::Uint32, &300u32.to_ne_bytes(), DataType::Int8), [44]);
+        assert_eq!(convert1(DataType::Int8, &[0x80], DataType::Uint64), (-128i64 as u64).to_ne_bytes());
+        assert_eq!(convert1(DataType::Float32, &(-2.9f32).to_ne_bytes(), DataType::Int8), [0xfe]);
+        assert_eq!(convert1(DataType::Float32, &1e10f32.to_ne_bytes(), DataType::Uint8), [255]);
+        assert_eq!(convert1(DataType::Float32, &f32::NAN.to_ne_bytes(), DataType::Int32), [0; 4]);
+        let mut empty: [u8; 0] = [];
+        convert(DataType::Float64, &[], DataType::Float8e4m3, &mut empty);
+    }
+
+    // ---- micro-benchmark ----
+
+    /// Throughput of the hot loops. Run with
+    /// `cargo test --release -- --ignored --nocapture bench`.
+    #[test]
+    #[ignore]
+    fn bench_reduce_throughput() {
+        use std::time::Instant;
+        fn best_of(reps: usize, mut f: impl FnMut()) -> f64 {
+            (0..reps)
+                .map(|_| {
+                    let t = Instant::now();
+                    f();
+                    t.elapsed().as_secs_f64()
+                })
+                .fold(f64::INFINITY, f64::min)
+        }
+        for bytes in [64usize << 20, 256 << 10] {
+            let reps = if bytes > 1 << 20 { 10 } else { 2000 };
+            println!("-- buffers of {} KiB, best of {reps}", bytes >> 10);
+            for dt in DataType::ALL {
+                let n = bytes / dt.size();
+                let src = vec![0x3c; bytes];
+                let mut dst = vec![0x3c; bytes];
+                let mut acc = vec![0; n * dt.acc_size()];
+                acc_init(dt, &mut acc, &src);
+                let t = best_of(reps, || reduce_inplace(dt, RedOp::Sum, &mut dst, &src));
+                let t_acc = best_of(reps, || acc_reduce(dt, RedOp::Sum, &mut acc, &src));
+                let t_fin = best_of(reps, || acc_finish(dt, RedOp::Sum, 2, &acc, &mut dst));
+                // GB/s of element data consumed (the size of src), as NCCL counts.
+                let gbs = |t: f64| bytes as f64 / t / 1e9;
+                println!(
+                    "{:>8} sum: reduce_inplace {:6.2} GB/s  acc_reduce {:6.2} GB/s  acc_finish {:6.2} GB/s",
+                    dt.short_name(),
+                    gbs(t),
+                    gbs(t_acc),
+                    gbs(t_fin)
+                );
+            }
+        }
+    }
+}

@@ -1,0 +1,28 @@
+//! Links between ranks that are threads of one process (`fcclCommInitAll`).
+//!
+//! The same rings as between processes, in anonymous memory: one code path for the
+//! protocol, no shared-memory names, nothing to clean up but the mappings.
+
+use super::shm::{ring_bytes_for, Segment, ShmLink};
+use super::{Link, Transport};
+use crate::error::Result;
+use std::sync::Arc;
+
+/// Builds the transports of all `nranks` thread ranks at once.
+pub fn build(nranks: usize) -> Result<Vec<Transport>> {
+    let ring = ring_bytes_for(nranks);
+    let segs: Vec<Arc<Segment>> =
+        (0..nranks).map(|_| Segment::anonymous(nranks, ring).map(Arc::new)).collect::<Result<_>>()?;
+    Ok((0..nranks)
+        .map(|me| {
+            let links = (0..nranks)
+                .map(|p| {
+                    (p != me).then(|| {
+                        Box::new(ShmLink::new(me, p, segs[me].clone(), segs[p].clone(), false)) as Box<dyn Link>
+                    })
+                })
+                .collect();
+            Transport::new(me, nranks, links, (nranks > 1).then(|| segs[me].clone()))
+        })
+        .collect())
+}

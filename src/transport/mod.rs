@@ -1,0 +1,137 @@
+//! How bytes move between two ranks: the transport layer under the host backend.
+//!
+//! A [`Link`] is a pair of byte streams with one peer, exposed as regions so that
+//! algorithms copy (or reduce) straight between user buffers and the transport's
+//! memory. Three transports implement it: shared-memory rings between processes of
+//! one host ([`shm`]), the same rings in anonymous memory for ranks that are threads
+//! of one process ([`inproc`]), and TCP between hosts ([`tcp`]). Stream positions
+//! advance in multiples of 8 bytes; the framing above pads every message to that.
+
+pub mod inproc;
+pub mod shm;
+pub mod tcp;
+pub mod wait;
+
+use crate::error::Result;
+use shm::Segment;
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+use std::time::Duration;
+
+/// One peer's pair of byte streams.
+pub trait Link: Send {
+    /// The peer's rank.
+    fn peer(&self) -> usize;
+    /// Contiguous free space in the outgoing stream, a multiple of 8 bytes (may be empty).
+    fn send_space(&mut self) -> &mut [u8];
+    /// Publishes the first `n` bytes (a multiple of 8) of the last `send_space`.
+    fn send_commit(&mut self, n: usize);
+    /// Contiguous bytes available in the incoming stream, a multiple of 8 (may be empty).
+    fn recv_avail(&mut self) -> &[u8];
+    /// Releases the first `n` bytes (a multiple of 8) of the last `recv_avail`.
+    fn recv_commit(&mut self, n: usize);
+    /// Moves buffered bytes to and from the OS (TCP); true when anything moved.
+    fn progress(&mut self) -> Result<bool> {
+        Ok(false)
+    }
+    /// An error naming the peer if it died or failed.
+    fn check_alive(&self) -> Result<()>;
+    /// Wakes the peer if it sleeps waiting for us (abort, failure).
+    fn wake_peer(&self) {}
+    /// Socket to poll, for transports that have one.
+    fn poll_fd(&self) -> Option<i32> {
+        None
+    }
+    /// Tells the peer we are gone (TCP: shut the socket down).
+    fn shutdown(&mut self) {}
+}
+
+/// All links of one rank of one communicator.
+pub struct Transport {
+    pub rank: usize,
+    pub nranks: usize,
+    links: Vec<Option<Box<dyn Link>>>,
+    /// This rank's segment when any peer is reached through shared memory.
+    my_seg: Option<Arc<Segment>>,
+}
+
+impl Transport {
+    pub fn new(rank: usize, nranks: usize, links: Vec<Option<Box<dyn Link>>>, my_seg: Option<Arc<Segment>>) -> Self {
+        debug_assert_eq!(links.len(), nranks);
+        Transport { rank, nranks, links, my_seg }
+    }
+
+    /// The link to `peer` (never self).
+    pub fn link(&mut self, peer: usize) -> &mut dyn Link {
+        self.links[peer].as_deref_mut().expect("no link to self")
+    }
+
+    /// TCP progress on every link; true when anything moved.
+    pub fn progress_io(&mut self) -> Result<bool> {
+        let mut moved = false;
+        for l in self.links.iter_mut().flatten() {
+            moved |= l.progress()?;
+        }
+        Ok(moved)
+    }
+
+    /// Doorbell value to pass to [`Transport::sleep`], read before checking for work.
+    pub fn doorbell(&self) -> u32 {
+        self.my_seg.as_ref().map_or(0, |s| s.doorbell().load(Ordering::SeqCst))
+    }
+
+    /// Sleeps until a peer signals progress, at most `timeout`.
+    pub fn sleep(&self, seen: u32, timeout: Duration) {
+        let fds: Vec<libc::pollfd> = self
+            .links
+            .iter()
+            .flatten()
+            .filter_map(|l| l.poll_fd())
+            .map(|fd| libc::pollfd { fd, events: libc::POLLIN | libc::POLLOUT, revents: 0 })
+            .collect();
+        if fds.is_empty() {
+            if let Some(s) = &self.my_seg {
+                s.sleep(seen, timeout);
+            } else {
+                std::thread::sleep(timeout.min(Duration::from_millis(1)));
+            }
+            return;
+        }
+        // With both kinds of links, poll briefly so shared-memory peers are not starved.
+        let ms = if self.my_seg.is_some() { 1 } else { timeout.as_millis().clamp(1, 50) as i32 };
+        let mut fds = fds;
+        // SAFETY: fds is a valid array of pollfd for the duration of the call.
+        unsafe { libc::poll(fds.as_mut_ptr(), fds.len() as libc::nfds_t, ms) };
+    }
+
+    /// First error among peers that died or failed.
+    pub fn check_peers(&self) -> Result<()> {
+        for l in self.links.iter().flatten() {
+            l.check_alive()?;
+        }
+        Ok(())
+    }
+
+    /// Wakes this rank if it sleeps in [`Transport::sleep`] (abort from another thread).
+    pub fn wake_self(&self) {
+        if let Some(s) = &self.my_seg {
+            s.ring();
+        }
+    }
+
+    /// A handle that can wake this rank from any thread.
+    pub fn waker(&self) -> Option<Arc<Segment>> {
+        self.my_seg.clone()
+    }
+
+    /// Marks this rank failed so that peers stop waiting for it, and wakes them.
+    pub fn mark_failed(&mut self) {
+        if let Some(s) = &self.my_seg {
+            s.failed().store(1, Ordering::Release);
+        }
+        for l in self.links.iter_mut().flatten() {
+            l.wake_peer();
+            l.shutdown();
+        }
+    }
+}

@@ -1,0 +1,357 @@
+//! Shared-memory rings between ranks on one host.
+//!
+//! Every rank owns one segment: a header (doorbell, sleep flag, failure flag, pid)
+//! followed by one single-producer/single-consumer ring per peer, into which that
+//! peer writes and from which the owner reads. A ring's `head` (bytes written) and
+//! `tail` (bytes read) only grow; both are multiples of 8 so that elements of up to
+//! 8 bytes never straddle the wrap point. Between processes the segment is a POSIX
+//! shared-memory object that its owner unlinks once every peer has mapped it; for
+//! thread ranks (see `inproc`) it is anonymous memory.
+
+use super::wait::{futex_wait, futex_wake_all};
+use super::Link;
+use crate::error::{Error, Result};
+use std::ffi::CString;
+use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+const MAGIC: u64 = 0x4643_434c_5345_4731; // "FCCLSEG1"
+const HEADER_BYTES: usize = 4096;
+const RING_CTRL_BYTES: usize = 4096;
+const OFF_MAGIC: usize = 0;
+const OFF_DOORBELL: usize = 64;
+const OFF_SLEEPING: usize = 128;
+const OFF_FAILED: usize = 192;
+const OFF_PID: usize = 256;
+const OFF_HEAD: usize = 0;
+const OFF_TAIL: usize = 128;
+
+/// Bytes of ring per peer for a communicator of `nranks` ranks: large enough to
+/// stream, small enough that a rank's segment stays bounded (32 MiB of rings at
+/// most, touched lazily).
+pub fn ring_bytes_for(nranks: usize) -> usize {
+    let per_peer = (32usize << 20) / nranks.saturating_sub(1).max(1);
+    per_peer.clamp(256 << 10, 4 << 20) & !4095
+}
+
+/// Total size of a segment for `nranks` ranks with rings of `ring_bytes`.
+pub fn segment_bytes(nranks: usize, ring_bytes: usize) -> usize {
+    HEADER_BYTES + nranks * (RING_CTRL_BYTES + ring_bytes)
+}
+
+/// A mapped segment; unmapped on drop.
+pub struct Segment {
+    base: *mut u8,
+    len: usize,
+    nranks: usize,
+    ring_bytes: usize,
+    /// Name of the shared-memory object while it still exists (owner only).
+    shm_name: std::sync::Mutex<Option<CString>>,
+}
+
+// SAFETY: the mapping is plain memory; every concurrent access goes through
+// atomics (header words, ring head/tail) or through ring regions that the SPSC
+// protocol hands to exactly one side at a time.
+unsafe impl Send for Segment {}
+// SAFETY: as above.
+unsafe impl Sync for Segment {}
+
+impl Segment {
+    /// Anonymous memory, for ranks that are threads of one process.
+    pub fn anonymous(nranks: usize, ring_bytes: usize) -> Result<Segment> {
+        let len = segment_bytes(nranks, ring_bytes);
+        // SAFETY: a fresh anonymous mapping; arguments are valid constants.
+        let p = unsafe {
+            libc::mmap(
+                std::ptr::null_mut(),
+                len,
+                libc::PROT_READ | libc::PROT_WRITE,
+                libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
+                -1,
+                0,
+            )
+        };
+        if p == libc::MAP_FAILED {
+            return Err(Error::os(format!("mmap of {len} bytes for an in-process segment")));
+        }
+        let seg = Segment { base: p as *mut u8, len, nranks, ring_bytes, shm_name: std::sync::Mutex::new(None) };
+        seg.init_header();
+        Ok(seg)
+    }
+
+    /// Creates the named shared-memory object `name` and maps it.
+    pub fn create_shared(name: &str, nranks: usize, ring_bytes: usize) -> Result<Segment> {
+        let len = segment_bytes(nranks, ring_bytes);
+        let cname = CString::new(name).map_err(|_| Error::internal("segment name with NUL"))?;
+        // SAFETY: cname is a valid C string.
+        let fd = unsafe { libc::shm_open(cname.as_ptr(), libc::O_CREAT | libc::O_EXCL | libc::O_RDWR, 0o600) };
+        if fd < 0 {
+            return Err(Error::os(format!("shm_open({name}) to create the rank's segment")));
+        }
+        // SAFETY: fd is an open shared-memory object we own.
+        let rc = unsafe { libc::ftruncate(fd, len as libc::off_t) };
+        if rc != 0 {
+            let e = Error::os(format!("ftruncate of shared-memory segment {name} to {len} bytes (is /dev/shm full?)"));
+            // SAFETY: fd is open; cname valid.
+            unsafe {
+                libc::close(fd);
+                libc::shm_unlink(cname.as_ptr());
+            }
+            return Err(e);
+        }
+        let seg = Self::map_fd(fd, len, name);
+        // SAFETY: the mapping (if any) keeps its own reference; fd is ours to close.
+        unsafe { libc::close(fd) };
+        match seg {
+            Ok(mut s) => {
+                s.nranks = nranks;
+                s.ring_bytes = ring_bytes;
+                *s.shm_name.get_mut().unwrap() = Some(cname);
+                s.init_header();
+                Ok(s)
+            }
+            Err(e) => {
+                // SAFETY: cname valid.
+                unsafe { libc::shm_unlink(cname.as_ptr()) };
+                Err(e)
+            }
+        }
+    }
+
+    /// Maps a peer's existing segment.
+    pub fn open_shared(name: &str, nranks: usize, ring_bytes: usize) -> Result<Segment> {
+        let len = segment_bytes(nranks, ring_bytes);
+        let cname = CString::new(name).map_err(|_| Error::internal("segment name with NUL"))?;
+        // SAFETY: cname is a valid C string.
+        let fd = unsafe { libc::shm_open(cname.as_ptr(), libc::O_RDWR, 0) };
+        if fd < 0 {
+            return Err(Error::os(format!("shm_open({name}) to map a peer's segment")));
+        }
+        let seg = Self::map_fd(fd, len, name);
+        // SAFETY: fd is ours to close.
+        unsafe { libc::close(fd) };
+        let mut seg = seg?;
+        seg.nranks = nranks;
+        seg.ring_bytes = ring_bytes;
+        if seg.word64(OFF_MAGIC).load(Ordering::Acquire) != MAGIC {
+            return Err(Error::internal(format!("segment {name} has no valid header")));
+        }
+        Ok(seg)
+    }
+
+    fn map_fd(fd: i32, len: usize, name: &str) -> Result<Segment> {
+        // SAFETY: fd refers to an object of at least `len` bytes (ftruncated by its owner).
+        let p = unsafe {
+            libc::mmap(std::ptr::null_mut(), len, libc::PROT_READ | libc::PROT_WRITE, libc::MAP_SHARED, fd, 0)
+        };
+        if p == libc::MAP_FAILED {
+            return Err(Error::os(format!("mmap of shared-memory segment {name} ({len} bytes)")));
+        }
+        Ok(Segment { base: p as *mut u8, len, nranks: 0, ring_bytes: 0, shm_name: std::sync::Mutex::new(None) })
+    }
+
+    fn init_header(&self) {
+        // SAFETY: OFF_PID is inside the header page and 4-byte aligned.
+        unsafe { (self.base.add(OFF_PID) as *mut u32).write_volatile(std::process::id()) };
+        self.word64(OFF_MAGIC).store(MAGIC, Ordering::Release);
+    }
+
+    /// Removes the shared-memory name (the mapping stays valid). Idempotent.
+    pub fn unlink(&self) {
+        if let Some(n) = self.shm_name.lock().unwrap_or_else(|p| p.into_inner()).take() {
+            // SAFETY: n is a valid C string.
+            unsafe { libc::shm_unlink(n.as_ptr()) };
+        }
+    }
+
+    fn word32(&self, off: usize) -> &AtomicU32 {
+        debug_assert!(off + 4 <= self.len && off % 4 == 0);
+        // SAFETY: in bounds, aligned, and only ever accessed atomically.
+        unsafe { &*(self.base.add(off) as *const AtomicU32) }
+    }
+
+    fn word64(&self, off: usize) -> &AtomicU64 {
+        debug_assert!(off + 8 <= self.len && off % 8 == 0);
+        // SAFETY: in bounds, aligned, and only ever accessed atomically.
+        unsafe { &*(self.base.add(off) as *const AtomicU64) }
+    }
+
+    /// Pid of the process that created the segment.
+    pub fn pid(&self) -> u32 {
+        // SAFETY: in-bounds header word written once before the magic was published.
+        unsafe { (self.base.add(OFF_PID) as *const u32).read_volatile() }
+    }
+
+    /// The word its owner sleeps on; bumped by anyone who makes progress possible for it.
+    pub fn doorbell(&self) -> &AtomicU32 {
+        self.word32(OFF_DOORBELL)
+    }
+
+    fn sleeping(&self) -> &AtomicU32 {
+        self.word32(OFF_SLEEPING)
+    }
+
+    /// Non-zero once the owner has failed or aborted: peers stop waiting for it.
+    pub fn failed(&self) -> &AtomicU32 {
+        self.word32(OFF_FAILED)
+    }
+
+    /// Rings the owner's doorbell, waking it if it sleeps.
+    pub fn ring(&self) {
+        self.doorbell().fetch_add(1, Ordering::SeqCst);
+        if self.sleeping().load(Ordering::SeqCst) != 0 {
+            futex_wake_all(self.doorbell());
+        }
+    }
+
+    /// Owner side: sleep until the doorbell moves past `seen` or `timeout` passes.
+    /// `seen` must have been read before the caller last checked its conditions.
+    pub fn sleep(&self, seen: u32, timeout: Duration) {
+        self.sleeping().store(1, Ordering::SeqCst);
+        if self.doorbell().load(Ordering::SeqCst) == seen {
+            futex_wait(self.doorbell(), seen, timeout);
+        }
+        self.sleeping().store(0, Ordering::SeqCst);
+    }
+
+    fn ring_base(&self, slot: usize) -> usize {
+        assert!(slot < self.nranks);
+        HEADER_BYTES + slot * (RING_CTRL_BYTES + self.ring_bytes)
+    }
+}
+
+impl Drop for Segment {
+    fn drop(&mut self) {
+        self.unlink();
+        // SAFETY: base/len describe a mapping we own; nothing borrows it past
+        // drop because links hold an Arc to the segment.
+        unsafe { libc::munmap(self.base as *mut libc::c_void, self.len) };
+    }
+}
+
+/// One end of a ring: either the writer or the reader.
+struct RingEnd {
+    /// Keeps the mapping alive while the raw pointers below are in use.
+    _seg: Arc<Segment>,
+    head: *const AtomicU64,
+    tail: *const AtomicU64,
+    data: *mut u8,
+    size: usize,
+}
+
+// SAFETY: the pointers point into `seg`, which the Arc keeps alive; the SPSC
+// protocol gives each end exclusive use of the regions it touches.
+unsafe impl Send for RingEnd {}
+
+impl RingEnd {
+    fn new(seg: Arc<Segment>, slot: usize) -> RingEnd {
+        let base = seg.ring_base(slot);
+        // SAFETY: ring_base(slot) + control + data is inside the mapping (segment_bytes).
+        let (head, tail, data) = unsafe {
+            let b = seg.base.add(base);
+            (b.add(OFF_HEAD) as *const AtomicU64, b.add(OFF_TAIL) as *const AtomicU64, b.add(RING_CTRL_BYTES))
+        };
+        let size = seg.ring_bytes;
+        RingEnd { _seg: seg, head, tail, data, size }
+    }
+    fn head(&self) -> &AtomicU64 {
+        // SAFETY: valid for the life of seg; only accessed atomically.
+        unsafe { &*self.head }
+    }
+    fn tail(&self) -> &AtomicU64 {
+        // SAFETY: as above.
+        unsafe { &*self.tail }
+    }
+}
+
+/// A bidirectional link to one peer through two rings.
+pub struct ShmLink {
+    peer: usize,
+    tx: RingEnd,
+    rx: RingEnd,
+    /// Segment of the peer (its doorbell, failure flag and pid).
+    peer_seg: Arc<Segment>,
+    /// Cached positions: we are the only writer of tx.head and of rx.tail.
+    tx_head: u64,
+    rx_tail: u64,
+    check_pid: bool,
+}
+
+impl ShmLink {
+    /// Link between `me` and `peer`, where `segs[r]` is rank r's segment.
+    pub fn new(me: usize, peer: usize, my_seg: Arc<Segment>, peer_seg: Arc<Segment>, check_pid: bool) -> ShmLink {
+        let tx = RingEnd::new(peer_seg.clone(), me);
+        let rx = RingEnd::new(my_seg, peer);
+        let tx_head = tx.head().load(Ordering::Acquire);
+        let rx_tail = rx.tail().load(Ordering::Acquire);
+        ShmLink { peer, tx, rx, peer_seg, tx_head, rx_tail, check_pid }
+    }
+}
+
+impl Link for ShmLink {
+    fn peer(&self) -> usize {
+        self.peer
+    }
+
+    fn send_space(&mut self) -> &mut [u8] {
+        let tail = self.tx.tail().load(Ordering::Acquire);
+        let used = (self.tx_head - tail) as usize;
+        let free = self.tx.size - used;
+        let pos = (self.tx_head % self.tx.size as u64) as usize;
+        let n = free.min(self.tx.size - pos);
+        // SAFETY: [pos, pos+n) is free ring space that the reader does not touch
+        // until we publish a head past it.
+        unsafe { std::slice::from_raw_parts_mut(self.tx.data.add(pos), n) }
+    }
+
+    fn send_commit(&mut self, n: usize) {
+        debug_assert!(n % 8 == 0);
+        if n == 0 {
+            return;
+        }
+        self.tx_head += n as u64;
+        self.tx.head().store(self.tx_head, Ordering::Release);
+        self.peer_seg.ring();
+    }
+
+    fn recv_avail(&mut self) -> &[u8] {
+        let head = self.rx.head().load(Ordering::Acquire);
+        let avail = (head - self.rx_tail) as usize;
+        let pos = (self.rx_tail % self.rx.size as u64) as usize;
+        let n = avail.min(self.rx.size - pos);
+        // SAFETY: [pos, pos+n) was published by the writer (Acquire on head) and
+        // is not rewritten until we publish a tail past it.
+        unsafe { std::slice::from_raw_parts(self.rx.data.add(pos), n) }
+    }
+
+    fn recv_commit(&mut self, n: usize) {
+        debug_assert!(n % 8 == 0);
+        if n == 0 {
+            return;
+        }
+        self.rx_tail += n as u64;
+        self.rx.tail().store(self.rx_tail, Ordering::Release);
+        // The peer may be waiting for ring space.
+        self.peer_seg.ring();
+    }
+
+    fn check_alive(&self) -> Result<()> {
+        if self.peer_seg.failed().load(Ordering::Acquire) != 0 {
+            return Err(Error::remote(format!("rank {} failed or aborted its communicator", self.peer)));
+        }
+        if self.check_pid {
+            let pid = self.peer_seg.pid();
+            // SAFETY: kill with signal 0 only checks for existence.
+            let rc = unsafe { libc::kill(pid as libc::pid_t, 0) };
+            if rc != 0 && std::io::Error::last_os_error().raw_os_error() == Some(libc::ESRCH) {
+                return Err(Error::remote(format!("rank {} (pid {pid}) died", self.peer)));
+            }
+        }
+        Ok(())
+    }
+
+    fn wake_peer(&self) {
+        self.peer_seg.ring();
+    }
+}
