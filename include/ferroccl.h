@@ -273,10 +273,6 @@ typedef struct {
  */
 #define fcclNumOps 5
 
-
-
-
-
 #ifdef __cplusplus
 extern "C" {
 #endif // __cplusplus

@@ -15,6 +15,10 @@ pub mod comm;
 pub mod handle;
 pub mod mem;
 
+pub use coll::*;
+pub use comm::*;
+pub use mem::*;
+
 use std::os::raw::{c_char, c_int};
 
 /// Result of every call. Values are NCCL's, plus fcclCollectiveMismatch and fcclUnavailable.

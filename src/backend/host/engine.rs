@@ -272,7 +272,8 @@ pub fn run(t: &mut Transport, sched: &mut Schedule<'_>, ctl: &RunCtl<'_>) -> Res
             progressed |= pump_rx(t, p, st, sched, &mut done, &mut remaining, &mut step_err, &ready, ctl)?;
         }
 
-        if remaining == 0 {
+        // Done when every step is, and replies owed to peers have been written.
+        if remaining == 0 && peers.iter().all(|st| st.cur_tx.is_none() && st.urgent.is_empty()) {
             return Ok(step_err);
         }
         if progressed {
@@ -489,6 +490,8 @@ fn pump_rx(
                     } else {
                         st.awaiting_payload.push_back(i);
                     }
+                    progressed = true;
+                    continue;
                 }
                 K_P2P_REPLY => {
                     let Some(i) = st.awaiting_reply.pop_front() else {

@@ -1,0 +1,152 @@
+//! Thread-mode communicators (fcclCommInitAll) driven through the exported C functions.
+
+use ferroccl::ffi::*;
+use std::ffi::CStr;
+use std::ptr::{null, null_mut};
+
+fn ck(r: fcclResult_t) {
+    if r != fcclSuccess {
+        let msg = unsafe { CStr::from_ptr(fcclGetLastError(null_mut())) };
+        panic!("call failed with {r}: {}", msg.to_string_lossy());
+    }
+}
+
+fn init_all(n: usize) -> Vec<fcclComm_t> {
+    let mut comms = vec![null_mut(); n];
+    ck(unsafe { fcclCommInitAll(comms.as_mut_ptr(), n as i32, null()) });
+    comms
+}
+
+fn destroy(comms: Vec<fcclComm_t>) {
+    for c in comms {
+        ck(unsafe { fcclCommDestroy(c) });
+    }
+}
+
+#[test]
+fn one_thread_drives_all_ranks_through_a_group() {
+    for n in [1usize, 2, 3, 4, 7] {
+        let comms = init_all(n);
+        let count = 1_000_003usize;
+        let send: Vec<Vec<f32>> = (0..n).map(|r| (0..count).map(|i| (r + i % 5) as f32).collect()).collect();
+        let mut recv: Vec<Vec<f32>> = vec![vec![0.0; count]; n];
+        ck(fcclGroupStart());
+        for r in 0..n {
+            ck(unsafe {
+                fcclAllReduce(
+                    send[r].as_ptr() as _,
+                    recv[r].as_mut_ptr() as _,
+                    count,
+                    fcclFloat32,
+                    fcclSum,
+                    comms[r],
+                    null_mut(),
+                )
+            });
+        }
+        ck(fcclGroupEnd());
+        for r in 0..n {
+            for i in [0, 1, 7, count / 2, count - 1] {
+                let want = (n * (n - 1) / 2 + n * (i % 5)) as f32;
+                assert_eq!(recv[r][i], want, "n={n} rank {r} element {i}");
+            }
+        }
+        destroy(comms);
+    }
+}
+
+#[test]
+fn send_recv_ring_in_a_group_never_deadlocks() {
+    let n = 4;
+    let comms = init_all(n);
+    let count = 3 << 20; // larger than any ring
+    let send: Vec<Vec<u8>> = (0..n).map(|r| vec![r as u8 + 1; count]).collect();
+    let mut recv: Vec<Vec<u8>> = vec![vec![0; count]; n];
+    ck(fcclGroupStart());
+    for r in 0..n {
+        let (next, prev) = ((r + 1) % n, (r + n - 1) % n);
+        ck(unsafe { fcclSend(send[r].as_ptr() as _, count, fcclUint8, next as i32, comms[r], null_mut()) });
+        ck(unsafe { fcclRecv(recv[r].as_mut_ptr() as _, count, fcclUint8, prev as i32, comms[r], null_mut()) });
+    }
+    ck(fcclGroupEnd());
+    for r in 0..n {
+        let prev = (r + n - 1) % n;
+        assert!(recv[r].iter().all(|&b| b == prev as u8 + 1));
+    }
+    destroy(comms);
+}
+
+#[test]
+fn mismatched_send_recv_counts_fail_on_both_sides_and_the_comm_survives() {
+    let comms = init_all(2);
+    let a = [1u32; 8];
+    let mut b = [0u32; 8];
+    ck(fcclGroupStart());
+    ck(unsafe { fcclSend(a.as_ptr() as _, 8, fcclUint32, 1, comms[0], null_mut()) });
+    ck(unsafe { fcclRecv(b.as_mut_ptr() as _, 4, fcclUint32, 0, comms[1], null_mut()) });
+    let r = fcclGroupEnd();
+    assert_eq!(r, fcclCollectiveMismatch);
+    let msg = unsafe { CStr::from_ptr(fcclGetLastError(null_mut())) }.to_string_lossy().into_owned();
+    assert!(msg.contains("32 bytes") && msg.contains("16 bytes"), "{msg}");
+    assert_eq!(b, [0u32; 8], "nothing written on a mismatch");
+    // Still usable.
+    ck(fcclGroupStart());
+    ck(unsafe { fcclSend(a.as_ptr() as _, 8, fcclUint32, 1, comms[0], null_mut()) });
+    ck(unsafe { fcclRecv(b.as_mut_ptr() as _, 8, fcclUint32, 0, comms[1], null_mut()) });
+    ck(fcclGroupEnd());
+    assert_eq!(b, [1u32; 8]);
+    destroy(comms);
+}
+
+#[test]
+fn split_from_threads() {
+    let n = 5;
+    let comms = init_all(n);
+    let results: Vec<(i32, i32, f64)> = std::thread::scope(|s| {
+        let hs: Vec<_> = comms
+            .iter()
+            .enumerate()
+            .map(|(r, &c)| {
+                let c = c as usize;
+                s.spawn(move || {
+                    let c = c as fcclComm_t;
+                    let color = if r == 4 { FCCL_SPLIT_NOCOLOR } else { (r % 2) as i32 };
+                    let mut nc: fcclComm_t = null_mut();
+                    ck(unsafe { fcclCommSplit(c, color, -(r as i32), &mut nc, null_mut()) });
+                    if r == 4 {
+                        assert!(nc.is_null());
+                        return (-1, -1, 0.0);
+                    }
+                    let (mut size, mut rank) = (0, 0);
+                    ck(unsafe { fcclCommCount(nc, &mut size) });
+                    ck(unsafe { fcclCommUserRank(nc, &mut rank) });
+                    let x = [r as f64];
+                    let mut y = [0.0f64];
+                    ck(unsafe { fcclAllReduce(x.as_ptr() as _, y.as_mut_ptr() as _, 1, fcclFloat64, fcclSum, nc, null_mut()) });
+                    ck(unsafe { fcclCommDestroy(nc) });
+                    (size, rank, y[0])
+                })
+            })
+            .collect();
+        hs.into_iter().map(|h| h.join().unwrap()).collect()
+    });
+    // Colour 0: old ranks 0, 2 (keys 0, -2: reversed); colour 1: 1, 3.
+    assert_eq!(results[0], (2, 1, 2.0));
+    assert_eq!(results[2], (2, 0, 2.0));
+    assert_eq!(results[1], (2, 1, 4.0));
+    assert_eq!(results[3], (2, 0, 4.0));
+    destroy(comms);
+}
+
+#[test]
+fn stale_and_null_handles_are_refused() {
+    let comms = init_all(1);
+    let stale = comms[0];
+    ck(unsafe { fcclCommDestroy(stale) });
+    let mut n = 0;
+    assert_eq!(unsafe { fcclCommCount(stale, &mut n) }, fcclInvalidArgument);
+    assert_eq!(unsafe { fcclCommCount(null_mut(), &mut n) }, fcclInvalidArgument);
+    assert_eq!(unsafe { fcclCommDestroy(stale) }, fcclInvalidArgument);
+    let msg = unsafe { CStr::from_ptr(fcclGetLastError(null_mut())) }.to_string_lossy().into_owned();
+    assert!(msg.starts_with("fcclCommDestroy: ") && msg.contains("not a live communicator"), "{msg}");
+}
