@@ -45,6 +45,11 @@ pub const HOST_ADDR: Var = Var {
     default: "",
     doc: "IP address this process advertises to peers (rendezvous point, TCP transport)",
 };
+pub const CHECK: Var = Var {
+    name: "FERROCCL_CHECK",
+    default: "0",
+    doc: "1: fingerprint every collective and compare across ranks (detects mismatched calls)",
+};
 pub const TORCH_RANK: Var = Var { name: "RANK", default: "", doc: "torchrun's rank (fallback)" };
 pub const TORCH_WORLD_SIZE: Var = Var { name: "WORLD_SIZE", default: "", doc: "torchrun's world size (fallback)" };
 pub const TORCH_MASTER_ADDR: Var = Var { name: "MASTER_ADDR", default: "", doc: "torchrun's master host (fallback)" };
@@ -64,6 +69,7 @@ pub const ALL: &[&Var] = &[
     &NCCL_LIBRARY,
     &TRANSPORT,
     &HOST_ADDR,
+    &CHECK,
     &TORCH_RANK,
     &TORCH_WORLD_SIZE,
     &TORCH_MASTER_ADDR,

@@ -40,7 +40,7 @@ impl Default for Options {
             timeout: crate::env::default_timeout(),
             backend: Backend::Auto,
             name: String::new(),
-            check_mode: false,
+            check_mode: crate::env::CHECK.get().is_some_and(|v| v != "0"),
         }
     }
 }
@@ -156,7 +156,7 @@ impl Comm {
             })
             .collect();
         let t0 = Instant::now();
-        let res = host::execute(&mut st.transport, &calls, self.opts.timeout, &self.abort);
+        let res = host::execute(&mut st.transport, &calls, self.opts.timeout, &self.abort, self.opts.check_mode);
         if log::enabled(log::Level::Info) {
             let us = t0.elapsed().as_secs_f64() * 1e6;
             for c in &calls {

@@ -18,6 +18,9 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
 const HDR: usize = 16;
+/// Tag of steps whose messages may belong to any collective (call fingerprints):
+/// the receiver checks the content instead of the tag.
+pub const ANY_TAG: u32 = u32::MAX;
 const K_DATA: u8 = 1;
 const K_P2P_HDR: u8 = 2;
 const K_P2P_REPLY: u8 = 3;
@@ -458,7 +461,7 @@ fn pump_rx(
                     }
                     let Action::Recv { len: want, sink, .. } = sched.steps[i].action else { unreachable!() };
                     let want_tag = sched.steps[i].tag;
-                    if tag != want_tag || len != want {
+                    if (want_tag != ANY_TAG && tag != want_tag) || len != want {
                         return Err(Error::mismatch(format!(
                             "{}: rank {p} sent a message for its collective #{tag} of {len} bytes while rank {} expected collective #{want_tag} with {want} bytes: the ranks called different collectives, counts or types. The communicator is unusable now; destroy it (enable checkMode to detect this before any data moves)",
                             ctl.what, t.rank

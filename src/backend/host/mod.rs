@@ -6,6 +6,7 @@
 
 pub mod algorithms;
 pub mod engine;
+pub mod fingerprint;
 
 use crate::coll::{Coll, CollKind};
 use crate::error::{Error, Result};
@@ -25,10 +26,21 @@ pub struct Call {
 /// `Err` is fatal for the communicator (timeout, dead peer, desynchronised
 /// streams); `Ok(Some(e))` is a failed call after which the communicator is fine
 /// (mismatched all_to_allv or send/recv counts detected before data moved).
-pub fn execute(t: &mut Transport, calls: &[Call], timeout: Duration, abort: &AtomicBool) -> Result<Option<Error>> {
+pub fn execute(
+    t: &mut Transport,
+    calls: &[Call],
+    timeout: Duration,
+    abort: &AtomicBool,
+    check: bool,
+) -> Result<Option<Error>> {
     let deadline = Instant::now() + timeout;
     let what = describe(calls, t.rank);
     let ctl = RunCtl { deadline, timeout, abort, what: &what };
+    if check && t.nranks > 1 {
+        if let Some(e) = fingerprint::agree(t, calls, &ctl)? {
+            return Ok(Some(e));
+        }
+    }
     let mut scratch = algorithms::Scratch::default();
     let mut errors: Vec<Error> = Vec::new();
 

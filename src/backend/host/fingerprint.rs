@@ -1,0 +1,155 @@
+//! checkMode: before any data moves, every rank tells every other which collectives
+//! it is about to run (kind, count, type, op, root, sequence number). Any difference
+//! fails the call on every rank with a message giving each side's call, and leaves
+//! the communicator usable, since nothing else was sent.
+
+use super::engine::{self, RunCtl, Schedule, Sink, ANY_TAG};
+use super::Call;
+use crate::coll::{Coll, CollKind};
+use crate::error::{Error, Result};
+use crate::transport::Transport;
+use crate::types::{DataType, RedOp};
+
+/// Calls described in full; further ones are folded into a hash.
+const MAX_CALLS: usize = 8;
+const REC: usize = 32;
+const MSG: usize = 16 + MAX_CALLS * REC;
+
+fn record(c: &Call) -> [u8; REC] {
+    let co = &c.coll;
+    let mut r = [0u8; REC];
+    r[0..8].copy_from_slice(&c.seq.to_le_bytes());
+    r[8..12].copy_from_slice(&(kind_id(co.kind)).to_le_bytes());
+    r[12..16].copy_from_slice(&(co.dtype as u32).to_le_bytes());
+    let reduces = matches!(co.kind, CollKind::AllReduce | CollKind::Reduce | CollKind::ReduceScatter);
+    r[16..20].copy_from_slice(&(if reduces { co.op as u32 } else { 0 }).to_le_bytes());
+    let rooted = matches!(co.kind, CollKind::Broadcast | CollKind::Reduce | CollKind::Gather | CollKind::Scatter);
+    r[20..24].copy_from_slice(&(if rooted { co.root as u32 } else { 0 }).to_le_bytes());
+    // all_to_allv counts differ per rank by design; its own exchange checks them.
+    let count = if co.kind == CollKind::AlltoAllv { 0 } else { co.count as u64 };
+    r[24..32].copy_from_slice(&count.to_le_bytes());
+    r
+}
+
+fn kind_id(k: CollKind) -> u32 {
+    k as u32
+}
+
+fn describe(r: &[u8]) -> String {
+    let seq = u64::from_le_bytes(r[0..8].try_into().unwrap());
+    let kind = u32::from_le_bytes(r[8..12].try_into().unwrap());
+    let dt = u32::from_le_bytes(r[12..16].try_into().unwrap());
+    let op = u32::from_le_bytes(r[16..20].try_into().unwrap());
+    let root = u32::from_le_bytes(r[20..24].try_into().unwrap());
+    let count = u64::from_le_bytes(r[24..32].try_into().unwrap());
+    let name = ALL_KINDS.iter().find(|k| kind_id(**k) == kind).map_or("unknown call", |k| k.c_name());
+    let dt = DataType::try_from(dt as i32).map_or("?", |d| d.c_name());
+    let mut s = format!("{name}(count {count}, {dt}");
+    if matches!(name, "fcclAllReduce" | "fcclReduce" | "fcclReduceScatter") {
+        s += &format!(", {}", RedOp::try_from(op as i32).map_or("?", |o| o.c_name()));
+    }
+    if matches!(name, "fcclBroadcast" | "fcclReduce" | "fcclGather" | "fcclScatter") {
+        s += &format!(", root {root}");
+    }
+    s + &format!(") #{seq}")
+}
+
+const ALL_KINDS: [CollKind; 12] = [
+    CollKind::AllReduce,
+    CollKind::Broadcast,
+    CollKind::Reduce,
+    CollKind::AllGather,
+    CollKind::ReduceScatter,
+    CollKind::AlltoAll,
+    CollKind::Gather,
+    CollKind::Scatter,
+    CollKind::AlltoAllv,
+    CollKind::Send,
+    CollKind::Recv,
+    CollKind::Barrier,
+];
+
+fn is_collective(c: &Coll) -> bool {
+    !matches!(c.kind, CollKind::Send | CollKind::Recv)
+}
+
+fn message(calls: &[Call]) -> Vec<u8> {
+    let colls: Vec<&Call> = calls.iter().filter(|c| is_collective(&c.coll)).collect();
+    let mut m = vec![0u8; MSG];
+    m[0..8].copy_from_slice(&(colls.len() as u64).to_le_bytes());
+    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
+    for (i, c) in colls.iter().enumerate() {
+        let r = record(c);
+        if i < MAX_CALLS {
+            m[16 + i * REC..16 + (i + 1) * REC].copy_from_slice(&r);
+        } else {
+            for b in r {
+                h = (h ^ b as u64).wrapping_mul(0x100_0000_01b3);
+            }
+        }
+    }
+    m[8..16].copy_from_slice(&h.to_le_bytes());
+    m
+}
+
+fn describe_msg(m: &[u8]) -> String {
+    let n = u64::from_le_bytes(m[0..8].try_into().unwrap()) as usize;
+    let shown: Vec<String> = (0..n.min(MAX_CALLS)).map(|i| describe(&m[16 + i * REC..16 + (i + 1) * REC])).collect();
+    match n {
+        0 => "no collective".into(),
+        1 => shown[0].clone(),
+        _ => format!("a group of {n}: {}{}", shown.join(", "), if n > MAX_CALLS { ", ..." } else { "" }),
+    }
+}
+
+/// Exchanges call fingerprints with every peer; `Some(error)` if any rank differs.
+pub fn agree(t: &mut Transport, calls: &[Call], ctl: &RunCtl<'_>) -> Result<Option<Error>> {
+    if !calls.iter().any(|c| is_collective(&c.coll)) {
+        return Ok(None);
+    }
+    let (me, n) = (t.rank, t.nranks);
+    let mine = message(calls);
+    let mut theirs = vec![0u8; MSG * n];
+    let base = theirs.as_mut_ptr();
+    let mut s = Schedule::new(ANY_TAG);
+    for p in (0..n).filter(|&p| p != me) {
+        s.send(p, mine.as_ptr(), MSG, &[]);
+    }
+    for p in (0..n).filter(|&p| p != me) {
+        // SAFETY: theirs holds n messages of MSG bytes.
+        s.recv(p, MSG, Sink::Copy(unsafe { base.add(p * MSG) }), &[]);
+    }
+    if let Some(e) = engine::run(t, &mut s, ctl)? {
+        return Err(e);
+    }
+    let differing: Vec<usize> = (0..n).filter(|&p| p != me && theirs[p * MSG..(p + 1) * MSG] != mine[..]).collect();
+    // Every rank sees every fingerprint, so all agree on failing; name the first pair.
+    let all_same = (0..n)
+        .filter(|&p| p != me)
+        .all(|p| theirs[p * MSG..(p + 1) * MSG] == theirs[first_peer(me) * MSG..(first_peer(me) + 1) * MSG]);
+    if differing.is_empty() && all_same {
+        return Ok(None);
+    }
+    let mut lines = vec![format!("rank {me} called {}", describe_msg(&mine))];
+    for p in (0..n).filter(|&p| p != me) {
+        let m = &theirs[p * MSG..(p + 1) * MSG];
+        if m != &mine[..] {
+            lines.push(format!("rank {p} called {}", describe_msg(m)));
+        }
+    }
+    if lines.len() == 1 {
+        lines.push("other ranks disagree among themselves (see their errors)".into());
+    }
+    Ok(Some(Error::mismatch(format!(
+        "ranks called different collectives: {}; no data was moved, the communicator is still usable",
+        lines.join("; ")
+    ))))
+}
+
+fn first_peer(me: usize) -> usize {
+    if me == 0 {
+        1
+    } else {
+        0
+    }
+}
