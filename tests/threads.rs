@@ -1,4 +1,5 @@
 //! Thread-mode communicators (fcclCommInitAll) driven through the exported C functions.
+#![allow(clippy::needless_range_loop)] // rank-indexed loops read clearer here
 
 use ferroccl::ffi::*;
 use std::ffi::CStr;
@@ -122,7 +123,9 @@ fn split_from_threads() {
                     ck(unsafe { fcclCommUserRank(nc, &mut rank) });
                     let x = [r as f64];
                     let mut y = [0.0f64];
-                    ck(unsafe { fcclAllReduce(x.as_ptr() as _, y.as_mut_ptr() as _, 1, fcclFloat64, fcclSum, nc, null_mut()) });
+                    ck(unsafe {
+                        fcclAllReduce(x.as_ptr() as _, y.as_mut_ptr() as _, 1, fcclFloat64, fcclSum, nc, null_mut())
+                    });
                     ck(unsafe { fcclCommDestroy(nc) });
                     (size, rank, y[0])
                 })
