@@ -96,8 +96,17 @@ pub fn connect(
     let local: Vec<bool> = infos.iter().map(|i| i.host == me.host).collect();
     let any_local_peer = (0..nranks).any(|p| p != rank && local[p]);
     let ring = ring_bytes_for(nranks);
-    let seg_name = |r: usize| format!("/fccl-{name}-{r}");
-    let mut my_seg = if any_local_peer { Some(Segment::create_shared(&seg_name(rank), nranks, ring)?) } else { None };
+    // The creator's pid in the name lets a later job remove segments of a job whose
+    // ranks were all killed before they could unlink them.
+    // The creator's pid in the name lets a later job remove the segments of a job
+    // whose ranks were all killed before they could unlink them.
+    let seg_name = |r: usize| format!("/fccl-{name}-{r}-p{}", infos[r].pid);
+    let mut my_seg = if any_local_peer {
+        crate::transport::shm::remove_stale_segments();
+        Some(Segment::create_shared(&seg_name(rank), nranks, ring)?)
+    } else {
+        None
+    };
 
     // Round 2: every segment exists; map the peers' and connect to remote peers.
     allgather(&[])?;

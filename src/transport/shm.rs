@@ -40,6 +40,32 @@ pub fn segment_bytes(nranks: usize, ring_bytes: usize) -> usize {
     HEADER_BYTES + nranks * (RING_CTRL_BYTES + ring_bytes)
 }
 
+/// Removes segments left in /dev/shm by processes that died before unlinking them
+/// (names end in `-p<pid>`). Runs once per process.
+pub fn remove_stale_segments() {
+    static ONCE: std::sync::Once = std::sync::Once::new();
+    ONCE.call_once(|| {
+        let Ok(dir) = std::fs::read_dir("/dev/shm") else { return };
+        for e in dir.flatten() {
+            let name = e.file_name().to_string_lossy().into_owned();
+            let Some(pid) =
+                name.strip_prefix("fccl-").and_then(|n| n.rsplit_once("-p")).and_then(|(_, p)| p.parse::<i32>().ok())
+            else {
+                continue;
+            };
+            // SAFETY: signal 0 only checks whether the process exists.
+            let gone = unsafe { libc::kill(pid, 0) } != 0
+                && std::io::Error::last_os_error().raw_os_error() == Some(libc::ESRCH);
+            if gone {
+                if let Ok(c) = CString::new(format!("/{name}")) {
+                    // SAFETY: c is a valid C string.
+                    unsafe { libc::shm_unlink(c.as_ptr()) };
+                }
+            }
+        }
+    });
+}
+
 /// A mapped segment; unmapped on drop.
 pub struct Segment {
     base: *mut u8,
