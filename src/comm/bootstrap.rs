@@ -697,6 +697,16 @@ mod tests {
         assert!(String::from_utf8_lossy(&reply[1..]).contains("wrong secret"));
         let mut garbage = TcpStream::connect(addr).unwrap();
         garbage.write_all(&[0xff; 64]).unwrap();
+        // Oversized: a length prefix far beyond the limit is refused unread.
+        let mut huge = TcpStream::connect(addr).unwrap();
+        huge.write_all(&u32::MAX.to_le_bytes()).unwrap();
+        // Truncated: half a hello, then the rogue goes away.
+        let mut trunc = TcpStream::connect(addr).unwrap();
+        trunc.write_all(&48u32.to_le_bytes()).unwrap();
+        trunc.write_all(&Hello { secret: id.secret(), nranks: 3, rank: 0 }.encode()[..20]).unwrap();
+        drop(trunc);
+        // Silent: connects and says nothing (the job must not wait for it).
+        let _silent = TcpStream::connect(addr).unwrap();
         for a in rounds(id, 3) {
             assert_eq!(a, vec![vec![0u8; 3], vec![1u8; 3], vec![2u8; 3]]);
         }
