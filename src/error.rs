@@ -64,11 +64,14 @@ impl Code {
 pub struct Error {
     pub code: Code,
     pub msg: String,
+    /// For remote errors: the rank at the root of the failure (the one that died,
+    /// aborted or broke), so peers that hear of it second-hand still name it.
+    pub culprit: Option<usize>,
 }
 
 impl Error {
     pub fn new(code: Code, msg: impl Into<String>) -> Error {
-        Error { code, msg: msg.into() }
+        Error { code, msg: msg.into(), culprit: None }
     }
     pub fn invalid_arg(msg: impl Into<String>) -> Error {
         Error::new(Code::InvalidArgument, msg)
@@ -90,6 +93,10 @@ impl Error {
     }
     pub fn mismatch(msg: impl Into<String>) -> Error {
         Error::new(Code::CollectiveMismatch, msg)
+    }
+    /// A remote error caused by rank `culprit`.
+    pub fn remote_rank(culprit: usize, msg: impl Into<String>) -> Error {
+        Error { code: Code::RemoteError, msg: msg.into(), culprit: Some(culprit) }
     }
     pub fn unavailable(msg: impl Into<String>) -> Error {
         Error::new(Code::Unavailable, msg)

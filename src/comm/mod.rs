@@ -179,7 +179,7 @@ impl Comm {
                 log::warn(format_args!("rank {} comm {}: {}", self.rank, self.label(), e.msg));
                 *self.async_err.lock().unwrap() = Some(e.code);
                 st.broken = Some(e.clone());
-                st.transport.mark_failed();
+                st.transport.mark_failed(e.culprit);
                 Err(e)
             }
         }
@@ -257,12 +257,12 @@ impl Comm {
     pub fn abort(&self) {
         self.abort.store(true, Ordering::Release);
         if let Some(w) = &self.waker {
-            w.failed().store(1, Ordering::Release);
+            let _ = w.failed().compare_exchange(0, self.rank as u32 + 1, Ordering::AcqRel, Ordering::Acquire);
             w.ring();
         }
         // If no call is running, tell peers right away.
         if let Ok(mut st) = self.state.try_lock() {
-            st.transport.mark_failed();
+            st.transport.mark_failed(None);
         }
     }
 

@@ -34,8 +34,12 @@ pub trait Link: Send {
     fn progress(&mut self) -> Result<bool> {
         Ok(false)
     }
-    /// An error naming the peer if it died or failed.
+    /// An error naming the peer if it died or failed (may make system calls).
     fn check_alive(&self) -> Result<()>;
+    /// Cheap check: an error naming the peer if it has marked itself failed.
+    fn check_flag(&self) -> Result<()> {
+        Ok(())
+    }
     /// Wakes the peer if it sleeps waiting for us (abort, failure).
     fn wake_peer(&self) {}
     /// Socket to poll, for transports that have one.
@@ -112,6 +116,14 @@ impl Transport {
         Ok(())
     }
 
+    /// Cheap check of the peers' failure flags (no system calls).
+    pub fn check_flags(&self) -> Result<()> {
+        for l in self.links.iter().flatten() {
+            l.check_flag()?;
+        }
+        Ok(())
+    }
+
     /// Wakes this rank if it sleeps in [`Transport::sleep`] (abort from another thread).
     pub fn wake_self(&self) {
         if let Some(s) = &self.my_seg {
@@ -125,9 +137,11 @@ impl Transport {
     }
 
     /// Marks this rank failed so that peers stop waiting for it, and wakes them.
-    pub fn mark_failed(&mut self) {
+    /// `culprit` is the rank the failure started with (this rank if None).
+    pub fn mark_failed(&mut self, culprit: Option<usize>) {
         if let Some(s) = &self.my_seg {
-            s.failed().store(1, Ordering::Release);
+            let v = culprit.unwrap_or(self.rank) as u32 + 1;
+            let _ = s.failed().compare_exchange(0, v, Ordering::AcqRel, Ordering::Acquire);
         }
         for l in self.links.iter_mut().flatten() {
             l.wake_peer();

@@ -291,6 +291,23 @@ impl RingEnd {
     }
 }
 
+/// False once `pid` has exited, including while it waits to be reaped (a zombie
+/// still answers kill(pid, 0) but will never write to a ring again).
+fn process_alive(pid: u32) -> bool {
+    // SAFETY: signal 0 only checks for existence.
+    let rc = unsafe { libc::kill(pid as libc::pid_t, 0) };
+    if rc != 0 {
+        return std::io::Error::last_os_error().raw_os_error() != Some(libc::ESRCH);
+    }
+    match std::fs::read_to_string(format!("/proc/{pid}/stat")) {
+        // The state follows the parenthesised command name.
+        Ok(stat) => {
+            !matches!(stat.rsplit_once(')').and_then(|(_, rest)| rest.trim_start().chars().next()), Some('Z' | 'X'))
+        }
+        Err(_) => true,
+    }
+}
+
 /// A bidirectional link to one peer through two rings.
 pub struct ShmLink {
     peer: usize,
@@ -362,16 +379,26 @@ impl Link for ShmLink {
         self.peer_seg.ring();
     }
 
-    fn check_alive(&self) -> Result<()> {
-        if self.peer_seg.failed().load(Ordering::Acquire) != 0 {
-            return Err(Error::remote(format!("rank {} failed or aborted its communicator", self.peer)));
+    fn check_flag(&self) -> Result<()> {
+        // The flag holds 1 + the rank the failure started with.
+        match self.peer_seg.failed().load(Ordering::Acquire) {
+            0 => Ok(()),
+            v if (v - 1) as usize == self.peer || v == u32::MAX => {
+                Err(Error::remote_rank(self.peer, format!("rank {} failed or aborted its communicator", self.peer)))
+            }
+            v => Err(Error::remote_rank(
+                (v - 1) as usize,
+                format!("rank {} died or failed (reported by rank {}, which stopped because of it)", v - 1, self.peer),
+            )),
         }
+    }
+
+    fn check_alive(&self) -> Result<()> {
+        self.check_flag()?;
         if self.check_pid {
             let pid = self.peer_seg.pid();
-            // SAFETY: kill with signal 0 only checks for existence.
-            let rc = unsafe { libc::kill(pid as libc::pid_t, 0) };
-            if rc != 0 && std::io::Error::last_os_error().raw_os_error() == Some(libc::ESRCH) {
-                return Err(Error::remote(format!("rank {} (pid {pid}) died", self.peer)));
+            if !process_alive(pid) {
+                return Err(Error::remote_rank(self.peer, format!("rank {} (pid {pid}) died", self.peer)));
             }
         }
         Ok(())

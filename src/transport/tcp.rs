@@ -90,7 +90,7 @@ impl TcpLink {
     }
 
     fn lost(&self, why: &str) -> Error {
-        Error::remote(format!("lost the TCP connection to rank {}: {why}", self.peer))
+        Error::remote_rank(self.peer, format!("lost the TCP connection to rank {}: {why}", self.peer))
     }
 }
 
@@ -138,6 +138,10 @@ impl Link for TcpLink {
             return Err(self.lost("the peer closed the connection (process exited or aborted)"));
         }
         Ok(())
+    }
+
+    fn check_flag(&self) -> Result<()> {
+        self.check_alive()
     }
 
     fn poll_fd(&self) -> Option<i32> {

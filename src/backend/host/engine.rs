@@ -228,6 +228,9 @@ pub fn run(t: &mut Transport, sched: &mut Schedule<'_>, ctl: &RunCtl<'_>) -> Res
     if n == 0 {
         return Ok(None);
     }
+    // A peer that failed or aborted earlier is reported as such, not as whatever
+    // its half-sent messages would look like.
+    t.check_flags().map_err(|e| e.context(ctl.what))?;
     let mut done = vec![false; n];
     let mut remaining = n;
     let mut peers: Vec<Peer> = (0..t.nranks).map(|_| Peer::default()).collect();
@@ -462,6 +465,7 @@ fn pump_rx(
                     let Action::Recv { len: want, sink, .. } = sched.steps[i].action else { unreachable!() };
                     let want_tag = sched.steps[i].tag;
                     if (want_tag != ANY_TAG && tag != want_tag) || len != want {
+                        t.check_flags().map_err(|e| e.context(ctl.what))?;
                         return Err(Error::mismatch(format!(
                             "{}: rank {p} sent a message for its collective #{tag} of {len} bytes while rank {} expected collective #{want_tag} with {want} bytes: the ranks called different collectives, counts or types. The communicator is unusable now; destroy it (enable checkMode to detect this before any data moves)",
                             ctl.what, t.rank

@@ -1,0 +1,226 @@
+/* Failure handling: a rank killed mid-collective, abort from another thread, a
+ * timeout, mismatched calls under checkMode, and no debris afterwards.
+ *
+ * Self-contained: the program makes the unique id and forks its ranks itself, so it
+ * can kill one and still judge the survivors. Usage: test_faults SCENARIO NRANKS
+ * with SCENARIO one of kill, abort, timeout, mismatch. Prints the measured
+ * detection/abort latencies (the bounds asserted here are loose on purpose: CI
+ * machines are noisy; the figures are what to read). */
+#define _GNU_SOURCE
+#include <dirent.h>
+#include <errno.h>
+#include <pthread.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "ferroccl.h"
+
+static double now_ms(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return ts.tv_sec * 1e3 + ts.tv_nsec / 1e6;
+}
+
+#define FAIL(...)                                              \
+  do {                                                         \
+    fprintf(stderr, "rank %d: %s:%d: ", rank, __FILE__, __LINE__); \
+    fprintf(stderr, __VA_ARGS__);                              \
+    fprintf(stderr, "\n");                                     \
+    fflush(stdout);                                            \
+    _exit(1);                                                  \
+  } while (0)
+
+#define OK(call)                                                                    \
+  do {                                                                              \
+    fcclResult_t r_ = (call);                                                       \
+    if (r_ != fcclSuccess) FAIL("%s -> %d (%s)", #call, r_, fcclGetLastError(NULL)); \
+  } while (0)
+
+static int count_threads(void) {
+  int n = 0;
+  DIR* d = opendir("/proc/self/task");
+  struct dirent* e;
+  if (!d) return -1;
+  while ((e = readdir(d)) != NULL)
+    if (e->d_name[0] != '.') n++;
+  closedir(d);
+  return n;
+}
+
+struct abort_arg {
+  fcclComm_t comm;
+  double at;
+};
+
+static void* aborter(void* p) {
+  struct abort_arg* a = (struct abort_arg*)p;
+  usleep(300 * 1000);
+  a->at = now_ms();
+  fcclCommAbort(a->comm);
+  return NULL;
+}
+
+static int run_rank(const char* scenario, int rank, int nranks, fcclUniqueId id) {
+  int threads_before = count_threads();
+  fcclConfig_t cfg = FCCL_CONFIG_INITIALIZER;
+  if (strcmp(scenario, "timeout") == 0) cfg.timeoutMs = 500;
+  if (strcmp(scenario, "mismatch") == 0) cfg.checkMode = FCCL_CHECK_FINGERPRINT;
+  fcclComm_t comm;
+  OK(fcclCommInitRankConfig(&comm, nranks, id, rank, &cfg));
+  size_t count = 4u << 20; /* 16 MiB of floats: long enough to be mid-flight */
+  float* a = (float*)malloc(count * sizeof(float));
+  float* b = (float*)malloc(count * sizeof(float));
+  if (!a || !b) FAIL("out of memory");
+  for (size_t i = 0; i < count; i++) a[i] = 1.0f;
+  OK(fcclAllReduce(a, b, 1024, fcclFloat32, fcclSum, comm, NULL));
+  if (b[0] != (float)nranks) FAIL("warm-up all_reduce gave %f", b[0]);
+
+  if (strcmp(scenario, "kill") == 0) {
+    if (rank == 1) {
+      usleep(20 * 1000); /* let the others enter the collective */
+      raise(SIGKILL);
+    }
+    double t0 = now_ms();
+    fcclResult_t r = fcclAllReduce(a, b, count, fcclFloat32, fcclSum, comm, NULL);
+    double dt = now_ms() - t0;
+    /* Copied: the message lives until this thread's next failing call. */
+    char msg[1024];
+    snprintf(msg, sizeof msg, "%s", fcclGetLastError(NULL));
+    if (r != fcclRemoteError) FAIL("all_reduce with a dead peer returned %d (%s), want fcclRemoteError", r, msg);
+    if (!strstr(msg, "rank 1")) FAIL("message does not name the dead rank 1: %s", msg);
+    fcclResult_t ae;
+    OK(fcclCommGetAsyncError(comm, &ae));
+    if (ae != fcclRemoteError) FAIL("fcclCommGetAsyncError gave %d, want fcclRemoteError", ae);
+    r = fcclAllReduce(a, b, 16, fcclFloat32, fcclSum, comm, NULL);
+    if (r != fcclInvalidUsage) FAIL("a later call returned %d, want fcclInvalidUsage", r);
+    printf("rank %d: dead peer detected after %.1f ms: %s\n", rank, dt, msg);
+    if (dt > 2000) FAIL("detection took %.1f ms, more than 2 s", dt);
+  } else if (strcmp(scenario, "abort") == 0) {
+    if (rank == 0) {
+      pthread_t th;
+      struct abort_arg arg = {comm, 0};
+      pthread_create(&th, NULL, aborter, &arg);
+      double t0 = now_ms();
+      /* The other ranks never join: this blocks until the abort. */
+      fcclResult_t r = fcclAllReduce(a, b, count, fcclFloat32, fcclSum, comm, NULL);
+      double t1 = now_ms();
+      pthread_join(th, NULL);
+      if (r == fcclSuccess) FAIL("all_reduce succeeded without its peers");
+      printf("rank 0: blocked call returned %.1f ms after fcclCommAbort (code %d, waited %.1f ms): %s\n",
+             t1 - arg.at, r, t1 - t0, fcclGetLastError(NULL));
+      if (t1 - arg.at > 1000) FAIL("abort took %.1f ms to unblock the call", t1 - arg.at);
+      /* The handle is gone after abort. */
+      int n;
+      if (fcclCommCount(comm, &n) != fcclInvalidArgument) FAIL("aborted handle still accepted");
+      comm = NULL;
+    } else {
+      usleep(800 * 1000);
+      /* The peer aborted: calls fail fast instead of hanging. */
+      double t0 = now_ms();
+      fcclResult_t r = fcclAllReduce(a, b, 1024, fcclFloat32, fcclSum, comm, NULL);
+      if (r != fcclRemoteError) FAIL("call after the peer aborted returned %d, want fcclRemoteError", r);
+      printf("rank %d: peer's abort seen after %.1f ms: %s\n", rank, now_ms() - t0, fcclGetLastError(NULL));
+    }
+  } else if (strcmp(scenario, "timeout") == 0) {
+    if (rank == 0) {
+      double t0 = now_ms();
+      fcclResult_t r = fcclAllReduce(a, b, 1024, fcclFloat32, fcclSum, comm, NULL);
+      char msg[1024];
+      snprintf(msg, sizeof msg, "%s", fcclGetLastError(NULL));
+      if (r != fcclTimeout) FAIL("returned %d (%s), want fcclTimeout", r, msg);
+      if (!strstr(msg, "fcclAllReduce") || !strstr(msg, "#2") || !strstr(msg, "1"))
+        FAIL("message must name the call, its sequence number and the missing ranks: %s", msg);
+      printf("rank 0: timed out after %.1f ms: %s\n", now_ms() - t0, msg);
+      r = fcclAllReduce(a, b, 16, fcclFloat32, fcclSum, comm, NULL);
+      if (r != fcclInvalidUsage) FAIL("after a timeout a call returned %d, want fcclInvalidUsage", r);
+    } else {
+      usleep(1500 * 1000); /* never calls the collective */
+    }
+  } else if (strcmp(scenario, "mismatch") == 0) {
+    fcclResult_t r;
+    if (rank == 1)
+      r = fcclBroadcast(a, b, 1000, fcclFloat32, 0, comm, NULL);
+    else
+      r = fcclAllReduce(a, b, 1000 + (size_t)rank, fcclFloat32, fcclSum, comm, NULL);
+    const char* msg = fcclGetLastError(NULL);
+    if (r != fcclCollectiveMismatch) FAIL("mismatched calls returned %d (%s)", r, msg);
+    if (!strstr(msg, "fcclBroadcast(count 1000") || !strstr(msg, "fcclAllReduce(count 1000"))
+      FAIL("message must give each side's call: %s", msg);
+    printf("rank %d: %s\n", rank, msg);
+    /* Still usable. */
+    OK(fcclAllReduce(a, b, 1024, fcclFloat32, fcclSum, comm, NULL));
+    if (b[0] != (float)nranks) FAIL("all_reduce after a mismatch gave %f", b[0]);
+  } else {
+    FAIL("unknown scenario %s", scenario);
+  }
+  if (comm) OK(fcclCommDestroy(comm));
+  free(a);
+  free(b);
+  int threads_after = count_threads();
+  if (threads_after != threads_before) FAIL("%d threads before init, %d after destroy", threads_before, threads_after);
+  return 0;
+}
+
+/* Leftover segments of this job: names end in -p<pid of a rank>. */
+static int debris(const pid_t* pids, int n) {
+  int found = 0;
+  DIR* d = opendir("/dev/shm");
+  struct dirent* e;
+  if (!d) return 0;
+  while ((e = readdir(d)) != NULL) {
+    const char* p = strrchr(e->d_name, 'p');
+    if (strncmp(e->d_name, "fccl-", 5) != 0 || !p) continue;
+    for (int i = 0; i < n; i++)
+      if (atoi(p + 1) == pids[i]) {
+        fprintf(stderr, "debris: /dev/shm/%s\n", e->d_name);
+        found++;
+      }
+  }
+  closedir(d);
+  return found;
+}
+
+int main(int argc, char** argv) {
+  int rank = -1;
+  if (argc != 3) {
+    fprintf(stderr, "usage: %s kill|abort|timeout|mismatch NRANKS\n", argv[0]);
+    return 2;
+  }
+  const char* scenario = argv[1];
+  int nranks = atoi(argv[2]);
+  if (nranks < 2 || nranks > 64) {
+    fprintf(stderr, "NRANKS must be 2..64\n");
+    return 2;
+  }
+  fcclUniqueId id;
+  OK(fcclGetUniqueId(&id));
+  fflush(stdout);
+  pid_t pids[64];
+  for (int r = 0; r < nranks; r++) {
+    pids[r] = fork();
+    if (pids[r] == 0) {
+      int rc = run_rank(scenario, r, nranks, id);
+      fflush(stdout);
+      _exit(rc);
+    }
+  }
+  int failures = 0;
+  for (int r = 0; r < nranks; r++) {
+    int st;
+    waitpid(pids[r], &st, 0);
+    int killed = WIFSIGNALED(st) && WTERMSIG(st) == SIGKILL;
+    int ok = (strcmp(scenario, "kill") == 0 && r == 1) ? killed : (WIFEXITED(st) && WEXITSTATUS(st) == 0);
+    if (!ok) {
+      fprintf(stderr, "rank %d ended wrongly (status %#x)\n", r, st);
+      failures++;
+    }
+  }
+  if (debris(pids, nranks)) failures++;
+  printf("%s with %d ranks: %s\n", scenario, nranks, failures ? "FAILED" : "passed");
+  return failures ? 1 : 0;
+}
