@@ -27,7 +27,8 @@ fn iters(default: u64) -> u64 {
 
 fn seeds() -> Vec<Vec<u8>> {
     let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fuzz_seeds");
-    let mut v: Vec<Vec<u8>> = std::fs::read_dir(dir).unwrap().map(|e| std::fs::read(e.unwrap().path()).unwrap()).collect();
+    let mut v: Vec<Vec<u8>> =
+        std::fs::read_dir(dir).unwrap().map(|e| std::fs::read(e.unwrap().path()).unwrap()).collect();
     v.sort();
     assert!(!v.is_empty(), "fuzz seeds are committed in tests/fuzz_seeds");
     v
@@ -100,8 +101,18 @@ fn exported_functions_reject_random_arguments_without_crashing() {
             2 => (rng.next() & !0xf) as usize as fcclComm_t,
             _ => live,
         };
-        let count = if rng.below(3) == 0 { (isize::MAX as usize) + 1 + rng.below(1 << 40) as usize } else { rng.below(SMALL + 1) as usize };
-        let pick = |rng: &mut Rng, b: &mut Vec<u8>| if rng.below(4) == 0 { null_mut() } else { b.as_mut_ptr() as *mut std::ffi::c_void };
+        let count = if rng.below(3) == 0 {
+            (isize::MAX as usize) + 1 + rng.below(1 << 40) as usize
+        } else {
+            rng.below(SMALL + 1) as usize
+        };
+        let pick = |rng: &mut Rng, b: &mut Vec<u8>| {
+            if rng.below(4) == 0 {
+                null_mut()
+            } else {
+                b.as_mut_ptr() as *mut std::ffi::c_void
+            }
+        };
         let (a, b) = (pick(&mut rng, &mut buf_a), pick(&mut rng, &mut buf_b));
         let dt = [rng.next() as i32, rng.below(14) as i32 - 1][rng.below(2) as usize];
         let op = [rng.next() as i32, rng.below(7) as i32 - 1][rng.below(2) as usize];
@@ -133,7 +144,10 @@ fn exported_functions_reject_random_arguments_without_crashing() {
     // The communicator still works after all that.
     let x = [3.0f32; 4];
     let mut y = [0.0f32; 4];
-    assert_eq!(unsafe { fcclAllReduce(x.as_ptr() as _, y.as_mut_ptr() as _, 4, fcclFloat32, fcclSum, live, null_mut()) }, fcclSuccess);
+    assert_eq!(
+        unsafe { fcclAllReduce(x.as_ptr() as _, y.as_mut_ptr() as _, 4, fcclFloat32, fcclSum, live, null_mut()) },
+        fcclSuccess
+    );
     assert_eq!(y, [3.0; 4]);
     assert_eq!(unsafe { fcclCommDestroy(live) }, fcclSuccess);
 }
