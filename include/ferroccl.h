@@ -156,6 +156,11 @@ typedef struct {
 } fcclConfig_t;
 
 /**
+ * The planning helpers' collective ids.
+ */
+typedef int fcclCollective_t;
+
+/**
  * The call succeeded.
  */
 #define fcclSuccess 0
@@ -272,6 +277,22 @@ typedef struct {
  * Number of reduction operators.
  */
 #define fcclNumOps 5
+
+#define fcclCollAllReduce 0
+
+#define fcclCollBroadcast 1
+
+#define fcclCollReduce 2
+
+#define fcclCollAllGather 3
+
+#define fcclCollReduceScatter 4
+
+#define fcclCollAlltoAll 5
+
+#define fcclCollGather 6
+
+#define fcclCollScatter 7
 
 #ifdef __cplusplus
 extern "C" {
@@ -539,6 +560,173 @@ const char *fcclGetErrorString(fcclResult_t result);
  * message is per thread, not per communicator). Valid until this thread's next failing call.
  */
 const char *fcclGetLastError(fcclComm_t comm);
+
+/**
+ * Gathers `sendcount` elements from every rank: rank p's `recvcounts[p]` elements land
+ * at `rdispls[p]` of `recvbuff` (arrays of nranks entries, in elements). Counts may be
+ * 0. If a rank's sendcount differs from what the others pass in recvcounts, every rank
+ * returns fcclCollectiveMismatch and no data moves. In place when
+ * `sendbuff == recvbuff + rdispls[rank]`.
+ */
+fcclResult_t fcclAllGatherV(const void *sendbuff,
+                            size_t sendcount,
+                            void *recvbuff,
+                            const size_t *recvcounts,
+                            const size_t *rdispls,
+                            fcclDataType_t datatype,
+                            fcclComm_t comm,
+                            fcclStream_t stream);
+
+/**
+ * Reduces across ranks; rank r receives `recvcounts[r]` elements reduced from
+ * `sendbuff + sdispls[r]` of every rank. Every rank passes the same recvcounts
+ * (else fcclCollectiveMismatch everywhere, no data moved); counts may be 0.
+ */
+fcclResult_t fcclReduceScatterV(const void *sendbuff,
+                                const size_t *recvcounts,
+                                const size_t *sdispls,
+                                void *recvbuff,
+                                fcclDataType_t datatype,
+                                fcclRedOp_t op,
+                                fcclComm_t comm,
+                                fcclStream_t stream);
+
+/**
+ * Gathers a row-major tensor of `shape` from every rank along `axis`: the result has
+ * shape[axis]*nranks along the axis, rank r's block at offset r*shape[axis]. Axis 0
+ * is a plain all_gather with no extra copy.
+ */
+fcclResult_t fcclAllGatherAxis(const void *sendbuff,
+                               void *recvbuff,
+                               int ndims,
+                               const size_t *shape,
+                               int axis,
+                               fcclDataType_t datatype,
+                               fcclComm_t comm,
+                               fcclStream_t stream);
+
+/**
+ * Reduces a row-major tensor of `shape` (the input's) across ranks; rank r gets block
+ * r along `axis` (shape[axis]/nranks wide; shape[axis] must divide by nranks).
+ */
+fcclResult_t fcclReduceScatterAxis(const void *sendbuff,
+                                   void *recvbuff,
+                                   int ndims,
+                                   const size_t *shape,
+                                   int axis,
+                                   fcclDataType_t datatype,
+                                   fcclRedOp_t op,
+                                   fcclComm_t comm,
+                                   fcclStream_t stream);
+
+/**
+ * All-reduces `nbuffers` buffers packed into buckets of at most `bucketBytes` (0 =
+ * 25 MiB): one all_reduce per bucket, results identical to one fcclAllReduce per
+ * buffer. A buffer larger than a bucket travels alone. In place when
+ * recvbuffs[i] == sendbuffs[i]. Inside a group, the buffers are queued one call each.
+ */
+fcclResult_t fcclAllReduceCoalesced(const void *const *sendbuffs,
+                                    void *const *recvbuffs,
+                                    const size_t *counts,
+                                    int nbuffers,
+                                    fcclDataType_t datatype,
+                                    fcclRedOp_t op,
+                                    size_t bucketBytes,
+                                    fcclComm_t comm,
+                                    fcclStream_t stream);
+
+/**
+ * Broadcasts `nbuffers` buffers from `root`, packed into buckets of at most
+ * `bucketBytes` (0 = 25 MiB), one broadcast per bucket.
+ */
+fcclResult_t fcclBroadcastCoalesced(void *const *buffs,
+                                    const size_t *counts,
+                                    int nbuffers,
+                                    fcclDataType_t datatype,
+                                    int root,
+                                    size_t bucketBytes,
+                                    fcclComm_t comm,
+                                    fcclStream_t stream);
+
+/**
+ * All-reduce whose partial results cross between ranks in `wireType` (e.g. float32
+ * data over a bfloat16 wire): each contribution is rounded to the wire type once,
+ * reduced in the data type, and the result rounded to the wire type once more, so
+ * for a sum |error| <= (nranks + 1) * u * sum_i |x_i| with u the wire type's unit
+ * roundoff (2^-8 bfloat16, 2^-11 float16). Every rank gets identical results.
+ * Data: float32 or float64; wire: a float type no wider than the data.
+ */
+fcclResult_t fcclAllReduceWire(const void *sendbuff,
+                               void *recvbuff,
+                               size_t count,
+                               fcclDataType_t datatype,
+                               fcclRedOp_t op,
+                               fcclDataType_t wireType,
+                               fcclComm_t comm,
+                               fcclStream_t stream);
+
+/**
+ * Copies `bytes` from `src` to each of the `ndst` buffers `dsts` (one process; device
+ * -1 = host memory, others need CUDA). Complete when it returns.
+ */
+fcclResult_t fcclLocalBroadcast(const void *src,
+                                int srcDevice,
+                                size_t bytes,
+                                void *const *dsts,
+                                const int *dstDevices,
+                                int ndst);
+
+/**
+ * Splits a row-major tensor of `shape` into `ndst` chunks along `dim` and copies chunk
+ * i, a contiguous tensor, to `dsts[i]`. `chunkSizes` (along dim) must add up to
+ * shape[dim]; NULL splits as evenly as possible (the first shape[dim] % ndst chunks
+ * get one more).
+ */
+fcclResult_t fcclLocalScatter(const void *src,
+                              int srcDevice,
+                              int ndims,
+                              const size_t *shape,
+                              int dim,
+                              fcclDataType_t datatype,
+                              const size_t *chunkSizes,
+                              void *const *dsts,
+                              const int *dstDevices,
+                              int ndst);
+
+/**
+ * Concatenates `nsrc` row-major tensors along `dim` into `dst`: source i has `shape`
+ * with shape[dim] replaced by dimSizes[i].
+ */
+fcclResult_t fcclLocalGather(const void *const *srcs,
+                             const int *srcDevices,
+                             const size_t *dimSizes,
+                             int nsrc,
+                             int ndims,
+                             const size_t *shape,
+                             int dim,
+                             fcclDataType_t datatype,
+                             void *dst,
+                             int dstDevice);
+
+/**
+ * Writes the number of elements a rank must allocate for the send and receive
+ * buffers of the NCCL-style call `coll` (a fcclCollective_t) with `count`.
+ */
+fcclResult_t fcclCollectiveCounts(int coll,
+                                  size_t count,
+                                  int nranks,
+                                  int rank,
+                                  int root,
+                                  size_t *sendcount,
+                                  size_t *recvcount);
+
+/**
+ * Writes the collective whose call computes `coll`'s gradient: AllGather <->
+ * ReduceScatter, Broadcast <-> Reduce, Gather <-> Scatter, AllReduce and AlltoAll to
+ * themselves.
+ */
+fcclResult_t fcclCollectiveAdjoint(int coll,
+                                   int *adjoint);
 
 /**
  * Allocates `size` bytes of CUDA device memory on the current device.

@@ -4,6 +4,8 @@
 //! against the communicator before any byte moves (NCCL's `ncclEnqueueCheck`
 //! idea); the backend then executes it.
 
+pub mod ext;
+
 use crate::error::{Error, Result};
 use crate::types::{DataType, RedOp};
 
@@ -22,6 +24,10 @@ pub enum CollKind {
     Send,
     Recv,
     Barrier,
+    /// Uneven all_gather: `v.recvcounts`/`v.rdispls` place each rank's `count` elements.
+    AllGatherV,
+    /// Uneven reduce_scatter: rank r gets `v.recvcounts[r]` elements reduced from `v.sdispls[r]`.
+    ReduceScatterV,
 }
 
 impl CollKind {
@@ -39,6 +45,8 @@ impl CollKind {
             CollKind::Send => "fcclSend",
             CollKind::Recv => "fcclRecv",
             CollKind::Barrier => "fcclBarrier",
+            CollKind::AllGatherV => "fcclAllGatherV",
+            CollKind::ReduceScatterV => "fcclReduceScatterV",
         }
     }
     fn has_root(self) -> bool {
@@ -73,6 +81,20 @@ pub struct Coll {
     /// Root, or the peer of a send/recv.
     pub root: usize,
     pub v: Option<Box<VCounts>>,
+    /// all_gather along an axis: each rank's buffer is `outer` blocks of `block`
+    /// elements, and rank p's block j lands at element (j * nranks + p) * block.
+    pub strided: Option<Strided>,
+    /// all_reduce whose partial results travel in this (narrower) type.
+    pub wire: Option<DataType>,
+    /// Memory the call owns (a packed copy of the input), freed with the call.
+    pub keep: Option<std::sync::Arc<[u8]>>,
+}
+
+/// Layout of an axis-aware all_gather (see [`Coll::strided`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Strided {
+    pub outer: usize,
+    pub block: usize,
 }
 
 // SAFETY: the pointers are only dereferenced by the rank's executing thread while
@@ -82,16 +104,19 @@ unsafe impl Send for Coll {}
 
 impl Coll {
     pub fn new(kind: CollKind, send: *const u8, recv: *mut u8, count: usize, dtype: DataType) -> Coll {
-        Coll { kind, send, recv, count, dtype, op: RedOp::Sum, root: 0, v: None }
+        Coll { kind, send, recv, count, dtype, op: RedOp::Sum, root: 0, v: None, strided: None, wire: None, keep: None }
     }
 
     /// True when the call moves no data (count 0), so it completes at once.
     pub fn is_noop(&self) -> bool {
         match self.kind {
             CollKind::Barrier => false,
-            CollKind::AlltoAllv => {
+            // Per-rank counts: a rank with nothing to send may still receive, and the
+            // counts must be agreed on, so only all-zero calls are no-ops.
+            CollKind::AlltoAllv | CollKind::AllGatherV => {
                 self.v.as_ref().is_some_and(|v| v.sendcounts.iter().chain(&v.recvcounts).all(|&c| c == 0))
             }
+            CollKind::ReduceScatterV => self.v.as_ref().is_some_and(|v| v.recvcounts.iter().all(|&c| c == 0)),
             _ => self.count == 0,
         }
     }
@@ -135,7 +160,8 @@ impl Coll {
             CollKind::Send => (self.count, 0),
             CollKind::Recv => (0, self.count),
             CollKind::Barrier => (0, 0),
-            CollKind::AlltoAllv => return self.validate_v(nranks),
+            CollKind::AlltoAllv | CollKind::AllGatherV => return self.validate_v(nranks),
+            CollKind::ReduceScatterV => return self.validate_rsv(rank, nranks),
         };
         let send_used = match k {
             CollKind::Broadcast | CollKind::Scatter => is_root,
@@ -156,6 +182,31 @@ impl Coll {
             check_buf(self.recv, rb, "recvbuff", self.count)?;
         }
         Ok(())
+    }
+
+    fn validate_rsv(&self, rank: usize, nranks: usize) -> Result<()> {
+        let v = self.v.as_ref().ok_or_else(|| Error::internal("reduce_scatter_v without counts"))?;
+        if v.recvcounts.len() != nranks || v.sdispls.len() != nranks {
+            return Err(Error::internal("reduce_scatter_v counts of the wrong length"));
+        }
+        let mut extent = 0usize;
+        for p in 0..nranks {
+            let end = v.sdispls[p].checked_add(v.recvcounts[p]).ok_or_else(|| {
+                Error::invalid_arg(format!(
+                    "sdispls[{p}] + recvcounts[{p}] = {} + {} overflows",
+                    v.sdispls[p], v.recvcounts[p]
+                ))
+            })?;
+            self.bytes(end, &format!("sdispls[{p}] + recvcounts[{p}]"))?;
+            if v.recvcounts[p] > 0 {
+                extent = extent.max(end);
+            }
+        }
+        if extent > 0 {
+            check_buf(self.send, self.bytes(extent, "send extent")?, "sendbuff", extent)?;
+        }
+        let mine = v.recvcounts[rank];
+        check_buf(self.recv, self.bytes(mine, "recvcounts[rank]")?, "recvbuff", mine)
     }
 
     fn mul(&self, a: usize, b: usize, what: &str) -> Result<usize> {

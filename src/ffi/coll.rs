@@ -2,6 +2,7 @@
 //! which the core validates and runs (or queues, inside a group).
 
 use super::boundary::call;
+use super::ext::array;
 use super::handle;
 use super::*;
 use crate::coll::{Coll, CollKind, VCounts};
@@ -10,18 +11,18 @@ use crate::error::{Error, Result};
 use crate::types::{DataType, RedOp};
 use std::os::raw::{c_int, c_void};
 
-fn dtype(v: fcclDataType_t) -> Result<DataType> {
+pub(super) fn dtype(v: fcclDataType_t) -> Result<DataType> {
     DataType::try_from(v).map_err(|v| {
         Error::invalid_arg(format!("datatype {v} is not a fcclDataType_t (valid: 0 fcclInt8 .. 11 fcclFloat8e5m2)"))
     })
 }
 
-fn redop(v: fcclRedOp_t) -> Result<RedOp> {
+pub(super) fn redop(v: fcclRedOp_t) -> Result<RedOp> {
     RedOp::try_from(v)
         .map_err(|v| Error::invalid_arg(format!("op {v} is not a fcclRedOp_t (valid: 0 fcclSum .. 4 fcclAvg)")))
 }
 
-fn rank_arg(v: c_int, what: &str, comm: &Comm) -> Result<usize> {
+pub(super) fn rank_arg(v: c_int, what: &str, comm: &Comm) -> Result<usize> {
     usize::try_from(v).ok().filter(|&r| r < comm.nranks).ok_or_else(|| {
         Error::invalid_arg(format!(
             "{what} {v} out of range for a communicator of {} ranks (valid: 0..{})",
@@ -32,7 +33,7 @@ fn rank_arg(v: c_int, what: &str, comm: &Comm) -> Result<usize> {
 }
 
 /// Validates the call and runs it, or queues it inside a group.
-fn submit(comm: fcclComm_t, make: impl FnOnce(&Comm) -> Result<Coll>) -> Result<()> {
+pub(super) fn submit(comm: fcclComm_t, make: impl FnOnce(&Comm) -> Result<Coll>) -> Result<()> {
     let c = handle::get(comm)?;
     let coll = make(&c)?;
     coll.validate(c.rank, c.nranks)?;
@@ -210,18 +211,6 @@ pub unsafe extern "C" fn fcclScatter(
             Ok(c)
         })
     })
-}
-
-/// Reads `n` entries of a C array of size_t.
-///
-/// # Safety
-/// `p` is NULL or valid for `n` reads.
-unsafe fn array(p: *const usize, n: usize, name: &str) -> Result<Vec<usize>> {
-    if p.is_null() {
-        return Err(Error::invalid_arg(format!("{name} is NULL; pass an array of nranks entries")));
-    }
-    // SAFETY: non-NULL and, by the API contract, nranks entries long.
-    Ok(unsafe { std::slice::from_raw_parts(p, n) }.to_vec())
 }
 
 /// Sends `sendcounts[p]` elements at `sdispls[p]` of `sendbuff` to rank p and receives

@@ -12,11 +12,13 @@
 pub mod boundary;
 pub mod coll;
 pub mod comm;
+pub mod ext;
 pub mod handle;
 pub mod mem;
 
 pub use coll::*;
 pub use comm::*;
+pub use ext::*;
 pub use mem::*;
 
 use std::os::raw::{c_char, c_int};

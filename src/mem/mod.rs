@@ -4,6 +4,7 @@
 //! kernels (`reduce`). Device memory arrives with CUDA support; until then every
 //! buffer is host memory and `fcclMemAlloc` reports that CUDA is unavailable.
 
+pub mod local;
 pub mod reduce;
 
 use crate::error::{Error, Result};

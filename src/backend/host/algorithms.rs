@@ -62,12 +62,18 @@ pub fn build(s: &mut Schedule<'_>, co: &Coll, rank: usize, n: usize, scratch: &m
     let recv = co.recv;
     let bytes = co.count * es;
     match co.kind {
+        CollKind::AllReduce if co.wire.is_some_and(|w| w != co.dtype) => allreduce_wire(s, co, rank, n, scratch),
         CollKind::AllReduce => {
             let chunks = |o: usize| part(co.count, n, o);
             reduce_phase(s, co, rank, n, scratch, &chunks, &|o| chunks(o).0, Dest::All)
         }
         CollKind::ReduceScatter => {
             let chunks = |o: usize| (o * co.count, co.count);
+            reduce_phase(s, co, rank, n, scratch, &chunks, &|_| 0, Dest::Keep)
+        }
+        CollKind::ReduceScatterV => {
+            let v = co.v.as_ref().ok_or_else(|| Error::internal("reduce_scatter_v without counts"))?;
+            let chunks = |o: usize| (v.sdispls[o], v.recvcounts[o]);
             reduce_phase(s, co, rank, n, scratch, &chunks, &|_| 0, Dest::Keep)
         }
         CollKind::Reduce => {
@@ -82,6 +88,31 @@ pub fn build(s: &mut Schedule<'_>, co: &Coll, rank: usize, n: usize, scratch: &m
                 }
             } else {
                 s.recv(co.root, bytes, Sink::Copy(recv), &[]);
+            }
+            Ok(())
+        }
+        CollKind::AllGather if co.strided.is_some() => {
+            let st = co.strided.expect("checked");
+            let (block, stride) = (st.block * es, n * st.block * es);
+            // SAFETY (offsets below): recvbuff holds n*bytes (validated), laid out as
+            // `outer` rows of n blocks.
+            let (src, dst) = (P(send), P(unsafe { recv.add(rank * block) }));
+            s.local(
+                move || {
+                    let (src, dst) = (src, dst);
+                    for j in 0..st.outer {
+                        // SAFETY: row j of the source and of the destination are in bounds.
+                        unsafe { std::ptr::copy(src.0.add(j * block), dst.0.add(j * stride), block) };
+                    }
+                    Ok(())
+                },
+                &[],
+            );
+            for p in (0..n).filter(|&p| p != rank) {
+                s.send(p, send, bytes, &[]);
+            }
+            for p in (0..n).filter(|&p| p != rank) {
+                s.recv(p, bytes, Sink::Strided { dst: unsafe { recv.add(p * block) }, block, stride }, &[]);
             }
             Ok(())
         }
@@ -134,7 +165,7 @@ pub fn build(s: &mut Schedule<'_>, co: &Coll, rank: usize, n: usize, scratch: &m
             }
             Ok(())
         }
-        CollKind::AlltoAllv => {
+        CollKind::AlltoAllv | CollKind::AllGatherV => {
             let v = co.v.as_ref().ok_or_else(|| Error::internal("all_to_allv without counts"))?;
             let mine_s = unsafe { send.add(v.sdispls[rank] * es) };
             let mine_r = unsafe { recv.add(v.rdispls[rank] * es) };
@@ -253,6 +284,25 @@ fn reduce_phase(
     } else {
         [std::ptr::null_mut(); 2]
     };
+    // Floating-point sums and products depend on the order of the operands: reduce
+    // in rank order, so results do not depend on how elements are split among owners
+    // (a coalesced call matches per-buffer calls bit for bit). Integer ops and
+    // max/min are exact in any order: start with my own data, one pass fewer.
+    let is_float = narrow || matches!(dtype, DataType::Float32 | DataType::Float64);
+    let order: Vec<usize> = if is_float && matches!(op, RedOp::Sum | RedOp::Prod | RedOp::Avg) {
+        (0..n).collect()
+    } else {
+        (0..n).map(|j| (rank + j) % n).collect()
+    };
+    // SAFETY: offsets within validated buffers (only compared, never dereferenced here).
+    let chunk_in_place = result_in_recv
+        && !needs_scratch_acc
+        && std::ptr::eq(unsafe { send.add(my_off * es) }, unsafe { recv.add(res_off(rank) * es) });
+    let save_slots: [*mut u8; 2] = if order[0] != rank && chunk_in_place {
+        [scratch.alloc(seg_elems * es), scratch.alloc(seg_elems * es)]
+    } else {
+        [std::ptr::null_mut(); 2]
+    };
     let mut slot_free: [Option<usize>; 2] = [None, None];
     for (k, (a, m)) in segments(my_len, dtype).enumerate() {
         let slot = k % 2;
@@ -261,18 +311,67 @@ fn reduce_phase(
         let res = if result_in_recv { unsafe { recv.add((res_off(rank) + a) * es) } } else { out_slots[slot] };
         let acc = if needs_scratch_acc { acc_slots[slot] } else { res };
         let mut prev: Vec<usize> = slot_free[slot].into_iter().collect();
-        for j in 1..n {
-            let peer = (rank + j) % n;
-            let sink = if j > 1 {
-                Sink::Reduce { acc, dtype, op }
-            } else if std::ptr::eq(acc, own) {
-                // In place: my contribution already sits in the accumulator.
-                Sink::Reduce { acc, dtype, op }
+        // In place, my contribution sits where the accumulator starts; if it is not
+        // first in the order it is saved before the accumulator overwrites it.
+        let in_place = std::ptr::eq(acc, own);
+        let mut own = own;
+        if in_place && order[0] != rank {
+            let (src, dst) = (P(own as *mut u8), P(save_slots[slot]));
+            prev = vec![s.local(
+                move || {
+                    let (src, dst) = (src, dst);
+                    // SAFETY: m elements of my chunk and of the save slot.
+                    unsafe { std::ptr::copy_nonoverlapping(src.0, dst.0, m * es) };
+                    Ok(())
+                },
+                &prev,
+            )];
+            own = save_slots[slot];
+        }
+        let mut started = false;
+        let mut i = 0;
+        while i < n {
+            let c = order[i];
+            let step = if c == rank {
+                if !started && in_place {
+                    // Already in the accumulator: nothing to do.
+                    i += 1;
+                    started = true;
+                    continue;
+                } else if !started && i + 1 < n {
+                    // Fuse "take mine" with the next contribution.
+                    i += 1;
+                    s.recv(order[i], m * es, Sink::ReduceInit { acc, other: own, dtype, op }, &prev)
+                } else {
+                    let (accp, ownp, first) = (P(acc), P(own as *mut u8), !started);
+                    s.local(
+                        move || {
+                            let (accp, ownp) = (accp, ownp);
+                            // SAFETY: m accumulators and m of my elements, exclusive to this step.
+                            let (accs, mine) = unsafe {
+                                (
+                                    std::slice::from_raw_parts_mut(accp.0, m * acs),
+                                    std::slice::from_raw_parts(ownp.0, m * es),
+                                )
+                            };
+                            if first {
+                                reduce::acc_init(dtype, accs, mine);
+                            } else {
+                                reduce::acc_reduce(dtype, op, accs, mine);
+                            }
+                            Ok(())
+                        },
+                        &prev,
+                    )
+                }
+            } else if !started {
+                s.recv(c, m * es, Sink::Init { acc, dtype }, &prev)
             } else {
-                Sink::ReduceInit { acc, other: own, dtype, op }
+                s.recv(c, m * es, Sink::Reduce { acc, dtype, op }, &prev)
             };
-            let id = s.recv(peer, m * es, sink, &prev);
-            prev = vec![id];
+            started = true;
+            prev = vec![step];
+            i += 1;
         }
         // Round (narrow types) or divide (avg) once all contributions are in.
         let ready = if narrow {
@@ -337,8 +436,205 @@ fn reduce_phase(
     Ok(())
 }
 
-/// For every all_to_allv call: exchange counts with each peer, then let every rank
-/// know who found a mismatch, so all ranks fail together without moving data.
+/// all_reduce whose data crosses the transport in `co.wire`, a narrower float type:
+/// each contribution is rounded to the wire type once, the owner accumulates in the
+/// data type (float32 or float64), and the reduced result is rounded to the wire
+/// type once more for the trip back. Every rank, the owner included, takes the
+/// wire-rounded result, so all ranks end with identical values.
+fn allreduce_wire(s: &mut Schedule<'_>, co: &Coll, rank: usize, n: usize, scratch: &mut Scratch) -> Result<()> {
+    let (dt, wire, op) = (co.dtype, co.wire.expect("wire type set"), co.op);
+    let (es, ws) = (dt.size(), wire.size());
+    let send = co.send as *mut u8;
+    let recv = co.recv;
+    if n == 1 {
+        // One rank: nothing travels, but the result still goes through the wire type
+        // so that it does not depend on the number of ranks.
+        let (src, dst) = (P(send), P(recv));
+        let count = co.count;
+        s.local(
+            move || {
+                let (src, dst) = (src, dst);
+                let mut tmp = vec![0u8; count * ws];
+                // SAFETY: both buffers hold count elements (validated); tmp is separate.
+                let (a, b) = unsafe {
+                    (std::slice::from_raw_parts(src.0, count * es), std::slice::from_raw_parts_mut(dst.0, count * es))
+                };
+                reduce::convert(dt, a, wire, &mut tmp);
+                reduce::convert(wire, &tmp, dt, b);
+                Ok(())
+            },
+            &[],
+        );
+        return Ok(());
+    }
+    // Whole-message wire buffers: outgoing contributions, and results in wire form.
+    let out_wire = scratch.alloc(co.count * ws);
+    let res_wire = scratch.alloc(co.count * ws);
+    let (out_w, res_w) = (P(out_wire), P(res_wire));
+    // 1. Contributions to the other owners, rounded to the wire type.
+    for o in (0..n).filter(|&o| o != rank) {
+        let (off, len) = part(co.count, n, o);
+        for (a, m) in segments(len, wire) {
+            let (srcp, outp) = (P(send), out_w);
+            let first = off + a;
+            let conv = s.local(
+                move || {
+                    let (srcp, outp) = (srcp, outp);
+                    // SAFETY: in bounds of sendbuff and of the wire scratch.
+                    let (x, y) = unsafe {
+                        (
+                            std::slice::from_raw_parts(srcp.0.add(first * es), m * es),
+                            std::slice::from_raw_parts_mut(outp.0.add(first * ws), m * ws),
+                        )
+                    };
+                    reduce::convert(dt, x, wire, y);
+                    Ok(())
+                },
+                &[],
+            );
+            // SAFETY: in bounds of the wire scratch.
+            s.send(o, unsafe { out_wire.add(first * ws) }, m * ws, &[conv]);
+        }
+    }
+    // 2. My chunk: accumulate in the data type, round once to the wire type.
+    let (my_off, my_len) = part(co.count, n, rank);
+    let acc = scratch.alloc(my_len * es);
+    let accp = P(acc);
+    for (a, m) in segments(my_len, wire) {
+        let first = my_off + a;
+        let srcp = P(send);
+        let init = s.local(
+            move || {
+                let (srcp, accp) = (srcp, accp);
+                // SAFETY: in bounds of sendbuff and of the accumulator.
+                unsafe { std::ptr::copy_nonoverlapping(srcp.0.add(first * es), accp.0.add(a * es), m * es) };
+                Ok(())
+            },
+            &[],
+        );
+        let mut prev = init;
+        for j in 1..n {
+            let peer = (rank + j) % n;
+            // SAFETY: in bounds of the accumulator.
+            let sink = Sink::ReduceConv { acc: unsafe { acc.add(a * es) }, acc_type: dt, wire, op };
+            prev = s.recv(peer, m * ws, sink, &[prev]);
+        }
+        let (resp, recvp) = (res_w, P(recv));
+        let ready = s.local(
+            move || {
+                let (accp, resp, recvp) = (accp, resp, recvp);
+                // SAFETY: in bounds of the accumulator, the wire results and recvbuff.
+                let (accs, w, out) = unsafe {
+                    (
+                        std::slice::from_raw_parts_mut(accp.0.add(a * es), m * es),
+                        std::slice::from_raw_parts_mut(resp.0.add(first * ws), m * ws),
+                        std::slice::from_raw_parts_mut(recvp.0.add(first * es), m * es),
+                    )
+                };
+                reduce::finish_inplace(dt, op, n, accs);
+                reduce::convert(dt, accs, wire, w);
+                reduce::convert(wire, w, dt, out);
+                Ok(())
+            },
+            &[prev],
+        );
+        for p in (0..n).filter(|&p| p != rank) {
+            // SAFETY: in bounds of the wire results.
+            s.send(p, unsafe { res_wire.add(first * ws) }, m * ws, &[ready]);
+        }
+    }
+    // 3. The other owners' results, widened back to the data type.
+    for o in (0..n).filter(|&o| o != rank) {
+        let (off, len) = part(co.count, n, o);
+        for (a, m) in segments(len, wire) {
+            let first = off + a;
+            // SAFETY: in bounds of the wire results.
+            let got = s.recv(o, m * ws, Sink::Copy(unsafe { res_wire.add(first * ws) }), &[]);
+            let (resp, recvp) = (res_w, P(recv));
+            s.local(
+                move || {
+                    let (resp, recvp) = (resp, recvp);
+                    // SAFETY: in bounds of the wire results and recvbuff.
+                    let (w, out) = unsafe {
+                        (
+                            std::slice::from_raw_parts(resp.0.add(first * ws), m * ws),
+                            std::slice::from_raw_parts_mut(recvp.0.add(first * es), m * es),
+                        )
+                    };
+                    reduce::convert(wire, w, dt, out);
+                    Ok(())
+                },
+                &[got],
+            );
+        }
+    }
+    Ok(())
+}
+
+/// The two numbers a rank tells peer `p` about a call with per-rank counts, so that
+/// both sides can check each other: (what I send you, what I expect from you).
+/// reduce_scatter_v's counts must be identical everywhere, so it sends a digest of
+/// the whole array both ways.
+fn pair_values(co: &Coll, p: usize) -> (u64, u64) {
+    let v = co.v.as_ref().expect("v-call has counts");
+    match co.kind {
+        CollKind::ReduceScatterV => {
+            let h = v
+                .recvcounts
+                .iter()
+                .fold(0xcbf2_9ce4_8422_2325u64, |h, &c| (h ^ c as u64).wrapping_mul(0x100_0000_01b3).rotate_left(7));
+            (h, h)
+        }
+        _ => (v.sendcounts[p] as u64, v.recvcounts[p] as u64),
+    }
+}
+
+/// Describes a disagreement between this rank `me` and `p` for a v-call.
+fn describe_pair(co: &Coll, me: usize, p: usize, mine: (u64, u64), theirs: (u64, u64)) -> Option<String> {
+    let v = co.v.as_ref().expect("v-call has counts");
+    match co.kind {
+        CollKind::ReduceScatterV => (mine.0 != theirs.0).then(|| {
+            format!(
+                "rank {me} and rank {p} passed different recvcounts arrays (rank {me}: {:?}); every rank must pass the same recvcounts",
+                &v.recvcounts[..v.recvcounts.len().min(16)]
+            )
+        }),
+        CollKind::AllGatherV => {
+            if mine.0 != theirs.1 {
+                Some(format!(
+                    "rank {me} sends sendcount = {} elements, but rank {p} expects recvcounts[{me}] = {}",
+                    mine.0, theirs.1
+                ))
+            } else if theirs.0 != mine.1 {
+                Some(format!(
+                    "rank {p} sends sendcount = {} elements, but rank {me} expects recvcounts[{p}] = {}",
+                    theirs.0, mine.1
+                ))
+            } else {
+                None
+            }
+        }
+        _ => {
+            if mine.0 != theirs.1 {
+                Some(format!(
+                    "rank {me} sends sendcounts[{p}] = {} elements to rank {p}, but rank {p} expects recvcounts[{me}] = {}",
+                    mine.0, theirs.1
+                ))
+            } else if theirs.0 != mine.1 {
+                Some(format!(
+                    "rank {p} sends sendcounts[{me}] = {} elements to rank {me}, but rank {me} expects recvcounts[{p}] = {}",
+                    theirs.0, mine.1
+                ))
+            } else {
+                None
+            }
+        }
+    }
+}
+
+/// For every call with per-rank counts (all_to_allv, all_gather_v,
+/// reduce_scatter_v): exchange counts with each peer, then let every rank know who
+/// found a mismatch, so all ranks fail together without moving data.
 /// Returns (seq, error if the call must fail) per call.
 pub fn alltoallv_agree(
     t: &mut Transport,
@@ -348,15 +644,17 @@ pub fn alltoallv_agree(
     let (me, n) = (t.rank, t.nranks);
     let nc = calls.len();
     let mut scratch = Scratch::default();
-    // counts[p] = [for each call: peer p's (sendcount to me, recvcount from me)].
-    let mut mine_out: Vec<Vec<u64>> = vec![Vec::new(); n];
-    for (p, out) in mine_out.iter_mut().enumerate() {
-        for c in calls {
-            let v = c.coll.v.as_ref().expect("all_to_allv has counts");
-            out.push(v.sendcounts[p] as u64);
-            out.push(v.recvcounts[p] as u64);
-        }
-    }
+    let mine_out: Vec<Vec<u64>> = (0..n)
+        .map(|p| {
+            calls
+                .iter()
+                .flat_map(|c| {
+                    let (a, b) = pair_values(&c.coll, p);
+                    [a, b]
+                })
+                .collect()
+        })
+        .collect();
     let inbox: Vec<*mut u8> = (0..n).map(|_| scratch.alloc(nc * 16)).collect();
     let mut s = Schedule::new(calls[0].seq as u32);
     for p in (0..n).filter(|&p| p != me) {
@@ -376,25 +674,16 @@ pub fn alltoallv_agree(
     // My findings per call: first mismatch description.
     let mut found: Vec<Option<String>> = vec![None; nc];
     for (ci, c) in calls.iter().enumerate() {
-        let v = c.coll.v.as_ref().unwrap();
         for p in (0..n).filter(|&p| p != me) {
-            let (peer_sends, peer_expects) = (read(p, ci * 2), read(p, ci * 2 + 1));
-            if v.sendcounts[p] as u64 != peer_expects {
-                found[ci].get_or_insert(format!(
-                    "rank {me} sends sendcounts[{p}] = {} elements to rank {p}, but rank {p} expects recvcounts[{me}] = {peer_expects}",
-                    v.sendcounts[p]
-                ));
-            }
-            if peer_sends != v.recvcounts[p] as u64 {
-                found[ci].get_or_insert(format!(
-                    "rank {p} sends sendcounts[{me}] = {peer_sends} elements to rank {me}, but rank {me} expects recvcounts[{p}] = {}",
-                    v.recvcounts[p]
-                ));
+            let theirs = (read(p, ci * 2), read(p, ci * 2 + 1));
+            if let Some(d) = describe_pair(&c.coll, me, p, pair_values(&c.coll, p), theirs) {
+                found[ci].get_or_insert(d);
             }
         }
-        if v.sendcounts[me] != v.recvcounts[me] {
+        let v = c.coll.v.as_ref().unwrap();
+        if matches!(c.coll.kind, CollKind::AlltoAllv | CollKind::AllGatherV) && v.sendcounts[me] != v.recvcounts[me] {
             found[ci].get_or_insert(format!(
-                "rank {me} sends sendcounts[{me}] = {} elements to itself but expects recvcounts[{me}] = {}",
+                "rank {me} sends {} elements to itself but expects recvcounts[{me}] = {}",
                 v.sendcounts[me], v.recvcounts[me]
             ));
         }
@@ -429,11 +718,11 @@ pub fn alltoallv_agree(
                 .collect();
             let err = match (&found[ci], reporters.is_empty()) {
                 (_, true) => None,
-                (Some(d), false) => Some(Error::mismatch(format!(
-                    "{d}; no data was moved, the communicator is still usable"
-                ))),
+                (Some(d), false) => {
+                    Some(Error::mismatch(format!("{d}; no data was moved, the communicator is still usable")))
+                }
                 (None, false) => Some(Error::mismatch(format!(
-                    "ranks {} found mismatched send/receive counts with their peers (see their errors); no data was moved, the communicator is still usable",
+                    "ranks {} found mismatched counts with their peers (see their errors); no data was moved, the communicator is still usable",
                     reporters.join(", ")
                 ))),
             };

@@ -39,6 +39,13 @@ pub enum Sink {
     Reduce { acc: *mut u8, dtype: DataType, op: RedOp },
     /// `acc = widen(other) op widen(incoming)`; `acc` must not overlap `other`.
     ReduceInit { acc: *mut u8, other: *const u8, dtype: DataType, op: RedOp },
+    /// `acc = widen(incoming)`: the first contribution of a reduction.
+    Init { acc: *mut u8, dtype: DataType },
+    /// Copy blocks of `block` bytes to `dst`, `stride` bytes apart (axis-aware gather).
+    Strided { dst: *mut u8, block: usize, stride: usize },
+    /// Incoming elements of type `wire` are widened to `acc_type` and reduced into
+    /// `acc` (all_reduce over a narrower wire type).
+    ReduceConv { acc: *mut u8, acc_type: DataType, wire: DataType, op: RedOp },
     /// Read and drop (used to skip a payload nobody wants).
     Discard,
 }
@@ -71,6 +78,36 @@ impl Sink {
                     )
                 };
                 reduce::acc_init2(dtype, op, acc, other, data);
+            }
+            Sink::Init { acc, dtype } => {
+                let (es, acs) = (dtype.size(), dtype.acc_size());
+                // SAFETY: acc has acc_size() bytes per element of the message.
+                let acc = unsafe { std::slice::from_raw_parts_mut(acc.add(off / es * acs), data.len() / es * acs) };
+                reduce::acc_init(dtype, acc, data);
+            }
+            Sink::Strided { dst, block, stride } => {
+                let (mut off, mut data) = (off, data);
+                while !data.is_empty() {
+                    let (blk, within) = (off / block, off % block);
+                    let take = (block - within).min(data.len());
+                    // SAFETY: dst covers every block of the message at its stride.
+                    unsafe { std::ptr::copy_nonoverlapping(data.as_ptr(), dst.add(blk * stride + within), take) };
+                    off += take;
+                    data = &data[take..];
+                }
+            }
+            Sink::ReduceConv { acc, acc_type, wire, op } => {
+                const PIECE: usize = 2048;
+                let (ws, acs) = (wire.size(), acc_type.size());
+                let mut tmp = [0u8; PIECE * 8];
+                for (i, piece) in data.chunks(PIECE * ws).enumerate() {
+                    let m = piece.len() / ws;
+                    let first = off / ws + i * PIECE;
+                    reduce::convert(wire, piece, acc_type, &mut tmp[..m * acs]);
+                    // SAFETY: acc holds acc_type elements for the whole message.
+                    let accs = unsafe { std::slice::from_raw_parts_mut(acc.add(first * acs), m * acs) };
+                    reduce::reduce_inplace(acc_type, op, accs, &tmp[..m * acs]);
+                }
             }
             Sink::Discard => {}
         }

@@ -44,13 +44,15 @@ pub fn execute(
     let mut scratch = algorithms::Scratch::default();
     let mut errors: Vec<Error> = Vec::new();
 
-    // all_to_allv first agrees on counts: a mismatch fails every rank, moves no data.
-    let vcalls: Vec<&Call> = calls.iter().filter(|c| c.coll.kind == CollKind::AlltoAllv).collect();
+    // Calls with per-rank counts first agree on them: a mismatch fails every rank
+    // and moves no data.
+    let is_v = |k: CollKind| matches!(k, CollKind::AlltoAllv | CollKind::AllGatherV | CollKind::ReduceScatterV);
+    let vcalls: Vec<&Call> = calls.iter().filter(|c| is_v(c.coll.kind) && !c.coll.is_noop()).collect();
     let mut skip = vec![false; calls.len()];
     if !vcalls.is_empty() {
         let verdicts = algorithms::alltoallv_agree(t, &vcalls, &ctl)?;
         for (i, c) in calls.iter().enumerate() {
-            if c.coll.kind == CollKind::AlltoAllv {
+            if is_v(c.coll.kind) {
                 if let Some(Some(e)) = verdicts.iter().find(|(s, _)| *s == c.seq).map(|(_, e)| e.clone()) {
                     errors.push(e);
                     skip[i] = true;

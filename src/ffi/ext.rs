@@ -1,0 +1,475 @@
+//! Extensions beyond NCCL (ABI.md's last section): uneven, axis-aware, coalesced,
+//! narrow-wire and local collectives, and planning helpers.
+
+use super::boundary::{call, write_out};
+use super::coll::{dtype, rank_arg, redop, submit};
+use super::handle;
+use super::*;
+use crate::coll::ext::{self as cx, AxisLayout, Coalesced};
+use crate::coll::{Coll, CollKind, VCounts};
+use crate::error::{Error, Result};
+use crate::mem::local;
+use crate::types::DataType;
+use std::os::raw::{c_int, c_void};
+
+/// The planning helpers' collective ids.
+pub type fcclCollective_t = c_int;
+pub const fcclCollAllReduce: fcclCollective_t = 0;
+pub const fcclCollBroadcast: fcclCollective_t = 1;
+pub const fcclCollReduce: fcclCollective_t = 2;
+pub const fcclCollAllGather: fcclCollective_t = 3;
+pub const fcclCollReduceScatter: fcclCollective_t = 4;
+pub const fcclCollAlltoAll: fcclCollective_t = 5;
+pub const fcclCollGather: fcclCollective_t = 6;
+pub const fcclCollScatter: fcclCollective_t = 7;
+
+/// Reads `n` entries of a C array; NULL is refused with the array's name.
+///
+/// # Safety
+/// `p` is NULL or valid for `n` reads.
+pub(super) unsafe fn array<T: Copy>(p: *const T, n: usize, name: &str) -> Result<Vec<T>> {
+    if n == 0 {
+        return Ok(Vec::new());
+    }
+    if p.is_null() {
+        return Err(Error::invalid_arg(format!("{name} is NULL; pass an array of {n} entries")));
+    }
+    // SAFETY: non-NULL and, by the API contract, n entries long.
+    Ok(unsafe { std::slice::from_raw_parts(p, n) }.to_vec())
+}
+
+fn count_arg(v: c_int, what: &str) -> Result<usize> {
+    usize::try_from(v).map_err(|_| Error::invalid_arg(format!("{what} is {v}; it cannot be negative")))
+}
+
+/// Gathers `sendcount` elements from every rank: rank p's `recvcounts[p]` elements land
+/// at `rdispls[p]` of `recvbuff` (arrays of nranks entries, in elements). Counts may be
+/// 0. If a rank's sendcount differs from what the others pass in recvcounts, every rank
+/// returns fcclCollectiveMismatch and no data moves. In place when
+/// `sendbuff == recvbuff + rdispls[rank]`.
+#[no_mangle]
+pub unsafe extern "C" fn fcclAllGatherV(
+    sendbuff: *const c_void,
+    sendcount: usize,
+    recvbuff: *mut c_void,
+    recvcounts: *const usize,
+    rdispls: *const usize,
+    datatype: fcclDataType_t,
+    comm: fcclComm_t,
+    stream: fcclStream_t,
+) -> fcclResult_t {
+    let _ = stream;
+    call("fcclAllGatherV", || {
+        submit(comm, |cm| {
+            let n = cm.nranks;
+            // SAFETY: arrays are NULL (refused) or nranks long (API contract).
+            let (recvcounts, rdispls) = unsafe { (array(recvcounts, n, "recvcounts")?, array(rdispls, n, "rdispls")?) };
+            let mut c = Coll::new(CollKind::AllGatherV, sendbuff as _, recvbuff as _, sendcount, dtype(datatype)?);
+            c.v = Some(Box::new(VCounts { sendcounts: vec![sendcount; n], sdispls: vec![0; n], recvcounts, rdispls }));
+            Ok(c)
+        })
+    })
+}
+
+/// Reduces across ranks; rank r receives `recvcounts[r]` elements reduced from
+/// `sendbuff + sdispls[r]` of every rank. Every rank passes the same recvcounts
+/// (else fcclCollectiveMismatch everywhere, no data moved); counts may be 0.
+#[no_mangle]
+pub unsafe extern "C" fn fcclReduceScatterV(
+    sendbuff: *const c_void,
+    recvcounts: *const usize,
+    sdispls: *const usize,
+    recvbuff: *mut c_void,
+    datatype: fcclDataType_t,
+    op: fcclRedOp_t,
+    comm: fcclComm_t,
+    stream: fcclStream_t,
+) -> fcclResult_t {
+    let _ = stream;
+    call("fcclReduceScatterV", || {
+        submit(comm, |cm| {
+            let n = cm.nranks;
+            // SAFETY: arrays are NULL (refused) or nranks long (API contract).
+            let (recvcounts, sdispls) = unsafe { (array(recvcounts, n, "recvcounts")?, array(sdispls, n, "sdispls")?) };
+            let mine = recvcounts[cm.rank];
+            let mut c = Coll::new(CollKind::ReduceScatterV, sendbuff as _, recvbuff as _, mine, dtype(datatype)?);
+            c.op = redop(op)?;
+            c.v = Some(Box::new(VCounts { sendcounts: Vec::new(), sdispls, recvcounts, rdispls: Vec::new() }));
+            Ok(c)
+        })
+    })
+}
+
+/// Reads a shape of `ndims` dimensions and splits it around `axis`.
+///
+/// # Safety
+/// `shape` is NULL or valid for `ndims` reads.
+unsafe fn layout(ndims: c_int, shape: *const usize, axis: c_int, dt: DataType) -> Result<AxisLayout> {
+    if ndims <= 0 {
+        return Err(Error::invalid_arg(format!("ndims is {ndims}; a tensor has at least one dimension")));
+    }
+    // SAFETY: forwarded contract.
+    let shape = unsafe { array(shape, ndims as usize, "shape") }?;
+    cx::axis_layout(&shape, axis, dt)
+}
+
+/// Gathers a row-major tensor of `shape` from every rank along `axis`: the result has
+/// shape[axis]*nranks along the axis, rank r's block at offset r*shape[axis]. Axis 0
+/// is a plain all_gather with no extra copy.
+#[no_mangle]
+pub unsafe extern "C" fn fcclAllGatherAxis(
+    sendbuff: *const c_void,
+    recvbuff: *mut c_void,
+    ndims: c_int,
+    shape: *const usize,
+    axis: c_int,
+    datatype: fcclDataType_t,
+    comm: fcclComm_t,
+    stream: fcclStream_t,
+) -> fcclResult_t {
+    let _ = stream;
+    call("fcclAllGatherAxis", || {
+        submit(comm, |_| {
+            let dt = dtype(datatype)?;
+            // SAFETY: shape is NULL (refused) or ndims long (API contract).
+            let l = unsafe { layout(ndims, shape, axis, dt) }?;
+            Ok(cx::all_gather_axis(sendbuff as _, recvbuff as _, l, dt))
+        })
+    })
+}
+
+/// Reduces a row-major tensor of `shape` (the input's) across ranks; rank r gets block
+/// r along `axis` (shape[axis]/nranks wide; shape[axis] must divide by nranks).
+#[no_mangle]
+pub unsafe extern "C" fn fcclReduceScatterAxis(
+    sendbuff: *const c_void,
+    recvbuff: *mut c_void,
+    ndims: c_int,
+    shape: *const usize,
+    axis: c_int,
+    datatype: fcclDataType_t,
+    op: fcclRedOp_t,
+    comm: fcclComm_t,
+    stream: fcclStream_t,
+) -> fcclResult_t {
+    let _ = stream;
+    call("fcclReduceScatterAxis", || {
+        submit(comm, |cm| {
+            let dt = dtype(datatype)?;
+            let op = redop(op)?;
+            // SAFETY: shape is NULL (refused) or ndims long (API contract).
+            let l = unsafe { layout(ndims, shape, axis, dt) }?;
+            if l.total() > 0 && sendbuff.is_null() {
+                return Err(Error::invalid_arg("sendbuff is NULL for a non-empty tensor"));
+            }
+            cx::reduce_scatter_axis(sendbuff as _, recvbuff as _, l, dt, op, cm.nranks)
+        })
+    })
+}
+
+/// All-reduces `nbuffers` buffers packed into buckets of at most `bucketBytes` (0 =
+/// 25 MiB): one all_reduce per bucket, results identical to one fcclAllReduce per
+/// buffer. A buffer larger than a bucket travels alone. In place when
+/// recvbuffs[i] == sendbuffs[i]. Inside a group, the buffers are queued one call each.
+#[no_mangle]
+pub unsafe extern "C" fn fcclAllReduceCoalesced(
+    sendbuffs: *const *const c_void,
+    recvbuffs: *const *mut c_void,
+    counts: *const usize,
+    nbuffers: c_int,
+    datatype: fcclDataType_t,
+    op: fcclRedOp_t,
+    bucketBytes: usize,
+    comm: fcclComm_t,
+    stream: fcclStream_t,
+) -> fcclResult_t {
+    let _ = stream;
+    call("fcclAllReduceCoalesced", || {
+        let c = handle::get(comm)?;
+        let nb = count_arg(nbuffers, "nbuffers")?;
+        let (dt, op) = (dtype(datatype)?, redop(op)?);
+        // SAFETY: arrays are NULL (refused) or nbuffers long (API contract).
+        let (sends, recvs, counts) = unsafe {
+            (
+                array(sendbuffs as *const *const u8, nb, "sendbuffs")?,
+                array(recvbuffs as *const *mut u8, nb, "recvbuffs")?,
+                array(counts, nb, "counts")?,
+            )
+        };
+        cx::all_reduce_coalesced(
+            &c,
+            &Coalesced { sends: &sends, recvs: &recvs, counts: &counts, dtype: dt },
+            op,
+            bucketBytes,
+        )
+    })
+}
+
+/// Broadcasts `nbuffers` buffers from `root`, packed into buckets of at most
+/// `bucketBytes` (0 = 25 MiB), one broadcast per bucket.
+#[no_mangle]
+pub unsafe extern "C" fn fcclBroadcastCoalesced(
+    buffs: *const *mut c_void,
+    counts: *const usize,
+    nbuffers: c_int,
+    datatype: fcclDataType_t,
+    root: c_int,
+    bucketBytes: usize,
+    comm: fcclComm_t,
+    stream: fcclStream_t,
+) -> fcclResult_t {
+    let _ = stream;
+    call("fcclBroadcastCoalesced", || {
+        let c = handle::get(comm)?;
+        let nb = count_arg(nbuffers, "nbuffers")?;
+        let dt = dtype(datatype)?;
+        let root = rank_arg(root, "root", &c)?;
+        // SAFETY: arrays are NULL (refused) or nbuffers long (API contract).
+        let (bufs, counts) = unsafe { (array(buffs as *const *mut u8, nb, "buffs")?, array(counts, nb, "counts")?) };
+        let sends: Vec<*const u8> = bufs.iter().map(|&p| p as *const u8).collect();
+        cx::broadcast_coalesced(
+            &c,
+            &Coalesced { sends: &sends, recvs: &bufs, counts: &counts, dtype: dt },
+            root,
+            bucketBytes,
+        )
+    })
+}
+
+/// All-reduce whose partial results cross between ranks in `wireType` (e.g. float32
+/// data over a bfloat16 wire): each contribution is rounded to the wire type once,
+/// reduced in the data type, and the result rounded to the wire type once more, so
+/// for a sum |error| <= (nranks + 1) * u * sum_i |x_i| with u the wire type's unit
+/// roundoff (2^-8 bfloat16, 2^-11 float16). Every rank gets identical results.
+/// Data: float32 or float64; wire: a float type no wider than the data.
+#[no_mangle]
+pub unsafe extern "C" fn fcclAllReduceWire(
+    sendbuff: *const c_void,
+    recvbuff: *mut c_void,
+    count: usize,
+    datatype: fcclDataType_t,
+    op: fcclRedOp_t,
+    wireType: fcclDataType_t,
+    comm: fcclComm_t,
+    stream: fcclStream_t,
+) -> fcclResult_t {
+    let _ = stream;
+    call("fcclAllReduceWire", || {
+        submit(comm, |_| {
+            let (dt, wire) = (dtype(datatype)?, dtype(wireType)?);
+            if !matches!(dt, DataType::Float32 | DataType::Float64) {
+                return Err(Error::invalid_arg(format!(
+                    "datatype {dt} is not supported: the wire-type all_reduce takes fcclFloat32 or fcclFloat64 data"
+                )));
+            }
+            let wire_is_float = wire.is_narrow_float() || matches!(wire, DataType::Float32 | DataType::Float64);
+            if !wire_is_float || wire.size() > dt.size() {
+                return Err(Error::invalid_arg(format!(
+                    "wireType {wire} must be a floating-point type no wider than the data ({dt})"
+                )));
+            }
+            let mut c = Coll::new(CollKind::AllReduce, sendbuff as _, recvbuff as _, count, dt);
+            c.op = redop(op)?;
+            c.wire = (wire != dt).then_some(wire);
+            Ok(c)
+        })
+    })
+}
+
+/// Copies `bytes` from `src` to each of the `ndst` buffers `dsts` (one process; device
+/// -1 = host memory, others need CUDA). Complete when it returns.
+#[no_mangle]
+pub unsafe extern "C" fn fcclLocalBroadcast(
+    src: *const c_void,
+    srcDevice: c_int,
+    bytes: usize,
+    dsts: *const *mut c_void,
+    dstDevices: *const c_int,
+    ndst: c_int,
+) -> fcclResult_t {
+    call("fcclLocalBroadcast", || {
+        let n = count_arg(ndst, "ndst")?;
+        // SAFETY: arrays are NULL (refused) or ndst long (API contract).
+        let (dsts, devs) = unsafe { (array(dsts as *const *mut u8, n, "dsts")?, array(dstDevices, n, "dstDevices")?) };
+        local::check_devices(&[srcDevice], "srcDevice")?;
+        local::check_devices(&devs, "dstDevices")?;
+        if bytes == 0 {
+            return Ok(());
+        }
+        if src.is_null() {
+            return Err(Error::invalid_arg(format!("src is NULL with bytes = {bytes}")));
+        }
+        if let Some(i) = dsts.iter().position(|p| p.is_null()) {
+            return Err(Error::invalid_arg(format!("dsts[{i}] is NULL with bytes = {bytes}")));
+        }
+        for d in dsts {
+            // SAFETY: src and every dst hold `bytes` bytes (API contract); copy tolerates overlap.
+            unsafe { std::ptr::copy(src as *const u8, d, bytes) };
+        }
+        Ok(())
+    })
+}
+
+/// Splits a row-major tensor of `shape` into `ndst` chunks along `dim` and copies chunk
+/// i, a contiguous tensor, to `dsts[i]`. `chunkSizes` (along dim) must add up to
+/// shape[dim]; NULL splits as evenly as possible (the first shape[dim] % ndst chunks
+/// get one more).
+#[no_mangle]
+pub unsafe extern "C" fn fcclLocalScatter(
+    src: *const c_void,
+    srcDevice: c_int,
+    ndims: c_int,
+    shape: *const usize,
+    dim: c_int,
+    datatype: fcclDataType_t,
+    chunkSizes: *const usize,
+    dsts: *const *mut c_void,
+    dstDevices: *const c_int,
+    ndst: c_int,
+) -> fcclResult_t {
+    call("fcclLocalScatter", || {
+        let dt = dtype(datatype)?;
+        let n = count_arg(ndst, "ndst")?;
+        if n == 0 {
+            return Err(Error::invalid_arg("ndst is 0; scatter to at least one buffer"));
+        }
+        // SAFETY: arrays are NULL (refused where required) or of the stated lengths.
+        let (l, dsts, devs) = unsafe {
+            (
+                layout(ndims, shape, dim, dt)?,
+                array(dsts as *const *mut u8, n, "dsts")?,
+                array(dstDevices, n, "dstDevices")?,
+            )
+        };
+        let given = if chunkSizes.is_null() { None } else { Some(unsafe { array(chunkSizes, n, "chunkSizes")? }) };
+        let sizes = local::chunk_sizes(l.along, n, given.as_deref())?;
+        local::check_devices(&[srcDevice], "srcDevice")?;
+        local::check_devices(&devs, "dstDevices")?;
+        if l.total() > 0 && src.is_null() {
+            return Err(Error::invalid_arg("src is NULL for a non-empty tensor"));
+        }
+        let mut start = 0;
+        for (i, &len) in sizes.iter().enumerate() {
+            if len > 0 && l.outer * l.inner > 0 {
+                if dsts[i].is_null() {
+                    return Err(Error::invalid_arg(format!("dsts[{i}] is NULL for a non-empty chunk")));
+                }
+                // SAFETY: src holds the tensor, dsts[i] the chunk (API contract).
+                unsafe { local::copy_chunk(src as *mut u8, dsts[i], l, dt.size(), start, len, false) };
+            }
+            start += len;
+        }
+        Ok(())
+    })
+}
+
+/// Concatenates `nsrc` row-major tensors along `dim` into `dst`: source i has `shape`
+/// with shape[dim] replaced by dimSizes[i].
+#[no_mangle]
+pub unsafe extern "C" fn fcclLocalGather(
+    srcs: *const *const c_void,
+    srcDevices: *const c_int,
+    dimSizes: *const usize,
+    nsrc: c_int,
+    ndims: c_int,
+    shape: *const usize,
+    dim: c_int,
+    datatype: fcclDataType_t,
+    dst: *mut c_void,
+    dstDevice: c_int,
+) -> fcclResult_t {
+    call("fcclLocalGather", || {
+        let dt = dtype(datatype)?;
+        let n = count_arg(nsrc, "nsrc")?;
+        if ndims <= 0 {
+            return Err(Error::invalid_arg(format!("ndims is {ndims}; a tensor has at least one dimension")));
+        }
+        // SAFETY: arrays are NULL (refused) or of the stated lengths (API contract).
+        let (mut dims, srcs, devs, sizes) = unsafe {
+            (
+                array(shape, ndims as usize, "shape")?,
+                array(srcs as *const *const u8, n, "srcs")?,
+                array(srcDevices, n, "srcDevices")?,
+                array(dimSizes, n, "dimSizes")?,
+            )
+        };
+        let d = usize::try_from(dim)
+            .ok()
+            .filter(|&d| d < dims.len())
+            .ok_or_else(|| Error::invalid_arg(format!("dim {dim} out of range for a tensor of {ndims} dimensions")))?;
+        dims[d] = sizes
+            .iter()
+            .try_fold(0usize, |a, &c| a.checked_add(c))
+            .ok_or_else(|| Error::invalid_arg("dimSizes add up to more than size_t"))?;
+        let l = cx::axis_layout(&dims, dim, dt)?;
+        local::check_devices(&devs, "srcDevices")?;
+        local::check_devices(&[dstDevice], "dstDevice")?;
+        if l.total() > 0 && dst.is_null() {
+            return Err(Error::invalid_arg("dst is NULL for a non-empty result"));
+        }
+        let mut start = 0;
+        for (i, &len) in sizes.iter().enumerate() {
+            if len > 0 && l.outer * l.inner > 0 {
+                if srcs[i].is_null() {
+                    return Err(Error::invalid_arg(format!("srcs[{i}] is NULL with dimSizes[{i}] = {len}")));
+                }
+                // SAFETY: dst holds the result, srcs[i] its chunk (API contract).
+                unsafe { local::copy_chunk(dst as *mut u8, srcs[i] as *mut u8, l, dt.size(), start, len, true) };
+            }
+            start += len;
+        }
+        Ok(())
+    })
+}
+
+/// Writes the number of elements a rank must allocate for the send and receive
+/// buffers of the NCCL-style call `coll` (a fcclCollective_t) with `count`.
+#[no_mangle]
+pub unsafe extern "C" fn fcclCollectiveCounts(
+    coll: c_int,
+    count: usize,
+    nranks: c_int,
+    rank: c_int,
+    root: c_int,
+    sendcount: *mut usize,
+    recvcount: *mut usize,
+) -> fcclResult_t {
+    call("fcclCollectiveCounts", || {
+        if sendcount.is_null() || recvcount.is_null() {
+            return Err(Error::invalid_arg("sendcount and recvcount must not be NULL"));
+        }
+        if nranks <= 0 {
+            return Err(Error::invalid_arg(format!("nranks is {nranks}; it must be at least 1")));
+        }
+        let check = |v: c_int, what: &str| {
+            usize::try_from(v)
+                .ok()
+                .filter(|&r| r < nranks as usize)
+                .ok_or_else(|| Error::invalid_arg(format!("{what} {v} out of range for {nranks} ranks")))
+        };
+        let (rank, root) = (check(rank, "rank")?, check(root, "root")?);
+        let (s, r) = cx::collective_counts(coll, count, nranks as usize, rank, root)?;
+        // SAFETY: both checked non-NULL.
+        unsafe {
+            write_out(sendcount, s);
+            write_out(recvcount, r);
+        }
+        Ok(())
+    })
+}
+
+/// Writes the collective whose call computes `coll`'s gradient: AllGather <->
+/// ReduceScatter, Broadcast <-> Reduce, Gather <-> Scatter, AllReduce and AlltoAll to
+/// themselves.
+#[no_mangle]
+pub unsafe extern "C" fn fcclCollectiveAdjoint(coll: c_int, adjoint: *mut c_int) -> fcclResult_t {
+    call("fcclCollectiveAdjoint", || {
+        if adjoint.is_null() {
+            return Err(Error::invalid_arg("adjoint is NULL; pass a pointer to receive the result"));
+        }
+        let a = cx::collective_adjoint(coll)?;
+        // SAFETY: checked non-NULL.
+        unsafe { write_out(adjoint, a) };
+        Ok(())
+    })
+}
