@@ -60,7 +60,10 @@ pub fn all_gather_axis(send: *const u8, recv: *mut u8, l: AxisLayout, dtype: Dat
 /// The reduce_scatter that gives rank r block r along `axis` of the reduced tensor.
 /// Axis 0 is a plain reduce_scatter; otherwise the input is first packed rank-major
 /// (one copy of the input, owned by the call) so each rank's share is contiguous.
-pub fn reduce_scatter_axis(
+///
+/// # Safety
+/// `send` is NULL or holds the whole tensor of layout `l`.
+pub unsafe fn reduce_scatter_axis(
     send: *const u8,
     recv: *mut u8,
     l: AxisLayout,

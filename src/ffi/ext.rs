@@ -162,7 +162,8 @@ pub unsafe extern "C" fn fcclReduceScatterAxis(
             if l.total() > 0 && sendbuff.is_null() {
                 return Err(Error::invalid_arg("sendbuff is NULL for a non-empty tensor"));
             }
-            cx::reduce_scatter_axis(sendbuff as _, recvbuff as _, l, dt, op, cm.nranks)
+            // SAFETY: sendbuff holds the tensor (API contract; NULL refused above).
+            unsafe { cx::reduce_scatter_axis(sendbuff as _, recvbuff as _, l, dt, op, cm.nranks) }
         })
     })
 }
