@@ -91,7 +91,7 @@ fn exported_functions_reject_random_arguments_without_crashing() {
     const SMALL: u64 = 64;
     let mut buf_a = vec![0u8; (SMALL as usize) * 8 * 2];
     let mut buf_b = vec![0u8; (SMALL as usize) * 8 * 2];
-    let counts = vec![1usize; 4];
+    let counts = [1usize; 4];
     let mut rng = Rng(0xdead_beef_cafe_f00d);
     let valid = |r: i32| [fcclSuccess, fcclInvalidArgument, fcclInvalidUsage, fcclCollectiveMismatch].contains(&r);
     for it in 0..iters(20_000) {
