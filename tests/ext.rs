@@ -36,7 +36,7 @@ fn all_gather_axis_1_of_two_2x3_tensors_gives_2x6_rows() {
     let comms = init_all(2);
     let a = [0.0f32, 1., 2., 10., 11., 12.]; // rows [a0 a1 a2], [a10 a11 a12]
     let b = [100.0f32, 101., 102., 110., 111., 112.];
-    let mut out = vec![[0.0f32; 12]; 2];
+    let mut out = [[0.0f32; 12]; 2];
     let shape = [2usize, 3];
     ck(group(2, |r| unsafe {
         let src = if r == 0 { a.as_ptr() } else { b.as_ptr() };
@@ -53,7 +53,7 @@ fn reduce_scatter_axis_gives_each_rank_its_block_along_the_axis() {
     let comms = init_all(n);
     // Shape 3x4, axis 1: rank r gets columns 2r..2r+2 of the sum.
     let inputs: Vec<Vec<f64>> = (0..n).map(|r| (0..12).map(|i| (i * 10 + r) as f64).collect()).collect();
-    let mut out = vec![[0.0f64; 6]; n];
+    let mut out = [[0.0f64; 6]; 2];
     let shape = [3usize, 4];
     ck(group(n, |r| unsafe {
         fcclReduceScatterAxis(
@@ -85,7 +85,7 @@ fn all_gather_v_with_uneven_counts_and_a_mismatch() {
     let counts = [2usize, 0, 3];
     let displs = [0usize, 4, 6];
     let sends: Vec<Vec<i32>> = (0..n).map(|r| (0..counts[r]).map(|i| (r * 100 + i) as i32).collect()).collect();
-    let mut out = vec![[-1i32; 9]; n];
+    let mut out = [[-1i32; 9]; 3];
     ck(group(n, |r| unsafe {
         fcclAllGatherV(
             sends[r].as_ptr() as _,
