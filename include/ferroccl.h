@@ -11,6 +11,18 @@
 
 #include <stddef.h>
 #include <stdint.h>
+/** Initialiser for fcclConfig_t: every field at its default. */
+#define FCCL_CONFIG_INITIALIZER {                                        \
+    sizeof(fcclConfig_t),            /* size */                         \
+    FCCL_CONFIG_MAGIC,               /* magic */                        \
+    FCCL_CONFIG_VERSION,             /* version */                      \
+    FCCL_CONFIG_UNDEF_INT,           /* blocking */                     \
+    FCCL_CONFIG_UNDEF_INT,           /* timeoutMs */                    \
+    FCCL_CONFIG_UNDEF_INT,           /* backend */                      \
+    NULL,                            /* commName */                     \
+    FCCL_CONFIG_UNDEF_INT            /* checkMode */                    \
+}
+
 
 /**
  * Colour for fcclCommSplit: this rank joins no new communicator (newcomm becomes NULL).
@@ -754,15 +766,3 @@ fcclResult_t fcclMemFree(void *ptr);
 #endif  // __cplusplus
 
 #endif  /* FERROCCL_H */
-
-/** Initialiser for fcclConfig_t: every field at its default. */
-#define FCCL_CONFIG_INITIALIZER {                                        \
-    sizeof(fcclConfig_t),            /* size */                         \
-    FCCL_CONFIG_MAGIC,               /* magic */                        \
-    FCCL_CONFIG_VERSION,             /* version */                      \
-    FCCL_CONFIG_UNDEF_INT,           /* blocking */                     \
-    FCCL_CONFIG_UNDEF_INT,           /* timeoutMs */                    \
-    FCCL_CONFIG_UNDEF_INT,           /* backend */                      \
-    NULL,                            /* commName */                     \
-    FCCL_CONFIG_UNDEF_INT            /* checkMode */                    \
-}

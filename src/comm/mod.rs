@@ -148,10 +148,14 @@ impl Comm {
     pub fn run(&self, colls: Vec<Coll>) -> Result<()> {
         let mut st = self.state.lock().unwrap_or_else(|p| p.into_inner());
         self.usable(&st)?;
+        // Only collectives take a sequence number: a send/recv involves two ranks, so
+        // counting it would put the others out of step.
         let calls: Vec<Call> = colls
             .into_iter()
             .map(|coll| {
-                st.seq += 1;
+                if !matches!(coll.kind, crate::coll::CollKind::Send | crate::coll::CollKind::Recv) {
+                    st.seq += 1;
+                }
                 Call { coll, seq: st.seq }
             })
             .collect();

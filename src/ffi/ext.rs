@@ -129,10 +129,21 @@ pub unsafe extern "C" fn fcclAllGatherAxis(
 ) -> fcclResult_t {
     let _ = stream;
     call("fcclAllGatherAxis", || {
-        submit(comm, |_| {
+        submit(comm, |cm| {
             let dt = dtype(datatype)?;
             // SAFETY: shape is NULL (refused) or ndims long (API contract).
             let l = unsafe { layout(ndims, shape, axis, dt) }?;
+            // The result is nranks times larger along the axis: name the axis if that overflows.
+            l.total()
+                .checked_mul(cm.nranks)
+                .and_then(|t| t.checked_mul(dt.size()))
+                .filter(|&b| b <= isize::MAX as usize)
+                .ok_or_else(|| {
+                    Error::invalid_arg(format!(
+                        "shape[{axis}] = {} gathered from {} ranks makes the result's byte size overflow",
+                        l.along, cm.nranks
+                    ))
+                })?;
             Ok(cx::all_gather_axis(sendbuff as _, recvbuff as _, l, dt))
         })
     })
@@ -349,12 +360,14 @@ pub unsafe extern "C" fn fcclLocalScatter(
         if l.total() > 0 && src.is_null() {
             return Err(Error::invalid_arg("src is NULL for a non-empty tensor"));
         }
+        // Check every destination before writing any.
+        let nonempty = |len: usize| len > 0 && l.outer * l.inner > 0;
+        if let Some(i) = (0..n).find(|&i| nonempty(sizes[i]) && dsts[i].is_null()) {
+            return Err(Error::invalid_arg(format!("dsts[{i}] is NULL for a non-empty chunk")));
+        }
         let mut start = 0;
         for (i, &len) in sizes.iter().enumerate() {
-            if len > 0 && l.outer * l.inner > 0 {
-                if dsts[i].is_null() {
-                    return Err(Error::invalid_arg(format!("dsts[{i}] is NULL for a non-empty chunk")));
-                }
+            if nonempty(len) {
                 // SAFETY: src holds the tensor, dsts[i] the chunk (API contract).
                 unsafe { local::copy_chunk(src as *mut u8, dsts[i], l, dt.size(), start, len, false) };
             }
@@ -408,12 +421,14 @@ pub unsafe extern "C" fn fcclLocalGather(
         if l.total() > 0 && dst.is_null() {
             return Err(Error::invalid_arg("dst is NULL for a non-empty result"));
         }
+        // Check every source before writing anything.
+        let nonempty = |len: usize| len > 0 && l.outer * l.inner > 0;
+        if let Some(i) = (0..n).find(|&i| nonempty(sizes[i]) && srcs[i].is_null()) {
+            return Err(Error::invalid_arg(format!("srcs[{i}] is NULL with dimSizes[{i}] = {}", sizes[i])));
+        }
         let mut start = 0;
         for (i, &len) in sizes.iter().enumerate() {
-            if len > 0 && l.outer * l.inner > 0 {
-                if srcs[i].is_null() {
-                    return Err(Error::invalid_arg(format!("srcs[{i}] is NULL with dimSizes[{i}] = {len}")));
-                }
+            if nonempty(len) {
                 // SAFETY: dst holds the result, srcs[i] its chunk (API contract).
                 unsafe { local::copy_chunk(dst as *mut u8, srcs[i] as *mut u8, l, dt.size(), start, len, true) };
             }

@@ -50,11 +50,21 @@ pub trait Link: Send {
     fn shutdown(&mut self) {}
 }
 
+/// A message header read from a peer's stream but not yet handed to a step: it
+/// may arrive in two pieces (the ring wraps inside it) and it may belong to a later
+/// call, so it outlives one engine run.
+#[derive(Default, Clone, Copy)]
+pub struct PendingHeader {
+    pub bytes: [u8; 16],
+    pub got: usize,
+}
+
 /// All links of one rank of one communicator.
 pub struct Transport {
     pub rank: usize,
     pub nranks: usize,
     links: Vec<Option<Box<dyn Link>>>,
+    pending: Vec<PendingHeader>,
     /// This rank's segment when any peer is reached through shared memory.
     my_seg: Option<Arc<Segment>>,
 }
@@ -62,12 +72,17 @@ pub struct Transport {
 impl Transport {
     pub fn new(rank: usize, nranks: usize, links: Vec<Option<Box<dyn Link>>>, my_seg: Option<Arc<Segment>>) -> Self {
         debug_assert_eq!(links.len(), nranks);
-        Transport { rank, nranks, links, my_seg }
+        Transport { rank, nranks, links, my_seg, pending: vec![PendingHeader::default(); nranks] }
     }
 
     /// The link to `peer` (never self).
     pub fn link(&mut self, peer: usize) -> &mut dyn Link {
         self.links[peer].as_deref_mut().expect("no link to self")
+    }
+
+    /// The link to `peer` and the header pending from it.
+    pub fn link_and_header(&mut self, peer: usize) -> (&mut dyn Link, &mut PendingHeader) {
+        (self.links[peer].as_deref_mut().expect("no link to self"), &mut self.pending[peer])
     }
 
     /// TCP progress on every link; true when anything moved.

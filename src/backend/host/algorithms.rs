@@ -129,17 +129,42 @@ pub fn build(s: &mut Schedule<'_>, co: &Coll, rank: usize, n: usize, scratch: &m
             Ok(())
         }
         CollKind::AlltoAll => {
-            let in_place = send == recv;
-            // SAFETY: both buffers hold n*bytes (validated).
-            copy_local(s, unsafe { send.add(rank * bytes) }, unsafe { recv.add(rank * bytes) }, bytes);
-            let mut sent = vec![usize::MAX; n];
+            // In place, block p may only be overwritten once it has been sent, and a
+            // block larger than the ring cannot be sent before the peer receives:
+            // send from a copy of the input instead.
+            let (send, deps) = if send == recv {
+                let copy = scratch.alloc(n * bytes);
+                let (from, to) = (P(send), P(copy));
+                let total = n * bytes;
+                let id = s.local(
+                    move || {
+                        let (from, to) = (from, to);
+                        // SAFETY: recvbuff holds n*bytes (validated); the copy is fresh scratch.
+                        unsafe { std::ptr::copy_nonoverlapping(from.0, to.0, total) };
+                        Ok(())
+                    },
+                    &[],
+                );
+                (copy, vec![id])
+            } else {
+                (send, Vec::new())
+            };
+            // SAFETY (offsets below): both buffers hold n*bytes (validated).
+            let (from, to) = (P(unsafe { send.add(rank * bytes) }), P(unsafe { recv.add(rank * bytes) }));
+            s.local(
+                move || {
+                    let (from, to) = (from, to);
+                    // SAFETY: distinct blocks of bytes each (the input copy when in place).
+                    unsafe { std::ptr::copy(from.0, to.0, bytes) };
+                    Ok(())
+                },
+                &deps,
+            );
             for p in (0..n).filter(|&p| p != rank) {
-                sent[p] = s.send(p, unsafe { send.add(p * bytes) }, bytes, &[]);
+                s.send(p, unsafe { send.add(p * bytes) }, bytes, &deps);
             }
             for p in (0..n).filter(|&p| p != rank) {
-                // In place, block p may be overwritten only once it has been sent.
-                let deps: &[usize] = if in_place { std::slice::from_ref(&sent[p]) } else { &[] };
-                s.recv(p, bytes, Sink::Copy(unsafe { recv.add(p * bytes) }), deps);
+                s.recv(p, bytes, Sink::Copy(unsafe { recv.add(p * bytes) }), &deps);
             }
             Ok(())
         }

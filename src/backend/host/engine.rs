@@ -339,7 +339,7 @@ pub fn run(t: &mut Transport, sched: &mut Schedule<'_>, ctl: &RunCtl<'_>) -> Res
                 "{}: timed out after {} ms; {}",
                 ctl.what,
                 ctl.timeout.as_millis(),
-                describe_waiting(t.rank, &peers, &done)
+                describe_waiting(t.rank, &peers, sched, &done)
             )));
         }
         if now - last_peer_check > Duration::from_millis(100) {
@@ -355,7 +355,7 @@ pub fn run(t: &mut Transport, sched: &mut Schedule<'_>, ctl: &RunCtl<'_>) -> Res
     }
 }
 
-fn describe_waiting(me: usize, peers: &[Peer], done: &[bool]) -> String {
+fn describe_waiting(me: usize, peers: &[Peer], sched: &Schedule<'_>, done: &[bool]) -> String {
     let mut from = Vec::new();
     let mut to = Vec::new();
     for (p, st) in peers.iter().enumerate() {
@@ -386,6 +386,35 @@ fn describe_waiting(me: usize, peers: &[Peer], done: &[bool]) -> String {
     }
     if s.is_empty() {
         s = "waiting on local steps".into();
+    }
+    if crate::log::enabled(crate::log::Level::Trace) {
+        for (p, st) in peers.iter().enumerate().filter(|(p, _)| *p != me) {
+            s += &format!(
+                "\n  peer {p}: receiving {}, next receives {:?}, sending {}, next sends {:?}",
+                st.cur_rx.as_ref().map_or("nothing".to_string(), |r| format!("{}/{} bytes", r.read, r.len)),
+                st.data_rq
+                    .iter()
+                    .take(3)
+                    .map(|&i| (
+                        i,
+                        sched.steps[i].tag,
+                        sched.steps[i].deps.clone(),
+                        sched.steps[i].deps.iter().all(|&d| done[d])
+                    ))
+                    .collect::<Vec<_>>(),
+                st.cur_tx.as_ref().map_or("nothing".to_string(), |t| format!(
+                    "{}/{} bytes (kind {})",
+                    t.written,
+                    t.payload + HDR,
+                    t.kind
+                )),
+                st.send_q
+                    .iter()
+                    .take(3)
+                    .map(|&i| (i, sched.steps[i].tag, sched.steps[i].deps.clone()))
+                    .collect::<Vec<_>>(),
+            );
+        }
     }
     s
 }
@@ -427,33 +456,33 @@ fn pump_tx(
         let link = t.link(p);
         let tx = st.cur_tx.as_mut().expect("set above");
         let payload = tx.payload;
-        if tx.written < HDR {
-            let space = link.send_space();
-            if space.len() < HDR {
-                break;
-            }
-            space[0] = tx.kind;
-            space[1..4].fill(0);
-            space[4..8].copy_from_slice(&tx.tag.to_le_bytes());
-            space[8..16].copy_from_slice(&(tx.announce as u64).to_le_bytes());
-            link.send_commit(HDR);
-            tx.written = HDR;
-            progressed = true;
-        }
-        // Payload, padded to 8 bytes.
+        let mut hdr = [0u8; HDR];
+        hdr[0] = tx.kind;
+        hdr[4..8].copy_from_slice(&tx.tag.to_le_bytes());
+        hdr[8..16].copy_from_slice(&(tx.announce as u64).to_le_bytes());
+        // Header and payload (padded to 8 bytes) are one stream of bytes: the ring
+        // may wrap anywhere in either, including inside the header.
         let total = HDR + pad8(payload);
         while tx.written < total {
             let space = link.send_space();
             if space.is_empty() {
                 break;
             }
-            let off = tx.written - HDR;
             let n = space.len().min(total - tx.written);
-            let data_n = n.min(payload.saturating_sub(off));
-            // SAFETY: src is valid for `payload` bytes (the caller's buffer or
-            // scratch, kept alive and unmodified until this step is done).
-            unsafe { std::ptr::copy_nonoverlapping(tx.src.add(off), space.as_mut_ptr(), data_n) };
-            space[data_n..n].fill(0);
+            let mut filled = 0;
+            if tx.written < HDR {
+                let k = (HDR - tx.written).min(n);
+                space[..k].copy_from_slice(&hdr[tx.written..tx.written + k]);
+                filled = k;
+            }
+            if filled < n {
+                let off = tx.written + filled - HDR;
+                let data_n = (n - filled).min(payload.saturating_sub(off));
+                // SAFETY: src is valid for `payload` bytes (the caller's buffer or
+                // scratch, kept alive and unmodified until this step is done).
+                unsafe { std::ptr::copy_nonoverlapping(tx.src.add(off), space[filled..].as_mut_ptr(), data_n) };
+                space[filled + data_n..n].fill(0);
+            }
             link.send_commit(n);
             tx.written += n;
             progressed = true;
@@ -485,14 +514,26 @@ fn pump_rx(
     let mut progressed = false;
     loop {
         if st.cur_rx.is_none() {
-            let link = t.link(p);
-            let avail = link.recv_avail();
-            if avail.len() < HDR {
+            let (link, hdr) = t.link_and_header(p);
+            // The header may straddle the ring's wrap point: gather it first. It
+            // stays pending (across runs) until the step it is for can take it.
+            while hdr.got < HDR {
+                let avail = link.recv_avail();
+                if avail.is_empty() {
+                    break;
+                }
+                let k = avail.len().min(HDR - hdr.got);
+                hdr.bytes[hdr.got..hdr.got + k].copy_from_slice(&avail[..k]);
+                link.recv_commit(k);
+                hdr.got += k;
+                progressed = true;
+            }
+            if hdr.got < HDR {
                 break;
             }
-            let kind = avail[0];
-            let tag = u32::from_le_bytes(avail[4..8].try_into().unwrap());
-            let len = u64::from_le_bytes(avail[8..16].try_into().unwrap()) as usize;
+            let kind = hdr.bytes[0];
+            let tag = u32::from_le_bytes(hdr.bytes[4..8].try_into().unwrap());
+            let len = u64::from_le_bytes(hdr.bytes[8..16].try_into().unwrap()) as usize;
             match kind {
                 K_DATA => {
                     let Some(&i) = st.data_rq.front() else { break };
@@ -509,13 +550,13 @@ fn pump_rx(
                         )));
                     }
                     st.data_rq.pop_front();
-                    link.recv_commit(HDR);
+                    hdr.got = 0;
                     st.cur_rx = Some(Rx { step: Some(i), len, sink, read: 0 });
                 }
                 K_P2P_HDR => {
                     let Some(&i) = st.p2p_rq.front() else { break };
                     st.p2p_rq.pop_front();
-                    link.recv_commit(HDR);
+                    hdr.got = 0;
                     let Action::P2pRecv { len: want, ref what, .. } = sched.steps[i].action else { unreachable!() };
                     // Reply with our count: both sides then know whether the payload comes.
                     st.urgent.push_back(Tx::control(K_P2P_REPLY, tag, want));
@@ -541,7 +582,7 @@ fn pump_rx(
                     let Some(i) = st.awaiting_reply.pop_front() else {
                         return Err(Error::internal(format!("{}: unexpected reply from rank {p}", ctl.what)));
                     };
-                    link.recv_commit(HDR);
+                    hdr.got = 0;
                     let Action::P2pSend { src, len: mine, ref what, .. } = sched.steps[i].action else {
                         unreachable!()
                     };
@@ -574,7 +615,7 @@ fn pump_rx(
                             ctl.what
                         )));
                     }
-                    link.recv_commit(HDR);
+                    hdr.got = 0;
                     st.cur_rx = Some(Rx { step: Some(i), len, sink: Sink::Copy(dst), read: 0 });
                 }
                 k => {
