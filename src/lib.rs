@@ -14,6 +14,7 @@ pub mod comm;
 pub mod env;
 pub mod error;
 pub mod ffi;
+pub mod launch;
 pub mod log;
 pub mod mem;
 pub mod transport;

@@ -1,0 +1,480 @@
+//! Command line of ferroccl-bench: nccl-tests' flags plus our own.
+
+use crate::coll::Collective;
+use crate::data::Ty;
+use std::ffi::OsString;
+use std::path::PathBuf;
+
+/// Reduction operator named on the command line.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Op {
+    Sum,
+    Prod,
+    Max,
+    Min,
+    Avg,
+}
+
+impl Op {
+    pub const ALL: [Op; 5] = [Op::Sum, Op::Prod, Op::Max, Op::Min, Op::Avg];
+    pub fn name(self) -> &'static str {
+        match self {
+            Op::Sum => "sum",
+            Op::Prod => "prod",
+            Op::Max => "max",
+            Op::Min => "min",
+            Op::Avg => "avg",
+        }
+    }
+    /// The fcclRedOp_t value.
+    pub fn c_value(self) -> ferroccl::ffi::fcclRedOp_t {
+        use ferroccl::ffi::*;
+        match self {
+            Op::Sum => fcclSum,
+            Op::Prod => fcclProd,
+            Op::Max => fcclMax,
+            Op::Min => fcclMin,
+            Op::Avg => fcclAvg,
+        }
+    }
+}
+
+/// Where the buffers live.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Mem {
+    Host,
+    Cuda,
+}
+
+impl Mem {
+    pub fn name(self) -> &'static str {
+        match self {
+            Mem::Host => "host",
+            Mem::Cuda => "cuda",
+        }
+    }
+}
+
+/// How ranks' times are combined (`-a`), nccl-tests' numbering.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Average {
+    Rank0 = 0,
+    Avg = 1,
+    Min = 2,
+    Max = 3,
+}
+
+impl Average {
+    pub fn name(self) -> &'static str {
+        match self {
+            Average::Rank0 => "rank0",
+            Average::Avg => "avg",
+            Average::Min => "min",
+            Average::Max => "max",
+        }
+    }
+}
+
+/// Default sweep; see the help text for why these values.
+pub const DEFAULT_MIN_BYTES: u64 = 8;
+pub const DEFAULT_MAX_BYTES: u64 = 64 << 20;
+pub const DEFAULT_FACTOR: u64 = 2;
+pub const DEFAULT_ITERS: usize = 20;
+pub const DEFAULT_WARMUP: usize = 5;
+pub const DEFAULT_MAX_TIME: f64 = 0.25;
+
+/// Everything the command line sets.
+#[derive(Clone, Debug)]
+pub struct Opts {
+    pub colls: Vec<Collective>,
+    pub min_bytes: u64,
+    pub max_bytes: u64,
+    /// Multiply by this between sizes (> 1), or 0 to add `step_bytes`.
+    pub step_factor: u64,
+    pub step_bytes: u64,
+    pub iters: usize,
+    pub warmup: usize,
+    pub check: usize,
+    pub ty: Ty,
+    pub op: Op,
+    pub root: i64,
+    pub average: Average,
+    pub nranks: Option<usize>,
+    pub mem: Mem,
+    pub json: Option<PathBuf>,
+    pub csv: Option<PathBuf>,
+    pub plot: Option<PathBuf>,
+    /// Seconds per size and placement that the warmups and timed iterations may take
+    /// (iterations are reduced to fit, never below 1); 0 = always exactly -n and -w.
+    pub max_time: f64,
+    /// Move the buffers along the allocation between iterations, as nccl-tests does.
+    pub rotate: bool,
+    /// The command line without `--nranks N`, for the ranks it starts.
+    pub child_args: Vec<OsString>,
+}
+
+pub enum Parsed {
+    Run(Box<Opts>),
+    Help,
+}
+
+pub fn usage() -> String {
+    let colls: Vec<&str> = Collective::ALL.iter().map(|c| c.name()).collect();
+    let types: Vec<&str> = Ty::ALL.iter().map(|t| t.name()).collect();
+    format!(
+        "usage: ferroccl-bench [COLLECTIVE...] [options]
+
+Measures ferroccl's collectives over a sweep of message sizes, nccl-tests style,
+calling the library through its C functions. Only rank 0 prints the table.
+
+Collectives (default all_reduce): {colls}, all
+
+Sweep (nccl-tests' flags; sizes take the suffixes K, M, G = 2^10, 2^20, 2^30):
+  -b, --minbytes SIZE      smallest size (default {dmin})
+  -e, --maxbytes SIZE      largest size (default {dmax})
+  -f, --stepfactor F       multiply the size by F between steps (default {dfac})
+  -i, --stepbytes SIZE     add SIZE between steps instead (used when -f is 1)
+  -n, --iters N            timed iterations per size (default {dit}; see --max-time)
+  -w, --warmup_iters N     untimed warmup iterations per size (default {dw}; see --max-time)
+  -c, --check N            check iterations per size, each on fresh inputs, outside the
+                           timed loop (default 1; 0 = no check, #wrong prints N/A)
+  -d, --datatype TYPE      {types} (default float)
+  -o, --op OP              sum, prod, max, min, avg (default sum)
+  -r, --root R             root of broadcast, reduce, gather, scatter (default 0)
+  -a, --average 0|1|2|3    how ranks' times combine: 0 rank 0, 1 average, 2 min, 3 max
+                           (default 1, as nccl-tests)
+
+Ranks:
+  --nranks N               start N local ranks of this benchmark (same arguments) and
+                           report for all of them. Without it the benchmark joins an
+                           external launch through the environment (ferroccl-run -n N,
+                           torchrun, FERROCCL_RANK/FERROCCL_WORLD_SIZE/...) or, when no
+                           rank is set there, runs as a single rank.
+  --mem host|cuda          buffer memory (default host; cuda needs CUDA support)
+
+Output:
+  -J, --json FILE          results as JSON: the run's parameters, library version, host,
+                           date, memory kind, ranks, peak memory, one record per size and
+                           placement with every column
+  --csv FILE               results as CSV, one row per size and placement, header
+                           collective,nranks,type,redop,root,size_bytes,count,placement,
+                           time_us,algbw_GBps,busbw_GBps,wrong (wrong is empty when not checked)
+  --plot FILE.svg          busbw against size (log2 axis), one line per collective and
+                           placement
+  -h, --help               this text
+
+Differences from nccl-tests:
+  --max-time SECONDS       time budget per size and placement (default {dmt}): after the
+                           first warmups time one call, the ranks agree on the slowest
+                           rank's time, and the remaining warmups are cut to a quarter of
+                           the budget and the timed iterations to the budget (never below
+                           1). Small sizes run exactly -n/-w iterations, large ones fewer,
+                           so a default sweep stays short. 0 = always exactly -n and -w.
+  --rotate 0|1             1 (default, as nccl-tests): iteration i uses the buffers at
+                           offset (i mod k) * size inside the allocation for the largest
+                           size, so small sizes do not always hit the cache; 0: always
+                           offset 0.
+  Every size runs its own warmups (nccl-tests warms up once per sweep).
+  Inputs are small integers chosen so every result is exact in every type (sums stay
+  below the type's exact range, prod multiplies 1s and a few 2s, avg averages values
+  whose sum divides by the rank count), so results are compared exactly.
+  In-place: all_reduce, broadcast, reduce use sendbuff == recvbuff; all_gather and
+  gather sendbuff = recvbuff + rank*count; reduce_scatter and scatter recvbuff =
+  sendbuff + rank*count; all_to_all, all_to_allv and send_recv run with sendbuff ==
+  recvbuff but, as in nccl-tests, their in-place results are not checked (N/A).
+  all_to_allv sends count*(1 - f/(2n)) elements from rank s to rank d, f = (s+1)(d+2)
+  mod (n+1), at displacement d*count; size and bandwidth use the full count as
+  nccl-tests' alltoallv does. send_recv: rank r sends to r+1 and receives from r-1
+  inside fcclGroupStart/End.
+  Out of bounds values counts the sizes and placements with wrong elements (as
+  nccl-tests); #wrong counts wrong elements summed over ranks. The footer also gives
+  the peak resident memory (VmHWM) of the largest rank.
+  Exit status: 0 all results right, 1 wrong results, 2 bad arguments or memory kind
+  not available, 3 a library call or an output file failed.
+
+Test hook:
+  FERROCCL_BENCH_CORRUPT=1 in the environment makes rank 0 flip one element of its
+  result before each check, so tests can prove that wrong results are reported and
+  fail the run.
+",
+        colls = colls.join(" "),
+        types = types.join(" "),
+        dmin = DEFAULT_MIN_BYTES,
+        dmax = fmt_size(DEFAULT_MAX_BYTES),
+        dfac = DEFAULT_FACTOR,
+        dit = DEFAULT_ITERS,
+        dw = DEFAULT_WARMUP,
+        dmt = DEFAULT_MAX_TIME,
+    )
+}
+
+/// 8, 1K, 64M: the short size form used in help and plots.
+pub fn fmt_size(b: u64) -> String {
+    for (s, u) in [(30, "G"), (20, "M"), (10, "K")] {
+        if b >= 1 << s && b % (1 << s) == 0 {
+            return format!("{}{u}", b >> s);
+        }
+    }
+    b.to_string()
+}
+
+/// Parses 8, 1K, 0.5M, 2G (binary units, as nccl-tests).
+pub fn parse_size(s: &str) -> Result<u64, String> {
+    let t = s.trim();
+    let lower = t.to_ascii_lowercase();
+    let stripped = lower.strip_suffix("ib").or_else(|| lower.strip_suffix('b')).unwrap_or(&lower);
+    let (num, unit) = match stripped.chars().last() {
+        Some('k') => (&stripped[..stripped.len() - 1], 1u64 << 10),
+        Some('m') => (&stripped[..stripped.len() - 1], 1u64 << 20),
+        Some('g') => (&stripped[..stripped.len() - 1], 1u64 << 30),
+        _ => (stripped, 1),
+    };
+    let v: f64 = num.trim().parse().map_err(|_| format!("{s:?} is not a size (e.g. 8, 64K, 1M, 1G)"))?;
+    if !v.is_finite() || v < 0.0 {
+        return Err(format!("{s:?} is not a size (e.g. 8, 64K, 1M, 1G)"));
+    }
+    Ok((v * unit as f64) as u64)
+}
+
+fn parse_num<T: std::str::FromStr>(flag: &str, v: &str) -> Result<T, String> {
+    v.trim().parse().map_err(|_| format!("{flag} {v:?}: not a valid number"))
+}
+
+/// Parses the arguments (without the program name).
+pub fn parse(raw: &[OsString]) -> Result<Parsed, String> {
+    let mut o = Opts {
+        colls: Vec::new(),
+        min_bytes: DEFAULT_MIN_BYTES,
+        max_bytes: DEFAULT_MAX_BYTES,
+        step_factor: DEFAULT_FACTOR,
+        step_bytes: 1 << 20,
+        iters: DEFAULT_ITERS,
+        warmup: DEFAULT_WARMUP,
+        check: 1,
+        ty: Ty::Float,
+        op: Op::Sum,
+        root: 0,
+        average: Average::Avg,
+        nranks: None,
+        mem: Mem::Host,
+        json: None,
+        csv: None,
+        plot: None,
+        max_time: DEFAULT_MAX_TIME,
+        rotate: true,
+        child_args: Vec::new(),
+    };
+    let args: Vec<String> = raw
+        .iter()
+        .map(|a| a.clone().into_string().map_err(|a| format!("argument {a:?} is not valid UTF-8")))
+        .collect::<Result<_, _>>()?;
+    let mut step_factor_set = None;
+    let mut step_bytes_set = false;
+    let mut i = 0;
+    while i < args.len() {
+        let a = &args[i];
+        let start = i;
+        i += 1;
+        // Split `--flag=value`, `-b8` and `-b 8` into (flag, inline value).
+        let (flag, inline): (String, Option<String>) = if let Some(rest) = a.strip_prefix("--") {
+            match rest.split_once('=') {
+                Some((f, v)) => (format!("--{f}"), Some(v.to_string())),
+                None => (a.clone(), None),
+            }
+        } else if a.starts_with('-') && a.len() > 2 && !a[1..].starts_with(|c: char| c.is_ascii_digit()) {
+            (a[..2].to_string(), Some(a[2..].to_string()))
+        } else {
+            (a.clone(), None)
+        };
+        let takes_value = !matches!(flag.as_str(), "-h" | "--help") && flag.starts_with('-') && flag.len() > 1;
+        let mut value = || -> Result<String, String> {
+            if let Some(v) = &inline {
+                return Ok(v.clone());
+            }
+            let v = args.get(i).cloned().ok_or_else(|| format!("{flag} needs a value"))?;
+            i += 1;
+            Ok(v)
+        };
+        let mut keep = true;
+        match flag.as_str() {
+            "-h" | "--help" => return Ok(Parsed::Help),
+            "-b" | "--minbytes" => o.min_bytes = parse_size(&value()?).map_err(|e| format!("-b: {e}"))?,
+            "-e" | "--maxbytes" => o.max_bytes = parse_size(&value()?).map_err(|e| format!("-e: {e}"))?,
+            "-f" | "--stepfactor" => step_factor_set = Some(parse_num::<u64>("-f", &value()?)?),
+            "-i" | "--stepbytes" => {
+                o.step_bytes = parse_size(&value()?).map_err(|e| format!("-i: {e}"))?;
+                step_bytes_set = true;
+            }
+            "-n" | "--iters" => o.iters = parse_num("-n", &value()?)?,
+            "-w" | "--warmup_iters" => o.warmup = parse_num("-w", &value()?)?,
+            "-c" | "--check" => o.check = parse_num("-c", &value()?)?,
+            "-d" | "--datatype" => {
+                let v = value()?;
+                o.ty = Ty::parse(&v).ok_or_else(|| {
+                    let all: Vec<&str> = Ty::ALL.iter().map(|t| t.name()).collect();
+                    format!("-d {v}: unknown type (one of {})", all.join(" "))
+                })?
+            }
+            "-o" | "--op" => {
+                let v = value()?;
+                o.op = Op::ALL
+                    .iter()
+                    .copied()
+                    .find(|op| op.name() == v.to_ascii_lowercase())
+                    .ok_or_else(|| format!("-o {v}: unknown op (one of sum prod max min avg)"))?
+            }
+            "-r" | "--root" => o.root = parse_num("-r", &value()?)?,
+            "-a" | "--average" => {
+                let v = value()?;
+                o.average = match v.trim() {
+                    "0" => Average::Rank0,
+                    "1" => Average::Avg,
+                    "2" => Average::Min,
+                    "3" => Average::Max,
+                    _ => return Err(format!("-a {v}: use 0 (rank 0), 1 (average), 2 (min) or 3 (max)")),
+                }
+            }
+            "--nranks" | "--np" => {
+                let v = value()?;
+                let n: usize = parse_num("--nranks", &v)?;
+                if n == 0 {
+                    return Err("--nranks needs at least 1 rank".into());
+                }
+                o.nranks = Some(n);
+                keep = false;
+            }
+            "--mem" => {
+                let v = value()?;
+                o.mem = match v.to_ascii_lowercase().as_str() {
+                    "host" => Mem::Host,
+                    "cuda" | "device" => Mem::Cuda,
+                    _ => return Err(format!("--mem {v}: use host or cuda")),
+                }
+            }
+            "-J" | "--json" => o.json = Some(PathBuf::from(value()?)),
+            "--csv" => o.csv = Some(PathBuf::from(value()?)),
+            "--plot" => {
+                let v = value()?;
+                if !v.to_ascii_lowercase().ends_with(".svg") {
+                    return Err(format!("--plot {v}: only SVG output is supported; name the file *.svg"));
+                }
+                o.plot = Some(PathBuf::from(v));
+            }
+            "--max-time" | "--max_time" => {
+                let v: f64 = parse_num("--max-time", &value()?)?;
+                if !v.is_finite() || v < 0.0 {
+                    return Err("--max-time needs seconds >= 0".into());
+                }
+                o.max_time = v;
+            }
+            "--rotate" => {
+                o.rotate = match value()?.trim() {
+                    "0" => false,
+                    "1" => true,
+                    v => return Err(format!("--rotate {v}: use 0 or 1")),
+                }
+            }
+            _ if takes_value => return Err(format!("unknown option {a}")),
+            name => {
+                if name == "all" {
+                    o.colls.extend(Collective::ALL);
+                } else {
+                    let c = Collective::parse(name).ok_or_else(|| {
+                        format!("unknown collective {name:?} (one of {} or all)", {
+                            let v: Vec<&str> = Collective::ALL.iter().map(|c| c.name()).collect();
+                            v.join(" ")
+                        })
+                    })?;
+                    o.colls.push(c);
+                }
+            }
+        }
+        if keep {
+            o.child_args.extend(raw[start..i].iter().cloned());
+        }
+    }
+    if o.colls.is_empty() {
+        o.colls.push(Collective::AllReduce);
+    }
+    let mut seen = Vec::new();
+    o.colls.retain(|c| {
+        let new = !seen.contains(c);
+        seen.push(*c);
+        new
+    });
+    match step_factor_set {
+        Some(0) => return Err("-f 0: the step factor must be at least 1".into()),
+        Some(1) => o.step_factor = 0,
+        Some(f) => o.step_factor = f,
+        None if step_bytes_set => o.step_factor = 0,
+        None => {}
+    }
+    if o.step_factor == 0 && o.step_bytes == 0 {
+        return Err("-i 0 with -f 1 would never reach the maximum size".into());
+    }
+    if o.min_bytes > o.max_bytes {
+        return Err(format!("invalid sizes: -b {} is larger than -e {}", o.min_bytes, o.max_bytes));
+    }
+    if o.step_factor > 1 && o.min_bytes == 0 {
+        return Err("-b 0 with a step factor would never grow; use -b 1 or more".into());
+    }
+    if o.iters == 0 {
+        return Err("-n needs at least 1 iteration".into());
+    }
+    if o.root < 0 {
+        return Err(format!("-r {}: the root must be a rank (>= 0)", o.root));
+    }
+    Ok(Parsed::Run(Box::new(o)))
+}
+
+impl Opts {
+    /// The sizes of the sweep, in bytes as given (before rounding to elements).
+    pub fn sizes(&self) -> Vec<u64> {
+        let mut v = Vec::new();
+        let mut s = self.min_bytes;
+        while s <= self.max_bytes {
+            v.push(s);
+            let next = if self.step_factor > 1 { s.saturating_mul(self.step_factor) } else { s + self.step_bytes };
+            if next == s {
+                break;
+            }
+            s = next;
+        }
+        v
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn p(args: &[&str]) -> Opts {
+        let raw: Vec<OsString> = args.iter().map(OsString::from).collect();
+        match parse(&raw).unwrap() {
+            Parsed::Run(o) => *o,
+            Parsed::Help => panic!("help"),
+        }
+    }
+
+    #[test]
+    fn sizes_and_flags() {
+        assert_eq!(parse_size("8").unwrap(), 8);
+        assert_eq!(parse_size("1K").unwrap(), 1024);
+        assert_eq!(parse_size("64m").unwrap(), 64 << 20);
+        assert_eq!(parse_size("0.5M").unwrap(), 512 << 10);
+        assert_eq!(parse_size("1G").unwrap(), 1 << 30);
+        assert!(parse_size("x").is_err());
+        let o = p(&["all_to_all", "-b8", "-e", "1M", "-f", "8", "--nranks", "2", "-d", "half"]);
+        assert_eq!(o.colls, vec![Collective::AlltoAll]);
+        assert_eq!(o.sizes(), vec![8, 64, 512, 4096, 32768, 262144]);
+        assert_eq!(o.nranks, Some(2));
+        assert_eq!(o.ty, Ty::Half);
+        let kept: Vec<String> = o.child_args.iter().map(|a| a.to_string_lossy().into_owned()).collect();
+        assert_eq!(kept, ["all_to_all", "-b8", "-e", "1M", "-f", "8", "-d", "half"]);
+        let o = p(&["--nranks=3", "all"]);
+        assert_eq!(o.colls.len(), Collective::ALL.len());
+        assert!(o.child_args.iter().all(|a| a != "--nranks=3"));
+        let o = p(&["-b", "1K", "-e", "4K", "-f", "1", "-i", "1K"]);
+        assert_eq!(o.sizes(), vec![1024, 2048, 3072, 4096]);
+    }
+}

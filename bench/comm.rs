@@ -1,0 +1,184 @@
+//! The benchmark's use of the C API: communicator, memory and the small collectives
+//! it runs outside the timed loops (agreeing on times, wrong counts, rank facts).
+
+use ferroccl::ffi::*;
+use std::ffi::CStr;
+use std::os::raw::{c_int, c_void};
+use std::ptr;
+
+/// Exit status for a failed library call or output file.
+pub const EXIT_RUNTIME: i32 = 3;
+/// Exit status for bad arguments or a memory kind that is not available.
+pub const EXIT_USAGE: i32 = 2;
+
+/// A failure that ends the run with `exit`.
+#[derive(Debug)]
+pub struct Fail {
+    pub exit: i32,
+    pub msg: String,
+}
+
+impl Fail {
+    pub fn usage(msg: impl Into<String>) -> Fail {
+        Fail { exit: EXIT_USAGE, msg: msg.into() }
+    }
+    pub fn runtime(msg: impl Into<String>) -> Fail {
+        Fail { exit: EXIT_RUNTIME, msg: msg.into() }
+    }
+}
+
+fn cstr(p: *const std::os::raw::c_char) -> String {
+    if p.is_null() {
+        return String::new();
+    }
+    // SAFETY: the library returns NUL-terminated strings that stay valid until the next call on this thread.
+    unsafe { CStr::from_ptr(p) }.to_string_lossy().into_owned()
+}
+
+/// Turns a fcclResult_t into a `Fail` naming the call, the result and the library's message.
+pub fn check(r: fcclResult_t, what: &str) -> Result<(), Fail> {
+    if r == fcclSuccess {
+        return Ok(());
+    }
+    let name = cstr(fcclGetErrorString(r));
+    let last = cstr(fcclGetLastError(ptr::null_mut()));
+    Err(Fail {
+        exit: if r == fcclUnavailable { EXIT_USAGE } else { EXIT_RUNTIME },
+        msg: format!(
+            "{what} failed: {name} ({r}){}",
+            if last.is_empty() { String::new() } else { format!(": {last}") }
+        ),
+    })
+}
+
+/// Library version code (MAJOR*10000 + MINOR*100 + PATCH).
+pub fn version() -> i32 {
+    let mut v: c_int = 0;
+    // SAFETY: valid out pointer.
+    let _ = unsafe { fcclGetVersion(&mut v) };
+    v
+}
+
+pub fn version_string(code: i32) -> String {
+    format!("{}.{}.{}", code / 10000, code / 100 % 100, code % 100)
+}
+
+/// Host memory from fcclMemAllocHost, or device memory from fcclMemAlloc; freed on drop.
+pub struct Buf {
+    pub ptr: *mut u8,
+}
+
+impl Buf {
+    pub fn host(bytes: usize) -> Result<Buf, Fail> {
+        let mut p: *mut c_void = ptr::null_mut();
+        // At least one page-sized allocation so pointers are never NULL.
+        let n = bytes.max(64);
+        // SAFETY: valid out pointer.
+        check(unsafe { fcclMemAllocHost(&mut p, n) }, &format!("fcclMemAllocHost({n})"))?;
+        // Touch every page now so page faults stay out of the timed loops.
+        // SAFETY: the allocation is n bytes.
+        unsafe { ptr::write_bytes(p as *mut u8, 0, n) };
+        Ok(Buf { ptr: p as *mut u8 })
+    }
+
+    /// Device memory: fails with fcclUnavailable (exit 2) when CUDA is not present.
+    pub fn device(bytes: usize) -> Result<Buf, Fail> {
+        let mut p: *mut c_void = ptr::null_mut();
+        let n = bytes.max(64);
+        // SAFETY: valid out pointer.
+        let r = unsafe { fcclMemAlloc(&mut p, n) };
+        if r == fcclUnavailable {
+            let last = cstr(fcclGetLastError(ptr::null_mut()));
+            return Err(Fail::usage(format!("--mem cuda: CUDA not available ({last})")));
+        }
+        check(r, &format!("fcclMemAlloc({n})"))?;
+        Ok(Buf { ptr: p as *mut u8 })
+    }
+}
+
+impl Drop for Buf {
+    fn drop(&mut self) {
+        // SAFETY: allocated by fcclMemAllocHost/fcclMemAlloc, freed once.
+        let _ = unsafe { fcclMemFree(self.ptr as *mut c_void) };
+    }
+}
+
+/// This process's rank of the benchmark's communicator.
+pub struct Comm {
+    pub raw: fcclComm_t,
+    pub rank: usize,
+    pub nranks: usize,
+}
+
+impl Comm {
+    /// Joins an external launch (FERROCCL_RANK or torchrun's RANK set), or makes a
+    /// communicator of one rank.
+    pub fn init() -> Result<Comm, Fail> {
+        let mut c: fcclComm_t = ptr::null_mut();
+        let launched = ["FERROCCL_RANK", "RANK"].iter().any(|v| std::env::var(v).is_ok_and(|s| !s.trim().is_empty()));
+        if launched {
+            // SAFETY: valid out pointer.
+            check(unsafe { fcclCommInitFromEnv(&mut c) }, "fcclCommInitFromEnv")?;
+        } else {
+            let mut id = fcclUniqueId { internal: [0; FCCL_UNIQUE_ID_BYTES] };
+            // SAFETY: valid out pointers; the id is used unchanged.
+            check(unsafe { fcclGetUniqueId(&mut id) }, "fcclGetUniqueId")?;
+            check(unsafe { fcclCommInitRank(&mut c, 1, id, 0) }, "fcclCommInitRank")?;
+        }
+        let (mut rank, mut n): (c_int, c_int) = (0, 0);
+        // SAFETY: c is a live communicator; valid out pointers.
+        check(unsafe { fcclCommUserRank(c, &mut rank) }, "fcclCommUserRank")?;
+        check(unsafe { fcclCommCount(c, &mut n) }, "fcclCommCount")?;
+        Ok(Comm { raw: c, rank: rank as usize, nranks: n as usize })
+    }
+
+    pub fn barrier(&self) -> Result<(), Fail> {
+        // SAFETY: live communicator.
+        check(unsafe { fcclBarrier(self.raw, ptr::null_mut()) }, "fcclBarrier")
+    }
+
+    fn allreduce_in_place<T>(&self, v: &mut [T], ty: fcclDataType_t, op: fcclRedOp_t, what: &str) -> Result<(), Fail> {
+        let p = v.as_mut_ptr() as *mut c_void;
+        // SAFETY: v is a valid buffer of v.len() elements of the named type.
+        check(unsafe { fcclAllReduce(p, p, v.len(), ty, op, self.raw, ptr::null_mut()) }, what)
+    }
+
+    pub fn allreduce_f64(&self, v: f64, op: fcclRedOp_t) -> Result<f64, Fail> {
+        let mut b = [v];
+        self.allreduce_in_place(&mut b, fcclFloat64, op, "fcclAllReduce (benchmark bookkeeping)")?;
+        Ok(b[0])
+    }
+
+    pub fn allreduce_u64(&self, v: u64, op: fcclRedOp_t) -> Result<u64, Fail> {
+        let mut b = [v];
+        self.allreduce_in_place(&mut b, fcclUint64, op, "fcclAllReduce (benchmark bookkeeping)")?;
+        Ok(b[0])
+    }
+
+    /// Every rank's `mine` (same length on every rank), in rank order.
+    pub fn allgather_bytes(&self, mine: &[u8]) -> Result<Vec<u8>, Fail> {
+        let mut out = vec![0u8; mine.len() * self.nranks];
+        // SAFETY: buffers of the sizes the call implies.
+        check(
+            unsafe {
+                fcclAllGather(
+                    mine.as_ptr() as *const c_void,
+                    out.as_mut_ptr() as *mut c_void,
+                    mine.len(),
+                    fcclUint8,
+                    self.raw,
+                    ptr::null_mut(),
+                )
+            },
+            "fcclAllGather (benchmark bookkeeping)",
+        )?;
+        Ok(out)
+    }
+}
+
+impl Drop for Comm {
+    fn drop(&mut self) {
+        // SAFETY: live communicator, destroyed once.
+        let _ = unsafe { fcclCommDestroy(self.raw) };
+    }
+}

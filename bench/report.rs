@@ -1,0 +1,347 @@
+//! Results: the nccl-tests table, JSON and CSV.
+
+use crate::cli::Opts;
+use std::fmt::Write as _;
+
+/// One size and placement of one collective.
+#[derive(Clone, Debug)]
+pub struct Record {
+    pub collective: &'static str,
+    pub nranks: usize,
+    pub ty: &'static str,
+    pub redop: &'static str,
+    pub root: i64,
+    pub size_bytes: u64,
+    pub count: usize,
+    /// "out" or "in".
+    pub placement: &'static str,
+    pub time_us: f64,
+    pub algbw: f64,
+    pub busbw: f64,
+    /// Wrong elements over all ranks; None when not checked.
+    pub wrong: Option<u64>,
+    pub iters: usize,
+    pub warmups: usize,
+}
+
+/// Facts about one rank.
+#[derive(Clone, Debug)]
+pub struct RankInfo {
+    pub pid: u32,
+    pub host: String,
+    pub peak_rss_kib: u64,
+}
+
+/// Everything the outputs need besides the records.
+pub struct RunInfo<'a> {
+    pub opts: &'a Opts,
+    pub nranks: usize,
+    pub version_code: i32,
+    pub host: String,
+    pub date: String,
+    pub ranks: Vec<RankInfo>,
+    pub duration_s: f64,
+}
+
+/// nccl-tests' time column: 7 wide, fewer decimals for longer times.
+pub fn fmt_time(us: f64) -> String {
+    if us >= 10000.0 {
+        format!("{us:7.0}")
+    } else if us >= 100.0 {
+        format!("{us:7.1}")
+    } else {
+        format!("{us:7.2}")
+    }
+}
+
+/// C's `%g` (6 significant digits, trailing zeros removed) for positive values.
+pub fn fmt_g(v: f64) -> String {
+    if v == 0.0 || !v.is_finite() {
+        return format!("{v}");
+    }
+    let exp = v.abs().log10().floor() as i32;
+    if !(-5..6).contains(&exp) {
+        return format!("{v:.5e}");
+    }
+    let decimals = (5 - exp).max(0) as usize;
+    let s = format!("{v:.decimals$}");
+    if s.contains('.') {
+        s.trim_end_matches('0').trim_end_matches('.').to_string()
+    } else {
+        s
+    }
+}
+
+pub fn header_lines(o: &Opts, nranks: usize, version_code: i32, ranks: &[RankInfo]) -> String {
+    let mut s = String::new();
+    let step =
+        if o.step_factor > 1 { format!("{}(factor)", o.step_factor) } else { format!("{}(bytes)", o.step_bytes) };
+    let _ = writeln!(
+        s,
+        "# ferroccl-bench {}: libferroccl {} (fcclGetVersion {}), {} memory",
+        env!("CARGO_PKG_VERSION"),
+        crate::comm::version_string(version_code),
+        version_code,
+        o.mem.name()
+    );
+    let _ = writeln!(
+        s,
+        "# nRanks {nranks} minBytes {} maxBytes {} step: {step} warmup iters: {} iters: {} max time: {} s rotate: {} validation: {} average: {}({})",
+        o.min_bytes,
+        o.max_bytes,
+        o.warmup,
+        o.iters,
+        o.max_time,
+        u8::from(o.rotate),
+        o.check,
+        o.average as u8,
+        o.average.name()
+    );
+    let _ = writeln!(s, "#");
+    let _ = writeln!(s, "# Using ranks");
+    for (r, i) in ranks.iter().enumerate() {
+        let _ = writeln!(s, "#  Rank {r:2} Pid {:6} on {:>10} memory {}", i.pid, i.host, o.mem.name());
+    }
+    s
+}
+
+pub fn table_header(collective: &str) -> String {
+    let mut s = String::new();
+    let _ = writeln!(s, "#");
+    let _ = writeln!(s, "# Collective: {collective}");
+    let _ = writeln!(
+        s,
+        "# {:>10}  {:>12}  {:>8}  {:>6}  {:>6}           out-of-place                       in-place          ",
+        "", "", "", "", ""
+    );
+    let _ = writeln!(
+        s,
+        "# {:>10}  {:>12}  {:>8}  {:>6}  {:>6}  {:>7}  {:>6}  {:>6} {:>6}  {:>7}  {:>6}  {:>6} {:>6}",
+        "size",
+        "count",
+        "type",
+        "redop",
+        "root",
+        "time",
+        "algbw",
+        "busbw",
+        "#wrong",
+        "time",
+        "algbw",
+        "busbw",
+        "#wrong"
+    );
+    let _ = writeln!(
+        s,
+        "# {:>10}  {:>12}  {:>8}  {:>6}  {:>6}  {:>7}  {:>6}  {:>6}  {:>5}  {:>7}  {:>6}  {:>6}  {:>5}",
+        "(B)", "(elements)", "", "", "", "(us)", "(GB/s)", "(GB/s)", "", "(us)", "(GB/s)", "(GB/s)", ""
+    );
+    s
+}
+
+fn placement_cols(r: &Record) -> String {
+    let wrong = r.wrong.map_or_else(|| "N/A".to_string(), |w| w.to_string());
+    format!("  {}  {:6.2}  {:6.2}  {:>5}", fmt_time(r.time_us), r.algbw, r.busbw, wrong)
+}
+
+/// One table row: the out-of-place and in-place records of one size.
+pub fn row(out: &Record, inp: &Record) -> String {
+    format!(
+        "{:>12}  {:>12}  {:>8}  {:>6}  {:>6}{}{}",
+        out.size_bytes,
+        out.count,
+        out.ty,
+        out.redop,
+        out.root,
+        placement_cols(out),
+        placement_cols(inp)
+    )
+}
+
+/// Sizes and placements with wrong elements (nccl-tests' "Out of bounds values").
+pub fn failures(records: &[Record]) -> usize {
+    records.iter().filter(|r| r.wrong.is_some_and(|w| w > 0)).count()
+}
+
+pub fn avg_busbw(records: &[Record]) -> f64 {
+    if records.is_empty() {
+        return 0.0;
+    }
+    records.iter().map(|r| r.busbw).sum::<f64>() / records.len() as f64
+}
+
+pub fn footer(records: &[Record], peak_rss_kib: u64) -> String {
+    let mut s = String::new();
+    let f = failures(records);
+    let _ = writeln!(s, "# Out of bounds values : {f} {}", if f > 0 { "FAILED" } else { "OK" });
+    let _ = writeln!(s, "# Avg bus bandwidth    : {} ", fmt_g(avg_busbw(records)));
+    let _ = writeln!(s, "# Peak resident memory : {:.1} MiB (largest rank, VmHWM)", peak_rss_kib as f64 / 1024.0);
+    let _ = writeln!(s, "#");
+    s
+}
+
+fn esc(s: &str) -> String {
+    let mut o = String::with_capacity(s.len() + 2);
+    o.push('"');
+    for c in s.chars() {
+        match c {
+            '"' => o.push_str("\\\""),
+            '\\' => o.push_str("\\\\"),
+            '\n' => o.push_str("\\n"),
+            '\r' => o.push_str("\\r"),
+            '\t' => o.push_str("\\t"),
+            c if (c as u32) < 0x20 => {
+                let _ = write!(o, "\\u{:04x}", c as u32);
+            }
+            c => o.push(c),
+        }
+    }
+    o.push('"');
+    o
+}
+
+/// A JSON number (finite; JSON has no NaN or infinity).
+fn num(v: f64) -> String {
+    if v.is_finite() {
+        format!("{v}")
+    } else {
+        "null".into()
+    }
+}
+
+pub fn json(info: &RunInfo, records: &[Record]) -> String {
+    let o = info.opts;
+    let mut s = String::new();
+    let colls: Vec<String> = o.colls.iter().map(|c| esc(c.name())).collect();
+    let peak = info.ranks.iter().map(|r| r.peak_rss_kib).max().unwrap_or(0);
+    let _ = writeln!(s, "{{");
+    let _ = writeln!(s, "  \"tool\": \"ferroccl-bench\",");
+    let _ = writeln!(s, "  \"tool_version\": {},", esc(env!("CARGO_PKG_VERSION")));
+    let _ = writeln!(s, "  \"library_version\": {},", esc(&crate::comm::version_string(info.version_code)));
+    let _ = writeln!(s, "  \"library_version_code\": {},", info.version_code);
+    let _ = writeln!(s, "  \"host\": {},", esc(&info.host));
+    let _ = writeln!(s, "  \"date\": {},", esc(&info.date));
+    let _ = writeln!(s, "  \"mem\": {},", esc(o.mem.name()));
+    let _ = writeln!(s, "  \"nranks\": {},", info.nranks);
+    let _ = writeln!(s, "  \"params\": {{");
+    let _ = writeln!(s, "    \"collectives\": [{}],", colls.join(", "));
+    let _ = writeln!(s, "    \"min_bytes\": {},", o.min_bytes);
+    let _ = writeln!(s, "    \"max_bytes\": {},", o.max_bytes);
+    let _ = writeln!(s, "    \"step_factor\": {},", o.step_factor);
+    let _ = writeln!(s, "    \"step_bytes\": {},", o.step_bytes);
+    let _ = writeln!(s, "    \"iters\": {},", o.iters);
+    let _ = writeln!(s, "    \"warmup_iters\": {},", o.warmup);
+    let _ = writeln!(s, "    \"check_iters\": {},", o.check);
+    let _ = writeln!(s, "    \"datatype\": {},", esc(o.ty.name()));
+    let _ = writeln!(s, "    \"op\": {},", esc(o.op.name()));
+    let _ = writeln!(s, "    \"root\": {},", o.root);
+    let _ = writeln!(s, "    \"average\": {},", o.average as u8);
+    let _ = writeln!(s, "    \"max_time_s\": {},", num(o.max_time));
+    let _ = writeln!(s, "    \"rotate\": {}", o.rotate);
+    let _ = writeln!(s, "  }},");
+    let _ = writeln!(s, "  \"ranks\": [");
+    for (r, i) in info.ranks.iter().enumerate() {
+        let _ = writeln!(
+            s,
+            "    {{\"rank\": {r}, \"pid\": {}, \"host\": {}, \"peak_rss_kib\": {}}}{}",
+            i.pid,
+            esc(&i.host),
+            i.peak_rss_kib,
+            if r + 1 < info.ranks.len() { "," } else { "" }
+        );
+    }
+    let _ = writeln!(s, "  ],");
+    let _ = writeln!(s, "  \"peak_rss_kib\": {peak},");
+    let _ = writeln!(s, "  \"out_of_bounds\": {},", failures(records));
+    let _ = writeln!(s, "  \"avg_busbw_GBps\": {},", num(avg_busbw(records)));
+    let _ = writeln!(s, "  \"duration_s\": {},", num(info.duration_s));
+    let _ = writeln!(s, "  \"results\": [");
+    for (i, r) in records.iter().enumerate() {
+        let _ = writeln!(
+            s,
+            "    {{\"collective\": {}, \"nranks\": {}, \"type\": {}, \"redop\": {}, \"root\": {}, \"size_bytes\": {}, \"count\": {}, \"placement\": {}, \"time_us\": {}, \"algbw_GBps\": {}, \"busbw_GBps\": {}, \"wrong\": {}, \"iters\": {}, \"warmup_iters\": {}}}{}",
+            esc(r.collective),
+            r.nranks,
+            esc(r.ty),
+            esc(r.redop),
+            r.root,
+            r.size_bytes,
+            r.count,
+            esc(r.placement),
+            num(r.time_us),
+            num(r.algbw),
+            num(r.busbw),
+            r.wrong.map_or_else(|| "null".to_string(), |w| w.to_string()),
+            r.iters,
+            r.warmups,
+            if i + 1 < records.len() { "," } else { "" }
+        );
+    }
+    let _ = writeln!(s, "  ]");
+    let _ = writeln!(s, "}}");
+    s
+}
+
+pub const CSV_HEADER: &str =
+    "collective,nranks,type,redop,root,size_bytes,count,placement,time_us,algbw_GBps,busbw_GBps,wrong";
+
+pub fn csv(records: &[Record]) -> String {
+    let mut s = String::new();
+    let _ = writeln!(s, "{CSV_HEADER}");
+    for r in records {
+        let _ = writeln!(
+            s,
+            "{},{},{},{},{},{},{},{},{:.3},{:.6},{:.6},{}",
+            r.collective,
+            r.nranks,
+            r.ty,
+            r.redop,
+            r.root,
+            r.size_bytes,
+            r.count,
+            r.placement,
+            r.time_us,
+            r.algbw,
+            r.busbw,
+            r.wrong.map_or_else(String::new, |w| w.to_string())
+        );
+    }
+    s
+}
+
+/// UTC time as 2026-11-22T10:11:12Z, without a date crate.
+pub fn utc_now() -> String {
+    let secs = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_secs()) as i64;
+    let (days, rem) = (secs.div_euclid(86400), secs.rem_euclid(86400));
+    // Howard Hinnant's civil_from_days.
+    let z = days + 719_468;
+    let era = z.div_euclid(146_097);
+    let doe = z - era * 146_097;
+    let yoe = (doe - doe / 1460 + doe / 36524 - doe / 146_096) / 365;
+    let y = yoe + era * 400;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let d = doy - (153 * mp + 2) / 5 + 1;
+    let m = if mp < 10 { mp + 3 } else { mp - 9 };
+    let y = if m <= 2 { y + 1 } else { y };
+    format!("{y:04}-{m:02}-{d:02}T{:02}:{:02}:{:02}Z", rem / 3600, rem / 60 % 60, rem % 60)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn formats() {
+        assert_eq!(fmt_time(12.345), "  12.35");
+        assert_eq!(fmt_time(123.45), "  123.5");
+        assert_eq!(fmt_time(12345.6), "  12346");
+        assert_eq!(fmt_g(1.234567), "1.23457");
+        assert_eq!(fmt_g(12.5), "12.5");
+        assert_eq!(fmt_g(0.0), "0");
+        assert_eq!(esc("a\"b\\"), "\"a\\\"b\\\\\"");
+        let d = utc_now();
+        assert_eq!(d.len(), 20, "{d}");
+        assert!(d.starts_with("20"));
+    }
+}

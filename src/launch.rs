@@ -1,0 +1,255 @@
+//! Starting N ranks of a program as local processes (what `ferroccl-run` and
+//! `ferroccl-bench --nranks N` do).
+//!
+//! [`Launch::run`] serves the rendezvous itself, sets FERROCCL_RANK, FERROCCL_WORLD_SIZE,
+//! FERROCCL_LOCAL_RANK, FERROCCL_LOCAL_SIZE, FERROCCL_UNIQUE_ID and FERROCCL_ROOT_ADDR in
+//! each rank's environment, forwards each line of the ranks' output prefixed with the
+//! rank, and returns the exit status: 0 when every rank exits 0, otherwise the first
+//! failing rank's status (128 + signal for a rank killed by a signal). When one rank
+//! fails the others get a grace period to finish before they are killed. Ranks get
+//! SIGKILL when the launching process dies, however it dies; SIGINT, SIGTERM and SIGHUP
+//! received while ranks run are passed on to them.
+
+use crate::comm::bootstrap::UniqueId;
+use std::ffi::OsString;
+use std::io::{BufRead, BufReader, Read, Write};
+use std::os::unix::process::{CommandExt, ExitStatusExt};
+use std::process::{Child, Command, ExitStatus, Stdio};
+use std::sync::atomic::{AtomicI32, Ordering};
+use std::time::{Duration, Instant};
+
+/// Exit status when the rendezvous point cannot be started.
+pub const EXIT_RENDEZVOUS: i32 = 2;
+/// Exit status when a rank's program cannot be started.
+pub const EXIT_SPAWN: i32 = 127;
+
+/// Last SIGINT/SIGTERM/SIGHUP received while ranks run (0 = none).
+static SIGNALLED: AtomicI32 = AtomicI32::new(0);
+
+extern "C" fn on_signal(sig: libc::c_int) {
+    SIGNALLED.store(sig, Ordering::SeqCst);
+}
+
+/// What to start and how.
+#[derive(Clone, Debug)]
+pub struct Launch {
+    /// Number of ranks (at least 1).
+    pub nranks: usize,
+    /// Program and its arguments (program first).
+    pub argv: Vec<OsString>,
+    /// Prefix every forwarded line with `[rank] `.
+    pub prefix: bool,
+    /// How long the other ranks may run on after one rank failed.
+    pub grace: Duration,
+    /// Rank 0 writes to this process's stdout and stderr directly instead of through
+    /// the line forwarder (unprefixed; it may then use `\r` progress lines and see a
+    /// terminal). Other ranks are still forwarded.
+    pub inherit_rank0: bool,
+    /// Name used in this module's own messages on stderr (`name: rank 1 exited ...`).
+    pub name: String,
+}
+
+impl Launch {
+    /// `nranks` ranks of `argv`, prefixed output, 5 s grace: `ferroccl-run`'s defaults.
+    pub fn new(nranks: usize, argv: Vec<OsString>) -> Launch {
+        Launch {
+            nranks,
+            argv,
+            prefix: true,
+            grace: Duration::from_secs(5),
+            inherit_rank0: false,
+            name: "ferroccl-run".into(),
+        }
+    }
+
+    /// Starts the ranks, waits for all of them and returns the exit status to use
+    /// (see the module documentation). Problems of the launch itself are reported on
+    /// stderr and give [`EXIT_RENDEZVOUS`] or [`EXIT_SPAWN`].
+    ///
+    /// While it runs, SIGINT, SIGTERM and SIGHUP are caught (and passed on to the
+    /// ranks); the previous handlers are restored before it returns.
+    pub fn run(&self) -> i32 {
+        let name = &self.name;
+        if self.nranks == 0 || self.argv.is_empty() {
+            eprintln!("{name}: nothing to launch (need at least one rank and a program)");
+            return EXIT_SPAWN;
+        }
+        let id = match UniqueId::generate(true) {
+            Ok(id) => id,
+            Err(e) => {
+                eprintln!("{name}: cannot start the rendezvous point: {e}");
+                return EXIT_RENDEZVOUS;
+            }
+        };
+        SIGNALLED.store(0, Ordering::SeqCst);
+        let handlers = Handlers::install();
+        let code = self.run_ranks(&id);
+        drop(handlers);
+        code
+    }
+
+    fn run_ranks(&self, id: &UniqueId) -> i32 {
+        let name = &self.name;
+        let root_addr = id.addr().map(|a| a.to_string()).unwrap_or_default();
+        let mut children: Vec<Option<Child>> = Vec::new();
+        let mut pipes = Vec::new();
+        for r in 0..self.nranks {
+            let direct = self.inherit_rank0 && r == 0;
+            let mut cmd = Command::new(&self.argv[0]);
+            cmd.args(&self.argv[1..])
+                .env("FERROCCL_RANK", r.to_string())
+                .env("FERROCCL_WORLD_SIZE", self.nranks.to_string())
+                .env("FERROCCL_LOCAL_RANK", r.to_string())
+                .env("FERROCCL_LOCAL_SIZE", self.nranks.to_string())
+                .env("FERROCCL_UNIQUE_ID", id.to_hex())
+                .env("FERROCCL_ROOT_ADDR", &root_addr)
+                .stdin(if r == 0 { Stdio::inherit() } else { Stdio::null() })
+                .stdout(if direct { Stdio::inherit() } else { Stdio::piped() })
+                .stderr(if direct { Stdio::inherit() } else { Stdio::piped() });
+            let parent = std::process::id() as libc::pid_t;
+            // SAFETY: only async-signal-safe calls between fork and exec.
+            unsafe {
+                cmd.pre_exec(move || {
+                    // Die with the launcher, however it dies.
+                    libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL);
+                    if libc::getppid() != parent {
+                        libc::_exit(137);
+                    }
+                    Ok(())
+                });
+            }
+            match cmd.spawn() {
+                Ok(mut c) => {
+                    if let Some(o) = c.stdout.take() {
+                        pipes.push(forward(o, r, self.prefix, false));
+                    }
+                    if let Some(e) = c.stderr.take() {
+                        pipes.push(forward(e, r, self.prefix, true));
+                    }
+                    children.push(Some(c));
+                }
+                Err(e) => {
+                    eprintln!("{name}: cannot start rank {r} ({}): {e}", self.argv[0].to_string_lossy());
+                    for c in children.iter_mut().flatten() {
+                        let _ = c.kill();
+                        let _ = c.wait();
+                    }
+                    return EXIT_SPAWN;
+                }
+            }
+        }
+
+        let mut first_failure: Option<(usize, i32)> = None;
+        let mut kill_at: Option<Instant> = None;
+        let mut running = self.nranks;
+        while running > 0 {
+            let sig = SIGNALLED.load(Ordering::SeqCst);
+            if sig != 0 {
+                for c in children.iter_mut().flatten() {
+                    // SAFETY: signalling our own child.
+                    unsafe { libc::kill(c.id() as libc::pid_t, sig) };
+                }
+                kill_at.get_or_insert(Instant::now() + Duration::from_secs(2));
+                first_failure.get_or_insert((usize::MAX, 128 + sig));
+            }
+            for (r, slot) in children.iter_mut().enumerate() {
+                let Some(c) = slot else { continue };
+                if let Ok(Some(st)) = c.try_wait() {
+                    running -= 1;
+                    *slot = None;
+                    if !st.success() {
+                        eprintln!("{name}: rank {r} {}", describe(st));
+                        if first_failure.is_none() {
+                            first_failure = Some((r, code_of(st)));
+                            kill_at = Some(Instant::now() + self.grace);
+                        }
+                    }
+                }
+            }
+            if kill_at.is_some_and(|t| Instant::now() >= t) {
+                for (r, c) in children.iter_mut().enumerate() {
+                    if let Some(c) = c {
+                        eprintln!("{name}: killing rank {r} after another rank failed");
+                        let _ = c.kill();
+                    }
+                }
+                kill_at = None;
+            }
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        for p in pipes {
+            let _ = p.join();
+        }
+        first_failure.map_or(0, |f| f.1)
+    }
+}
+
+/// The signal handlers installed while ranks run; dropping restores the previous ones.
+struct Handlers(Vec<(libc::c_int, libc::sighandler_t)>);
+
+impl Handlers {
+    fn install() -> Handlers {
+        let mut old = Vec::new();
+        for s in [libc::SIGINT, libc::SIGTERM, libc::SIGHUP] {
+            // SAFETY: installing an async-signal-safe handler that only stores an atomic.
+            let prev = unsafe { libc::signal(s, on_signal as *const () as libc::sighandler_t) };
+            if prev != libc::SIG_ERR {
+                old.push((s, prev));
+            }
+        }
+        Handlers(old)
+    }
+}
+
+impl Drop for Handlers {
+    fn drop(&mut self) {
+        for &(s, prev) in &self.0 {
+            // SAFETY: restoring the handler that was installed before.
+            unsafe { libc::signal(s, prev) };
+        }
+    }
+}
+
+/// Copies `src` line by line to stdout or stderr, each line prefixed with `[rank] `.
+fn forward(src: impl Read + Send + 'static, rank: usize, prefix: bool, to_stderr: bool) -> std::thread::JoinHandle<()> {
+    std::thread::spawn(move || {
+        let mut r = BufReader::new(src);
+        let mut line = Vec::new();
+        loop {
+            line.clear();
+            match r.read_until(b'\n', &mut line) {
+                Ok(0) | Err(_) => break,
+                Ok(_) => {
+                    let mut out: Vec<u8> = Vec::with_capacity(line.len() + 8);
+                    if prefix {
+                        out.extend_from_slice(format!("[{rank}] ").as_bytes());
+                    }
+                    out.extend_from_slice(&line);
+                    if !out.ends_with(b"\n") {
+                        out.push(b'\n');
+                    }
+                    // One write per line so lines of different ranks never interleave.
+                    if to_stderr {
+                        let _ = std::io::stderr().lock().write_all(&out);
+                    } else {
+                        let mut o = std::io::stdout().lock();
+                        let _ = o.write_all(&out);
+                        let _ = o.flush();
+                    }
+                }
+            }
+        }
+    })
+}
+
+fn describe(st: ExitStatus) -> String {
+    match (st.code(), st.signal()) {
+        (Some(c), _) => format!("exited with status {c}"),
+        (None, Some(s)) => format!("was killed by signal {s}"),
+        _ => "ended".into(),
+    }
+}
+
+fn code_of(st: ExitStatus) -> i32 {
+    st.code().unwrap_or_else(|| 128 + st.signal().unwrap_or(0))
+}
