@@ -1,0 +1,251 @@
+/* fcclSend / fcclRecv: rings inside fcclGroupStart/End for every type and counts {0, 1, 7,
+ * 1000003} plus >= 4 MiB messages (both directions), send to self, several messages to
+ * one peer (matched in order), all-pairs exchange in one group, blocking pairs outside a
+ * group, mismatched counts (fcclCollectiveMismatch on both sides, comm still usable) and
+ * peers out of range (fcclInvalidArgument, nothing written). */
+#include "harness.h"
+
+#define MSG_STRIDE ((size_t)104729)
+
+/* One ring step: send to rank+dir, receive from rank-dir; rank r's message is the pattern
+ * from rank_off(base, r).  recv_first posts the fcclRecv before the fcclSend. */
+static void ring_case(fcclComm_t comm, int rank, int nranks, const fccl_pattern* pat,
+                      size_t count, int dir, int recv_first, size_t base) {
+  int next = ((rank + dir) % nranks + nranks) % nranks;
+  int prev = ((rank - dir) % nranks + nranks) % nranks;
+  size_t esz = pat->esz, bytes = count * esz;
+  unsigned char* send = (unsigned char*)fccl_xmalloc(bytes + FCCL_SLACK);
+  unsigned char* recv = (unsigned char*)fccl_xmalloc(bytes + FCCL_SLACK);
+  char what[192], w2[512];
+  snprintf(what, sizeof what, "ring %s count=%zu dir=%+d%s", fccl_dt_name(pat->dt), count, dir,
+           recv_first ? " (recv posted first)" : "");
+  fccl_phase("%s", what);
+  fccl_pattern_fill(pat, send, count, fccl_rank_off(base, rank));
+  memset(send + bytes, FCCL_SENT_GAP, FCCL_SLACK);
+  memset(recv, FCCL_SENT_RECV, bytes + FCCL_SLACK);
+  CHECK_OK(fcclGroupStart());
+  if (recv_first) CHECK_OK(fcclRecv(recv, count, pat->dt, prev, comm, NULL));
+  CHECK_OK(fcclSend(send, count, pat->dt, next, comm, NULL));
+  if (!recv_first) CHECK_OK(fcclRecv(recv, count, pat->dt, prev, comm, NULL));
+  if (CHECK_OK(fcclGroupEnd())) {
+    snprintf(w2, sizeof w2, "%s: message from rank %d", what, prev);
+    PATTERN_CHECK(pat, recv, count, fccl_rank_off(base, prev), w2);
+  }
+  snprintf(w2, sizeof w2, "%s: bytes after recvbuff", what);
+  BYTES_CHECK(recv + bytes, FCCL_SLACK, FCCL_SENT_RECV, w2);
+  snprintf(w2, sizeof w2, "%s: sendbuff was modified", what);
+  PATTERN_CHECK(pat, send, count, fccl_rank_off(base, rank), w2);
+  free(send);
+  free(recv);
+}
+
+/* Each rank sends a distinct message to every rank (itself included) in one group. */
+static void all_pairs_case(fcclComm_t comm, int rank, int nranks, const fccl_pattern* pat,
+                           size_t count, size_t base) {
+  size_t esz = pat->esz, bytes = count * esz, tot = bytes * (size_t)nranks;
+  unsigned char* send = (unsigned char*)fccl_xmalloc(tot + 1);
+  unsigned char* recv = (unsigned char*)fccl_xmalloc(tot + FCCL_SLACK);
+  char what[160], w2[512];
+  int q;
+  snprintf(what, sizeof what, "all-pairs %s count=%zu", fccl_dt_name(pat->dt), count);
+  fccl_phase("%s", what);
+  for (q = 0; q < nranks; q++)
+    fccl_pattern_fill(pat, send + (size_t)q * bytes, count,
+                      fccl_rank_off(base, rank) + (size_t)q * MSG_STRIDE);
+  memset(recv, FCCL_SENT_RECV, tot + FCCL_SLACK);
+  CHECK_OK(fcclGroupStart());
+  for (q = 0; q < nranks; q++) {
+    int peer = (rank + q) % nranks; /* start with self, then the others in ring order */
+    CHECK_OK(fcclSend(send + (size_t)peer * bytes, count, pat->dt, peer, comm, NULL));
+  }
+  for (q = nranks - 1; q >= 0; q--) /* receives posted in another order */
+    CHECK_OK(fcclRecv(recv + (size_t)q * bytes, count, pat->dt, q, comm, NULL));
+  if (CHECK_OK(fcclGroupEnd())) {
+    for (q = 0; q < nranks; q++) {
+      snprintf(w2, sizeof w2, "%s: message from rank %d", what, q);
+      PATTERN_CHECK(pat, recv + (size_t)q * bytes, count,
+                    fccl_rank_off(base, q) + (size_t)rank * MSG_STRIDE, w2);
+    }
+  }
+  snprintf(w2, sizeof w2, "%s: bytes after recvbuff", what);
+  BYTES_CHECK(recv + tot, FCCL_SLACK, FCCL_SENT_RECV, w2);
+  free(send);
+  free(recv);
+}
+
+/* Three messages to the next rank in one group, received in posting order. */
+static void in_order_case(fcclComm_t comm, int rank, int nranks, const fccl_pattern* pat,
+                          size_t base) {
+  static const size_t counts[3] = {5, 5, 5}; /* same size: only the order tells them apart */
+  int next = (rank + 1) % nranks, prev = (rank + nranks - 1) % nranks, k;
+  size_t esz = pat->esz;
+  unsigned char* send[3];
+  unsigned char* recv[3];
+  char w2[160];
+  fccl_phase("three messages to one peer");
+  for (k = 0; k < 3; k++) {
+    send[k] = (unsigned char*)fccl_xmalloc(counts[k] * esz);
+    recv[k] = (unsigned char*)fccl_xmalloc(counts[k] * esz);
+    fccl_pattern_fill(pat, send[k], counts[k], fccl_rank_off(base, rank) + (size_t)k * MSG_STRIDE);
+    memset(recv[k], FCCL_SENT_RECV, counts[k] * esz);
+  }
+  CHECK_OK(fcclGroupStart());
+  for (k = 0; k < 3; k++) CHECK_OK(fcclSend(send[k], counts[k], pat->dt, next, comm, NULL));
+  for (k = 0; k < 3; k++) CHECK_OK(fcclRecv(recv[k], counts[k], pat->dt, prev, comm, NULL));
+  if (CHECK_OK(fcclGroupEnd())) {
+    for (k = 0; k < 3; k++) {
+      snprintf(w2, sizeof w2, "message %d of 3 from rank %d (matched in posting order)", k, prev);
+      PATTERN_CHECK(pat, recv[k], counts[k], fccl_rank_off(base, prev) + (size_t)k * MSG_STRIDE,
+                    w2);
+    }
+  }
+  for (k = 0; k < 3; k++) {
+    free(send[k]);
+    free(recv[k]);
+  }
+}
+
+static void allreduce_works(fcclComm_t comm, int rank, int nranks, const char* when) {
+  int32_t send[9], recv[9];
+  int i;
+  for (i = 0; i < 9; i++) send[i] = rank + i;
+  memset(recv, 0, sizeof recv);
+  if (CHECK_OK(fcclAllReduce(send, recv, 9, fcclInt32, fcclSum, comm, NULL)))
+    for (i = 0; i < 9; i++)
+      CHECK(recv[i] == (int32_t)(nranks * (nranks - 1) / 2 + nranks * i),
+            "allreduce %s: element %d = %d", when, i, (int)recv[i]);
+}
+
+/* Outside a group: pairs (2k, 2k+1); even ranks send first, odd ranks receive first. */
+static void blocking_pairs_case(fcclComm_t comm, int rank, int nranks, const fccl_pattern* pat,
+                                size_t count, size_t base) {
+  int partner = rank ^ 1;
+  size_t bytes = count * pat->esz;
+  unsigned char* send = (unsigned char*)fccl_xmalloc(bytes);
+  unsigned char* recv = (unsigned char*)fccl_xmalloc(bytes + FCCL_SLACK);
+  char what[160];
+  snprintf(what, sizeof what, "blocking pair %d<->%d %s count=%zu (no group)", rank, partner,
+           fccl_dt_name(pat->dt), count);
+  fccl_phase("%s", what);
+  fccl_pattern_fill(pat, send, count, fccl_rank_off(base, rank));
+  memset(recv, FCCL_SENT_RECV, bytes + FCCL_SLACK);
+  if (partner < nranks) {
+    int r1, r2;
+    if (rank % 2 == 0) {
+      r1 = CHECK_OK(fcclSend(send, count, pat->dt, partner, comm, NULL));
+      r2 = CHECK_OK(fcclRecv(recv, count, pat->dt, partner, comm, NULL));
+    } else {
+      r2 = CHECK_OK(fcclRecv(recv, count, pat->dt, partner, comm, NULL));
+      r1 = CHECK_OK(fcclSend(send, count, pat->dt, partner, comm, NULL));
+    }
+    (void)r1;
+    if (r2) PATTERN_CHECK(pat, recv, count, fccl_rank_off(base, partner), what);
+    BYTES_CHECK(recv + bytes, FCCL_SLACK, FCCL_SENT_RECV, "blocking pair: bytes after recvbuff");
+  }
+  free(send);
+  free(recv);
+}
+
+/* Both sides' sizes, in elements or in bytes (types may differ between a send and its
+ * receive, so bytes are as good). */
+static int names_both_sizes(const char* msg) {
+  if (!msg) return 0;
+  return (strstr(msg, "1234") && strstr(msg, "4321")) ||
+         (strstr(msg, "4936") && strstr(msg, "17284"));
+}
+
+/* rank 0 sends 1234 int32 to rank 1, which posts a receive of 4321 */
+static void mismatch_case(fcclComm_t comm, int rank) {
+  int32_t* buf = (int32_t*)fccl_xmalloc(4321 * sizeof(int32_t));
+  fcclResult_t res;
+  const char* msg;
+  memset(buf, 0, 4321 * sizeof(int32_t));
+  fccl_phase("send/recv count mismatch");
+  if (rank == 0) {
+    res = fcclSend(buf, 1234, fcclInt32, 1, comm, NULL);
+    if (CHECK_ERR(res, fcclCollectiveMismatch, "fcclSend")) {
+      msg = fcclGetLastError(NULL);
+      CHECK(names_both_sizes(msg),
+            "send/recv mismatch message should name both sizes (1234 and 4321 elements, or "
+            "4936 and 17284 bytes): \"%s\"",
+            msg ? msg : "(NULL)");
+    }
+  } else if (rank == 1) {
+    res = fcclRecv(buf, 4321, fcclInt32, 0, comm, NULL);
+    if (CHECK_ERR(res, fcclCollectiveMismatch, "fcclRecv")) {
+      msg = fcclGetLastError(NULL);
+      CHECK(names_both_sizes(msg),
+            "send/recv mismatch message should name both sizes (1234 and 4321 elements, or "
+            "4936 and 17284 bytes): \"%s\"",
+            msg ? msg : "(NULL)");
+    }
+  }
+  free(buf);
+}
+
+static void bad_peer_case(fcclComm_t comm, int nranks) {
+  int32_t send[4] = {1, 2, 3, 4}, recv[4];
+  fccl_phase("peers out of range");
+  memset(recv, FCCL_SENT_RECV, sizeof recv);
+  CHECK_ERR(fcclSend(send, 4, fcclInt32, nranks, comm, NULL), fcclInvalidArgument, "fcclSend");
+  CHECK_ERR(fcclSend(send, 4, fcclInt32, -1, comm, NULL), fcclInvalidArgument, "fcclSend");
+  CHECK_ERR(fcclRecv(recv, 4, fcclInt32, nranks, comm, NULL), fcclInvalidArgument, "fcclRecv");
+  CHECK_ERR(fcclRecv(recv, 4, fcclInt32, -1, comm, NULL), fcclInvalidArgument, "fcclRecv");
+  BYTES_CHECK(recv, sizeof recv, FCCL_SENT_RECV, "fcclRecv with a bad peer wrote recvbuff");
+}
+
+static int body(fcclComm_t comm, int rank, int nranks) {
+  static const size_t counts[] = {0, 1, 7, FCCL_BIG_COUNT};
+  int t, c;
+  size_t base = 0;
+  fccl_pattern pat;
+  for (t = 0; t < FCCL_NTYPES; t++) {
+    fccl_pattern_init(&pat, fccl_types[t], FCCL_SCHEME_FULL);
+    for (c = 0; c < 4; c++) ring_case(comm, rank, nranks, &pat, counts[c], 1, (t + c) % 2, base += 907);
+    all_pairs_case(comm, rank, nranks, &pat, 7, base += 907);
+    fccl_pattern_free(&pat);
+  }
+  fccl_pattern_init(&pat, fcclFloat32, FCCL_SCHEME_FULL);
+  ring_case(comm, rank, nranks, &pat, (size_t)1 << 20, 1, 0, base += 907);         /* 4 MiB */
+  ring_case(comm, rank, nranks, &pat, ((size_t)3 << 20) + 5, -1, 1, base += 907);  /* 12 MiB */
+  all_pairs_case(comm, rank, nranks, &pat, (((size_t)1 << 20) / (size_t)nranks) + 1, base += 907);
+  in_order_case(comm, rank, nranks, &pat, base += 907);
+  blocking_pairs_case(comm, rank, nranks, &pat, 1000, base += 907);
+  blocking_pairs_case(comm, rank, nranks, &pat, (size_t)1 << 20, base += 907);
+  /* point-to-point involves only its two ranks: at an odd world size the last rank
+   * made none of the calls above, and collectives must still match */
+  allreduce_works(comm, rank, nranks, "after send/recv between pairs of ranks only");
+  fccl_pattern_free(&pat);
+
+  /* send to self */
+  fccl_pattern_init(&pat, fcclFloat64, FCCL_SCHEME_FULL);
+  {
+    const size_t count = 100003;
+    double* send = (double*)fccl_xmalloc(count * sizeof(double));
+    double* recv = (double*)fccl_xmalloc(count * sizeof(double));
+    fccl_phase("send to self");
+    fccl_pattern_fill(&pat, send, count, fccl_rank_off(base += 907, rank));
+    memset(recv, FCCL_SENT_RECV, count * sizeof(double));
+    CHECK_OK(fcclGroupStart());
+    CHECK_OK(fcclSend(send, count, fcclFloat64, rank, comm, NULL));
+    CHECK_OK(fcclRecv(recv, count, fcclFloat64, rank, comm, NULL));
+    if (CHECK_OK(fcclGroupEnd()))
+      PATTERN_CHECK(&pat, recv, count, fccl_rank_off(base, rank), "send to self");
+    free(send);
+    free(recv);
+  }
+  fccl_pattern_free(&pat);
+
+  bad_peer_case(comm, nranks);
+
+  if (nranks >= 2) {
+    mismatch_case(comm, rank);
+    fccl_pattern_init(&pat, fcclInt32, FCCL_SCHEME_FULL);
+    ring_case(comm, rank, nranks, &pat, 1000, 1, 0, base += 907);
+    fccl_pattern_free(&pat);
+  }
+  allreduce_works(comm, rank, nranks, "at the end");
+  return fccl_failures();
+}
+
+int main(int argc, char** argv) { return fccl_main(argc, argv, body); }
