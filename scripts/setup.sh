@@ -1,11 +1,12 @@
 #!/usr/bin/env bash
 # Installs what the tests and the benchmark need and is not on a fresh machine:
-# a virtual environment in .venv with cmake (from PyPI), pytest and numpy.
+# a virtual environment in .venv with cmake (from PyPI), pytest, numpy and
+# ml_dtypes (bfloat16 for the Python package tests).
 # Idempotent and quiet when everything is already there. Source it or run it.
 set -euo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 venv="$root/.venv"
-need=(cmake pytest numpy)
+need=(cmake pytest numpy ml_dtypes)
 if [ ! -x "$venv/bin/python" ]; then
   echo "setup: creating $venv (cmake, pytest, numpy from PyPI)" >&2
   python3 -m venv "$venv"

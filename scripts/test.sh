@@ -33,5 +33,10 @@ ctest_suite build/c_tests
 step "C contract suite under ASan/UBSan (ctest)"
 ASAN_OPTIONS="${ASAN_OPTIONS:-detect_leaks=1}" UBSAN_OPTIONS="print_stacktrace=1:halt_on_error=1" \
   ctest_suite build/c_tests_asan -DFERROCCL_SANITIZE=ON
-step "Python ctypes tests (pytest)"
-FERROCCL_LIB="$lib/libferroccl.so" FERROCCL_RUN="$lib/ferroccl-run" python -m pytest -q tests/python
+step "symbol hygiene"
+bash tests/symbols.sh "$lib"
+step "install: CMake and pkg-config consumers of an installed copy"
+bash tests/install/run.sh
+step "Python: ctypes test and the ferroccl package (pytest)"
+FERROCCL_LIB="$lib/libferroccl.so" FERROCCL_RUN="$lib/ferroccl-run" \
+  python -m pytest -q -p no:cacheprovider tests/python python/tests

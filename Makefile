@@ -1,0 +1,117 @@
+# ferroccl: build and install.
+#
+#   make                               cargo build --release
+#   make install PREFIX=/opt/ferroccl  libraries, headers, launcher, CMake package, pkg-config
+#   make uninstall PREFIX=...          removes what install put there
+#   make clean                         cargo clean, generated API docs
+#   make doc                           API reference into docs/api/ (needs doxygen)
+#   make test-install test-symbols     tests/install/run.sh, tests/symbols.sh
+#
+# Variables: PREFIX (/usr/local), DESTDIR (staging root, prepended to every path),
+# LIBDIR, INCLUDEDIR, BINDIR, CARGO (cargo), CARGO_TARGET_DIR (target).
+#
+# The version is not written here: it is read from include/ferroccl.h (FCCL_MAJOR,
+# FCCL_MINOR, FCCL_PATCH, which cbindgen takes from src/ffi/mod.rs) and substituted into
+# the CMake and pkg-config files at install time.
+
+PREFIX     ?= /usr/local
+LIBDIR     ?= $(PREFIX)/lib
+INCLUDEDIR ?= $(PREFIX)/include
+BINDIR     ?= $(PREFIX)/bin
+CMAKEDIR   ?= $(LIBDIR)/cmake/ferroccl
+PCDIR      ?= $(LIBDIR)/pkgconfig
+DESTDIR    ?=
+
+CARGO      ?= cargo
+INSTALL    ?= install
+# Paths are relative to this Makefile, so `make -C DIR` and `make -f DIR/Makefile` work.
+ROOT       := $(patsubst %/,%,$(dir $(abspath $(lastword $(MAKEFILE_LIST)))))
+TARGET_DIR := $(or $(CARGO_TARGET_DIR),$(ROOT)/target)
+OUT        := $(TARGET_DIR)/release
+
+HEADER     := $(ROOT)/include/ferroccl.h
+NCCL_HDR   := $(ROOT)/include/ferroccl/nccl.h
+LIBS       := $(OUT)/libferroccl.so $(OUT)/libferroccl.a
+LAUNCHER   := $(OUT)/ferroccl-run
+
+HASH := \#
+VERSION := $(shell awk '$$1 == "$(HASH)define" && $$2 ~ /^FCCL_(MAJOR|MINOR|PATCH)$$/ { v[$$2] = $$3 } \
+  END { if (length(v) == 3) print v["FCCL_MAJOR"] "." v["FCCL_MINOR"] "." v["FCCL_PATCH"] }' $(HEADER))
+
+# System libraries that Rust's std needs when libferroccl.a is linked into a C program
+# (`rustc --print native-static-libs` on *-unknown-linux-gnu: -lgcc_s -lutil -lrt
+# -lpthread -lm -ldl -lc).
+STATIC_DEPS ?= gcc_s util rt pthread m dl
+
+# Absolute paths: they are written into the pkg-config files.
+override PREFIX     := $(abspath $(PREFIX))
+override LIBDIR     := $(abspath $(LIBDIR))
+override INCLUDEDIR := $(abspath $(INCLUDEDIR))
+override BINDIR     := $(abspath $(BINDIR))
+override CMAKEDIR   := $(abspath $(CMAKEDIR))
+override PCDIR      := $(abspath $(PCDIR))
+
+# Paths of the installed tree relative to the CMake package directory, so that the
+# package still works after the whole prefix is moved.
+relpath = $(shell realpath -m --relative-to='$(2)' '$(1)')
+
+.PHONY: all build install uninstall clean doc test-install test-symbols version
+
+all: build
+
+build:
+	$(CARGO) build --release --manifest-path '$(ROOT)/Cargo.toml'
+
+version:
+	@echo $(VERSION)
+
+# Builds first when cargo is at hand (a no-op when up to date); without cargo (e.g.
+# `sudo make install` with cargo only in the user's PATH) installs what is built.
+BUILD_FIRST := $(if $(shell command -v $(CARGO) 2>/dev/null),build,)
+
+install: $(BUILD_FIRST)
+	@test -n "$(VERSION)" || { echo "install: no FCCL_MAJOR/MINOR/PATCH in $(HEADER)" >&2; exit 1; }
+	@for f in $(LIBS) $(LAUNCHER); do test -f "$$f" || { echo "install: $$f missing; run make first" >&2; exit 1; }; done
+	$(INSTALL) -d '$(DESTDIR)$(LIBDIR)' '$(DESTDIR)$(INCLUDEDIR)/ferroccl' '$(DESTDIR)$(BINDIR)' \
+	  '$(DESTDIR)$(CMAKEDIR)' '$(DESTDIR)$(PCDIR)'
+	$(INSTALL) -m 755 $(OUT)/libferroccl.so '$(DESTDIR)$(LIBDIR)/libferroccl.so'
+	$(INSTALL) -m 644 $(OUT)/libferroccl.a '$(DESTDIR)$(LIBDIR)/libferroccl.a'
+	$(INSTALL) -m 644 $(HEADER) '$(DESTDIR)$(INCLUDEDIR)/ferroccl.h'
+	$(INSTALL) -m 644 $(NCCL_HDR) '$(DESTDIR)$(INCLUDEDIR)/ferroccl/nccl.h'
+	$(INSTALL) -m 755 $(LAUNCHER) '$(DESTDIR)$(BINDIR)/ferroccl-run'
+	sed -e 's|@FERROCCL_PREFIX_REL@|$(call relpath,$(PREFIX),$(CMAKEDIR))|g' \
+	    -e 's|@FERROCCL_LIBDIR_REL@|$(call relpath,$(LIBDIR),$(PREFIX))|g' \
+	    -e 's|@FERROCCL_INCLUDEDIR_REL@|$(call relpath,$(INCLUDEDIR),$(PREFIX))|g' \
+	    -e 's|@FERROCCL_BINDIR_REL@|$(call relpath,$(BINDIR),$(PREFIX))|g' \
+	    -e 's|@FERROCCL_STATIC_DEPS@|$(STATIC_DEPS)|g' \
+	    '$(ROOT)/cmake/ferrocclConfig.cmake.in' > '$(DESTDIR)$(CMAKEDIR)/ferrocclConfig.cmake'
+	sed -e 's|@FERROCCL_VERSION@|$(VERSION)|g' \
+	    '$(ROOT)/cmake/ferrocclConfigVersion.cmake.in' > '$(DESTDIR)$(CMAKEDIR)/ferrocclConfigVersion.cmake'
+	for pc in ferroccl ferroccl-nccl; do \
+	  sed -e 's|@FERROCCL_VERSION@|$(VERSION)|g' -e 's|@PREFIX@|$(PREFIX)|g' \
+	      -e 's|@LIBDIR@|$(LIBDIR)|g' -e 's|@INCLUDEDIR@|$(INCLUDEDIR)|g' -e 's|@BINDIR@|$(BINDIR)|g' \
+	      -e 's|@FERROCCL_STATIC_LIBS@|$(addprefix -l,$(STATIC_DEPS))|g' \
+	      '$(ROOT)/cmake/'$$pc.pc.in > '$(DESTDIR)$(PCDIR)/'$$pc.pc || exit 1; \
+	done
+	@echo "installed ferroccl $(VERSION) into $(DESTDIR)$(PREFIX)"
+
+uninstall:
+	rm -f '$(DESTDIR)$(LIBDIR)/libferroccl.so' '$(DESTDIR)$(LIBDIR)/libferroccl.a' \
+	  '$(DESTDIR)$(INCLUDEDIR)/ferroccl.h' '$(DESTDIR)$(INCLUDEDIR)/ferroccl/nccl.h' \
+	  '$(DESTDIR)$(BINDIR)/ferroccl-run' \
+	  '$(DESTDIR)$(CMAKEDIR)/ferrocclConfig.cmake' '$(DESTDIR)$(CMAKEDIR)/ferrocclConfigVersion.cmake' \
+	  '$(DESTDIR)$(PCDIR)/ferroccl.pc' '$(DESTDIR)$(PCDIR)/ferroccl-nccl.pc'
+	-rmdir '$(DESTDIR)$(INCLUDEDIR)/ferroccl' '$(DESTDIR)$(CMAKEDIR)' 2>/dev/null
+
+clean:
+	$(CARGO) clean --manifest-path '$(ROOT)/Cargo.toml'
+	rm -rf '$(ROOT)/docs/api'
+
+doc:
+	cd '$(ROOT)' && FERROCCL_VERSION=$(VERSION) doxygen docs/Doxyfile
+
+test-install:
+	bash '$(ROOT)/tests/install/run.sh'
+
+test-symbols:
+	bash '$(ROOT)/tests/symbols.sh'

@@ -1,0 +1,117 @@
+"""The checks every rank runs (processes: worker.py; threads: test_threads.py).
+
+run_all(comm) makes the same sequence of calls on every rank whatever it finds, and
+returns a list of failure messages (empty when everything matched numpy's reference).
+Inputs are small integers so every float sum is exact whatever the order."""
+
+import numpy as np
+
+import ferroccl
+
+INT_TYPES = [np.int8, np.uint8, np.int32, np.uint32, np.int64, np.uint64]
+FLOAT_TYPES = [np.float16, np.float32, np.float64]
+
+
+def data(rank, shape, dtype, salt=0):
+    n = int(np.prod(shape))
+    v = (np.arange(n, dtype=np.int64) * 7 + rank * 3 + salt) % 11 + (1 if rank % 2 == 0 else 0)
+    return v.astype(dtype).reshape(shape)
+
+
+def reference(op, arrays):
+    acc = np.stack([a.astype(np.float64) if a.dtype.kind == "f" else a.astype(np.int64) for a in arrays])
+    if op == "sum":
+        r = acc.sum(0)
+    elif op == "prod":
+        r = acc.prod(0)
+    elif op == "max":
+        r = acc.max(0)
+    elif op == "min":
+        r = acc.min(0)
+    else:  # avg: integer division for integer types (ABI.md)
+        r = acc.sum(0) / len(arrays) if acc.dtype.kind == "f" else acc.sum(0) // len(arrays)
+    return r.astype(arrays[0].dtype)
+
+
+def run_all(comm):
+    fails = []
+    r, n = comm.rank, comm.size
+
+    def expect(what, got, want):
+        if got is None or want is None:
+            if got is not want:
+                fails.append(f"rank {r}/{n} {what}: got {got!r}, expected {want!r}")
+            return
+        if got.shape != want.shape or got.dtype != want.dtype or not np.array_equal(got, want):
+            fails.append(f"rank {r}/{n} {what}: got {got.dtype}{got.shape} {got.ravel()[:6]}..., "
+                         f"expected {want.dtype}{want.shape} {want.ravel()[:6]}...")
+
+    # all_reduce: every dtype, every op, out-of-place and in place, a 2-D shape
+    for dtype in INT_TYPES + FLOAT_TYPES:
+        for op in ("sum", "max", "min"):
+            x = data(r, (3, 5), dtype)
+            want = reference(op, [data(p, (3, 5), dtype) for p in range(n)])
+            expect(f"all_reduce {np.dtype(dtype)} {op}", comm.all_reduce(x, op=op), want)
+    x = data(r, (7,), np.float32)
+    comm.all_reduce(x, op=ferroccl.Op.SUM, out=x)
+    expect("all_reduce in place", x, reference("sum", [data(p, (7,), np.float32) for p in range(n)]))
+    x = data(r, (4,), np.int32) % 2 + 1
+    expect("all_reduce prod", comm.all_reduce(x, op="prod"),
+           reference("prod", [data(p, (4,), np.int32) % 2 + 1 for p in range(n)]))
+    x = data(r, (9,), np.int64)
+    expect("all_reduce avg int64", comm.all_reduce(x, op="avg"), reference("avg", [data(p, (9,), np.int64)
+                                                                                   for p in range(n)]))
+    # a non-contiguous input is copied first
+    x = data(r, (6, 4), np.float64)[:, ::2]
+    expect("all_reduce strided input", comm.all_reduce(x),
+           reference("sum", [data(p, (6, 4), np.float64)[:, ::2] for p in range(n)]))
+
+    # broadcast / reduce
+    for root in sorted({0, n - 1}):
+        x = data(r, (2, 3), np.float32, salt=root)
+        expect(f"broadcast root {root}", comm.broadcast(x, root=root), data(root, (2, 3), np.float32, salt=root))
+        got = comm.reduce(data(r, (10,), np.int32), op="max", root=root)
+        expect(f"reduce root {root}", got,
+               reference("max", [data(p, (10,), np.int32) for p in range(n)]) if r == root else None)
+    y = data(r, (5,), np.uint8, salt=4)
+    comm.broadcast(y, root=0, out=y)
+    expect("broadcast in place", y, data(0, (5,), np.uint8, salt=4))
+
+    # all_gather / reduce_scatter / all_to_all
+    x = data(r, (2, 3), np.float64)
+    expect("all_gather", comm.all_gather(x), np.stack([data(p, (2, 3), np.float64) for p in range(n)]))
+    full = [data(p, (n * 2, 3), np.float32) for p in range(n)]
+    expect("reduce_scatter", comm.reduce_scatter(full[r]), reference("sum", full)[2 * r:2 * r + 2])
+    send = np.stack([np.full((4,), 100 * r + q, dtype=np.int64) for q in range(n)])
+    expect("all_to_all", comm.all_to_all(send), np.stack([np.full((4,), 100 * q + r, dtype=np.int64)
+                                                          for q in range(n)]))
+
+    # gather / scatter
+    root = n - 1
+    got = comm.gather(data(r, (3,), np.int32, salt=9), root=root)
+    expect("gather", got, np.stack([data(p, (3,), np.int32, salt=9) for p in range(n)]) if r == root else None)
+    src = np.arange(n * 3, dtype=np.float32).reshape(n, 3) + (1000 if r == 0 else 0)
+    expect("scatter", comm.scatter(src, root=0), (np.arange(3, dtype=np.float32) + 3 * r + 1000).reshape(1, 3))
+
+    # send/recv around the ring, in a group
+    nxt, prv = (r + 1) % n, (r - 1) % n
+    out = np.empty(6, dtype=np.int32)
+    with ferroccl.group():
+        comm.send(np.full(6, r, dtype=np.int32), nxt)
+        comm.recv(out, prv)
+    expect("send/recv ring in a group", out, np.full(6, prv, dtype=np.int32))
+
+    # split by parity
+    sub = comm.split(r % 2)
+    try:
+        expect("split all_reduce", sub.all_reduce(np.array([r], dtype=np.int64)),
+               np.array([sum(range(r % 2, n, 2))], dtype=np.int64))
+        if sub.size != len(range(r % 2, n, 2)) or sub.rank != r // 2:
+            fails.append(f"rank {r}/{n} split: rank {sub.rank} of {sub.size}")
+    finally:
+        sub.close()
+
+    comm.barrier()
+    if comm.async_error() is not None:
+        fails.append(f"rank {r}/{n}: async error {comm.async_error()}")
+    return fails

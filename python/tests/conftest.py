@@ -1,0 +1,66 @@
+"""pytest setup for python/tests: the package is imported from this checkout
+(python/ferroccl) and finds the library in ../../target/release unless FERROCCL_LIB is
+set; the multi-process tests use FERROCCL_RUN (default: next to the library)."""
+
+import os
+import sys
+
+import pytest
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+PYDIR = os.path.dirname(HERE)
+ROOT = os.path.dirname(PYDIR)
+if PYDIR not in sys.path:
+    sys.path.insert(0, PYDIR)
+if HERE not in sys.path:
+    sys.path.insert(0, HERE)
+# A hang fails a test instead of stalling the suite (read when a communicator is made).
+os.environ.setdefault("FERROCCL_TIMEOUT_MS", "20000")
+
+
+def _lib_available():
+    try:
+        import ferroccl
+
+        ferroccl.library_path()
+        return True, ""
+    except OSError as e:
+        return False, str(e)
+
+
+def launcher_path():
+    env = os.environ.get("FERROCCL_RUN")
+    if env:
+        return env
+    import ferroccl
+
+    return os.path.join(os.path.dirname(os.path.abspath(ferroccl.library_path())), "ferroccl-run")
+
+
+def pytest_collection_modifyitems(config, items):
+    ok, why = _lib_available()
+    if not ok:
+        skip = pytest.mark.skip(reason=f"libferroccl.so not available: {why}")
+        for item in items:
+            item.add_marker(skip)
+
+
+@pytest.fixture
+def launcher():
+    path = launcher_path()
+    if not (os.path.isfile(path) and os.access(path, os.X_OK)):
+        pytest.skip(f"ferroccl-run not found at {path}: build it or set FERROCCL_RUN")
+    return path
+
+
+@pytest.fixture
+def subprocess_env():
+    """Environment for child Pythons: this checkout's package on the path, the same
+    library, and a bound on every wait so a hang fails instead of stalling the suite."""
+    import ferroccl
+
+    env = dict(os.environ)
+    env["PYTHONPATH"] = PYDIR + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
+    env["FERROCCL_LIB"] = os.path.abspath(ferroccl.library_path())
+    env.setdefault("FERROCCL_TIMEOUT_MS", "20000")
+    return env

@@ -1,0 +1,117 @@
+"""Errors: the library's failures raise FcclError with its code and message; misuse that
+Python can see first raises TypeError / ValueError before anything is sent."""
+
+import pickle
+import threading
+
+import numpy as np
+import pytest
+
+import ferroccl
+
+
+@pytest.fixture
+def comm():
+    (c,) = ferroccl.Comm.init_all(1)
+    yield c
+    c.close()
+
+
+def test_invalid_root_raises_fccl_error(comm):
+    with pytest.raises(ferroccl.FcclError) as ei:
+        comm.broadcast(np.zeros(4, np.float32), root=3)
+    e = ei.value
+    assert e.code == ferroccl.Result.INVALID_ARGUMENT == 4
+    assert e.name == "fcclInvalidArgument"
+    assert e.call == "fcclBroadcast"
+    assert "root" in e.message  # the library's own message
+    assert e.message in str(e)
+    assert pickle.loads(pickle.dumps(e)).message == e.message
+
+
+def test_closed_comm_raises_fccl_error(comm):
+    (c,) = ferroccl.Comm.init_all(1)
+    c.close()
+    c.close()  # idempotent
+    with pytest.raises(ferroccl.FcclError) as ei:
+        c.all_reduce(np.ones(2))
+    assert ei.value.code == ferroccl.Result.INVALID_ARGUMENT
+    assert "closed" in repr(c)
+
+
+def test_python_side_checks(comm):
+    with pytest.raises(TypeError, match="does not support dtype bool"):
+        comm.all_reduce(np.ones(3, dtype=bool))
+    with pytest.raises(TypeError, match="int16"):
+        comm.all_reduce(np.ones(3, dtype=np.int16))
+    with pytest.raises(TypeError, match="byte order"):
+        comm.all_reduce(np.ones(3, dtype=">f4" if np.little_endian else "<f4"))
+    with pytest.raises(ValueError, match="unknown reduction op"):
+        comm.all_reduce(np.ones(3, np.float32), op="median")
+    with pytest.raises(ValueError, match="elements"):
+        comm.all_reduce(np.ones(3, np.float32), out=np.empty(4, np.float32))
+    with pytest.raises(TypeError, match="dtype"):
+        comm.all_reduce(np.ones(3, np.float32), out=np.empty(3, np.float64))
+    with pytest.raises(ValueError, match="C-contiguous"):
+        comm.all_reduce(np.ones(3, np.float32), out=np.empty(6, np.float32)[::2])
+    with pytest.raises(TypeError, match="numpy array"):
+        comm.recv([0, 0], 0)
+
+
+def test_uneven_blocks_are_refused_before_any_call():
+    comms = ferroccl.Comm.init_all(2)
+    try:
+        with pytest.raises(ValueError, match="equal blocks"):
+            comms[0].reduce_scatter(np.ones(3, np.float32))  # nothing sent: rank 1 need not call
+    finally:
+        for c in comms:
+            c.close()
+
+
+def test_mismatched_send_recv_reports_on_both_sides():
+    comms = ferroccl.Comm.init_all(2)
+    errors = [None, None]
+
+    def rank(r):
+        try:
+            if r == 0:
+                comms[0].send(np.ones(4, np.int32), 1)
+            else:
+                comms[1].recv(np.empty(5, np.int32), 0)
+        except ferroccl.FcclError as e:
+            errors[r] = e
+
+    threads = [threading.Thread(target=rank, args=(r,)) for r in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+    try:
+        for e in errors:
+            assert e is not None, "a mismatched send/recv did not raise"
+            assert e.code == ferroccl.Result.COLLECTIVE_MISMATCH == 100
+            assert e.message
+    finally:
+        for c in comms:
+            c.abort()
+
+
+def test_split_nocolor_and_context_manager():
+    comms = ferroccl.Comm.init_all(2)
+    subs = [None, None]
+
+    def rank(r):
+        subs[r] = comms[r].split(0 if r == 0 else ferroccl.SPLIT_NOCOLOR)
+
+    threads = [threading.Thread(target=rank, args=(r,)) for r in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+    assert subs[1] is None
+    with subs[0] as s:
+        assert (s.rank, s.size) == (0, 1)
+        np.testing.assert_array_equal(s.all_reduce(np.arange(3)), np.arange(3))
+    assert subs[0].closed
+    for c in comms:
+        c.close()

@@ -1,0 +1,66 @@
+"""The package itself: version, library discovery, dtypes (bfloat16 via ml_dtypes)."""
+
+import os
+import re
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+import ferroccl
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(os.path.dirname(HERE))
+
+
+def test_version_is_the_headers():
+    with open(os.path.join(ROOT, "include", "ferroccl.h")) as f:
+        text = f.read()
+    want = tuple(int(re.search(rf"^#define FCCL_{k} (\d+)", text, re.M).group(1)) for k in ("MAJOR", "MINOR", "PATCH"))
+    assert ferroccl.version() == want
+    assert ferroccl.__version__ == ".".join(map(str, want))
+
+
+def test_library_path_and_strings():
+    assert os.path.isfile(ferroccl.library_path()) or ferroccl.library_path() == "libferroccl.so"
+    assert ferroccl.error_string(4)
+    assert isinstance(ferroccl.last_error(), str)
+
+
+def test_dtypes_offered():
+    names = [str(d) for d in ferroccl.dtypes()]
+    assert names[:9] == ["int8", "uint8", "int32", "uint32", "int64", "uint64", "float16", "float32", "float64"]
+    try:
+        import ml_dtypes  # noqa: F401
+    except ImportError:
+        assert "bfloat16" not in names
+    else:
+        assert names[9:] == ["bfloat16", "float8_e4m3fn", "float8_e5m2"]
+
+
+def test_bfloat16_all_reduce():
+    ml_dtypes = pytest.importorskip("ml_dtypes")
+    comms = ferroccl.Comm.init_all(1)
+    try:
+        x = np.arange(10, dtype=np.float32).astype(ml_dtypes.bfloat16)
+        got = comms[0].all_reduce(x)
+        assert got.dtype == ml_dtypes.bfloat16
+        np.testing.assert_array_equal(got.astype(np.float32), np.arange(10, dtype=np.float32))
+    finally:
+        comms[0].close()
+
+
+def test_ferroccl_lib_env_is_honoured(subprocess_env):
+    env = dict(subprocess_env)
+    env["FERROCCL_LIB"] = os.path.join(HERE, "no-such-libferroccl.so")
+    p = subprocess.run([sys.executable, "-c", "import ferroccl; ferroccl.version()"], env=env,
+                       stdout=subprocess.PIPE, stderr=subprocess.STDOUT, timeout=60, check=False)
+    assert p.returncode != 0
+    assert b"FERROCCL_LIB" in p.stdout and b"no-such-libferroccl.so" in p.stdout
+    # a directory holding the library works too
+    env["FERROCCL_LIB"] = os.path.dirname(subprocess_env["FERROCCL_LIB"])
+    p = subprocess.run([sys.executable, "-c", "import ferroccl; print(ferroccl.library_path())"], env=env,
+                       stdout=subprocess.PIPE, stderr=subprocess.STDOUT, timeout=60, check=False)
+    assert p.returncode == 0, p.stdout
+    assert p.stdout.decode().strip() == subprocess_env["FERROCCL_LIB"]
