@@ -477,7 +477,9 @@ fcclResult_t fcclGetUniqueId(fcclUniqueId *uniqueId);
 /**
  * Creates rank `rank` of a communicator of `nranks` ranks that meet at `commId`'s
  * rendezvous point. Blocks until every rank has joined, or returns fcclTimeout
- * naming the ranks that never arrived.
+ * naming the ranks that never arrived. Inside fcclGroupStart/End (one thread
+ * creating several ranks), it returns at once and the ranks are created together
+ * at fcclGroupEnd; the handle is usable after that.
  */
 fcclResult_t fcclCommInitRank(fcclComm_t *comm,
                               int nranks,

@@ -153,3 +153,34 @@ fn stale_and_null_handles_are_refused() {
     let msg = unsafe { CStr::from_ptr(fcclGetLastError(null_mut())) }.to_string_lossy().into_owned();
     assert!(msg.starts_with("fcclCommDestroy: ") && msg.contains("not a live communicator"), "{msg}");
 }
+
+#[test]
+fn one_thread_creates_every_rank_inside_a_group() {
+    let n = 3;
+    let mut id = fcclUniqueId { internal: [0; FCCL_UNIQUE_ID_BYTES] };
+    ck(unsafe { fcclGetUniqueId(&mut id) });
+    let mut comms = vec![null_mut(); n];
+    ck(fcclGroupStart());
+    for r in 0..n {
+        ck(unsafe { fcclCommInitRank(&mut comms[r], n as i32, id, r as i32) });
+    }
+    // Not usable before the group ends.
+    let mut size = 0;
+    assert_eq!(unsafe { fcclCommCount(comms[0], &mut size) }, fcclInvalidArgument);
+    ck(fcclGroupEnd());
+    let x: Vec<[f64; 2]> = (0..n).map(|r| [r as f64, 1.0]).collect();
+    let mut y = vec![[0.0f64; 2]; n];
+    ck(fcclGroupStart());
+    for r in 0..n {
+        ck(unsafe {
+            fcclAllReduce(x[r].as_ptr() as _, y[r].as_mut_ptr() as _, 2, fcclFloat64, fcclSum, comms[r], null_mut())
+        });
+    }
+    ck(fcclGroupEnd());
+    for r in 0..n {
+        assert_eq!(y[r], [3.0, 3.0]);
+        ck(unsafe { fcclCommUserRank(comms[r], &mut size) });
+        assert_eq!(size, r as i32);
+    }
+    destroy(comms);
+}

@@ -8,10 +8,14 @@ use crate::error::{Error, Result};
 use std::cell::RefCell;
 use std::sync::Arc;
 
+/// A communicator creation deferred to the end of the group.
+pub type InitJob = Box<dyn FnOnce() -> Result<()> + Send>;
+
 #[derive(Default)]
 struct Group {
     depth: usize,
     calls: Vec<(Arc<Comm>, Coll)>,
+    inits: Vec<InitJob>,
 }
 
 thread_local! {
@@ -33,16 +37,31 @@ pub fn enqueue(comm: Arc<Comm>, coll: Coll) {
     GROUP.with(|g| g.borrow_mut().calls.push((comm, coll)));
 }
 
+/// Queues a communicator creation; all of a group's run together at its end (each
+/// blocks until its peers arrive, so they cannot run one after another).
+pub fn enqueue_init(job: InitJob) {
+    GROUP.with(|g| g.borrow_mut().inits.push(job));
+}
+
 /// Closes a group; the outermost close runs every queued call.
 pub fn end() -> Result<()> {
-    let calls = GROUP.with(|g| {
+    let (inits, calls) = GROUP.with(|g| {
         let mut g = g.borrow_mut();
         if g.depth == 0 {
             return Err(Error::invalid_usage("fcclGroupEnd without a matching fcclGroupStart"));
         }
         g.depth -= 1;
-        Ok(if g.depth == 0 { std::mem::take(&mut g.calls) } else { Vec::new() })
+        Ok(if g.depth == 0 { (std::mem::take(&mut g.inits), std::mem::take(&mut g.calls)) } else { Default::default() })
     })?;
+    if !inits.is_empty() {
+        let results: Vec<Result<()>> = std::thread::scope(|s| {
+            let hs: Vec<_> = inits.into_iter().map(|job| s.spawn(job)).collect();
+            hs.into_iter().map(|h| h.join().unwrap_or_else(|_| Err(Error::internal("a group init panicked")))).collect()
+        });
+        if let Some(e) = results.into_iter().find_map(|r| r.err()) {
+            return Err(e);
+        }
+    }
     if calls.is_empty() {
         return Ok(());
     }

@@ -4,7 +4,7 @@ use super::boundary::{call, last_error_ptr, write_out};
 use super::handle;
 use super::*;
 use crate::comm::bootstrap::{UniqueId, UNIQUE_ID_BYTES};
-use crate::comm::{Backend, Comm, Options};
+use crate::comm::{group, Backend, Comm, Options};
 use crate::env;
 use crate::error::{Code, Error, Result};
 use std::ffi::{CStr, CString};
@@ -144,7 +144,22 @@ fn init_rank(comm: *mut fcclComm_t, nranks: c_int, id: &fcclUniqueId, rank: c_in
             nranks - 1
         )));
     }
-    let c = Comm::init_rank(nranks as usize, &id_from_c(id), rank as usize, opts)?;
+    let id = id_from_c(id);
+    if group::active() {
+        // NCCL's way to create several ranks from one thread: inits inside a group
+        // complete together at fcclGroupEnd; the handle is usable after it.
+        let h = handle::reserve();
+        let hv = h as usize;
+        group::enqueue_init(Box::new(move || {
+            let c = Comm::init_rank(nranks as usize, &id, rank as usize, opts)?;
+            handle::fill(hv as fcclComm_t, c);
+            Ok(())
+        }));
+        // SAFETY: checked non-NULL.
+        unsafe { write_out(comm, h) };
+        return Ok(());
+    }
+    let c = Comm::init_rank(nranks as usize, &id, rank as usize, opts)?;
     // SAFETY: checked non-NULL.
     unsafe { write_out(comm, handle::register(c)) };
     Ok(())
@@ -152,7 +167,9 @@ fn init_rank(comm: *mut fcclComm_t, nranks: c_int, id: &fcclUniqueId, rank: c_in
 
 /// Creates rank `rank` of a communicator of `nranks` ranks that meet at `commId`'s
 /// rendezvous point. Blocks until every rank has joined, or returns fcclTimeout
-/// naming the ranks that never arrived.
+/// naming the ranks that never arrived. Inside fcclGroupStart/End (one thread
+/// creating several ranks), it returns at once and the ranks are created together
+/// at fcclGroupEnd; the handle is usable after that.
 #[no_mangle]
 pub unsafe extern "C" fn fcclCommInitRank(
     comm: *mut fcclComm_t,
@@ -276,7 +293,7 @@ pub unsafe extern "C" fn fcclCommSplit(
     call("fcclCommSplit", || {
         let parent = handle::get(comm)?;
         check_out(newcomm, "newcomm")?;
-        if crate::comm::group::active() {
+        if group::active() {
             return Err(Error::invalid_usage(
                 "fcclCommSplit inside a group is not supported; call it from every rank outside fcclGroupStart/End",
             ));

@@ -17,10 +17,22 @@ fn id_of(h: fcclComm_t) -> u64 {
 
 /// Registers a communicator and returns its handle.
 pub fn register(c: Comm) -> fcclComm_t {
+    let h = reserve();
+    fill(h, c);
+    h
+}
+
+/// A handle whose communicator comes later (init inside a group); until [`fill`]
+/// it is refused like a handle that does not exist.
+pub fn reserve() -> fcclComm_t {
     let id = NEXT.fetch_add(1, Ordering::Relaxed);
-    LIVE.write().unwrap_or_else(|p| p.into_inner()).get_or_insert_with(HashMap::new).insert(id, Arc::new(c));
     // Looks like an aligned pointer; never dereferenced.
     ((id << 4) as usize) as *mut fcclComm
+}
+
+/// Attaches a communicator to a reserved handle.
+pub fn fill(h: fcclComm_t, c: Comm) {
+    LIVE.write().unwrap_or_else(|p| p.into_inner()).get_or_insert_with(HashMap::new).insert(id_of(h), Arc::new(c));
 }
 
 /// The live communicator behind a handle.
