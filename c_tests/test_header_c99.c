@@ -1,10 +1,15 @@
-/* ferroccl.h alone, as C99 with -Wall -Wextra -Wpedantic -Werror: every name of ABI.md
+/* ferroccl.h alone, as C99 and (test_header_cxx11.cpp includes this file) as C++11,
+ * with -Wall -Wextra -Wpedantic -Werror: every name of ABI.md
  * with its exact signature (a function pointer of the ABI's type is initialised with each
  * function, which fails to compile on any difference), the enum values, the unique-id
  * size, FCCL_SPLIT_NOCOLOR and FCCL_CONFIG_INITIALIZER. */
 #include "ferroccl.h"
 
+#ifdef __cplusplus
+#define FCCL_STATIC_ASSERT(name, cond) static_assert(cond, #name)
+#else
 #define FCCL_STATIC_ASSERT(name, cond) typedef char fccl_assert_##name[(cond) ? 1 : -1]
+#endif
 
 FCCL_STATIC_ASSERT(success, fcclSuccess == 0);
 FCCL_STATIC_ASSERT(unhandled_cuda, fcclUnhandledCudaError == 1);

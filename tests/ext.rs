@@ -173,58 +173,6 @@ fn coalesced_all_reduce_matches_per_buffer_calls_bit_for_bit() {
 }
 
 #[test]
-fn coalesced_int32_probe() {
-    let n = 3;
-    let comms = init_all(n);
-    let counts: Vec<usize> = (0..1000).map(|i| (i * 37) % 3000).collect();
-    let data = |r: usize, b: usize| -> Vec<i32> { (0..counts[b]).map(|i| ((r * 7 + b * 3 + i) % 11) as i32).collect() };
-    let sends: Vec<Vec<Vec<i32>>> = (0..n).map(|r| (0..counts.len()).map(|b| data(r, b)).collect()).collect();
-    let mut coal: Vec<Vec<Vec<i32>>> = (0..n).map(|_| counts.iter().map(|&c| vec![0; c]).collect()).collect();
-    let mut plain = coal.clone();
-    std::thread::scope(|s| {
-        for (r, out) in coal.iter_mut().enumerate() {
-            let (c, sends, counts) = (comms[r] as usize, &sends[r], &counts);
-            s.spawn(move || {
-                let sp: Vec<*const i32> = sends.iter().map(|v| v.as_ptr()).collect();
-                let rp: Vec<*mut i32> = out.iter_mut().map(|v| v.as_mut_ptr()).collect();
-                ck(unsafe {
-                    fcclAllReduceCoalesced(
-                        sp.as_ptr() as _,
-                        rp.as_ptr() as _,
-                        counts.as_ptr(),
-                        counts.len() as i32,
-                        fcclInt32,
-                        fcclSum,
-                        2,
-                        c as fcclComm_t,
-                        null_mut(),
-                    )
-                });
-            });
-        }
-    });
-    for b in 0..counts.len() {
-        ck(group(n, |r| unsafe {
-            fcclAllReduce(
-                sends[r][b].as_ptr() as _,
-                plain[r][b].as_mut_ptr() as _,
-                counts[b],
-                fcclInt32,
-                fcclSum,
-                comms[r],
-                null_mut(),
-            )
-        }));
-    }
-    for r in 0..n {
-        for b in 0..counts.len() {
-            let (x, y) = (&coal[r][b], &plain[r][b]);
-            assert_eq!(x, y, "rank {r} buffer {b}");
-        }
-    }
-}
-
-#[test]
 fn wire_all_reduce_stays_within_its_error_bound() {
     let n = 4;
     let comms = init_all(n);
