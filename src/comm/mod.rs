@@ -40,7 +40,8 @@ impl Default for Options {
             timeout: crate::env::default_timeout(),
             backend: Backend::Auto,
             name: String::new(),
-            check_mode: crate::env::CHECK.get().is_some_and(|v| v != "0"),
+            // On by default: it costs under 3% at 1 MiB (measured; docs/robustness.md).
+            check_mode: crate::env::CHECK.get_or_default().trim() != "0",
         }
     }
 }

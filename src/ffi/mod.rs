@@ -93,9 +93,10 @@ pub const FCCL_BACKEND_HOST: c_int = 1;
 /// Backend choice: NCCL (CUDA memory, one GPU per rank).
 pub const FCCL_BACKEND_NCCL: c_int = 2;
 
-/// checkMode in fcclConfig_t: no cross-rank checking of calls.
+/// checkMode in fcclConfig_t: no cross-rank checking of calls (fastest for tiny messages).
 pub const FCCL_CHECK_OFF: c_int = 0;
-/// checkMode: fingerprint each call and compare across ranks to detect mismatches.
+/// checkMode: fingerprint each call and compare across ranks to detect mismatches before
+/// any data moves (the default).
 pub const FCCL_CHECK_FINGERPRINT: c_int = 1;
 
 /// Library version, also returned by fcclGetVersion as MAJOR*10000 + MINOR*100 + PATCH.
@@ -155,6 +156,6 @@ pub struct fcclConfig_t {
     pub backend: c_int,
     /// A name for logs and messages (copied), or NULL.
     pub commName: *const c_char,
-    /// FCCL_CHECK_OFF (default) or FCCL_CHECK_FINGERPRINT.
+    /// FCCL_CHECK_FINGERPRINT (default, unless FERROCCL_CHECK=0) or FCCL_CHECK_OFF.
     pub checkMode: c_int,
 }

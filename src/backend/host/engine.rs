@@ -545,7 +545,7 @@ fn pump_rx(
                     if (want_tag != ANY_TAG && tag != want_tag) || len != want {
                         t.check_flags().map_err(|e| e.context(ctl.what))?;
                         return Err(Error::mismatch(format!(
-                            "{}: rank {p} sent a message for its collective #{tag} of {len} bytes while rank {} expected collective #{want_tag} with {want} bytes: the ranks called different collectives, counts or types. The communicator is unusable now; destroy it (enable checkMode to detect this before any data moves)",
+                            "{}: rank {p} sent a message for its collective #{tag} of {len} bytes while rank {} expected collective #{want_tag} with {want} bytes: the ranks called different collectives, counts or types. The communicator is unusable now; destroy it (checkMode, on unless FERROCCL_CHECK=0, detects this before any data moves)",
                             ctl.what, t.rank
                         )));
                     }

@@ -21,12 +21,17 @@ fn record(c: &Call) -> [u8; REC] {
     r[0..8].copy_from_slice(&c.seq.to_le_bytes());
     r[8..12].copy_from_slice(&(kind_id(co.kind)).to_le_bytes());
     r[12..16].copy_from_slice(&(co.dtype as u32).to_le_bytes());
-    let reduces = matches!(co.kind, CollKind::AllReduce | CollKind::Reduce | CollKind::ReduceScatter);
-    r[16..20].copy_from_slice(&(if reduces { co.op as u32 } else { 0 }).to_le_bytes());
+    let reduces =
+        matches!(co.kind, CollKind::AllReduce | CollKind::Reduce | CollKind::ReduceScatter | CollKind::ReduceScatterV);
+    // The wire type, if any, rides in the op's upper bits: a wire all_reduce moves
+    // different bytes than a plain one.
+    let wire = co.wire.map_or(0, |w| (w as u32 + 1) << 8);
+    r[16..20].copy_from_slice(&(if reduces { co.op as u32 | wire } else { 0 }).to_le_bytes());
     let rooted = matches!(co.kind, CollKind::Broadcast | CollKind::Reduce | CollKind::Gather | CollKind::Scatter);
     r[20..24].copy_from_slice(&(if rooted { co.root as u32 } else { 0 }).to_le_bytes());
-    // all_to_allv counts differ per rank by design; its own exchange checks them.
-    let count = if co.kind == CollKind::AlltoAllv { 0 } else { co.count as u64 };
+    // Per-rank counts differ by design; the v-calls' own exchange checks them.
+    let per_rank = matches!(co.kind, CollKind::AlltoAllv | CollKind::AllGatherV | CollKind::ReduceScatterV);
+    let count = if per_rank { 0 } else { co.count as u64 };
     r[24..32].copy_from_slice(&count.to_le_bytes());
     r
 }
@@ -45,8 +50,11 @@ fn describe(r: &[u8]) -> String {
     let name = ALL_KINDS.iter().find(|k| kind_id(**k) == kind).map_or("unknown call", |k| k.c_name());
     let dt = DataType::try_from(dt as i32).map_or("?", |d| d.c_name());
     let mut s = format!("{name}(count {count}, {dt}");
-    if matches!(name, "fcclAllReduce" | "fcclReduce" | "fcclReduceScatter") {
-        s += &format!(", {}", RedOp::try_from(op as i32).map_or("?", |o| o.c_name()));
+    if matches!(name, "fcclAllReduce" | "fcclReduce" | "fcclReduceScatter" | "fcclReduceScatterV") {
+        s += &format!(", {}", RedOp::try_from((op & 0xff) as i32).map_or("?", |o| o.c_name()));
+        if op >> 8 != 0 {
+            s += &format!(", wire {}", DataType::try_from((op >> 8) as i32 - 1).map_or("?", |d| d.c_name()));
+        }
     }
     if matches!(name, "fcclBroadcast" | "fcclReduce" | "fcclGather" | "fcclScatter") {
         s += &format!(", root {root}");
@@ -54,7 +62,7 @@ fn describe(r: &[u8]) -> String {
     s + &format!(") #{seq}")
 }
 
-const ALL_KINDS: [CollKind; 12] = [
+const ALL_KINDS: [CollKind; 14] = [
     CollKind::AllReduce,
     CollKind::Broadcast,
     CollKind::Reduce,
@@ -67,6 +75,8 @@ const ALL_KINDS: [CollKind; 12] = [
     CollKind::Send,
     CollKind::Recv,
     CollKind::Barrier,
+    CollKind::AllGatherV,
+    CollKind::ReduceScatterV,
 ];
 
 fn is_collective(c: &Coll) -> bool {
