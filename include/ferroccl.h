@@ -45,12 +45,13 @@
 #define FCCL_BACKEND_NCCL 2
 
 /**
- * checkMode in fcclConfig_t: no cross-rank checking of calls.
+ * checkMode in fcclConfig_t: no cross-rank checking of calls (fastest for tiny messages).
  */
 #define FCCL_CHECK_OFF 0
 
 /**
- * checkMode: fingerprint each call and compare across ranks to detect mismatches.
+ * checkMode: fingerprint each call and compare across ranks to detect mismatches before
+ * any data moves (the default).
  */
 #define FCCL_CHECK_FINGERPRINT 1
 
@@ -162,7 +163,7 @@ typedef struct {
    */
   const char *commName;
   /**
-   * FCCL_CHECK_OFF (default) or FCCL_CHECK_FINGERPRINT.
+   * FCCL_CHECK_FINGERPRINT (default, unless FERROCCL_CHECK=0) or FCCL_CHECK_OFF.
    */
   int checkMode;
 } fcclConfig_t;
