@@ -40,7 +40,8 @@ fn info_logs_one_line_per_collective_to_a_file_per_process() {
         assert!(name.starts_with(&format!("log-{host}-")), "%h and %p substituted: {name}");
         let lines: Vec<&str> = text.lines().filter(|l| l.contains(" seq ")).collect();
         assert!(lines.len() >= 3, "a line per collective in {name}:\n{text}");
-        let l = lines.iter().find(|l| l.contains("fcclAllReduce count 16 float")).expect("the timed all_reduce is logged");
+        let l =
+            lines.iter().find(|l| l.contains("fcclAllReduce count 16 float")).expect("the timed all_reduce is logged");
         for field in ["rank ", "comm ", "seq ", "backend host", " us"] {
             assert!(l.contains(field), "{field:?} missing from {l:?}");
         }
