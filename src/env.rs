@@ -48,7 +48,8 @@ pub const HOST_ADDR: Var = Var {
 pub const CHECK: Var = Var {
     name: "FERROCCL_CHECK",
     default: "1",
-    doc: "1: fingerprint every collective and compare across ranks before data moves (detects mismatched calls); 0: off",
+    doc:
+        "1: fingerprint every collective and compare across ranks before data moves (detects mismatched calls); 0: off",
 };
 pub const TORCH_RANK: Var = Var { name: "RANK", default: "", doc: "torchrun's rank (fallback)" };
 pub const TORCH_WORLD_SIZE: Var = Var { name: "WORLD_SIZE", default: "", doc: "torchrun's world size (fallback)" };
