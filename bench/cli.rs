@@ -1,6 +1,6 @@
 //! Command line of ferroccl-bench: nccl-tests' flags plus our own.
 
-use crate::coll::Collective;
+use crate::coll::{Collective, ExtParams, DEFAULT_AXIS, DEFAULT_NBUFFERS};
 use crate::data::Ty;
 use std::ffi::OsString;
 use std::path::PathBuf;
@@ -82,6 +82,7 @@ pub const DEFAULT_FACTOR: u64 = 2;
 pub const DEFAULT_ITERS: usize = 20;
 pub const DEFAULT_WARMUP: usize = 5;
 pub const DEFAULT_MAX_TIME: f64 = 0.25;
+pub const DEFAULT_REPS: usize = 7;
 
 /// Everything the command line sets.
 #[derive(Clone, Debug)]
@@ -109,6 +110,14 @@ pub struct Opts {
     pub max_time: f64,
     /// Move the buffers along the allocation between iterations, as nccl-tests does.
     pub rotate: bool,
+    /// Parameters of the extension collectives.
+    pub ext: ExtParams,
+    /// Compare fcclAllReduceCoalesced with one fcclAllReduce per buffer instead of a sweep.
+    pub compare_coalesced: bool,
+    /// Compare fcclAllReduceWire with fcclAllReduce instead of a sweep.
+    pub compare_wire: bool,
+    /// Alternating repetitions of the comparisons (the median is reported).
+    pub reps: usize,
     /// The command line without `--nranks N`, for the ranks it starts.
     pub child_args: Vec<OsString>,
 }
@@ -120,6 +129,7 @@ pub enum Parsed {
 
 pub fn usage() -> String {
     let colls: Vec<&str> = Collective::ALL.iter().map(|c| c.name()).collect();
+    let ext: Vec<&str> = Collective::EXT.iter().map(|c| c.name()).collect();
     let types: Vec<&str> = Ty::ALL.iter().map(|t| t.name()).collect();
     format!(
         "usage: ferroccl-bench [COLLECTIVE...] [options]
@@ -127,7 +137,8 @@ pub fn usage() -> String {
 Measures ferroccl's collectives over a sweep of message sizes, nccl-tests style,
 calling the library through its C functions. Only rank 0 prints the table.
 
-Collectives (default all_reduce): {colls}, all
+Collectives (default all_reduce): {colls}; all (these, nccl-tests' set);
+  extensions beyond NCCL: {ext}; ext (these)
 
 Sweep (nccl-tests' flags; sizes take the suffixes K, M, G = 2^10, 2^20, 2^30):
   -b, --minbytes SIZE      smallest size (default {dmin})
@@ -151,6 +162,33 @@ Ranks:
                            torchrun, FERROCCL_RANK/FERROCCL_WORLD_SIZE/...) or, when no
                            rank is set there, runs as a single rank.
   --mem host|cuda          buffer memory (default host; cuda needs CUDA support)
+
+Extension collectives (see \"Extensions\" below for sizes and bandwidth):
+  --axis 0|1               axis of the 2-D tensor the axis forms gather or scatter along
+                           (default {daxis})
+  --nbuffers B             buffers per coalesced call (default {dnb})
+  --bucket SIZE            bucketBytes of the coalesced calls (default 0 = the library's
+                           default)
+  --wire TYPE              wire type of all_reduce_wire and --compare-wire: half,
+                           bfloat16, f8e4m3, f8e5m2, float or double, no wider than -d
+                           (default bfloat16); -d must be float or double
+
+Comparisons (instead of a sweep; no collectives named; both may be given):
+  --compare-coalesced      at each size, fcclAllReduceCoalesced over the B buffers of
+                           all_reduce_coalesced (--nbuffers, --bucket) against B separate
+                           fcclAllReduce calls on the same buffers; prints both times per
+                           set of B buffers and the speed-up. -b 1M -e 1M --nbuffers 1000
+                           is 1000 buffers of 1 KiB (float).
+  --compare-wire           at each size, fcclAllReduceWire (-d over --wire) against
+                           fcclAllReduce (-d) on the same data; prints both busbw and the
+                           gain (wire busbw / plain busbw).
+  --reps R                 repetitions of a comparison (default {dreps}). Each repetition
+                           times both sides back to back after a barrier, in alternating
+                           order, each for up to --max-time (at most -n calls, at least
+                           1); times combine across ranks as -a says. Printed: the median
+                           time of each side, and the median and range over the
+                           repetitions of the ratio measured within one repetition.
+                           Results of both sides are checked (-c) outside the timing.
 
 Output:
   -J, --json FILE          results as JSON: the run's parameters, library version, host,
@@ -189,6 +227,27 @@ Differences from nccl-tests:
   Out of bounds values counts the sizes and placements with wrong elements (as
   nccl-tests); #wrong counts wrong elements summed over ranks. The footer also gives
   the peak resident memory (VmHWM) of the largest rank.
+  Extensions (sizes, counts and bandwidth as their NCCL counterparts):
+  all_gather_v, reduce_scatter_v: as all_gather, reduce_scatter (size = count*nranks
+  elements, algbw over that, busbw factor (n-1)/n), with rank r's count
+  count*(1 - f/(2n)), f = (r+1)(r+2) mod (n+1) (all_to_allv's count from r to r) at
+  displacement r*count; what lies past a rank's count must stay untouched. In place:
+  sendbuff = recvbuff + r*count (all_gather_v), recvbuff = sendbuff + r*count
+  (reduce_scatter_v).
+  all_gather_axis, reduce_scatter_axis: as all_gather, reduce_scatter; the size is the
+  whole tensor (every rank's block): each rank's block is [rows, cols] with rows*cols =
+  count, rows the largest divisor of count not above its square root, the whole
+  tensor that with nranks times as much along --axis. In place only along axis 0
+  (elsewhere a rank's block is not contiguous: N/A).
+  all_reduce_coalesced, broadcast_coalesced: as all_reduce, broadcast over the total
+  bytes of the B buffers (busbw factor 2(n-1)/n and 1): each buffer holds the largest
+  power of two of elements not above count/B (with fewer elements than B, one
+  buffer per element), so the size column shows the buffers times that. broadcast_coalesced takes
+  one buffer per tensor, so it runs in place only (out of place: N/A).
+  all_reduce_wire: algbw over the data type's bytes (count * size of -d), busbw with
+  all_reduce's factor 2(n-1)/n. Its inputs are small integers chosen so that every
+  contribution and every partial sum is exact in the wire type too, so results are
+  still compared exactly.
   Exit status: 0 all results right, 1 wrong results, 2 bad arguments or memory kind
   not available, 3 a library call or an output file failed.
 
@@ -205,6 +264,10 @@ Test hook:
         dit = DEFAULT_ITERS,
         dw = DEFAULT_WARMUP,
         dmt = DEFAULT_MAX_TIME,
+        ext = ext.join(" "),
+        daxis = DEFAULT_AXIS,
+        dnb = DEFAULT_NBUFFERS,
+        dreps = DEFAULT_REPS,
     )
 }
 
@@ -262,6 +325,10 @@ pub fn parse(raw: &[OsString]) -> Result<Parsed, String> {
         plot: None,
         max_time: DEFAULT_MAX_TIME,
         rotate: true,
+        ext: ExtParams::default(),
+        compare_coalesced: false,
+        compare_wire: false,
+        reps: DEFAULT_REPS,
         child_args: Vec::new(),
     };
     let args: Vec<String> = raw
@@ -286,7 +353,9 @@ pub fn parse(raw: &[OsString]) -> Result<Parsed, String> {
         } else {
             (a.clone(), None)
         };
-        let takes_value = !matches!(flag.as_str(), "-h" | "--help") && flag.starts_with('-') && flag.len() > 1;
+        let takes_value = !matches!(flag.as_str(), "-h" | "--help" | "--compare-coalesced" | "--compare-wire")
+            && flag.starts_with('-')
+            && flag.len() > 1;
         let mut value = || -> Result<String, String> {
             if let Some(v) = &inline {
                 return Ok(v.clone());
@@ -374,16 +443,50 @@ pub fn parse(raw: &[OsString]) -> Result<Parsed, String> {
                     v => return Err(format!("--rotate {v}: use 0 or 1")),
                 }
             }
+            "--axis" => {
+                let v = value()?;
+                o.ext.axis = match v.trim() {
+                    "0" => 0,
+                    "1" => 1,
+                    _ => return Err(format!("--axis {v}: the tensor is 2-D; use 0 or 1")),
+                }
+            }
+            "--nbuffers" => {
+                let v: usize = parse_num("--nbuffers", &value()?)?;
+                if v == 0 || v > i32::MAX as usize {
+                    return Err(format!("--nbuffers {v}: use 1 to {}", i32::MAX));
+                }
+                o.ext.nbuffers = v;
+            }
+            "--bucket" => {
+                let v = parse_size(&value()?).map_err(|e| format!("--bucket: {e}"))?;
+                o.ext.bucket = usize::try_from(v).map_err(|_| format!("--bucket {v}: too large"))?;
+            }
+            "--wire" => {
+                let v = value()?;
+                o.ext.wire = Ty::parse(&v)
+                    .filter(|t| t.is_float())
+                    .ok_or_else(|| format!("--wire {v}: use half, bfloat16, f8e4m3, f8e5m2, float or double"))?;
+            }
+            "--compare-coalesced" => o.compare_coalesced = true,
+            "--compare-wire" => o.compare_wire = true,
+            "--reps" => {
+                o.reps = parse_num("--reps", &value()?)?;
+                if o.reps == 0 {
+                    return Err("--reps needs at least 1 repetition".into());
+                }
+            }
             _ if takes_value => return Err(format!("unknown option {a}")),
             name => {
                 if name == "all" {
                     o.colls.extend(Collective::ALL);
+                } else if name == "ext" {
+                    o.colls.extend(Collective::EXT);
                 } else {
                     let c = Collective::parse(name).ok_or_else(|| {
-                        format!("unknown collective {name:?} (one of {} or all)", {
-                            let v: Vec<&str> = Collective::ALL.iter().map(|c| c.name()).collect();
-                            v.join(" ")
-                        })
+                        let v: Vec<&str> =
+                            Collective::ALL.iter().chain(Collective::EXT.iter()).map(|c| c.name()).collect();
+                        format!("unknown collective {name:?} (one of {}, all or ext)", v.join(" "))
                     })?;
                     o.colls.push(c);
                 }
@@ -393,8 +496,29 @@ pub fn parse(raw: &[OsString]) -> Result<Parsed, String> {
             o.child_args.extend(raw[start..i].iter().cloned());
         }
     }
-    if o.colls.is_empty() {
+    let comparing = o.compare_coalesced || o.compare_wire;
+    if comparing {
+        if !o.colls.is_empty() {
+            return Err("--compare-coalesced and --compare-wire run their own calls; name no collectives".into());
+        }
+        if o.json.is_some() || o.csv.is_some() || o.plot.is_some() {
+            return Err("-J, --csv and --plot are for sweeps, not for --compare-coalesced or --compare-wire".into());
+        }
+    } else if o.colls.is_empty() {
         o.colls.push(Collective::AllReduce);
+    }
+    if o.compare_wire || o.colls.contains(&Collective::AllReduceWire) {
+        let what = if o.compare_wire { "--compare-wire" } else { "all_reduce_wire" };
+        if !matches!(o.ty, Ty::Float | Ty::Double) {
+            return Err(format!("{what} needs -d float or double, not {}", o.ty.name()));
+        }
+        if o.ext.wire.size() > o.ty.size() {
+            return Err(format!(
+                "--wire {}: the wire type of {what} must be no wider than the data (-d {})",
+                o.ext.wire.name(),
+                o.ty.name()
+            ));
+        }
     }
     let mut seen = Vec::new();
     o.colls.retain(|c| {
@@ -476,5 +600,34 @@ mod tests {
         assert!(o.child_args.iter().all(|a| a != "--nranks=3"));
         let o = p(&["-b", "1K", "-e", "4K", "-f", "1", "-i", "1K"]);
         assert_eq!(o.sizes(), vec![1024, 2048, 3072, 4096]);
+    }
+
+    #[test]
+    fn extension_flags() {
+        let o = p(&["ext"]);
+        assert_eq!(o.colls, Collective::EXT.to_vec());
+        assert_eq!(o.ext, ExtParams::default());
+        let o = p(&["all", "ext"]);
+        assert_eq!(o.colls.len(), Collective::ALL.len() + Collective::EXT.len());
+        let o = p(&["all_gather_axis", "--axis", "0", "--nbuffers", "10", "--bucket", "1M", "--wire", "half"]);
+        assert_eq!((o.ext.axis, o.ext.nbuffers, o.ext.bucket, o.ext.wire), (0, 10, 1 << 20, Ty::Half));
+        let kept: Vec<String> = o.child_args.iter().map(|a| a.to_string_lossy().into_owned()).collect();
+        assert_eq!(kept.len(), 9, "extension flags travel to the ranks: {kept:?}");
+        let o = p(&["--compare-coalesced", "--compare-wire", "-b", "1M", "-e", "1M", "--reps", "3"]);
+        assert!(o.compare_coalesced && o.compare_wire && o.colls.is_empty());
+        assert_eq!(o.reps, 3);
+        let bad = |args: &[&str]| {
+            let raw: Vec<OsString> = args.iter().map(OsString::from).collect();
+            assert!(parse(&raw).is_err(), "{args:?} is refused");
+        };
+        bad(&["--axis", "2"]);
+        bad(&["--nbuffers", "0"]);
+        bad(&["--wire", "int8"]);
+        bad(&["all_reduce_wire", "-d", "int32"]);
+        bad(&["all_reduce_wire", "-d", "float", "--wire", "double"]);
+        bad(&["--compare-wire", "-d", "half"]);
+        bad(&["--compare-coalesced", "all_reduce"]);
+        bad(&["--compare-coalesced", "-J", "x.json"]);
+        bad(&["--reps", "0"]);
     }
 }

@@ -85,6 +85,11 @@ impl Ty {
         }
     }
 
+    /// Floating-point types (the ones a wire type may be).
+    pub fn is_float(self) -> bool {
+        matches!(self, Ty::Half | Ty::Float | Ty::Double | Ty::Bfloat16 | Ty::F8e4m3 | Ty::F8e5m2)
+    }
+
     pub fn c_value(self) -> fcclDataType_t {
         match self {
             Ty::Int8 => fcclInt8,
@@ -419,6 +424,18 @@ impl Gen {
         }
     }
 
+    /// Inputs whose contributions, partial results (in any order) and result are all
+    /// exact in `ty` as well, for a reduction that moves them in `ty` (all_reduce_wire's
+    /// wire type): as [`Gen::new`] for `ty`, with avg's values bounded so that any
+    /// partial sum, not only the total, stays within ty's exact integers. Every value
+    /// is a non-negative integer no larger than ty's limit, so it is exact in any wider
+    /// float type too.
+    pub fn exact_partials(ty: Ty, red: RedKind, nranks: usize, seed: u64) -> Gen {
+        let mut g = Gen::new(ty, red, nranks, seed);
+        g.amax = g.amax.min(g.limit / (2 * g.n));
+        g
+    }
+
     #[inline]
     fn h(&self, a: u64, b: u64) -> u64 {
         mix(self.seed ^ a.wrapping_mul(0xd6e8_feb8_6659_fd93) ^ b.wrapping_mul(0xa076_1d64_78bd_642f))
@@ -524,6 +541,31 @@ mod tests {
         assert_eq!(Half::sentinel().to_int(), None);
         assert_eq!(E4m3::sentinel().to_int(), None);
         assert_ne!(E4m3::from_int(0).flip().to_int(), Some(0));
+    }
+
+    #[test]
+    fn exact_partials_keep_every_partial_sum_in_range() {
+        for ty in [Ty::Bfloat16, Ty::Half, Ty::F8e4m3, Ty::F8e5m2] {
+            for red in [RedKind::Sum, RedKind::Prod, RedKind::Max, RedKind::Min, RedKind::Avg] {
+                for n in [1usize, 2, 3, 4, 7, 16, 33] {
+                    let g = Gen::exact_partials(ty, red, n, 5);
+                    for j in 0..200 {
+                        let vals: Vec<u64> = (0..n).map(|r| g.red_input(r, j)).collect();
+                        match red {
+                            // Inputs are >= 0, so every partial sum is at most the total.
+                            RedKind::Sum | RedKind::Avg => {
+                                assert!(vals.iter().sum::<u64>() <= ty.limit(), "{ty:?} {red:?} n={n}")
+                            }
+                            RedKind::Prod => {
+                                let e = g.red_expected(j);
+                                assert!(e.is_power_of_two() && e.trailing_zeros() as u64 <= ty.max_pow2());
+                            }
+                            RedKind::Max | RedKind::Min => assert!(vals.iter().all(|&v| v <= ty.limit())),
+                        }
+                    }
+                }
+            }
+        }
     }
 
     #[test]

@@ -4,11 +4,13 @@
 //! [`ferroccl::launch`]; otherwise each process is one rank of an external launch
 //! (or a single rank). Every rank times each size out of place and in place, checks
 //! its results outside the timed loop, and rank 0 prints the table and writes the
-//! JSON, CSV and SVG outputs. See `ferroccl-bench --help`.
+//! JSON, CSV and SVG outputs. `--compare-coalesced` and `--compare-wire` replace the
+//! sweep with side-by-side timings (see compare.rs). See `ferroccl-bench --help`.
 
 mod cli;
 mod coll;
 mod comm;
+mod compare;
 mod data;
 mod plot;
 mod report;
@@ -193,6 +195,23 @@ fn run_rank(o: &Opts) -> Result<i32, Fail> {
     }
     let corrupt = std::env::var(CORRUPT_VAR).is_ok_and(|v| !v.is_empty() && v != "0");
     let mut ctx = Ctx { o, comm: &comm, corrupt, progress: Progress::new(rank0) };
+    if o.compare_coalesced || o.compare_wire {
+        let mut failed = 0;
+        if o.compare_coalesced {
+            failed += compare::coalesced(&mut ctx)?;
+        }
+        if o.compare_wire {
+            failed += compare::wire(&mut ctx)?;
+        }
+        ctx.progress.clear();
+        let infos = rank_infos(&comm)?;
+        let peak = infos.iter().map(|i| i.peak_rss_kib).max().unwrap_or(0);
+        if rank0 {
+            out(&compare::footer(failed, peak));
+        }
+        drop(comm);
+        return Ok(if failed > 0 { 1 } else { 0 });
+    }
     let mut records: Vec<Record> = Vec::new();
     for &c in &o.colls {
         let recs = bench_collective(&mut ctx, c)?;
@@ -242,36 +261,56 @@ fn bench_collective(ctx: &mut Ctx, coll: Collective) -> Result<Vec<Record>, Fail
     let n = comm.nranks;
     let esize = o.ty.size();
     let sizes = o.sizes();
-    let buf_bytes = sizes
-        .iter()
-        .map(|&s| {
-            let l = coll.layout((s / esize as u64) as usize, n);
-            l.send.max(l.recv) * esize
-        })
-        .max()
-        .unwrap_or(0);
+    let buf_bytes = max_buf_bytes(o, &[coll], n);
     let send = Buf::host(buf_bytes)?;
     let recv = Buf::host(buf_bytes)?;
     if comm.rank == 0 {
         ctx.progress.clear();
-        out(&report::table_header(coll.name()));
+        out(&report::table_header(coll.name(), coll.note(&o.ext, o.ty).as_deref()));
     }
+    let (has_out, has_in) = coll.placements(&o.ext);
     let mut recs = Vec::with_capacity(sizes.len() * 2);
     for (i, &size) in sizes.iter().enumerate() {
         ctx.progress.update(&format!("{} {} B ({}/{})", coll.name(), size, i + 1, sizes.len()));
         let count = (size / esize as u64) as usize;
         let root = if coll.has_root() { o.root as usize } else { 0 };
-        let case = Case::new(comm, coll, o.ty, o.op, root, count, send.ptr, recv.ptr, buf_bytes, o.rotate);
-        let outp = measure(ctx, &case, false)?;
-        let inp = measure(ctx, &case, true)?;
+        let case = Case::new(comm, coll, o.ty, o.op, root, count, send.ptr, recv.ptr, buf_bytes, o.rotate, o.ext);
+        let outp = if has_out { Some(measure(ctx, &case, false)?) } else { None };
+        let inp = if has_in { Some(measure(ctx, &case, true)?) } else { None };
         if comm.rank == 0 {
             ctx.progress.clear();
-            out(&format!("{}\n", report::row(&outp, &inp)));
+            out(&format!("{}\n", report::row(outp.as_ref(), inp.as_ref())));
         }
-        recs.push(outp);
-        recs.push(inp);
+        recs.extend(outp);
+        recs.extend(inp);
     }
     Ok(recs)
+}
+
+/// Bytes of each of the send and receive allocations: enough for the largest size of
+/// the sweep of any of `colls`.
+fn max_buf_bytes(o: &Opts, colls: &[Collective], n: usize) -> usize {
+    let esize = o.ty.size();
+    o.sizes()
+        .iter()
+        .flat_map(|&s| {
+            colls.iter().map(move |c| {
+                let l = c.layout((s / esize as u64) as usize, n, &o.ext);
+                l.send.max(l.recv) * esize
+            })
+        })
+        .max()
+        .unwrap_or(0)
+}
+
+/// One rank's time combined across ranks as `-a` says.
+fn combine(comm: &Comm, o: &Opts, local: f64) -> Result<f64, Fail> {
+    Ok(match o.average {
+        Average::Rank0 => local,
+        Average::Avg => comm.allreduce_f64(local, fcclSum)? / comm.nranks as f64,
+        Average::Min => comm.allreduce_f64(local, fcclMin)?,
+        Average::Max => comm.allreduce_f64(local, fcclMax)?,
+    })
 }
 
 /// Warmups, the timed loop and the checks of one size and placement.
@@ -308,45 +347,11 @@ fn measure(ctx: &Ctx, case: &Case, inplace: bool) -> Result<Record, Fail> {
         case.run(it, inplace)?;
     }
     let local = t0.elapsed().as_secs_f64() / iters as f64;
-    let secs = match o.average {
-        Average::Rank0 => local,
-        Average::Avg => comm.allreduce_f64(local, fcclSum)? / n as f64,
-        Average::Min => comm.allreduce_f64(local, fcclMin)?,
-        Average::Max => comm.allreduce_f64(local, fcclMax)?,
-    };
+    let secs = combine(comm, o, local)?;
 
     let checked = o.check > 0 && (!inplace || coll.inplace_checked());
-    let mut wrong = None;
-    if checked {
-        let mut total = 0;
-        for c in 0..o.check {
-            let seed = 1 + c as u64;
-            case.fill(seed, inplace);
-            case.run(0, inplace)?;
-            let w = case.check(seed, inplace, ctx.corrupt && comm.rank == 0);
-            if let Some((k, want, got)) = w.first {
-                let show = |v: Option<u64>| v.map_or_else(|| "no integer / sentinel".to_string(), |v| v.to_string());
-                eprintln!(
-                    "ferroccl-bench: rank {}: {} {} B {}: {} wrong elements; first: element {k} expected {} got {}",
-                    comm.rank,
-                    coll.name(),
-                    case.layout.size_bytes(o.ty.size()),
-                    if inplace { "in-place" } else { "out-of-place" },
-                    w.count,
-                    match want {
-                        Some(v) => v.to_string(),
-                        None => "untouched (sentinel)".into(),
-                    },
-                    show(got)
-                );
-            }
-            total = comm.allreduce_u64(w.count, fcclSum)?;
-            if total > 0 {
-                break;
-            }
-        }
-        wrong = Some(total);
-    }
+    let wrong =
+        if checked { Some(check_results(ctx, case, inplace, coll.name(), |it| case.run(it, inplace))?) } else { None };
 
     let l = &case.layout;
     let esize = o.ty.size();
@@ -367,4 +372,44 @@ fn measure(ctx: &Ctx, case: &Case, inplace: bool) -> Result<Record, Fail> {
         iters,
         warmups: first + more_warmups,
     })
+}
+
+/// The `-c` checks of one size and placement: fresh inputs, one call of `run`, the
+/// check; returns the wrong elements summed over ranks (stops at the first failing
+/// check). `what` names the call in the message on stderr.
+fn check_results(
+    ctx: &Ctx,
+    case: &Case,
+    inplace: bool,
+    what: &str,
+    run: impl Fn(usize) -> Result<(), Fail>,
+) -> Result<u64, Fail> {
+    let (o, comm) = (ctx.o, ctx.comm);
+    let mut total = 0;
+    for c in 0..o.check {
+        let seed = 1 + c as u64;
+        case.fill(seed, inplace);
+        run(0)?;
+        let w = case.check(seed, inplace, ctx.corrupt && comm.rank == 0);
+        if let Some((k, want, got)) = w.first {
+            let show = |v: Option<u64>| v.map_or_else(|| "no integer / sentinel".to_string(), |v| v.to_string());
+            eprintln!(
+                "ferroccl-bench: rank {}: {what} {} B {}: {} wrong elements; first: element {k} expected {} got {}",
+                comm.rank,
+                case.layout.size_bytes(o.ty.size()),
+                if inplace { "in-place" } else { "out-of-place" },
+                w.count,
+                match want {
+                    Some(v) => v.to_string(),
+                    None => "untouched (sentinel)".into(),
+                },
+                show(got)
+            );
+        }
+        total = comm.allreduce_u64(w.count, fcclSum)?;
+        if total > 0 {
+            break;
+        }
+    }
+    Ok(total)
 }

@@ -105,10 +105,14 @@ pub fn header_lines(o: &Opts, nranks: usize, version_code: i32, ranks: &[RankInf
     s
 }
 
-pub fn table_header(collective: &str) -> String {
+/// The header of one collective's table; `note` (a comment line) follows its name.
+pub fn table_header(collective: &str, note: Option<&str>) -> String {
     let mut s = String::new();
     let _ = writeln!(s, "#");
     let _ = writeln!(s, "# Collective: {collective}");
+    if let Some(note) = note {
+        let _ = writeln!(s, "{note}");
+    }
     let _ = writeln!(
         s,
         "# {:>10}  {:>12}  {:>8}  {:>6}  {:>6}           out-of-place                       in-place          ",
@@ -139,20 +143,27 @@ pub fn table_header(collective: &str) -> String {
     s
 }
 
-fn placement_cols(r: &Record) -> String {
-    let wrong = r.wrong.map_or_else(|| "N/A".to_string(), |w| w.to_string());
-    format!("  {}  {:6.2}  {:6.2}  {:>5}", fmt_time(r.time_us), r.algbw, r.busbw, wrong)
+/// A placement's columns; N/A in each where the collective has no such placement.
+fn placement_cols(r: Option<&Record>) -> String {
+    match r {
+        Some(r) => {
+            let wrong = r.wrong.map_or_else(|| "N/A".to_string(), |w| w.to_string());
+            format!("  {}  {:6.2}  {:6.2}  {:>5}", fmt_time(r.time_us), r.algbw, r.busbw, wrong)
+        }
+        None => format!("  {:>7}  {:>6}  {:>6}  {:>5}", "N/A", "N/A", "N/A", "N/A"),
+    }
 }
 
-/// One table row: the out-of-place and in-place records of one size.
-pub fn row(out: &Record, inp: &Record) -> String {
+/// One table row: the out-of-place and in-place records of one size (at least one).
+pub fn row(out: Option<&Record>, inp: Option<&Record>) -> String {
+    let Some(r) = out.or(inp) else { return String::new() };
     format!(
         "{:>12}  {:>12}  {:>8}  {:>6}  {:>6}{}{}",
-        out.size_bytes,
-        out.count,
-        out.ty,
-        out.redop,
-        out.root,
+        r.size_bytes,
+        r.count,
+        r.ty,
+        r.redop,
+        r.root,
         placement_cols(out),
         placement_cols(inp)
     )
@@ -237,7 +248,11 @@ pub fn json(info: &RunInfo, records: &[Record]) -> String {
     let _ = writeln!(s, "    \"root\": {},", o.root);
     let _ = writeln!(s, "    \"average\": {},", o.average as u8);
     let _ = writeln!(s, "    \"max_time_s\": {},", num(o.max_time));
-    let _ = writeln!(s, "    \"rotate\": {}", o.rotate);
+    let _ = writeln!(s, "    \"rotate\": {},", o.rotate);
+    let _ = writeln!(s, "    \"axis\": {},", o.ext.axis);
+    let _ = writeln!(s, "    \"nbuffers\": {},", o.ext.nbuffers);
+    let _ = writeln!(s, "    \"bucket_bytes\": {},", o.ext.bucket);
+    let _ = writeln!(s, "    \"wire\": {}", esc(o.ext.wire.name()));
     let _ = writeln!(s, "  }},");
     let _ = writeln!(s, "  \"ranks\": [");
     for (r, i) in info.ranks.iter().enumerate() {

@@ -1,5 +1,6 @@
-//! ferroccl-bench end to end: short sweeps at 2 local ranks, the corruption test hook,
-//! and the shape of the JSON, CSV and SVG outputs. No timing assertions.
+//! ferroccl-bench end to end: short sweeps at 2 and 3 local ranks (NCCL's collectives
+//! and the extensions), the corruption test hook, the comparison modes, and the shape
+//! of the JSON, CSV and SVG outputs. No timing assertions.
 
 use std::path::PathBuf;
 use std::process::{Command, Output};
@@ -50,17 +51,44 @@ fn rows(stdout: &str) -> Vec<(String, Vec<String>)> {
 }
 
 const NOT_CHECKED_IN_PLACE: [&str; 3] = ["all_to_all", "all_to_allv", "send_recv"];
+/// Extension collectives with no in-place form along axis 1 (the default --axis).
+const NO_IN_PLACE_ON_AXIS_1: [&str; 2] = ["all_gather_axis", "reduce_scatter_axis"];
+/// Extension collectives with no out-of-place form.
+const NO_OUT_OF_PLACE: [&str; 1] = ["broadcast_coalesced"];
+
+const EXT: [&str; 7] = [
+    "all_gather_v",
+    "reduce_scatter_v",
+    "all_gather_axis",
+    "reduce_scatter_axis",
+    "all_reduce_coalesced",
+    "broadcast_coalesced",
+    "all_reduce_wire",
+];
 
 /// Asserts exit 0 and #wrong 0 (or N/A where in-place is not checked) on every row.
 fn assert_all_right(o: &Output, colls: &[&str], nsizes: usize) {
+    assert_all_right_on_axis(o, colls, nsizes, 1)
+}
+
+/// As [`assert_all_right`], for a run with `--axis axis`; N/A in every column of a
+/// placement that the collective does not have.
+fn assert_all_right_on_axis(o: &Output, colls: &[&str], nsizes: usize, axis: usize) {
     let (out, err) = text(o);
     assert_eq!(o.status.code(), Some(0), "exit 0 expected\nstdout:\n{out}\nstderr:\n{err}");
     let rows = rows(&out);
     assert_eq!(rows.len(), colls.len() * nsizes, "one row per collective and size:\n{out}");
     for (c, f) in &rows {
-        assert!(colls.contains(&c.as_str()), "unexpected collective {c}");
-        assert_eq!(f[8], "0", "{c} out-of-place #wrong: {f:?}");
-        if NOT_CHECKED_IN_PLACE.contains(&c.as_str()) {
+        let c = c.as_str();
+        assert!(colls.contains(&c), "unexpected collective {c}");
+        if NO_OUT_OF_PLACE.contains(&c) {
+            assert!(f[5..9].iter().all(|x| x == "N/A"), "{c} has no out-of-place form: {f:?}");
+        } else {
+            assert_eq!(f[8], "0", "{c} out-of-place #wrong: {f:?}");
+        }
+        if axis != 0 && NO_IN_PLACE_ON_AXIS_1.contains(&c) {
+            assert!(f[9..13].iter().all(|x| x == "N/A"), "{c} has no in-place form on axis {axis}: {f:?}");
+        } else if NOT_CHECKED_IN_PLACE.contains(&c) {
             assert_eq!(f[12], "N/A", "{c} in-place is not checked: {f:?}");
         } else {
             assert_eq!(f[12], "0", "{c} in-place #wrong: {f:?}");
@@ -88,6 +116,201 @@ fn every_collective_is_right_at_2_ranks() {
     ];
     // 8, 64, 512, 4K, 32K, 256K
     assert_all_right(&o, &all, 6);
+}
+
+#[test]
+fn extensions_are_right_at_2_and_3_ranks() {
+    for n in ["2", "3"] {
+        let o =
+            bench(&["--nranks", n, "ext", "-b", "8", "-e", "256K", "-f", "8", "-n", "2", "-w", "1", "-r", "1"], &[]);
+        // 8, 64, 512, 4K, 32K, 256K
+        assert_all_right(&o, &EXT, 6);
+        let (out, _) = text(&o);
+        let rows = rows(&out);
+        // The coalesced calls split 256K of float into 1000 buffers of 64 floats.
+        assert!(rows.iter().any(|(c, f)| c == "all_reduce_coalesced" && f[0] == "256000" && f[1] == "64000"), "{out}");
+        assert!(rows.iter().any(|(c, f)| c == "broadcast_coalesced" && f[4] == "1"), "root 1: {out}");
+    }
+}
+
+#[test]
+fn extensions_on_axis_0_with_other_types_ops_and_buckets() {
+    let colls = ["all_gather_axis", "reduce_scatter_axis", "all_reduce_coalesced", "broadcast_coalesced"];
+    let mut args = vec!["--nranks", "3"];
+    args.extend(colls);
+    args.extend(["--axis", "0", "-d", "half", "-o", "max", "--nbuffers", "7", "--bucket", "100"]);
+    args.extend(["-b", "6", "-e", "96K", "-f", "16", "-n", "2", "-w", "1"]);
+    let o = bench(&args, &[]);
+    // 6, 96, 1536, 24K (whole elements)
+    assert_all_right_on_axis(&o, &colls, 4, 0);
+    let (out, _) = text(&o);
+    assert!(rows(&out).iter().all(|(_, f)| f[2] == "half"), "{out}");
+}
+
+#[test]
+fn all_reduce_wire_is_exact_for_every_wire_type() {
+    for (n, ty, op, wire) in [
+        ("2", "float", "sum", "bfloat16"),
+        ("3", "float", "avg", "half"),
+        ("3", "double", "prod", "f8e4m3"),
+        ("2", "float", "min", "f8e5m2"),
+        ("3", "double", "sum", "float"),
+    ] {
+        let o = bench(
+            &[
+                "--nranks",
+                n,
+                "all_reduce_wire",
+                "-d",
+                ty,
+                "-o",
+                op,
+                "--wire",
+                wire,
+                "-b",
+                "8",
+                "-e",
+                "512K",
+                "-f",
+                "16",
+                "-n",
+                "2",
+                "-w",
+                "1",
+            ],
+            &[],
+        );
+        // 8, 128, 2K, 32K, 512K
+        assert_all_right(&o, &["all_reduce_wire"], 5);
+        let (out, _) = text(&o);
+        assert!(out.contains(&format!("# {ty} data over a {wire} wire")), "{out}");
+    }
+}
+
+#[test]
+fn all_excludes_and_ext_names_the_extensions() {
+    let o = bench(&["--nranks", "2", "all", "ext", "-b", "1K", "-e", "1K", "-n", "1", "-w", "1"], &[]);
+    let (out, _) = text(&o);
+    let names: Vec<String> = out.lines().filter_map(|l| l.strip_prefix("# Collective: ")).map(String::from).collect();
+    assert_eq!(names.len(), 17, "nccl-tests' 10 and the 7 extensions: {names:?}");
+    assert_eq!(&names[10..], &EXT, "{names:?}");
+}
+
+#[test]
+fn corrupted_extension_results_are_reported() {
+    let o = bench(
+        &["--nranks", "2", "all_gather_v", "all_reduce_wire", "-b", "64", "-e", "4K", "-f", "8", "-n", "2", "-w", "1"],
+        &[("FERROCCL_BENCH_CORRUPT", "1")],
+    );
+    let (out, err) = text(&o);
+    assert_eq!(o.status.code(), Some(1), "wrong results exit 1\nstdout:\n{out}\nstderr:\n{err}");
+    assert!(out.contains("# Out of bounds values : 12 FAILED"), "{out}");
+    assert!(err.contains("all_gather_v") && err.contains("all_reduce_wire"), "{err}");
+}
+
+/// Data rows of a comparison's table (lines that are not comments), split into fields.
+fn compare_rows(stdout: &str, fields: usize) -> Vec<Vec<String>> {
+    let rows: Vec<Vec<String>> = stdout
+        .lines()
+        .filter(|l| !l.starts_with('#') && !l.trim().is_empty())
+        .map(|l| l.split_whitespace().map(String::from).collect())
+        .collect();
+    for r in &rows {
+        assert_eq!(r.len(), fields, "{r:?}");
+    }
+    rows
+}
+
+/// A ratio column: a positive number followed by x.
+fn is_ratio(s: &str) -> bool {
+    s.strip_suffix('x').and_then(|v| v.parse::<f64>().ok()).is_some_and(|v| v > 0.0)
+}
+
+#[test]
+fn compare_coalesced_prints_the_speed_up() {
+    // The issue's case: 1000 buffers of 1 KiB (kept short: 3 repetitions).
+    let o = bench(
+        &["--nranks", "2", "--compare-coalesced", "-b", "1M", "-e", "1M", "--nbuffers", "1000", "--reps", "3"],
+        &[],
+    );
+    let (out, err) = text(&o);
+    assert_eq!(o.status.code(), Some(0), "stdout:\n{out}\nstderr:\n{err}");
+    let rows = compare_rows(&out, 9);
+    assert_eq!(rows.len(), 1, "{out}");
+    let r = &rows[0];
+    assert_eq!((r[0].as_str(), r[1].as_str(), r[2].as_str(), r[3].as_str()), ("1024000", "256000", "1000", "1024"));
+    assert!(is_ratio(&r[6]), "speed-up column: {r:?}");
+    assert_eq!(r[8], "0", "#wrong: {r:?}");
+    let line = out.lines().find(|l| l.starts_with("# Coalesced speed-up: ")).unwrap_or_else(|| panic!("{out}"));
+    assert!(line.contains("1000 buffers of 1 KiB") && line.contains("x over 1000 separate fcclAllReduce"), "{line}");
+    assert!(out.contains("# Out of bounds values : 0 OK"), "{out}");
+}
+
+#[test]
+fn both_comparisons_in_one_run_at_3_ranks() {
+    let o = bench(
+        &[
+            "--nranks",
+            "3",
+            "--compare-coalesced",
+            "--compare-wire",
+            "-b",
+            "64K",
+            "-e",
+            "1M",
+            "-f",
+            "4",
+            "--nbuffers",
+            "100",
+            "--reps",
+            "3",
+            "-n",
+            "3",
+            "-w",
+            "1",
+        ],
+        &[],
+    );
+    let (out, err) = text(&o);
+    assert_eq!(o.status.code(), Some(0), "stdout:\n{out}\nstderr:\n{err}");
+    let at = out.find("# Compare: fcclAllReduceWire").unwrap_or_else(|| panic!("both tables: {out}"));
+    let (co, wi) = out.split_at(at);
+    let rows = compare_rows(co, 9);
+    assert_eq!(rows.len(), 3, "64K 256K 1M: {co}");
+    for r in &rows {
+        assert!(is_ratio(&r[6]) && r[8] == "0", "{r:?}");
+    }
+    assert_eq!(co.matches("# Coalesced speed-up: 100 buffers of ").count(), 3, "{co}");
+    let rows = compare_rows(wi, 11);
+    assert_eq!(rows.len(), 3, "{wi}");
+    for r in &rows {
+        assert_eq!((r[2].as_str(), r[3].as_str()), ("float", "bfloat16"), "{r:?}");
+        assert!(r[5].parse::<f64>().is_ok() && r[7].parse::<f64>().is_ok(), "busbw columns: {r:?}");
+        assert!(is_ratio(&r[8]) && r[10] == "0", "{r:?}");
+    }
+    assert_eq!(wi.matches("# Wire gain at ").count(), 3, "{wi}");
+}
+
+#[test]
+fn extension_arguments_are_checked() {
+    for args in [
+        &["--axis", "2"][..],
+        &["--nbuffers", "0"],
+        &["--wire", "int8"],
+        &["all_reduce_wire", "-d", "int32"],
+        &["all_reduce_wire", "-d", "float", "--wire", "double"],
+        &["--compare-wire", "-d", "bfloat16"],
+        &["--compare-coalesced", "all_reduce"],
+        &["--compare-coalesced", "--csv", "x.csv"],
+    ] {
+        let o = bench(args, &[]);
+        assert_eq!(o.status.code(), Some(2), "{args:?}: {}", text(&o).1);
+    }
+    let o = bench(&["--help"], &[]);
+    let (help, _) = text(&o);
+    for w in ["ext (these)", "--compare-coalesced", "--compare-wire", "--nbuffers", "--axis", "--wire", "--bucket"] {
+        assert!(help.contains(w), "--help mentions {w}");
+    }
 }
 
 #[test]
