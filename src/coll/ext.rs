@@ -82,7 +82,8 @@ pub unsafe fn reduce_scatter_axis(
     c.op = op;
     if l.outer > 1 && l.total() > 0 && !send.is_null() {
         let es = dtype.size();
-        let mut packed = vec![0u8; l.total() * es];
+        let mut buf = crate::mem::pool::PooledBuf::take(l.total() * es);
+        let packed = &mut buf.as_mut_slice()[..l.total() * es];
         let row = l.along * l.inner;
         for r in 0..nranks {
             for o in 0..l.outer {
@@ -94,9 +95,8 @@ pub unsafe fn reduce_scatter_axis(
                 packed[to..to + share * es].copy_from_slice(src);
             }
         }
-        let packed: Arc<[u8]> = packed.into();
-        c.send = packed.as_ptr();
-        c.keep = Some(packed);
+        c.send = buf.as_ptr();
+        c.keep = Some(Arc::new(buf));
     }
     Ok(c)
 }

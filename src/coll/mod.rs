@@ -87,7 +87,7 @@ pub struct Coll {
     /// all_reduce whose partial results travel in this (narrower) type.
     pub wire: Option<DataType>,
     /// Memory the call owns (a packed copy of the input), freed with the call.
-    pub keep: Option<std::sync::Arc<[u8]>>,
+    pub keep: Option<std::sync::Arc<crate::mem::pool::PooledBuf>>,
 }
 
 /// Layout of an axis-aware all_gather (see [`Coll::strided`]).

@@ -5,6 +5,7 @@
 //! buffer is host memory and `fcclMemAlloc` reports that CUDA is unavailable.
 
 pub mod local;
+pub mod pool;
 pub mod reduce;
 
 use crate::error::{Error, Result};

@@ -13,6 +13,7 @@
 use super::engine::{RunCtl, Schedule, Sink};
 use crate::coll::{Coll, CollKind};
 use crate::error::{Error, Result};
+use crate::mem::pool::PooledBuf;
 use crate::mem::reduce;
 use crate::transport::Transport;
 use crate::types::{DataType, RedOp};
@@ -20,48 +21,20 @@ use crate::types::{DataType, RedOp};
 /// Elements of a reduction pipelined at a time are at most this many bytes.
 const SEG_BYTES: usize = 256 << 10;
 
-/// Scratch buffers that must outlive a schedule's run. They come from, and go
-/// back to, a process-wide pool: fresh large allocations are page faults on every
-/// call, which cost more than the work they hold.
+/// Scratch buffers that must outlive a schedule's run (pooled: see `mem::pool`).
 #[derive(Default)]
 pub struct Scratch {
-    bufs: Vec<Box<[u8]>>,
+    bufs: Vec<PooledBuf>,
 }
-
-/// Most bytes the pool keeps between calls.
-const POOL_BYTES: usize = 128 << 20;
-static POOL: std::sync::Mutex<Vec<Box<[u8]>>> = std::sync::Mutex::new(Vec::new());
 
 impl Scratch {
     /// A buffer of at least `bytes` whose address stays fixed until the scratch is
     /// dropped. Its contents are unspecified: every user writes before reading.
     pub fn alloc(&mut self, bytes: usize) -> *mut u8 {
-        let bytes = bytes.max(8);
-        let reused = {
-            let mut pool = POOL.lock().unwrap_or_else(|p| p.into_inner());
-            // The smallest pooled buffer that fits without wasting more than half.
-            let best = (0..pool.len())
-                .filter(|&i| pool[i].len() >= bytes && pool[i].len() <= 2 * bytes)
-                .min_by_key(|&i| pool[i].len());
-            best.map(|i| pool.swap_remove(i))
-        };
-        let mut b = reused.unwrap_or_else(|| vec![0u8; bytes].into_boxed_slice());
+        let mut b = PooledBuf::take(bytes);
         let p = b.as_mut_ptr();
         self.bufs.push(b);
         p
-    }
-}
-
-impl Drop for Scratch {
-    fn drop(&mut self) {
-        let mut pool = POOL.lock().unwrap_or_else(|p| p.into_inner());
-        let mut held: usize = pool.iter().map(|b| b.len()).sum();
-        for b in self.bufs.drain(..) {
-            if held + b.len() <= POOL_BYTES {
-                held += b.len();
-                pool.push(b);
-            }
-        }
     }
 }
 
