@@ -2,6 +2,10 @@
  * See harness.h.  Nothing here uses the library to compute expected values. */
 #include "harness.h"
 
+/* Library calls whose result was checked, over all ranks of this process: the
+ * number of cases a run covered. */
+static long g_checked_calls;
+
 #include <inttypes.h>
 #include <math.h>
 #include <pthread.h>
@@ -196,7 +200,7 @@ static int finish(const char* mode, int nranks, const rank_job* jobs, int njobs,
   } else if (skipped == njobs) {
     printf("%s: %s, %d rank(s): SKIPPED\n", g_prog, mode, nranks);
   } else {
-    printf("%s: %s, %d rank(s): passed\n", g_prog, mode, nranks);
+    printf("%s: %s, %d rank(s): passed (%ld checked calls)\n", g_prog, mode, nranks, g_checked_calls);
   }
   fflush(stdout);
   pthread_mutex_unlock(&g_print_mu);
@@ -375,6 +379,7 @@ static void copy_last_error(char* out, size_t n) {
 
 int fccl_check_ok_at(fcclResult_t res, const char* call, const char* file, int line) {
   char le[1024];
+  __sync_fetch_and_add(&g_checked_calls, 1);
   if (res == fcclSuccess) return 1;
   copy_last_error(le, sizeof le);
   fccl_fail_at(file, line, "%s returned %d (%s, \"%s\"); fcclGetLastError: \"%s\"", call,
@@ -385,6 +390,7 @@ int fccl_check_ok_at(fcclResult_t res, const char* call, const char* file, int l
 int fccl_check_res_at(fcclResult_t res, fcclResult_t want, const char* call, const char* file,
                       int line) {
   char le[1024];
+  __sync_fetch_and_add(&g_checked_calls, 1);
   if (res == want) return 1;
   copy_last_error(le, sizeof le);
   fccl_fail_at(file, line, "%s returned %d (%s, \"%s\"), expected %d (%s); fcclGetLastError: \"%s\"",
@@ -398,6 +404,7 @@ int fccl_check_err_at(fcclResult_t res, fcclResult_t want1, fcclResult_t want2,
   char le[1024];
   const char* raw = fcclGetLastError(NULL);
   int ok = 1;
+  __sync_fetch_and_add(&g_checked_calls, 1);
   snprintf(le, sizeof le, "%s", nn(raw));
   if (res != want1 && res != want2) {
     if (want1 == want2)
