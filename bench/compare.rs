@@ -168,14 +168,13 @@ pub fn coalesced(ctx: &mut Ctx) -> Result<usize, Fail> {
         let count = (size / esize as u64) as usize;
         let case = Case::new(comm, coll, o.ty, o.op, 0, count, send.ptr, recv.ptr, buf_bytes, o.rotate, o.ext);
         let (nb, each) = case.coalesced();
-        let wrong = if o.check > 0 {
-            let w1 = check_results(ctx, &case, false, "all_reduce_coalesced", |it| case.run(it, false))?;
-            let w2 = check_results(ctx, &case, false, "all_reduce per buffer", |it| case.run_separate(it, false))?;
-            failed += usize::from(w1 > 0) + usize::from(w2 > 0);
-            Some(w1 + w2)
-        } else {
-            None
-        };
+        let wrong = check_both(
+            ctx,
+            o.check,
+            &mut failed,
+            (&case, "all_reduce_coalesced", &|it| case.run(it, false)),
+            (&case, "all_reduce per buffer", &|it| case.run_separate(it, false)),
+        )?;
         case.fill(0, false);
         let p = alternate(ctx, &|it| case.run(it, false), &|it| case.run_separate(it, false))?;
         let (tc, ts) = (median(&p.a), median(&p.b));
@@ -269,14 +268,13 @@ pub fn wire(ctx: &mut Ctx) -> Result<usize, Fail> {
         let mut pcase = mk(Collective::AllReduce);
         // The same inputs for both: exact in the wire type.
         pcase.exact_in = Some(wire);
-        let wrong = if o.check > 0 {
-            let w1 = check_results(ctx, &wcase, false, "all_reduce_wire", |it| wcase.run(it, false))?;
-            let w2 = check_results(ctx, &pcase, false, "all_reduce", |it| pcase.run(it, false))?;
-            failed += usize::from(w1 > 0) + usize::from(w2 > 0);
-            Some(w1 + w2)
-        } else {
-            None
-        };
+        let wrong = check_both(
+            ctx,
+            o.check,
+            &mut failed,
+            (&wcase, "all_reduce_wire", &|it| wcase.run(it, false)),
+            (&pcase, "all_reduce", &|it| pcase.run(it, false)),
+        )?;
         wcase.fill(0, false);
         let p = alternate(ctx, &|it| wcase.run(it, false), &|it| pcase.run(it, false))?;
         let (tw, tp) = (median(&p.a), median(&p.b));
@@ -329,6 +327,27 @@ pub fn footer(failed: usize, peak_rss_kib: u64) -> String {
     let _ = writeln!(s, "# Peak resident memory : {:.1} MiB (largest rank, VmHWM)", peak_rss_kib as f64 / 1024.0);
     let _ = writeln!(s, "#");
     s
+}
+
+/// One side of a checked comparison: the case, its name, and how to run iteration `it`.
+type CheckedSide<'a> = (&'a Case<'a>, &'a str, Side<'a>);
+
+/// Checks the results of both sides of a comparison (None when checking is off),
+/// counting each side with wrong elements in `failed`.
+fn check_both(
+    ctx: &Ctx,
+    check: usize,
+    failed: &mut usize,
+    a: CheckedSide<'_>,
+    b: CheckedSide<'_>,
+) -> Result<Option<u64>, Fail> {
+    if check == 0 {
+        return Ok(None);
+    }
+    let wa = check_results(ctx, a.0, false, a.1, a.2)?;
+    let wb = check_results(ctx, b.0, false, b.1, b.2)?;
+    *failed += usize::from(wa > 0) + usize::from(wb > 0);
+    Ok(Some(wa + wb))
 }
 
 #[cfg(test)]
