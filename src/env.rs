@@ -51,6 +51,11 @@ pub const CHECK: Var = Var {
     doc:
         "1: fingerprint every collective and compare across ranks before data moves (detects mismatched calls); 0: off",
 };
+pub const SINGLE_COPY: Var = Var {
+    name: "FERROCCL_SINGLE_COPY",
+    default: "1",
+    doc: "1: large messages between local ranks are read straight from the sender's buffer (cross-memory attach); 0: always through the shared rings",
+};
 pub const TORCH_RANK: Var = Var { name: "RANK", default: "", doc: "torchrun's rank (fallback)" };
 pub const TORCH_WORLD_SIZE: Var = Var { name: "WORLD_SIZE", default: "", doc: "torchrun's world size (fallback)" };
 pub const TORCH_MASTER_ADDR: Var = Var { name: "MASTER_ADDR", default: "", doc: "torchrun's master host (fallback)" };
@@ -71,6 +76,7 @@ pub const ALL: &[&Var] = &[
     &TRANSPORT,
     &HOST_ADDR,
     &CHECK,
+    &SINGLE_COPY,
     &TORCH_RANK,
     &TORCH_WORLD_SIZE,
     &TORCH_MASTER_ADDR,

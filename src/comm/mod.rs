@@ -160,9 +160,9 @@ impl Comm {
                 Call { coll, seq: st.seq }
             })
             .collect();
-        let t0 = Instant::now();
+        let t0 = log::enabled(log::Level::Info).then(Instant::now);
         let res = host::execute(&mut st.transport, &calls, self.opts.timeout, &self.abort, self.opts.check_mode);
-        if log::enabled(log::Level::Info) {
+        if let Some(t0) = t0 {
             let us = t0.elapsed().as_secs_f64() * 1e6;
             for c in &calls {
                 log::info(format_args!(

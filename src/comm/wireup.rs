@@ -103,6 +103,7 @@ pub fn connect(
     let seg_name = |r: usize| format!("/fccl-{name}-{r}-p{}", infos[r].pid);
     let mut my_seg = if any_local_peer {
         crate::transport::shm::remove_stale_segments();
+        crate::transport::shm::allow_peer_reads();
         Some(Segment::create_shared(&seg_name(rank), nranks, ring)?)
     } else {
         None
@@ -112,8 +113,11 @@ pub fn connect(
     allgather(&[])?;
     let my_seg_arc = my_seg.take().map(Arc::new);
     let mut links: Vec<Option<Box<dyn Link>>> = (0..nranks).map(|_| None).collect();
+    let mut segs: Vec<Option<Arc<Segment>>> = (0..nranks).map(|_| None).collect();
+    segs[rank] = my_seg_arc.clone();
     for p in (0..nranks).filter(|&p| p != rank && local[p]) {
         let peer_seg = Arc::new(Segment::open_shared(&seg_name(p), nranks, ring)?);
+        segs[p] = Some(peer_seg.clone());
         let mine = my_seg_arc.clone().expect("created when a local peer exists");
         let other_process = infos[p].pid != me.pid;
         links[p] = Some(Box::new(ShmLink::new(rank, p, mine, peer_seg, other_process)));
@@ -164,7 +168,14 @@ pub fn connect(
     if let Some(s) = &my_seg_arc {
         s.unlink();
     }
-    Ok(Transport::new(rank, nranks, links, my_seg_arc))
+    let local_ranks = local.iter().filter(|&&l| l).count();
+    let t = Transport::new(rank, nranks, links, my_seg_arc);
+    // With every rank on this host, collectives announce themselves on the board.
+    let t = match segs.into_iter().collect::<Option<Vec<_>>>() {
+        Some(all) if nranks > 1 => t.with_board(all),
+        _ => t,
+    };
+    Ok(t.with_local_ranks(local_ranks))
 }
 
 fn connect_retry(addr: SocketAddr, deadline: Instant, peer: usize) -> Result<TcpStream> {

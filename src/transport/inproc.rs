@@ -22,7 +22,7 @@ pub fn build(nranks: usize) -> Result<Vec<Transport>> {
                     })
                 })
                 .collect();
-            Transport::new(me, nranks, links, (nranks > 1).then(|| segs[me].clone()))
+            Transport::new(me, nranks, links, (nranks > 1).then(|| segs[me].clone())).with_board(segs.clone())
         })
         .collect())
 }

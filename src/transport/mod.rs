@@ -7,12 +7,14 @@
 //! of one process ([`inproc`]), and TCP between hosts ([`tcp`]). Stream positions
 //! advance in multiples of 8 bytes; the framing above pads every message to that.
 
+pub mod board;
 pub mod inproc;
 pub mod shm;
 pub mod tcp;
 pub mod wait;
 
 use crate::error::Result;
+use board::{Board, SpinPolicy};
 use shm::Segment;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
@@ -48,6 +50,22 @@ pub trait Link: Send {
     }
     /// Tells the peer we are gone (TCP: shut the socket down).
     fn shutdown(&mut self) {}
+    /// True when the peer can read this rank's memory directly, so a large message
+    /// may be sent as its address (single copy) instead of through the stream.
+    fn peer_reads_directly(&self) -> bool {
+        false
+    }
+    /// How many of this rank's direct messages the peer has finished reading.
+    fn direct_reads_done(&self) -> u64 {
+        0
+    }
+    /// Reads `len` bytes at `addr` of the peer's memory (a direct message) into `dst`.
+    fn read_direct(&self, addr: u64, dst: *mut u8, len: usize) -> Result<()> {
+        let _ = (addr, dst, len);
+        Err(crate::error::Error::internal("direct read on a link that does not support it"))
+    }
+    /// Tells the peer that one more of its direct messages has been read.
+    fn direct_read_done(&self) {}
 }
 
 /// A message header read from a peer's stream but not yet handed to a step: it
@@ -67,12 +85,33 @@ pub struct Transport {
     pending: Vec<PendingHeader>,
     /// This rank's segment when any peer is reached through shared memory.
     my_seg: Option<Arc<Segment>>,
+    /// The bulletin board, when every peer shares this host.
+    pub board: Option<Board>,
+    /// How waits spin, yield and sleep (depends on ranks per core).
+    pub policy: SpinPolicy,
 }
 
 impl Transport {
     pub fn new(rank: usize, nranks: usize, links: Vec<Option<Box<dyn Link>>>, my_seg: Option<Arc<Segment>>) -> Self {
         debug_assert_eq!(links.len(), nranks);
-        Transport { rank, nranks, links, my_seg, pending: vec![PendingHeader::default(); nranks] }
+        let policy = SpinPolicy::for_ranks(nranks);
+        Transport { rank, nranks, links, my_seg, pending: vec![PendingHeader::default(); nranks], board: None, policy }
+    }
+
+    /// Adds the bulletin board over every rank's segment (all ranks on this host).
+    pub fn with_board(mut self, segs: Vec<Arc<Segment>>) -> Self {
+        debug_assert_eq!(segs.len(), self.nranks);
+        self.board = (self.nranks > 1).then(|| Board::new(self.rank, segs, self.policy));
+        self
+    }
+
+    /// Sets how waits behave given `local_ranks` ranks on this host.
+    pub fn with_local_ranks(mut self, local_ranks: usize) -> Self {
+        self.policy = SpinPolicy::for_ranks(local_ranks);
+        if let Some(b) = &mut self.board {
+            b.policy = self.policy;
+        }
+        self
     }
 
     /// The link to `peer` (never self).

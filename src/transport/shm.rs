@@ -24,8 +24,14 @@ const OFF_DOORBELL: usize = 64;
 const OFF_SLEEPING: usize = 128;
 const OFF_FAILED: usize = 192;
 const OFF_PID: usize = 256;
+/// The segment's address in its owner's address space (for the single-copy probe).
+const OFF_SELF_ADDR: usize = 320;
 const OFF_HEAD: usize = 0;
 const OFF_TAIL: usize = 128;
+/// Ring control: direct messages of the writer that the reader has finished reading.
+const OFF_READS_DONE: usize = 256;
+/// Ring control: 1 when the reader can read the writer's memory directly.
+const OFF_CAN_READ: usize = 384;
 
 /// Bytes of ring per peer for a communicator of `nranks` ranks: large enough to
 /// stream, small enough that a rank's segment stays bounded (32 MiB of rings at
@@ -35,9 +41,10 @@ pub fn ring_bytes_for(nranks: usize) -> usize {
     per_peer.clamp(256 << 10, 4 << 20) & !4095
 }
 
-/// Total size of a segment for `nranks` ranks with rings of `ring_bytes`.
+/// Total size of a segment for `nranks` ranks with rings of `ring_bytes`, followed
+/// by the rank's bulletin board (see `board`), whose pages are touched only when used.
 pub fn segment_bytes(nranks: usize, ring_bytes: usize) -> usize {
-    HEADER_BYTES + nranks * (RING_CTRL_BYTES + ring_bytes)
+    HEADER_BYTES + nranks * (RING_CTRL_BYTES + ring_bytes) + super::board::BOARD_BYTES
 }
 
 /// Removes segments left in /dev/shm by processes that died before unlinking them
@@ -180,6 +187,7 @@ impl Segment {
     fn init_header(&self) {
         // SAFETY: OFF_PID is inside the header page and 4-byte aligned.
         unsafe { (self.base.add(OFF_PID) as *mut u32).write_volatile(std::process::id()) };
+        self.word64(OFF_SELF_ADDR).store(self.base as u64, Ordering::Relaxed);
         self.word64(OFF_MAGIC).store(MAGIC, Ordering::Release);
     }
 
@@ -241,6 +249,34 @@ impl Segment {
         self.sleeping().store(0, Ordering::SeqCst);
     }
 
+    /// Start of this segment's bulletin board (page aligned, `board::BOARD_BYTES` long).
+    pub(super) fn board_base(&self) -> *mut u8 {
+        let off = HEADER_BYTES + self.nranks * (RING_CTRL_BYTES + self.ring_bytes);
+        debug_assert!(off + super::board::BOARD_BYTES <= self.len);
+        // SAFETY: in bounds of the mapping (segment_bytes includes the board).
+        unsafe { self.base.add(off) }
+    }
+
+    /// Wakes the owner only if it sleeps. The caller must have published what the
+    /// owner waits for with a SeqCst store (or fence) first; the owner re-checks its
+    /// condition after announcing that it sleeps (see [`Segment::sleep_unless`]).
+    pub fn notify(&self) {
+        if self.sleeping().load(Ordering::SeqCst) != 0 {
+            self.ring();
+        }
+    }
+
+    /// Owner side: announces that it sleeps, then sleeps at most `timeout` unless
+    /// `ready()` already holds. Pairs with [`Segment::notify`].
+    pub fn sleep_unless(&self, ready: impl Fn() -> bool, timeout: Duration) {
+        self.sleeping().store(1, Ordering::SeqCst);
+        let seen = self.doorbell().load(Ordering::SeqCst);
+        if !ready() {
+            futex_wait(self.doorbell(), seen, timeout);
+        }
+        self.sleeping().store(0, Ordering::SeqCst);
+    }
+
     fn ring_base(&self, slot: usize) -> usize {
         assert!(slot < self.nranks);
         HEADER_BYTES + slot * (RING_CTRL_BYTES + self.ring_bytes)
@@ -260,6 +296,7 @@ impl Drop for Segment {
 struct RingEnd {
     /// Keeps the mapping alive while the raw pointers below are in use.
     _seg: Arc<Segment>,
+    ctrl: *mut u8,
     head: *const AtomicU64,
     tail: *const AtomicU64,
     data: *mut u8,
@@ -279,7 +316,14 @@ impl RingEnd {
             (b.add(OFF_HEAD) as *const AtomicU64, b.add(OFF_TAIL) as *const AtomicU64, b.add(RING_CTRL_BYTES))
         };
         let size = seg.ring_bytes;
-        RingEnd { _seg: seg, head, tail, data, size }
+        // SAFETY: as above.
+        let ctrl = unsafe { seg.base.add(base) };
+        RingEnd { _seg: seg, ctrl, head, tail, data, size }
+    }
+    fn ctrl_word(&self, off: usize) -> &AtomicU64 {
+        debug_assert!(off + 8 <= RING_CTRL_BYTES && off % 8 == 0);
+        // SAFETY: inside the ring's control page, aligned, only accessed atomically.
+        unsafe { &*(self.ctrl.add(off) as *const AtomicU64) }
     }
     fn head(&self) -> &AtomicU64 {
         // SAFETY: valid for the life of seg; only accessed atomically.
@@ -321,6 +365,53 @@ pub struct ShmLink {
     check_pid: bool,
 }
 
+/// Reads `len` bytes at `addr` in process `pid` into `dst` (cross-memory attach), or
+/// copies them when `pid` is this process.
+fn read_process(pid: u32, addr: u64, dst: *mut u8, len: usize) -> std::io::Result<()> {
+    if pid == std::process::id() {
+        // SAFETY: same address space; the peer keeps [addr, addr+len) valid and
+        // unmodified until we report the read done, and dst is ours for len bytes.
+        unsafe { std::ptr::copy_nonoverlapping(addr as usize as *const u8, dst, len) };
+        return Ok(());
+    }
+    let mut done = 0usize;
+    while done < len {
+        // SAFETY: done < len, so dst + done stays inside the destination.
+        let local = libc::iovec { iov_base: unsafe { dst.add(done) } as *mut libc::c_void, iov_len: len - done };
+        let remote = libc::iovec { iov_base: (addr as usize + done) as *mut libc::c_void, iov_len: len - done };
+        // SAFETY: local describes memory we own; the kernel checks the remote range.
+        let n = unsafe { libc::process_vm_readv(pid as libc::pid_t, &local, 1, &remote, 1, 0) };
+        if n <= 0 {
+            let e = std::io::Error::last_os_error();
+            if n < 0 && e.kind() == std::io::ErrorKind::Interrupted {
+                continue;
+            }
+            return Err(if n == 0 { std::io::Error::from(std::io::ErrorKind::UnexpectedEof) } else { e });
+        }
+        done += n as usize;
+    }
+    Ok(())
+}
+
+/// Whether this process may read `peer`'s memory: reads the word at the peer
+/// segment's self address and compares it with the magic that starts it.
+fn probe_read(peer: &Segment) -> bool {
+    let pid = peer.pid();
+    let addr = peer.word64(OFF_SELF_ADDR).load(Ordering::Relaxed);
+    let mut v = 0u64;
+    read_process(pid, addr + OFF_MAGIC as u64, &mut v as *mut u64 as *mut u8, 8).is_ok() && v == MAGIC
+}
+
+/// Lets any process of this user read this one's memory where Yama restricts it to
+/// ancestors (ranks are siblings). Harmless elsewhere.
+pub fn allow_peer_reads() {
+    static ONCE: std::sync::Once = std::sync::Once::new();
+    // SAFETY: prctl with these arguments only changes who may ptrace-attach to us.
+    ONCE.call_once(|| unsafe {
+        libc::prctl(libc::PR_SET_PTRACER, libc::PR_SET_PTRACER_ANY, 0, 0, 0);
+    });
+}
+
 impl ShmLink {
     /// Link between `me` and `peer`, where `segs[r]` is rank r's segment.
     pub fn new(me: usize, peer: usize, my_seg: Arc<Segment>, peer_seg: Arc<Segment>, check_pid: bool) -> ShmLink {
@@ -328,6 +419,10 @@ impl ShmLink {
         let rx = RingEnd::new(my_seg, peer);
         let tx_head = tx.head().load(Ordering::Acquire);
         let rx_tail = rx.tail().load(Ordering::Acquire);
+        // Tell the peer whether it may hand us large messages by address.
+        let single_copy = crate::env::SINGLE_COPY.get_or_default().trim() != "0";
+        let can_read = single_copy && probe_read(&peer_seg);
+        rx.ctrl_word(OFF_CAN_READ).store(u64::from(can_read), Ordering::Release);
         ShmLink { peer, tx, rx, peer_seg, tx_head, rx_tail, check_pid }
     }
 }
@@ -405,6 +500,30 @@ impl Link for ShmLink {
     }
 
     fn wake_peer(&self) {
+        self.peer_seg.ring();
+    }
+
+    fn peer_reads_directly(&self) -> bool {
+        self.tx.ctrl_word(OFF_CAN_READ).load(Ordering::Acquire) == 1
+    }
+
+    fn direct_reads_done(&self) -> u64 {
+        self.tx.ctrl_word(OFF_READS_DONE).load(Ordering::Acquire)
+    }
+
+    fn read_direct(&self, addr: u64, dst: *mut u8, len: usize) -> Result<()> {
+        read_process(self.peer_seg.pid(), addr, dst, len).map_err(|e| {
+            self.check_alive().err().unwrap_or_else(|| {
+                Error::system(format!(
+                    "reading {len} bytes directly from rank {} failed: {e}; set FERROCCL_SINGLE_COPY=0 to move data through shared memory only",
+                    self.peer
+                ))
+            })
+        })
+    }
+
+    fn direct_read_done(&self) {
+        self.rx.ctrl_word(OFF_READS_DONE).fetch_add(1, Ordering::AcqRel);
         self.peer_seg.ring();
     }
 }

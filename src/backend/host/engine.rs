@@ -25,6 +25,15 @@ const K_DATA: u8 = 1;
 const K_P2P_HDR: u8 = 2;
 const K_P2P_REPLY: u8 = 3;
 const K_P2P_DATA: u8 = 4;
+/// A collective message sent by address: the receiver reads it straight from the
+/// sender's buffer (single copy) and reports the read done through the link.
+const K_DIRECT: u8 = 5;
+/// Messages at least this large go by address when the link allows it: below it,
+/// the system call and page pinning cost more than the copy they save.
+const DIRECT_MIN: usize = 64 << 10;
+/// A direct message is read in pieces of this size, so other peers progress meanwhile
+/// and reductions read a piece that is still in cache.
+const DIRECT_PIECE: usize = 256 << 10;
 
 const fn pad8(n: usize) -> usize {
     (n + 7) & !7
@@ -225,14 +234,29 @@ struct Tx {
     payload: usize,
     step: Option<usize>,
     written: usize,
+    /// Payload carried in the message itself (a direct message's address).
+    inline: [u8; 8],
 }
 
 impl Tx {
     fn data(kind: u8, tag: u32, src: *const u8, len: usize, step: Option<usize>) -> Tx {
-        Tx { kind, tag, announce: len, src, payload: len, step, written: 0 }
+        Tx { kind, tag, announce: len, src, payload: len, step, written: 0, inline: [0; 8] }
     }
     fn control(kind: u8, tag: u32, announce: usize) -> Tx {
-        Tx { kind, tag, announce, src: std::ptr::null(), payload: 0, step: None, written: 0 }
+        Tx { kind, tag, announce, src: std::ptr::null(), payload: 0, step: None, written: 0, inline: [0; 8] }
+    }
+    fn direct(tag: u32, src: *const u8, len: usize, step: usize) -> Tx {
+        let inline = (src as usize as u64).to_le_bytes();
+        Tx {
+            kind: K_DIRECT,
+            tag,
+            announce: len,
+            src: std::ptr::null(),
+            payload: 8,
+            step: Some(step),
+            written: 0,
+            inline,
+        }
     }
 }
 
@@ -242,6 +266,8 @@ struct Rx {
     len: usize,
     sink: Sink,
     read: usize,
+    /// A direct message: Some(None) until its address has been read from the stream.
+    direct: Option<Option<u64>>,
 }
 
 #[derive(Default)]
@@ -254,6 +280,9 @@ struct Peer {
     awaiting_reply: VecDeque<usize>,
     awaiting_payload: VecDeque<usize>,
     cur_rx: Option<Rx>,
+    /// Direct messages sent so far, and the steps that wait for their reads.
+    direct_sent: u64,
+    direct_wait: VecDeque<(usize, u64)>,
 }
 
 /// Runs `sched` to completion. Fatal errors (timeout, dead peer, desynchronised
@@ -285,6 +314,7 @@ pub fn run(t: &mut Transport, sched: &mut Schedule<'_>, ctl: &RunCtl<'_>) -> Res
 
     let mut idle_since: Option<Instant> = None;
     let mut last_peer_check = Instant::now();
+    let mut bounce: Vec<u8> = Vec::new();
     loop {
         let seen = t.doorbell();
         let mut progressed = t.progress_io()?;
@@ -312,7 +342,7 @@ pub fn run(t: &mut Transport, sched: &mut Schedule<'_>, ctl: &RunCtl<'_>) -> Res
                 continue;
             }
             progressed |= pump_tx(t, p, st, sched, &mut done, &mut remaining, &ready)?;
-            progressed |= pump_rx(t, p, st, sched, &mut done, &mut remaining, &mut step_err, &ready, ctl)?;
+            progressed |= pump_rx(t, p, st, sched, &mut done, &mut remaining, &mut step_err, &ready, ctl, &mut bounce)?;
         }
 
         // Done when every step is, and replies owed to peers have been written.
@@ -370,7 +400,7 @@ fn describe_waiting(me: usize, peers: &[Peer], sched: &Schedule<'_>, done: &[boo
         if waits_rx {
             from.push(p.to_string());
         }
-        if st.cur_tx.is_some() || !st.send_q.is_empty() || !st.urgent.is_empty() {
+        if st.cur_tx.is_some() || !st.send_q.is_empty() || !st.urgent.is_empty() || !st.direct_wait.is_empty() {
             to.push(p.to_string());
         }
     }
@@ -430,6 +460,20 @@ fn pump_tx(
     ready: &impl Fn(&[bool], &[Step<'_>], usize) -> bool,
 ) -> Result<bool> {
     let mut progressed = false;
+    if let Some(&(_, want)) = st.direct_wait.front() {
+        let read = t.link(p).direct_reads_done();
+        if read >= want {
+            while let Some(&(i, k)) = st.direct_wait.front() {
+                if k > read {
+                    break;
+                }
+                st.direct_wait.pop_front();
+                done[i] = true;
+                *remaining -= 1;
+            }
+            progressed = true;
+        }
+    }
     loop {
         if st.cur_tx.is_none() {
             if let Some(m) = st.urgent.pop_front() {
@@ -441,6 +485,16 @@ fn pump_tx(
                 st.send_q.pop_front();
                 let tag = sched.steps[i].tag;
                 match sched.steps[i].action {
+                    Action::Send { src, len, .. } if len >= DIRECT_MIN && t.link(p).peer_reads_directly() => {
+                        // The link's read counter spans runs. With none of our direct
+                        // messages outstanding (every earlier run waited for its own,
+                        // and none of this one's bytes are published yet), its value
+                        // is where the messages counted from here start.
+                        if st.direct_wait.is_empty() {
+                            st.direct_sent = t.link(p).direct_reads_done();
+                        }
+                        st.cur_tx = Some(Tx::direct(tag, src, len, i))
+                    }
                     Action::Send { src, len, .. } => st.cur_tx = Some(Tx::data(K_DATA, tag, src, len, Some(i))),
                     Action::P2pSend { len, .. } => {
                         // Announce the count; the payload follows once the receiver agrees.
@@ -478,9 +532,13 @@ fn pump_tx(
             if filled < n {
                 let off = tx.written + filled - HDR;
                 let data_n = (n - filled).min(payload.saturating_sub(off));
-                // SAFETY: src is valid for `payload` bytes (the caller's buffer or
-                // scratch, kept alive and unmodified until this step is done).
-                unsafe { std::ptr::copy_nonoverlapping(tx.src.add(off), space[filled..].as_mut_ptr(), data_n) };
+                if tx.kind == K_DIRECT {
+                    space[filled..filled + data_n].copy_from_slice(&tx.inline[off..off + data_n]);
+                } else {
+                    // SAFETY: src is valid for `payload` bytes (the caller's buffer or
+                    // scratch, kept alive and unmodified until this step is done).
+                    unsafe { std::ptr::copy_nonoverlapping(tx.src.add(off), space[filled..].as_mut_ptr(), data_n) };
+                }
                 space[filled + data_n..n].fill(0);
             }
             link.send_commit(n);
@@ -490,7 +548,11 @@ fn pump_tx(
         if tx.written < total {
             break;
         }
-        if let Some(i) = tx.step {
+        if tx.kind == K_DIRECT {
+            // Done once the peer has read it from our buffer.
+            st.direct_sent += 1;
+            st.direct_wait.push_back((tx.step.expect("direct messages belong to steps"), st.direct_sent));
+        } else if let Some(i) = tx.step {
             done[i] = true;
             *remaining -= 1;
         }
@@ -510,6 +572,7 @@ fn pump_rx(
     step_err: &mut Option<Error>,
     ready: &impl Fn(&[bool], &[Step<'_>], usize) -> bool,
     ctl: &RunCtl<'_>,
+    bounce: &mut Vec<u8>,
 ) -> Result<bool> {
     let mut progressed = false;
     loop {
@@ -535,7 +598,7 @@ fn pump_rx(
             let tag = u32::from_le_bytes(hdr.bytes[4..8].try_into().unwrap());
             let len = u64::from_le_bytes(hdr.bytes[8..16].try_into().unwrap()) as usize;
             match kind {
-                K_DATA => {
+                K_DATA | K_DIRECT => {
                     let Some(&i) = st.data_rq.front() else { break };
                     if !ready(done, &sched.steps, i) {
                         break;
@@ -551,7 +614,8 @@ fn pump_rx(
                     }
                     st.data_rq.pop_front();
                     hdr.got = 0;
-                    st.cur_rx = Some(Rx { step: Some(i), len, sink, read: 0 });
+                    let direct = (kind == K_DIRECT).then_some(None);
+                    st.cur_rx = Some(Rx { step: Some(i), len, sink, read: 0, direct });
                 }
                 K_P2P_HDR => {
                     let Some(&i) = st.p2p_rq.front() else { break };
@@ -616,7 +680,7 @@ fn pump_rx(
                         )));
                     }
                     hdr.got = 0;
-                    st.cur_rx = Some(Rx { step: Some(i), len, sink: Sink::Copy(dst), read: 0 });
+                    st.cur_rx = Some(Rx { step: Some(i), len, sink: Sink::Copy(dst), read: 0, direct: None });
                 }
                 k => {
                     return Err(Error::internal(format!(
@@ -628,8 +692,50 @@ fn pump_rx(
             progressed = true;
         }
         let rx = st.cur_rx.as_mut().expect("set above");
-        let total = pad8(rx.len);
         let link = t.link(p);
+        if let Some(addr) = rx.direct {
+            let addr = match addr {
+                Some(a) => a,
+                None => {
+                    let avail = link.recv_avail();
+                    if avail.len() < 8 {
+                        break;
+                    }
+                    let a = u64::from_le_bytes(avail[..8].try_into().unwrap());
+                    link.recv_commit(8);
+                    rx.direct = Some(Some(a));
+                    a
+                }
+            };
+            // One piece per visit, so that other peers progress meanwhile.
+            let k = DIRECT_PIECE.min(rx.len - rx.read);
+            let src = addr + rx.read as u64;
+            match rx.sink {
+                Sink::Copy(dst) => {
+                    // SAFETY: dst is valid for the message (schedule contract).
+                    link.read_direct(src, unsafe { dst.add(rx.read) }, k).map_err(|e| e.context(ctl.what))?
+                }
+                sink => {
+                    bounce.resize(DIRECT_PIECE, 0);
+                    link.read_direct(src, bounce.as_mut_ptr(), k).map_err(|e| e.context(ctl.what))?;
+                    // SAFETY: as for stream data.
+                    unsafe { sink.consume(rx.read, &bounce[..k]) };
+                }
+            }
+            rx.read += k;
+            progressed = true;
+            if rx.read < rx.len {
+                break;
+            }
+            link.direct_read_done();
+            if let Some(i) = rx.step {
+                done[i] = true;
+                *remaining -= 1;
+            }
+            st.cur_rx = None;
+            continue;
+        }
+        let total = pad8(rx.len);
         while rx.read < total {
             let avail = link.recv_avail();
             if avail.is_empty() {

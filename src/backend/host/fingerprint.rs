@@ -83,22 +83,33 @@ fn is_collective(c: &Coll) -> bool {
     !matches!(c.kind, CollKind::Send | CollKind::Recv)
 }
 
-fn message(calls: &[Call]) -> Vec<u8> {
-    let colls: Vec<&Call> = calls.iter().filter(|c| is_collective(&c.coll)).collect();
-    let mut m = vec![0u8; MSG];
-    m[0..8].copy_from_slice(&(colls.len() as u64).to_le_bytes());
+/// Bytes of a fingerprint message.
+pub const MSG_BYTES: usize = MSG;
+
+/// Writes the fingerprint of `calls` into `m` (at least [`MSG_BYTES`] long).
+pub fn message_into(calls: &[Call], m: &mut [u8]) {
+    let m = &mut m[..MSG];
+    m.fill(0);
     let mut h: u64 = 0xcbf2_9ce4_8422_2325;
-    for (i, c) in colls.iter().enumerate() {
+    let mut count = 0usize;
+    for c in calls.iter().filter(|c| is_collective(&c.coll)) {
         let r = record(c);
-        if i < MAX_CALLS {
-            m[16 + i * REC..16 + (i + 1) * REC].copy_from_slice(&r);
+        if count < MAX_CALLS {
+            m[16 + count * REC..16 + (count + 1) * REC].copy_from_slice(&r);
         } else {
             for b in r {
                 h = (h ^ b as u64).wrapping_mul(0x100_0000_01b3);
             }
         }
+        count += 1;
     }
+    m[0..8].copy_from_slice(&(count as u64).to_le_bytes());
     m[8..16].copy_from_slice(&h.to_le_bytes());
+}
+
+fn message(calls: &[Call]) -> Vec<u8> {
+    let mut m = vec![0u8; MSG];
+    message_into(calls, &mut m);
     m
 }
 
@@ -132,34 +143,29 @@ pub fn agree(t: &mut Transport, calls: &[Call], ctl: &RunCtl<'_>) -> Result<Opti
     if let Some(e) = engine::run(t, &mut s, ctl)? {
         return Err(e);
     }
-    let differing: Vec<usize> = (0..n).filter(|&p| p != me && theirs[p * MSG..(p + 1) * MSG] != mine[..]).collect();
-    // Every rank sees every fingerprint, so all agree on failing; name the first pair.
-    let all_same = (0..n)
-        .filter(|&p| p != me)
-        .all(|p| theirs[p * MSG..(p + 1) * MSG] == theirs[first_peer(me) * MSG..(first_peer(me) + 1) * MSG]);
-    if differing.is_empty() && all_same {
-        return Ok(None);
+    Ok(verdict(me, n, &mine, |p| &theirs[p * MSG..(p + 1) * MSG]))
+}
+
+/// Compares this rank's fingerprint with every peer's: `Some(error)` when any rank
+/// differs. Every rank sees every fingerprint, so all of them fail together.
+pub fn verdict<'a>(me: usize, n: usize, mine: &[u8], theirs: impl Fn(usize) -> &'a [u8]) -> Option<Error> {
+    let mine = &mine[..MSG];
+    let peers = || (0..n).filter(move |&p| p != me);
+    if peers().all(|p| &theirs(p)[..MSG] == mine) {
+        return None;
     }
-    let mut lines = vec![format!("rank {me} called {}", describe_msg(&mine))];
-    for p in (0..n).filter(|&p| p != me) {
-        let m = &theirs[p * MSG..(p + 1) * MSG];
-        if m != &mine[..] {
+    let mut lines = vec![format!("rank {me} called {}", describe_msg(mine))];
+    for p in peers() {
+        let m = &theirs(p)[..MSG];
+        if m != mine {
             lines.push(format!("rank {p} called {}", describe_msg(m)));
         }
     }
     if lines.len() == 1 {
         lines.push("other ranks disagree among themselves (see their errors)".into());
     }
-    Ok(Some(Error::mismatch(format!(
+    Some(Error::mismatch(format!(
         "ranks called different collectives: {}; no data was moved, the communicator is still usable",
         lines.join("; ")
-    ))))
-}
-
-fn first_peer(me: usize) -> usize {
-    if me == 0 {
-        1
-    } else {
-        0
-    }
+    )))
 }

@@ -1,0 +1,228 @@
+//! The bulletin board: a small per-rank area of the shared segment through which the
+//! ranks of one host announce each collective (its fingerprint) and, for small
+//! messages, publish their whole contribution, which peers then read in place.
+//!
+//! Each rank owns [`SLOTS`] slots and writes only its own; everyone reads everyone's.
+//! The board's sequence number counts the collective calls of the communicator (every
+//! rank the same). Call `s` uses slot `s % SLOTS`; its header holds `s` once its
+//! fingerprint and data are complete. A rank reuses a slot only after every peer has
+//! *arrived* at `s - SLOTS + 1` or later: arriving there means it finished call
+//! `s - SLOTS` and so stopped reading the slot. That lets a broadcast's root run up to
+//! `SLOTS - 1` calls ahead of its slowest reader without any acknowledgement.
+//!
+//! Waiting spins briefly, then sleeps on the waiter's own doorbell; a publisher wakes
+//! peers only when they announced that they sleep (no system call otherwise).
+
+use super::shm::Segment;
+use crate::error::{Error, Result};
+use std::sync::atomic::{fence, AtomicBool, AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+/// Slots per rank: how many calls a rank may run ahead of its slowest reader.
+pub const SLOTS: usize = 4;
+/// Largest contribution a rank publishes on the board (bytes).
+pub const DATA_MAX: usize = 64 << 10;
+/// Bytes reserved for a call's fingerprint in a slot.
+pub const FP_MAX: usize = 512;
+const SLOT_HDR: usize = 64 + FP_MAX;
+const SLOT_BYTES: usize = SLOT_HDR + DATA_MAX;
+const BOARD_HDR: usize = 4096;
+/// Size of a rank's board.
+pub const BOARD_BYTES: usize = BOARD_HDR + SLOTS * SLOT_BYTES;
+
+/// How long a waiter spins before it yields, and before it sleeps.
+#[derive(Clone, Copy)]
+pub struct SpinPolicy {
+    pub spin: Duration,
+    pub yield_until: Duration,
+}
+
+impl SpinPolicy {
+    /// With at least a core per rank, spinning wins: the peer is microseconds away.
+    /// With more ranks than cores, a spinning rank takes the core its peer needs, so
+    /// it yields almost at once and soon sleeps.
+    pub fn for_ranks(local_ranks: usize) -> SpinPolicy {
+        if local_ranks > available_cpus() {
+            SpinPolicy { spin: Duration::from_micros(2), yield_until: Duration::from_micros(20) }
+        } else {
+            SpinPolicy { spin: Duration::from_micros(50), yield_until: Duration::from_micros(300) }
+        }
+    }
+}
+
+/// CPUs this process may run on.
+pub fn available_cpus() -> usize {
+    std::thread::available_parallelism().map_or(1, |n| n.get())
+}
+
+/// One rank's view of the boards of all ranks of a communicator on one host.
+pub struct Board {
+    pub rank: usize,
+    /// Every rank's segment (this rank's included), by rank.
+    segs: Vec<Arc<Segment>>,
+    /// Sequence number of the last call announced here (0 = none yet).
+    seq: u64,
+    pub policy: SpinPolicy,
+}
+
+// SAFETY: the segments are shared memory accessed through atomics (headers) or
+// through slots that the protocol above gives to one writer at a time.
+unsafe impl Send for Board {}
+
+impl Board {
+    pub fn new(rank: usize, segs: Vec<Arc<Segment>>, policy: SpinPolicy) -> Board {
+        Board { rank, segs, seq: 0, policy }
+    }
+
+    pub fn nranks(&self) -> usize {
+        self.segs.len()
+    }
+
+    fn arrived(&self, r: usize) -> &AtomicU64 {
+        // SAFETY: the board header's first word, 8-byte aligned, only accessed atomically.
+        unsafe { &*(self.segs[r].board_base() as *const AtomicU64) }
+    }
+
+    fn slot(&self, r: usize, s: u64) -> *mut u8 {
+        // SAFETY: slot index < SLOTS, inside the board.
+        unsafe { self.segs[r].board_base().add(BOARD_HDR + (s as usize % SLOTS) * SLOT_BYTES) }
+    }
+
+    fn slot_seq(&self, r: usize, s: u64) -> &AtomicU64 {
+        // SAFETY: first word of the slot header, aligned, only accessed atomically.
+        unsafe { &*(self.slot(r, s) as *const AtomicU64) }
+    }
+
+    /// Starts the next call: waits until this rank may reuse its slot, returns the
+    /// call's board sequence number.
+    pub fn begin(&mut self, w: &mut Waiter<'_>) -> Result<u64> {
+        let s = self.seq + 1;
+        if s > SLOTS as u64 {
+            let need = s - SLOTS as u64 + 1;
+            for p in (0..self.nranks()).filter(|&p| p != self.rank) {
+                w.wait(self, p, |b| b.arrived(p).load(Ordering::Acquire) >= need)?;
+            }
+        }
+        self.seq = s;
+        Ok(s)
+    }
+
+    /// Where this rank writes call `s`'s fingerprint and data.
+    pub fn my_fp(&mut self, s: u64) -> &mut [u8] {
+        // SAFETY: the slot is ours until we publish, and no peer reads it (begin()).
+        unsafe { std::slice::from_raw_parts_mut(self.slot(self.rank, s).add(64), FP_MAX) }
+    }
+
+    /// This rank's data area for call `s` (DATA_MAX bytes).
+    pub fn my_data(&mut self, s: u64) -> *mut u8 {
+        // SAFETY: inside our own slot.
+        unsafe { self.slot(self.rank, s).add(SLOT_HDR) }
+    }
+
+    /// Publishes call `s`: fingerprint and data are complete.
+    pub fn publish(&self, s: u64) {
+        self.slot_seq(self.rank, s).store(s, Ordering::Release);
+        self.arrived(self.rank).store(s, Ordering::Release);
+        // Pairs with sleep_unless: either a sleeping peer is seen and woken, or the
+        // peer sees the new sequence number before it sleeps.
+        fence(Ordering::SeqCst);
+        for p in (0..self.nranks()).filter(|&p| p != self.rank) {
+            self.segs[p].notify();
+        }
+    }
+
+    /// Waits until rank `p` has published call `s`.
+    pub fn wait_for(&self, w: &mut Waiter<'_>, p: usize, s: u64) -> Result<()> {
+        w.wait(self, p, |b| b.slot_seq(p, s).load(Ordering::Acquire) == s)
+    }
+
+    /// Rank `p`'s fingerprint of call `s` (after `wait_for`).
+    pub fn fp(&self, p: usize, s: u64) -> &[u8] {
+        // SAFETY: published (Acquire in wait_for) and not rewritten until we arrive
+        // at a later call.
+        unsafe { std::slice::from_raw_parts(self.slot(p, s).add(64), FP_MAX) }
+    }
+
+    /// Rank `p`'s data of call `s` (after `wait_for`), `len` <= DATA_MAX bytes.
+    pub fn data(&self, p: usize, s: u64, len: usize) -> &[u8] {
+        assert!(len <= DATA_MAX);
+        // SAFETY: as for fp().
+        unsafe { std::slice::from_raw_parts(self.slot(p, s).add(SLOT_HDR), len) }
+    }
+}
+
+/// Bounds and failure checks of one wait: deadline, abort, peers that died.
+pub struct Waiter<'a> {
+    /// Set at the first wait that does not succeed at once (reading the clock costs
+    /// as much as a whole small collective).
+    deadline: Option<Instant>,
+    pub timeout: Duration,
+    pub abort: &'a AtomicBool,
+    /// Checks peers' failure flags and (`full`) whether their processes live.
+    pub check: &'a mut dyn FnMut(bool) -> Result<()>,
+    /// Describes the call for error messages (built only on error).
+    pub what: &'a dyn Fn() -> String,
+    last_full_check: Option<Instant>,
+}
+
+impl<'a> Waiter<'a> {
+    pub fn new(
+        timeout: Duration,
+        abort: &'a AtomicBool,
+        check: &'a mut dyn FnMut(bool) -> Result<()>,
+        what: &'a dyn Fn() -> String,
+    ) -> Waiter<'a> {
+        Waiter { deadline: None, timeout, abort, check, what, last_full_check: None }
+    }
+
+    fn wait(&mut self, b: &Board, p: usize, ready: impl Fn(&Board) -> bool) -> Result<()> {
+        if ready(b) {
+            return Ok(());
+        }
+        let start = Instant::now();
+        let deadline = *self.deadline.get_or_insert(start + self.timeout);
+        let last_full_check = self.last_full_check.get_or_insert(start);
+        let mut spins = 0u32;
+        loop {
+            for _ in 0..64 {
+                if ready(b) {
+                    return Ok(());
+                }
+                std::hint::spin_loop();
+            }
+            spins += 1;
+            let now = Instant::now();
+            let idle = now - start;
+            if spins % 16 == 0 || idle > b.policy.spin {
+                if self.abort.load(Ordering::Acquire) {
+                    return Err(Error::remote(format!("{}: the communicator was aborted", (self.what)())));
+                }
+                (self.check)(false).map_err(|e| e.context((self.what)()))?;
+            }
+            if idle < b.policy.spin {
+                continue;
+            }
+            if now >= deadline {
+                return Err(Error::timeout(format!(
+                    "{}: timed out after {} ms; rank {} has not arrived (this rank {} waits for it)",
+                    (self.what)(),
+                    self.timeout.as_millis(),
+                    p,
+                    b.rank
+                )));
+            }
+            if now - *last_full_check > Duration::from_millis(100) {
+                *last_full_check = now;
+                (self.check)(true).map_err(|e| e.context((self.what)()))?;
+            }
+            if idle < b.policy.yield_until {
+                std::thread::yield_now();
+                continue;
+            }
+            let left = deadline.saturating_duration_since(now).min(Duration::from_millis(20));
+            let me = &b.segs[b.rank];
+            me.sleep_unless(|| ready(b) || self.abort.load(Ordering::Acquire), left);
+        }
+    }
+}
