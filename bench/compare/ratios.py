@@ -41,7 +41,9 @@ def fmt_x(v):
         return "—"
     if v >= 100:
         return f"{v:.0f}x"
-    return f"{v:.2f}x" if v >= 1 else f"{v:.2g}x"
+    if v >= 1:
+        return f"{v:.2f}x"
+    return f"{v:.3f}x" if v >= 0.01 else f"{v:.2g}x"
 
 
 def fmt_bw(v):

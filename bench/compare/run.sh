@@ -116,7 +116,8 @@ fi
 # ---- run, alternating
 dir="$out/n$nranks"
 mkdir -p "$dir"
-rm -f "$dir"/ferroccl.rep*.* "$dir"/ompi.rep*.* "$dir"/gloo.rep*.*
+# Only this run's results in DIR: no stale repetitions or tables of an earlier run.
+rm -f "$dir"/ferroccl.rep*.* "$dir"/ompi.rep*.* "$dir"/gloo.rep*.* "$dir"/ompi.md "$dir"/gloo.md "$dir"/*.ratios.csv
 mpirun_cmd=(mpirun --allow-run-as-root --oversubscribe -np "$nranks")
 
 run_side() { # side rep: appends every sweep's rows to DIR/side.repK.csv
