@@ -32,6 +32,9 @@ A placement Gloo has no form for gets no CSV row (N/A in the table).
 Inputs are small integers so every result is exact; -o takes sum, prod, max, min
 (Gloo has no avg). Types: float, double, int32, int64.
 
+Test hook: COMPARE_BENCH_CORRUPT=1 makes every rank change the first element of its
+receive buffer before each check, to prove that wrong results are reported.
+
 Only argument parsing runs before torch is imported, so --help works without torch.
 """
 
@@ -417,10 +420,13 @@ def worker(rank, o, port):
                 secs = combine((time.perf_counter() - t0) / iters)
                 wrong = None
                 unchecked = inplace and c in ("all_to_all", "all_to_allv", "send_recv")
+                corrupt = os.environ.get("COMPARE_BENCH_CORRUPT", "") not in ("", "0")
                 if o.check > 0 and not unchecked:
                     for k in range(o.check):
                         fill(1 + k, inplace)
                         run(0, inplace)
+                        if corrupt:
+                            recv[0] += 1000
                         w = check(1 + k, inplace)
                         if w:
                             print(f"gloo_bench: rank {rank}: {c} {max(ls, lr) * esize} B "

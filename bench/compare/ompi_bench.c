@@ -30,6 +30,8 @@
  *   send_recv: MPI_Sendrecv_replace (not checked, as in ferroccl-bench).
  * Inputs are small integers so every result is exact; MPI has no avg, so -o takes
  * sum, prod, max, min. Types: float, double, int32, int64.
+ * Test hook: COMPARE_BENCH_CORRUPT=1 makes every rank change the first element of its
+ * receive buffer before each check, to prove that wrong results are reported.
  */
 #include <mpi.h>
 #include <stdint.h>
@@ -527,11 +529,13 @@ static Result measure(const Opts *o, const Case *c, int inplace) {
 
     Result res = {secs * 1e6, 0, 0, -1};
     if (o->check > 0 && (!inplace || inplace_checked(c->coll))) {
+        const char *corrupt = getenv("COMPARE_BENCH_CORRUPT");
         unsigned long long total = 0;
         for (long k = 0; k < o->check; k++) {
             uint64_t seed = 1 + (uint64_t)k;
             fill(c, seed, inplace);
             run(c, 0, inplace);
+            if (corrupt && *corrupt && strcmp(corrupt, "0")) put(c->recv_base, 0, get(c->recv_base, 0) + 1000);
             unsigned long long w = check(c, seed, inplace);
             MPI_Allreduce(&w, &total, 1, MPI_UNSIGNED_LONG_LONG, MPI_SUM, MPI_COMM_WORLD);
             if (total > 0) break;
