@@ -1,0 +1,261 @@
+#!/usr/bin/env python3
+"""ratios.py: ferroccl against a peer, from the CSVs that run.sh leaves in one directory.
+
+  ratios.py DIR --peer ompi|gloo [--baseline DIR2]
+
+DIR holds ferroccl.repK.csv and PEER.repK.csv (ferroccl-bench's CSV columns), K = 1..R,
+each pair measured back to back. For every collective, size and placement that both
+sides ran, the busbw ratio ferroccl/peer is taken within each repetition (it equals
+peer time / ferroccl time, as both use the same bytes and factor) and the median over
+the repetitions is reported, with the medians of each side's busbw; sizes <= 2 KiB also
+get the time ratio ferroccl/peer. Then the verdicts against shared/PERF.md's targets.
+--baseline names a 2-rank run's directory, for the oversubscribed (nranks > 2) target
+"large messages keep >= 50% of their 2-rank busbw".
+
+Writes DIR/PEER.md (what it prints) and DIR/PEER.ratios.csv. Standard library only.
+"""
+
+import argparse
+import csv
+import glob
+import os
+import re
+import statistics
+import sys
+
+SMALL = 2 << 10  # sizes up to this get the time ratio
+PEER_TITLE = {"ompi": "Open MPI", "gloo": "Gloo"}
+ORDER = ["all_reduce", "broadcast", "reduce", "all_gather", "reduce_scatter",
+         "all_to_all", "all_to_allv", "gather", "scatter", "send_recv"]
+
+
+def fmt_size(b):
+    for s, u in ((30, "G"), (20, "M"), (10, "K")):
+        if b >= 1 << s and b % (1 << s) == 0:
+            return f"{b >> s}{u}"
+    return str(b)
+
+
+def fmt_x(v):
+    if v is None:
+        return "—"
+    if v >= 100:
+        return f"{v:.0f}x"
+    if v >= 1:
+        return f"{v:.2f}x"
+    return f"{v:.3f}x" if v >= 0.01 else f"{v:.2g}x"
+
+
+def fmt_bw(v):
+    if v is None:
+        return "—"
+    if v >= 1:
+        return f"{v:.2f}"
+    return f"{v:.3g}"
+
+
+def read_runs(d, name):
+    """{rep: {(collective, size, placement): row}} of DIR/name.repK.csv."""
+    runs = {}
+    for p in glob.glob(os.path.join(d, f"{name}.rep*.csv")):
+        m = re.search(r"\.rep(\d+)\.csv$", p)
+        if not m:
+            continue
+        rows = {}
+        with open(p, newline="") as f:
+            for r in csv.DictReader(f):
+                key = (r["collective"], int(r["size_bytes"]), r["placement"])
+                rows[key] = {
+                    "time_us": float(r["time_us"]),
+                    "busbw": float(r["busbw_GBps"]),
+                    "wrong": r["wrong"],
+                    "nranks": int(r["nranks"]),
+                }
+        runs[int(m.group(1))] = rows
+    return runs
+
+
+def median(xs):
+    return statistics.median(xs) if xs else None
+
+
+def compare(fer, peer):
+    """Points both sides ran: {(coll, size, placement): stats over the paired reps}."""
+    out = {}
+    reps = sorted(set(fer) & set(peer))
+    keys = set()
+    for k in reps:
+        keys |= set(fer[k]) & set(peer[k])
+    for key in keys:
+        bw_r, t_r, fb, pb, ft, pt = [], [], [], [], [], []
+        for k in reps:
+            f, p = fer[k].get(key), peer[k].get(key)
+            if f is None or p is None:
+                continue
+            if f["time_us"] > 0 and p["time_us"] > 0:
+                bw_r.append(p["time_us"] / f["time_us"])
+                t_r.append(f["time_us"] / p["time_us"])
+            fb.append(f["busbw"])
+            pb.append(p["busbw"])
+            ft.append(f["time_us"])
+            pt.append(p["time_us"])
+        if not fb:
+            continue
+        out[key] = {
+            "ratio": median(bw_r), "ratio_min": min(bw_r) if bw_r else None, "ratio_max": max(bw_r) if bw_r else None,
+            "time_ratio": median(t_r), "fer_bw": median(fb), "peer_bw": median(pb),
+            "fer_t": median(ft), "peer_t": median(pt), "reps": len(fb),
+        }
+    return out, reps
+
+
+def wrong_rows(runs, name):
+    bad = []
+    for k, rows in sorted(runs.items()):
+        for (c, s, pl), r in sorted(rows.items()):
+            if r["wrong"] not in ("", "0"):
+                bad.append(f"{name} rep {k}: {c} {fmt_size(s)} {pl}: {r['wrong']} wrong elements")
+    return bad
+
+
+def verdict_min(points, need, what, metric="ratio", higher=True):
+    """One target over a set of points: met, or missed by how much where."""
+    if not points:
+        return f"- {what}: not measured (no such sizes or placements in this run)"
+    vals = [(v[metric], key) for key, v in points.items() if v[metric] is not None]
+    if higher:
+        miss = [(x, k) for x, k in vals if x < need]
+        worst = min(vals)
+    else:
+        miss = [(x, k) for x, k in vals if x > need]
+        worst = max(vals)
+    x, (c, s, pl) = worst
+    where = f"{c} {fmt_size(s)} {pl}"
+    if not miss:
+        return f"- {what}: **met** at all {len(vals)} points (worst {fmt_x(x)}, {where})"
+    by = f"{(need - x) / need * 100:.0f}% short of {need:g}x" if higher else f"{x / need:.3g} times the {need:g}x allowed"
+    listed = ", ".join(f"{c} {fmt_size(s)} {pl} {fmt_x(v)}" for v, (c, s, pl) in sorted(miss, reverse=not higher)[:6])
+    more = f" and {len(miss) - 6} more" if len(miss) > 6 else ""
+    return (f"- {what}: **missed** at {len(miss)} of {len(vals)} points; worst {where} at {fmt_x(x)} "
+            f"({by}): {listed}{more}")
+
+
+def main(argv):
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("dir")
+    ap.add_argument("--peer", required=True, choices=sorted(PEER_TITLE))
+    ap.add_argument("--baseline", help="a 2-rank run's directory (for the nranks > 2 target)")
+    a = ap.parse_args(argv)
+    fer, peer = read_runs(a.dir, "ferroccl"), read_runs(a.dir, a.peer)
+    title = PEER_TITLE[a.peer]
+    if not fer or not peer:
+        print(f"ratios.py: no ferroccl.rep*.csv or {a.peer}.rep*.csv in {a.dir}", file=sys.stderr)
+        return 2
+    pts, reps = compare(fer, peer)
+    nranks = next(iter(next(iter(fer.values())).values()))["nranks"] if any(fer.values()) else 0
+    lines = [f"# ferroccl vs {title}: {nranks} ranks, {len(reps)} repetition(s), alternating",
+             "",
+             "busbw in GB/s (median over repetitions); ratio = ferroccl/peer busbw, the median of the ratios",
+             "measured within each repetition (range in the CSV); time ratio = ferroccl/peer time per call",
+             f"(sizes <= {fmt_size(SMALL)}). `—`: that side has no such placement.",
+             ""]
+    colls = sorted({k[0] for k in pts}, key=lambda c: ORDER.index(c) if c in ORDER else 99)
+    only_one = sorted({k[0] for r in fer.values() for k in r} ^ {k[0] for r in peer.values() for k in r})
+    for c in colls:
+        sizes = sorted({k[1] for k in pts if k[0] == c})
+        lines += [f"## {c}", "",
+                  "| size | ferroccl out | peer out | ratio out | ferroccl in | peer in | ratio in | time ratio out | time ratio in |",
+                  "|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+        for s in sizes:
+            cells = [fmt_size(s)]
+            for pl in ("out", "in"):
+                v = pts.get((c, s, pl))
+                cells += [fmt_bw(v["fer_bw"]), fmt_bw(v["peer_bw"]), fmt_x(v["ratio"])] if v else ["—"] * 3
+            for pl in ("out", "in"):
+                v = pts.get((c, s, pl))
+                cells.append(fmt_x(v["time_ratio"]) if v and s <= SMALL else "")
+            lines.append("| " + " | ".join(cells) + " |")
+        lines.append("")
+    if only_one:
+        lines += [f"Run by one side only (not compared): {', '.join(only_one)}", ""]
+
+    # ---- verdicts against shared/PERF.md
+    lines += [f"## Verdicts against PERF.md ({title}, {nranks} ranks)", ""]
+    if nranks != 2:
+        lines += ["(PERF.md states the peer targets for 2 ranks; shown here for information.)", ""]
+    sel = lambda f: {k: v for k, v in pts.items() if f(*k)}
+    if a.peer == "ompi":
+        lines.append(verdict_min(sel(lambda c, s, pl: s >= 32 << 10), 1.0,
+                                 "every collective, every size >= 32K: busbw >= 1.0x Open MPI's"))
+        lines.append(verdict_min(sel(lambda c, s, pl: c in ("all_reduce", "reduce_scatter") and s >= 8 << 20), 2.0,
+                                 "all_reduce and reduce_scatter >= 8M: busbw >= 2x Open MPI's"))
+        lines.append(verdict_min(sel(lambda c, s, pl: s <= SMALL), 2.0,
+                                 "<= 2K: time per call <= 2x Open MPI's", metric="time_ratio", higher=False))
+    else:
+        lines.append(verdict_min(sel(lambda c, s, pl: s >= 8 << 10), 5.0, "every size >= 8K: busbw >= 5x Gloo's"))
+    # Absolute targets on ferroccl's own figures (median over the repetitions).
+    fer_med = {}
+    for rows in fer.values():
+        for k, r in rows.items():
+            fer_med.setdefault(k, []).append(r)
+    ar64 = [(pl, median([r["busbw"] for r in fer_med[("all_reduce", 64 << 20, pl)]]))
+            for pl in ("out", "in") if ("all_reduce", 64 << 20, pl) in fer_med]
+    if nranks == 2:
+        if ar64:
+            worst = min(ar64, key=lambda x: x[1])
+            ok = worst[1] >= 5.0
+            lines.append(f"- all_reduce 64M busbw >= 5 GB/s: **{'met' if ok else 'missed'}** "
+                         f"({', '.join(f'{pl} {bw:.2f}' for pl, bw in ar64)} GB/s"
+                         f"{'' if ok else f'; {(5.0 - worst[1]) / 5.0 * 100:.0f}% short'})")
+        else:
+            lines.append("- all_reduce 64M busbw >= 5 GB/s: not measured (all_reduce at 64M not in this run)")
+    else:
+        t8 = [(pl, median([r["time_us"] for r in fer_med[k]])) for pl in ("out", "in")
+              for k in [("all_reduce", 8, pl)] if k in fer_med]
+        if t8:
+            worst = max(t8, key=lambda x: x[1])
+            ok = worst[1] < 100
+            lines.append(f"- {nranks} ranks: 8-byte all_reduce median < 100 us: **{'met' if ok else 'missed'}** "
+                         f"({', '.join(f'{pl} {t:.1f} us' for pl, t in t8)})")
+        else:
+            lines.append(f"- {nranks} ranks: 8-byte all_reduce < 100 us: not measured (no 8-byte all_reduce)")
+        base = read_runs(a.baseline, "ferroccl") if a.baseline else {}
+        if base:
+            bmed = {}
+            for rows in base.values():
+                for k, r in rows.items():
+                    bmed.setdefault(k, []).append(r["busbw"])
+            # Large = 8M and up. Sizes match only where both runs rounded them alike.
+            big = {}
+            for k, rs in fer_med.items():
+                if k[1] >= 8 << 20 and k in bmed:
+                    b = median(bmed[k])
+                    if b > 0:
+                        big[k] = {"ratio": median([r["busbw"] for r in rs]) / b}
+            lines.append(verdict_min(big, 0.5, f"{nranks} ranks, >= 8M: busbw >= 50% of the 2-rank run's "
+                                     f"({a.baseline})"))
+        else:
+            lines.append(f"- {nranks} ranks, large messages >= 50% of 2-rank busbw: not measured "
+                         "(run the same command with --nranks 2 first)")
+    bad = wrong_rows(fer, "ferroccl") + wrong_rows(peer, a.peer)
+    if bad:
+        lines += ["", "## WRONG RESULTS", ""] + [f"- {b}" for b in bad]
+    text = "\n".join(lines) + "\n"
+    print(text, end="")
+    with open(os.path.join(a.dir, f"{a.peer}.md"), "w") as f:
+        f.write(text)
+    with open(os.path.join(a.dir, f"{a.peer}.ratios.csv"), "w", newline="") as f:
+        w = csv.writer(f)
+        w.writerow(["collective", "nranks", "peer", "size_bytes", "placement", "ferroccl_busbw_GBps",
+                    "peer_busbw_GBps", "busbw_ratio", "busbw_ratio_min", "busbw_ratio_max", "ferroccl_time_us",
+                    "peer_time_us", "time_ratio", "reps"])
+        for (c, s, pl), v in sorted(pts.items(), key=lambda kv: (ORDER.index(kv[0][0]) if kv[0][0] in ORDER else 99,
+                                                                  kv[0][1], kv[0][2] != "out")):
+            r = lambda x: "" if x is None else f"{x:.6g}"
+            w.writerow([c, nranks, a.peer, s, pl, r(v["fer_bw"]), r(v["peer_bw"]), r(v["ratio"]), r(v["ratio_min"]),
+                        r(v["ratio_max"]), r(v["fer_t"]), r(v["peer_t"]), r(v["time_ratio"]), v["reps"]])
+    return 1 if bad else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

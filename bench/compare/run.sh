@@ -1,0 +1,157 @@
+#!/usr/bin/env bash
+# ferroccl against its peers, side by side: builds what is missing, runs ferroccl-bench
+# and the peer alternately (ferroccl, peer, ferroccl, peer, ...) over the same
+# collectives and sizes, and prints ferroccl/peer ratios per collective and size with
+# verdicts against shared/PERF.md's targets (see bench/compare/README.md).
+#
+#   bench/compare/run.sh [--peer ompi|gloo|both] [--nranks N] [-b MIN] [-e MAX]
+#                        [--reps R] [--out DIR] [collectives...]
+set -euo pipefail
+
+here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
+root="$(cd "$here/../.." && pwd)"
+
+usage() {
+    cat <<EOF
+usage: bench/compare/run.sh [--peer ompi|gloo|both] [--nranks N] [-b MIN] [-e MAX]
+                            [--reps R] [--max-time S] [--out DIR] [collectives...]
+
+Runs ferroccl-bench and a peer alternately, R times each, over the same collectives
+and sizes (MIN, MIN*4, MIN*16, ... up to MAX, plus MAX itself when the factor 4 does
+not land on it; default 8 .. 64M: 8 32 128 512 2K 8K 32K 128K 512K 2M 8M 32M 64M),
+then prints per collective and size the busbw of both, the ratio ferroccl/peer (median
+of the ratios within each repetition), the time ratio for sizes <= 2K, and verdicts
+against shared/PERF.md's targets. Tables and CSVs go to DIR/n<N>/ (default
+bench/compare/out).
+
+  --peer ompi|gloo|both   peer (default ompi): Open MPI (Debian's openmpi-bin, the
+                          program bench/compare/ompi_bench.c) or PyTorch's Gloo
+                          (bench/compare/gloo_bench.py in bench/compare/.venv)
+  --nranks N              ranks (default 2); more than the cores is oversubscribed
+  -b MIN, -e MAX          sizes (default 8 and 64M; suffixes K M G)
+  --reps R                repetitions of each side (default 3)
+  --max-time S            time budget per size and placement (ferroccl-bench's
+                          --max-time, default 0.25)
+  --out DIR               output directory (default bench/compare/out)
+  collectives             any of ferroccl-bench's: all_reduce broadcast reduce
+                          all_gather reduce_scatter all_to_all all_to_allv gather
+                          scatter send_recv, or all (default all)
+
+Installs on first use: openmpi-bin and libopenmpi-dev with apt-get (root) when mpicc
+is missing; torch from PyPI into bench/compare/.venv (about 5 GB with its CUDA
+dependencies: PyPI has no CPU-only torch for Linux x86_64).
+EOF
+}
+
+peer=ompi nranks=2 minb=8 maxb=64M reps=3 max_time=0.25 out="$here/out"
+colls=()
+while [ $# -gt 0 ]; do
+    case "$1" in
+    -h | --help) usage; exit 0 ;;
+    --peer) peer="$2"; shift 2 ;;
+    --peer=*) peer="${1#*=}"; shift ;;
+    --nranks | --np) nranks="$2"; shift 2 ;;
+    --nranks=*) nranks="${1#*=}"; shift ;;
+    -b) minb="$2"; shift 2 ;;
+    -e) maxb="$2"; shift 2 ;;
+    --reps) reps="$2"; shift 2 ;;
+    --reps=*) reps="${1#*=}"; shift ;;
+    --max-time) max_time="$2"; shift 2 ;;
+    --out) out="$2"; shift 2 ;;
+    -*) echo "run.sh: unknown option $1 (--help lists them)" >&2; exit 2 ;;
+    *) colls+=("$1"); shift ;;
+    esac
+done
+case "$peer" in ompi) peers=(ompi) ;; gloo) peers=(gloo) ;; both) peers=(ompi gloo) ;;
+*) echo "run.sh: --peer ompi, gloo or both, not $peer" >&2; exit 2 ;; esac
+[[ "$nranks" =~ ^[1-9][0-9]*$ ]] || { echo "run.sh: --nranks needs a number >= 1" >&2; exit 2; }
+[[ "$reps" =~ ^[1-9][0-9]*$ ]] || { echo "run.sh: --reps needs a number >= 1" >&2; exit 2; }
+[ ${#colls[@]} -gt 0 ] || colls=(all)
+
+bytes() { # 8, 2K, 64M -> bytes
+    python3 -c 'import sys; s=sys.argv[1].strip().upper().removesuffix("IB").removesuffix("B"); u={"K":1<<10,"M":1<<20,"G":1<<30}.get(s[-1:],1); print(int(float(s[:-1] if u>1 else s)*u))' "$1"
+}
+minbytes="$(bytes "$minb")" maxbytes="$(bytes "$maxb")"
+# The factor-4 sweep and, when it does not land on MAX, MAX on its own.
+sweeps=("-b $minbytes -e $maxbytes -f 4")
+last=$minbytes
+while [ $((last * 4)) -le "$maxbytes" ]; do last=$((last * 4)); done
+[ "$last" -eq "$maxbytes" ] || sweeps+=("-b $maxbytes -e $maxbytes -f 4")
+common=(-n 20 -w 5 --max-time "$max_time")
+
+log() { echo "== $*" >&2; }
+
+# ---- build what is missing
+fbench="$root/target/release/ferroccl-bench"
+log "cargo build --release (a no-op when up to date)"
+(cd "$root" && cargo build --release --quiet --bin ferroccl-bench) >&2
+ompi_bin="$root/target/compare/ompi_bench"
+if [[ " ${peers[*]} " == *" ompi "* ]]; then
+    if ! command -v mpicc >/dev/null || ! command -v mpirun >/dev/null; then
+        log "installing Open MPI from Debian's packages (apt-get install openmpi-bin libopenmpi-dev)"
+        sudo=""
+        [ "$(id -u)" -eq 0 ] || sudo=sudo
+        t0=$SECONDS
+        $sudo apt-get update -qq >&2
+        DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq openmpi-bin libopenmpi-dev >&2
+        log "apt-get took $((SECONDS - t0)) s"
+    fi
+    if [ ! -x "$ompi_bin" ] || [ "$here/ompi_bench.c" -nt "$ompi_bin" ]; then
+        log "mpicc -O2 bench/compare/ompi_bench.c"
+        mkdir -p "$(dirname "$ompi_bin")"
+        mpicc -O2 -Wall -o "$ompi_bin" "$here/ompi_bench.c"
+    fi
+fi
+venv="$here/.venv"
+if [[ " ${peers[*]} " == *" gloo "* ]]; then
+    if ! "$venv/bin/python" -c 'import torch.distributed as d; assert d.is_gloo_available()' 2>/dev/null; then
+        log "installing torch from PyPI into bench/compare/.venv (about 5 GB with its CUDA dependencies)"
+        t0=$SECONDS
+        python3 -m venv "$venv"
+        "$venv/bin/pip" install -q torch numpy >&2
+        log "pip took $((SECONDS - t0)) s"
+    fi
+fi
+
+# ---- run, alternating
+dir="$out/n$nranks"
+mkdir -p "$dir"
+# Only this run's results in DIR: no stale repetitions or tables of an earlier run.
+rm -f "$dir"/ferroccl.rep*.* "$dir"/ompi.rep*.* "$dir"/gloo.rep*.* "$dir"/ompi.md "$dir"/gloo.md "$dir"/*.ratios.csv
+mpirun_cmd=(mpirun --allow-run-as-root --oversubscribe -np "$nranks")
+
+run_side() { # side rep: appends every sweep's rows to DIR/side.repK.csv
+    local side=$1 rep=$2 dst="$dir/$1.rep$2.csv" tmp="$dir/.$1.part.csv" i=0 sw
+    rm -f "$dst" "$dir/$side.rep$rep.log"
+    for sw in "${sweeps[@]}"; do
+        # shellcheck disable=SC2086
+        case "$side" in
+        ferroccl) "$fbench" --nranks "$nranks" $sw "${common[@]}" --csv "$tmp" "${colls[@]}" ;;
+        ompi) "${mpirun_cmd[@]}" "$ompi_bin" $sw "${common[@]}" --csv "$tmp" "${colls[@]}" ;;
+        gloo) "$venv/bin/python" "$here/gloo_bench.py" --nranks "$nranks" $sw "${common[@]}" --csv "$tmp" "${colls[@]}" ;;
+        esac >> "$dir/$side.rep$rep.log" 2>&1 || { echo "run.sh: $side failed (rep $rep); see $dir/$side.rep$rep.log" >&2; tail -5 "$dir/$side.rep$rep.log" >&2; return 1; }
+        if [ $i -eq 0 ]; then cat "$tmp" > "$dst"; else tail -n +2 "$tmp" >> "$dst"; fi
+        i=$((i + 1))
+    done
+    rm -f "$tmp"
+}
+
+status=0
+for rep in $(seq 1 "$reps"); do
+    log "repetition $rep/$reps: ferroccl"
+    run_side ferroccl "$rep" || status=1
+    for p in "${peers[@]}"; do
+        log "repetition $rep/$reps: $p"
+        run_side "$p" "$rep" || status=1
+    done
+done
+
+# ---- tables and verdicts
+baseline=()
+[ "$nranks" -eq 2 ] || [ ! -d "$out/n2" ] || baseline=(--baseline "$out/n2")
+for p in "${peers[@]}"; do
+    echo
+    python3 "$here/ratios.py" "$dir" --peer "$p" "${baseline[@]}" || status=1
+    log "written: $dir/$p.md $dir/$p.ratios.csv (raw: $dir/*.rep*.csv, logs: $dir/*.rep*.log)"
+done
+exit $status
