@@ -176,6 +176,12 @@ impl<'a> Waiter<'a> {
         Waiter { deadline: None, timeout, abort, check, what, last_full_check: None }
     }
 
+    /// Fails if a peer has marked itself failed or aborted: what it published on the
+    /// board may belong to a call it never finished.
+    pub fn check_flags(&mut self) -> Result<()> {
+        (self.check)(false).map_err(|e| e.context((self.what)()))
+    }
+
     fn wait(&mut self, b: &Board, p: usize, ready: impl Fn(&Board) -> bool) -> Result<()> {
         if ready(b) {
             return Ok(());

@@ -65,6 +65,7 @@ pub fn run(
 
 fn on_board(b: &mut Board, w: &mut Waiter<'_>, calls: &[Call], check: bool) -> Result<Board1> {
     let (me, n) = (b.rank, b.nranks());
+    w.check_flags()?;
     let s = b.begin(w)?;
     fingerprint::message_into(calls, b.my_fp(s));
     let fast = match calls {
@@ -77,6 +78,7 @@ fn on_board(b: &mut Board, w: &mut Waiter<'_>, calls: &[Call], check: bool) -> R
             for p in (0..n).filter(|&p| p != me) {
                 b.wait_for(w, p, s)?;
             }
+            w.check_flags()?;
             if let Some(e) = fingerprint::verdict(me, n, b.fp(me, s), |p| b.fp(p, s)) {
                 return Ok(Board1::Done(Some(e)));
             }
@@ -113,6 +115,7 @@ fn on_board(b: &mut Board, w: &mut Waiter<'_>, calls: &[Call], check: bool) -> R
     for p in (0..n).filter(|&p| p != me && needs(p)) {
         b.wait_for(w, p, s)?;
     }
+    w.check_flags()?;
     if check {
         if let Some(e) = fingerprint::verdict(me, n, b.fp(me, s), |p| b.fp(p, s)) {
             return Ok(Board1::Done(Some(e)));
