@@ -227,6 +227,11 @@ fn run_rank(o: &Opts) -> Result<i32, Fail> {
     let failed = report::failures(&records);
     if rank0 {
         out(&report::footer(&records, peak));
+        if infos.len() > 1 {
+            let each: Vec<String> =
+                infos.iter().enumerate().map(|(r, i)| format!("{r}: {:.1}", i.peak_rss_kib as f64 / 1024.0)).collect();
+            out(&format!("# Peak resident memory per rank (MiB) : {}\n", each.join(", ")));
+        }
         let info = RunInfo {
             opts: o,
             nranks: n,
