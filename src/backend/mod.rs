@@ -1,4 +1,6 @@
-//! Backends execute validated collectives. The built-in host backend is the only
-//! one so far; the NCCL backend joins it with CUDA support.
+//! Backends execute validated collectives: the built-in backend (`host`, with
+//! `staging` for device memory) and NCCL (`nccl`, loaded at run time).
 
 pub mod host;
+pub mod nccl;
+pub mod staging;

@@ -5,7 +5,7 @@
 use crate::coll::ext::AxisLayout;
 use crate::error::{Error, Result};
 
-/// Refuses device ids until CUDA support lands; -1 is host memory.
+/// Refuses device ids (the fcclLocal* copies are host-only so far); -1 is host memory.
 pub fn check_devices(devs: &[i32], what: &str) -> Result<()> {
     if let Some((i, d)) = devs.iter().enumerate().find(|(_, &d)| d != -1) {
         if *d < -1 {
