@@ -91,6 +91,8 @@ pub struct Coll {
     /// The caller's CUDA stream (a `CUstream` as an integer; 0 = the default
     /// stream). Device-memory calls are ordered on it; host calls ignore it.
     pub stream: usize,
+    /// Where the buffers live (set by the C entry points; internal calls are host).
+    pub placement: crate::mem::Placement,
 }
 
 /// Layout of an axis-aware all_gather (see [`Coll::strided`]).
@@ -120,6 +122,7 @@ impl Coll {
             wire: None,
             keep: None,
             stream: 0,
+            placement: crate::mem::Placement::Host,
         }
     }
 

@@ -11,7 +11,7 @@ use crate::backend::staging;
 use crate::coll::Coll;
 use crate::error::{Code, Error, Result};
 use crate::log;
-use crate::mem::{self, cuda, Placement};
+use crate::mem::{cuda, Placement};
 use crate::transport::shm::Segment;
 use crate::transport::{inproc, Transport};
 use bootstrap::{Client, UniqueId};
@@ -300,10 +300,7 @@ impl Comm {
     /// device buffers staged through host memory on their streams.
     fn run_with_devices(&self, t: &mut Transport, calls: &mut [Call]) -> Result<Option<Error>> {
         let (rank, n) = (self.rank, self.nranks);
-        let mut places = Vec::with_capacity(calls.len());
-        for c in calls.iter() {
-            places.push(mem::placement(&c.coll.buffers(rank, n)).map_err(|e| e.context(c.coll.kind.c_name()))?);
-        }
+        let places: Vec<Placement> = calls.iter().map(|c| c.coll.placement).collect();
         let on_device = |i: usize| matches!(places[i], Placement::Device { .. });
         let mut by_nccl = vec![false; calls.len()];
         if let Some(nc) = &self.nccl {

@@ -38,6 +38,9 @@ pub(super) fn submit(comm: fcclComm_t, stream: fcclStream_t, make: impl FnOnce(&
     let mut coll = make(&c)?;
     coll.stream = stream as usize;
     coll.validate(c.rank, c.nranks)?;
+    // One relaxed atomic load when CUDA is absent; a mixed call fails here, before
+    // it is counted or queued, so no rank waits for it.
+    coll.placement = crate::mem::placement(&coll.buffers(c.rank, c.nranks))?;
     if group::active() {
         group::enqueue(c, coll);
         Ok(())
