@@ -305,6 +305,29 @@ pub unsafe fn copy_htod_async(dst: *mut u8, src: *const u8, bytes: usize, stream
     check(rc, "cuMemcpyHtoDAsync")
 }
 
+/// Copies `bytes` from host to device memory and waits (on the current context, or
+/// device 0's primary context if none; ordered after the legacy default stream).
+///
+/// # Safety
+/// `dst` is device memory and `src` host memory, each valid for `bytes`.
+pub unsafe fn copy_to_device(dst: *mut u8, src: *const u8, bytes: usize) -> Result<()> {
+    let _g = CtxGuard::enter(0)?;
+    // SAFETY: guaranteed by the caller; synchronised before returning.
+    unsafe { copy_htod_async(dst, src, bytes, 0)? };
+    sync(0)
+}
+
+/// Copies `bytes` from device to host memory and waits (as [`copy_to_device`]).
+///
+/// # Safety
+/// `src` is device memory and `dst` host memory, each valid for `bytes`.
+pub unsafe fn copy_to_host(dst: *mut u8, src: *const u8, bytes: usize) -> Result<()> {
+    let _g = CtxGuard::enter(0)?;
+    // SAFETY: guaranteed by the caller; synchronised before returning.
+    unsafe { copy_dtoh_async(dst, src, bytes, 0)? };
+    sync(0)
+}
+
 /// Waits for everything queued on `stream`.
 pub fn sync(stream: usize) -> Result<()> {
     // SAFETY: the stream handle is the caller's (0 = the legacy default stream).
