@@ -97,6 +97,15 @@ impl Comm {
         }
     }
 
+    /// Which backend runs a call (for logs).
+    fn backend_of(&self, c: &Coll) -> &'static str {
+        match (c.placement, &self.nccl) {
+            (Placement::Host, _) => "host",
+            (_, Some(nc)) if nc.supports(c) => "nccl",
+            _ => "host (staged device memory)",
+        }
+    }
+
     /// The name of the backend serving this communicator's device memory.
     pub fn backend_name(&self) -> &'static str {
         if self.nccl.is_some() {
@@ -262,7 +271,7 @@ impl Comm {
             .collect();
         let t0 = Instant::now();
         // Without CUDA every buffer is host memory: one relaxed load, then the host path.
-        let res = if cuda::present() {
+        let res = if cuda::present() && calls.iter().any(|c| c.coll.placement != Placement::Host) {
             self.run_with_devices(&mut st.transport, &mut calls)
         } else {
             host::execute(&mut st.transport, &calls, self.opts.timeout, &self.abort, self.opts.check_mode)
@@ -271,13 +280,14 @@ impl Comm {
             let us = t0.elapsed().as_secs_f64() * 1e6;
             for c in &calls {
                 log::info(format_args!(
-                    "rank {} comm {} seq {} {} count {} {} {:.1} us",
+                    "rank {} comm {} seq {} {} count {} {} backend {} {:.1} us",
                     self.rank,
                     self.label(),
                     c.seq,
                     c.coll.kind.c_name(),
                     c.coll.count,
                     c.coll.dtype.short_name(),
+                    self.backend_of(&c.coll),
                     us
                 ));
             }

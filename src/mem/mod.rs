@@ -50,7 +50,12 @@ pub fn kind_of(p: *const u8) -> Result<(MemKind, i32, usize)> {
     if p.is_null() || !cuda::present() {
         return Ok((MemKind::Host, -1, 0));
     }
-    let i = cuda::pointer_info(p)?;
+    let mut i = cuda::pointer_info(p)?;
+    if matches!(i.mem_type, 2 | 4) && i.ctx == 0 && i.device >= 0 {
+        // Memory mapped with cuMemMap (e.g. PyTorch's expandable segments) names no
+        // context: use its device's primary context, as the runtime API does.
+        i.ctx = cuda::primary_context(i.device)?;
+    }
     Ok(match i.mem_type {
         2 if i.managed => (MemKind::Managed, i.device, i.ctx),
         2 => (MemKind::Device, i.device, i.ctx),
