@@ -42,6 +42,11 @@ pub const NCCL_LIBRARY: Var = Var {
     default: "",
     doc: "path to libnccl.so.2, tried before an already loaded one and the loader's search path",
 };
+pub const CUDA_IPC: Var = Var {
+    name: "FERROCCL_CUDA_IPC",
+    default: "0",
+    doc: "1: all_reduce of device memory among ranks sharing one GPU (built-in backend) goes through CUDA IPC and an NVRTC kernel instead of host staging; off until validated on a GPU",
+};
 pub const TRANSPORT: Var = Var {
     name: "FERROCCL_TRANSPORT",
     default: "auto",
@@ -75,6 +80,7 @@ pub const ALL: &[&Var] = &[
     &DEBUG_FILE,
     &BACKEND,
     &NCCL_LIBRARY,
+    &CUDA_IPC,
     &TRANSPORT,
     &HOST_ADDR,
     &CHECK,

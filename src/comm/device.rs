@@ -41,6 +41,11 @@ impl RankInfo {
         b
     }
 
+    /// Whether an encoded description says the rank has CUDA, without decoding it.
+    pub fn has_cuda(b: &[u8]) -> bool {
+        b.get(4).is_some_and(|&c| c != 0)
+    }
+
     pub fn decode(b: &[u8]) -> Result<RankInfo> {
         if b.len() < 14 {
             return Err(Error::remote(format!("a peer sent a device description of {} bytes", b.len())));
@@ -114,6 +119,11 @@ pub fn use_nccl(req: Backend, all: &[RankInfo], me: usize) -> Result<bool> {
     }
 }
 
+/// True when every rank (at least two) has a device and all share one GPU of one host.
+pub fn one_gpu(all: &[RankInfo]) -> bool {
+    all.len() > 1 && all.iter().all(|i| i.device >= 0 && i.host == all[0].host && i.bus == all[0].bus)
+}
+
 /// Two ranks on one GPU of one host, if any.
 fn shared_gpu(all: &[RankInfo]) -> Option<(usize, usize)> {
     for a in 0..all.len() {
@@ -143,6 +153,7 @@ mod tests {
         let i = gpu(7, "0000:3b:00.0", true);
         assert_eq!(RankInfo::decode(&i.encode()).unwrap(), i);
         assert!(RankInfo::decode(&[1, 2]).is_err());
+        assert!(RankInfo::has_cuda(&i.encode()) && !RankInfo::has_cuda(&hostrank().encode()));
     }
 
     #[test]
@@ -156,6 +167,8 @@ mod tests {
         assert!(!use_nccl(Backend::Auto, &[gpu(1, "a", true), gpu(1, "b", false)], 0).unwrap());
         assert!(!use_nccl(Backend::Auto, &[hostrank(), hostrank()], 0).unwrap());
         assert!(!use_nccl(Backend::Host, &own, 0).unwrap());
+        assert!(one_gpu(&shared) && !one_gpu(&own) && !one_gpu(&shared[..1]));
+        assert!(!one_gpu(&[hostrank(), hostrank()]));
     }
 
     #[test]

@@ -7,7 +7,7 @@ mod wireup;
 
 use crate::backend::host::{self, Call};
 use crate::backend::nccl::Nccl;
-use crate::backend::staging;
+use crate::backend::{ipc, staging};
 use crate::coll::Coll;
 use crate::error::{Code, Error, Result};
 use crate::log;
@@ -77,6 +77,8 @@ pub struct Comm {
     /// NCCL for device memory when every rank has its own GPU; else device memory
     /// goes through the built-in backend with staging.
     nccl: Option<Nccl>,
+    /// Every rank on one GPU (of one host): device all_reduce may use CUDA IPC.
+    same_gpu: bool,
 }
 
 impl Comm {
@@ -94,6 +96,7 @@ impl Comm {
             state: Mutex::new(State { transport, seq: 0, broken: None, finalized: false }),
             device: -1,
             nccl: None,
+            same_gpu: false,
         }
     }
 
@@ -136,12 +139,16 @@ impl Comm {
         })?;
         // One more round: every rank's device, so all choose the same backend.
         let me = device::RankInfo::local(wireup::host_id(), None);
-        let all: Vec<device::RankInfo> = client
-            .allgather(&me.encode(), deadline)?
-            .iter()
-            .map(|b| device::RankInfo::decode(b))
-            .collect::<Result<_>>()?;
-        let nccl_id = match device::use_nccl(req, &all, rank) {
+        let blobs = client.allgather(&me.encode(), deadline)?;
+        // No rank has CUDA (the common case): nothing to decide, nothing to decode.
+        let all: Vec<device::RankInfo> = if req != Backend::Nccl && blobs.iter().all(|b| !device::RankInfo::has_cuda(b))
+        {
+            Vec::new()
+        } else {
+            blobs.iter().map(|b| device::RankInfo::decode(b)).collect::<Result<_>>()?
+        };
+        let decision = if all.is_empty() { Ok(false) } else { device::use_nccl(req, &all, rank) };
+        let nccl_id = match decision {
             Err(e) => {
                 client.finish();
                 return Err(e);
@@ -175,6 +182,7 @@ impl Comm {
         };
         let mut c = Comm::new(rank, nranks, opts, nonce, transport);
         c.device = me.device;
+        c.same_gpu = device::one_gpu(&all);
         if let Some(id) = nccl_id {
             c.nccl = Some(Nccl::init_rank(nranks, &id, rank, me.device)?);
         }
@@ -216,8 +224,10 @@ impl Comm {
         let nonce = bootstrap::random_u64()?;
         let mut comms: Vec<Comm> =
             inproc::build(n)?.into_iter().enumerate().map(|(r, t)| Comm::new(r, n, opts.clone(), nonce, t)).collect();
+        let one_gpu = device::one_gpu(&infos);
         for (c, i) in comms.iter_mut().zip(&infos) {
             c.device = i.device;
+            c.same_gpu = one_gpu;
         }
         if nccl {
             let devs: Vec<i32> = infos.iter().map(|i| i.device).collect();
@@ -272,7 +282,7 @@ impl Comm {
         let t0 = Instant::now();
         // Without CUDA every buffer is host memory: one relaxed load, then the host path.
         let res = if cuda::present() && calls.iter().any(|c| c.coll.placement != Placement::Host) {
-            self.run_with_devices(&mut st.transport, &mut calls)
+            self.run_with_devices(&mut st, &mut calls)
         } else {
             host::execute(&mut st.transport, &calls, self.opts.timeout, &self.abort, self.opts.check_mode)
         };
@@ -308,8 +318,23 @@ impl Comm {
     /// Runs calls that may hold device memory: NCCL takes the device calls it
     /// supports (enqueued on their streams); the rest run on the built-in backend,
     /// device buffers staged through host memory on their streams.
-    fn run_with_devices(&self, t: &mut Transport, calls: &mut [Call]) -> Result<Option<Error>> {
+    fn run_with_devices(&self, st: &mut State, calls: &mut [Call]) -> Result<Option<Error>> {
         let (rank, n) = (self.rank, self.nranks);
+        if self.nccl.is_none()
+            && self.same_gpu
+            && ipc::enabled()
+            && calls.len() == 1
+            && ipc::eligible(&calls[0].coll, n)
+        {
+            let mut h = ipc::HostRun {
+                t: &mut st.transport,
+                timeout: self.opts.timeout,
+                abort: &self.abort,
+                check: self.opts.check_mode,
+            };
+            return ipc::all_reduce(&mut h, &calls[0], &mut st.seq, rank, n);
+        }
+        let t = &mut st.transport;
         let places: Vec<Placement> = calls.iter().map(|c| c.coll.placement).collect();
         let on_device = |i: usize| matches!(places[i], Placement::Device { .. });
         let mut by_nccl = vec![false; calls.len()];

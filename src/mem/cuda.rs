@@ -40,8 +40,19 @@ static PROBE: OnceLock<std::result::Result<(), String>> = OnceLock::new();
 
 /// Checks (once) that the driver library, its symbols and a device are there.
 fn probe() -> std::result::Result<(), String> {
+    // The driver installs libcuda.so.1; two dlopen attempts, not cudarc's thirty-odd
+    // candidates, keep the probe cheap where there is no CUDA. The handle stays open
+    // so cudarc's own load below finds the library already mapped.
+    static LIB: OnceLock<libloading::Library> = OnceLock::new();
+    for name in ["libcuda.so.1", "libcuda.so"] {
+        // SAFETY: loading the driver library runs its initialisers, which have no preconditions.
+        if let Ok(l) = unsafe { libloading::Library::new(name) } {
+            let _ = LIB.set(l);
+            break;
+        }
+    }
     // SAFETY: is_culib_present only tries to dlopen candidate names; it never panics.
-    if !unsafe { cu::is_culib_present() } {
+    if LIB.get().is_none() || !unsafe { cu::is_culib_present() } {
         return Err("no CUDA driver library (libcuda.so.1) could be loaded".into());
     }
     // SAFETY: the library is present, so culib() finds it instead of panicking.
@@ -326,6 +337,78 @@ pub unsafe fn copy_to_host(dst: *mut u8, src: *const u8, bytes: usize) -> Result
     // SAFETY: guaranteed by the caller; synchronised before returning.
     unsafe { copy_dtoh_async(dst, src, bytes, 0)? };
     sync(0)
+}
+
+/// Device-to-device copy ordered on `stream`.
+///
+/// # Safety
+/// Both ranges are device memory valid for `bytes` in the current context until the
+/// stream has run the copy; [`ipc_ready`] succeeded.
+pub unsafe fn copy_dtod_async(dst: *mut u8, src: *const u8, bytes: usize, stream: usize) -> Result<()> {
+    // SAFETY: guaranteed by the caller.
+    let rc =
+        unsafe { cu::cuMemcpyDtoDAsync_v2(dst as usize as u64, src as usize as u64, bytes, stream as cu::CUstream) };
+    check(rc, "cuMemcpyDtoDAsync")
+}
+
+const IPC_SYMBOLS: &[&str] =
+    &["cuIpcGetMemHandle", "cuIpcOpenMemHandle_v2", "cuMemGetAddressRange_v2", "cuMemcpyDtoDAsync_v2"];
+
+/// Ok when the driver has what CUDA IPC between processes needs.
+pub fn ipc_ready() -> Result<()> {
+    static R: OnceLock<std::result::Result<(), String>> = OnceLock::new();
+    R.get_or_init(|| {
+        driver().map_err(|e| e.msg)?;
+        // SAFETY: the driver is present; only addresses are looked up.
+        let lib = unsafe { cu::culib() };
+        for s in IPC_SYMBOLS {
+            // SAFETY: as above.
+            if unsafe { lib.get::<*const ()>(s.as_bytes()) }.is_err() {
+                return Err(format!("the CUDA driver lacks {s}"));
+            }
+        }
+        Ok(())
+    })
+    .clone()
+    .map_err(|m| Error::unavailable(format!("CUDA IPC is unavailable: {m}")))
+}
+
+/// The IPC handle of the allocation holding `p`, and `p`'s offset in it. Fails for
+/// memory IPC cannot share (managed, cuMemMap, pinned host).
+pub fn ipc_handle(p: *const u8) -> Result<([u8; 64], usize)> {
+    ipc_ready()?;
+    let (mut base, mut size): (cu::CUdeviceptr, usize) = (0, 0);
+    // SAFETY: valid out-pointers; a context is current (caller's guard).
+    check(unsafe { cu::cuMemGetAddressRange_v2(&mut base, &mut size, p as usize as u64) }, "cuMemGetAddressRange")?;
+    let mut h = cu::CUipcMemHandle { reserved: [0; 64] };
+    // SAFETY: base is the start of a device allocation (from the driver).
+    check(unsafe { cu::cuIpcGetMemHandle(&mut h, base) }, "cuIpcGetMemHandle")?;
+    Ok((h.reserved.map(|c| c as u8), p as usize - base as usize))
+}
+
+/// Mappings of peers' allocations in this process: (context, handle) -> base.
+/// Kept open: opening costs far more than a collective, and a freed and reused
+/// allocation comes with a new handle.
+type IpcKey = (usize, [u8; 64]);
+static IPC_OPEN: std::sync::Mutex<Option<std::collections::HashMap<IpcKey, usize>>> = std::sync::Mutex::new(None);
+
+/// Maps a peer process's allocation into the current context (cached).
+pub fn ipc_open(ctx: usize, handle: &[u8; 64]) -> Result<usize> {
+    ipc_ready()?;
+    let mut map = IPC_OPEN.lock().unwrap_or_else(|p| p.into_inner());
+    let map = map.get_or_insert_with(Default::default);
+    if let Some(&b) = map.get(&(ctx, *handle)) {
+        return Ok(b);
+    }
+    let h = cu::CUipcMemHandle { reserved: handle.map(|b| b as std::os::raw::c_char) };
+    let mut base: cu::CUdeviceptr = 0;
+    // SAFETY: valid out-pointer; the handle came from a peer's cuIpcGetMemHandle.
+    let rc = unsafe {
+        cu::cuIpcOpenMemHandle_v2(&mut base, h, 1 /* CU_IPC_MEM_LAZY_ENABLE_PEER_ACCESS */)
+    };
+    check(rc, "cuIpcOpenMemHandle")?;
+    map.insert((ctx, *handle), base as usize);
+    Ok(base as usize)
 }
 
 /// Waits for everything queued on `stream`.

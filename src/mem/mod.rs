@@ -5,6 +5,7 @@
 //! reduction kernels (`reduce`). Without CUDA every buffer is host memory.
 
 pub mod cuda;
+pub mod cuda_reduce;
 pub mod local;
 pub mod pool;
 pub mod reduce;
