@@ -35,6 +35,9 @@ pub struct Options {
     pub backend: Backend,
     pub name: String,
     pub check_mode: bool,
+    /// CUDA device of the rank; None: the device of the context current on the
+    /// creating thread (captured at the C call, before a group defers the work).
+    pub device: Option<i32>,
 }
 
 impl Default for Options {
@@ -46,6 +49,7 @@ impl Default for Options {
             name: String::new(),
             // On by default: it costs under 3% at 1 MiB (measured; docs/robustness.md).
             check_mode: crate::env::CHECK.get_or_default().trim() != "0",
+            device: None,
         }
     }
 }
@@ -138,7 +142,7 @@ impl Comm {
             client.allgather(blob, deadline)
         })?;
         // One more round: every rank's device, so all choose the same backend.
-        let me = device::RankInfo::local(wireup::host_id(), None);
+        let me = device::RankInfo::local(wireup::host_id(), opts.device);
         let blobs = client.allgather(&me.encode(), deadline)?;
         // No rank has CUDA (the common case): nothing to decide, nothing to decode.
         let all: Vec<device::RankInfo> = if req != Backend::Nccl && blobs.iter().all(|b| !device::RankInfo::has_cuda(b))

@@ -145,6 +145,13 @@ fn init_rank(comm: *mut fcclComm_t, nranks: c_int, id: &fcclUniqueId, rank: c_in
         )));
     }
     let id = id_from_c(id);
+    let mut opts = opts;
+    // The rank's device is the one current on this thread now: inside a group the
+    // communicator is created later, on another thread (NCCL's one-thread,
+    // several-GPUs pattern: cudaSetDevice(i) then init, for each i).
+    if opts.device.is_none() {
+        opts.device = crate::mem::cuda::current_device();
+    }
     if group::active() {
         // NCCL's way to create several ranks from one thread: inits inside a group
         // complete together at fcclGroupEnd; the handle is usable after it.
