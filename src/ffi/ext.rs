@@ -310,12 +310,15 @@ pub unsafe extern "C" fn fcclLocalBroadcast(
         let n = count_arg(ndst, "ndst")?;
         // SAFETY: arrays are NULL (refused) or ndst long (API contract).
         let (dsts, devs) = unsafe { (array(dsts as *const *mut u8, n, "dsts")?, array(dstDevices, n, "dstDevices")?) };
-        local::check_devices(&[srcDevice], "srcDevice")?;
-        local::check_devices(&devs, "dstDevices")?;
-        let named: Vec<(&str, *const u8)> = std::iter::once(("src", src as *const u8))
-            .chain(dsts.iter().map(|&p| ("dsts[i]", p as *const u8)))
-            .collect();
-        mem::require_host(&named, "fcclLocalBroadcast")?;
+        let first = local::check_devices(&[srcDevice], "srcDevice")?;
+        let copier = local::Copier::for_device(first.or(local::check_devices(&devs, "dstDevices")?))?;
+        if matches!(copier, local::Copier::Host) {
+            // Device ids say host: refuse device pointers rather than crash on them.
+            let named: Vec<(&str, *const u8)> = std::iter::once(("src", src as *const u8))
+                .chain(dsts.iter().map(|&p| ("dsts[i]", p as *const u8)))
+                .collect();
+            mem::require_host(&named, "fcclLocalBroadcast")?;
+        }
         if bytes == 0 {
             return Ok(());
         }
@@ -326,8 +329,8 @@ pub unsafe extern "C" fn fcclLocalBroadcast(
             return Err(Error::invalid_arg(format!("dsts[{i}] is NULL with bytes = {bytes}")));
         }
         for d in dsts {
-            // SAFETY: src and every dst hold `bytes` bytes (API contract); copy tolerates overlap.
-            unsafe { std::ptr::copy(src as *const u8, d, bytes) };
+            // SAFETY: src and every dst hold `bytes` bytes (API contract).
+            unsafe { copier.copy(d, src as *const u8, bytes)? };
         }
         Ok(())
     })
@@ -366,12 +369,14 @@ pub unsafe extern "C" fn fcclLocalScatter(
         };
         let given = if chunkSizes.is_null() { None } else { Some(unsafe { array(chunkSizes, n, "chunkSizes")? }) };
         let sizes = local::chunk_sizes(l.along, n, given.as_deref())?;
-        local::check_devices(&[srcDevice], "srcDevice")?;
-        local::check_devices(&devs, "dstDevices")?;
-        let named: Vec<(&str, *const u8)> = std::iter::once(("src", src as *const u8))
-            .chain(dsts.iter().map(|&p| ("dsts[i]", p as *const u8)))
-            .collect();
-        mem::require_host(&named, "fcclLocalScatter")?;
+        let first = local::check_devices(&[srcDevice], "srcDevice")?;
+        let copier = local::Copier::for_device(first.or(local::check_devices(&devs, "dstDevices")?))?;
+        if matches!(copier, local::Copier::Host) {
+            let named: Vec<(&str, *const u8)> = std::iter::once(("src", src as *const u8))
+                .chain(dsts.iter().map(|&p| ("dsts[i]", p as *const u8)))
+                .collect();
+            mem::require_host(&named, "fcclLocalScatter")?;
+        }
         if l.total() > 0 && src.is_null() {
             return Err(Error::invalid_arg("src is NULL for a non-empty tensor"));
         }
@@ -384,7 +389,7 @@ pub unsafe extern "C" fn fcclLocalScatter(
         for (i, &len) in sizes.iter().enumerate() {
             if nonempty(len) {
                 // SAFETY: src holds the tensor, dsts[i] the chunk (API contract).
-                unsafe { local::copy_chunk(src as *mut u8, dsts[i], l, dt.size(), start, len, false) };
+                unsafe { local::copy_chunk(src as *mut u8, dsts[i], l, dt.size(), start, len, false, &copier)? };
             }
             start += len;
         }
@@ -431,11 +436,13 @@ pub unsafe extern "C" fn fcclLocalGather(
             .try_fold(0usize, |a, &c| a.checked_add(c))
             .ok_or_else(|| Error::invalid_arg("dimSizes add up to more than size_t"))?;
         let l = cx::axis_layout(&dims, dim, dt)?;
-        local::check_devices(&devs, "srcDevices")?;
-        local::check_devices(&[dstDevice], "dstDevice")?;
-        let named: Vec<(&str, *const u8)> =
-            std::iter::once(("dst", dst as *const u8)).chain(srcs.iter().map(|&p| ("srcs[i]", p))).collect();
-        mem::require_host(&named, "fcclLocalGather")?;
+        let first = local::check_devices(&devs, "srcDevices")?;
+        let copier = local::Copier::for_device(first.or(local::check_devices(&[dstDevice], "dstDevice")?))?;
+        if matches!(copier, local::Copier::Host) {
+            let named: Vec<(&str, *const u8)> =
+                std::iter::once(("dst", dst as *const u8)).chain(srcs.iter().map(|&p| ("srcs[i]", p))).collect();
+            mem::require_host(&named, "fcclLocalGather")?;
+        }
         if l.total() > 0 && dst.is_null() {
             return Err(Error::invalid_arg("dst is NULL for a non-empty result"));
         }
@@ -448,7 +455,9 @@ pub unsafe extern "C" fn fcclLocalGather(
         for (i, &len) in sizes.iter().enumerate() {
             if nonempty(len) {
                 // SAFETY: dst holds the result, srcs[i] its chunk (API contract).
-                unsafe { local::copy_chunk(dst as *mut u8, srcs[i] as *mut u8, l, dt.size(), start, len, true) };
+                unsafe {
+                    local::copy_chunk(dst as *mut u8, srcs[i] as *mut u8, l, dt.size(), start, len, true, &copier)?
+                };
             }
             start += len;
         }

@@ -30,6 +30,8 @@ const SYMBOLS: &[&str] = &[
     "cuDeviceGetCount",
     "cuDeviceGetPCIBusId",
     "cuDevicePrimaryCtxRetain",
+    "cuMemcpy",
+    "cuCtxSynchronize",
 ];
 
 const UNKNOWN: u8 = 0;
@@ -337,6 +339,21 @@ pub unsafe fn copy_to_host(dst: *mut u8, src: *const u8, bytes: usize) -> Result
     // SAFETY: guaranteed by the caller; synchronised before returning.
     unsafe { copy_dtoh_async(dst, src, bytes, 0)? };
     sync(0)
+}
+
+/// Copies `bytes` between any two buffers of this process (host or device: the
+/// driver tells them apart by address) in context `ctx`, and returns when done.
+///
+/// # Safety
+/// Both ranges are valid for `bytes` and do not overlap.
+pub unsafe fn copy_sync(dst: *mut u8, src: *const u8, bytes: usize, ctx: usize) -> Result<()> {
+    let _g = CtxGuard::enter(ctx)?;
+    // SAFETY: guaranteed by the caller; with unified addressing cuMemcpy infers the
+    // direction from the pointers and completes before returning for these copies.
+    check(unsafe { cu::cuMemcpy(dst as usize as u64, src as usize as u64, bytes) }, "cuMemcpy")?;
+    // Host-to-device copies from pageable memory may return before the DMA ends.
+    // SAFETY: the legacy default stream of the context pushed above.
+    check(unsafe { cu::cuCtxSynchronize() }, "cuCtxSynchronize")
 }
 
 /// Device-to-device copy ordered on `stream`.
