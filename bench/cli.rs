@@ -161,7 +161,8 @@ Ranks:
                            external launch through the environment (ferroccl-run -n N,
                            torchrun, FERROCCL_RANK/FERROCCL_WORLD_SIZE/...) or, when no
                            rank is set there, runs as a single rank.
-  --mem host|cuda          buffer memory (default host; cuda needs CUDA support)
+  --mem host|cuda          buffer memory (default host; cuda: fcclMemAlloc, filled and
+                           checked with cuMemcpy; refused when CUDA is absent)
 
 Extension collectives (see \"Extensions\" below for sizes and bandwidth):
   --axis 0|1               axis of the 2-D tensor the axis forms gather or scatter along

@@ -5,6 +5,7 @@ use crate::cli::Op;
 use crate::comm::{check, Comm, Fail};
 use crate::data::{slice, Elem, Gen, RedKind, Ty};
 use ferroccl::ffi::*;
+use ferroccl::mem::cuda;
 use std::cell::RefCell;
 use std::os::raw::{c_int, c_void};
 use std::ptr;
@@ -308,6 +309,9 @@ pub struct Case<'a> {
     pub recv_base: *mut u8,
     /// Bytes of each of the two allocations.
     pub buf_bytes: usize,
+    /// `--mem cuda`: the device allocations the calls use; `send_base`/`recv_base`
+    /// are then host mirrors that fill and check work on, copied with cuMemcpy.
+    pub device: Option<(*mut u8, *mut u8)>,
     pub rotate: bool,
     pub x: ExtParams,
     /// Inputs are chosen so that every contribution and partial result is exact in
@@ -322,6 +326,10 @@ pub struct Case<'a> {
     /// Coalesced forms: every buffer's count, and room for the pointer arrays.
     counts: Vec<usize>,
     ptrs: RefCell<(Vec<*const c_void>, Vec<*mut c_void>)>,
+}
+
+fn cuda_fail(e: ferroccl::error::Error) -> Fail {
+    Fail::runtime(format!("--mem cuda: {}", e.msg))
 }
 
 fn red_kind(op: Op) -> RedKind {
@@ -368,6 +376,7 @@ impl<'a> Case<'a> {
             send_base: send,
             recv_base: recv,
             buf_bytes,
+            device: None,
             rotate,
             x,
             exact_in: (coll == Collective::AllReduceWire).then_some(x.wire),
@@ -442,8 +451,9 @@ impl<'a> Case<'a> {
         let total = self.layout.send.max(self.layout.recv) * e;
         let steps = if total > 0 && self.rotate { (self.buf_bytes / total).max(1) } else { 1 };
         let shift = total * (iter % steps);
+        let (sb, rb) = self.device.unwrap_or((self.send_base, self.recv_base));
         // SAFETY (pointer arithmetic): shift + total <= buf_bytes.
-        let (s, r) = unsafe { (self.send_base.add(shift), self.recv_base.add(shift)) };
+        let (s, r) = unsafe { (sb.add(shift), rb.add(shift)) };
         if inplace {
             let rank = self.comm.rank;
             // SAFETY: the in-place offsets stay inside the receive (or send) region.
@@ -616,14 +626,34 @@ impl<'a> Case<'a> {
 
     /// Writes this rank's inputs for iteration 0's buffers (and fills what the call
     /// must write with sentinels).
-    pub fn fill(&self, seed: u64, inplace: bool) {
-        crate::with_elem!(self.ty, T => self.fill_t::<T>(seed, inplace))
+    pub fn fill(&self, seed: u64, inplace: bool) -> Result<(), Fail> {
+        crate::with_elem!(self.ty, T => self.fill_t::<T>(seed, inplace));
+        if let Some((ds, dr)) = self.device {
+            // SAFETY: mirrors and device allocations are buf_bytes each.
+            unsafe {
+                cuda::copy_to_device(ds, self.send_base, self.buf_bytes).map_err(cuda_fail)?;
+                cuda::copy_to_device(dr, self.recv_base, self.buf_bytes).map_err(cuda_fail)?;
+            }
+        }
+        Ok(())
+    }
+
+    /// Waits for the calls queued on the (default) stream: device memory only.
+    pub fn wait(&self) -> Result<(), Fail> {
+        if self.device.is_some() {
+            cuda::sync(0).map_err(cuda_fail)?;
+        }
+        Ok(())
     }
 
     /// Checks this rank's results of iteration 0's buffers; `corrupt` first flips the
     /// first element this rank checks (the FERROCCL_BENCH_CORRUPT test hook).
-    pub fn check(&self, seed: u64, inplace: bool, corrupt: bool) -> Wrong {
-        crate::with_elem!(self.ty, T => self.check_t::<T>(seed, inplace, corrupt))
+    pub fn check(&self, seed: u64, inplace: bool, corrupt: bool) -> Result<Wrong, Fail> {
+        if let Some((_, dr)) = self.device {
+            // SAFETY: mirror and device allocation are buf_bytes each.
+            unsafe { cuda::copy_to_host(self.recv_base, dr, self.buf_bytes).map_err(cuda_fail)? };
+        }
+        Ok(crate::with_elem!(self.ty, T => self.check_t::<T>(seed, inplace, corrupt)))
     }
 
     fn fill_t<T: Elem>(&self, seed: u64, inplace: bool) {

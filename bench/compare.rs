@@ -175,7 +175,7 @@ pub fn coalesced(ctx: &mut Ctx) -> Result<usize, Fail> {
             (&case, "all_reduce_coalesced", &|it| case.run(it, false)),
             (&case, "all_reduce per buffer", &|it| case.run_separate(it, false)),
         )?;
-        case.fill(0, false);
+        case.fill(0, false)?;
         let p = alternate(ctx, &|it| case.run(it, false), &|it| case.run_separate(it, false))?;
         let (tc, ts) = (median(&p.a), median(&p.b));
         let r = p.ratio();
@@ -275,7 +275,7 @@ pub fn wire(ctx: &mut Ctx) -> Result<usize, Fail> {
             (&wcase, "all_reduce_wire", &|it| wcase.run(it, false)),
             (&pcase, "all_reduce", &|it| pcase.run(it, false)),
         )?;
-        wcase.fill(0, false);
+        wcase.fill(0, false)?;
         let p = alternate(ctx, &|it| wcase.run(it, false), &|it| pcase.run(it, false))?;
         let (tw, tp) = (median(&p.a), median(&p.b));
         let bytes = (count * esize) as f64;

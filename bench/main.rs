@@ -269,6 +269,9 @@ fn bench_collective(ctx: &mut Ctx, coll: Collective) -> Result<Vec<Record>, Fail
     let buf_bytes = max_buf_bytes(o, &[coll], n);
     let send = Buf::host(buf_bytes)?;
     let recv = Buf::host(buf_bytes)?;
+    // --mem cuda: the calls use device memory; send/recv above are the host mirrors
+    // that inputs are written to and results checked in.
+    let dev = if o.mem == Mem::Cuda { Some((Buf::device(buf_bytes)?, Buf::device(buf_bytes)?)) } else { None };
     if comm.rank == 0 {
         ctx.progress.clear();
         out(&report::table_header(coll.name(), coll.note(&o.ext, o.ty).as_deref()));
@@ -279,7 +282,8 @@ fn bench_collective(ctx: &mut Ctx, coll: Collective) -> Result<Vec<Record>, Fail
         ctx.progress.update(&format!("{} {} B ({}/{})", coll.name(), size, i + 1, sizes.len()));
         let count = (size / esize as u64) as usize;
         let root = if coll.has_root() { o.root as usize } else { 0 };
-        let case = Case::new(comm, coll, o.ty, o.op, root, count, send.ptr, recv.ptr, buf_bytes, o.rotate, o.ext);
+        let mut case = Case::new(comm, coll, o.ty, o.op, root, count, send.ptr, recv.ptr, buf_bytes, o.rotate, o.ext);
+        case.device = dev.as_ref().map(|(s, r)| (s.ptr, r.ptr));
         let outp = if has_out { Some(measure(ctx, &case, false)?) } else { None };
         let inp = if has_in { Some(measure(ctx, &case, true)?) } else { None };
         if comm.rank == 0 {
@@ -324,7 +328,7 @@ fn measure(ctx: &Ctx, case: &Case, inplace: bool) -> Result<Record, Fail> {
     let comm = ctx.comm;
     let n = comm.nranks;
     let coll = case.coll;
-    case.fill(0, inplace);
+    case.fill(0, inplace)?;
 
     // Warmups; the last of the first two estimates the time of one call.
     let first = o.warmup.min(2);
@@ -332,6 +336,7 @@ fn measure(ctx: &Ctx, case: &Case, inplace: bool) -> Result<Record, Fail> {
     for it in 0..first {
         let t = Instant::now();
         case.run(it, inplace)?;
+        case.wait()?;
         est = t.elapsed().as_secs_f64();
     }
     let (iters, more_warmups) = if o.max_time > 0.0 && first > 0 {
@@ -345,12 +350,15 @@ fn measure(ctx: &Ctx, case: &Case, inplace: bool) -> Result<Record, Fail> {
     for it in first..first + more_warmups {
         case.run(it, inplace)?;
     }
+    case.wait()?;
 
     comm.barrier()?;
     let t0 = Instant::now();
     for it in 0..iters {
         case.run(it, inplace)?;
     }
+    // Device memory: calls are stream-ordered; the time ends when the stream is done.
+    case.wait()?;
     let local = t0.elapsed().as_secs_f64() / iters as f64;
     let secs = combine(comm, o, local)?;
 
@@ -393,9 +401,9 @@ fn check_results(
     let mut total = 0;
     for c in 0..o.check {
         let seed = 1 + c as u64;
-        case.fill(seed, inplace);
+        case.fill(seed, inplace)?;
         run(0)?;
-        let w = case.check(seed, inplace, ctx.corrupt && comm.rank == 0);
+        let w = case.check(seed, inplace, ctx.corrupt && comm.rank == 0)?;
         if let Some((k, want, got)) = w.first {
             let show = |v: Option<u64>| v.map_or_else(|| "no integer / sentinel".to_string(), |v| v.to_string());
             eprintln!(

@@ -499,7 +499,9 @@ fcclResult_t fcclCommInitRankConfig(fcclComm_t *comm,
 /**
  * Creates `ndev` ranks in this process at once, written to `comms[0..ndev]`.
  * `devlist` NULL makes host-memory ranks (drive them from one thread per rank, or
- * from one thread with fcclGroupStart/fcclGroupEnd). A device list needs CUDA.
+ * from one thread with fcclGroupStart/fcclGroupEnd). A device list (ndev CUDA
+ * device ids, repeats allowed) needs CUDA, else fcclUnavailable; distinct devices
+ * use NCCL when it is loadable, repeated ones the built-in backend.
  */
 fcclResult_t fcclCommInitAll(fcclComm_t *comms,
                              int ndev,
@@ -559,7 +561,8 @@ fcclResult_t fcclCommUserRank(fcclComm_t comm,
                               int *rank);
 
 /**
- * Writes the CUDA device of `comm` to `*device`: -1 for host-memory ranks.
+ * Writes the CUDA device of `comm` to `*device`: the device current when the rank
+ * was created (or its devlist entry), -1 for host-memory ranks.
  */
 fcclResult_t fcclCommCuDevice(fcclComm_t comm,
                               int *device);

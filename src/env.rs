@@ -32,9 +32,21 @@ pub const TIMEOUT_MS: Var =
 pub const DEBUG: Var = Var { name: "FERROCCL_DEBUG", default: "WARN", doc: "log level: WARN, INFO or TRACE" };
 pub const DEBUG_FILE: Var =
     Var { name: "FERROCCL_DEBUG_FILE", default: "", doc: "log file instead of stderr (%h host, %p pid)" };
-pub const BACKEND: Var = Var { name: "FERROCCL_BACKEND", default: "auto", doc: "auto, host or nccl" };
-pub const NCCL_LIBRARY: Var =
-    Var { name: "FERROCCL_NCCL_LIBRARY", default: "", doc: "path to libnccl.so.2 (CUDA support)" };
+pub const BACKEND: Var = Var {
+    name: "FERROCCL_BACKEND",
+    default: "auto",
+    doc: "backend for device memory when the config says AUTO: auto (NCCL if every rank has its own GPU), host or nccl",
+};
+pub const NCCL_LIBRARY: Var = Var {
+    name: "FERROCCL_NCCL_LIBRARY",
+    default: "",
+    doc: "path to libnccl.so.2, tried before an already loaded one and the loader's search path",
+};
+pub const CUDA_IPC: Var = Var {
+    name: "FERROCCL_CUDA_IPC",
+    default: "0",
+    doc: "1: all_reduce of device memory among ranks sharing one GPU (built-in backend) goes through CUDA IPC and an NVRTC kernel instead of host staging; off until validated on a GPU",
+};
 pub const TRANSPORT: Var = Var {
     name: "FERROCCL_TRANSPORT",
     default: "auto",
@@ -73,6 +85,7 @@ pub const ALL: &[&Var] = &[
     &DEBUG_FILE,
     &BACKEND,
     &NCCL_LIBRARY,
+    &CUDA_IPC,
     &TRANSPORT,
     &HOST_ADDR,
     &CHECK,

@@ -1,4 +1,7 @@
-//! Backends execute validated collectives. The built-in host backend is the only
-//! one so far; the NCCL backend joins it with CUDA support.
+//! Backends execute validated collectives: the built-in backend (`host`, with
+//! `staging` and `ipc` for device memory) and NCCL (`nccl`, loaded at run time).
 
 pub mod host;
+pub mod ipc;
+pub mod nccl;
+pub mod staging;

@@ -88,6 +88,11 @@ pub struct Coll {
     pub wire: Option<DataType>,
     /// Memory the call owns (a packed copy of the input), freed with the call.
     pub keep: Option<std::sync::Arc<crate::mem::pool::PooledBuf>>,
+    /// The caller's CUDA stream (a `CUstream` as an integer; 0 = the default
+    /// stream). Device-memory calls are ordered on it; host calls ignore it.
+    pub stream: usize,
+    /// Where the buffers live (set by the C entry points; internal calls are host).
+    pub placement: crate::mem::Placement,
 }
 
 /// Layout of an axis-aware all_gather (see [`Coll::strided`]).
@@ -104,7 +109,21 @@ unsafe impl Send for Coll {}
 
 impl Coll {
     pub fn new(kind: CollKind, send: *const u8, recv: *mut u8, count: usize, dtype: DataType) -> Coll {
-        Coll { kind, send, recv, count, dtype, op: RedOp::Sum, root: 0, v: None, strided: None, wire: None, keep: None }
+        Coll {
+            kind,
+            send,
+            recv,
+            count,
+            dtype,
+            op: RedOp::Sum,
+            root: 0,
+            v: None,
+            strided: None,
+            wire: None,
+            keep: None,
+            stream: 0,
+            placement: crate::mem::Placement::Host,
+        }
     }
 
     /// True when the call moves no data (count 0), so it completes at once.
@@ -182,6 +201,47 @@ impl Coll {
             check_buf(self.recv, rb, "recvbuff", self.count)?;
         }
         Ok(())
+    }
+
+    /// Bytes of `send` and `recv` this rank's call reads or writes, counted from
+    /// each pointer (0 when the buffer is unused here). Call after [`Coll::validate`].
+    pub fn extents(&self, rank: usize, nranks: usize) -> (usize, usize) {
+        let es = self.dtype.size();
+        let is_root = self.root == rank;
+        let n = self.count;
+        let (s, r) = match self.kind {
+            CollKind::AllReduce => (n, n),
+            CollKind::Broadcast => (if is_root { n } else { 0 }, n),
+            CollKind::Reduce => (n, if is_root { n } else { 0 }),
+            CollKind::AllGather => (n, n * nranks),
+            CollKind::Gather => (n, if is_root { n * nranks } else { 0 }),
+            CollKind::ReduceScatter | CollKind::AlltoAll => (n * nranks, n),
+            CollKind::Scatter => (if is_root { n * nranks } else { 0 }, n),
+            CollKind::Send => (n, 0),
+            CollKind::Recv => (0, n),
+            CollKind::Barrier => (0, 0),
+            CollKind::AlltoAllv | CollKind::AllGatherV | CollKind::ReduceScatterV => {
+                let Some(v) = self.v.as_ref() else { return (0, 0) };
+                let end = |c: &[usize], d: &[usize]| {
+                    c.iter().zip(d).filter(|(c, _)| **c > 0).map(|(c, d)| c + d).max().unwrap_or(0)
+                };
+                match self.kind {
+                    CollKind::AlltoAllv => (end(&v.sendcounts, &v.sdispls), end(&v.recvcounts, &v.rdispls)),
+                    CollKind::AllGatherV => (n, end(&v.recvcounts, &v.rdispls)),
+                    _ => (end(&v.recvcounts, &v.sdispls), v.recvcounts.get(rank).copied().unwrap_or(0)),
+                }
+            }
+        };
+        (s * es, r * es)
+    }
+
+    /// The buffers this rank's call uses, named, for memory-kind checks.
+    pub fn buffers(&self, rank: usize, nranks: usize) -> [(&'static str, *const u8); 2] {
+        let (s, r) = self.extents(rank, nranks);
+        [
+            ("sendbuff", if s > 0 { self.send } else { std::ptr::null() }),
+            ("recvbuff", if r > 0 { self.recv as *const u8 } else { std::ptr::null() }),
+        ]
     }
 
     fn validate_rsv(&self, rank: usize, nranks: usize) -> Result<()> {

@@ -1,13 +1,17 @@
 //! Communicators: creation (rendezvous, threads, split), execution of calls, abort.
 
 pub mod bootstrap;
+pub mod device;
 pub mod group;
 mod wireup;
 
 use crate::backend::host::{self, Call};
+use crate::backend::nccl::Nccl;
+use crate::backend::{ipc, staging};
 use crate::coll::Coll;
 use crate::error::{Code, Error, Result};
 use crate::log;
+use crate::mem::{cuda, Placement};
 use crate::transport::shm::Segment;
 use crate::transport::{inproc, Transport};
 use bootstrap::{Client, UniqueId};
@@ -31,6 +35,9 @@ pub struct Options {
     pub backend: Backend,
     pub name: String,
     pub check_mode: bool,
+    /// CUDA device of the rank; None: the device of the context current on the
+    /// creating thread (captured at the C call, before a group defers the work).
+    pub device: Option<i32>,
 }
 
 impl Default for Options {
@@ -42,6 +49,7 @@ impl Default for Options {
             name: String::new(),
             // On by default: it costs under 3% at 1 MiB (measured; docs/robustness.md).
             check_mode: crate::env::CHECK.get_or_default().trim() != "0",
+            device: None,
         }
     }
 }
@@ -68,6 +76,13 @@ pub struct Comm {
     /// Wakes this rank's waits from another thread (abort).
     waker: Option<Arc<Segment>>,
     state: Mutex<State>,
+    /// CUDA device of the rank (fcclCommCuDevice), -1 for a host rank.
+    pub device: i32,
+    /// NCCL for device memory when every rank has its own GPU; else device memory
+    /// goes through the built-in backend with staging.
+    nccl: Option<Nccl>,
+    /// Every rank on one GPU (of one host): device all_reduce may use CUDA IPC.
+    same_gpu: bool,
 }
 
 impl Comm {
@@ -83,6 +98,27 @@ impl Comm {
             async_err: Mutex::new(None),
             waker,
             state: Mutex::new(State { transport, seq: 0, broken: None, finalized: false }),
+            device: -1,
+            nccl: None,
+            same_gpu: false,
+        }
+    }
+
+    /// Which backend runs a call (for logs).
+    fn backend_of(&self, c: &Coll) -> &'static str {
+        match (c.placement, &self.nccl) {
+            (Placement::Host, _) => "host",
+            (_, Some(nc)) if nc.supports(c) => "nccl",
+            _ => "host (staged device memory)",
+        }
+    }
+
+    /// The name of the backend serving this communicator's device memory.
+    pub fn backend_name(&self) -> &'static str {
+        if self.nccl.is_some() {
+            "nccl"
+        } else {
+            "host"
         }
     }
 
@@ -98,25 +134,112 @@ impl Comm {
             )));
         }
         id.addr()?;
+        let req = device::requested(&opts)?;
         let deadline = Instant::now() + opts.timeout;
         let mut client = Client::join(id, nranks, rank, deadline)?;
         let nonce = client.nonce;
         let transport = wireup::connect(rank, nranks, &format!("{nonce:016x}"), nonce, deadline, &mut |blob| {
             client.allgather(blob, deadline)
         })?;
-        client.finish();
-        let c = Comm::new(rank, nranks, opts, nonce, transport);
-        log::info(format_args!("rank {rank}/{nranks} joined communicator {}", c.label()));
+        // One more round: every rank's device, so all choose the same backend.
+        let me = device::RankInfo::local(wireup::host_id(), opts.device);
+        let blobs = client.allgather(&me.encode(), deadline)?;
+        // No rank has CUDA (the common case): nothing to decide, nothing to decode.
+        let all: Vec<device::RankInfo> = if req != Backend::Nccl && blobs.iter().all(|b| !device::RankInfo::has_cuda(b))
+        {
+            Vec::new()
+        } else {
+            blobs.iter().map(|b| device::RankInfo::decode(b)).collect::<Result<_>>()?
+        };
+        let decision = if all.is_empty() { Ok(false) } else { device::use_nccl(req, &all, rank) };
+        let nccl_id = match decision {
+            Err(e) => {
+                client.finish();
+                return Err(e);
+            }
+            Ok(false) => {
+                client.finish();
+                None
+            }
+            Ok(true) => {
+                // Rank 0's NCCL unique id travels through our rendezvous.
+                let blob = if rank == 0 {
+                    match crate::backend::nccl::unique_id() {
+                        Ok(id) => [&[1u8][..], &id[..]].concat(),
+                        Err(e) => [&[0u8][..], e.msg.as_bytes()].concat(),
+                    }
+                } else {
+                    Vec::new()
+                };
+                let got = client.allgather(&blob, deadline);
+                client.finish();
+                let got = got?;
+                let b = &got[0];
+                if b.first() != Some(&1) || b.len() != 129 {
+                    return Err(Error::unavailable(format!(
+                        "rank 0 could not create an NCCL unique id: {}",
+                        String::from_utf8_lossy(b.get(1..).unwrap_or_default())
+                    )));
+                }
+                Some(<[u8; 128]>::try_from(&b[1..]).expect("129 bytes"))
+            }
+        };
+        let mut c = Comm::new(rank, nranks, opts, nonce, transport);
+        c.device = me.device;
+        c.same_gpu = device::one_gpu(&all);
+        if let Some(id) = nccl_id {
+            c.nccl = Some(Nccl::init_rank(nranks, &id, rank, me.device)?);
+        }
+        log::info(format_args!(
+            "rank {rank}/{nranks} joined communicator {} (device {}, device memory through the {} backend)",
+            c.label(),
+            c.device,
+            c.backend_name()
+        ));
         Ok(c)
     }
 
-    /// `n` ranks as threads of this process, with host memory.
-    pub fn init_all(n: usize, opts: Options) -> Result<Vec<Comm>> {
+    /// `n` ranks as threads of this process: host-memory ranks (`devs` None) or one
+    /// rank per entry of `devs` (CUDA devices, repeats allowed: those ranks share a
+    /// GPU and use the built-in backend).
+    pub fn init_all(n: usize, opts: Options, devs: Option<&[i32]>) -> Result<Vec<Comm>> {
         if n == 0 {
             return Err(Error::invalid_arg("ndev is 0; create at least one rank"));
         }
+        let req = device::requested(&opts)?;
+        let host = wireup::host_id();
+        let infos: Vec<device::RankInfo> = match devs {
+            None => {
+                (0..n).map(|_| device::RankInfo { device: -1, ..device::RankInfo::local(host, Some(-1)) }).collect()
+            }
+            Some(d) => {
+                cuda::driver().map_err(|e| e.context("devlist names CUDA devices"))?;
+                let count = cuda::device_count();
+                if let Some((i, &bad)) = d.iter().enumerate().find(|(_, &x)| x < 0 || x as usize >= count) {
+                    return Err(Error::invalid_arg(format!(
+                        "devlist[{i}] = {bad} is not a CUDA device (this process sees {count}: 0..{})",
+                        count as i64 - 1
+                    )));
+                }
+                d.iter().map(|&x| device::RankInfo::local(host, Some(x))).collect()
+            }
+        };
+        let nccl = device::use_nccl(req, &infos, 0)?;
         let nonce = bootstrap::random_u64()?;
-        Ok(inproc::build(n)?.into_iter().enumerate().map(|(r, t)| Comm::new(r, n, opts.clone(), nonce, t)).collect())
+        let mut comms: Vec<Comm> =
+            inproc::build(n)?.into_iter().enumerate().map(|(r, t)| Comm::new(r, n, opts.clone(), nonce, t)).collect();
+        let one_gpu = device::one_gpu(&infos);
+        for (c, i) in comms.iter_mut().zip(&infos) {
+            c.device = i.device;
+            c.same_gpu = one_gpu;
+        }
+        if nccl {
+            let devs: Vec<i32> = infos.iter().map(|i| i.device).collect();
+            for (c, nc) in comms.iter_mut().zip(Nccl::init_all(&devs)?) {
+                c.nccl = Some(nc);
+            }
+        }
+        Ok(comms)
     }
 
     /// A name for logs and messages.
@@ -151,7 +274,7 @@ impl Comm {
         self.usable(&st)?;
         // Only collectives take a sequence number: a send/recv involves two ranks, so
         // counting it would put the others out of step.
-        let calls: Vec<Call> = colls
+        let mut calls: Vec<Call> = colls
             .into_iter()
             .map(|coll| {
                 if !matches!(coll.kind, crate::coll::CollKind::Send | crate::coll::CollKind::Recv) {
@@ -161,18 +284,24 @@ impl Comm {
             })
             .collect();
         let t0 = log::enabled(log::Level::Info).then(Instant::now);
-        let res = host::execute(&mut st.transport, &calls, self.opts.timeout, &self.abort, self.opts.check_mode);
+        // Without CUDA every buffer is host memory: one relaxed load, then the host path.
+        let res = if cuda::present() && calls.iter().any(|c| c.coll.placement != Placement::Host) {
+            self.run_with_devices(&mut st, &mut calls)
+        } else {
+            host::execute(&mut st.transport, &calls, self.opts.timeout, &self.abort, self.opts.check_mode)
+        };
         if let Some(t0) = t0 {
             let us = t0.elapsed().as_secs_f64() * 1e6;
             for c in &calls {
                 log::info(format_args!(
-                    "rank {} comm {} seq {} {} count {} {} backend host {:.1} us",
+                    "rank {} comm {} seq {} {} count {} {} backend {} {:.1} us",
                     self.rank,
                     self.label(),
                     c.seq,
                     c.coll.kind.c_name(),
                     c.coll.count,
                     c.coll.dtype.short_name(),
+                    self.backend_of(&c.coll),
                     us
                 ));
             }
@@ -188,6 +317,60 @@ impl Comm {
                 Err(e)
             }
         }
+    }
+
+    /// Runs calls that may hold device memory: NCCL takes the device calls it
+    /// supports (enqueued on their streams); the rest run on the built-in backend,
+    /// device buffers staged through host memory on their streams.
+    fn run_with_devices(&self, st: &mut State, calls: &mut [Call]) -> Result<Option<Error>> {
+        let (rank, n) = (self.rank, self.nranks);
+        if self.nccl.is_none()
+            && self.same_gpu
+            && ipc::enabled()
+            && calls.len() == 1
+            && ipc::eligible(&calls[0].coll, n)
+        {
+            let mut h = ipc::HostRun {
+                t: &mut st.transport,
+                timeout: self.opts.timeout,
+                abort: &self.abort,
+                check: self.opts.check_mode,
+            };
+            return ipc::all_reduce(&mut h, &calls[0], &mut st.seq, rank, n);
+        }
+        let t = &mut st.transport;
+        let places: Vec<Placement> = calls.iter().map(|c| c.coll.placement).collect();
+        let on_device = |i: usize| matches!(places[i], Placement::Device { .. });
+        let mut by_nccl = vec![false; calls.len()];
+        if let Some(nc) = &self.nccl {
+            for (i, c) in calls.iter().enumerate() {
+                by_nccl[i] = on_device(i) && nc.supports(&c.coll);
+            }
+            let colls: Vec<&Coll> = calls.iter().zip(&by_nccl).filter(|(_, &b)| b).map(|(c, _)| &c.coll).collect();
+            if !colls.is_empty() {
+                nc.run(&colls, rank, n)?;
+            }
+        }
+        let mut rest: Vec<Call> = Vec::new();
+        let mut staged = Vec::new();
+        for (i, c) in calls.iter().enumerate() {
+            if by_nccl[i] {
+                continue;
+            }
+            let mut coll = c.coll.clone();
+            if on_device(i) && !coll.is_noop() {
+                staged.push(staging::stage_in(&mut coll, places[i], rank, n)?);
+            }
+            rest.push(Call { coll, seq: c.seq });
+        }
+        if rest.is_empty() {
+            return Ok(None);
+        }
+        let res = host::execute(t, &rest, self.opts.timeout, &self.abort, self.opts.check_mode)?;
+        for s in staged {
+            s.stage_out()?;
+        }
+        Ok(res)
     }
 
     /// `fcclCommSplit`: every rank of this communicator calls it; ranks with the
@@ -233,7 +416,10 @@ impl Comm {
         if opts.name.is_empty() && !self.opts.name.is_empty() {
             opts.name = format!("{}.{color}", self.opts.name);
         }
-        Ok(Some(Comm::new(new_rank, members.len(), opts, nonce, t)))
+        // The child keeps the parent's device; its device memory uses the built-in backend.
+        let mut child = Comm::new(new_rank, members.len(), opts, nonce, t);
+        child.device = self.device;
+        Ok(Some(child))
     }
 
     /// All ranks' `mine` (equal sizes), concatenated in rank order.
@@ -261,6 +447,9 @@ impl Comm {
     /// `fcclCommAbort` from any thread: blocked calls return, peers are told.
     pub fn abort(&self) {
         self.abort.store(true, Ordering::Release);
+        if let Some(nc) = &self.nccl {
+            nc.abort();
+        }
         if let Some(w) = &self.waker {
             let _ = w.failed().compare_exchange(0, self.rank as u32 + 1, Ordering::AcqRel, Ordering::Acquire);
             w.ring();

@@ -62,7 +62,7 @@ impl Info {
 }
 
 /// Identity of this host: hostname and boot id, hashed.
-fn host_id() -> u64 {
+pub(super) fn host_id() -> u64 {
     let mut s = std::fs::read_to_string("/proc/sys/kernel/hostname").unwrap_or_default();
     s += &std::fs::read_to_string("/proc/sys/kernel/random/boot_id").unwrap_or_default();
     s.bytes().fold(0xcbf2_9ce4_8422_2325u64, |h, c| (h ^ c as u64).wrapping_mul(0x100_0000_01b3))

@@ -33,10 +33,14 @@ pub(super) fn rank_arg(v: c_int, what: &str, comm: &Comm) -> Result<usize> {
 }
 
 /// Validates the call and runs it, or queues it inside a group.
-pub(super) fn submit(comm: fcclComm_t, make: impl FnOnce(&Comm) -> Result<Coll>) -> Result<()> {
+pub(super) fn submit(comm: fcclComm_t, stream: fcclStream_t, make: impl FnOnce(&Comm) -> Result<Coll>) -> Result<()> {
     let c = handle::get(comm)?;
-    let coll = make(&c)?;
+    let mut coll = make(&c)?;
+    coll.stream = stream as usize;
     coll.validate(c.rank, c.nranks)?;
+    // One relaxed atomic load when CUDA is absent; a mixed call fails here, before
+    // it is counted or queued, so no rank waits for it.
+    coll.placement = crate::mem::placement(&coll.buffers(c.rank, c.nranks))?;
     if group::active() {
         group::enqueue(c, coll);
         Ok(())
@@ -57,9 +61,8 @@ pub unsafe extern "C" fn fcclAllReduce(
     comm: fcclComm_t,
     stream: fcclStream_t,
 ) -> fcclResult_t {
-    let _ = stream;
     call("fcclAllReduce", || {
-        submit(comm, |_| {
+        submit(comm, stream, |_| {
             let mut c = Coll::new(CollKind::AllReduce, sendbuff as _, recvbuff as _, count, dtype(datatype)?);
             c.op = redop(op)?;
             Ok(c)
@@ -79,9 +82,8 @@ pub unsafe extern "C" fn fcclBroadcast(
     comm: fcclComm_t,
     stream: fcclStream_t,
 ) -> fcclResult_t {
-    let _ = stream;
     call("fcclBroadcast", || {
-        submit(comm, |cm| {
+        submit(comm, stream, |cm| {
             let mut c = Coll::new(CollKind::Broadcast, sendbuff as _, recvbuff as _, count, dtype(datatype)?);
             c.root = rank_arg(root, "root", cm)?;
             Ok(c)
@@ -102,9 +104,8 @@ pub unsafe extern "C" fn fcclReduce(
     comm: fcclComm_t,
     stream: fcclStream_t,
 ) -> fcclResult_t {
-    let _ = stream;
     call("fcclReduce", || {
-        submit(comm, |cm| {
+        submit(comm, stream, |cm| {
             let mut c = Coll::new(CollKind::Reduce, sendbuff as _, recvbuff as _, count, dtype(datatype)?);
             c.op = redop(op)?;
             c.root = rank_arg(root, "root", cm)?;
@@ -124,9 +125,10 @@ pub unsafe extern "C" fn fcclAllGather(
     comm: fcclComm_t,
     stream: fcclStream_t,
 ) -> fcclResult_t {
-    let _ = stream;
     call("fcclAllGather", || {
-        submit(comm, |_| Ok(Coll::new(CollKind::AllGather, sendbuff as _, recvbuff as _, sendcount, dtype(datatype)?)))
+        submit(comm, stream, |_| {
+            Ok(Coll::new(CollKind::AllGather, sendbuff as _, recvbuff as _, sendcount, dtype(datatype)?))
+        })
     })
 }
 
@@ -142,9 +144,8 @@ pub unsafe extern "C" fn fcclReduceScatter(
     comm: fcclComm_t,
     stream: fcclStream_t,
 ) -> fcclResult_t {
-    let _ = stream;
     call("fcclReduceScatter", || {
-        submit(comm, |_| {
+        submit(comm, stream, |_| {
             let mut c = Coll::new(CollKind::ReduceScatter, sendbuff as _, recvbuff as _, recvcount, dtype(datatype)?);
             c.op = redop(op)?;
             Ok(c)
@@ -163,9 +164,10 @@ pub unsafe extern "C" fn fcclAlltoAll(
     comm: fcclComm_t,
     stream: fcclStream_t,
 ) -> fcclResult_t {
-    let _ = stream;
     call("fcclAlltoAll", || {
-        submit(comm, |_| Ok(Coll::new(CollKind::AlltoAll, sendbuff as _, recvbuff as _, count, dtype(datatype)?)))
+        submit(comm, stream, |_| {
+            Ok(Coll::new(CollKind::AlltoAll, sendbuff as _, recvbuff as _, count, dtype(datatype)?))
+        })
     })
 }
 
@@ -181,9 +183,8 @@ pub unsafe extern "C" fn fcclGather(
     comm: fcclComm_t,
     stream: fcclStream_t,
 ) -> fcclResult_t {
-    let _ = stream;
     call("fcclGather", || {
-        submit(comm, |cm| {
+        submit(comm, stream, |cm| {
             let mut c = Coll::new(CollKind::Gather, sendbuff as _, recvbuff as _, count, dtype(datatype)?);
             c.root = rank_arg(root, "root", cm)?;
             Ok(c)
@@ -203,9 +204,8 @@ pub unsafe extern "C" fn fcclScatter(
     comm: fcclComm_t,
     stream: fcclStream_t,
 ) -> fcclResult_t {
-    let _ = stream;
     call("fcclScatter", || {
-        submit(comm, |cm| {
+        submit(comm, stream, |cm| {
             let mut c = Coll::new(CollKind::Scatter, sendbuff as _, recvbuff as _, count, dtype(datatype)?);
             c.root = rank_arg(root, "root", cm)?;
             Ok(c)
@@ -230,9 +230,8 @@ pub unsafe extern "C" fn fcclAlltoAllv(
     comm: fcclComm_t,
     stream: fcclStream_t,
 ) -> fcclResult_t {
-    let _ = stream;
     call("fcclAlltoAllv", || {
-        submit(comm, |cm| {
+        submit(comm, stream, |cm| {
             let n = cm.nranks;
             // SAFETY: each array is NULL (refused) or nranks entries long (API contract).
             let v = unsafe {
@@ -261,9 +260,8 @@ pub unsafe extern "C" fn fcclSend(
     comm: fcclComm_t,
     stream: fcclStream_t,
 ) -> fcclResult_t {
-    let _ = stream;
     call("fcclSend", || {
-        submit(comm, |cm| {
+        submit(comm, stream, |cm| {
             let mut c = Coll::new(CollKind::Send, sendbuff as _, std::ptr::null_mut(), count, dtype(datatype)?);
             c.root = rank_arg(peer, "peer", cm)?;
             Ok(c)
@@ -281,9 +279,8 @@ pub unsafe extern "C" fn fcclRecv(
     comm: fcclComm_t,
     stream: fcclStream_t,
 ) -> fcclResult_t {
-    let _ = stream;
     call("fcclRecv", || {
-        submit(comm, |cm| {
+        submit(comm, stream, |cm| {
             let mut c = Coll::new(CollKind::Recv, std::ptr::null(), recvbuff as _, count, dtype(datatype)?);
             c.root = rank_arg(peer, "peer", cm)?;
             Ok(c)
@@ -294,9 +291,10 @@ pub unsafe extern "C" fn fcclRecv(
 /// Returns once every rank of `comm` has called fcclBarrier.
 #[no_mangle]
 pub unsafe extern "C" fn fcclBarrier(comm: fcclComm_t, stream: fcclStream_t) -> fcclResult_t {
-    let _ = stream;
     call("fcclBarrier", || {
-        submit(comm, |_| Ok(Coll::new(CollKind::Barrier, std::ptr::null(), std::ptr::null_mut(), 0, DataType::Uint8)))
+        submit(comm, stream, |_| {
+            Ok(Coll::new(CollKind::Barrier, std::ptr::null(), std::ptr::null_mut(), 0, DataType::Uint8))
+        })
     })
 }
 

@@ -81,12 +81,12 @@ unsafe fn options_from(config: *const fcclConfig_t, base: Options) -> Result<Opt
         o.backend = match c.backend {
             FCCL_BACKEND_AUTO => Backend::Auto,
             FCCL_BACKEND_HOST => Backend::Host,
-            FCCL_BACKEND_NCCL => {
-                return Err(Error::unavailable(
-                    "config->backend is FCCL_BACKEND_NCCL but NCCL support is not available in this build; use FCCL_BACKEND_AUTO or FCCL_BACKEND_HOST",
-                ))
+            FCCL_BACKEND_NCCL => Backend::Nccl,
+            v => {
+                return Err(Error::invalid_arg(format!(
+                    "config->backend is {v}; use FCCL_BACKEND_AUTO, _HOST or _NCCL"
+                )))
             }
-            v => return Err(Error::invalid_arg(format!("config->backend is {v}; use FCCL_BACKEND_AUTO, _HOST or _NCCL"))),
         };
     }
     if !c.commName.is_null() {
@@ -145,6 +145,13 @@ fn init_rank(comm: *mut fcclComm_t, nranks: c_int, id: &fcclUniqueId, rank: c_in
         )));
     }
     let id = id_from_c(id);
+    let mut opts = opts;
+    // The rank's device is the one current on this thread now: inside a group the
+    // communicator is created later, on another thread (NCCL's one-thread,
+    // several-GPUs pattern: cudaSetDevice(i) then init, for each i).
+    if opts.device.is_none() {
+        opts.device = crate::mem::cuda::current_device();
+    }
     if group::active() {
         // NCCL's way to create several ranks from one thread: inits inside a group
         // complete together at fcclGroupEnd; the handle is usable after it.
@@ -198,7 +205,9 @@ pub unsafe extern "C" fn fcclCommInitRankConfig(
 
 /// Creates `ndev` ranks in this process at once, written to `comms[0..ndev]`.
 /// `devlist` NULL makes host-memory ranks (drive them from one thread per rank, or
-/// from one thread with fcclGroupStart/fcclGroupEnd). A device list needs CUDA.
+/// from one thread with fcclGroupStart/fcclGroupEnd). A device list (ndev CUDA
+/// device ids, repeats allowed) needs CUDA, else fcclUnavailable; distinct devices
+/// use NCCL when it is loadable, repeated ones the built-in backend.
 #[no_mangle]
 pub unsafe extern "C" fn fcclCommInitAll(comms: *mut fcclComm_t, ndev: c_int, devlist: *const c_int) -> fcclResult_t {
     call("fcclCommInitAll", || {
@@ -206,12 +215,13 @@ pub unsafe extern "C" fn fcclCommInitAll(comms: *mut fcclComm_t, ndev: c_int, de
         if ndev <= 0 {
             return Err(Error::invalid_arg(format!("ndev is {ndev}; create at least one rank")));
         }
-        if !devlist.is_null() {
-            return Err(Error::unavailable(
-                "devlist is not NULL but CUDA is not available in this build; pass NULL for host-memory ranks",
-            ));
-        }
-        let all = Comm::init_all(ndev as usize, Options::default())?;
+        let devs = if devlist.is_null() {
+            None
+        } else {
+            // SAFETY: a non-NULL devlist has ndev entries (API contract).
+            Some(unsafe { std::slice::from_raw_parts(devlist, ndev as usize) }.to_vec())
+        };
+        let all = Comm::init_all(ndev as usize, Options::default(), devs.as_deref())?;
         for (i, c) in all.into_iter().enumerate() {
             // SAFETY: the caller provides room for ndev handles.
             unsafe { write_out(comms.add(i), handle::register(c)) };
@@ -375,14 +385,15 @@ pub unsafe extern "C" fn fcclCommUserRank(comm: fcclComm_t, rank: *mut c_int) ->
     })
 }
 
-/// Writes the CUDA device of `comm` to `*device`: -1 for host-memory ranks.
+/// Writes the CUDA device of `comm` to `*device`: the device current when the rank
+/// was created (or its devlist entry), -1 for host-memory ranks.
 #[no_mangle]
 pub unsafe extern "C" fn fcclCommCuDevice(comm: fcclComm_t, device: *mut c_int) -> fcclResult_t {
     call("fcclCommCuDevice", || {
-        handle::get(comm)?;
+        let c = handle::get(comm)?;
         check_out(device, "device")?;
         // SAFETY: checked non-NULL.
-        unsafe { write_out(device, -1) };
+        unsafe { write_out(device, c.device) };
         Ok(())
     })
 }

@@ -8,7 +8,7 @@ use super::*;
 use crate::coll::ext::{self as cx, AxisLayout, Coalesced};
 use crate::coll::{Coll, CollKind, VCounts};
 use crate::error::{Error, Result};
-use crate::mem::local;
+use crate::mem::{self, local};
 use crate::types::DataType;
 use std::os::raw::{c_int, c_void};
 
@@ -58,9 +58,8 @@ pub unsafe extern "C" fn fcclAllGatherV(
     comm: fcclComm_t,
     stream: fcclStream_t,
 ) -> fcclResult_t {
-    let _ = stream;
     call("fcclAllGatherV", || {
-        submit(comm, |cm| {
+        submit(comm, stream, |cm| {
             let n = cm.nranks;
             // SAFETY: arrays are NULL (refused) or nranks long (API contract).
             let (recvcounts, rdispls) = unsafe { (array(recvcounts, n, "recvcounts")?, array(rdispls, n, "rdispls")?) };
@@ -85,9 +84,8 @@ pub unsafe extern "C" fn fcclReduceScatterV(
     comm: fcclComm_t,
     stream: fcclStream_t,
 ) -> fcclResult_t {
-    let _ = stream;
     call("fcclReduceScatterV", || {
-        submit(comm, |cm| {
+        submit(comm, stream, |cm| {
             let n = cm.nranks;
             // SAFETY: arrays are NULL (refused) or nranks long (API contract).
             let (recvcounts, sdispls) = unsafe { (array(recvcounts, n, "recvcounts")?, array(sdispls, n, "sdispls")?) };
@@ -127,9 +125,8 @@ pub unsafe extern "C" fn fcclAllGatherAxis(
     comm: fcclComm_t,
     stream: fcclStream_t,
 ) -> fcclResult_t {
-    let _ = stream;
     call("fcclAllGatherAxis", || {
-        submit(comm, |cm| {
+        submit(comm, stream, |cm| {
             let dt = dtype(datatype)?;
             // SAFETY: shape is NULL (refused) or ndims long (API contract).
             let l = unsafe { layout(ndims, shape, axis, dt) }?;
@@ -163,15 +160,18 @@ pub unsafe extern "C" fn fcclReduceScatterAxis(
     comm: fcclComm_t,
     stream: fcclStream_t,
 ) -> fcclResult_t {
-    let _ = stream;
     call("fcclReduceScatterAxis", || {
-        submit(comm, |cm| {
+        submit(comm, stream, |cm| {
             let dt = dtype(datatype)?;
             let op = redop(op)?;
             // SAFETY: shape is NULL (refused) or ndims long (API contract).
             let l = unsafe { layout(ndims, shape, axis, dt) }?;
             if l.total() > 0 && sendbuff.is_null() {
                 return Err(Error::invalid_arg("sendbuff is NULL for a non-empty tensor"));
+            }
+            if l.outer > 1 {
+                // Packs the input on the CPU first.
+                mem::require_host(&[("sendbuff", sendbuff as *const u8)], "fcclReduceScatterAxis with axis > 0")?;
             }
             // SAFETY: sendbuff holds the tensor (API contract; NULL refused above).
             unsafe { cx::reduce_scatter_axis(sendbuff as _, recvbuff as _, l, dt, op, cm.nranks) }
@@ -208,6 +208,12 @@ pub unsafe extern "C" fn fcclAllReduceCoalesced(
                 array(counts, nb, "counts")?,
             )
         };
+        let named: Vec<(&str, *const u8)> = sends
+            .iter()
+            .map(|&p| ("sendbuffs[i]", p))
+            .chain(recvs.iter().map(|&p| ("recvbuffs[i]", p as *const u8)))
+            .collect();
+        mem::require_host(&named, "fcclAllReduceCoalesced")?;
         cx::all_reduce_coalesced(
             &c,
             &Coalesced { sends: &sends, recvs: &recvs, counts: &counts, dtype: dt },
@@ -239,6 +245,8 @@ pub unsafe extern "C" fn fcclBroadcastCoalesced(
         // SAFETY: arrays are NULL (refused) or nbuffers long (API contract).
         let (bufs, counts) = unsafe { (array(buffs as *const *mut u8, nb, "buffs")?, array(counts, nb, "counts")?) };
         let sends: Vec<*const u8> = bufs.iter().map(|&p| p as *const u8).collect();
+        let named: Vec<(&str, *const u8)> = sends.iter().map(|&p| ("buffs[i]", p)).collect();
+        mem::require_host(&named, "fcclBroadcastCoalesced")?;
         cx::broadcast_coalesced(
             &c,
             &Coalesced { sends: &sends, recvs: &bufs, counts: &counts, dtype: dt },
@@ -265,9 +273,8 @@ pub unsafe extern "C" fn fcclAllReduceWire(
     comm: fcclComm_t,
     stream: fcclStream_t,
 ) -> fcclResult_t {
-    let _ = stream;
     call("fcclAllReduceWire", || {
-        submit(comm, |_| {
+        submit(comm, stream, |_| {
             let (dt, wire) = (dtype(datatype)?, dtype(wireType)?);
             if !matches!(dt, DataType::Float32 | DataType::Float64) {
                 return Err(Error::invalid_arg(format!(
@@ -303,8 +310,15 @@ pub unsafe extern "C" fn fcclLocalBroadcast(
         let n = count_arg(ndst, "ndst")?;
         // SAFETY: arrays are NULL (refused) or ndst long (API contract).
         let (dsts, devs) = unsafe { (array(dsts as *const *mut u8, n, "dsts")?, array(dstDevices, n, "dstDevices")?) };
-        local::check_devices(&[srcDevice], "srcDevice")?;
-        local::check_devices(&devs, "dstDevices")?;
+        let first = local::check_devices(&[srcDevice], "srcDevice")?;
+        let copier = local::Copier::for_device(first.or(local::check_devices(&devs, "dstDevices")?))?;
+        if matches!(copier, local::Copier::Host) {
+            // Device ids say host: refuse device pointers rather than crash on them.
+            let named: Vec<(&str, *const u8)> = std::iter::once(("src", src as *const u8))
+                .chain(dsts.iter().map(|&p| ("dsts[i]", p as *const u8)))
+                .collect();
+            mem::require_host(&named, "fcclLocalBroadcast")?;
+        }
         if bytes == 0 {
             return Ok(());
         }
@@ -315,8 +329,8 @@ pub unsafe extern "C" fn fcclLocalBroadcast(
             return Err(Error::invalid_arg(format!("dsts[{i}] is NULL with bytes = {bytes}")));
         }
         for d in dsts {
-            // SAFETY: src and every dst hold `bytes` bytes (API contract); copy tolerates overlap.
-            unsafe { std::ptr::copy(src as *const u8, d, bytes) };
+            // SAFETY: src and every dst hold `bytes` bytes (API contract).
+            unsafe { copier.copy(d, src as *const u8, bytes)? };
         }
         Ok(())
     })
@@ -355,8 +369,14 @@ pub unsafe extern "C" fn fcclLocalScatter(
         };
         let given = if chunkSizes.is_null() { None } else { Some(unsafe { array(chunkSizes, n, "chunkSizes")? }) };
         let sizes = local::chunk_sizes(l.along, n, given.as_deref())?;
-        local::check_devices(&[srcDevice], "srcDevice")?;
-        local::check_devices(&devs, "dstDevices")?;
+        let first = local::check_devices(&[srcDevice], "srcDevice")?;
+        let copier = local::Copier::for_device(first.or(local::check_devices(&devs, "dstDevices")?))?;
+        if matches!(copier, local::Copier::Host) {
+            let named: Vec<(&str, *const u8)> = std::iter::once(("src", src as *const u8))
+                .chain(dsts.iter().map(|&p| ("dsts[i]", p as *const u8)))
+                .collect();
+            mem::require_host(&named, "fcclLocalScatter")?;
+        }
         if l.total() > 0 && src.is_null() {
             return Err(Error::invalid_arg("src is NULL for a non-empty tensor"));
         }
@@ -369,7 +389,7 @@ pub unsafe extern "C" fn fcclLocalScatter(
         for (i, &len) in sizes.iter().enumerate() {
             if nonempty(len) {
                 // SAFETY: src holds the tensor, dsts[i] the chunk (API contract).
-                unsafe { local::copy_chunk(src as *mut u8, dsts[i], l, dt.size(), start, len, false) };
+                unsafe { local::copy_chunk(src as *mut u8, dsts[i], l, dt.size(), start, len, false, &copier)? };
             }
             start += len;
         }
@@ -416,8 +436,13 @@ pub unsafe extern "C" fn fcclLocalGather(
             .try_fold(0usize, |a, &c| a.checked_add(c))
             .ok_or_else(|| Error::invalid_arg("dimSizes add up to more than size_t"))?;
         let l = cx::axis_layout(&dims, dim, dt)?;
-        local::check_devices(&devs, "srcDevices")?;
-        local::check_devices(&[dstDevice], "dstDevice")?;
+        let first = local::check_devices(&devs, "srcDevices")?;
+        let copier = local::Copier::for_device(first.or(local::check_devices(&[dstDevice], "dstDevice")?))?;
+        if matches!(copier, local::Copier::Host) {
+            let named: Vec<(&str, *const u8)> =
+                std::iter::once(("dst", dst as *const u8)).chain(srcs.iter().map(|&p| ("srcs[i]", p))).collect();
+            mem::require_host(&named, "fcclLocalGather")?;
+        }
         if l.total() > 0 && dst.is_null() {
             return Err(Error::invalid_arg("dst is NULL for a non-empty result"));
         }
@@ -430,7 +455,9 @@ pub unsafe extern "C" fn fcclLocalGather(
         for (i, &len) in sizes.iter().enumerate() {
             if nonempty(len) {
                 // SAFETY: dst holds the result, srcs[i] its chunk (API contract).
-                unsafe { local::copy_chunk(dst as *mut u8, srcs[i] as *mut u8, l, dt.size(), start, len, true) };
+                unsafe {
+                    local::copy_chunk(dst as *mut u8, srcs[i] as *mut u8, l, dt.size(), start, len, true, &copier)?
+                };
             }
             start += len;
         }

@@ -1,9 +1,11 @@
 //! Memory: the one component that knows kinds of memory (UCC's `mc` idea).
 //!
-//! Allocation and release for `fcclMemAlloc*`/`fcclMemFree`, and the reduction
-//! kernels (`reduce`). Device memory arrives with CUDA support; until then every
-//! buffer is host memory and `fcclMemAlloc` reports that CUDA is unavailable.
+//! Allocation and release for `fcclMemAlloc*`/`fcclMemFree`, the kind of each
+//! buffer ([`placement`]), the CUDA driver ([`cuda`], loaded at run time) and the
+//! reduction kernels (`reduce`). Without CUDA every buffer is host memory.
 
+pub mod cuda;
+pub mod cuda_reduce;
 pub mod local;
 pub mod pool;
 pub mod reduce;
@@ -15,12 +17,117 @@ use std::sync::Mutex;
 /// Kinds of memory a buffer can be.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum MemKind {
+    /// Pageable host memory (anything the CUDA driver does not know).
     Host,
+    /// Page-locked host memory registered with CUDA: the CPU uses it like Host.
+    PinnedHost,
+    /// CUDA device memory: only reachable through the driver.
+    Device,
+    /// CUDA managed memory: migrates; treated like device memory (stream-ordered).
+    Managed,
+}
+
+impl MemKind {
+    /// True for kinds the CPU may read and write directly.
+    pub fn host_accessible(self) -> bool {
+        matches!(self, MemKind::Host | MemKind::PinnedHost)
+    }
+}
+
+/// Where one call's buffers live: all on the host, or all on one CUDA context.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Placement {
+    Host,
+    /// Device or managed memory of context `ctx` (an opaque handle) on `device`.
+    Device {
+        device: i32,
+        ctx: usize,
+    },
+}
+
+/// The kind of one buffer. Free (one relaxed atomic load) when CUDA is absent.
+#[inline]
+pub fn kind_of(p: *const u8) -> Result<(MemKind, i32, usize)> {
+    if p.is_null() || !cuda::present() {
+        return Ok((MemKind::Host, -1, 0));
+    }
+    let mut i = cuda::pointer_info(p)?;
+    if matches!(i.mem_type, 2 | 4) && i.ctx == 0 && i.device >= 0 {
+        // Memory mapped with cuMemMap (e.g. PyTorch's expandable segments) names no
+        // context: use its device's primary context, as the runtime API does.
+        i.ctx = cuda::primary_context(i.device)?;
+    }
+    Ok(match i.mem_type {
+        2 if i.managed => (MemKind::Managed, i.device, i.ctx),
+        2 => (MemKind::Device, i.device, i.ctx),
+        1 => (MemKind::PinnedHost, -1, 0),
+        // Unified (managed) memory may also report CU_MEMORYTYPE_UNIFIED (4).
+        4 => (MemKind::Managed, i.device, i.ctx),
+        _ => (MemKind::Host, -1, 0),
+    })
+}
+
+/// The placement of one call's buffers (`(name, pointer)`, NULL ones ignored): all
+/// host memory (pageable or pinned) or all device memory of one context, else
+/// fcclInvalidArgument naming the buffers.
+pub fn placement(bufs: &[(&str, *const u8)]) -> Result<Placement> {
+    if !cuda::present() {
+        return Ok(Placement::Host);
+    }
+    let mut first: Option<(&str, MemKind, Placement)> = None;
+    for &(name, p) in bufs {
+        if p.is_null() {
+            continue;
+        }
+        let (kind, device, ctx) = kind_of(p)?;
+        let pl = if kind.host_accessible() { Placement::Host } else { Placement::Device { device, ctx } };
+        match first {
+            None => first = Some((name, kind, pl)),
+            Some((n0, k0, p0)) if p0 != pl => {
+                return Err(Error::invalid_arg(format!(
+                    "{n0} is {} but {name} is {}; one call's buffers must all be host memory or all device memory of one device",
+                    describe(k0, p0),
+                    describe(kind, pl)
+                )))
+            }
+            Some(_) => {}
+        }
+    }
+    Ok(first.map_or(Placement::Host, |f| f.2))
+}
+
+/// Refuses device memory for calls that only handle host memory so far (they
+/// touch the bytes on the CPU). Free when CUDA is absent.
+pub fn require_host(bufs: &[(&str, *const u8)], what: &str) -> Result<()> {
+    if !cuda::present() {
+        return Ok(());
+    }
+    for &(name, p) in bufs {
+        let (kind, device, _) = kind_of(p)?;
+        if !kind.host_accessible() {
+            return Err(Error::unavailable(format!(
+                "{name} is CUDA memory on device {device}, which {what} does not support yet; pass host memory"
+            )));
+        }
+    }
+    Ok(())
+}
+
+fn describe(k: MemKind, p: Placement) -> String {
+    match (k, p) {
+        (MemKind::Host, _) => "host memory".into(),
+        (MemKind::PinnedHost, _) => "pinned host memory".into(),
+        (MemKind::Device, Placement::Device { device, .. }) => format!("device memory on device {device}"),
+        (_, Placement::Device { device, .. }) => format!("managed memory on device {device}"),
+        _ => format!("{k:?}"),
+    }
 }
 
 /// Allocations made by this library, so that fcclMemFree can refuse pointers it
 /// did not hand out instead of corrupting the heap.
-static ALLOCS: Mutex<Option<HashMap<usize, (usize, MemKind)>>> = Mutex::new(None);
+/// One allocation: (size, kind, owning CUDA context for pinned/device memory).
+type Alloc = (usize, MemKind, usize);
+static ALLOCS: Mutex<Option<HashMap<usize, Alloc>>> = Mutex::new(None);
 
 fn page_size() -> usize {
     // SAFETY: sysconf has no preconditions.
@@ -32,13 +139,27 @@ fn page_size() -> usize {
     }
 }
 
-/// Page-aligned host memory (pinned once CUDA support lands).
-pub fn alloc_host(size: usize) -> Result<*mut u8> {
+fn check_size(size: usize) -> Result<()> {
     if size == 0 {
         return Err(Error::invalid_arg("size is 0; allocate at least one byte"));
     }
     if size > isize::MAX as usize {
         return Err(Error::invalid_arg(format!("size {size} is larger than the address space")));
+    }
+    Ok(())
+}
+
+fn record(p: *mut u8, size: usize, kind: MemKind, ctx: usize) {
+    ALLOCS.lock().unwrap().get_or_insert_with(HashMap::new).insert(p as usize, (size, kind, ctx));
+}
+
+/// Page-aligned host memory, pinned (cuMemHostAlloc) when CUDA is present.
+pub fn alloc_host(size: usize) -> Result<*mut u8> {
+    check_size(size)?;
+    if cuda::present() {
+        let (p, ctx) = cuda::alloc_pinned(size)?;
+        record(p, size, MemKind::PinnedHost, ctx);
+        return Ok(p);
     }
     let mut p: *mut libc::c_void = std::ptr::null_mut();
     // SAFETY: p is a valid out-pointer; alignment is a power of two multiple of sizeof(void*).
@@ -46,16 +167,19 @@ pub fn alloc_host(size: usize) -> Result<*mut u8> {
     if rc != 0 || p.is_null() {
         return Err(Error::system(format!("out of host memory allocating {size} bytes")));
     }
-    ALLOCS.lock().unwrap().get_or_insert_with(HashMap::new).insert(p as usize, (size, MemKind::Host));
+    record(p as *mut u8, size, MemKind::Host, 0);
     Ok(p as *mut u8)
 }
 
-/// CUDA device memory: not available in this build's current state.
+/// CUDA device memory on the current device (fcclUnavailable without CUDA).
 pub fn alloc_device(size: usize) -> Result<*mut u8> {
-    let _ = size;
-    Err(Error::unavailable(
-        "CUDA is not available: ferroccl found no CUDA driver support, so device memory cannot be allocated; use fcclMemAllocHost for host memory",
-    ))
+    cuda::driver().map_err(|e| {
+        Error::unavailable(format!("{}; device memory cannot be allocated (fcclMemAllocHost gives host memory)", e.msg))
+    })?;
+    check_size(size)?;
+    let (p, ctx) = cuda::alloc_device(size)?;
+    record(p, size, MemKind::Device, ctx);
+    Ok(p)
 }
 
 /// Frees memory from alloc_host/alloc_device; NULL is a no-op.
@@ -65,11 +189,13 @@ pub fn free(p: *mut u8) -> Result<()> {
     }
     let entry = ALLOCS.lock().unwrap().get_or_insert_with(HashMap::new).remove(&(p as usize));
     match entry {
-        Some((_, MemKind::Host)) => {
+        Some((_, MemKind::Host, _)) => {
             // SAFETY: p came from posix_memalign above and is freed once (removed from the map).
             unsafe { libc::free(p as *mut libc::c_void) };
             Ok(())
         }
+        // SAFETY: p came from cuda::alloc_* with this context and is freed once (removed from the map).
+        Some((_, kind, ctx)) => unsafe { cuda::free(p as usize, ctx, kind == MemKind::Device) },
         None => Err(Error::invalid_arg(format!(
             "pointer {p:p} was not allocated by fcclMemAlloc/fcclMemAllocHost (or was already freed)"
         ))),
