@@ -65,8 +65,8 @@ pub const CHECK: Var = Var {
 };
 pub const SINGLE_COPY: Var = Var {
     name: "FERROCCL_SINGLE_COPY",
-    default: "1",
-    doc: "1: large messages between local ranks are read straight from the sender's buffer (cross-memory attach); 0: always through the shared rings",
+    default: "0",
+    doc: "1: large messages between local processes are read straight from the sender's buffer (cross-memory attach; slower than the rings where the kernel's process_vm_readv is slow, as on the VMs measured in docs/performance.md); 0: through the shared rings",
 };
 pub const TORCH_RANK: Var = Var { name: "RANK", default: "", doc: "torchrun's rank (fallback)" };
 pub const TORCH_WORLD_SIZE: Var = Var { name: "WORLD_SIZE", default: "", doc: "torchrun's world size (fallback)" };
