@@ -116,8 +116,12 @@ fi
 # ---- run, alternating
 dir="$out/n$nranks"
 mkdir -p "$dir"
-# Only this run's results in DIR: no stale repetitions or tables of an earlier run.
-rm -f "$dir"/ferroccl.rep*.* "$dir"/ompi.rep*.* "$dir"/gloo.rep*.* "$dir"/ompi.md "$dir"/gloo.md "$dir"/*.ratios.csv
+# No stale repetitions or tables of an earlier run of the same peers; the tables of
+# another peer (run before with --peer of its own) stay.
+rm -f "$dir"/ferroccl.rep*.*
+for p in "${peers[@]}"; do
+    rm -f "$dir/$p".rep*.* "$dir/$p.md" "$dir/$p.ratios.csv"
+done
 mpirun_cmd=(mpirun --allow-run-as-root --oversubscribe -np "$nranks")
 
 run_side() { # side rep: appends every sweep's rows to DIR/side.repK.csv
