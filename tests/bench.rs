@@ -102,20 +102,49 @@ fn assert_all_right_on_axis(o: &Output, colls: &[&str], nsizes: usize, axis: usi
 #[test]
 fn every_collective_is_right_at_2_ranks() {
     let o = bench(&["--nranks", "2", "all", "-b", "8", "-e", "256K", "-f", "8", "-n", "3", "-w", "1", "-r", "1"], &[]);
-    let all = [
-        "all_reduce",
-        "broadcast",
-        "reduce",
-        "all_gather",
-        "reduce_scatter",
-        "all_to_all",
-        "all_to_allv",
-        "gather",
-        "scatter",
-        "send_recv",
-    ];
     // 8, 64, 512, 4K, 32K, 256K
-    assert_all_right(&o, &all, 6);
+    assert_all_right(&o, &NCCL_SET, 6);
+}
+
+const NCCL_SET: [&str; 10] = [
+    "all_reduce",
+    "broadcast",
+    "reduce",
+    "all_gather",
+    "reduce_scatter",
+    "all_to_all",
+    "all_to_allv",
+    "gather",
+    "scatter",
+    "send_recv",
+];
+
+/// The single-copy path (off by default): messages of 64 KiB and more are read from
+/// the sender's buffer, alone and pipelined with ring messages, across repeated calls
+/// (the read counters span calls), at 2 and 3 processes, every checked.
+#[test]
+fn single_copy_messages_are_right_at_2_and_3_ranks() {
+    for n in ["2", "3"] {
+        let o = bench(
+            &["--nranks", n, "all", "-b", "48K", "-e", "3M", "-f", "4", "-n", "4", "-w", "2", "-c", "2"],
+            &[("FERROCCL_SINGLE_COPY", "1")],
+        );
+        // 48K, 192K, 768K, 3M
+        assert_all_right(&o, &NCCL_SET, 4);
+    }
+}
+
+/// The bulletin board serves calls up to 64 KiB per rank; sizes around that limit
+/// run on the board or on the links, and both must be right, for narrow types too.
+#[test]
+fn sizes_around_the_board_limit_are_right() {
+    for (n, d) in [("2", "bfloat16"), ("3", "float"), ("4", "int32")] {
+        let o = bench(
+            &["--nranks", n, "all", "-b", "56K", "-e", "72K", "-f", "1", "-i", "8K", "-n", "3", "-w", "1", "-d", d],
+            &[],
+        );
+        assert_all_right(&o, &NCCL_SET, 3);
+    }
 }
 
 #[test]
