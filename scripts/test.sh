@@ -35,6 +35,8 @@ ASAN_OPTIONS="${ASAN_OPTIONS:-detect_leaks=1}" UBSAN_OPTIONS="print_stacktrace=1
   ctest_suite build/c_tests_asan -DFERROCCL_SANITIZE=ON
 step "symbol hygiene"
 bash tests/symbols.sh "$lib"
+step "bench/compare scripts (no installs, no timing)"
+bash bench/compare/smoke.sh
 step "install: CMake and pkg-config consumers of an installed copy"
 bash tests/install/run.sh
 step "Python: ctypes test and the ferroccl package (pytest)"
