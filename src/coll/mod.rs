@@ -52,7 +52,8 @@ impl CollKind {
     fn has_root(self) -> bool {
         matches!(self, CollKind::Broadcast | CollKind::Reduce | CollKind::Gather | CollKind::Scatter)
     }
-    fn is_p2p(self) -> bool {
+    /// fcclSend/fcclRecv: involve two ranks, not the whole communicator.
+    pub fn is_p2p(self) -> bool {
         matches!(self, CollKind::Send | CollKind::Recv)
     }
 }

@@ -170,14 +170,12 @@ fn on_board(b: &mut Board, w: &mut Waiter<'_>, calls: &[Call], check: bool) -> R
 /// recv[..len] = the ranks' published bytes [off, off+len) reduced in rank order, so
 /// that every rank gets the same bits (and the same as the link algorithms, which
 /// also reduce floating-point sums in rank order).
-fn reduce_ranks(b: &mut Board, s: u64, co: &Coll, off: usize, len: usize, recv: *mut u8) {
+fn reduce_ranks(b: &Board, s: u64, co: &Coll, off: usize, len: usize, recv: *mut u8) {
     let n = b.nranks();
     let (dtype, op) = (co.dtype, co.op);
-    let src = |b: &Board, p: usize| -> *const u8 { b.data(p, s, off + len)[off..].as_ptr() };
     // SAFETY: recvbuff holds len bytes (validated) and never overlaps a slot.
     let dst = unsafe { std::slice::from_raw_parts_mut(recv, len) };
-    // SAFETY (slices below): slots hold `off + len` published bytes.
-    let slot = |p: usize| unsafe { std::slice::from_raw_parts(src(b, p), len) };
+    let slot = |p: usize| &b.data(p, s, off + len)[off..];
     if dtype.is_narrow_float() {
         let mut acc = vec![0u8; len / dtype.size() * dtype.acc_size()];
         reduce::acc_init2(dtype, op, &mut acc, slot(0), slot(1));

@@ -80,7 +80,7 @@ const ALL_KINDS: [CollKind; 14] = [
 ];
 
 fn is_collective(c: &Coll) -> bool {
-    !matches!(c.kind, CollKind::Send | CollKind::Recv)
+    !c.kind.is_p2p()
 }
 
 /// Bytes of a fingerprint message.

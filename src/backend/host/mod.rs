@@ -35,7 +35,7 @@ pub fn execute(
     check: bool,
 ) -> Result<Option<Error>> {
     let mut check = check;
-    let has_collective = calls.iter().any(|c| !matches!(c.coll.kind, CollKind::Send | CollKind::Recv));
+    let has_collective = calls.iter().any(|c| !c.coll.kind.is_p2p());
     if has_collective && t.board.is_some() {
         let rank = t.rank;
         match fast::run(t, calls, timeout, abort, check, &|| describe(calls, rank))? {
@@ -80,7 +80,7 @@ pub fn execute(
             continue;
         }
         let co = &c.coll;
-        if matches!(co.kind, CollKind::Send | CollKind::Recv) && co.root == t.rank {
+        if co.kind.is_p2p() && co.root == t.rank {
             if co.kind == CollKind::Send {
                 self_sends.push(co)
             } else {
