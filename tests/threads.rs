@@ -184,3 +184,106 @@ fn one_thread_creates_every_rank_inside_a_group() {
     }
     destroy(comms);
 }
+
+/// Runs `f(rank, comm)` on one thread per rank and returns the results by rank.
+fn per_rank<T: Send>(comms: &[fcclComm_t], f: impl Fn(usize, fcclComm_t) -> T + Sync) -> Vec<T> {
+    std::thread::scope(|s| {
+        let f = &f;
+        let hs: Vec<_> = comms
+            .iter()
+            .enumerate()
+            .map(|(r, &c)| {
+                let c = c as usize;
+                s.spawn(move || f(r, c as fcclComm_t))
+            })
+            .collect();
+        hs.into_iter().map(|h| h.join().unwrap()).collect()
+    })
+}
+
+fn last_error() -> String {
+    unsafe { CStr::from_ptr(fcclGetLastError(null_mut())) }.to_string_lossy().into_owned()
+}
+
+#[test]
+fn all_to_allv_counts_disagreeing_with_an_all_zero_rank_fail_everywhere() {
+    // Rank 0 sends and expects nothing; rank 1 sends rank 0 three elements. Both must
+    // report the mismatch (nobody waits forever), move no data, and stay usable.
+    let comms = init_all(2);
+    let out = per_rank(&comms, |r, c| {
+        let send = [7i32; 8];
+        let mut recv = [0i32; 8];
+        let (sc, rc): ([usize; 2], [usize; 2]) = if r == 0 { ([0, 0], [0, 0]) } else { ([3, 1], [0, 1]) };
+        let displs = [0usize, 4];
+        let res = unsafe {
+            fcclAlltoAllv(
+                send.as_ptr() as _,
+                sc.as_ptr(),
+                displs.as_ptr(),
+                recv.as_mut_ptr() as _,
+                rc.as_ptr(),
+                displs.as_ptr(),
+                fcclInt32,
+                c,
+                null_mut(),
+            )
+        };
+        let msg = last_error();
+        let mut y = [1.0f32; 2];
+        ck(unsafe { fcclAllReduce(y.as_ptr() as _, y.as_mut_ptr() as _, 2, fcclFloat32, fcclSum, c, null_mut()) });
+        (res, msg, recv, y[0])
+    });
+    for (r, (res, msg, recv, y)) in out.into_iter().enumerate() {
+        assert_eq!(res, fcclCollectiveMismatch, "rank {r}: {msg}");
+        assert!(msg.contains("sendcounts[0] = 3") && msg.contains("recvcounts[1] = 0"), "rank {r}: {msg}");
+        assert_eq!(recv, [0; 8], "rank {r}: no data moves on a mismatch");
+        assert_eq!(y, 2.0, "rank {r}");
+    }
+    destroy(comms);
+}
+
+#[test]
+fn all_to_allv_with_one_rank_over_the_board_limit_moves_the_right_data() {
+    // Rank 0 sends 20000 ints (80 KB: more than a board slot) to rank 1; every other
+    // block is small. The counts are agreed on the board, the data goes over the links.
+    for n in [2usize, 3] {
+        let comms = init_all(n);
+        let big = 20_000usize;
+        let count = |from: usize, to: usize| if from == 0 && to == 1 { big } else { 3 + from + 2 * to };
+        let out = per_rank(&comms, |r, c| {
+            let sc: Vec<usize> = (0..n).map(|p| count(r, p)).collect();
+            let rc: Vec<usize> = (0..n).map(|p| count(p, r)).collect();
+            let sd: Vec<usize> = sc.iter().scan(0, |a, &k| Some(std::mem::replace(a, *a + k))).collect();
+            let rd: Vec<usize> = rc.iter().scan(0, |a, &k| Some(std::mem::replace(a, *a + k))).collect();
+            let send: Vec<i32> =
+                (0..n).flat_map(|p| (0..sc[p]).map(move |i| (r * 1_000_000 + p * 100_000 + i) as i32)).collect();
+            let mut recv = vec![-1i32; rc.iter().sum()];
+            ck(unsafe {
+                fcclAlltoAllv(
+                    send.as_ptr() as _,
+                    sc.as_ptr(),
+                    sd.as_ptr(),
+                    recv.as_mut_ptr() as _,
+                    rc.as_ptr(),
+                    rd.as_ptr(),
+                    fcclInt32,
+                    c,
+                    null_mut(),
+                )
+            });
+            (recv, rd)
+        });
+        for (r, (recv, rd)) in out.into_iter().enumerate() {
+            for p in 0..n {
+                for i in 0..count(p, r) {
+                    assert_eq!(
+                        recv[rd[p] + i],
+                        (p * 1_000_000 + r * 100_000 + i) as i32,
+                        "n={n} rank {r} from {p} [{i}]"
+                    );
+                }
+            }
+        }
+        destroy(comms);
+    }
+}

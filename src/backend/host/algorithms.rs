@@ -602,7 +602,7 @@ fn allreduce_wire(s: &mut Schedule<'_>, co: &Coll, rank: usize, n: usize, scratc
 /// both sides can check each other: (what I send you, what I expect from you).
 /// reduce_scatter_v's counts must be identical everywhere, so it sends a digest of
 /// the whole array both ways.
-fn pair_values(co: &Coll, p: usize) -> (u64, u64) {
+pub(super) fn pair_values(co: &Coll, p: usize) -> (u64, u64) {
     let v = co.v.as_ref().expect("v-call has counts");
     match co.kind {
         CollKind::ReduceScatterV => {
@@ -617,7 +617,7 @@ fn pair_values(co: &Coll, p: usize) -> (u64, u64) {
 }
 
 /// Describes a disagreement between this rank `me` and `p` for a v-call.
-fn describe_pair(co: &Coll, me: usize, p: usize, mine: (u64, u64), theirs: (u64, u64)) -> Option<String> {
+pub(super) fn describe_pair(co: &Coll, me: usize, p: usize, mine: (u64, u64), theirs: (u64, u64)) -> Option<String> {
     let v = co.v.as_ref().expect("v-call has counts");
     match co.kind {
         CollKind::ReduceScatterV => (mine.0 != theirs.0).then(|| {
@@ -657,6 +657,29 @@ fn describe_pair(co: &Coll, me: usize, p: usize, mine: (u64, u64), theirs: (u64,
             }
         }
     }
+}
+
+/// Describes a rank whose own counts disagree: it sends itself a different number
+/// of elements than it expects from itself (`mine` = its pair values for itself).
+pub(super) fn describe_self(co: &Coll, me: usize, mine: (u64, u64)) -> Option<String> {
+    (matches!(co.kind, CollKind::AlltoAllv | CollKind::AllGatherV) && mine.0 != mine.1)
+        .then(|| format!("rank {me} sends {} elements to itself but expects recvcounts[{me}] = {}", mine.0, mine.1))
+}
+
+/// The error of a call with per-rank counts once every rank knows who found a
+/// mismatch: this rank's own finding if it has one, else the names of the ranks
+/// that did; None when nobody did.
+pub(super) fn counts_error(found: Option<String>, reporters: &[usize]) -> Option<Error> {
+    if reporters.is_empty() {
+        return None;
+    }
+    Some(Error::mismatch(match found {
+        Some(d) => format!("{d}; no data was moved, the communicator is still usable"),
+        None => format!(
+            "ranks {} found mismatched counts with their peers (see their errors); no data was moved, the communicator is still usable",
+            reporters.iter().map(|r| r.to_string()).collect::<Vec<_>>().join(", ")
+        ),
+    }))
 }
 
 /// For every call with per-rank counts (all_to_allv, all_gather_v,
@@ -707,12 +730,8 @@ pub fn alltoallv_agree(
                 found[ci].get_or_insert(d);
             }
         }
-        let v = c.coll.v.as_ref().unwrap();
-        if matches!(c.coll.kind, CollKind::AlltoAllv | CollKind::AllGatherV) && v.sendcounts[me] != v.recvcounts[me] {
-            found[ci].get_or_insert(format!(
-                "rank {me} sends {} elements to itself but expects recvcounts[{me}] = {}",
-                v.sendcounts[me], v.recvcounts[me]
-            ));
+        if let Some(d) = describe_self(&c.coll, me, pair_values(&c.coll, me)) {
+            found[ci].get_or_insert(d);
         }
     }
     // Agreement: everyone learns which ranks found a mismatch in which call.
@@ -732,7 +751,7 @@ pub fn alltoallv_agree(
         .iter()
         .enumerate()
         .map(|(ci, c)| {
-            let reporters: Vec<String> = (0..n)
+            let reporters: Vec<usize> = (0..n)
                 .filter(|&p| {
                     if p == me {
                         return flags[ci] != 0;
@@ -741,18 +760,8 @@ pub fn alltoallv_agree(
                     let b = unsafe { std::slice::from_raw_parts(flag_in[p].add(ci * 8), 8) };
                     u64::from_le_bytes(b.try_into().unwrap()) != 0
                 })
-                .map(|p| p.to_string())
                 .collect();
-            let err = match (&found[ci], reporters.is_empty()) {
-                (_, true) => None,
-                (Some(d), false) => {
-                    Some(Error::mismatch(format!("{d}; no data was moved, the communicator is still usable")))
-                }
-                (None, false) => Some(Error::mismatch(format!(
-                    "ranks {} found mismatched counts with their peers (see their errors); no data was moved, the communicator is still usable",
-                    reporters.join(", ")
-                ))),
-            };
+            let err = counts_error(found[ci].take(), &reporters);
             (c.seq, err)
         })
         .collect())

@@ -149,23 +149,30 @@ pub fn agree(t: &mut Transport, calls: &[Call], ctl: &RunCtl<'_>) -> Result<Opti
 /// Compares this rank's fingerprint with every peer's: `Some(error)` when any rank
 /// differs. Every rank sees every fingerprint, so all of them fail together.
 pub fn verdict<'a>(me: usize, n: usize, mine: &[u8], theirs: impl Fn(usize) -> &'a [u8]) -> Option<Error> {
+    let d = disagreement(me, (0..n).filter(|&p| p != me), mine, theirs)?;
+    Some(Error::mismatch(format!(
+        "ranks called different collectives: {d}; no data was moved, the communicator is still usable"
+    )))
+}
+
+/// "rank 0 called X; rank 2 called Y" when any of `peers` announced something other
+/// than `mine`, or None when they all agree.
+pub fn disagreement<'a>(
+    me: usize,
+    peers: impl Iterator<Item = usize> + Clone,
+    mine: &[u8],
+    theirs: impl Fn(usize) -> &'a [u8],
+) -> Option<String> {
     let mine = &mine[..MSG];
-    let peers = || (0..n).filter(move |&p| p != me);
-    if peers().all(|p| &theirs(p)[..MSG] == mine) {
+    if peers.clone().all(|p| &theirs(p)[..MSG] == mine) {
         return None;
     }
     let mut lines = vec![format!("rank {me} called {}", describe_msg(mine))];
-    for p in peers() {
+    for p in peers {
         let m = &theirs(p)[..MSG];
         if m != mine {
             lines.push(format!("rank {p} called {}", describe_msg(m)));
         }
     }
-    if lines.len() == 1 {
-        lines.push("other ranks disagree among themselves (see their errors)".into());
-    }
-    Some(Error::mismatch(format!(
-        "ranks called different collectives: {}; no data was moved, the communicator is still usable",
-        lines.join("; ")
-    )))
+    Some(lines.join("; "))
 }

@@ -35,13 +35,18 @@ pub fn execute(
     check: bool,
 ) -> Result<Option<Error>> {
     let mut check = check;
+    // Verdicts on per-rank counts, when the board already compared them.
+    let mut agreed = None;
     let has_collective = calls.iter().any(|c| !c.coll.kind.is_p2p());
     if has_collective && t.board.is_some() {
         let rank = t.rank;
         match fast::run(t, calls, timeout, abort, check, &|| describe(calls, rank))? {
             fast::Board1::Done(r) => return Ok(r),
-            // Fingerprints were compared on the board.
-            fast::Board1::Continue => check = false,
+            // Fingerprints (and per-rank counts) were compared on the board.
+            fast::Board1::Continue(v) => {
+                check = false;
+                agreed = v;
+            }
         }
     }
     let deadline = Instant::now() + timeout;
@@ -60,8 +65,11 @@ pub fn execute(
     let is_v = |k: CollKind| matches!(k, CollKind::AlltoAllv | CollKind::AllGatherV | CollKind::ReduceScatterV);
     let vcalls: Vec<&Call> = calls.iter().filter(|c| is_v(c.coll.kind) && !c.coll.is_noop()).collect();
     let mut skip = vec![false; calls.len()];
-    if !vcalls.is_empty() {
-        let verdicts = algorithms::alltoallv_agree(t, &vcalls, &ctl)?;
+    if !vcalls.is_empty() || agreed.is_some() {
+        let verdicts = match agreed {
+            Some(v) => v,
+            None => algorithms::alltoallv_agree(t, &vcalls, &ctl)?,
+        };
         for (i, c) in calls.iter().enumerate() {
             if is_v(c.coll.kind) {
                 if let Some(Some(e)) = verdicts.iter().find(|(s, _)| *s == c.seq).map(|(_, e)| e.clone()) {
