@@ -50,6 +50,15 @@ pub trait Link: Send {
     }
     /// Tells the peer we are gone (TCP: shut the socket down).
     fn shutdown(&mut self) {}
+    /// When the outgoing stream is empty (the peer has read everything) and its write
+    /// position is at least `min` bytes into a ring, the number of bytes up to the
+    /// ring's start. Skipping them makes the next message reuse the ring's first
+    /// pages, which are already mapped and likely still in cache, instead of
+    /// touching the whole ring. None for transports without a ring.
+    fn rewind_gap(&self, min: usize) -> Option<usize> {
+        let _ = min;
+        None
+    }
     /// True when the peer can read this rank's memory directly, so a large message
     /// may be sent as its address (single copy) instead of through the stream.
     fn peer_reads_directly(&self) -> bool {

@@ -467,6 +467,14 @@ impl Link for ShmLink {
         self.peer_seg.ring();
     }
 
+    fn rewind_gap(&self, min: usize) -> Option<usize> {
+        let pos = (self.tx_head % self.tx.size as u64) as usize;
+        if pos < min.max(1) || self.tx.tail().load(Ordering::Acquire) != self.tx_head {
+            return None;
+        }
+        Some(self.tx.size - pos)
+    }
+
     fn recv_avail(&mut self) -> &[u8] {
         let head = self.rx.head().load(Ordering::Acquire);
         let avail = (head - self.rx_tail) as usize;
