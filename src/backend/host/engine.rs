@@ -258,7 +258,16 @@ impl Tx {
     /// Header of a skip over `gap` bytes (header included) to the ring's start.
     fn skip(gap: usize) -> Tx {
         let len = gap - HDR;
-        Tx { kind: K_SKIP, tag: 0, announce: len, src: std::ptr::null(), payload: len, step: None, written: 0, inline: [0; 8] }
+        Tx {
+            kind: K_SKIP,
+            tag: 0,
+            announce: len,
+            src: std::ptr::null(),
+            payload: len,
+            step: None,
+            written: 0,
+            inline: [0; 8],
+        }
     }
     fn direct(tag: u32, src: *const u8, len: usize, step: usize) -> Tx {
         let inline = (src as usize as u64).to_le_bytes();
