@@ -68,6 +68,11 @@ pub const SINGLE_COPY: Var = Var {
     default: "0",
     doc: "1: large messages between local processes are read straight from the sender's buffer (cross-memory attach; slower than the rings where the kernel's process_vm_readv is slow, as on the VMs measured in docs/performance.md); 0: through the shared rings",
 };
+pub const STREAM_MIN: Var = Var {
+    name: "FERROCCL_STREAM_MIN",
+    default: "512K",
+    doc: "host calls that write at least this many bytes (suffixes K, M, G) into a rank's recvbuff write them with streaming stores, which skip reading each destination line from memory first (faster for results that leave the caches before they are read; see docs/performance.md); 0: always",
+};
 pub const TORCH_RANK: Var = Var { name: "RANK", default: "", doc: "torchrun's rank (fallback)" };
 pub const TORCH_WORLD_SIZE: Var = Var { name: "WORLD_SIZE", default: "", doc: "torchrun's world size (fallback)" };
 pub const TORCH_MASTER_ADDR: Var = Var { name: "MASTER_ADDR", default: "", doc: "torchrun's master host (fallback)" };
@@ -90,6 +95,7 @@ pub const ALL: &[&Var] = &[
     &HOST_ADDR,
     &CHECK,
     &SINGLE_COPY,
+    &STREAM_MIN,
     &TORCH_RANK,
     &TORCH_WORLD_SIZE,
     &TORCH_MASTER_ADDR,
@@ -111,4 +117,42 @@ impl Var {
 pub fn default_timeout() -> Duration {
     let ms = TIMEOUT_MS.get().and_then(|v| v.trim().parse::<u64>().ok()).filter(|&v| v > 0).unwrap_or(600_000);
     Duration::from_millis(ms)
+}
+
+/// A byte count with an optional suffix K, M or G (powers of 1024).
+pub fn parse_bytes(v: &str) -> Option<usize> {
+    let v = v.trim();
+    let (num, mul) = match v.chars().last()?.to_ascii_uppercase() {
+        'K' => (&v[..v.len() - 1], 1usize << 10),
+        'M' => (&v[..v.len() - 1], 1 << 20),
+        'G' => (&v[..v.len() - 1], 1 << 30),
+        _ => (v, 1),
+    };
+    num.trim().parse::<usize>().ok()?.checked_mul(mul)
+}
+
+/// `FERROCCL_STREAM_MIN` in bytes (read once; the default if unset or invalid).
+pub fn stream_min() -> usize {
+    static V: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
+    *V.get_or_init(|| {
+        STREAM_MIN.get().and_then(|v| parse_bytes(&v)).unwrap_or_else(|| parse_bytes(STREAM_MIN.default).unwrap())
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn byte_counts_take_suffixes() {
+        assert_eq!(parse_bytes("0"), Some(0));
+        assert_eq!(parse_bytes("4096"), Some(4096));
+        assert_eq!(parse_bytes("512K"), Some(512 << 10));
+        assert_eq!(parse_bytes(" 8m "), Some(8 << 20));
+        assert_eq!(parse_bytes("1G"), Some(1 << 30));
+        assert_eq!(parse_bytes(""), None);
+        assert_eq!(parse_bytes("K"), None);
+        assert_eq!(parse_bytes("12X"), None);
+        assert_eq!(parse_bytes(&format!("{}G", usize::MAX)), None);
+    }
 }

@@ -4,6 +4,7 @@
 //! buffer ([`placement`]), the CUDA driver ([`cuda`], loaded at run time) and the
 //! reduction kernels (`reduce`). Without CUDA every buffer is host memory.
 
+pub mod copy;
 pub mod cuda;
 pub mod cuda_reduce;
 pub mod local;

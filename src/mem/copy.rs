@@ -1,0 +1,111 @@
+//! Host memory copies for data that will not be read again soon.
+//!
+//! A large collective writes its result once and returns: the caller reads it
+//! later, if at all, and by then it has left the caches anyway. Ordinary stores
+//! first read every destination line from memory (read for ownership) and then
+//! write it back, so a copy into memory costs three transfers per line; streaming
+//! (non-temporal) stores write whole lines without reading them, two transfers.
+//! Measured on the 2-core development VM (AMD EPYC, data beyond the caches):
+//! 15-16 GB/s into memory with ordinary stores, 22-23 GB/s streaming.
+
+/// Copies `n` bytes from `src` to `dst` with ordinary stores: data that a peer or
+/// the caller reads again soon (ring pieces, small results).
+///
+/// glibc's `memcpy` moves blocks of this size with `rep movsb`, which on the AMD
+/// EPYC VMs we measure on ran at half the speed of plain vector loads and stores
+/// when copying from memory into a ring (broadcast of 2 MiB, side by side: 6.5
+/// against 13 GB/s), so large blocks take a vector loop here.
+///
+/// # Safety
+/// `src` must be valid for reads and `dst` for writes of `n` bytes, and the two
+/// ranges must not overlap.
+#[inline]
+pub unsafe fn copy(dst: *mut u8, src: *const u8, n: usize) {
+    #[cfg(target_arch = "x86_64")]
+    {
+        if n >= 2048 && std::arch::is_x86_feature_detected!("avx2") {
+            // SAFETY: the caller's contract, and the CPU has AVX2 (checked above).
+            unsafe { vector_avx2::<false>(dst, src, n) };
+            return;
+        }
+    }
+    // SAFETY: the caller's contract.
+    unsafe { std::ptr::copy_nonoverlapping(src, dst, n) };
+}
+
+/// Copies `n` bytes from `src` to `dst` with streaming stores where the CPU has
+/// them (AVX2), ordinary `memcpy` elsewhere. The stores are ordered (`sfence`)
+/// before it returns, so a release store that follows publishes them.
+///
+/// # Safety
+/// `src` must be valid for reads and `dst` for writes of `n` bytes, and the two
+/// ranges must not overlap.
+pub unsafe fn copy_streaming(dst: *mut u8, src: *const u8, n: usize) {
+    #[cfg(target_arch = "x86_64")]
+    {
+        if n >= 2048 && std::arch::is_x86_feature_detected!("avx2") {
+            // SAFETY: the caller's contract, and the CPU has AVX2 (checked above).
+            unsafe { vector_avx2::<true>(dst, src, n) };
+            return;
+        }
+    }
+    // SAFETY: the caller's contract.
+    unsafe { std::ptr::copy_nonoverlapping(src, dst, n) };
+}
+
+/// The vector copy loop: 128 bytes per iteration, streaming stores if `STREAM`.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2")]
+unsafe fn vector_avx2<const STREAM: bool>(dst: *mut u8, src: *const u8, n: usize) {
+    use std::arch::x86_64::{__m256i, _mm256_loadu_si256, _mm256_storeu_si256, _mm256_stream_si256, _mm_sfence};
+    // Streaming stores need 32-byte aligned destinations: copy up to the first
+    // 64-byte boundary (a whole line) the ordinary way.
+    let head = if STREAM { (dst as usize).wrapping_neg() & 63 } else { 0 };
+    // SAFETY: callers pass n >= 2048 > head, so both ranges hold the head.
+    unsafe { std::ptr::copy_nonoverlapping(src, dst, head) };
+    let mut i = head;
+    let body_end = head + (n - head) / 128 * 128;
+    while i < body_end {
+        // SAFETY: [i, i+128) lies inside both ranges; with STREAM, dst + i is
+        // 64-byte aligned.
+        unsafe {
+            let v = [0, 32, 64, 96].map(|k| _mm256_loadu_si256(src.add(i + k) as *const __m256i));
+            for (k, x) in [0, 32, 64, 96].into_iter().zip(v) {
+                let d = dst.add(i + k) as *mut __m256i;
+                if STREAM {
+                    _mm256_stream_si256(d, x);
+                } else {
+                    _mm256_storeu_si256(d, x);
+                }
+            }
+        }
+        i += 128;
+    }
+    // SAFETY: the tail [body_end, n) lies inside both ranges.
+    unsafe { std::ptr::copy_nonoverlapping(src.add(i), dst.add(i), n - i) };
+    if STREAM {
+        _mm_sfence();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn copies_match_at_every_alignment_and_length() {
+        let src: Vec<u8> = (0..20_000u32).map(|i| (i.wrapping_mul(2_654_435_761) >> 13) as u8).collect();
+        for (so, dof) in [(0usize, 0usize), (1, 0), (0, 1), (7, 33), (63, 5), (32, 32)] {
+            for n in [0usize, 1, 100, 2047, 2048, 2049, 4095, 4096, 4097, 4096 + 127, 10_000, 19_000] {
+                // SAFETY: both ranges are inside their vectors and disjoint.
+                for f in [copy, copy_streaming] {
+                    let mut dst = vec![0xAAu8; 20_100];
+                    // SAFETY: both ranges are inside their vectors and disjoint.
+                    unsafe { f(dst.as_mut_ptr().add(dof), src.as_ptr().add(so), n) };
+                    assert_eq!(&dst[dof..dof + n], &src[so..so + n], "src+{so} dst+{dof} n={n}");
+                    assert!(dst[..dof].iter().all(|&b| b == 0xAA) && dst[dof + n..].iter().all(|&b| b == 0xAA));
+                }
+            }
+        }
+    }
+}
