@@ -20,6 +20,30 @@ use crate::types::{DataType, RedOp};
 
 /// Elements of a reduction pipelined at a time are at most this many bytes.
 const SEG_BYTES: usize = 256 << 10;
+/// In-place all_to_all exchanges each block in pieces of this size: small enough
+/// that a piece and its header fit any ring (256 KiB at least), so both ranks of a
+/// pair can always write the piece that the other waits for.
+const INPLACE_PIECE: usize = 64 << 10;
+/// Bytes `co` writes into this rank's recvbuff.
+fn recv_bytes(co: &Coll, n: usize) -> usize {
+    let bytes = co.count * co.dtype.size();
+    match co.kind {
+        CollKind::AllGather | CollKind::Gather | CollKind::AlltoAll => n * bytes,
+        CollKind::AlltoAllv | CollKind::AllGatherV => {
+            co.v.as_ref().map_or(0, |v| v.recvcounts.iter().sum::<usize>() * co.dtype.size())
+        }
+        _ => bytes,
+    }
+}
+
+/// How data received into user buffers is written: streaming for large calls.
+fn out_sink(dst: *mut u8, stream: bool) -> Sink {
+    if stream {
+        Sink::Stream(dst)
+    } else {
+        Sink::Copy(dst)
+    }
+}
 
 /// Scratch buffers that must outlive a schedule's run (pooled: see `mem::pool`).
 #[derive(Default)]
@@ -63,33 +87,45 @@ pub fn build(s: &mut Schedule<'_>, co: &Coll, rank: usize, n: usize, scratch: &m
     let send = co.send as *mut u8;
     let recv = co.recv;
     let bytes = co.count * es;
+    // Large results are written with streaming stores (FERROCCL_STREAM_MIN, see
+    // `mem::copy`): they leave the caches before the caller reads them anyway.
+    let stream = recv_bytes(co, n) >= crate::env::stream_min();
+    let sink = |dst: *mut u8| out_sink(dst, stream);
     match co.kind {
         CollKind::AllReduce if co.wire.is_some_and(|w| w != co.dtype) => allreduce_wire(s, co, rank, n, scratch),
         CollKind::AllReduce => {
             let chunks = |o: usize| part(co.count, n, o);
-            reduce_phase(s, co, rank, n, scratch, &chunks, &|o| chunks(o).0, Dest::All)
+            reduce_phase(s, co, rank, n, scratch, &chunks, &|o| chunks(o).0, Dest::All, stream)
         }
         CollKind::ReduceScatter => {
             let chunks = |o: usize| (o * co.count, co.count);
-            reduce_phase(s, co, rank, n, scratch, &chunks, &|_| 0, Dest::Keep)
+            reduce_phase(s, co, rank, n, scratch, &chunks, &|_| 0, Dest::Keep, stream)
         }
         CollKind::ReduceScatterV => {
             let v = co.v.as_ref().ok_or_else(|| Error::internal("reduce_scatter_v without counts"))?;
             let chunks = |o: usize| (v.sdispls[o], v.recvcounts[o]);
-            reduce_phase(s, co, rank, n, scratch, &chunks, &|_| 0, Dest::Keep)
+            reduce_phase(s, co, rank, n, scratch, &chunks, &|_| 0, Dest::Keep, stream)
         }
         CollKind::Reduce => {
             let chunks = |o: usize| part(co.count, n, o);
-            reduce_phase(s, co, rank, n, scratch, &chunks, &|o| chunks(o).0, Dest::Root(co.root))
+            reduce_phase(s, co, rank, n, scratch, &chunks, &|o| chunks(o).0, Dest::Root(co.root), stream)
         }
         CollKind::Broadcast => {
             if rank == co.root {
-                copy_local(s, send, recv, bytes);
+                // Out of place, the first send also copies each piece to recvbuff
+                // while it is in cache: the source is read from memory once.
+                let mut tee = (send != recv).then_some(recv);
                 for p in (0..n).filter(|&p| p != rank) {
-                    s.send(p, send, bytes, &[]);
+                    match tee.take() {
+                        Some(dst) => s.send_tee(p, send, bytes, dst, stream),
+                        None => s.send(p, send, bytes, &[]),
+                    };
+                }
+                if let Some(dst) = tee {
+                    copy_local(s, send, dst, bytes, stream);
                 }
             } else {
-                s.recv(co.root, bytes, Sink::Copy(recv), &[]);
+                s.recv(co.root, bytes, sink(recv), &[]);
             }
             Ok(())
         }
@@ -121,61 +157,51 @@ pub fn build(s: &mut Schedule<'_>, co: &Coll, rank: usize, n: usize, scratch: &m
         CollKind::AllGather => {
             // SAFETY (offsets below): recvbuff holds n*bytes (validated).
             let mine = unsafe { recv.add(rank * bytes) };
-            copy_local(s, send, mine, bytes);
+            copy_local(s, send, mine, bytes, stream);
             for p in (0..n).filter(|&p| p != rank) {
                 s.send(p, send, bytes, &[]);
             }
             for p in (0..n).filter(|&p| p != rank) {
-                s.recv(p, bytes, Sink::Copy(unsafe { recv.add(p * bytes) }), &[]);
+                s.recv(p, bytes, sink(unsafe { recv.add(p * bytes) }), &[]);
+            }
+            Ok(())
+        }
+        CollKind::AlltoAll if send == recv => {
+            // In place, block p goes to rank p and is then overwritten by what p
+            // sends back, piece by piece: receiving a piece waits until the same
+            // piece has been written to p's stream (never sent by address), and p
+            // does the same, so neither waits for the other's reads and no copy of
+            // the input is needed.
+            for p in (0..n).filter(|&p| p != rank) {
+                let mut a = 0;
+                while a < bytes {
+                    let m = INPLACE_PIECE.min(bytes - a);
+                    // SAFETY (offsets): recvbuff holds n*bytes (validated).
+                    let at = unsafe { recv.add(p * bytes + a) };
+                    let sent = s.send_staged(p, at, m, &[]);
+                    s.recv(p, m, sink(at), &[sent]);
+                    a += m;
+                }
             }
             Ok(())
         }
         CollKind::AlltoAll => {
-            // In place, block p may only be overwritten once it has been sent, and a
-            // block larger than the ring cannot be sent before the peer receives:
-            // send from a copy of the input instead.
-            let (send, deps) = if send == recv {
-                let copy = scratch.alloc(n * bytes);
-                let (from, to) = (P(send), P(copy));
-                let total = n * bytes;
-                let id = s.local(
-                    move || {
-                        let (from, to) = (from, to);
-                        // SAFETY: recvbuff holds n*bytes (validated); the copy is fresh scratch.
-                        unsafe { std::ptr::copy_nonoverlapping(from.0, to.0, total) };
-                        Ok(())
-                    },
-                    &[],
-                );
-                (copy, vec![id])
-            } else {
-                (send, Vec::new())
-            };
             // SAFETY (offsets below): both buffers hold n*bytes (validated).
-            let (from, to) = (P(unsafe { send.add(rank * bytes) }), P(unsafe { recv.add(rank * bytes) }));
-            s.local(
-                move || {
-                    let (from, to) = (from, to);
-                    // SAFETY: distinct blocks of bytes each (the input copy when in place).
-                    unsafe { std::ptr::copy(from.0, to.0, bytes) };
-                    Ok(())
-                },
-                &deps,
-            );
+            copy_local(s, unsafe { send.add(rank * bytes) }, unsafe { recv.add(rank * bytes) }, bytes, stream);
             for p in (0..n).filter(|&p| p != rank) {
-                s.send(p, unsafe { send.add(p * bytes) }, bytes, &deps);
+                s.send(p, unsafe { send.add(p * bytes) }, bytes, &[]);
             }
             for p in (0..n).filter(|&p| p != rank) {
-                s.recv(p, bytes, Sink::Copy(unsafe { recv.add(p * bytes) }), &deps);
+                s.recv(p, bytes, sink(unsafe { recv.add(p * bytes) }), &[]);
             }
             Ok(())
         }
         CollKind::Gather => {
             if rank == co.root {
-                copy_local(s, send, unsafe { recv.add(rank * bytes) }, bytes);
                 for p in (0..n).filter(|&p| p != rank) {
-                    s.recv(p, bytes, Sink::Copy(unsafe { recv.add(p * bytes) }), &[]);
+                    s.recv(p, bytes, sink(unsafe { recv.add(p * bytes) }), &[]);
                 }
+                copy_local(s, send, unsafe { recv.add(rank * bytes) }, bytes, stream);
             } else {
                 s.send(co.root, send, bytes, &[]);
             }
@@ -183,12 +209,12 @@ pub fn build(s: &mut Schedule<'_>, co: &Coll, rank: usize, n: usize, scratch: &m
         }
         CollKind::Scatter => {
             if rank == co.root {
-                copy_local(s, unsafe { send.add(rank * bytes) }, recv, bytes);
                 for p in (0..n).filter(|&p| p != rank) {
                     s.send(p, unsafe { send.add(p * bytes) }, bytes, &[]);
                 }
+                copy_local(s, unsafe { send.add(rank * bytes) }, recv, bytes, stream);
             } else {
-                s.recv(co.root, bytes, Sink::Copy(recv), &[]);
+                s.recv(co.root, bytes, sink(recv), &[]);
             }
             Ok(())
         }
@@ -196,13 +222,13 @@ pub fn build(s: &mut Schedule<'_>, co: &Coll, rank: usize, n: usize, scratch: &m
             let v = co.v.as_ref().ok_or_else(|| Error::internal("all_to_allv without counts"))?;
             let mine_s = unsafe { send.add(v.sdispls[rank] * es) };
             let mine_r = unsafe { recv.add(v.rdispls[rank] * es) };
-            copy_local(s, mine_s, mine_r, v.sendcounts[rank].min(v.recvcounts[rank]) * es);
             for p in (0..n).filter(|&p| p != rank) {
                 s.send(p, unsafe { send.add(v.sdispls[p] * es) }, v.sendcounts[p] * es, &[]);
             }
             for p in (0..n).filter(|&p| p != rank) {
-                s.recv(p, v.recvcounts[p] * es, Sink::Copy(unsafe { recv.add(v.rdispls[p] * es) }), &[]);
+                s.recv(p, v.recvcounts[p] * es, sink(unsafe { recv.add(v.rdispls[p] * es) }), &[]);
             }
+            copy_local(s, mine_s, mine_r, v.sendcounts[rank].min(v.recvcounts[rank]) * es, stream);
             Ok(())
         }
         CollKind::Barrier => {
@@ -225,21 +251,12 @@ pub fn build(s: &mut Schedule<'_>, co: &Coll, rank: usize, n: usize, scratch: &m
     }
 }
 
-/// A local memcpy step unless source and destination are the same.
-fn copy_local(s: &mut Schedule<'_>, src: *mut u8, dst: *mut u8, bytes: usize) {
-    if src == dst || bytes == 0 {
-        return;
+/// A local copy step (made in pieces between transfers) unless source and
+/// destination are the same.
+fn copy_local(s: &mut Schedule<'_>, src: *mut u8, dst: *mut u8, bytes: usize, stream: bool) {
+    if src != dst && bytes > 0 {
+        s.copy(src, dst, bytes, stream, &[]);
     }
-    let (src, dst) = (P(src), P(dst));
-    s.local(
-        move || {
-            let (src, dst) = (src, dst);
-            // SAFETY: both buffers are valid for `bytes` (validated); copy tolerates overlap.
-            unsafe { std::ptr::copy(src.0, dst.0, bytes) };
-            Ok(())
-        },
-        &[],
-    );
 }
 
 /// Where an owner's reduced chunk goes.
@@ -253,9 +270,24 @@ enum Dest {
     Root(usize),
 }
 
+/// How many rounds an owner's results trail its contributions on a link (see
+/// `reduce_phase`): contributions this far ahead stream while a segment is reduced.
+const LOOKAHEAD: usize = 2;
+/// Scratch slots per owner: a segment's slot is reused once the segment LOOKAHEAD+1
+/// rounds earlier has been sent, which the message order guarantees can happen.
+const SLOTS: usize = LOOKAHEAD + 1;
+
 /// The reduction phase shared by all_reduce, reduce_scatter and reduce.
 /// `chunk(o)` = (element offset in sendbuff, length) of owner o's chunk;
 /// `res_off(o)` = element offset of its result in the receiving rank's recvbuff.
+///
+/// Chunks are cut into segments and handled in rounds: in round t a rank sends
+/// segment t of its part of every other owner's chunk (a contribution), reduces
+/// segment t of its own chunk as the contributions arrive, and sends the result
+/// of segment t - LOOKAHEAD. Every rank builds the same rounds, so the messages on
+/// each link come in the same order on both sides, and a round only waits for
+/// earlier rounds: the schedule cannot deadlock, whatever the ring size, even
+/// when a result leaves from a scratch slot that a later segment reuses.
 #[allow(clippy::too_many_arguments)]
 fn reduce_phase(
     s: &mut Schedule<'_>,
@@ -266,6 +298,7 @@ fn reduce_phase(
     chunk: &dyn Fn(usize) -> (usize, usize),
     res_off: &dyn Fn(usize) -> usize,
     dest: Dest,
+    stream: bool,
 ) -> Result<()> {
     let (dtype, op) = (co.dtype, co.op);
     let (es, acs) = (dtype.size(), dtype.acc_size());
@@ -282,42 +315,43 @@ fn reduce_phase(
         let (off, len) = chunk(0);
         // SAFETY: offsets within validated buffers.
         let (src, dst) = unsafe { (send.add(off * es), recv.add(res_off(0) * es)) };
-        copy_local(s, src, dst, len * es);
+        copy_local(s, src, dst, len * es, stream);
         return Ok(());
     }
 
-    // 1. Stream my part of every other owner's chunk to it.
-    for o in (0..n).filter(|&o| o != rank) {
-        let (off, len) = chunk(o);
-        for (a, m) in segments(len, dtype) {
-            // SAFETY: within sendbuff (validated size).
-            s.send(o, unsafe { send.add((off + a) * es) }, m * es, &[]);
-        }
-    }
-
-    // 2. Reduce my chunk, segment by segment, in a fixed order of contributors.
+    // Segment t of owner o's chunk: (element offset in the chunk, length).
+    let seg = (SEG_BYTES / es).max(1);
+    let seg_of = |o: usize, t: usize| {
+        let len = chunk(o).1;
+        (t * seg < len).then(|| (t * seg, seg.min(len - t * seg)))
+    };
+    let rounds = (0..n).map(|o| chunk(o).1.div_ceil(seg)).max().unwrap_or(0);
     let (my_off, my_len) = chunk(rank);
     let seg_elems = (SEG_BYTES / es).max(1).min(my_len.max(1));
-    let needs_scratch_acc = narrow || !result_in_recv;
-    // Two slots so that receiving segment k+1 overlaps finishing segment k.
-    let acc_slots: [*mut u8; 2] = if needs_scratch_acc {
-        [scratch.alloc(seg_elems * acs), scratch.alloc(seg_elems * acs)]
-    } else {
-        [std::ptr::null_mut(); 2]
-    };
+    // A large result is reduced into a scratch segment that stays in cache, sent to
+    // the peers from there and streamed into recvbuff (`mem::copy`): reducing
+    // straight into recvbuff would read every destination line from memory first,
+    // and sending from it would read the result back.
+    let stream_out = stream && result_in_recv && !narrow;
+    let needs_scratch_acc = narrow || !result_in_recv || stream_out;
+    let slots =
+        |bytes: usize, scratch: &mut Scratch| -> [*mut u8; SLOTS] { std::array::from_fn(|_| scratch.alloc(bytes)) };
+    let acc_slots = if needs_scratch_acc { slots(seg_elems * acs, scratch) } else { [std::ptr::null_mut(); SLOTS] };
     // Narrow results for the root are rounded into their own buffer before sending.
-    let out_slots: [*mut u8; 2] = if narrow && !result_in_recv {
-        [scratch.alloc(seg_elems * es), scratch.alloc(seg_elems * es)]
-    } else {
-        [std::ptr::null_mut(); 2]
-    };
+    let out_slots =
+        if narrow && !result_in_recv { slots(seg_elems * es, scratch) } else { [std::ptr::null_mut(); SLOTS] };
     // Floating-point sums and products depend on the order of the operands: reduce
     // in rank order, so results do not depend on how elements are split among owners
     // (a coalesced call matches per-buffer calls bit for bit). Integer ops and
     // max/min are exact in any order: start with my own data, one pass fewer.
+    // The first two operands commute (a + b and b + a are the same float, as are
+    // a * b and b * a), so rank 1 starts with its own data too: in place that saves
+    // copying it aside, and otherwise a pass over the segment.
     let is_float = narrow || matches!(dtype, DataType::Float32 | DataType::Float64);
     let order: Vec<usize> = if is_float && matches!(op, RedOp::Sum | RedOp::Prod | RedOp::Avg) {
-        (0..n).collect()
+        let mut o: Vec<usize> = (0..n).collect();
+        o.swap(0, 1.min(rank));
+        o
     } else {
         (0..n).map(|j| (rank + j) % n).collect()
     };
@@ -325,138 +359,159 @@ fn reduce_phase(
     let chunk_in_place = result_in_recv
         && !needs_scratch_acc
         && std::ptr::eq(unsafe { send.add(my_off * es) }, unsafe { recv.add(res_off(rank) * es) });
-    let save_slots: [*mut u8; 2] = if order[0] != rank && chunk_in_place {
-        [scratch.alloc(seg_elems * es), scratch.alloc(seg_elems * es)]
-    } else {
-        [std::ptr::null_mut(); 2]
-    };
-    let mut slot_free: [Option<usize>; 2] = [None, None];
-    for (k, (a, m)) in segments(my_len, dtype).enumerate() {
-        let slot = k % 2;
-        // SAFETY: offsets within validated buffers.
-        let own = unsafe { send.add((my_off + a) * es) } as *const u8;
-        let res = if result_in_recv { unsafe { recv.add((res_off(rank) + a) * es) } } else { out_slots[slot] };
-        let acc = if needs_scratch_acc { acc_slots[slot] } else { res };
-        let mut prev: Vec<usize> = slot_free[slot].into_iter().collect();
-        // In place, my contribution sits where the accumulator starts; if it is not
-        // first in the order it is saved before the accumulator overwrites it.
-        let in_place = std::ptr::eq(acc, own);
-        let mut own = own;
-        if in_place && order[0] != rank {
-            let (src, dst) = (P(own as *mut u8), P(save_slots[slot]));
-            prev = vec![s.local(
-                move || {
-                    let (src, dst) = (src, dst);
-                    // SAFETY: m elements of my chunk and of the save slot.
-                    unsafe { std::ptr::copy_nonoverlapping(src.0, dst.0, m * es) };
-                    Ok(())
-                },
-                &prev,
-            )];
-            own = save_slots[slot];
-        }
-        let mut started = false;
-        let mut i = 0;
-        while i < n {
-            let c = order[i];
-            let step = if c == rank {
-                if !started && in_place {
-                    // Already in the accumulator: nothing to do.
-                    i += 1;
-                    started = true;
-                    continue;
-                } else if !started && i + 1 < n {
-                    // Fuse "take mine" with the next contribution.
-                    i += 1;
-                    s.recv(order[i], m * es, Sink::ReduceInit { acc, other: own, dtype, op }, &prev)
-                } else {
-                    let (accp, ownp, first) = (P(acc), P(own as *mut u8), !started);
-                    s.local(
-                        move || {
-                            let (accp, ownp) = (accp, ownp);
-                            // SAFETY: m accumulators and m of my elements, exclusive to this step.
-                            let (accs, mine) = unsafe {
-                                (
-                                    std::slice::from_raw_parts_mut(accp.0, m * acs),
-                                    std::slice::from_raw_parts(ownp.0, m * es),
-                                )
-                            };
-                            if first {
-                                reduce::acc_init(dtype, accs, mine);
-                            } else {
-                                reduce::acc_reduce(dtype, op, accs, mine);
-                            }
-                            Ok(())
-                        },
-                        &prev,
-                    )
-                }
-            } else if !started {
-                s.recv(c, m * es, Sink::Init { acc, dtype }, &prev)
-            } else {
-                s.recv(c, m * es, Sink::Reduce { acc, dtype, op }, &prev)
-            };
-            started = true;
-            prev = vec![step];
-            i += 1;
-        }
-        // Round (narrow types) or divide (avg) once all contributions are in.
-        let ready = if narrow {
-            let (accp, resp) = (P(acc), P(res));
-            s.local(
-                move || {
-                    let (accp, resp) = (accp, resp);
-                    // SAFETY: acc holds m accumulators, res m elements; both exclusive to this step now.
-                    let (accs, out) = unsafe {
-                        (std::slice::from_raw_parts(accp.0, m * acs), std::slice::from_raw_parts_mut(resp.0, m * es))
-                    };
-                    reduce::acc_finish(dtype, op, n, accs, out);
-                    Ok(())
-                },
-                &prev,
-            )
-        } else if op == RedOp::Avg {
-            let accp = P(acc);
-            s.local(
-                move || {
-                    let accp = accp;
-                    // SAFETY: as above.
-                    let buf = unsafe { std::slice::from_raw_parts_mut(accp.0, m * es) };
-                    reduce::finish_inplace(dtype, op, n, buf);
-                    Ok(())
-                },
-                &prev,
-            )
-        } else {
-            prev[0]
-        };
-        let out = if needs_scratch_acc && !narrow { acc } else { res };
-        match dest {
-            Dest::All => {
-                for p in (0..n).filter(|&p| p != rank) {
-                    s.send(p, out, m * es, &[ready]);
-                }
-                slot_free[slot] = Some(ready);
-            }
-            Dest::Keep => slot_free[slot] = Some(ready),
-            Dest::Root(root) if root == rank => slot_free[slot] = Some(ready),
-            Dest::Root(root) => slot_free[slot] = Some(s.send(root, out, m * es, &[ready])),
-        }
-    }
-
-    // 3. Receive the other owners' results.
+    let save_slots =
+        if order[0] != rank && chunk_in_place { slots(seg_elems * es, scratch) } else { [std::ptr::null_mut(); SLOTS] };
+    // Steps that must be done before a slot's buffers are written again.
+    let mut slot_free: [Vec<usize>; SLOTS] = Default::default();
+    // Per segment of my chunk: the step after which its result is complete.
+    let mut ready_of: Vec<usize> = Vec::new();
     let receives_results = match dest {
         Dest::All => true,
         Dest::Keep => false,
         Dest::Root(root) => rank == root,
     };
-    if receives_results {
+
+    for t in 0..rounds + LOOKAHEAD {
+        // a. Contributions of segment t to every other owner.
         for o in (0..n).filter(|&o| o != rank) {
-            let (_, len) = chunk(o);
-            for (a, m) in segments(len, dtype) {
-                // SAFETY: within recvbuff (validated size).
-                let dst = unsafe { recv.add((res_off(o) + a) * es) };
-                s.recv(o, m * es, Sink::Copy(dst), &[]);
+            if let Some((a, m)) = seg_of(o, t) {
+                // SAFETY: within sendbuff (validated size).
+                s.send(o, unsafe { send.add((chunk(o).0 + a) * es) }, m * es, &[]);
+            }
+        }
+
+        // b. Reduce segment t of my chunk in a fixed order of contributors.
+        if let Some((a, m)) = seg_of(rank, t) {
+            let slot = t % SLOTS;
+            // SAFETY: offsets within validated buffers.
+            let own = unsafe { send.add((my_off + a) * es) } as *const u8;
+            let res = if result_in_recv { unsafe { recv.add((res_off(rank) + a) * es) } } else { out_slots[slot] };
+            let acc = if needs_scratch_acc { acc_slots[slot] } else { res };
+            let mut prev: Vec<usize> = std::mem::take(&mut slot_free[slot]);
+            // In place, my contribution sits where the accumulator starts; if it is
+            // not first in the order it is saved before the accumulator overwrites it.
+            let in_place = std::ptr::eq(acc, own);
+            let mut own = own;
+            if in_place && order[0] != rank {
+                let saved = save_slots[slot];
+                prev = vec![s.copy(own, saved, m * es, false, &prev)];
+                own = saved;
+            }
+            let mut started = false;
+            let mut i = 0;
+            while i < n {
+                let c = order[i];
+                let step = if c == rank {
+                    if !started && in_place {
+                        // Already in the accumulator: nothing to do.
+                        i += 1;
+                        started = true;
+                        continue;
+                    } else if !started && i + 1 < n {
+                        // Fuse "take mine" with the next contribution.
+                        i += 1;
+                        s.recv(order[i], m * es, Sink::ReduceInit { acc, other: own, dtype, op }, &prev)
+                    } else {
+                        let (accp, ownp, first) = (P(acc), P(own as *mut u8), !started);
+                        s.local(
+                            move || {
+                                let (accp, ownp) = (accp, ownp);
+                                // SAFETY: m accumulators and m of my elements, exclusive to this step.
+                                let (accs, mine) = unsafe {
+                                    (
+                                        std::slice::from_raw_parts_mut(accp.0, m * acs),
+                                        std::slice::from_raw_parts(ownp.0, m * es),
+                                    )
+                                };
+                                if first {
+                                    reduce::acc_init(dtype, accs, mine);
+                                } else {
+                                    reduce::acc_reduce(dtype, op, accs, mine);
+                                }
+                                Ok(())
+                            },
+                            &prev,
+                        )
+                    }
+                } else if !started {
+                    s.recv(c, m * es, Sink::Init { acc, dtype }, &prev)
+                } else {
+                    s.recv(c, m * es, Sink::Reduce { acc, dtype, op }, &prev)
+                };
+                started = true;
+                prev = vec![step];
+                i += 1;
+            }
+            // Round (narrow types) or divide (avg) once all contributions are in.
+            let ready = if narrow {
+                let (accp, resp) = (P(acc), P(res));
+                s.local(
+                    move || {
+                        let (accp, resp) = (accp, resp);
+                        // SAFETY: acc holds m accumulators, res m elements; both exclusive to this step now.
+                        let (accs, out) = unsafe {
+                            (
+                                std::slice::from_raw_parts(accp.0, m * acs),
+                                std::slice::from_raw_parts_mut(resp.0, m * es),
+                            )
+                        };
+                        reduce::acc_finish(dtype, op, n, accs, out);
+                        Ok(())
+                    },
+                    &prev,
+                )
+            } else if op == RedOp::Avg {
+                let accp = P(acc);
+                s.local(
+                    move || {
+                        let accp = accp;
+                        // SAFETY: as above.
+                        let buf = unsafe { std::slice::from_raw_parts_mut(accp.0, m * es) };
+                        reduce::finish_inplace(dtype, op, n, buf);
+                        Ok(())
+                    },
+                    &prev,
+                )
+            } else {
+                prev[0]
+            };
+            ready_of.push(ready);
+        }
+
+        // c. Results of segment t - LOOKAHEAD: mine out, the other owners' in.
+        let Some(j) = t.checked_sub(LOOKAHEAD) else { continue };
+        if let Some((a, m)) = seg_of(rank, j) {
+            let slot = j % SLOTS;
+            let ready = ready_of[j];
+            let res = if result_in_recv { unsafe { recv.add((res_off(rank) + a) * es) } } else { out_slots[slot] };
+            let acc = if needs_scratch_acc { acc_slots[slot] } else { res };
+            let out = if needs_scratch_acc && !narrow { acc } else { res };
+            let frees = &mut slot_free[slot];
+            frees.push(ready);
+            if stream_out {
+                frees.push(s.copy(acc, res, m * es, true, &[ready]));
+            }
+            match dest {
+                // Sends from a scratch slot are done once written to the stream, so
+                // the slot is free again without waiting for a peer's direct read.
+                Dest::All if stream_out => {
+                    frees.extend((0..n).filter(|&p| p != rank).map(|p| s.send_staged(p, out, m * es, &[ready])))
+                }
+                Dest::All => (0..n).filter(|&p| p != rank).for_each(|p| {
+                    s.send(p, out, m * es, &[ready]);
+                }),
+                Dest::Keep => {}
+                Dest::Root(root) if root == rank => {}
+                Dest::Root(root) => frees.push(s.send(root, out, m * es, &[ready])),
+            }
+        }
+        if receives_results {
+            for o in (0..n).filter(|&o| o != rank) {
+                if let Some((a, m)) = seg_of(o, j) {
+                    // SAFETY: within recvbuff (validated size).
+                    let dst = unsafe { recv.add((res_off(o) + a) * es) };
+                    s.recv(o, m * es, out_sink(dst, stream), &[]);
+                }
             }
         }
     }

@@ -10,7 +10,7 @@
 //! both sides and leaves the streams aligned.
 
 use crate::error::{Error, Result};
-use crate::mem::reduce;
+use crate::mem::{copy, reduce};
 use crate::transport::Transport;
 use crate::types::{DataType, RedOp};
 use std::collections::VecDeque;
@@ -44,6 +44,12 @@ const K_SKIP: u8 = 6;
 /// 128 KiB all_reduce took ~150 us instead of ~15 until the ring had been touched
 /// once) and pushed other data out of the cache.
 const REWIND_MIN: usize = 64 << 10;
+/// Most payload bytes one visit writes into a ring, reads out of one, or copies
+/// locally before the engine turns to the next peer or step. Writer and reader then
+/// work on consecutive pieces at once (each piece is published as soon as it is
+/// written), where whole messages made one wait for the other; a piece stays in the
+/// writer's L2 cache until the reader takes it.
+const PIECE: usize = 64 << 10;
 
 const fn pad8(n: usize) -> usize {
     (n + 7) & !7
@@ -54,6 +60,9 @@ const fn pad8(n: usize) -> usize {
 pub enum Sink {
     /// Copy to `dst`.
     Copy(*mut u8),
+    /// Copy to `dst` with streaming stores: for large results that leave the
+    /// caches before anyone reads them (see `mem::copy`).
+    Stream(*mut u8),
     /// `acc op= incoming` in the accumulator type of `dtype` (acc holds acc_size() per element).
     Reduce { acc: *mut u8, dtype: DataType, op: RedOp },
     /// `acc = widen(other) op widen(incoming)`; `acc` must not overlap `other`.
@@ -79,7 +88,11 @@ impl Sink {
         match *self {
             Sink::Copy(dst) => {
                 // SAFETY: caller guarantees dst is valid for the message length.
-                unsafe { std::ptr::copy_nonoverlapping(data.as_ptr(), dst.add(off), data.len()) }
+                unsafe { copy::copy(dst.add(off), data.as_ptr(), data.len()) }
+            }
+            Sink::Stream(dst) => {
+                // SAFETY: as for Copy; the ring and the destination never overlap.
+                unsafe { copy::copy_streaming(dst.add(off), data.as_ptr(), data.len()) }
             }
             Sink::Reduce { acc, dtype, op } => {
                 let (es, acs) = (dtype.size(), dtype.acc_size());
@@ -110,7 +123,7 @@ impl Sink {
                     let (blk, within) = (off / block, off % block);
                     let take = (block - within).min(data.len());
                     // SAFETY: dst covers every block of the message at its stride.
-                    unsafe { std::ptr::copy_nonoverlapping(data.as_ptr(), dst.add(blk * stride + within), take) };
+                    unsafe { copy::copy(dst.add(blk * stride + within), data.as_ptr(), take) };
                     off += take;
                     data = &data[take..];
                 }
@@ -136,12 +149,28 @@ impl Sink {
 /// A local step: runs once its dependencies are done.
 pub type LocalFn<'a> = Box<dyn FnMut() -> Result<()> + Send + 'a>;
 
+/// How a collective message leaves.
+#[derive(Clone, Copy)]
+pub enum Via {
+    /// Through the stream, or a large one by address where the link allows (single
+    /// copy): it is then done only once the peer has read it.
+    Any,
+    /// Through the stream only: done once written, so a step may depend on it
+    /// without waiting for the peer (in-place all_to_all, scratch reuse).
+    Stream,
+    /// Through the stream, each piece also copied to `dst` while it is in cache
+    /// (`stream`: with streaming stores): a broadcast root's own recvbuff, so the
+    /// source is read from memory once.
+    Tee { dst: *mut u8, stream: bool },
+}
+
 pub enum Action<'a> {
     /// A collective message of `len` bytes from `src`.
     Send {
         peer: usize,
         src: *const u8,
         len: usize,
+        via: Via,
     },
     /// A collective message of exactly `len` bytes.
     Recv {
@@ -162,6 +191,14 @@ pub enum Action<'a> {
         dst: *mut u8,
         len: usize,
         what: String,
+    },
+    /// A local copy of `len` bytes, made in pieces between transfers so that both
+    /// proceed together; `stream` writes with streaming stores (see `mem::copy`).
+    Copy {
+        src: *const u8,
+        dst: *mut u8,
+        len: usize,
+        stream: bool,
     },
     Local(LocalFn<'a>),
 }
@@ -195,7 +232,20 @@ impl<'a> Schedule<'a> {
         self.steps.len() - 1
     }
     pub fn send(&mut self, peer: usize, src: *const u8, len: usize, deps: &[usize]) -> usize {
-        self.push(Action::Send { peer, src, len }, deps)
+        self.push(Action::Send { peer, src, len, via: Via::Any }, deps)
+    }
+    /// A send that is done once written to the stream, never sent by address.
+    pub fn send_staged(&mut self, peer: usize, src: *const u8, len: usize, deps: &[usize]) -> usize {
+        self.push(Action::Send { peer, src, len, via: Via::Stream }, deps)
+    }
+    /// A send through the stream that also copies `src` to `dst` on the way (see `Via::Tee`).
+    pub fn send_tee(&mut self, peer: usize, src: *const u8, len: usize, dst: *mut u8, stream: bool) -> usize {
+        self.push(Action::Send { peer, src, len, via: Via::Tee { dst, stream } }, &[])
+    }
+    /// Copies `len` bytes from `src` to `dst` (ranges that overlap are copied whole,
+    /// as by memmove).
+    pub fn copy(&mut self, src: *const u8, dst: *mut u8, len: usize, stream: bool, deps: &[usize]) -> usize {
+        self.push(Action::Copy { src, dst, len, stream }, deps)
     }
     pub fn recv(&mut self, peer: usize, len: usize, sink: Sink, deps: &[usize]) -> usize {
         self.push(Action::Recv { peer, len, sink }, deps)
@@ -246,14 +296,16 @@ struct Tx {
     written: usize,
     /// Payload carried in the message itself (a direct message's address).
     inline: [u8; 8],
+    /// Where the payload is copied as well, and whether with streaming stores.
+    tee: Option<(*mut u8, bool)>,
 }
 
 impl Tx {
     fn data(kind: u8, tag: u32, src: *const u8, len: usize, step: Option<usize>) -> Tx {
-        Tx { kind, tag, announce: len, src, payload: len, step, written: 0, inline: [0; 8] }
+        Tx { kind, tag, announce: len, src, payload: len, step, written: 0, inline: [0; 8], tee: None }
     }
     fn control(kind: u8, tag: u32, announce: usize) -> Tx {
-        Tx { kind, tag, announce, src: std::ptr::null(), payload: 0, step: None, written: 0, inline: [0; 8] }
+        Tx { kind, tag, announce, src: std::ptr::null(), payload: 0, step: None, written: 0, inline: [0; 8], tee: None }
     }
     /// Header of a skip over `gap` bytes (header included) to the ring's start.
     fn skip(gap: usize) -> Tx {
@@ -267,6 +319,7 @@ impl Tx {
             step: None,
             written: 0,
             inline: [0; 8],
+            tee: None,
         }
     }
     fn direct(tag: u32, src: *const u8, len: usize, step: usize) -> Tx {
@@ -280,6 +333,7 @@ impl Tx {
             step: Some(step),
             written: 0,
             inline,
+            tee: None,
         }
     }
 }
@@ -325,6 +379,8 @@ pub fn run(t: &mut Transport, sched: &mut Schedule<'_>, ctl: &RunCtl<'_>) -> Res
     let mut remaining = n;
     let mut peers: Vec<Peer> = (0..t.nranks).map(|_| Peer::default()).collect();
     let mut locals: Vec<usize> = Vec::new();
+    // Copies in progress: (step, bytes copied).
+    let mut copies: Vec<(usize, usize)> = Vec::new();
     let mut step_err: Option<Error> = None;
     for (i, s) in sched.steps.iter().enumerate() {
         match &s.action {
@@ -332,6 +388,7 @@ pub fn run(t: &mut Transport, sched: &mut Schedule<'_>, ctl: &RunCtl<'_>) -> Res
             Action::Recv { peer, .. } => peers[*peer].data_rq.push_back(i),
             Action::P2pRecv { peer, .. } => peers[*peer].p2p_rq.push_back(i),
             Action::Local(_) => locals.push(i),
+            Action::Copy { .. } => copies.push((i, 0)),
         }
     }
     let ready = |done: &[bool], steps: &[Step<'_>], i: usize| steps[i].deps.iter().all(|&d| done[d]);
@@ -367,6 +424,40 @@ pub fn run(t: &mut Transport, sched: &mut Schedule<'_>, ctl: &RunCtl<'_>) -> Res
             }
             progressed |= pump_tx(t, p, st, sched, &mut done, &mut remaining, &ready)?;
             progressed |= pump_rx(t, p, st, sched, &mut done, &mut remaining, &mut step_err, &ready, ctl, &mut bounce)?;
+        }
+
+        // A piece of every local copy that may run: after the links, whose peers wait.
+        let mut k = 0;
+        while k < copies.len() {
+            let (i, off) = copies[k];
+            if !ready(&done, &sched.steps, i) {
+                k += 1;
+                continue;
+            }
+            let Action::Copy { src, dst, len, stream } = sched.steps[i].action else { unreachable!() };
+            let overlap = (src as usize) < dst as usize + len && (dst as usize) < src as usize + len;
+            let n = if overlap { len } else { PIECE.min(len - off) };
+            // SAFETY: the schedule's contract: src and dst are valid for len bytes and
+            // untouched by others until this step is done; overlapping ranges are
+            // copied in one memmove.
+            unsafe {
+                if overlap {
+                    std::ptr::copy(src, dst, len);
+                } else if stream {
+                    copy::copy_streaming(dst.add(off), src.add(off), n);
+                } else {
+                    copy::copy(dst.add(off), src.add(off), n);
+                }
+            }
+            progressed = true;
+            if off + n == len {
+                done[i] = true;
+                remaining -= 1;
+                copies.swap_remove(k);
+            } else {
+                copies[k].1 = off + n;
+                k += 1;
+            }
         }
 
         // Done when every step is, and replies owed to peers have been written.
@@ -484,6 +575,8 @@ fn pump_tx(
     ready: &impl Fn(&[bool], &[Step<'_>], usize) -> bool,
 ) -> Result<bool> {
     let mut progressed = false;
+    // Payload bytes this visit may still write (see PIECE).
+    let mut budget = PIECE;
     if let Some(&(_, want)) = st.direct_wait.front() {
         let read = t.link(p).direct_reads_done();
         if read >= want {
@@ -498,7 +591,7 @@ fn pump_tx(
             progressed = true;
         }
     }
-    loop {
+    while budget > 0 {
         if st.cur_tx.is_none() {
             let has_next = !st.urgent.is_empty() || st.send_q.front().is_some_and(|&i| ready(done, &sched.steps, i));
             if has_next {
@@ -517,7 +610,9 @@ fn pump_tx(
                 st.send_q.pop_front();
                 let tag = sched.steps[i].tag;
                 match sched.steps[i].action {
-                    Action::Send { src, len, .. } if len >= DIRECT_MIN && t.link(p).peer_reads_directly() => {
+                    Action::Send { src, len, via: Via::Any, .. }
+                        if len >= DIRECT_MIN && t.link(p).peer_reads_directly() =>
+                    {
                         // The link's read counter spans runs. With none of our direct
                         // messages outstanding (every earlier run waited for its own,
                         // and none of this one's bytes are published yet), its value
@@ -527,7 +622,13 @@ fn pump_tx(
                         }
                         st.cur_tx = Some(Tx::direct(tag, src, len, i))
                     }
-                    Action::Send { src, len, .. } => st.cur_tx = Some(Tx::data(K_DATA, tag, src, len, Some(i))),
+                    Action::Send { src, len, via, .. } => {
+                        let mut tx = Tx::data(K_DATA, tag, src, len, Some(i));
+                        if let Via::Tee { dst, stream } = via {
+                            tx.tee = Some((dst, stream));
+                        }
+                        st.cur_tx = Some(tx)
+                    }
                     Action::P2pSend { len, .. } => {
                         // Announce the count; the payload follows once the receiver agrees.
                         st.cur_tx = Some(Tx::control(K_P2P_HDR, tag, len));
@@ -554,7 +655,9 @@ fn pump_tx(
             if space.is_empty() {
                 break;
             }
-            let n = space.len().min(total - tx.written);
+            // A skip moves the write position without writing: never in pieces.
+            let cap = if tx.kind == K_SKIP { usize::MAX } else { budget.max(HDR) };
+            let n = space.len().min(total - tx.written).min(cap);
             let mut filled = 0;
             if tx.written < HDR {
                 let k = (HDR - tx.written).min(n);
@@ -571,13 +674,32 @@ fn pump_tx(
                 } else {
                     // SAFETY: src is valid for `payload` bytes (the caller's buffer or
                     // scratch, kept alive and unmodified until this step is done).
-                    unsafe { std::ptr::copy_nonoverlapping(tx.src.add(off), space[filled..].as_mut_ptr(), data_n) };
+                    unsafe { copy::copy(space[filled..].as_mut_ptr(), tx.src.add(off), data_n) };
+                    if let Some((dst, stream)) = tx.tee {
+                        let piece = space[filled..filled + data_n].as_ptr();
+                        // SAFETY: dst is valid for `payload` bytes and written by no one
+                        // else until the step is done (schedule contract); the ring
+                        // piece just written is disjoint from it.
+                        unsafe {
+                            if stream {
+                                copy::copy_streaming(dst.add(off), piece, data_n);
+                            } else {
+                                copy::copy(dst.add(off), piece, data_n);
+                            }
+                        }
+                    }
                 }
                 space[filled + data_n..n].fill(0);
             }
             link.send_commit(n);
             tx.written += n;
             progressed = true;
+            if tx.kind != K_SKIP {
+                budget = budget.saturating_sub(n);
+                if budget == 0 {
+                    break;
+                }
+            }
         }
         if tx.written < total {
             break;
@@ -609,7 +731,9 @@ fn pump_rx(
     bounce: &mut Vec<u8>,
 ) -> Result<bool> {
     let mut progressed = false;
-    loop {
+    // Payload bytes this visit may still take (see PIECE).
+    let mut budget = PIECE;
+    while budget > 0 {
         if st.cur_rx.is_none() {
             let (link, hdr) = t.link_and_header(p);
             // The header may straddle the ring's wrap point: gather it first. It
@@ -761,6 +885,7 @@ fn pump_rx(
                 }
             }
             rx.read += k;
+            budget = budget.saturating_sub(k);
             progressed = true;
             if rx.read < rx.len {
                 break;
@@ -779,13 +904,21 @@ fn pump_rx(
             if avail.is_empty() {
                 break;
             }
-            let n = avail.len().min(total - rx.read);
+            // A skipped stretch of the ring is released at once, never in pieces.
+            let cap = if matches!(rx.sink, Sink::Discard) { usize::MAX } else { budget };
+            let n = avail.len().min(total - rx.read).min(cap);
             let data_n = n.min(rx.len.saturating_sub(rx.read));
             // SAFETY: the sink's buffers are valid for the message (schedule contract).
             unsafe { rx.sink.consume(rx.read, &avail[..data_n]) };
             link.recv_commit(n);
             rx.read += n;
             progressed = true;
+            if !matches!(rx.sink, Sink::Discard) {
+                budget = budget.saturating_sub(n);
+                if budget == 0 {
+                    break;
+                }
+            }
         }
         if rx.read < total {
             break;

@@ -12,7 +12,7 @@ use super::Call;
 use super::{algorithms, fingerprint};
 use crate::coll::{Coll, CollKind};
 use crate::error::{Error, Result};
-use crate::mem::reduce;
+use crate::mem::{copy, reduce};
 use crate::transport::board::{Board, Waiter, DATA_MAX};
 use crate::transport::Transport;
 use std::sync::atomic::AtomicBool;
@@ -118,7 +118,7 @@ fn on_board(b: &mut Board, w: &mut Waiter<'_>, calls: &[Call], check: bool) -> R
     };
     if publish > 0 {
         // SAFETY: sendbuff holds `publish` bytes (validated) and the slot DATA_MAX >= publish.
-        unsafe { std::ptr::copy_nonoverlapping(co.send, b.my_data(s), publish) };
+        unsafe { copy::copy(b.my_data(s), co.send, publish) };
     }
     b.publish(s);
 
@@ -147,7 +147,7 @@ fn on_board(b: &mut Board, w: &mut Waiter<'_>, calls: &[Call], check: bool) -> R
     let copy_in = |src: &[u8], dst: *mut u8| {
         if !std::ptr::eq(src.as_ptr(), dst) {
             // SAFETY: dst is a validated part of recvbuff, src a published slot: disjoint.
-            unsafe { std::ptr::copy_nonoverlapping(src.as_ptr(), dst, src.len()) };
+            unsafe { copy::copy(dst, src.as_ptr(), src.len()) };
         }
     };
     match co.kind {
@@ -315,7 +315,7 @@ fn alltoallv(b: &mut Board, w: &mut Waiter<'_>, c: &Call, s: u64, check: bool) -
             let len = v.sendcounts[p] * es;
             // SAFETY: sendbuff holds sendcounts[p] elements at sdispls[p] (validated);
             // the slot holds head + total <= DATA_MAX bytes.
-            unsafe { std::ptr::copy_nonoverlapping(co.send.add(v.sdispls[p] * es), d.add(off), len) };
+            unsafe { copy::copy(d.add(off), co.send.add(v.sdispls[p] * es), len) };
             off += len;
         }
         // SAFETY: the flag word at the start of our data area (write_counts set it to 0).
@@ -346,7 +346,7 @@ fn alltoallv(b: &mut Board, w: &mut Waiter<'_>, c: &Call, s: u64, check: bool) -
         let src = &b.data(p, s, head + skip + len)[head + skip..];
         // SAFETY: recvbuff holds recvcounts[p] elements at rdispls[p] (validated); the
         // slots are shared memory, disjoint from it.
-        unsafe { std::ptr::copy_nonoverlapping(src.as_ptr(), co.recv.add(v.rdispls[p] * es), len) };
+        unsafe { copy::copy(co.recv.add(v.rdispls[p] * es), src.as_ptr(), len) };
     }
     Ok(Board1::Done(None))
 }
