@@ -192,10 +192,11 @@ impl Collective {
         )
     }
 
-    /// Whether in-place results are checked. As in nccl-tests, in-place all_to_all(v)
-    /// and send_recv run (sendbuff == recvbuff) but their results are not defined.
+    /// Whether in-place results are checked. In-place all_to_allv and send_recv run
+    /// (sendbuff == recvbuff) but their results are not defined (neither NCCL nor MPI
+    /// has those in-place forms); ferroccl defines in-place all_to_all, so it is checked.
     pub fn inplace_checked(self) -> bool {
-        !matches!(self, Collective::AlltoAll | Collective::AlltoAllv | Collective::SendRecv)
+        !matches!(self, Collective::AlltoAllv | Collective::SendRecv)
     }
 
     /// Which placements exist: (out of place, in place). broadcast_coalesced has one

@@ -23,7 +23,7 @@
  *     not at recvbuf + rank*count as NCCL does; checked there.
  *   scatter: MPI_IN_PLACE at the root (its block stays at rank*count), the others
  *     receive at recvbuf + rank*count.
- *   all_to_all: MPI_IN_PLACE (not checked, as in ferroccl-bench).
+ *   all_to_all: MPI_IN_PLACE (checked, as in ferroccl-bench).
  *   all_to_allv: no in-place row. MPI_IN_PLACE makes every rank send what the
  *     recvcounts say it receives, which the uneven pattern (bench/coll.rs v_count) is
  *     not, and sendbuf == recvbuf is not allowed in MPI.
@@ -260,7 +260,7 @@ static double bus_factor(int c, int n) {
 
 static int reduces(int c) { return c == AR || c == RED || c == RS; }
 static int has_root(int c) { return c == BC || c == RED || c == GATHER || c == SCATTER; }
-static int inplace_checked(int c) { return c != A2A && c != A2AV && c != SR; }
+static int inplace_checked(int c) { return c != A2AV && c != SR; }
 /* Whether MPI has an in-place form of the call (see the top of the file). */
 static int has_inplace(int c) { return c != A2AV; }
 

@@ -67,6 +67,16 @@ case "$peer" in ompi) peers=(ompi) ;; gloo) peers=(gloo) ;; both) peers=(ompi gl
 [[ "$nranks" =~ ^[1-9][0-9]*$ ]] || { echo "run.sh: --nranks needs a number >= 1" >&2; exit 2; }
 [[ "$reps" =~ ^[1-9][0-9]*$ ]] || { echo "run.sh: --reps needs a number >= 1" >&2; exit 2; }
 [ ${#colls[@]} -gt 0 ] || colls=(all)
+# "all" is nccl-tests' set; each collective is run on its own (see the loop below).
+expanded=()
+for c in "${colls[@]}"; do
+    if [ "$c" = all ]; then
+        expanded+=(all_reduce broadcast reduce all_gather reduce_scatter all_to_all all_to_allv gather scatter send_recv)
+    else
+        expanded+=("$c")
+    fi
+done
+colls=("${expanded[@]}")
 
 bytes() { # 8, 2K, 64M -> bytes
     python3 -c 'import sys; s=sys.argv[1].strip().upper().removesuffix("IB").removesuffix("B"); u={"K":1<<10,"M":1<<20,"G":1<<30}.get(s[-1:],1); print(int(float(s[:-1] if u>1 else s)*u))' "$1"
@@ -124,29 +134,33 @@ for p in "${peers[@]}"; do
 done
 mpirun_cmd=(mpirun --allow-run-as-root --oversubscribe -np "$nranks")
 
-run_side() { # side rep: appends every sweep's rows to DIR/side.repK.csv
-    local side=$1 rep=$2 dst="$dir/$1.rep$2.csv" tmp="$dir/.$1.part.csv" i=0 sw
-    rm -f "$dst" "$dir/$side.rep$rep.log"
+run_side() { # side rep coll: appends every sweep's rows of one collective to DIR/side.repK.csv
+    local side=$1 rep=$2 coll=$3 dst="$dir/$1.rep$2.csv" tmp="$dir/.$1.part.csv" sw
     for sw in "${sweeps[@]}"; do
         # shellcheck disable=SC2086
         case "$side" in
-        ferroccl) "$fbench" --nranks "$nranks" $sw "${common[@]}" --csv "$tmp" "${colls[@]}" ;;
-        ompi) "${mpirun_cmd[@]}" "$ompi_bin" $sw "${common[@]}" --csv "$tmp" "${colls[@]}" ;;
-        gloo) "$venv/bin/python" "$here/gloo_bench.py" --nranks "$nranks" $sw "${common[@]}" --csv "$tmp" "${colls[@]}" ;;
-        esac >> "$dir/$side.rep$rep.log" 2>&1 || { echo "run.sh: $side failed (rep $rep); see $dir/$side.rep$rep.log" >&2; tail -5 "$dir/$side.rep$rep.log" >&2; return 1; }
-        if [ $i -eq 0 ]; then cat "$tmp" > "$dst"; else tail -n +2 "$tmp" >> "$dst"; fi
-        i=$((i + 1))
+        ferroccl) "$fbench" --nranks "$nranks" $sw "${common[@]}" --csv "$tmp" "$coll" ;;
+        ompi) "${mpirun_cmd[@]}" "$ompi_bin" $sw "${common[@]}" --csv "$tmp" "$coll" ;;
+        gloo) "$venv/bin/python" "$here/gloo_bench.py" --nranks "$nranks" $sw "${common[@]}" --csv "$tmp" "$coll" ;;
+        esac >> "$dir/$side.rep$rep.log" 2>&1 || { echo "run.sh: $side $coll failed (rep $rep); see $dir/$side.rep$rep.log" >&2; tail -5 "$dir/$side.rep$rep.log" >&2; return 1; }
+        if [ -s "$dst" ]; then tail -n +2 "$tmp" >> "$dst"; else cat "$tmp" > "$dst"; fi
     done
     rm -f "$tmp"
 }
 
+# The machines we measure on share memory bandwidth with other tenants, whose load
+# changes within seconds. So the two sides of every ratio run back to back, one
+# collective at a time, and which side goes first alternates between repetitions.
 status=0
 for rep in $(seq 1 "$reps"); do
-    log "repetition $rep/$reps: ferroccl"
-    run_side ferroccl "$rep" || status=1
-    for p in "${peers[@]}"; do
-        log "repetition $rep/$reps: $p"
-        run_side "$p" "$rep" || status=1
+    sides=(ferroccl "${peers[@]}")
+    [ $((rep % 2)) -eq 1 ] || sides=("${peers[@]}" ferroccl)
+    log "repetition $rep/$reps: ${sides[*]}, one collective at a time"
+    for s in "${sides[@]}"; do rm -f "$dir/$s.rep$rep.csv" "$dir/$s.rep$rep.log"; done
+    for c in "${colls[@]}"; do
+        for s in "${sides[@]}"; do
+            run_side "$s" "$rep" "$c" || status=1
+        done
     done
 done
 
