@@ -72,6 +72,9 @@ unsafe impl Send for Board {}
 
 impl Board {
     pub fn new(rank: usize, segs: Vec<Arc<Segment>>, policy: SpinPolicy) -> Board {
+        for s in &segs {
+            s.populate_board();
+        }
         Board { rank, segs, seq: 0, policy }
     }
 
