@@ -287,3 +287,44 @@ fn all_to_allv_with_one_rank_over_the_board_limit_moves_the_right_data() {
         destroy(comms);
     }
 }
+
+/// fcclSend of up to 64 KiB goes eagerly (count and payload in one message), larger
+/// ones announce their count first. Whichever way each side's count falls, a
+/// mismatch fails the send and the receive, writes nothing, and the next exchange
+/// works; matching counts on both sides of the threshold move the data.
+#[test]
+fn send_recv_counts_across_the_eager_limit() {
+    let comms = init_all(2);
+    let elems = |bytes: usize| bytes / 4;
+    // (sender's bytes, receiver's bytes)
+    let cases = [(16, 32), (1024, 100 << 10), (100 << 10, 1024), (200 << 10, 100 << 10), (64 << 10, (64 << 10) + 4)];
+    for (sb, rb) in cases {
+        let out = per_rank(&comms, |r, c| {
+            let send: Vec<u32> = (0..elems(sb) as u32).collect();
+            let mut recv = vec![u32::MAX; elems(rb)];
+            let res = if r == 0 {
+                unsafe { fcclSend(send.as_ptr() as _, elems(sb), fcclUint32, 1, c, null_mut()) }
+            } else {
+                unsafe { fcclRecv(recv.as_mut_ptr() as _, elems(rb), fcclUint32, 0, c, null_mut()) }
+            };
+            let msg = last_error();
+            assert!(
+                recv.iter().all(|&x| x == u32::MAX),
+                "rank {r}: nothing written on a mismatch ({sb} vs {rb} bytes)"
+            );
+            // Still usable: the matching exchange of the same size both ways.
+            let mut back = vec![0u32; elems(sb)];
+            ck(fcclGroupStart());
+            ck(unsafe { fcclSend(send.as_ptr() as _, elems(sb), fcclUint32, 1 - r as i32, c, null_mut()) });
+            ck(unsafe { fcclRecv(back.as_mut_ptr() as _, elems(sb), fcclUint32, 1 - r as i32, c, null_mut()) });
+            ck(fcclGroupEnd());
+            assert_eq!(back, send, "rank {r}: exchange of {sb} bytes after the mismatch");
+            (res, msg)
+        });
+        for (r, (res, msg)) in out.iter().enumerate() {
+            assert_eq!(*res, fcclCollectiveMismatch, "rank {r}, {sb} vs {rb} bytes: {msg}");
+            assert!(msg.contains(&format!("{sb} bytes")) && msg.contains(&format!("{rb} bytes")), "{msg}");
+        }
+    }
+    destroy(comms);
+}

@@ -10,7 +10,7 @@
 //! narrow floats accumulate in float32 and are rounded once. Chunks are pipelined
 //! in segments so scratch memory stays bounded whatever the message size.
 
-use super::engine::{RunCtl, Schedule, Sink};
+use super::engine::{P2pCall, RunCtl, Schedule, Sink};
 use crate::coll::{Coll, CollKind};
 use crate::error::{Error, Result};
 use crate::mem::pool::PooledBuf;
@@ -241,11 +241,11 @@ pub fn build(s: &mut Schedule<'_>, co: &Coll, rank: usize, n: usize, scratch: &m
             Ok(())
         }
         CollKind::Send => {
-            s.p2p_send(co.root, send, bytes, format!("fcclSend of {} x {} to rank {}", co.count, co.dtype, co.root));
+            s.p2p_send(co.root, send, bytes, P2pCall { send: true, count: co.count, dtype: co.dtype, peer: co.root });
             Ok(())
         }
         CollKind::Recv => {
-            s.p2p_recv(co.root, recv, bytes, format!("fcclRecv of {} x {} from rank {}", co.count, co.dtype, co.root));
+            s.p2p_recv(co.root, recv, bytes, P2pCall { send: false, count: co.count, dtype: co.dtype, peer: co.root });
             Ok(())
         }
     }

@@ -25,6 +25,13 @@ const K_DATA: u8 = 1;
 const K_P2P_HDR: u8 = 2;
 const K_P2P_REPLY: u8 = 3;
 const K_P2P_DATA: u8 = 4;
+/// fcclSend of at most EAGER_MAX bytes: the count and the payload in one message. The
+/// receiver still replies with its count, so a mismatch fails both sides, but the data
+/// does not wait for that round trip.
+const K_P2P_EAGER: u8 = 7;
+/// Largest fcclSend sent eagerly: well below the smallest ring (256 KiB), so an eager
+/// message never needs the receiver to free space before it is complete.
+const EAGER_MAX: usize = 64 << 10;
 /// A collective message sent by address: the receiver reads it straight from the
 /// sender's buffer (single copy) and reports the read done through the link.
 const K_DIRECT: u8 = 5;
@@ -149,6 +156,22 @@ impl Sink {
 /// A local step: runs once its dependencies are done.
 pub type LocalFn<'a> = Box<dyn FnMut() -> Result<()> + Send + 'a>;
 
+/// What a point-to-point step is, for error messages (formatted only on error).
+#[derive(Clone, Copy)]
+pub struct P2pCall {
+    pub send: bool,
+    pub count: usize,
+    pub dtype: DataType,
+    pub peer: usize,
+}
+
+impl std::fmt::Display for P2pCall {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let (name, dir) = if self.send { ("fcclSend", "to") } else { ("fcclRecv", "from") };
+        write!(f, "{name} of {} x {} {dir} rank {}", self.count, self.dtype, self.peer)
+    }
+}
+
 /// How a collective message leaves.
 #[derive(Clone, Copy)]
 pub enum Via {
@@ -178,19 +201,20 @@ pub enum Action<'a> {
         len: usize,
         sink: Sink,
     },
-    /// fcclSend: handshake with the receiver's count, then payload.
+    /// fcclSend: the count (with the payload when small), the receiver's count back,
+    /// then the payload if it did not go with the count.
     P2pSend {
         peer: usize,
         src: *const u8,
         len: usize,
-        what: String,
+        what: P2pCall,
     },
     /// fcclRecv.
     P2pRecv {
         peer: usize,
         dst: *mut u8,
         len: usize,
-        what: String,
+        what: P2pCall,
     },
     /// A local copy of `len` bytes, made in pieces between transfers so that both
     /// proceed together; `stream` writes with streaming stores (see `mem::copy`).
@@ -253,10 +277,10 @@ impl<'a> Schedule<'a> {
     pub fn local(&mut self, f: impl FnMut() -> Result<()> + Send + 'a, deps: &[usize]) -> usize {
         self.push(Action::Local(Box::new(f)), deps)
     }
-    pub fn p2p_send(&mut self, peer: usize, src: *const u8, len: usize, what: String) -> usize {
+    pub fn p2p_send(&mut self, peer: usize, src: *const u8, len: usize, what: P2pCall) -> usize {
         self.push(Action::P2pSend { peer, src, len, what }, &[])
     }
-    pub fn p2p_recv(&mut self, peer: usize, dst: *mut u8, len: usize, what: String) -> usize {
+    pub fn p2p_recv(&mut self, peer: usize, dst: *mut u8, len: usize, what: P2pCall) -> usize {
         self.push(Action::P2pRecv { peer, dst, len, what }, &[])
     }
     /// Appends another schedule's steps (group calls), keeping its dependencies.
@@ -279,8 +303,9 @@ pub struct RunCtl<'a> {
     pub deadline: Instant,
     pub timeout: Duration,
     pub abort: &'a AtomicBool,
-    /// Operation name for messages ("fcclAllReduce (seq 12)").
-    pub what: &'a str,
+    /// Describes the operation for messages ("fcclAllReduce #12 on rank 0"); called
+    /// only when a message is built.
+    pub what: &'a dyn Fn() -> String,
 }
 
 /// An outgoing message being written.
@@ -374,7 +399,7 @@ pub fn run(t: &mut Transport, sched: &mut Schedule<'_>, ctl: &RunCtl<'_>) -> Res
     }
     // A peer that failed or aborted earlier is reported as such, not as whatever
     // its half-sent messages would look like.
-    t.check_flags().map_err(|e| e.context(ctl.what))?;
+    t.check_flags().map_err(|e| e.context((ctl.what)()))?;
     let mut done = vec![false; n];
     let mut remaining = n;
     let mut peers: Vec<Peer> = (0..t.nranks).map(|_| Peer::default()).collect();
@@ -468,30 +493,31 @@ pub fn run(t: &mut Transport, sched: &mut Schedule<'_>, ctl: &RunCtl<'_>) -> Res
             idle_since = None;
             continue;
         }
-        // Nothing moved: spin a little (a peer is usually microseconds away), then sleep.
+        // Nothing moved: spin a little (a peer is usually microseconds away), then yield,
+        // then sleep, as the transport's policy says (see `SpinPolicy`).
         let now = Instant::now();
         let since = *idle_since.get_or_insert(now);
         if ctl.abort.load(Ordering::Acquire) {
-            return Err(Error::remote(format!("{}: the communicator was aborted", ctl.what)));
+            return Err(Error::remote(format!("{}: the communicator was aborted", (ctl.what)())));
         }
         let idle = now - since;
-        if idle < Duration::from_micros(30) {
+        if idle < t.policy.spin {
             std::hint::spin_loop();
             continue;
         }
         if now >= ctl.deadline {
             return Err(Error::timeout(format!(
                 "{}: timed out after {} ms; {}",
-                ctl.what,
+                (ctl.what)(),
                 ctl.timeout.as_millis(),
                 describe_waiting(t.rank, &peers, sched, &done)
             )));
         }
         if now - last_peer_check > Duration::from_millis(100) {
             last_peer_check = now;
-            t.check_peers().map_err(|e| e.context(ctl.what))?;
+            t.check_peers().map_err(|e| e.context((ctl.what)()))?;
         }
-        if idle < Duration::from_micros(200) {
+        if idle < t.policy.yield_until {
             std::thread::yield_now();
             continue;
         }
@@ -629,6 +655,11 @@ fn pump_tx(
                         }
                         st.cur_tx = Some(tx)
                     }
+                    Action::P2pSend { src, len, .. } if len <= EAGER_MAX => {
+                        // Count and payload together; done when the receiver's count comes back.
+                        st.cur_tx = Some(Tx::data(K_P2P_EAGER, tag, src, len, None));
+                        st.awaiting_reply.push_back(i);
+                    }
                     Action::P2pSend { len, .. } => {
                         // Announce the count; the payload follows once the receiver agrees.
                         st.cur_tx = Some(Tx::control(K_P2P_HDR, tag, len));
@@ -764,10 +795,10 @@ fn pump_rx(
                     let Action::Recv { len: want, sink, .. } = sched.steps[i].action else { unreachable!() };
                     let want_tag = sched.steps[i].tag;
                     if (want_tag != ANY_TAG && tag != want_tag) || len != want {
-                        t.check_flags().map_err(|e| e.context(ctl.what))?;
+                        t.check_flags().map_err(|e| e.context((ctl.what)()))?;
                         return Err(Error::mismatch(format!(
                             "{}: rank {p} sent a message for its collective #{tag} of {len} bytes while rank {} expected collective #{want_tag} with {want} bytes: the ranks called different collectives, counts or types. The communicator is unusable now; destroy it (checkMode, on unless FERROCCL_CHECK=0, detects this before any data moves)",
-                            ctl.what, t.rank
+                            (ctl.what)(), t.rank
                         )));
                     }
                     st.data_rq.pop_front();
@@ -783,7 +814,7 @@ fn pump_rx(
                     let Some(&i) = st.p2p_rq.front() else { break };
                     st.p2p_rq.pop_front();
                     hdr.got = 0;
-                    let Action::P2pRecv { len: want, ref what, .. } = sched.steps[i].action else { unreachable!() };
+                    let Action::P2pRecv { len: want, what, .. } = sched.steps[i].action else { unreachable!() };
                     // Reply with our count: both sides then know whether the payload comes.
                     st.urgent.push_back(Tx::control(K_P2P_REPLY, tag, want));
                     if len != want {
@@ -804,24 +835,42 @@ fn pump_rx(
                     progressed = true;
                     continue;
                 }
+                K_P2P_EAGER => {
+                    let Some(&i) = st.p2p_rq.front() else { break };
+                    st.p2p_rq.pop_front();
+                    hdr.got = 0;
+                    let Action::P2pRecv { dst, len: want, what, .. } = sched.steps[i].action else { unreachable!() };
+                    st.urgent.push_back(Tx::control(K_P2P_REPLY, tag, want));
+                    let sink = if len == want {
+                        Sink::Copy(dst)
+                    } else {
+                        step_err.get_or_insert_with(|| {
+                            Error::mismatch(format!(
+                                "{what}: rank {p} sends {len} bytes but rank {} receives {want} bytes; make the counts and types of the matching fcclSend/fcclRecv agree",
+                                t.rank
+                            ))
+                        });
+                        Sink::Discard
+                    };
+                    // The step is done once the payload that follows has been read.
+                    st.cur_rx = Some(Rx { step: Some(i), len, sink, read: 0, direct: None });
+                }
                 K_P2P_REPLY => {
                     let Some(i) = st.awaiting_reply.pop_front() else {
-                        return Err(Error::internal(format!("{}: unexpected reply from rank {p}", ctl.what)));
+                        return Err(Error::internal(format!("{}: unexpected reply from rank {p}", (ctl.what)())));
                     };
                     hdr.got = 0;
-                    let Action::P2pSend { src, len: mine, ref what, .. } = sched.steps[i].action else {
-                        unreachable!()
-                    };
-                    if len != mine {
-                        step_err.get_or_insert_with(|| {
+                    let Action::P2pSend { src, len: mine, what, .. } = sched.steps[i].action else { unreachable!() };
+                    if len != mine || mine <= EAGER_MAX {
+                        // Eager: the payload went with the count; done either way.
+                        if len != mine {
+                            step_err.get_or_insert_with(|| {
                             Error::mismatch(format!(
                                 "{what}: rank {} sends {mine} bytes but rank {p} receives {len} bytes; make the counts and types of the matching fcclSend/fcclRecv agree",
                                 t.rank
                             ))
                         });
-                        done[i] = true;
-                        *remaining -= 1;
-                    } else if mine == 0 {
+                        }
                         done[i] = true;
                         *remaining -= 1;
                     } else {
@@ -832,13 +881,13 @@ fn pump_rx(
                 }
                 K_P2P_DATA => {
                     let Some(i) = st.awaiting_payload.pop_front() else {
-                        return Err(Error::internal(format!("{}: unexpected payload from rank {p}", ctl.what)));
+                        return Err(Error::internal(format!("{}: unexpected payload from rank {p}", (ctl.what)())));
                     };
                     let Action::P2pRecv { dst, len: want, .. } = sched.steps[i].action else { unreachable!() };
                     if len != want {
                         return Err(Error::internal(format!(
                             "{}: payload of {len} bytes from rank {p}, agreed {want}",
-                            ctl.what
+                            (ctl.what)()
                         )));
                     }
                     hdr.got = 0;
@@ -847,7 +896,7 @@ fn pump_rx(
                 k => {
                     return Err(Error::internal(format!(
                         "{}: corrupt stream from rank {p} (message kind {k}); the communicator is unusable",
-                        ctl.what
+                        (ctl.what)()
                     )))
                 }
             }
@@ -875,11 +924,11 @@ fn pump_rx(
             match rx.sink {
                 Sink::Copy(dst) => {
                     // SAFETY: dst is valid for the message (schedule contract).
-                    link.read_direct(src, unsafe { dst.add(rx.read) }, k).map_err(|e| e.context(ctl.what))?
+                    link.read_direct(src, unsafe { dst.add(rx.read) }, k).map_err(|e| e.context((ctl.what)()))?
                 }
                 sink => {
                     bounce.resize(DIRECT_PIECE, 0);
-                    link.read_direct(src, bounce.as_mut_ptr(), k).map_err(|e| e.context(ctl.what))?;
+                    link.read_direct(src, bounce.as_mut_ptr(), k).map_err(|e| e.context((ctl.what)()))?;
                     // SAFETY: as for stream data.
                     unsafe { sink.consume(rx.read, &bounce[..k]) };
                 }

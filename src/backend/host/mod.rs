@@ -50,7 +50,8 @@ pub fn execute(
         }
     }
     let deadline = Instant::now() + timeout;
-    let what = describe(calls, t.rank);
+    let rank = t.rank;
+    let what = || describe(calls, rank);
     let ctl = RunCtl { deadline, timeout, abort, what: &what };
     if check && t.nranks > 1 {
         if let Some(e) = fingerprint::agree(t, calls, &ctl)? {
