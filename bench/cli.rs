@@ -101,6 +101,8 @@ pub struct Opts {
     pub root: i64,
     pub average: Average,
     pub nranks: Option<usize>,
+    /// With --nranks: pin each rank to its own CPU (`--bind core`, the default).
+    pub bind: bool,
     pub mem: Mem,
     pub json: Option<PathBuf>,
     pub csv: Option<PathBuf>,
@@ -161,6 +163,10 @@ Ranks:
                            external launch through the environment (ferroccl-run -n N,
                            torchrun, FERROCCL_RANK/FERROCCL_WORLD_SIZE/...) or, when no
                            rank is set there, runs as a single rank.
+  --bind core|none         with --nranks: core (default, as mpirun) pins rank r to the
+                           r-th CPU this process may use when there are at least N, so
+                           ranks that wait for each other never share a CPU; none
+                           leaves placement to the scheduler.
   --mem host|cuda          buffer memory (default host; cuda: fcclMemAlloc, filled and
                            checked with cuMemcpy; refused when CUDA is absent)
 
@@ -321,6 +327,7 @@ pub fn parse(raw: &[OsString]) -> Result<Parsed, String> {
         root: 0,
         average: Average::Avg,
         nranks: None,
+        bind: true,
         mem: Mem::Host,
         json: None,
         csv: None,
@@ -404,6 +411,14 @@ pub fn parse(raw: &[OsString]) -> Result<Parsed, String> {
                     "3" => Average::Max,
                     _ => return Err(format!("-a {v}: use 0 (rank 0), 1 (average), 2 (min) or 3 (max)")),
                 }
+            }
+            "--bind" => {
+                o.bind = match value()?.trim() {
+                    "core" => true,
+                    "none" => false,
+                    v => return Err(format!("--bind {v}: use core or none")),
+                };
+                keep = false;
             }
             "--nranks" | "--np" => {
                 let v = value()?;

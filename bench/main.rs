@@ -78,6 +78,7 @@ fn launch(o: &Opts, n: usize) -> i32 {
     argv.extend(o.child_args.iter().cloned());
     let mut l = ferroccl::launch::Launch::new(n, argv);
     l.inherit_rank0 = true;
+    l.bind = o.bind;
     l.name = "ferroccl-bench".into();
     l.run()
 }

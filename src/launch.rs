@@ -47,6 +47,13 @@ pub struct Launch {
     pub inherit_rank0: bool,
     /// Name used in this module's own messages on stderr (`name: rank 1 exited ...`).
     pub name: String,
+    /// Pin rank r to the r-th CPU this process may run on, when there are at least
+    /// as many CPUs as ranks (as mpirun's default `--bind-to core` does). Ranks that
+    /// wait for each other by spinning must not share a CPU while another idles; the
+    /// scheduler sometimes puts two fresh processes on one CPU and leaves them there.
+    /// Off by default: a multi-threaded rank (PyTorch's intra-op threads) would be
+    /// confined to one CPU.
+    pub bind: bool,
 }
 
 impl Launch {
@@ -59,6 +66,7 @@ impl Launch {
             grace: Duration::from_secs(5),
             inherit_rank0: false,
             name: "ferroccl-run".into(),
+            bind: false,
         }
     }
 
@@ -93,6 +101,8 @@ impl Launch {
         let root_addr = id.addr().map(|a| a.to_string()).unwrap_or_default();
         let mut children: Vec<Option<Child>> = Vec::new();
         let mut pipes = Vec::new();
+        let cpus = if self.bind { allowed_cpus() } else { Vec::new() };
+        let binding = cpus.len() >= self.nranks;
         for r in 0..self.nranks {
             let direct = self.inherit_rank0 && r == 0;
             let mut cmd = Command::new(&self.argv[0]);
@@ -107,9 +117,19 @@ impl Launch {
                 .stdout(if direct { Stdio::inherit() } else { Stdio::piped() })
                 .stderr(if direct { Stdio::inherit() } else { Stdio::piped() });
             let parent = std::process::id() as libc::pid_t;
+            // SAFETY: a plain value; CPU_SET only writes inside it.
+            let set = binding.then(|| unsafe {
+                let mut set: libc::cpu_set_t = std::mem::zeroed();
+                libc::CPU_SET(cpus[r % cpus.len()], &mut set);
+                set
+            });
             // SAFETY: only async-signal-safe calls between fork and exec.
             unsafe {
                 cmd.pre_exec(move || {
+                    if let Some(set) = &set {
+                        // Best effort: a rank that cannot be pinned still runs.
+                        libc::sched_setaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), set);
+                    }
                     // Die with the launcher, however it dies.
                     libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL);
                     if libc::getppid() != parent {
@@ -240,6 +260,18 @@ fn forward(src: impl Read + Send + 'static, rank: usize, prefix: bool, to_stderr
             }
         }
     })
+}
+
+/// The CPUs this process may run on, in order.
+fn allowed_cpus() -> Vec<usize> {
+    // SAFETY: a zeroed cpu_set_t is a valid empty set; sched_getaffinity fills it.
+    unsafe {
+        let mut set: libc::cpu_set_t = std::mem::zeroed();
+        if libc::sched_getaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &mut set) != 0 {
+            return Vec::new();
+        }
+        (0..libc::CPU_SETSIZE as usize).filter(|&c| libc::CPU_ISSET(c, &set)).collect()
+    }
 }
 
 fn describe(st: ExitStatus) -> String {

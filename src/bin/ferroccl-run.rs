@@ -13,17 +13,22 @@ use std::time::Duration;
 struct Args {
     n: usize,
     prefix: bool,
+    bind: bool,
     grace: Duration,
     prog: Vec<String>,
 }
 
 fn usage() -> String {
     let mut s = String::from(
-        "usage: ferroccl-run -n N [--no-prefix] [--grace SECONDS] [--] program [args...]\n\n\
+        "usage: ferroccl-run -n N [--no-prefix] [--grace SECONDS] [--bind core|none] [--] program [args...]\n\n\
          Starts N ranks of `program` as local processes that find each other through\n\
          fcclCommInitFromEnv. Output lines are prefixed with [rank]. The exit status is\n\
          0 when every rank exits 0, otherwise the first failing rank's status; when one\n\
-         rank fails the others get SECONDS (default 5) to finish before they are killed.\n\n\
+         rank fails the others get SECONDS (default 5) to finish before they are killed.\n\
+         --bind core pins rank r to the r-th CPU the launcher may use when there are at\n\
+         least N of them (mpirun's default), so that ranks waiting for each other never\n\
+         share a CPU; the default, none, leaves placement to the scheduler (right for\n\
+         ranks with threads of their own).\n\n\
          Environment variables ferroccl reads:\n",
     );
     for v in ferroccl::env::ALL {
@@ -39,7 +44,7 @@ fn usage() -> String {
 
 fn parse() -> Result<Args, String> {
     let mut it = std::env::args().skip(1);
-    let mut a = Args { n: 0, prefix: true, grace: Duration::from_secs(5), prog: Vec::new() };
+    let mut a = Args { n: 0, prefix: true, bind: false, grace: Duration::from_secs(5), prog: Vec::new() };
     while let Some(x) = it.next() {
         match x.as_str() {
             "-n" | "-np" | "--np" | "--nranks" => {
@@ -47,6 +52,13 @@ fn parse() -> Result<Args, String> {
                 a.n = v.parse().map_err(|_| format!("-n {v}: not a number of ranks"))?;
             }
             "--no-prefix" => a.prefix = false,
+            "--bind" => {
+                a.bind = match it.next().as_deref() {
+                    Some("core") => true,
+                    Some("none") => false,
+                    v => return Err(format!("--bind {}: use core or none", v.unwrap_or(""))),
+                };
+            }
             "--grace" => {
                 let v = it.next().ok_or("--grace needs seconds")?;
                 a.grace = Duration::from_secs_f64(v.parse().map_err(|_| format!("--grace {v}: not a number"))?);
@@ -85,5 +97,6 @@ fn main() {
     let mut l = Launch::new(args.n, args.prog.into_iter().map(Into::into).collect());
     l.prefix = args.prefix;
     l.grace = args.grace;
+    l.bind = args.bind;
     std::process::exit(l.run());
 }
