@@ -292,9 +292,8 @@ impl Segment {
         }
         // SAFETY: [start, end) is inside the mapping; MADV_POPULATE_WRITE only faults
         // pages in (Linux 5.14+), it changes no data.
-        let rc = unsafe {
-            libc::madvise(self.base.add(start) as *mut libc::c_void, end - start, libc::MADV_POPULATE_WRITE)
-        };
+        let rc =
+            unsafe { libc::madvise(self.base.add(start) as *mut libc::c_void, end - start, libc::MADV_POPULATE_WRITE) };
         if rc != 0 {
             // Older kernels: a read of every page faults it in (tmpfs and anonymous
             // shared pages are then mapped writable).

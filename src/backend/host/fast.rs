@@ -68,24 +68,24 @@ fn on_board(b: &mut Board, w: &mut Waiter<'_>, calls: &[Call], check: bool) -> R
     let (me, n) = (b.rank, b.nranks());
     w.check_flags()?;
     let s = b.begin(w)?;
-    fingerprint::message_into(calls, b.my_fp(s));
+    let digest = fingerprint::message_into(calls, b.my_fp(s));
     if let [c] = calls {
         if c.coll.kind == CollKind::AlltoAllv && counts_fit(n, 1) {
-            return alltoallv(b, w, c, s, check);
+            return alltoallv(b, w, c, s, check, digest);
         }
     }
     let fast = match calls {
-        [c] if !c.coll.is_noop() || c.coll.kind == CollKind::Barrier => board_bytes(&c.coll, n).map(|_| &c.coll),
+        [c] if !c.coll.is_noop() || c.coll.kind == CollKind::Barrier => board_bytes(&c.coll, n).map(|b| (&c.coll, b)),
         _ => None,
     };
-    let Some(co) = fast else {
+    let Some((co, agreed)) = fast else {
         // Per-rank counts go on the board with the fingerprint, when they fit.
         let nv = calls.iter().filter(|c| is_v(c.coll.kind)).count();
         let counted = nv > 0 && counts_fit(n, nv);
         if counted {
             write_counts(b.my_data(s), calls, n);
         }
-        b.publish(s);
+        b.publish(s, digest);
         if check || counted {
             for p in (0..n).filter(|&p| p != me) {
                 b.wait_for(w, p, s)?;
@@ -93,7 +93,7 @@ fn on_board(b: &mut Board, w: &mut Waiter<'_>, calls: &[Call], check: bool) -> R
             w.check_flags()?;
         }
         if check {
-            if let Some(e) = all_agree(b, s) {
+            if let Some(e) = all_agree(b, s, digest) {
                 return Ok(Board1::Done(Some(e)));
             }
         }
@@ -108,6 +108,7 @@ fn on_board(b: &mut Board, w: &mut Waiter<'_>, calls: &[Call], check: bool) -> R
     let es = co.dtype.size();
     let bytes = co.count * es;
     let root = co.root;
+    b.set_inline(agreed);
     // 1. Publish this rank's contribution.
     let publish = match co.kind {
         CollKind::AllReduce | CollKind::Reduce | CollKind::AllGather | CollKind::Gather => bytes,
@@ -120,7 +121,7 @@ fn on_board(b: &mut Board, w: &mut Waiter<'_>, calls: &[Call], check: bool) -> R
         // SAFETY: sendbuff holds `publish` bytes (validated) and the slot DATA_MAX >= publish.
         unsafe { copy::copy(b.my_data(s), co.send, publish) };
     }
-    b.publish(s);
+    b.publish(s, digest);
 
     // 2. Wait for the ranks whose data (or, with checkMode, fingerprint) we need.
     // Checking a broadcast root's readers costs it about one cache-line round trip
@@ -137,7 +138,7 @@ fn on_board(b: &mut Board, w: &mut Waiter<'_>, calls: &[Call], check: bool) -> R
     }
     w.check_flags()?;
     if check {
-        if let Some(e) = all_agree(b, s) {
+        if let Some(e) = all_agree(b, s, digest) {
             return Ok(Board1::Done(Some(e)));
         }
     }
@@ -187,9 +188,14 @@ fn on_board(b: &mut Board, w: &mut Waiter<'_>, calls: &[Call], check: bool) -> R
     Ok(Board1::Done(None))
 }
 
-/// Compares every rank's fingerprint of call `s` (all published) with this rank's.
-fn all_agree(b: &Board, s: u64) -> Option<Error> {
+/// Compares every rank's fingerprint of call `s` (all published) with this rank's:
+/// the digests first (one cache line per peer, which the wait brought already), the
+/// whole fingerprints only when one differs.
+fn all_agree(b: &Board, s: u64, digest: u64) -> Option<Error> {
     let me = b.rank;
+    if (0..b.nranks()).all(|p| p == me || b.digest(p, s) == digest) {
+        return None;
+    }
     fingerprint::verdict(me, b.nranks(), b.fp(me, s), |p| b.fp(p, s))
 }
 
@@ -299,7 +305,7 @@ fn counts_verdicts(b: &Board, s: u64, calls: &[Call]) -> Vec<(u64, Option<Error>
 /// fit, all the data it sends; each reads its blocks straight from the peers' slots.
 /// When some rank's data does not fit, the counts are still agreed here and the
 /// data goes over the links.
-fn alltoallv(b: &mut Board, w: &mut Waiter<'_>, c: &Call, s: u64, check: bool) -> Result<Board1> {
+fn alltoallv(b: &mut Board, w: &mut Waiter<'_>, c: &Call, s: u64, check: bool, digest: u64) -> Result<Board1> {
     let (me, n) = (b.rank, b.nranks());
     let co = &c.coll;
     let v = co.v.as_ref().ok_or_else(|| Error::internal("all_to_allv without counts"))?;
@@ -321,13 +327,13 @@ fn alltoallv(b: &mut Board, w: &mut Waiter<'_>, c: &Call, s: u64, check: bool) -
         // SAFETY: the flag word at the start of our data area (write_counts set it to 0).
         unsafe { (d as *mut u64).write(1u64.to_le()) };
     }
-    b.publish(s);
+    b.publish(s, digest);
     for p in (0..n).filter(|&p| p != me) {
         b.wait_for(w, p, s)?;
     }
     w.check_flags()?;
     if check {
-        if let Some(e) = all_agree(b, s) {
+        if let Some(e) = all_agree(b, s, digest) {
             return Ok(Board1::Done(Some(e)));
         }
     }

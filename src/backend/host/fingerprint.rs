@@ -86,8 +86,10 @@ fn is_collective(c: &Coll) -> bool {
 /// Bytes of a fingerprint message.
 pub const MSG_BYTES: usize = MSG;
 
-/// Writes the fingerprint of `calls` into `m` (at least [`MSG_BYTES`] long).
-pub fn message_into(calls: &[Call], m: &mut [u8]) {
+/// Writes the fingerprint of `calls` into `m` (at least [`MSG_BYTES`] long) and
+/// returns a 64-bit digest of it: ranks whose digests agree called the same
+/// collectives, unless a 2^-64 accident says otherwise.
+pub fn message_into(calls: &[Call], m: &mut [u8]) -> u64 {
     let m = &mut m[..MSG];
     m.fill(0);
     let mut h: u64 = 0xcbf2_9ce4_8422_2325;
@@ -105,6 +107,14 @@ pub fn message_into(calls: &[Call], m: &mut [u8]) {
     }
     m[0..8].copy_from_slice(&(count as u64).to_le_bytes());
     m[8..16].copy_from_slice(&h.to_le_bytes());
+    digest(m)
+}
+
+/// A 64-bit digest of a fingerprint message (multiply-rotate over its words).
+pub fn digest(m: &[u8]) -> u64 {
+    m[..MSG].chunks_exact(8).fold(0x9e37_79b9_7f4a_7c15u64, |h, w| {
+        (h ^ u64::from_le_bytes(w.try_into().unwrap())).wrapping_mul(0xff51_afd7_ed55_8ccd).rotate_left(29)
+    })
 }
 
 fn message(calls: &[Call]) -> Vec<u8> {
