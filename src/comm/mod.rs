@@ -272,27 +272,38 @@ impl Comm {
     pub fn run(&self, colls: Vec<Coll>) -> Result<()> {
         let mut st = self.state.lock().unwrap_or_else(|p| p.into_inner());
         self.usable(&st)?;
-        // Only collectives take a sequence number: a send/recv involves two ranks, so
-        // counting it would put the others out of step.
-        let mut calls: Vec<Call> = colls
-            .into_iter()
-            .map(|coll| {
-                if !coll.kind.is_p2p() {
-                    st.seq += 1;
-                }
-                Call { coll, seq: st.seq }
-            })
-            .collect();
+        let mut calls: Vec<Call> = colls.into_iter().map(|coll| Self::numbered(&mut st, coll)).collect();
+        self.run_calls(&mut st, &mut calls)
+    }
+
+    /// Runs one call (validated by the caller), without allocating.
+    pub fn run_one(&self, coll: Coll) -> Result<()> {
+        let mut st = self.state.lock().unwrap_or_else(|p| p.into_inner());
+        self.usable(&st)?;
+        let mut calls = [Self::numbered(&mut st, coll)];
+        self.run_calls(&mut st, &mut calls)
+    }
+
+    /// The call with its sequence number. Only collectives take one: a send/recv
+    /// involves two ranks, so counting it would put the others out of step.
+    fn numbered(st: &mut State, coll: Coll) -> Call {
+        if !coll.kind.is_p2p() {
+            st.seq += 1;
+        }
+        Call { coll, seq: st.seq }
+    }
+
+    fn run_calls(&self, st: &mut State, calls: &mut [Call]) -> Result<()> {
         let t0 = log::enabled(log::Level::Info).then(Instant::now);
         // Without CUDA every buffer is host memory: one relaxed load, then the host path.
         let res = if cuda::present() && calls.iter().any(|c| c.coll.placement != Placement::Host) {
-            self.run_with_devices(&mut st, &mut calls)
+            self.run_with_devices(st, calls)
         } else {
-            host::execute(&mut st.transport, &calls, self.opts.timeout, &self.abort, self.opts.check_mode)
+            host::execute(&mut st.transport, calls, self.opts.timeout, &self.abort, self.opts.check_mode)
         };
         if let Some(t0) = t0 {
             let us = t0.elapsed().as_secs_f64() * 1e6;
-            for c in &calls {
+            for c in calls.iter() {
                 log::info(format_args!(
                     "rank {} comm {} seq {} {} count {} {} backend {} {:.1} us",
                     self.rank,

@@ -40,12 +40,14 @@ pub(super) fn submit(comm: fcclComm_t, stream: fcclStream_t, make: impl FnOnce(&
     coll.validate(c.rank, c.nranks)?;
     // One relaxed atomic load when CUDA is absent; a mixed call fails here, before
     // it is counted or queued, so no rank waits for it.
-    coll.placement = crate::mem::placement(&coll.buffers(c.rank, c.nranks))?;
+    if crate::mem::cuda::present() {
+        coll.placement = crate::mem::placement(&coll.buffers(c.rank, c.nranks))?;
+    }
     if group::active() {
         group::enqueue(c, coll);
         Ok(())
     } else {
-        c.run(vec![coll])
+        c.run_one(coll)
     }
 }
 

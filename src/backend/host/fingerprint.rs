@@ -90,8 +90,10 @@ pub const MSG_BYTES: usize = MSG;
 /// returns a 64-bit digest of it: ranks whose digests agree called the same
 /// collectives, unless a 2^-64 accident says otherwise.
 pub fn message_into(calls: &[Call], m: &mut [u8]) -> u64 {
+    // Only the header and the records of the calls are written and compared (see
+    // `used`): whatever follows them is stale, and writing a whole message per call
+    // cost more than the rest of the fingerprinting.
     let m = &mut m[..MSG];
-    m.fill(0);
     let mut h: u64 = 0xcbf2_9ce4_8422_2325;
     let mut count = 0usize;
     for c in calls.iter().filter(|c| is_collective(&c.coll)) {
@@ -110,9 +112,15 @@ pub fn message_into(calls: &[Call], m: &mut [u8]) -> u64 {
     digest(m)
 }
 
-/// A 64-bit digest of a fingerprint message (multiply-rotate over its words).
+/// The bytes of a fingerprint message that count: its header and its records.
+fn used(m: &[u8]) -> &[u8] {
+    let n = (u64::from_le_bytes(m[0..8].try_into().unwrap()) as usize).min(MAX_CALLS);
+    &m[..16 + n * REC]
+}
+
+/// A 64-bit digest of a fingerprint message (multiply-rotate over its used words).
 pub fn digest(m: &[u8]) -> u64 {
-    m[..MSG].chunks_exact(8).fold(0x9e37_79b9_7f4a_7c15u64, |h, w| {
+    used(m).chunks_exact(8).fold(0x9e37_79b9_7f4a_7c15u64, |h, w| {
         (h ^ u64::from_le_bytes(w.try_into().unwrap())).wrapping_mul(0xff51_afd7_ed55_8ccd).rotate_left(29)
     })
 }
@@ -173,13 +181,13 @@ pub fn disagreement<'a>(
     mine: &[u8],
     theirs: impl Fn(usize) -> &'a [u8],
 ) -> Option<String> {
-    let mine = &mine[..MSG];
-    if peers.clone().all(|p| &theirs(p)[..MSG] == mine) {
+    let mine = used(mine);
+    if peers.clone().all(|p| used(theirs(p)) == mine) {
         return None;
     }
     let mut lines = vec![format!("rank {me} called {}", describe_msg(mine))];
     for p in peers {
-        let m = &theirs(p)[..MSG];
+        let m = used(theirs(p));
         if m != mine {
             lines.push(format!("rank {p} called {}", describe_msg(m)));
         }
