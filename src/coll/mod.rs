@@ -143,9 +143,16 @@ impl Coll {
 
     /// Byte size of `elems` elements, or an error naming the argument.
     pub fn bytes(&self, elems: usize, what: &str) -> Result<usize> {
+        self.bytes_named(elems, || what.to_string())
+    }
+
+    /// As [`Coll::bytes`], naming the count only if it overflows (the name is built
+    /// then: validation runs on every call).
+    fn bytes_named(&self, elems: usize, what: impl FnOnce() -> String) -> Result<usize> {
         elems.checked_mul(self.dtype.size()).filter(|&b| b <= isize::MAX as usize).ok_or_else(|| {
             Error::invalid_arg(format!(
-                "{what} = {elems} elements of {} overflows the address space; pass a count in elements, not bytes",
+                "{} = {elems} elements of {} overflows the address space; pass a count in elements, not bytes",
+                what(),
                 self.dtype
             ))
         })
@@ -258,7 +265,7 @@ impl Coll {
                     v.sdispls[p], v.recvcounts[p]
                 ))
             })?;
-            self.bytes(end, &format!("sdispls[{p}] + recvcounts[{p}]"))?;
+            self.bytes_named(end, || format!("sdispls[{p}] + recvcounts[{p}]"))?;
             if v.recvcounts[p] > 0 {
                 extent = extent.max(end);
             }
@@ -301,8 +308,8 @@ impl Coll {
                     v.rdispls[p], v.recvcounts[p]
                 ))
             })?;
-            self.bytes(s_end, &format!("sdispls[{p}] + sendcounts[{p}]"))?;
-            self.bytes(r_end, &format!("rdispls[{p}] + recvcounts[{p}]"))?;
+            self.bytes_named(s_end, || format!("sdispls[{p}] + sendcounts[{p}]"))?;
+            self.bytes_named(r_end, || format!("rdispls[{p}] + recvcounts[{p}]"))?;
             if v.sendcounts[p] > 0 {
                 send_extent = send_extent.max(s_end);
             }
