@@ -14,7 +14,7 @@ use crate::error::{Error, Result};
 use crate::transport::Transport;
 use engine::{RunCtl, Schedule};
 use std::sync::atomic::AtomicBool;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 /// One call to execute, with its sequence number on the communicator.
 pub struct Call {
@@ -49,10 +49,9 @@ pub fn execute(
             }
         }
     }
-    let deadline = Instant::now() + timeout;
     let rank = t.rank;
     let what = || describe(calls, rank);
-    let ctl = RunCtl { deadline, timeout, abort, what: &what };
+    let ctl = RunCtl { timeout, abort, what: &what };
     if check && t.nranks > 1 {
         if let Some(e) = fingerprint::agree(t, calls, &ctl)? {
             return Ok(Some(e));
@@ -97,9 +96,9 @@ pub fn execute(
             }
             continue;
         }
-        let mut s = Schedule::new(c.seq as u32);
-        algorithms::build(&mut s, co, t.rank, t.nranks, &mut scratch, c.seq)?;
-        sched.append(s);
+        // Steps added from here on carry this call's sequence number.
+        sched.tag = c.seq as u32;
+        algorithms::build(&mut sched, co, t.rank, t.nranks, &mut scratch, c.seq)?;
     }
     // Sends to self match receives from self in order.
     if self_sends.len() != self_recvs.len() {
