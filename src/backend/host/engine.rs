@@ -426,7 +426,12 @@ thread_local! {
     static SCRATCH: std::cell::Cell<RunScratch> = std::cell::Cell::new(RunScratch::default());
 }
 
-fn run_with(t: &mut Transport, sched: &mut Schedule<'_>, ctl: &RunCtl<'_>, sc: &mut RunScratch) -> Result<Option<Error>> {
+fn run_with(
+    t: &mut Transport,
+    sched: &mut Schedule<'_>,
+    ctl: &RunCtl<'_>,
+    sc: &mut RunScratch,
+) -> Result<Option<Error>> {
     let n = sched.steps.len();
     // A peer that failed or aborted earlier is reported as such, not as whatever
     // its half-sent messages would look like.
@@ -569,6 +574,15 @@ fn run_with(t: &mut Transport, sched: &mut Schedule<'_>, ctl: &RunCtl<'_>, sc: &
         let left = deadline.saturating_duration_since(now);
         t.sleep(seen, left.min(Duration::from_millis(20)));
     }
+}
+
+/// Whether `[dst, dst + len)` overlaps the source of a point-to-point send in `sched`.
+fn overlaps_a_send(sched: &Schedule<'_>, dst: *mut u8, len: usize) -> bool {
+    let (a, b) = (dst as usize, dst as usize + len);
+    sched.steps.iter().any(|s| match s.action {
+        Action::P2pSend { src, len: n, .. } => (src as usize) < b && a < src as usize + n,
+        _ => false,
+    })
 }
 
 fn describe_waiting(me: usize, peers: &[Peer], sched: &Schedule<'_>, done: &[bool]) -> String {
@@ -936,7 +950,12 @@ fn pump_rx(
                         )));
                     }
                     hdr.got = 0;
-                    st.cur_rx = Some(Rx { step: Some(i), len, sink: Sink::Copy(dst), read: 0, direct: None });
+                    // Large payloads are streamed into the user's buffer, as collectives'
+                    // are, unless it is also what this rank sends (in place): those lines
+                    // are in cache, and streaming stores would evict them.
+                    let stream = len >= crate::env::stream_min() && !overlaps_a_send(sched, dst, len);
+                    let sink = if stream { Sink::Stream(dst) } else { Sink::Copy(dst) };
+                    st.cur_rx = Some(Rx { step: Some(i), len, sink, read: 0, direct: None });
                 }
                 k => {
                     return Err(Error::internal(format!(
