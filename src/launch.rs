@@ -101,7 +101,7 @@ impl Launch {
         let root_addr = id.addr().map(|a| a.to_string()).unwrap_or_default();
         let mut children: Vec<Option<Child>> = Vec::new();
         let mut pipes = Vec::new();
-        let cpus = if self.bind { allowed_cpus() } else { Vec::new() };
+        let cpus = if self.bind { crate::transport::board::allowed_cpus() } else { Vec::new() };
         let binding = cpus.len() >= self.nranks;
         for r in 0..self.nranks {
             let direct = self.inherit_rank0 && r == 0;
@@ -260,18 +260,6 @@ fn forward(src: impl Read + Send + 'static, rank: usize, prefix: bool, to_stderr
             }
         }
     })
-}
-
-/// The CPUs this process may run on, in order.
-fn allowed_cpus() -> Vec<usize> {
-    // SAFETY: a zeroed cpu_set_t is a valid empty set; sched_getaffinity fills it.
-    unsafe {
-        let mut set: libc::cpu_set_t = std::mem::zeroed();
-        if libc::sched_getaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &mut set) != 0 {
-            return Vec::new();
-        }
-        (0..libc::CPU_SETSIZE as usize).filter(|&c| libc::CPU_ISSET(c, &set)).collect()
-    }
 }
 
 fn describe(st: ExitStatus) -> String {

@@ -54,3 +54,29 @@ fn info_logs_one_line_per_collective_to_a_file_per_process() {
     assert!(logs(&dir).iter().all(|(_, t)| t.is_empty()), "no log lines at the default level");
     std::fs::remove_dir_all(&dir).unwrap();
 }
+
+/// Ranks pinned one per CPU (ferroccl-bench binds by default) are not oversubscribed:
+/// each may run on one CPU, but the host's ranks share as many CPUs as there are
+/// ranks, so waits spin before they sleep. The INFO log says which policy was chosen.
+#[test]
+fn pinned_ranks_are_not_counted_as_oversubscribed() {
+    let cpus = std::thread::available_parallelism().map_or(1, |n| n.get());
+    for bind in ["core", "none"] {
+        let dir = std::env::temp_dir().join(format!("fccl-log-bind-{bind}-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let out = Command::new(env!("CARGO_BIN_EXE_ferroccl-bench"))
+            .args(["--nranks", "2", "--bind", bind, "all_reduce", "-b", "8", "-e", "8", "-n", "1", "-w", "1"])
+            .env("FERROCCL_DEBUG", "INFO")
+            .env("FERROCCL_DEBUG_FILE", dir.join("log-%p.txt"))
+            .output()
+            .expect("ferroccl-bench runs");
+        assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+        for (name, text) in logs(&dir) {
+            let line = text.lines().find(|l| l.contains("ranks on this host share")).expect("policy logged");
+            let want =
+                if cpus >= 2 { format!("share {cpus} CPUs; waits spin 20 us") } else { "waits spin 2 us".into() };
+            assert!(line.contains(&want), "--bind {bind}, {name}: {line}");
+        }
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+}

@@ -23,6 +23,25 @@ struct Info {
     host: u64,
     pid: u32,
     addr: SocketAddr,
+    /// The CPUs below 256 that the rank may run on, as a bit mask, and whether it
+    /// may also run on CPUs beyond those.
+    cpus: [u8; 32],
+    more_cpus: bool,
+}
+
+/// This process's CPUs as Info describes them (an unreadable mask counts as "more").
+fn cpu_mask() -> ([u8; 32], bool) {
+    let mut m = [0u8; 32];
+    let cpus = crate::transport::board::allowed_cpus();
+    let mut more = cpus.is_empty();
+    for c in cpus {
+        if c < 256 {
+            m[c / 8] |= 1 << (c % 8);
+        } else {
+            more = true;
+        }
+    }
+    (m, more)
 }
 
 impl Info {
@@ -41,6 +60,8 @@ impl Info {
                 b[16..32].copy_from_slice(&ip.octets());
             }
         }
+        b[15] = u8::from(self.more_cpus);
+        b[32..64].copy_from_slice(&self.cpus);
         b
     }
     fn decode(b: &[u8]) -> Result<Info> {
@@ -57,7 +78,9 @@ impl Info {
         } else {
             IpAddr::V4(Ipv4Addr::new(b[16], b[17], b[18], b[19]))
         };
-        Ok(Info { host, pid, addr: SocketAddr::new(ip, port) })
+        let mut cpus = [0u8; 32];
+        cpus.copy_from_slice(&b[32..64]);
+        Ok(Info { host, pid, addr: SocketAddr::new(ip, port), cpus, more_cpus: b[15] != 0 })
     }
 }
 
@@ -85,8 +108,14 @@ pub fn connect(
     let adv_ip =
         crate::env::HOST_ADDR.get().and_then(|s| s.parse::<IpAddr>().ok()).unwrap_or(IpAddr::V4(Ipv4Addr::LOCALHOST));
     let my_host = if force_tcp { host_id() ^ (std::process::id() as u64) << 1 ^ rank as u64 } else { host_id() };
-    let me =
-        Info { host: my_host, pid: std::process::id(), addr: SocketAddr::new(adv_ip, listener.local_addr()?.port()) };
+    let (cpus, more_cpus) = cpu_mask();
+    let me = Info {
+        host: my_host,
+        pid: std::process::id(),
+        addr: SocketAddr::new(adv_ip, listener.local_addr()?.port()),
+        cpus,
+        more_cpus,
+    };
 
     // Round 1: who is where.
     let infos: Vec<Info> = allgather(&me.encode())?.iter().map(|b| Info::decode(b)).collect::<Result<_>>()?;
@@ -169,13 +198,30 @@ pub fn connect(
         s.unlink();
     }
     let local_ranks = local.iter().filter(|&&l| l).count();
+    // How many CPUs the ranks of this host may use together: ranks pinned one per
+    // CPU (ferroccl-run --bind core) are not oversubscribed, though each may use one.
+    let local_cpus = if infos.iter().zip(&local).any(|(i, &l)| l && i.more_cpus) {
+        crate::transport::board::available_cpus().max(local_ranks)
+    } else {
+        let mut union = [0u8; 32];
+        for (i, _) in infos.iter().zip(&local).filter(|(_, &l)| l) {
+            union.iter_mut().zip(&i.cpus).for_each(|(u, c)| *u |= c);
+        }
+        union.iter().map(|b| b.count_ones() as usize).sum::<usize>().max(1)
+    };
     let t = Transport::new(rank, nranks, links, my_seg_arc);
     // With every rank on this host, collectives announce themselves on the board.
     let t = match segs.into_iter().collect::<Option<Vec<_>>>() {
         Some(all) if nranks > 1 => t.with_board(all),
         _ => t,
     };
-    Ok(t.with_local_ranks(local_ranks))
+    let t = t.with_local_ranks(local_ranks, local_cpus);
+    crate::log::info(format_args!(
+        "rank {rank}: {local_ranks} ranks on this host share {local_cpus} CPUs; waits spin {} us, then yield until {} us, then sleep",
+        t.policy.spin.as_micros(),
+        t.policy.yield_until.as_micros()
+    ));
+    Ok(t)
 }
 
 fn connect_retry(addr: SocketAddr, deadline: Instant, peer: usize) -> Result<TcpStream> {

@@ -21,16 +21,8 @@
 /// ranges must not overlap.
 #[inline]
 pub unsafe fn copy(dst: *mut u8, src: *const u8, n: usize) {
-    #[cfg(target_arch = "x86_64")]
-    {
-        if n >= 2048 && std::arch::is_x86_feature_detected!("avx2") {
-            // SAFETY: the caller's contract, and the CPU has AVX2 (checked above).
-            unsafe { vector_avx2::<false>(dst, src, n) };
-            return;
-        }
-    }
     // SAFETY: the caller's contract.
-    unsafe { std::ptr::copy_nonoverlapping(src, dst, n) };
+    unsafe { copy_with::<false>(dst, src, n) }
 }
 
 /// Copies `n` bytes from `src` to `dst` with streaming stores where the CPU has
@@ -41,11 +33,21 @@ pub unsafe fn copy(dst: *mut u8, src: *const u8, n: usize) {
 /// `src` must be valid for reads and `dst` for writes of `n` bytes, and the two
 /// ranges must not overlap.
 pub unsafe fn copy_streaming(dst: *mut u8, src: *const u8, n: usize) {
+    // SAFETY: the caller's contract.
+    unsafe { copy_with::<true>(dst, src, n) }
+}
+
+/// The vector loop for blocks of 2 KiB and more where the CPU has AVX2, else `memcpy`.
+///
+/// # Safety
+/// As for [`copy`].
+#[inline]
+unsafe fn copy_with<const STREAM: bool>(dst: *mut u8, src: *const u8, n: usize) {
     #[cfg(target_arch = "x86_64")]
     {
         if n >= 2048 && std::arch::is_x86_feature_detected!("avx2") {
             // SAFETY: the caller's contract, and the CPU has AVX2 (checked above).
-            unsafe { vector_avx2::<true>(dst, src, n) };
+            unsafe { vector_avx2::<STREAM>(dst, src, n) };
             return;
         }
     }

@@ -56,8 +56,11 @@ impl SpinPolicy {
     /// of a few microseconds still never leaves the CPU). With more ranks than cores,
     /// a spinning rank takes the core its peer needs, so it yields almost at once and
     /// soon sleeps.
-    pub fn for_ranks(local_ranks: usize) -> SpinPolicy {
-        if local_ranks > available_cpus() {
+    ///
+    /// `cpus` is how many CPUs the ranks of this host may run on together: each rank
+    /// pinned to its own CPU still has a CPU per rank.
+    pub fn for_ranks(local_ranks: usize, cpus: usize) -> SpinPolicy {
+        if local_ranks > cpus {
             SpinPolicy { spin: Duration::from_micros(2), yield_until: Duration::from_micros(20) }
         } else {
             SpinPolicy { spin: Duration::from_micros(20), yield_until: Duration::from_micros(300) }
@@ -65,9 +68,21 @@ impl SpinPolicy {
     }
 }
 
-/// CPUs this process may run on.
+/// How many CPUs this process may use (its affinity mask and CPU quota).
 pub fn available_cpus() -> usize {
     std::thread::available_parallelism().map_or(1, |n| n.get())
+}
+
+/// The CPUs this process's affinity mask allows, in order (empty if it cannot be read).
+pub fn allowed_cpus() -> Vec<usize> {
+    // SAFETY: a zeroed cpu_set_t is a valid empty set; sched_getaffinity fills it.
+    unsafe {
+        let mut set: libc::cpu_set_t = std::mem::zeroed();
+        if libc::sched_getaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &mut set) != 0 {
+            return Vec::new();
+        }
+        (0..libc::CPU_SETSIZE as usize).filter(|&c| libc::CPU_ISSET(c, &set)).collect()
+    }
 }
 
 /// One rank's view of the boards of all ranks of a communicator on one host.

@@ -103,7 +103,7 @@ pub struct Transport {
 impl Transport {
     pub fn new(rank: usize, nranks: usize, links: Vec<Option<Box<dyn Link>>>, my_seg: Option<Arc<Segment>>) -> Self {
         debug_assert_eq!(links.len(), nranks);
-        let policy = SpinPolicy::for_ranks(nranks);
+        let policy = SpinPolicy::for_ranks(nranks, board::available_cpus());
         Transport { rank, nranks, links, my_seg, pending: vec![PendingHeader::default(); nranks], board: None, policy }
     }
 
@@ -114,9 +114,10 @@ impl Transport {
         self
     }
 
-    /// Sets how waits behave given `local_ranks` ranks on this host.
-    pub fn with_local_ranks(mut self, local_ranks: usize) -> Self {
-        self.policy = SpinPolicy::for_ranks(local_ranks);
+    /// Sets how waits behave given `local_ranks` ranks on this host, which may run
+    /// on `cpus` CPUs together.
+    pub fn with_local_ranks(mut self, local_ranks: usize, cpus: usize) -> Self {
+        self.policy = SpinPolicy::for_ranks(local_ranks, cpus);
         if let Some(b) = &mut self.board {
             b.policy = self.policy;
         }
