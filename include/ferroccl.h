@@ -756,6 +756,8 @@ fcclResult_t fcclMemAlloc(void **ptr,
 
 /**
  * Allocates `size` bytes of page-aligned host memory (pinned when CUDA is present).
+ * Without CUDA, allocations of 2 MiB or more are 2 MiB aligned and advised for
+ * transparent huge pages, which makes collectives on them faster (fewer TLB misses).
  * Free it with fcclMemFree.
  */
 fcclResult_t fcclMemAllocHost(void **ptr,

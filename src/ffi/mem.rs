@@ -23,6 +23,8 @@ pub unsafe extern "C" fn fcclMemAlloc(ptr: *mut *mut c_void, size: usize) -> fcc
 }
 
 /// Allocates `size` bytes of page-aligned host memory (pinned when CUDA is present).
+/// Without CUDA, allocations of 2 MiB or more are 2 MiB aligned and advised for
+/// transparent huge pages, which makes collectives on them faster (fewer TLB misses).
 /// Free it with fcclMemFree.
 #[no_mangle]
 pub unsafe extern "C" fn fcclMemAllocHost(ptr: *mut *mut c_void, size: usize) -> fcclResult_t {

@@ -154,7 +154,14 @@ fn record(p: *mut u8, size: usize, kind: MemKind, ctx: usize) {
     ALLOCS.lock().unwrap().get_or_insert_with(HashMap::new).insert(p as usize, (size, kind, ctx));
 }
 
-/// Page-aligned host memory, pinned (cuMemHostAlloc) when CUDA is present.
+/// Host allocations of at least this size are aligned to it and advised for
+/// transparent huge pages: collectives stream through user buffers, and with 4 KiB
+/// pages every 4 KiB is a TLB miss (a two-level walk under a hypervisor). Side by
+/// side on the development VM, all_reduce 2-32 MiB ran 1.1-1.3x faster on them.
+const HUGE_PAGE: usize = 2 << 20;
+
+/// Page-aligned host memory, pinned (cuMemHostAlloc) when CUDA is present; huge
+/// pages where the kernel gives them for 2 MiB and more (see HUGE_PAGE).
 pub fn alloc_host(size: usize) -> Result<*mut u8> {
     check_size(size)?;
     if cuda::present() {
@@ -163,10 +170,16 @@ pub fn alloc_host(size: usize) -> Result<*mut u8> {
         return Ok(p);
     }
     let mut p: *mut libc::c_void = std::ptr::null_mut();
+    let huge = size >= HUGE_PAGE;
+    let align = if huge { HUGE_PAGE } else { page_size() };
     // SAFETY: p is a valid out-pointer; alignment is a power of two multiple of sizeof(void*).
-    let rc = unsafe { libc::posix_memalign(&mut p, page_size(), size) };
+    let rc = unsafe { libc::posix_memalign(&mut p, align, size) };
     if rc != 0 || p.is_null() {
         return Err(Error::system(format!("out of host memory allocating {size} bytes")));
+    }
+    if huge {
+        // SAFETY: [p, p + size) is our fresh allocation; the advice changes no data.
+        unsafe { libc::madvise(p, size, libc::MADV_HUGEPAGE) };
     }
     record(p as *mut u8, size, MemKind::Host, 0);
     Ok(p as *mut u8)
