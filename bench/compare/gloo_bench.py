@@ -211,6 +211,9 @@ def free_port():
 
 
 def worker(rank, o, port):
+    # Large CPU tensors 2 MiB aligned with huge pages advised, as ferroccl-bench's
+    # buffers from fcclMemAllocHost (PyTorch's CPU allocator reads this at start).
+    os.environ.setdefault("THP_MEM_ALLOC_ENABLE", "1")
     import torch
     import torch.distributed as dist
 
