@@ -9,7 +9,7 @@
 //! 15-16 GB/s into memory with ordinary stores, 22-23 GB/s streaming.
 
 /// Copies `n` bytes from `src` to `dst` with ordinary stores: data that a peer or
-/// the caller reads again soon (ring pieces, small results).
+/// the caller reads again soon (pieces of large messages in a ring, small results).
 ///
 /// glibc's `memcpy` moves blocks of this size with `rep movsb`, which on the AMD
 /// EPYC VMs we measure on ran at half the speed of plain vector loads and stores

@@ -222,7 +222,8 @@ mod tests {
 
     #[test]
     fn host_allocations_are_page_aligned_and_large_ones_huge_page_aligned() {
-        for (size, align) in [(1usize, page_size()), (100_000, page_size()), (HUGE_PAGE, HUGE_PAGE), (3 << 20, HUGE_PAGE)]
+        for (size, align) in
+            [(1usize, page_size()), (100_000, page_size()), (HUGE_PAGE, HUGE_PAGE), (3 << 20, HUGE_PAGE)]
         {
             let p = alloc_host(size).unwrap();
             assert_eq!(p as usize % align, 0, "{size} bytes at {p:p}");

@@ -41,6 +41,18 @@ const DIRECT_MIN: usize = 64 << 10;
 /// A direct message is read in pieces of this size, so other peers progress meanwhile
 /// and reductions read a piece that is still in cache.
 const DIRECT_PIECE: usize = 256 << 10;
+/// Messages of these sizes are written into the ring with streaming stores. A
+/// reader that follows close behind the writer (the whole message fits in a few
+/// pieces) would otherwise take every line from the writer's private cache, and
+/// the writer must first take each line back from the reader's cache where the
+/// ring was last read: both transfers between cores are slower than memory on
+/// the measured machines (5.5 GB/s between cores against 8-10 GB/s through
+/// memory; under 2 GB/s when the two CPUs sit on different dies, which the VM's
+/// host decides and changes at run time). Larger messages keep ordinary stores:
+/// the writer runs far enough ahead that the lines reach the shared cache before
+/// they are read, and streaming them through memory would double its traffic.
+/// Measured per size in docs/performance.md ("Ring stores").
+const RING_STREAM: std::ops::Range<usize> = (32 << 10)..(512 << 10);
 /// Skips the rest of the ring, unread and unwritten: the next message starts at the
 /// ring's beginning (see `Link::rewind_gap`). Its length field is the gap after the header.
 const K_SKIP: u8 = 6;
@@ -762,11 +774,25 @@ fn pump_tx(
                 if tx.kind == K_DIRECT {
                     space[filled..filled + data_n].copy_from_slice(&tx.inline[off..off + data_n]);
                 } else {
+                    let nt = data_n >= 4096 && RING_STREAM.contains(&payload);
                     // SAFETY: src is valid for `payload` bytes (the caller's buffer or
                     // scratch, kept alive and unmodified until this step is done).
-                    unsafe { copy::copy(space[filled..].as_mut_ptr(), tx.src.add(off), data_n) };
+                    unsafe {
+                        if nt {
+                            copy::copy_streaming(space[filled..].as_mut_ptr(), tx.src.add(off), data_n)
+                        } else {
+                            copy::copy(space[filled..].as_mut_ptr(), tx.src.add(off), data_n)
+                        }
+                    };
                     if let Some((dst, stream)) = tx.tee {
-                        let piece = space[filled..filled + data_n].as_ptr();
+                        // A piece written with streaming stores has left the caches:
+                        // copy it from the source, which is.
+                        let piece = if nt {
+                            // SAFETY: off + data_n <= payload, inside src.
+                            unsafe { tx.src.add(off) }
+                        } else {
+                            space[filled..filled + data_n].as_ptr()
+                        };
                         // SAFETY: dst is valid for `payload` bytes and written by no one
                         // else until the step is done (schedule contract); the ring
                         // piece just written is disjoint from it.
