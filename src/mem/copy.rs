@@ -37,6 +37,68 @@ pub unsafe fn copy_streaming(dst: *mut u8, src: *const u8, n: usize) {
     unsafe { copy_with::<true>(dst, src, n) }
 }
 
+/// Chooses between ordinary and streaming stores for data that another CPU reads
+/// next (ring pieces, board slots), from the writer's own timings.
+///
+/// Ordinary stores are right while the two CPUs share a die: the reader then takes
+/// the lines from the shared cache. When they do not (the VM's host decides, and
+/// changes it while a program runs), each ordinary store must first take its line
+/// back from the reader's cache across the dies, and a whole transfer slows to
+/// about 2 GB/s, while streaming stores, which go to memory, keep their speed. So
+/// the writer times its copies (one clock read each, against microseconds of
+/// copying) and streams while ordinary stores are more than [`Self::MARGIN`] times
+/// slower; every 16th copy goes the other way, so both estimates stay current.
+/// See docs/performance.md ("Ring stores").
+#[derive(Default)]
+pub struct StoreChoice {
+    /// Recent cost of ordinary and streaming copies, ns per KiB (0: not measured yet).
+    ordinary: f32,
+    streaming: f32,
+    copies: u32,
+}
+
+impl StoreChoice {
+    /// Streaming stores must be this many times faster for the writer before they
+    /// are chosen: they also cost the reader, who then reads from memory instead
+    /// of the shared cache (1.2-1.4x slower end to end at 2-8 MiB while the CPUs
+    /// share a die; ordinary stores are about 5x slower when they do not).
+    pub const MARGIN: f32 = 2.0;
+
+    /// Whether the next copy should use streaming stores.
+    pub fn choose(&mut self) -> bool {
+        self.copies = self.copies.wrapping_add(1);
+        let prefer = self.streaming > 0.0 && self.ordinary > Self::MARGIN * self.streaming;
+        if self.copies % 16 == 0 {
+            !prefer
+        } else {
+            prefer
+        }
+    }
+
+    /// Copies `n` bytes with streaming stores or not, and records how long it took.
+    ///
+    /// # Safety
+    /// As for [`copy`].
+    pub unsafe fn copy(&mut self, dst: *mut u8, src: *const u8, n: usize, streaming: bool) {
+        let t0 = std::time::Instant::now();
+        // SAFETY: the caller's contract.
+        unsafe {
+            if streaming {
+                copy_streaming(dst, src, n)
+            } else {
+                copy(dst, src, n)
+            }
+        }
+        self.record(streaming, n, t0.elapsed());
+    }
+
+    fn record(&mut self, streaming: bool, bytes: usize, took: std::time::Duration) {
+        let v = took.as_nanos() as f32 * 1024.0 / bytes.max(1) as f32;
+        let e = if streaming { &mut self.streaming } else { &mut self.ordinary };
+        *e = if *e == 0.0 { v } else { *e + (v - *e) / 8.0 };
+    }
+}
+
 /// The vector loop for blocks of 2 KiB and more where the CPU has AVX2, else `memcpy`.
 ///
 /// # Safety
@@ -93,6 +155,45 @@ unsafe fn vector_avx2<const STREAM: bool>(dst: *mut u8, src: *const u8, n: usize
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn choices(s: &mut StoreChoice, n: usize) -> usize {
+        (0..n).filter(|_| s.choose()).count()
+    }
+
+    #[test]
+    fn streaming_is_chosen_only_while_ordinary_stores_are_much_slower() {
+        use std::time::Duration;
+        let mut s = StoreChoice::default();
+        // Unmeasured: ordinary stores, with every 16th copy streamed to measure it.
+        assert_eq!(choices(&mut s, 32), 2);
+        // Streaming 1.5x faster for the writer: not enough to pay for its reader.
+        s.record(false, 64 << 10, Duration::from_micros(6));
+        s.record(true, 64 << 10, Duration::from_micros(4));
+        assert_eq!(choices(&mut s, 32), 2);
+        // Ordinary stores 5x slower (the CPUs on different dies): stream, and try
+        // ordinary stores every 16th copy.
+        for _ in 0..40 {
+            s.record(false, 64 << 10, Duration::from_micros(20));
+        }
+        assert_eq!(choices(&mut s, 32), 30);
+        // They recover: back to ordinary stores.
+        for _ in 0..40 {
+            s.record(false, 64 << 10, Duration::from_micros(3));
+        }
+        assert_eq!(choices(&mut s, 32), 2);
+        // Costs are per KiB: 4 KiB in 0.25 µs is as fast as 64 KiB in 4 µs.
+        let mut t = StoreChoice::default();
+        t.record(true, 4 << 10, Duration::from_nanos(250));
+        assert_eq!(t.streaming, 62.5);
+        // A timed copy copies.
+        let src: Vec<u8> = (0..8192u32).map(|i| i as u8).collect();
+        for streaming in [false, true] {
+            let mut dst = vec![0u8; 8192];
+            // SAFETY: both hold 8192 bytes and do not overlap.
+            unsafe { t.copy(dst.as_mut_ptr(), src.as_ptr(), 8192, streaming) };
+            assert_eq!(dst, src);
+        }
+    }
 
     #[test]
     fn copies_match_at_every_alignment_and_length() {

@@ -95,6 +95,8 @@ pub struct Board {
     /// The current call's contributions are in the slots' first lines.
     inline: bool,
     pub policy: SpinPolicy,
+    /// How large contributions are written into this rank's slots.
+    pub stores: crate::mem::copy::StoreChoice,
 }
 
 // SAFETY: the segments are shared memory accessed through atomics (headers) or
@@ -106,7 +108,7 @@ impl Board {
         for s in &segs {
             s.populate_board();
         }
-        Board { rank, segs, seq: 0, inline: false, policy }
+        Board { rank, segs, seq: 0, inline: false, policy, stores: Default::default() }
     }
 
     pub fn nranks(&self) -> usize {

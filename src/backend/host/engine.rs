@@ -49,7 +49,7 @@ const DIRECT_PIECE: usize = 256 << 10;
 /// the measured machines (5.5 GB/s between cores against 8-10 GB/s through
 /// memory; under 2 GB/s when the two CPUs sit on different dies, which the VM's
 /// host decides and changes at run time). Larger messages keep ordinary stores
-/// while those stay fast ([`RingStores`]): the writer runs far enough ahead that
+/// while those stay fast ([`copy::StoreChoice`]): the writer runs far enough ahead that
 /// the lines reach the shared cache before they are read, and streaming them
 /// through memory would double its traffic. Measured per size in
 /// docs/performance.md ("Ring stores").
@@ -390,55 +390,7 @@ struct Peer {
     direct_sent: u64,
     direct_wait: VecDeque<(usize, u64)>,
     /// How pieces are written into this peer's ring; kept across runs.
-    stores: RingStores,
-}
-
-/// Chooses, piece by piece, how a message is written into a peer's ring: streaming
-/// stores for the sizes in [`RING_STREAM`]; for larger messages ordinary stores,
-/// unless they have become much slower than streaming ones. That happens when the
-/// two CPUs end up on different dies (the VM's host decides, and changes it while a
-/// program runs): each ordinary store must then take its line back from the
-/// reader's cache across the dies, and a whole transfer slows to about 2 GB/s,
-/// while streaming stores, which go to memory, keep their speed. The writer times
-/// its own copies (one clock read per piece of at least 4 KiB, against several
-/// microseconds of copying); every 16th piece of a large message goes the other way,
-/// so both estimates stay current.
-#[derive(Default)]
-struct RingStores {
-    /// Recent cost of ordinary and streaming pieces, ns per KiB (0: not measured yet).
-    ordinary: f32,
-    streaming: f32,
-    pieces: u32,
-}
-
-impl RingStores {
-    /// Streaming stores must be this many times faster for the writer before a large
-    /// message uses them: they also cost its reader, who then reads from memory
-    /// instead of the shared cache (1.2-1.4x slower end to end at 2-8 MiB while the
-    /// CPUs share a die; ordinary stores are about 5x slower when they do not).
-    const MARGIN: f32 = 2.0;
-
-    fn streaming(&mut self, payload: usize) -> bool {
-        if payload < RING_STREAM.start {
-            return false;
-        }
-        if payload < RING_STREAM.end {
-            return true;
-        }
-        self.pieces = self.pieces.wrapping_add(1);
-        let prefer = self.streaming > 0.0 && self.ordinary > Self::MARGIN * self.streaming;
-        if self.pieces % 16 == 0 {
-            !prefer
-        } else {
-            prefer
-        }
-    }
-
-    fn record(&mut self, streaming: bool, bytes: usize, took: Duration) {
-        let v = took.as_nanos() as f32 * 1024.0 / bytes as f32;
-        let e = if streaming { &mut self.streaming } else { &mut self.ordinary };
-        *e = if *e == 0.0 { v } else { *e + (v - *e) / 8.0 };
-    }
+    stores: copy::StoreChoice,
 }
 
 impl Peer {
@@ -455,6 +407,19 @@ impl Peer {
         self.awaiting_payload.clear();
         self.direct_sent = 0;
         self.direct_wait.clear();
+    }
+}
+
+/// How pieces of a message of `payload` bytes are written into a ring: ordinary
+/// stores below [`RING_STREAM`], streaming stores inside it, and above it
+/// whichever [`copy::StoreChoice`] finds right for this peer now.
+fn ring_streaming(stores: &mut copy::StoreChoice, payload: usize) -> bool {
+    if payload < RING_STREAM.start {
+        false
+    } else if payload < RING_STREAM.end {
+        true
+    } else {
+        stores.choose()
     }
 }
 
@@ -825,21 +790,17 @@ fn pump_tx(
                 if tx.kind == K_DIRECT {
                     space[filled..filled + data_n].copy_from_slice(&tx.inline[off..off + data_n]);
                 } else {
-                    let timed = data_n >= 4096;
-                    let nt = timed && st.stores.streaming(payload);
-                    let t0 = timed.then(Instant::now);
+                    let dst = space[filled..].as_mut_ptr();
+                    let nt = data_n >= 4096 && ring_streaming(&mut st.stores, payload);
                     // SAFETY: src is valid for `payload` bytes (the caller's buffer or
                     // scratch, kept alive and unmodified until this step is done).
                     unsafe {
-                        if nt {
-                            copy::copy_streaming(space[filled..].as_mut_ptr(), tx.src.add(off), data_n)
+                        if data_n >= 4096 {
+                            st.stores.copy(dst, tx.src.add(off), data_n, nt)
                         } else {
-                            copy::copy(space[filled..].as_mut_ptr(), tx.src.add(off), data_n)
+                            copy::copy(dst, tx.src.add(off), data_n)
                         }
                     };
-                    if let Some(t0) = t0 {
-                        st.stores.record(nt, data_n, t0.elapsed());
-                    }
                     if let Some((dst, stream)) = tx.tee {
                         // A piece written with streaming stores has left the caches:
                         // copy it from the source, which is.
@@ -1125,41 +1086,4 @@ fn pump_rx(
         st.cur_rx = None;
     }
     Ok(progressed)
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    fn choices(s: &mut RingStores, n: usize) -> usize {
-        (0..n).filter(|_| s.streaming(RING_STREAM.end)).count()
-    }
-
-    #[test]
-    fn ring_stores_stream_mid_sizes_and_large_ones_only_when_ordinary_stores_are_much_slower() {
-        let mut s = RingStores::default();
-        assert!(!s.streaming(RING_STREAM.start - 1));
-        assert!(s.streaming(RING_STREAM.start) && s.streaming(RING_STREAM.end - 1));
-        // Unmeasured: ordinary stores, with every 16th piece streamed to measure it.
-        assert_eq!(choices(&mut s, 32), 2);
-        // Streaming 1.5x faster for the writer: not enough to pay for its reader.
-        s.record(false, 64 << 10, Duration::from_micros(6));
-        s.record(true, 64 << 10, Duration::from_micros(4));
-        assert_eq!(choices(&mut s, 32), 2);
-        // Ordinary stores 5x slower (the CPUs on different dies): stream, and try
-        // ordinary stores every 16th piece.
-        for _ in 0..40 {
-            s.record(false, 64 << 10, Duration::from_micros(20));
-        }
-        assert_eq!(choices(&mut s, 32), 30);
-        // They recover: back to ordinary stores.
-        for _ in 0..40 {
-            s.record(false, 64 << 10, Duration::from_micros(3));
-        }
-        assert_eq!(choices(&mut s, 32), 2);
-        // Costs are per KiB: a 4 KiB piece in 0.25 µs is as fast as 64 KiB in 4 µs.
-        let mut t = RingStores::default();
-        t.record(true, 4 << 10, Duration::from_nanos(250));
-        assert_eq!(t.streaming, 62.5);
-    }
 }

@@ -18,6 +18,11 @@ use crate::transport::Transport;
 use std::sync::atomic::AtomicBool;
 use std::time::Duration;
 
+/// Contributions of at least this many bytes are written into the slot with the
+/// stores [`copy::StoreChoice`] picks; smaller ones always with ordinary stores
+/// (a clock read would cost more than the copy).
+const BOARD_STORES_MIN: usize = 16 << 10;
+
 /// What the board step decided.
 pub enum Board1 {
     /// The call ran entirely on the board: its result.
@@ -117,8 +122,14 @@ fn on_board(b: &mut Board, w: &mut Waiter<'_>, calls: &[Call], check: bool) -> R
         CollKind::Scatter if me == root => bytes * n,
         _ => 0,
     };
-    if publish > 0 {
+    if publish >= BOARD_STORES_MIN {
+        // Large contributions go as ring pieces do (`copy::StoreChoice`): streamed
+        // while the CPUs sit on different dies.
+        let (dst, streaming) = (b.my_data(s), b.stores.choose());
         // SAFETY: sendbuff holds `publish` bytes (validated) and the slot DATA_MAX >= publish.
+        unsafe { b.stores.copy(dst, co.send, publish, streaming) };
+    } else if publish > 0 {
+        // SAFETY: as above.
         unsafe { copy::copy(b.my_data(s), co.send, publish) };
     }
     b.publish(s, digest);
