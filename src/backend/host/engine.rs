@@ -41,17 +41,17 @@ const DIRECT_MIN: usize = 64 << 10;
 /// A direct message is read in pieces of this size, so other peers progress meanwhile
 /// and reductions read a piece that is still in cache.
 const DIRECT_PIECE: usize = 256 << 10;
-/// Messages of these sizes are written into the ring with streaming stores. A
-/// reader that follows close behind the writer (the whole message fits in a few
-/// pieces) would otherwise take every line from the writer's private cache, and
-/// the writer must first take each line back from the reader's cache where the
-/// ring was last read: both transfers between cores are slower than memory on
-/// the measured machines (5.5 GB/s between cores against 8-10 GB/s through
-/// memory; under 2 GB/s when the two CPUs sit on different dies, which the VM's
-/// host decides and changes at run time). Larger messages keep ordinary stores
-/// while those stay fast ([`copy::StoreChoice`]): the writer runs far enough ahead that
-/// the lines reach the shared cache before they are read, and streaming them
-/// through memory would double its traffic. Measured per size in
+/// Messages of these sizes, in runs that send less than its end to the peer in
+/// all, are written into the ring with streaming stores. A reader that follows
+/// close behind the writer would otherwise take every line from the writer's
+/// private cache, and the writer must first take each line back from the reader's
+/// cache where the ring was last read: both transfers between cores are slower
+/// than memory on the measured machines (5.5 GB/s between cores against 8-10 GB/s
+/// through memory; under 2 GB/s when the two CPUs sit on different dies, which the
+/// VM's host decides and changes at run time). Larger transfers keep ordinary
+/// stores while those stay fast ([`copy::StoreChoice`]): the writer runs far
+/// enough ahead that lines reach the shared cache before they are read, and
+/// streaming them through memory would double the traffic. Measured per size in
 /// docs/performance.md ("Ring stores").
 const RING_STREAM: std::ops::Range<usize> = (32 << 10)..(512 << 10);
 /// Skips the rest of the ring, unread and unwritten: the next message starts at the
@@ -391,6 +391,8 @@ struct Peer {
     direct_wait: VecDeque<(usize, u64)>,
     /// How pieces are written into this peer's ring; kept across runs.
     stores: copy::StoreChoice,
+    /// Bytes this run sends to this peer, all messages together.
+    run_bytes: usize,
 }
 
 impl Peer {
@@ -407,19 +409,21 @@ impl Peer {
         self.awaiting_payload.clear();
         self.direct_sent = 0;
         self.direct_wait.clear();
+        self.run_bytes = 0;
     }
 }
 
-/// How pieces of a message of `payload` bytes are written into a ring: ordinary
-/// stores below [`RING_STREAM`], streaming stores inside it, and above it
-/// whichever [`copy::StoreChoice`] finds right for this peer now.
-fn ring_streaming(stores: &mut copy::StoreChoice, payload: usize) -> bool {
-    if payload < RING_STREAM.start {
-        false
-    } else if payload < RING_STREAM.end {
-        true
-    } else {
+/// How pieces of a message of `payload` bytes are written into a peer's ring when
+/// the run sends `run_bytes` to that peer in all: where that is above
+/// [`RING_STREAM`], whichever [`copy::StoreChoice`] finds right for the peer now
+/// (the writer runs far ahead: a large message, or the many 256 KiB segments of a
+/// large reduction, which measured 0.63-0.76x streamed at 2-32 MiB); otherwise
+/// streaming stores for messages inside it and ordinary ones below it.
+fn ring_streaming(stores: &mut copy::StoreChoice, payload: usize, run_bytes: usize) -> bool {
+    if run_bytes >= RING_STREAM.end {
         stores.choose()
+    } else {
+        payload >= RING_STREAM.start
     }
 }
 
@@ -475,7 +479,10 @@ fn run_with(
     let mut step_err: Option<Error> = None;
     for (i, s) in sched.steps.iter().enumerate() {
         match &s.action {
-            Action::Send { peer, .. } | Action::P2pSend { peer, .. } => peers[*peer].send_q.push_back(i),
+            Action::Send { peer, len, .. } | Action::P2pSend { peer, len, .. } => {
+                peers[*peer].send_q.push_back(i);
+                peers[*peer].run_bytes += len;
+            }
             Action::Recv { peer, .. } => peers[*peer].data_rq.push_back(i),
             Action::P2pRecv { peer, .. } => peers[*peer].p2p_rq.push_back(i),
             Action::Local(_) => locals.push(i),
@@ -791,7 +798,7 @@ fn pump_tx(
                     space[filled..filled + data_n].copy_from_slice(&tx.inline[off..off + data_n]);
                 } else {
                     let dst = space[filled..].as_mut_ptr();
-                    let nt = data_n >= 4096 && ring_streaming(&mut st.stores, payload);
+                    let nt = data_n >= 4096 && ring_streaming(&mut st.stores, payload, st.run_bytes);
                     // SAFETY: src is valid for `payload` bytes (the caller's buffer or
                     // scratch, kept alive and unmodified until this step is done).
                     unsafe {
