@@ -798,25 +798,24 @@ fn pump_tx(
                     space[filled..filled + data_n].copy_from_slice(&tx.inline[off..off + data_n]);
                 } else {
                     let dst = space[filled..].as_mut_ptr();
-                    let nt = data_n >= 4096 && ring_streaming(&mut st.stores, payload, st.run_bytes);
                     // SAFETY: src is valid for `payload` bytes (the caller's buffer or
                     // scratch, kept alive and unmodified until this step is done).
+                    let from = unsafe { tx.src.add(off) };
+                    // Pieces of 4 KiB and more are timed (`copy::StoreChoice`); for
+                    // smaller ones a clock read would cost more than the copy.
+                    let nt = data_n >= 4096 && ring_streaming(&mut st.stores, payload, st.run_bytes);
+                    // SAFETY: as above; the ring space holds data_n bytes, disjoint from src.
                     unsafe {
                         if data_n >= 4096 {
-                            st.stores.copy(dst, tx.src.add(off), data_n, nt)
+                            st.stores.copy(dst, from, data_n, nt)
                         } else {
-                            copy::copy(dst, tx.src.add(off), data_n)
+                            copy::copy(dst, from, data_n)
                         }
                     };
                     if let Some((dst, stream)) = tx.tee {
                         // A piece written with streaming stores has left the caches:
                         // copy it from the source, which is.
-                        let piece = if nt {
-                            // SAFETY: off + data_n <= payload, inside src.
-                            unsafe { tx.src.add(off) }
-                        } else {
-                            space[filled..filled + data_n].as_ptr()
-                        };
+                        let piece = if nt { from } else { space[filled..filled + data_n].as_ptr() };
                         // SAFETY: dst is valid for `payload` bytes and written by no one
                         // else until the step is done (schedule contract); the ring
                         // piece just written is disjoint from it.
