@@ -65,8 +65,8 @@ pub const CHECK: Var = Var {
 };
 pub const SINGLE_COPY: Var = Var {
     name: "FERROCCL_SINGLE_COPY",
-    default: "0",
-    doc: "1: large messages between local processes are read straight from the sender's buffer (cross-memory attach; slower than the rings where the kernel's process_vm_readv is slow, as on the VMs measured in docs/performance.md); 0: through the shared rings",
+    default: "mapped",
+    doc: "how large messages between ranks on one host are moved once instead of twice. mapped: buffers from fcclMemAllocHost of 64 KiB and more are shared memory that peers map and read straight out of, and ranks that are threads of one process read each other's buffers directly; other memory goes through the shared rings. cma: also read other memory with cross-memory attach (process_vm_readv; slower than the rings where the kernel's copy is slow, as on the VMs measured in docs/performance.md). 0: everything through the shared rings, and fcclMemAllocHost gives private memory",
 };
 pub const STREAM_MIN: Var = Var {
     name: "FERROCCL_STREAM_MIN",
@@ -131,6 +131,30 @@ pub fn parse_bytes(v: &str) -> Option<usize> {
     num.trim().parse::<usize>().ok()?.checked_mul(mul)
 }
 
+/// What `FERROCCL_SINGLE_COPY` allows.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum SingleCopy {
+    Off,
+    Mapped,
+    Cma,
+}
+
+/// `FERROCCL_SINGLE_COPY` (read once): `0`/`off`, `mapped` (default), `1`/`cma`.
+/// An unknown value keeps the default, as every variable of this registry does.
+pub fn single_copy() -> SingleCopy {
+    static V: std::sync::OnceLock<SingleCopy> = std::sync::OnceLock::new();
+    *V.get_or_init(|| parse_single_copy(&SINGLE_COPY.get().unwrap_or_default()).unwrap_or(SingleCopy::Mapped))
+}
+
+fn parse_single_copy(v: &str) -> Option<SingleCopy> {
+    match v.trim().to_ascii_lowercase().as_str() {
+        "0" | "off" | "no" | "false" => Some(SingleCopy::Off),
+        "mapped" | "" => Some(SingleCopy::Mapped),
+        "1" | "cma" | "yes" | "true" | "on" => Some(SingleCopy::Cma),
+        _ => None,
+    }
+}
+
 /// `FERROCCL_STREAM_MIN` in bytes (read once; the default if unset or invalid).
 pub fn stream_min() -> usize {
     static V: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
@@ -142,6 +166,15 @@ pub fn stream_min() -> usize {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn single_copy_values() {
+        assert_eq!(parse_single_copy("0"), Some(SingleCopy::Off));
+        assert_eq!(parse_single_copy(" Mapped "), Some(SingleCopy::Mapped));
+        assert_eq!(parse_single_copy("1"), Some(SingleCopy::Cma));
+        assert_eq!(parse_single_copy("cma"), Some(SingleCopy::Cma));
+        assert_eq!(parse_single_copy("sometimes"), None);
+    }
 
     #[test]
     fn byte_counts_take_suffixes() {

@@ -10,6 +10,7 @@ pub mod cuda_reduce;
 pub mod local;
 pub mod pool;
 pub mod reduce;
+pub mod shared;
 
 use crate::error::{Error, Result};
 use std::collections::HashMap;
@@ -161,7 +162,9 @@ fn record(p: *mut u8, size: usize, kind: MemKind, ctx: usize) {
 const HUGE_PAGE: usize = 2 << 20;
 
 /// Page-aligned host memory, pinned (cuMemHostAlloc) when CUDA is present; huge
-/// pages where the kernel gives them for 2 MiB and more (see HUGE_PAGE).
+/// pages where the kernel gives them for 2 MiB and more (see HUGE_PAGE). Without
+/// CUDA, allocations of `shared::SHARE_MIN` and more are shared memory that peers
+/// on this host read directly (single copy, see `shared`).
 pub fn alloc_host(size: usize) -> Result<*mut u8> {
     check_size(size)?;
     if cuda::present() {
@@ -172,6 +175,13 @@ pub fn alloc_host(size: usize) -> Result<*mut u8> {
     let mut p: *mut libc::c_void = std::ptr::null_mut();
     let huge = size >= HUGE_PAGE;
     let align = if huge { HUGE_PAGE } else { page_size() };
+    if size >= shared::SHARE_MIN && crate::env::single_copy() != crate::env::SingleCopy::Off {
+        // Peers on this host read large messages straight out of it (mem::shared).
+        if let Some(p) = shared::alloc(size, align, huge) {
+            record(p, size, MemKind::Host, 0);
+            return Ok(p);
+        }
+    }
     // SAFETY: p is a valid out-pointer; alignment is a power of two multiple of sizeof(void*).
     let rc = unsafe { libc::posix_memalign(&mut p, align, size) };
     if rc != 0 || p.is_null() {
@@ -204,8 +214,10 @@ pub fn free(p: *mut u8) -> Result<()> {
     let entry = ALLOCS.lock().unwrap().get_or_insert_with(HashMap::new).remove(&(p as usize));
     match entry {
         Some((_, MemKind::Host, _)) => {
-            // SAFETY: p came from posix_memalign above and is freed once (removed from the map).
-            unsafe { libc::free(p as *mut libc::c_void) };
+            if !shared::free(p) {
+                // SAFETY: p came from posix_memalign above and is freed once (removed from the map).
+                unsafe { libc::free(p as *mut libc::c_void) };
+            }
             Ok(())
         }
         // SAFETY: p came from cuda::alloc_* with this context and is freed once (removed from the map).
