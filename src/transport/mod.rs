@@ -14,6 +14,7 @@ pub mod tcp;
 pub mod wait;
 
 use crate::error::Result;
+use crate::mem::shared::Desc;
 use board::{Board, SpinPolicy};
 use shm::Segment;
 use std::sync::atomic::Ordering;
@@ -75,6 +76,18 @@ pub trait Link: Send {
     }
     /// Tells the peer that one more of its direct messages has been read.
     fn direct_read_done(&self) {}
+    /// True when the peer can map this rank's shared allocations (`mem::shared`),
+    /// so a large message out of one may be sent by its place in it.
+    fn peer_maps(&self) -> bool {
+        false
+    }
+    /// Where this rank reads, with ordinary loads, the `len` bytes of a direct
+    /// message at `addr` of the peer (inside its shared allocation `shared`, when
+    /// the message names one): None when only `read_direct` reaches them.
+    fn direct_source(&mut self, addr: u64, len: usize, shared: Option<&Desc>) -> Result<Option<*const u8>> {
+        let _ = (addr, len, shared);
+        Ok(None)
+    }
 }
 
 /// A message header read from a peer's stream but not yet handed to a step: it

@@ -10,7 +10,9 @@
 
 use super::wait::{futex_wait, futex_wake_all};
 use super::Link;
+use crate::env::SingleCopy;
 use crate::error::{Error, Result};
+use crate::mem::shared::{Desc, PeerMapping};
 use std::ffi::CString;
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use std::sync::Arc;
@@ -32,6 +34,10 @@ const OFF_TAIL: usize = 128;
 const OFF_READS_DONE: usize = 256;
 /// Ring control: 1 when the reader can read the writer's memory directly.
 const OFF_CAN_READ: usize = 384;
+/// Ring control: 1 when the reader can map the writer's shared allocations.
+const OFF_CAN_MAP: usize = 512;
+/// Peers' shared allocations a link keeps mapped at most (the oldest goes first).
+const MAPS_MAX: usize = 64;
 
 /// Bytes of ring per peer for a communicator of `nranks` ranks: large enough to
 /// stream, small enough that a rank's segment stays bounded (32 MiB of rings at
@@ -401,6 +407,12 @@ pub struct ShmLink {
     tx_head: u64,
     rx_tail: u64,
     check_pid: bool,
+    /// The peer is a thread of this process: its addresses are ours.
+    same_process: bool,
+    /// The peer's shared allocations mapped here, oldest first, and the peer's
+    /// free counter when they were checked last (see `mem::shared::Desc::epoch`).
+    maps: Vec<(u64, PeerMapping)>,
+    maps_epoch: u32,
 }
 
 /// Reads `len` bytes at `addr` in process `pid` into `dst` (cross-memory attach), or
@@ -440,6 +452,12 @@ fn probe_read(peer: &Segment) -> bool {
     read_process(pid, addr + OFF_MAGIC as u64, &mut v as *mut u64 as *mut u8, 8).is_ok() && v == MAGIC
 }
 
+/// Whether this process may open process `pid`'s file descriptors (to map its
+/// shared allocations): the kernel checks the same permission for the directory.
+fn probe_map(pid: u32) -> bool {
+    std::fs::read_dir(format!("/proc/{pid}/fd")).is_ok()
+}
+
 /// Lets any process of this user read this one's memory where Yama restricts it to
 /// ancestors (ranks are siblings). Harmless elsewhere.
 pub fn allow_peer_reads() {
@@ -459,11 +477,21 @@ impl ShmLink {
         let rx = RingEnd::new(my_seg, peer);
         let tx_head = tx.head().load(Ordering::Acquire);
         let rx_tail = rx.tail().load(Ordering::Acquire);
-        // Tell the peer whether it may hand us large messages by address.
-        let single_copy = crate::env::SINGLE_COPY.get_or_default().trim() != "0";
-        let can_read = single_copy && probe_read(&peer_seg);
+        // Tell the peer whether it may hand us large messages by address: any
+        // memory when it is a thread of this process or when cross-memory attach
+        // is asked for and works, its shared allocations when we may open its fds.
+        let mode = crate::env::single_copy();
+        let pid = peer_seg.pid();
+        let same_process = pid == std::process::id();
+        let can_read = match mode {
+            SingleCopy::Off => false,
+            SingleCopy::Mapped => same_process,
+            SingleCopy::Cma => same_process || probe_read(&peer_seg),
+        };
+        let can_map = mode != SingleCopy::Off && (same_process || probe_map(pid));
         rx.ctrl_word(OFF_CAN_READ).store(u64::from(can_read), Ordering::Release);
-        ShmLink { peer, tx, rx, peer_seg, tx_head, rx_tail, check_pid }
+        rx.ctrl_word(OFF_CAN_MAP).store(u64::from(can_map), Ordering::Release);
+        ShmLink { peer, tx, rx, peer_seg, tx_head, rx_tail, check_pid, same_process, maps: Vec::new(), maps_epoch: 0 }
     }
 }
 
@@ -573,5 +601,52 @@ impl Link for ShmLink {
     fn direct_read_done(&self) {
         self.rx.ctrl_word(OFF_READS_DONE).fetch_add(1, Ordering::AcqRel);
         self.peer_seg.ring();
+    }
+
+    fn peer_maps(&self) -> bool {
+        self.tx.ctrl_word(OFF_CAN_MAP).load(Ordering::Acquire) == 1
+    }
+
+    fn direct_source(&mut self, addr: u64, len: usize, shared: Option<&Desc>) -> Result<Option<*const u8>> {
+        if self.same_process {
+            return Ok(Some(addr as usize as *const u8));
+        }
+        let Some(d) = shared else { return Ok(None) };
+        if d.offset.checked_add(len as u64).map_or(true, |end| end > d.region_len) {
+            return Err(Error::internal(format!(
+                "rank {} named {len} bytes at offset {} of a shared buffer of {} bytes",
+                self.peer, d.offset, d.region_len
+            )));
+        }
+        if d.epoch != self.maps_epoch {
+            // The peer freed shared buffers since we last looked: drop our mappings
+            // (some may be of those), so their memory goes back to the system.
+            self.maps.clear();
+            self.maps_epoch = d.epoch;
+        }
+        if let Some((_, m)) =
+            self.maps.iter().find(|(s, m)| *s == d.serial && m.mapped_bytes() == d.region_len as usize)
+        {
+            return Ok(Some(m.at(d.offset)));
+        }
+        match PeerMapping::open(self.peer_seg.pid(), d) {
+            Ok(m) => {
+                if self.maps.len() >= MAPS_MAX {
+                    self.maps.remove(0);
+                }
+                let p = m.at(d.offset);
+                self.maps.push((d.serial, m));
+                Ok(Some(p))
+            }
+            // Cross-memory attach, where it works, still reaches the bytes.
+            Err(_) if self.rx.ctrl_word(OFF_CAN_READ).load(Ordering::Relaxed) == 1 => Ok(None),
+            Err(e) => {
+                self.check_alive()?;
+                Err(Error::system(format!(
+                    "reading {len} bytes straight from rank {}'s buffer failed ({}); set FERROCCL_SINGLE_COPY=0 to move data through shared memory only",
+                    self.peer, e.msg
+                )))
+            }
+        }
     }
 }

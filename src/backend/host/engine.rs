@@ -10,7 +10,7 @@
 //! both sides and leaves the streams aligned.
 
 use crate::error::{Error, Result};
-use crate::mem::{copy, reduce};
+use crate::mem::{copy, reduce, shared};
 use crate::transport::Transport;
 use crate::types::{DataType, RedOp};
 use std::collections::VecDeque;
@@ -33,10 +33,17 @@ const K_P2P_EAGER: u8 = 7;
 /// message never needs the receiver to free space before it is complete.
 const EAGER_MAX: usize = 64 << 10;
 /// A collective message sent by address: the receiver reads it straight from the
-/// sender's buffer (single copy) and reports the read done through the link.
+/// sender's buffer (single copy) and reports the read done through the link. The
+/// payload is a [`DESC`]-byte descriptor (see `encode_desc`).
 const K_DIRECT: u8 = 5;
+/// The payload of a large fcclSend, sent by address as K_DIRECT is.
+const K_P2P_DIRECT: u8 = 8;
+/// Bytes of a direct message's descriptor: the address in the sender, and where
+/// it lies in one of the sender's shared allocations (serial 0: none).
+const DESC: usize = 40;
 /// Messages at least this large go by address when the link allows it: below it,
-/// the system call and page pinning cost more than the copy they save.
+/// announcing the message and waiting for its read cost more than the copy saved
+/// (and a cross-memory read's system call and page pinning more still).
 const DIRECT_MIN: usize = 64 << 10;
 /// A direct message is read in pieces of this size, so other peers progress meanwhile
 /// and reductions read a piece that is still in cache.
@@ -322,18 +329,31 @@ struct Tx {
     payload: usize,
     step: Option<usize>,
     written: usize,
-    /// Payload carried in the message itself (a direct message's address).
-    inline: [u8; 8],
+    /// Payload carried in the message itself (a direct message's descriptor).
+    inline: [u8; DESC],
     /// Where the payload is copied as well, and whether with streaming stores.
     tee: Option<(*mut u8, bool)>,
+    /// Bytes of a direct message copied to `tee` so far (after the descriptor went).
+    tee_done: usize,
 }
 
 impl Tx {
     fn data(kind: u8, tag: u32, src: *const u8, len: usize, step: Option<usize>) -> Tx {
-        Tx { kind, tag, announce: len, src, payload: len, step, written: 0, inline: [0; 8], tee: None }
+        Tx { kind, tag, announce: len, src, payload: len, step, written: 0, inline: [0; DESC], tee: None, tee_done: 0 }
     }
     fn control(kind: u8, tag: u32, announce: usize) -> Tx {
-        Tx { kind, tag, announce, src: std::ptr::null(), payload: 0, step: None, written: 0, inline: [0; 8], tee: None }
+        Tx {
+            kind,
+            tag,
+            announce,
+            src: std::ptr::null(),
+            payload: 0,
+            step: None,
+            written: 0,
+            inline: [0; DESC],
+            tee: None,
+            tee_done: 0,
+        }
     }
     /// Header of a skip over `gap` bytes (header included) to the ring's start.
     fn skip(gap: usize) -> Tx {
@@ -346,23 +366,98 @@ impl Tx {
             payload: len,
             step: None,
             written: 0,
-            inline: [0; 8],
+            inline: [0; DESC],
             tee: None,
+            tee_done: 0,
         }
     }
-    fn direct(tag: u32, src: *const u8, len: usize, step: usize) -> Tx {
-        let inline = (src as usize as u64).to_le_bytes();
+    /// A message of `len` bytes at `src` sent by address (`desc`); `tee`: also
+    /// copied there by the sender while the peer reads it.
+    fn direct(
+        kind: u8,
+        tag: u32,
+        src: *const u8,
+        len: usize,
+        step: usize,
+        desc: [u8; DESC],
+        tee: Option<(*mut u8, bool)>,
+    ) -> Tx {
         Tx {
-            kind: K_DIRECT,
+            kind,
             tag,
             announce: len,
-            src: std::ptr::null(),
-            payload: 8,
+            src,
+            payload: DESC,
             step: Some(step),
             written: 0,
-            inline,
-            tee: None,
+            inline: desc,
+            tee,
+            tee_done: 0,
         }
+    }
+    fn is_direct(&self) -> bool {
+        matches!(self.kind, K_DIRECT | K_P2P_DIRECT)
+    }
+}
+
+/// The descriptor of a direct message of `len` bytes at `src` to the peer of
+/// `link`, when the link lets the peer read it in place: the peer reads any of
+/// our memory (a thread of this process, or cross-memory attach), or it maps our
+/// shared allocations and the message lies in one.
+fn direct_desc(link: &dyn crate::transport::Link, src: *const u8, len: usize) -> Option<[u8; DESC]> {
+    if len < DIRECT_MIN {
+        return None;
+    }
+    let shared = if link.peer_maps() { shared::lookup(src, len) } else { None };
+    if shared.is_none() && !link.peer_reads_directly() {
+        return None;
+    }
+    let mut d = [0u8; DESC];
+    d[0..8].copy_from_slice(&(src as usize as u64).to_le_bytes());
+    if let Some(r) = shared {
+        d[8..16].copy_from_slice(&r.serial.to_le_bytes());
+        d[16..24].copy_from_slice(&r.region_len.to_le_bytes());
+        d[24..32].copy_from_slice(&r.offset.to_le_bytes());
+        d[32..36].copy_from_slice(&r.fd.to_le_bytes());
+        d[36..40].copy_from_slice(&r.epoch.to_le_bytes());
+    }
+    Some(d)
+}
+
+/// The sender's address and shared allocation named by a descriptor.
+fn decode_desc(d: &[u8; DESC]) -> (u64, Option<shared::Desc>) {
+    let word = |i: usize| u64::from_le_bytes(d[i..i + 8].try_into().unwrap());
+    let serial = word(8);
+    let desc = (serial != 0).then(|| shared::Desc {
+        serial,
+        region_len: word(16),
+        offset: word(24),
+        fd: i32::from_le_bytes(d[32..36].try_into().unwrap()),
+        epoch: u32::from_le_bytes(d[36..40].try_into().unwrap()),
+    });
+    (word(0), desc)
+}
+
+/// Where a direct message's bytes are read from.
+#[derive(Clone, Copy)]
+enum Source {
+    /// Mapped here: ordinary loads.
+    Ptr(*const u8),
+    /// The sender's address, read with `Link::read_direct`.
+    Remote(u64),
+}
+
+/// A direct message's descriptor as it arrives (it may wrap around the ring),
+/// then where its bytes are.
+struct DirectRx {
+    desc: [u8; DESC],
+    got: usize,
+    src: Option<Source>,
+}
+
+impl DirectRx {
+    fn new() -> DirectRx {
+        DirectRx { desc: [0; DESC], got: 0, src: None }
     }
 }
 
@@ -372,8 +467,8 @@ struct Rx {
     len: usize,
     sink: Sink,
     read: usize,
-    /// A direct message: Some(None) until its address has been read from the stream.
-    direct: Option<Option<u64>>,
+    /// A direct message: its descriptor and source.
+    direct: Option<DirectRx>,
 }
 
 #[derive(Default)]
@@ -389,6 +484,8 @@ struct Peer {
     /// Direct messages sent so far, and the steps that wait for their reads.
     direct_sent: u64,
     direct_wait: VecDeque<(usize, u64)>,
+    /// Whether `direct_sent` has been read from the link in this run.
+    direct_started: bool,
     /// How pieces are written into this peer's ring; kept across runs.
     stores: copy::StoreChoice,
     /// Bytes this run sends to this peer, all messages together.
@@ -396,6 +493,16 @@ struct Peer {
 }
 
 impl Peer {
+    /// Before this run's first direct message: the link's read counter spans runs,
+    /// and every earlier run waited for the reads of its own direct messages, so its
+    /// value now is where this run's messages are counted from.
+    fn start_direct(&mut self, link: &dyn crate::transport::Link) {
+        if !self.direct_started {
+            self.direct_sent = link.direct_reads_done();
+            self.direct_started = true;
+        }
+    }
+
     /// Empties the queues (keeping their memory) for the next run, also after a run
     /// that ended in an error.
     fn reset(&mut self) {
@@ -409,6 +516,7 @@ impl Peer {
         self.awaiting_payload.clear();
         self.direct_sent = 0;
         self.direct_wait.clear();
+        self.direct_started = false;
         self.run_bytes = 0;
     }
 }
@@ -613,9 +721,17 @@ fn run_with(
 
 /// Whether `[dst, dst + len)` overlaps the source of a point-to-point send in `sched`.
 fn overlaps_a_send(sched: &Schedule<'_>, dst: *mut u8, len: usize) -> bool {
-    let (a, b) = (dst as usize, dst as usize + len);
+    overlaps_p2p(sched, dst, len, true)
+}
+
+/// Whether `[p, p + len)` overlaps the buffer of an fcclSend (`sends`) or of an
+/// fcclRecv of `sched`.
+fn overlaps_p2p(sched: &Schedule<'_>, p: *const u8, len: usize, sends: bool) -> bool {
+    let (a, b) = (p as usize, p as usize + len);
+    let hits = |q: usize, n: usize| q < b && a < q + n;
     sched.steps.iter().any(|s| match s.action {
-        Action::P2pSend { src, len: n, .. } => (src as usize) < b && a < src as usize + n,
+        Action::P2pSend { src, len: n, .. } if sends => hits(src as usize, n),
+        Action::P2pRecv { dst, len: n, .. } if !sends => hits(dst as usize, n),
         _ => false,
     })
 }
@@ -729,18 +845,18 @@ fn pump_tx(
                 }
                 st.send_q.pop_front();
                 let tag = sched.steps[i].tag;
+                let direct = match sched.steps[i].action {
+                    Action::Send { src, len, via: Via::Any | Via::Tee { .. }, .. } => direct_desc(t.link(p), src, len),
+                    _ => None,
+                };
                 match sched.steps[i].action {
-                    Action::Send { src, len, via: Via::Any, .. }
-                        if len >= DIRECT_MIN && t.link(p).peer_reads_directly() =>
-                    {
-                        // The link's read counter spans runs. With none of our direct
-                        // messages outstanding (every earlier run waited for its own,
-                        // and none of this one's bytes are published yet), its value
-                        // is where the messages counted from here start.
-                        if st.direct_wait.is_empty() {
-                            st.direct_sent = t.link(p).direct_reads_done();
-                        }
-                        st.cur_tx = Some(Tx::direct(tag, src, len, i))
+                    Action::Send { src, len, via, .. } if direct.is_some() => {
+                        st.start_direct(t.link(p));
+                        let tee = match via {
+                            Via::Tee { dst, stream } => Some((dst, stream)),
+                            _ => None,
+                        };
+                        st.cur_tx = Some(Tx::direct(K_DIRECT, tag, src, len, i, direct.expect("matched"), tee))
                     }
                     Action::Send { src, len, via, .. } => {
                         let mut tx = Tx::data(K_DATA, tag, src, len, Some(i));
@@ -794,7 +910,7 @@ fn pump_tx(
             } else if filled < n {
                 let off = tx.written + filled - HDR;
                 let data_n = (n - filled).min(payload.saturating_sub(off));
-                if tx.kind == K_DIRECT {
+                if tx.is_direct() {
                     space[filled..filled + data_n].copy_from_slice(&tx.inline[off..off + data_n]);
                 } else {
                     let dst = space[filled..].as_mut_ptr();
@@ -843,7 +959,30 @@ fn pump_tx(
         if tx.written < total {
             break;
         }
-        if tx.kind == K_DIRECT {
+        if let (true, Some((dst, stream))) = (tx.is_direct(), tx.tee) {
+            // The peer reads the message out of our buffer meanwhile: copy it to
+            // our own destination (a broadcast root's recvbuff) in pieces.
+            while tx.tee_done < tx.announce && budget > 0 {
+                let k = budget.min(tx.announce - tx.tee_done);
+                // SAFETY: src and dst are valid for the message (schedule contract)
+                // and do not overlap (a tee never copies onto its source).
+                unsafe {
+                    let (d, s) = (dst.add(tx.tee_done), tx.src.add(tx.tee_done));
+                    if stream {
+                        copy::copy_streaming(d, s, k)
+                    } else {
+                        copy::copy(d, s, k)
+                    }
+                }
+                tx.tee_done += k;
+                budget -= k;
+                progressed = true;
+            }
+            if tx.tee_done < tx.announce {
+                break;
+            }
+        }
+        if tx.is_direct() {
             // Done once the peer has read it from our buffer.
             st.direct_sent += 1;
             st.direct_wait.push_back((tx.step.expect("direct messages belong to steps"), st.direct_sent));
@@ -911,7 +1050,7 @@ fn pump_rx(
                     }
                     st.data_rq.pop_front();
                     hdr.got = 0;
-                    let direct = (kind == K_DIRECT).then_some(None);
+                    let direct = (kind == K_DIRECT).then(DirectRx::new);
                     st.cur_rx = Some(Rx { step: Some(i), len, sink, read: 0, direct });
                 }
                 K_SKIP => {
@@ -981,13 +1120,21 @@ fn pump_rx(
                         }
                         done[i] = true;
                         *remaining -= 1;
+                    } else if let Some(d) =
+                        // A buffer that this run also receives into (in place) is
+                        // overwritten while the peer would read it: through the ring.
+                        direct_desc(t.link(p), src, mine)
+                            .filter(|_| !overlaps_p2p(sched, src, mine, false))
+                    {
+                        st.start_direct(t.link(p));
+                        st.urgent.push_back(Tx::direct(K_P2P_DIRECT, tag, src, mine, i, d, None));
                     } else {
                         st.urgent.push_back(Tx::data(K_P2P_DATA, tag, src, mine, Some(i)));
                     }
                     progressed = true;
                     continue;
                 }
-                K_P2P_DATA => {
+                K_P2P_DATA | K_P2P_DIRECT => {
                     let Some(i) = st.awaiting_payload.pop_front() else {
                         return Err(Error::internal(format!("{}: unexpected payload from rank {p}", (ctl.what)())));
                     };
@@ -1004,7 +1151,8 @@ fn pump_rx(
                     // are in cache, and streaming stores would evict them.
                     let stream = len >= crate::env::stream_min() && !overlaps_a_send(sched, dst, len);
                     let sink = if stream { Sink::Stream(dst) } else { Sink::Copy(dst) };
-                    st.cur_rx = Some(Rx { step: Some(i), len, sink, read: 0, direct: None });
+                    let direct = (kind == K_P2P_DIRECT).then(DirectRx::new);
+                    st.cur_rx = Some(Rx { step: Some(i), len, sink, read: 0, direct });
                 }
                 k => {
                     return Err(Error::internal(format!(
@@ -1017,31 +1165,53 @@ fn pump_rx(
         }
         let rx = st.cur_rx.as_mut().expect("set above");
         let link = t.link(p);
-        if let Some(addr) = rx.direct {
-            let addr = match addr {
-                Some(a) => a,
+        if let Some(d) = rx.direct.as_mut() {
+            let src = match d.src {
+                Some(src) => src,
                 None => {
-                    let avail = link.recv_avail();
-                    if avail.len() < 8 {
+                    // The descriptor may wrap around the ring: gather it first.
+                    while d.got < DESC {
+                        let avail = link.recv_avail();
+                        if avail.is_empty() {
+                            break;
+                        }
+                        let k = avail.len().min(DESC - d.got);
+                        d.desc[d.got..d.got + k].copy_from_slice(&avail[..k]);
+                        link.recv_commit(k);
+                        d.got += k;
+                        progressed = true;
+                    }
+                    if d.got < DESC {
                         break;
                     }
-                    let a = u64::from_le_bytes(avail[..8].try_into().unwrap());
-                    link.recv_commit(8);
-                    rx.direct = Some(Some(a));
-                    a
+                    let (addr, region) = decode_desc(&d.desc);
+                    let src =
+                        match link.direct_source(addr, rx.len, region.as_ref()).map_err(|e| e.context((ctl.what)()))? {
+                            Some(ptr) => Source::Ptr(ptr),
+                            None => Source::Remote(addr),
+                        };
+                    d.src = Some(src);
+                    src
                 }
             };
             // One piece per visit, so that other peers progress meanwhile.
             let k = DIRECT_PIECE.min(rx.len - rx.read);
-            let src = addr + rx.read as u64;
-            match rx.sink {
-                Sink::Copy(dst) => {
-                    // SAFETY: dst is valid for the message (schedule contract).
-                    link.read_direct(src, unsafe { dst.add(rx.read) }, k).map_err(|e| e.context((ctl.what)()))?
+            match (src, rx.sink) {
+                (Source::Ptr(ptr), sink) => {
+                    // SAFETY: the sender keeps its message (rx.len bytes at ptr, mapped
+                    // here) valid and unmodified until we report the read done; the
+                    // sink's destination is valid for the message (schedule contract).
+                    unsafe { sink.consume(rx.read, std::slice::from_raw_parts(ptr.add(rx.read), k)) };
                 }
-                sink => {
+                (Source::Remote(addr), Sink::Copy(dst)) => {
+                    // SAFETY: dst is valid for the message (schedule contract).
+                    link.read_direct(addr + rx.read as u64, unsafe { dst.add(rx.read) }, k)
+                        .map_err(|e| e.context((ctl.what)()))?
+                }
+                (Source::Remote(addr), sink) => {
                     bounce.resize(DIRECT_PIECE, 0);
-                    link.read_direct(src, bounce.as_mut_ptr(), k).map_err(|e| e.context((ctl.what)()))?;
+                    link.read_direct(addr + rx.read as u64, bounce.as_mut_ptr(), k)
+                        .map_err(|e| e.context((ctl.what)()))?;
                     // SAFETY: as for stream data.
                     unsafe { sink.consume(rx.read, &bounce[..k]) };
                 }
