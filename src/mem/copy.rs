@@ -37,6 +37,22 @@ pub unsafe fn copy_streaming(dst: *mut u8, src: *const u8, n: usize) {
     unsafe { copy_with::<true>(dst, src, n) }
 }
 
+/// [`copy_streaming`] when `streaming`, else [`copy`].
+///
+/// # Safety
+/// As for [`copy`].
+#[inline]
+pub unsafe fn copy_stores(dst: *mut u8, src: *const u8, n: usize, streaming: bool) {
+    // SAFETY: the caller's contract.
+    unsafe {
+        if streaming {
+            copy_streaming(dst, src, n)
+        } else {
+            copy(dst, src, n)
+        }
+    }
+}
+
 /// Chooses between ordinary and streaming stores for data that another CPU reads
 /// next (ring pieces, board slots), from the writer's own timings.
 ///
@@ -82,13 +98,7 @@ impl StoreChoice {
     pub unsafe fn copy(&mut self, dst: *mut u8, src: *const u8, n: usize, streaming: bool) {
         let t0 = std::time::Instant::now();
         // SAFETY: the caller's contract.
-        unsafe {
-            if streaming {
-                copy_streaming(dst, src, n)
-            } else {
-                copy(dst, src, n)
-            }
-        }
+        unsafe { copy_stores(dst, src, n, streaming) };
         self.record(streaming, n, t0.elapsed());
     }
 

@@ -34,7 +34,7 @@ const K_P2P_EAGER: u8 = 7;
 const EAGER_MAX: usize = 64 << 10;
 /// A collective message sent by address: the receiver reads it straight from the
 /// sender's buffer (single copy) and reports the read done through the link. The
-/// payload is a [`DESC`]-byte descriptor (see `encode_desc`).
+/// payload is a [`DESC`]-byte descriptor (see `direct_desc`).
 const K_DIRECT: u8 = 5;
 /// The payload of a large fcclSend, sent by address as K_DIRECT is.
 const K_P2P_DIRECT: u8 = 8;
@@ -342,34 +342,11 @@ impl Tx {
         Tx { kind, tag, announce: len, src, payload: len, step, written: 0, inline: [0; DESC], tee: None, tee_done: 0 }
     }
     fn control(kind: u8, tag: u32, announce: usize) -> Tx {
-        Tx {
-            kind,
-            tag,
-            announce,
-            src: std::ptr::null(),
-            payload: 0,
-            step: None,
-            written: 0,
-            inline: [0; DESC],
-            tee: None,
-            tee_done: 0,
-        }
+        Tx { announce, payload: 0, ..Tx::data(kind, tag, std::ptr::null(), 0, None) }
     }
     /// Header of a skip over `gap` bytes (header included) to the ring's start.
     fn skip(gap: usize) -> Tx {
-        let len = gap - HDR;
-        Tx {
-            kind: K_SKIP,
-            tag: 0,
-            announce: len,
-            src: std::ptr::null(),
-            payload: len,
-            step: None,
-            written: 0,
-            inline: [0; DESC],
-            tee: None,
-            tee_done: 0,
-        }
+        Tx::data(K_SKIP, 0, std::ptr::null(), gap - HDR, None)
     }
     /// A message of `len` bytes at `src` sent by address (`desc`); `tee`: also
     /// copied there by the sender while the peer reads it.
@@ -382,18 +359,7 @@ impl Tx {
         desc: [u8; DESC],
         tee: Option<(*mut u8, bool)>,
     ) -> Tx {
-        Tx {
-            kind,
-            tag,
-            announce: len,
-            src,
-            payload: DESC,
-            step: Some(step),
-            written: 0,
-            inline: desc,
-            tee,
-            tee_done: 0,
-        }
+        Tx { payload: DESC, step: Some(step), inline: desc, tee, ..Tx::data(kind, tag, src, len, None) }
     }
     fn is_direct(&self) -> bool {
         matches!(self.kind, K_DIRECT | K_P2P_DIRECT)
@@ -436,6 +402,24 @@ fn decode_desc(d: &[u8; DESC]) -> (u64, Option<shared::Desc>) {
         epoch: u32::from_le_bytes(d[36..40].try_into().unwrap()),
     });
     (word(0), desc)
+}
+
+/// Reads the incoming stream into `buf` from `*got` on, as far as bytes have
+/// arrived (a fixed-size record may straddle the ring's wrap point); true when
+/// any byte was taken.
+fn gather(link: &mut dyn crate::transport::Link, buf: &mut [u8], got: &mut usize) -> bool {
+    let start = *got;
+    while *got < buf.len() {
+        let avail = link.recv_avail();
+        if avail.is_empty() {
+            break;
+        }
+        let k = avail.len().min(buf.len() - *got);
+        buf[*got..*got + k].copy_from_slice(&avail[..k]);
+        link.recv_commit(k);
+        *got += k;
+    }
+    *got > start
 }
 
 /// Where a direct message's bytes are read from.
@@ -652,10 +636,8 @@ fn run_with(
             unsafe {
                 if overlap {
                     std::ptr::copy(src, dst, len);
-                } else if stream {
-                    copy::copy_streaming(dst.add(off), src.add(off), n);
                 } else {
-                    copy::copy(dst.add(off), src.add(off), n);
+                    copy::copy_stores(dst.add(off), src.add(off), n, stream);
                 }
             }
             progressed = true;
@@ -935,13 +917,7 @@ fn pump_tx(
                         // SAFETY: dst is valid for `payload` bytes and written by no one
                         // else until the step is done (schedule contract); the ring
                         // piece just written is disjoint from it.
-                        unsafe {
-                            if stream {
-                                copy::copy_streaming(dst.add(off), piece, data_n);
-                            } else {
-                                copy::copy(dst.add(off), piece, data_n);
-                            }
-                        }
+                        unsafe { copy::copy_stores(dst.add(off), piece, data_n, stream) };
                     }
                 }
                 space[filled + data_n..n].fill(0);
@@ -966,14 +942,7 @@ fn pump_tx(
                 let k = budget.min(tx.announce - tx.tee_done);
                 // SAFETY: src and dst are valid for the message (schedule contract)
                 // and do not overlap (a tee never copies onto its source).
-                unsafe {
-                    let (d, s) = (dst.add(tx.tee_done), tx.src.add(tx.tee_done));
-                    if stream {
-                        copy::copy_streaming(d, s, k)
-                    } else {
-                        copy::copy(d, s, k)
-                    }
-                }
+                unsafe { copy::copy_stores(dst.add(tx.tee_done), tx.src.add(tx.tee_done), k, stream) };
                 tx.tee_done += k;
                 budget -= k;
                 progressed = true;
@@ -1016,17 +985,7 @@ fn pump_rx(
             let (link, hdr) = t.link_and_header(p);
             // The header may straddle the ring's wrap point: gather it first. It
             // stays pending (across runs) until the step it is for can take it.
-            while hdr.got < HDR {
-                let avail = link.recv_avail();
-                if avail.is_empty() {
-                    break;
-                }
-                let k = avail.len().min(HDR - hdr.got);
-                hdr.bytes[hdr.got..hdr.got + k].copy_from_slice(&avail[..k]);
-                link.recv_commit(k);
-                hdr.got += k;
-                progressed = true;
-            }
+            progressed |= gather(link, &mut hdr.bytes, &mut hdr.got);
             if hdr.got < HDR {
                 break;
             }
@@ -1170,17 +1129,7 @@ fn pump_rx(
                 Some(src) => src,
                 None => {
                     // The descriptor may wrap around the ring: gather it first.
-                    while d.got < DESC {
-                        let avail = link.recv_avail();
-                        if avail.is_empty() {
-                            break;
-                        }
-                        let k = avail.len().min(DESC - d.got);
-                        d.desc[d.got..d.got + k].copy_from_slice(&avail[..k]);
-                        link.recv_commit(k);
-                        d.got += k;
-                        progressed = true;
-                    }
+                    progressed |= gather(link, &mut d.desc, &mut d.got);
                     if d.got < DESC {
                         break;
                     }
