@@ -1,8 +1,9 @@
 /* fcclSend / fcclRecv: rings inside fcclGroupStart/End for every type and counts {0, 1, 7,
  * 1000003} plus >= 4 MiB messages (both directions), send to self, several messages to
  * one peer (matched in order), all-pairs exchange in one group, blocking pairs outside a
- * group, mismatched counts (fcclCollectiveMismatch on both sides, comm still usable) and
- * peers out of range (fcclInvalidArgument, nothing written). */
+ * group, mismatched counts (fcclCollectiveMismatch on both sides, comm still usable; also
+ * inside an exchange, small and large, where the receiver's count crosses the sender's
+ * data) and peers out of range (fcclInvalidArgument, nothing written). */
 #include "harness.h"
 
 #define MSG_STRIDE ((size_t)104729)
@@ -183,6 +184,52 @@ static void mismatch_case(fcclComm_t comm, int rank) {
   free(buf);
 }
 
+/* Ranks 0 and 1 exchange `count` int32 in one group, but rank 1 receives `count - 1000`:
+ * rank 0's send and rank 1's receive must fail with both sizes named (the group's
+ * result), rank 1's message to rank 0 must still arrive intact, and nothing may be
+ * written past rank 1's smaller recvbuff. */
+static void exchange_mismatch_case(fcclComm_t comm, int rank, size_t count) {
+  const size_t short_count = count - 1000;
+  size_t n, i;
+  int32_t *send, *recv;
+  fcclResult_t res;
+  const char* msg;
+  char big[32], small[32];
+  if (rank > 1) return;
+  n = rank == 0 ? count : short_count;
+  send = (int32_t*)fccl_xmalloc(count * sizeof(int32_t));
+  recv = (int32_t*)fccl_xmalloc(count * sizeof(int32_t));
+  for (i = 0; i < count; i++) send[i] = (int32_t)(i * 3 + 1 + (size_t)rank);
+  memset(recv, FCCL_SENT_RECV, count * sizeof(int32_t));
+  fccl_phase("send/recv count mismatch in an exchange of %zu int32", count);
+  CHECK_OK(fcclGroupStart());
+  CHECK_OK(fcclSend(send, count, fcclInt32, 1 - rank, comm, NULL));
+  CHECK_OK(fcclRecv(recv, n, fcclInt32, 1 - rank, comm, NULL));
+  res = fcclGroupEnd();
+  if (CHECK_ERR(res, fcclCollectiveMismatch, "fcclGroupEnd")) {
+    msg = fcclGetLastError(NULL);
+    snprintf(big, sizeof big, "%zu", count * sizeof(int32_t));
+    snprintf(small, sizeof small, "%zu", short_count * sizeof(int32_t));
+    CHECK(msg && strstr(msg, big) && strstr(msg, small),
+          "exchange mismatch message should name %s and %s bytes: \"%s\"", big, small,
+          msg ? msg : "(NULL)");
+  }
+  if (rank == 0) {
+    /* rank 1's send matched this receive: its data must be complete */
+    for (i = 0; i < count; i++)
+      if (recv[i] != (int32_t)(i * 3 + 2)) {
+        CHECK(0, "exchange mismatch: rank 0 got %d at element %zu from rank 1, expected %d",
+              (int)recv[i], i, (int)(i * 3 + 2));
+        break;
+      }
+  } else {
+    BYTES_CHECK(recv + short_count, 1000 * sizeof(int32_t), FCCL_SENT_RECV,
+                "exchange mismatch: bytes past rank 1's receive");
+  }
+  free(send);
+  free(recv);
+}
+
 static void bad_peer_case(fcclComm_t comm, int nranks) {
   int32_t send[4] = {1, 2, 3, 4}, recv[4];
   fccl_phase("peers out of range");
@@ -240,6 +287,8 @@ static int body(fcclComm_t comm, int rank, int nranks) {
 
   if (nranks >= 2) {
     mismatch_case(comm, rank);
+    exchange_mismatch_case(comm, rank, 3000);   /* eager: count and data in one message */
+    exchange_mismatch_case(comm, rank, 300000); /* large: data only once the counts agree */
     fccl_pattern_init(&pat, fcclInt32, FCCL_SCHEME_FULL);
     ring_case(comm, rank, nranks, &pat, 1000, 1, 0, base += 907);
     fccl_pattern_free(&pat);

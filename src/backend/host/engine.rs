@@ -5,9 +5,10 @@
 //! earlier ones); the engine drives all of it at once, so sends to one peer, receives
 //! from another and local reductions overlap, and rings never deadlock as long as
 //! the ranks' schedules agree. Messages to a peer are written in schedule order and
-//! read in schedule order; point-to-point messages have their own handshake (header,
-//! reply with the receiver's count, payload) so that a count mismatch is reported on
-//! both sides and leaves the streams aligned.
+//! read in schedule order; point-to-point messages have their own handshake (the
+//! receiver announces its count when it posts the receive, the sender its count in
+//! the header; large payloads follow once the counts agree) so that a count mismatch
+//! is reported on both sides and leaves the streams aligned.
 
 use crate::error::{Error, Result};
 use crate::mem::{copy, reduce, shared};
@@ -23,11 +24,15 @@ const HDR: usize = 16;
 pub const ANY_TAG: u32 = u32::MAX;
 const K_DATA: u8 = 1;
 const K_P2P_HDR: u8 = 2;
+/// The receiver's count for its next fcclRecv from the peer, sent when the run that
+/// receives starts (not when the sender's header arrives): in an exchange, where both
+/// ranks send and receive, it travels while the data does, so the sender learns the
+/// verdict without a round trip of its own.
 const K_P2P_REPLY: u8 = 3;
 const K_P2P_DATA: u8 = 4;
 /// fcclSend of at most EAGER_MAX bytes: the count and the payload in one message. The
-/// receiver still replies with its count, so a mismatch fails both sides, but the data
-/// does not wait for that round trip.
+/// send is done when the receiver's count has come too (K_P2P_REPLY), so a mismatch
+/// fails both sides, but the data does not wait for it.
 const K_P2P_EAGER: u8 = 7;
 /// Largest fcclSend sent eagerly: well below the smallest ring (256 KiB), so an eager
 /// message never needs the receiver to free space before it is complete.
@@ -463,6 +468,12 @@ struct Peer {
     data_rq: VecDeque<usize>,
     p2p_rq: VecDeque<usize>,
     awaiting_reply: VecDeque<usize>,
+    /// Receivers' counts (K_P2P_REPLY) that came before this run started the send
+    /// they answer.
+    early_replies: VecDeque<usize>,
+    /// fcclSends to this peer in this run, and receivers' counts read for them.
+    p2p_sends: usize,
+    replies_read: usize,
     awaiting_payload: VecDeque<usize>,
     cur_rx: Option<Rx>,
     /// Direct messages sent so far, and the steps that wait for their reads.
@@ -497,6 +508,9 @@ impl Peer {
         self.data_rq.clear();
         self.p2p_rq.clear();
         self.awaiting_reply.clear();
+        self.early_replies.clear();
+        self.p2p_sends = 0;
+        self.replies_read = 0;
         self.awaiting_payload.clear();
         self.direct_sent = 0;
         self.direct_wait.clear();
@@ -571,12 +585,21 @@ fn run_with(
     let mut step_err: Option<Error> = None;
     for (i, s) in sched.steps.iter().enumerate() {
         match &s.action {
-            Action::Send { peer, len, .. } | Action::P2pSend { peer, len, .. } => {
+            Action::Send { peer, len, .. } => {
                 peers[*peer].send_q.push_back(i);
                 peers[*peer].run_bytes += len;
             }
+            Action::P2pSend { peer, len, .. } => {
+                peers[*peer].send_q.push_back(i);
+                peers[*peer].run_bytes += len;
+                peers[*peer].p2p_sends += 1;
+            }
             Action::Recv { peer, .. } => peers[*peer].data_rq.push_back(i),
-            Action::P2pRecv { peer, .. } => peers[*peer].p2p_rq.push_back(i),
+            Action::P2pRecv { peer, len, .. } => {
+                // Announce our count now: it reaches the sender while its data comes.
+                peers[*peer].p2p_rq.push_back(i);
+                peers[*peer].urgent.push_back(Tx::control(K_P2P_REPLY, s.tag, *len));
+            }
             Action::Local(_) => locals.push(i),
             Action::Copy { .. } => copies.push((i, 0)),
         }
@@ -615,7 +638,7 @@ fn run_with(
             if p == me {
                 continue;
             }
-            progressed |= pump_tx(t, p, st, sched, done, &mut remaining, &ready)?;
+            progressed |= pump_tx(t, p, st, sched, done, &mut remaining, &mut step_err, &ready)?;
             progressed |= pump_rx(t, p, st, sched, done, &mut remaining, &mut step_err, &ready, ctl, bounce)?;
         }
 
@@ -790,6 +813,7 @@ fn pump_tx(
     sched: &mut Schedule<'_>,
     done: &mut [bool],
     remaining: &mut usize,
+    step_err: &mut Option<Error>,
     ready: &impl Fn(&[bool], &[Step<'_>], usize) -> bool,
 ) -> Result<bool> {
     let mut progressed = false;
@@ -847,15 +871,18 @@ fn pump_tx(
                         }
                         st.cur_tx = Some(tx)
                     }
-                    Action::P2pSend { src, len, .. } if len <= EAGER_MAX => {
-                        // Count and payload together; done when the receiver's count comes back.
-                        st.cur_tx = Some(Tx::data(K_P2P_EAGER, tag, src, len, None));
-                        st.awaiting_reply.push_back(i);
-                    }
-                    Action::P2pSend { len, .. } => {
-                        // Announce the count; the payload follows once the receiver agrees.
-                        st.cur_tx = Some(Tx::control(K_P2P_HDR, tag, len));
-                        st.awaiting_reply.push_back(i);
+                    Action::P2pSend { src, len, .. } => {
+                        st.cur_tx = Some(if len <= EAGER_MAX {
+                            // Count and payload together; done when the receiver's count is here.
+                            Tx::data(K_P2P_EAGER, tag, src, len, None)
+                        } else {
+                            // Announce the count; the payload follows once the receiver agrees.
+                            Tx::control(K_P2P_HDR, tag, len)
+                        });
+                        match st.early_replies.pop_front() {
+                            Some(want) => on_reply(t, p, st, sched, i, want, done, remaining, step_err),
+                            None => st.awaiting_reply.push_back(i),
+                        }
                     }
                     _ => unreachable!("only sends are queued for sending"),
                 }
@@ -964,6 +991,47 @@ fn pump_tx(
     Ok(progressed)
 }
 
+/// The receiver's count `want` for fcclSend step `i` (already started) to peer `p`:
+/// an eager send is done (its payload went with its count); a large one sends its
+/// payload when the counts agree. A mismatch fails the step here, and the
+/// receiver's step there, when it reads our count.
+#[allow(clippy::too_many_arguments)]
+fn on_reply(
+    t: &mut Transport,
+    p: usize,
+    st: &mut Peer,
+    sched: &Schedule<'_>,
+    i: usize,
+    want: usize,
+    done: &mut [bool],
+    remaining: &mut usize,
+    step_err: &mut Option<Error>,
+) {
+    let Action::P2pSend { src, len: mine, what, .. } = sched.steps[i].action else { unreachable!() };
+    let tag = sched.steps[i].tag;
+    if want != mine || mine <= EAGER_MAX {
+        if want != mine {
+            step_err.get_or_insert_with(|| {
+                Error::mismatch(format!(
+                    "{what}: rank {} sends {mine} bytes but rank {p} receives {want} bytes; make the counts and types of the matching fcclSend/fcclRecv agree",
+                    t.rank
+                ))
+            });
+        }
+        done[i] = true;
+        *remaining -= 1;
+    } else if let Some(d) =
+        // A buffer that this run also receives into (in place) is overwritten while
+        // the peer would read it: through the ring.
+        direct_desc(t.link(p), src, mine).filter(|_| !overlaps_p2p(sched, src, mine, false))
+    {
+        st.start_direct(t.link(p));
+        st.urgent.push_back(Tx::direct(K_P2P_DIRECT, tag, src, mine, i, d, None));
+    } else {
+        st.urgent.push_back(Tx::data(K_P2P_DATA, tag, src, mine, Some(i)));
+    }
+}
+
 #[allow(clippy::too_many_arguments)]
 fn pump_rx(
     t: &mut Transport,
@@ -1020,9 +1088,9 @@ fn pump_rx(
                     let Some(&i) = st.p2p_rq.front() else { break };
                     st.p2p_rq.pop_front();
                     hdr.got = 0;
+                    // Our count went to the sender when the run started: both sides
+                    // now know whether the payload comes.
                     let Action::P2pRecv { len: want, what, .. } = sched.steps[i].action else { unreachable!() };
-                    // Reply with our count: both sides then know whether the payload comes.
-                    st.urgent.push_back(Tx::control(K_P2P_REPLY, tag, want));
                     if len != want {
                         step_err.get_or_insert_with(|| {
                             Error::mismatch(format!(
@@ -1046,7 +1114,6 @@ fn pump_rx(
                     st.p2p_rq.pop_front();
                     hdr.got = 0;
                     let Action::P2pRecv { dst, len: want, what, .. } = sched.steps[i].action else { unreachable!() };
-                    st.urgent.push_back(Tx::control(K_P2P_REPLY, tag, want));
                     let sink = if len == want {
                         Sink::Copy(dst)
                     } else {
@@ -1062,33 +1129,17 @@ fn pump_rx(
                     st.cur_rx = Some(Rx { step: Some(i), len, sink, read: 0, direct: None });
                 }
                 K_P2P_REPLY => {
-                    let Some(i) = st.awaiting_reply.pop_front() else {
-                        return Err(Error::internal(format!("{}: unexpected reply from rank {p}", (ctl.what)())));
-                    };
+                    if st.replies_read == st.p2p_sends {
+                        // For a send of the peer's next run (it finished this one):
+                        // stays pending until then.
+                        break;
+                    }
+                    st.replies_read += 1;
                     hdr.got = 0;
-                    let Action::P2pSend { src, len: mine, what, .. } = sched.steps[i].action else { unreachable!() };
-                    if len != mine || mine <= EAGER_MAX {
-                        // Eager: the payload went with the count; done either way.
-                        if len != mine {
-                            step_err.get_or_insert_with(|| {
-                            Error::mismatch(format!(
-                                "{what}: rank {} sends {mine} bytes but rank {p} receives {len} bytes; make the counts and types of the matching fcclSend/fcclRecv agree",
-                                t.rank
-                            ))
-                        });
-                        }
-                        done[i] = true;
-                        *remaining -= 1;
-                    } else if let Some(d) =
-                        // A buffer that this run also receives into (in place) is
-                        // overwritten while the peer would read it: through the ring.
-                        direct_desc(t.link(p), src, mine)
-                            .filter(|_| !overlaps_p2p(sched, src, mine, false))
-                    {
-                        st.start_direct(t.link(p));
-                        st.urgent.push_back(Tx::direct(K_P2P_DIRECT, tag, src, mine, i, d, None));
-                    } else {
-                        st.urgent.push_back(Tx::data(K_P2P_DATA, tag, src, mine, Some(i)));
+                    match st.awaiting_reply.pop_front() {
+                        Some(i) => on_reply(t, p, st, sched, i, len, done, remaining, step_err),
+                        // The send it answers waits behind other steps: kept for it.
+                        None => st.early_replies.push_back(len),
                     }
                     progressed = true;
                     continue;
