@@ -49,7 +49,7 @@ const DESC: usize = 40;
 /// Messages at least this large go by address when the link allows it: below it,
 /// announcing the message and waiting for its read cost more than the copy saved
 /// (and a cross-memory read's system call and page pinning more still).
-const DIRECT_MIN: usize = 64 << 10;
+pub const DIRECT_MIN: usize = 64 << 10;
 /// A direct message is read in pieces of this size, so other peers progress meanwhile
 /// and reductions read a piece that is still in cache.
 const DIRECT_PIECE: usize = 256 << 10;

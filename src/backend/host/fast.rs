@@ -9,7 +9,7 @@
 //! latency of a small collective is that of a cache line moving between cores.
 
 use super::Call;
-use super::{algorithms, fingerprint};
+use super::{algorithms, engine, fingerprint};
 use crate::coll::{Coll, CollKind};
 use crate::error::{Error, Result};
 use crate::mem::{copy, reduce};
@@ -40,6 +40,10 @@ fn board_bytes(co: &Coll, n: usize) -> Option<usize> {
     }
     let b = co.count.checked_mul(co.dtype.size())?;
     let need = match co.kind {
+        // A contribution that the links would send by address, for the peers to read
+        // it in place (one copy), goes there rather than through a slot (two copies):
+        // 2.2-4.4x at 64 KiB a rank (docs/performance.md, "Board or links").
+        CollKind::AllGather | CollKind::Gather | CollKind::Broadcast if b >= engine::DIRECT_MIN => return None,
         CollKind::AllReduce | CollKind::Reduce | CollKind::AllGather | CollKind::Gather | CollKind::Broadcast => b,
         CollKind::ReduceScatter | CollKind::AlltoAll | CollKind::Scatter => b.checked_mul(n)?,
         CollKind::Barrier => 0,
