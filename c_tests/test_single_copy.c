@@ -1,7 +1,9 @@
 /* Single copy: large messages out of fcclMemAllocHost buffers are read by peers
  * straight from the sender's buffer (mapped shared memory between processes; any
  * memory between thread ranks). Every collective and send/recv on such buffers, at
- * sizes around the single-copy threshold (64 KiB) and above it, at offsets inside
+ * sizes around the single-copy thresholds (32 KiB for messages, where a broadcast
+ * root also hands its call from the board to the links; 64 KiB a rank, where
+ * all_gather, gather and broadcast leave the board) and above them, at offsets inside
  * the allocation, in and out of place; buffers rewritten between calls (a peer must
  * see the new data), freed and allocated again (a peer must not read a stale
  * mapping), and mixed with malloc'd buffers (which go through the rings). */
@@ -219,9 +221,9 @@ static void round_of_calls(fcclComm_t comm, int rank, int nranks, size_t count, 
 }
 
 static int body(fcclComm_t comm, int rank, int nranks) {
-  /* Bytes per rank: just below, at and above the single-copy threshold, odd ones,
+  /* Bytes per rank: just below, at and above the single-copy thresholds, odd ones,
    * and several pieces of 256 KiB. */
-  static const size_t sizes[] = {65532, 65536, 65540, 1048588, 3u << 20};
+  static const size_t sizes[] = {32764, 32768, 40004, 65532, 65536, 65540, 1048588, 3u << 20};
   static const size_t offs[] = {0, 4096 + 64};
   unsigned k = 0;
   size_t i, j;
@@ -239,6 +241,8 @@ static int body(fcclComm_t comm, int rank, int nranks) {
   /* One side shared, the other malloc'd. */
   round_of_calls(comm, rank, nranks, (1u << 20) / 4, 8, 1, 0, ++k, "shared send, malloc recv");
   round_of_calls(comm, rank, nranks, (1u << 20) / 4, 8, 0, 1, ++k, "malloc send, shared recv");
+  round_of_calls(comm, rank, nranks, 40004 / 4, 8, 1, 0, ++k, "40004 B: shared send, malloc recv");
+  round_of_calls(comm, rank, nranks, 40004 / 4, 8, 0, 1, ++k, "40004 B: malloc send, shared recv");
   return fccl_failures();
 }
 

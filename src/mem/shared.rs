@@ -22,7 +22,7 @@ use std::sync::RwLock;
 /// Allocations at least this large are shared: smaller messages go through the
 /// rings anyway (below the engine's single-copy threshold), and each shared buffer
 /// holds a file descriptor open.
-pub const SHARE_MIN: usize = 64 << 10;
+pub const SHARE_MIN: usize = 32 << 10;
 /// Peers' allocations this large are mapped at this alignment (a huge page).
 const HUGE: usize = 2 << 20;
 

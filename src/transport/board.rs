@@ -36,6 +36,9 @@ const SLOT_HDR: usize = 64 + FP_MAX;
 pub const INLINE_MAX: usize = 48;
 const OFF_DIGEST: usize = 8;
 const OFF_INLINE: usize = 16;
+/// When the data is not inline, the word after the digest holds the publisher's
+/// flags for the call (see [`Board::set_flags`]).
+const OFF_FLAGS: usize = OFF_INLINE;
 const SLOT_BYTES: usize = SLOT_HDR + DATA_MAX;
 const BOARD_HDR: usize = 4096;
 /// Size of a rank's board.
@@ -165,6 +168,22 @@ impl Board {
     pub fn my_data(&mut self, s: u64) -> *mut u8 {
         // SAFETY: inside our own slot.
         unsafe { self.slot(self.rank, s).add(self.data_off()) }
+    }
+
+    /// Sets this rank's flags word of call `s`, before `publish`: the data must
+    /// not be inline (`set_inline` said so), where the word belongs to the data.
+    pub fn set_flags(&mut self, s: u64, flags: u64) {
+        debug_assert!(!self.inline);
+        // SAFETY: the flags word of our own slot's first line, ours until we publish.
+        unsafe { (self.slot(self.rank, s).add(OFF_FLAGS) as *mut u64).write(flags) };
+    }
+
+    /// Rank `p`'s flags word of call `s` (after `wait_for`; data not inline).
+    pub fn flags(&self, p: usize, s: u64) -> u64 {
+        debug_assert!(!self.inline);
+        // SAFETY: published (Acquire in wait_for), not rewritten before we arrive at a
+        // later call.
+        unsafe { (self.slot(p, s).add(OFF_FLAGS) as *const u64).read() }
     }
 
     /// Publishes call `s` with the digest of its fingerprint: fingerprint and data

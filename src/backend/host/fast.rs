@@ -23,6 +23,19 @@ use std::time::Duration;
 /// (a clock read would cost more than the copy).
 const BOARD_STORES_MIN: usize = 16 << 10;
 
+/// Contributions of all_gather, gather and broadcast at least this large run on the
+/// links; the size alone decides, so every rank does the same without a word.
+/// Smaller ones stay on the board, where buffers that cannot go by address (malloc'd
+/// memory) are as fast as on the links or faster (broadcast 32 KiB in place: links
+/// 0.66x of the board).
+const BY_LINKS_MIN: usize = 64 << 10;
+
+/// Flag in a broadcast root's slot: the data goes over the links (the root's
+/// sendbuff goes by address to every peer); the readers follow it there. The
+/// root alone decides for broadcasts of `engine::DIRECT_MIN` bytes up to
+/// BY_LINKS_MIN (1.8-3.2x for buffers that go by address).
+const HANDOFF: u64 = 1;
+
 /// What the board step decided.
 pub enum Board1 {
     /// The call ran entirely on the board: its result.
@@ -40,10 +53,11 @@ fn board_bytes(co: &Coll, n: usize) -> Option<usize> {
     }
     let b = co.count.checked_mul(co.dtype.size())?;
     let need = match co.kind {
-        // A contribution that the links would send by address, for the peers to read
-        // it in place (one copy), goes there rather than through a slot (two copies):
-        // 2.2-4.4x at 64 KiB a rank (docs/performance.md, "Board or links").
-        CollKind::AllGather | CollKind::Gather | CollKind::Broadcast if b >= engine::DIRECT_MIN => return None,
+        // A contribution of BY_LINKS_MIN bytes can go by address on the links, for the
+        // peers to read it in place (one copy), rather than through a slot (two
+        // copies): 2.2-4.4x at 64 KiB a rank (docs/performance.md, "Board or links").
+        // Smaller broadcasts go there too when the root decides so (see HANDOFF).
+        CollKind::AllGather | CollKind::Gather | CollKind::Broadcast if b >= BY_LINKS_MIN => return None,
         CollKind::AllReduce | CollKind::Reduce | CollKind::AllGather | CollKind::Gather | CollKind::Broadcast => b,
         CollKind::ReduceScatter | CollKind::AlltoAll | CollKind::Scatter => b.checked_mul(n)?,
         CollKind::Barrier => 0,
@@ -62,18 +76,36 @@ pub fn run(
     check: bool,
     what: &dyn Fn() -> String,
 ) -> Result<Board1> {
+    let handoff = root_hands_off(t, calls);
     let mut board = t.board.take().expect("caller checked");
     let res = {
         let t = &*t;
         let mut checker = |full: bool| if full { t.check_peers() } else { t.check_flags() };
         let mut w = Waiter::new(timeout, abort, &mut checker, what);
-        on_board(&mut board, &mut w, calls, check)
+        on_board(&mut board, &mut w, calls, check, handoff)
     };
     t.board = Some(board);
     res
 }
 
-fn on_board(b: &mut Board, w: &mut Waiter<'_>, calls: &[Call], check: bool) -> Result<Board1> {
+/// Whether `calls` are one broadcast that may hand off to the links (see HANDOFF),
+/// and, on its root, whether it does.
+fn handoff_range(co: &Coll) -> bool {
+    co.kind == CollKind::Broadcast && (engine::DIRECT_MIN..BY_LINKS_MIN).contains(&(co.count * co.dtype.size()))
+}
+
+fn root_hands_off(t: &mut Transport, calls: &[Call]) -> bool {
+    let [c] = calls else { return false };
+    let co = &c.coll;
+    if !handoff_range(co) || board_bytes(co, t.nranks).is_none() || co.root != t.rank {
+        return false;
+    }
+    let bytes = co.count * co.dtype.size();
+    let me = t.rank;
+    (0..t.nranks).filter(|&p| p != me).all(|p| engine::goes_direct(t, p, co.send, bytes))
+}
+
+fn on_board(b: &mut Board, w: &mut Waiter<'_>, calls: &[Call], check: bool, handoff: bool) -> Result<Board1> {
     let (me, n) = (b.rank, b.nranks());
     w.check_flags()?;
     let s = b.begin(w)?;
@@ -118,8 +150,10 @@ fn on_board(b: &mut Board, w: &mut Waiter<'_>, calls: &[Call], check: bool) -> R
     let bytes = co.count * es;
     let root = co.root;
     b.set_inline(agreed);
+    let range = handoff_range(co);
     // 1. Publish this rank's contribution.
     let publish = match co.kind {
+        _ if handoff => 0,
         CollKind::AllReduce | CollKind::Reduce | CollKind::AllGather | CollKind::Gather => bytes,
         CollKind::Broadcast if me == root => bytes,
         CollKind::ReduceScatter | CollKind::AlltoAll => bytes * n,
@@ -135,6 +169,9 @@ fn on_board(b: &mut Board, w: &mut Waiter<'_>, calls: &[Call], check: bool) -> R
     } else if publish > 0 {
         // SAFETY: as above.
         unsafe { copy::copy(b.my_data(s), co.send, publish) };
+    }
+    if range && me == root {
+        b.set_flags(s, if handoff { HANDOFF } else { 0 });
     }
     b.publish(s, digest);
 
@@ -156,6 +193,10 @@ fn on_board(b: &mut Board, w: &mut Waiter<'_>, calls: &[Call], check: bool) -> R
         if let Some(e) = all_agree(b, s, digest) {
             return Ok(Board1::Done(Some(e)));
         }
+    }
+    if range && b.flags(root, s) == HANDOFF {
+        // Fingerprints were compared (or are not checked): the links move the data.
+        return Ok(Board1::Continue(None));
     }
 
     // 3. Take what this rank receives.
