@@ -98,7 +98,8 @@ pub fn execute(
         }
         // Steps added from here on carry this call's sequence number.
         sched.tag = c.seq as u32;
-        algorithms::build(&mut sched, co, t.rank, t.nranks, &mut scratch, c.seq)?;
+        let by_address = recv_by_address(t, co);
+        algorithms::build(&mut sched, co, t.rank, t.nranks, &mut scratch, by_address)?;
     }
     // Sends to self match receives from self in order.
     if self_sends.len() != self_recvs.len() {
@@ -128,6 +129,18 @@ pub fn execute(
     }
     drop(scratch);
     Ok(errors.into_iter().next())
+}
+
+/// Whether every peer reads `co`'s recvbuff in place when this rank sends from it
+/// (only asked of all_reduces large enough to write their results with streaming
+/// stores, the one place where it changes the schedule).
+fn recv_by_address(t: &mut Transport, co: &Coll) -> bool {
+    let bytes = algorithms::recv_bytes(co, t.nranks);
+    if co.kind != CollKind::AllReduce || bytes < crate::env::stream_min() {
+        return false;
+    }
+    let me = t.rank;
+    (0..t.nranks).filter(|&p| p != me).all(|p| engine::goes_direct(t, p, co.recv, bytes))
 }
 
 fn describe(calls: &[Call], rank: usize) -> String {
