@@ -397,9 +397,10 @@ fn direct_desc(link: &dyn crate::transport::Link, src: *const u8, len: usize) ->
     Some(d)
 }
 
-/// Whether a message of `len` bytes at `src` to `peer` would go by address.
-pub fn goes_direct(t: &mut Transport, peer: usize, src: *const u8, len: usize) -> bool {
-    direct_desc(t.link(peer), src, len).is_some()
+/// Whether a message of `len` bytes at `src` would go by address to every peer.
+pub fn goes_direct_to_all(t: &mut Transport, src: *const u8, len: usize) -> bool {
+    let me = t.rank;
+    (0..t.nranks).filter(|&p| p != me).all(|p| direct_desc(t.link(p), src, len).is_some())
 }
 
 /// The sender's address and shared allocation named by a descriptor.

@@ -88,21 +88,21 @@ pub fn run(
     res
 }
 
-/// Whether `calls` are one broadcast that may hand off to the links (see HANDOFF),
-/// and, on its root, whether it does.
+/// Whether `co` is a broadcast of a size that its root may hand to the links (see
+/// HANDOFF).
 fn handoff_range(co: &Coll) -> bool {
     co.kind == CollKind::Broadcast && (engine::DIRECT_MIN..BY_LINKS_MIN).contains(&(co.count * co.dtype.size()))
 }
 
+/// Whether `calls` are such a broadcast, this rank is its root, and it hands the
+/// call to the links: its sendbuff goes by address to every peer.
 fn root_hands_off(t: &mut Transport, calls: &[Call]) -> bool {
     let [c] = calls else { return false };
     let co = &c.coll;
     if !handoff_range(co) || board_bytes(co, t.nranks).is_none() || co.root != t.rank {
         return false;
     }
-    let bytes = co.count * co.dtype.size();
-    let me = t.rank;
-    (0..t.nranks).filter(|&p| p != me).all(|p| engine::goes_direct(t, p, co.send, bytes))
+    engine::goes_direct_to_all(t, co.send, co.count * co.dtype.size())
 }
 
 fn on_board(b: &mut Board, w: &mut Waiter<'_>, calls: &[Call], check: bool, handoff: bool) -> Result<Board1> {

@@ -139,8 +139,7 @@ fn recv_by_address(t: &mut Transport, co: &Coll) -> bool {
     if co.kind != CollKind::AllReduce || bytes < crate::env::stream_min() {
         return false;
     }
-    let me = t.rank;
-    (0..t.nranks).filter(|&p| p != me).all(|p| engine::goes_direct(t, p, co.recv, bytes))
+    engine::goes_direct_to_all(t, co.recv, bytes)
 }
 
 fn describe(calls: &[Call], rank: usize) -> String {
