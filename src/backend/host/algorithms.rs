@@ -104,6 +104,8 @@ pub fn build(
     // streaming stores would write them out to memory (1.2-1.6x without).
     let stream = recv_bytes(co, n) >= crate::env::stream_min() && !(co.kind == CollKind::AlltoAll && send == recv);
     let sink = |dst: *mut u8| out_sink(dst, stream);
+    // Results that stay with their owner (reduce_scatter).
+    let keep = Results { dest: Dest::Keep, stream, by_address: false };
     match co.kind {
         CollKind::AllReduce if co.wire.is_some_and(|w| w != co.dtype) => allreduce_wire(s, co, rank, n, scratch),
         CollKind::AllReduce => {
@@ -113,30 +115,12 @@ pub fn build(
         }
         CollKind::ReduceScatter => {
             let chunks = |o: usize| (o * co.count, co.count);
-            reduce_phase(
-                s,
-                co,
-                rank,
-                n,
-                scratch,
-                &chunks,
-                &|_| 0,
-                Results { dest: Dest::Keep, stream, by_address: false },
-            )
+            reduce_phase(s, co, rank, n, scratch, &chunks, &|_| 0, keep)
         }
         CollKind::ReduceScatterV => {
             let v = co.v.as_ref().ok_or_else(|| Error::internal("reduce_scatter_v without counts"))?;
             let chunks = |o: usize| (v.sdispls[o], v.recvcounts[o]);
-            reduce_phase(
-                s,
-                co,
-                rank,
-                n,
-                scratch,
-                &chunks,
-                &|_| 0,
-                Results { dest: Dest::Keep, stream, by_address: false },
-            )
+            reduce_phase(s, co, rank, n, scratch, &chunks, &|_| 0, keep)
         }
         CollKind::Reduce => {
             let chunks = |o: usize| part(co.count, n, o);

@@ -1018,6 +1018,13 @@ fn p2p_eager(link: &dyn crate::transport::Link, sched: &Schedule<'_>, src: *cons
     len <= EAGER_MAX && p2p_direct(link, sched, src, len).is_none()
 }
 
+/// The error of an fcclSend/fcclRecv pair whose sizes differ (both sides report it).
+fn p2p_mismatch(what: P2pCall, sender: usize, receiver: usize, sent: usize, received: usize) -> Error {
+    Error::mismatch(format!(
+        "{what}: rank {sender} sends {sent} bytes but rank {receiver} receives {received} bytes; make the counts and types of the matching fcclSend/fcclRecv agree"
+    ))
+}
+
 /// The receiver's count `want` for fcclSend step `i` (already started) to peer `p`:
 /// an eager send is done (its payload went with its count); a large one sends its
 /// payload when the counts agree. A mismatch fails the step here, and the
@@ -1038,12 +1045,7 @@ fn on_reply(
     let tag = sched.steps[i].tag;
     if want != mine || p2p_eager(t.link(p), sched, src, mine) {
         if want != mine {
-            step_err.get_or_insert_with(|| {
-                Error::mismatch(format!(
-                    "{what}: rank {} sends {mine} bytes but rank {p} receives {want} bytes; make the counts and types of the matching fcclSend/fcclRecv agree",
-                    t.rank
-                ))
-            });
+            step_err.get_or_insert_with(|| p2p_mismatch(what, t.rank, p, mine, want));
         }
         done[i] = true;
         *remaining -= 1;
@@ -1115,12 +1117,7 @@ fn pump_rx(
                     // now know whether the payload comes.
                     let Action::P2pRecv { len: want, what, .. } = sched.steps[i].action else { unreachable!() };
                     if len != want {
-                        step_err.get_or_insert_with(|| {
-                            Error::mismatch(format!(
-                                "{what}: rank {p} sends {len} bytes but rank {} receives {want} bytes; make the counts and types of the matching fcclSend/fcclRecv agree",
-                                t.rank
-                            ))
-                        });
+                        step_err.get_or_insert_with(|| p2p_mismatch(what, p, t.rank, len, want));
                         done[i] = true;
                         *remaining -= 1;
                     } else if len == 0 {
@@ -1140,12 +1137,7 @@ fn pump_rx(
                     let sink = if len == want {
                         Sink::Copy(dst)
                     } else {
-                        step_err.get_or_insert_with(|| {
-                            Error::mismatch(format!(
-                                "{what}: rank {p} sends {len} bytes but rank {} receives {want} bytes; make the counts and types of the matching fcclSend/fcclRecv agree",
-                                t.rank
-                            ))
-                        });
+                        step_err.get_or_insert_with(|| p2p_mismatch(what, p, t.rank, len, want));
                         Sink::Discard
                     };
                     // The step is done once the payload that follows has been read.
