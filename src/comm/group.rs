@@ -45,7 +45,7 @@ pub fn enqueue_init(job: InitJob) {
 
 /// Closes a group; the outermost close runs every queued call.
 pub fn end() -> Result<()> {
-    let (inits, calls) = GROUP.with(|g| {
+    let (inits, mut calls) = GROUP.with(|g| {
         let mut g = g.borrow_mut();
         if g.depth == 0 {
             return Err(Error::invalid_usage("fcclGroupEnd without a matching fcclGroupStart"));
@@ -65,17 +65,31 @@ pub fn end() -> Result<()> {
     if calls.is_empty() {
         return Ok(());
     }
-    // Each communicator's calls, in the order they were made.
+    let res = run(&mut calls);
+    // The emptied queue goes back for the next group, so that a small group (a
+    // send/recv pair every few microseconds) allocates nothing.
+    calls.clear();
+    GROUP.with(|g| {
+        let mut g = g.borrow_mut();
+        if g.calls.is_empty() {
+            g.calls = calls;
+        }
+    });
+    res
+}
+
+/// Runs a group's calls: each communicator's in the order they were made.
+fn run(calls: &mut Vec<(Arc<Comm>, Coll)>) -> Result<()> {
+    let first = Arc::clone(&calls[0].0);
+    if calls.iter().all(|(c, _)| Arc::ptr_eq(c, &first)) {
+        return first.run(calls.drain(..).map(|(_, coll)| coll));
+    }
     let mut per_comm: Vec<(Arc<Comm>, Vec<Coll>)> = Vec::new();
-    for (comm, coll) in calls {
+    for (comm, coll) in calls.drain(..) {
         match per_comm.iter_mut().find(|(c, _)| Arc::ptr_eq(c, &comm)) {
             Some((_, v)) => v.push(coll),
             None => per_comm.push((comm, vec![coll])),
         }
-    }
-    if per_comm.len() == 1 {
-        let (comm, colls) = per_comm.pop().expect("one entry");
-        return comm.run(colls);
     }
     // Several communicators (e.g. all ranks of fcclCommInitAll driven by one
     // thread): each progresses on its own thread so none waits for another.

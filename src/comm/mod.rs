@@ -19,6 +19,11 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
+thread_local! {
+    /// The calls of a thread's last group, emptied, kept for its next one.
+    static CALLS: std::cell::Cell<Vec<Call>> = const { std::cell::Cell::new(Vec::new()) };
+}
+
 /// Which backend serves a communicator.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Backend {
@@ -269,11 +274,16 @@ impl Comm {
 
     /// Runs calls (validated by the caller) as one unit: a single call, or this
     /// communicator's share of a group.
-    pub fn run(&self, colls: Vec<Coll>) -> Result<()> {
+    pub fn run(&self, colls: impl IntoIterator<Item = Coll>) -> Result<()> {
         let mut st = self.state.lock().unwrap_or_else(|p| p.into_inner());
         self.usable(&st)?;
-        let mut calls: Vec<Call> = colls.into_iter().map(|coll| Self::numbered(&mut st, coll)).collect();
-        self.run_calls(&mut st, &mut calls)
+        // The buffer of the thread's last group, so that a small group allocates nothing.
+        let mut calls = CALLS.with(|c| c.take());
+        calls.extend(colls.into_iter().map(|coll| Self::numbered(&mut st, coll)));
+        let res = self.run_calls(&mut st, &mut calls);
+        calls.clear();
+        CALLS.with(|c| c.replace(calls));
+        res
     }
 
     /// Runs one call (validated by the caller), without allocating.

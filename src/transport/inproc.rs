@@ -10,7 +10,12 @@ use std::sync::Arc;
 
 /// Builds the transports of all `nranks` thread ranks at once.
 pub fn build(nranks: usize) -> Result<Vec<Transport>> {
-    let ring = ring_bytes_for(nranks);
+    build_with_ring(nranks, ring_bytes_for(nranks))
+}
+
+/// As [`build`], with rings of `ring` bytes (a multiple of the page size): tests
+/// use small ones, where messages wrap around the ring end all the time.
+pub fn build_with_ring(nranks: usize, ring: usize) -> Result<Vec<Transport>> {
     let segs: Vec<Arc<Segment>> =
         (0..nranks).map(|_| Segment::anonymous(nranks, ring).map(Arc::new)).collect::<Result<_>>()?;
     Ok((0..nranks)

@@ -18,31 +18,31 @@ use std::collections::VecDeque;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
-const HDR: usize = 16;
+pub(super) const HDR: usize = 16;
 /// Tag of steps whose messages may belong to any collective (call fingerprints):
 /// the receiver checks the content instead of the tag.
 pub const ANY_TAG: u32 = u32::MAX;
-const K_DATA: u8 = 1;
-const K_P2P_HDR: u8 = 2;
+pub(super) const K_DATA: u8 = 1;
+pub(super) const K_P2P_HDR: u8 = 2;
 /// The receiver's count for its next fcclRecv from the peer, sent when the run that
 /// receives starts (not when the sender's header arrives): in an exchange, where both
 /// ranks send and receive, it travels while the data does, so the sender learns the
 /// verdict without a round trip of its own.
-const K_P2P_REPLY: u8 = 3;
-const K_P2P_DATA: u8 = 4;
+pub(super) const K_P2P_REPLY: u8 = 3;
+pub(super) const K_P2P_DATA: u8 = 4;
 /// fcclSend of at most EAGER_MAX bytes that cannot go by address: the count and the
 /// payload in one message. The send is done when the receiver's count has come too
 /// (K_P2P_REPLY), so a mismatch fails both sides, but the data does not wait for it.
-const K_P2P_EAGER: u8 = 7;
+pub(super) const K_P2P_EAGER: u8 = 7;
 /// Largest fcclSend sent eagerly: well below the smallest ring (256 KiB), so an eager
 /// message never needs the receiver to free space before it is complete.
-const EAGER_MAX: usize = 64 << 10;
+pub(super) const EAGER_MAX: usize = 64 << 10;
 /// A collective message sent by address: the receiver reads it straight from the
 /// sender's buffer (single copy) and reports the read done through the link. The
 /// payload is a [`DESC`]-byte descriptor (see `direct_desc`).
-const K_DIRECT: u8 = 5;
+pub(super) const K_DIRECT: u8 = 5;
 /// The payload of a large fcclSend, sent by address as K_DIRECT is.
-const K_P2P_DIRECT: u8 = 8;
+pub(super) const K_P2P_DIRECT: u8 = 8;
 /// Bytes of a direct message's descriptor: the address in the sender, and where
 /// it lies in one of the sender's shared allocations (serial 0: none).
 const DESC: usize = 40;
@@ -70,14 +70,14 @@ const DIRECT_PIECE: usize = 256 << 10;
 const RING_STREAM: std::ops::Range<usize> = (32 << 10)..(512 << 10);
 /// Skips the rest of the ring, unread and unwritten: the next message starts at the
 /// ring's beginning (see `Link::rewind_gap`). Its length field is the gap after the header.
-const K_SKIP: u8 = 6;
+pub(super) const K_SKIP: u8 = 6;
 /// A sender rewinds its ring once it has written this far into it and the peer has
 /// read everything. Messages of calls that do not overlap then cycle through the
 /// first pages of the ring: they stay mapped and in cache, where walking the whole
 /// ring (4 MiB at 2 ranks) page-faulted shared memory for dozens of calls (each
 /// 128 KiB all_reduce took ~150 us instead of ~15 until the ring had been touched
 /// once) and pushed other data out of the cache.
-const REWIND_MIN: usize = 64 << 10;
+pub(super) const REWIND_MIN: usize = 64 << 10;
 /// Most payload bytes one visit writes into a ring, reads out of one, or copies
 /// locally before the engine turns to the next peer or step. Writer and reader then
 /// work on consecutive pieces at once (each piece is published as soon as it is
@@ -85,7 +85,7 @@ const REWIND_MIN: usize = 64 << 10;
 /// writer's L2 cache until the reader takes it.
 const PIECE: usize = 64 << 10;
 
-const fn pad8(n: usize) -> usize {
+pub(super) const fn pad8(n: usize) -> usize {
     (n + 7) & !7
 }
 
@@ -614,12 +614,7 @@ fn run_with(
     }
     let ready = |done: &[bool], steps: &[Step<'_>], i: usize| steps[i].deps.iter().all(|&d| done[d]);
 
-    let mut idle_since: Option<Instant> = None;
-    let mut idle_polls = 0u32;
-    // Set when the run first has to wait: reading the clock costs as much as a small
-    // message, so a run that never waits never reads it.
-    let mut deadline: Option<Instant> = None;
-    let mut last_peer_check: Option<Instant> = None;
+    let mut idle = Idle::default();
     loop {
         let seen = t.doorbell();
         let mut progressed = t.progress_io()?;
@@ -687,36 +682,67 @@ fn run_with(
             return Ok(step_err);
         }
         if progressed {
-            idle_since = None;
-            idle_polls = 0;
+            idle.reset();
             continue;
         }
-        // Nothing moved: spin a little (a peer is usually microseconds away), then yield,
-        // then sleep, as the transport's policy says (see `SpinPolicy`). The clock is
-        // read every 32 idle polls.
-        idle_polls += 1;
-        if idle_polls % 32 != 0 {
+        idle.wait(t, seen, ctl, || describe_waiting(t.rank, peers, sched, done))?;
+    }
+}
+
+/// How a run waits when a poll found nothing to do: spin a little (a peer is
+/// usually microseconds away), then yield, then sleep, as the transport's policy
+/// says (see `SpinPolicy`), until the run's timeout.
+#[derive(Default)]
+pub(super) struct Idle {
+    since: Option<Instant>,
+    polls: u32,
+    /// Set when the run first has to wait: reading the clock costs as much as a
+    /// small message, so a run that never waits never reads it.
+    deadline: Option<Instant>,
+    last_peer_check: Option<Instant>,
+}
+
+impl Idle {
+    /// The poll made progress: the next wait starts spinning afresh.
+    pub(super) fn reset(&mut self) {
+        self.since = None;
+        self.polls = 0;
+    }
+
+    /// One poll found nothing to do. `seen` is the doorbell read before the poll;
+    /// `waiting` says whom the run waits for (built only for a timeout). An error
+    /// when the run times out, the communicator is aborted or a peer died.
+    pub(super) fn wait(
+        &mut self,
+        t: &Transport,
+        seen: u32,
+        ctl: &RunCtl<'_>,
+        waiting: impl FnOnce() -> String,
+    ) -> Result<()> {
+        // The clock is read every 32 idle polls.
+        self.polls += 1;
+        if self.polls % 32 != 0 {
             std::hint::spin_loop();
-            continue;
+            return Ok(());
         }
         let now = Instant::now();
-        let since = *idle_since.get_or_insert(now);
-        let deadline = *deadline.get_or_insert(now + ctl.timeout);
-        let last_peer_check = last_peer_check.get_or_insert(now);
+        let since = *self.since.get_or_insert(now);
+        let deadline = *self.deadline.get_or_insert(now + ctl.timeout);
+        let last_peer_check = self.last_peer_check.get_or_insert(now);
         if ctl.abort.load(Ordering::Acquire) {
             return Err(Error::remote(format!("{}: the communicator was aborted", (ctl.what)())));
         }
         let idle = now - since;
         if idle < t.policy.spin {
             std::hint::spin_loop();
-            continue;
+            return Ok(());
         }
         if now >= deadline {
             return Err(Error::timeout(format!(
                 "{}: timed out after {} ms; {}",
                 (ctl.what)(),
                 ctl.timeout.as_millis(),
-                describe_waiting(t.rank, peers, sched, done)
+                waiting()
             )));
         }
         if now - *last_peer_check > Duration::from_millis(100) {
@@ -725,10 +751,11 @@ fn run_with(
         }
         if idle < t.policy.yield_until {
             std::thread::yield_now();
-            continue;
+            return Ok(());
         }
         let left = deadline.saturating_duration_since(now);
         t.sleep(seen, left.min(Duration::from_millis(20)));
+        Ok(())
     }
 }
 
@@ -750,8 +777,7 @@ fn overlaps_p2p(sched: &Schedule<'_>, p: *const u8, len: usize, sends: bool) -> 
 }
 
 fn describe_waiting(me: usize, peers: &[Peer], sched: &Schedule<'_>, done: &[bool]) -> String {
-    let mut from = Vec::new();
-    let mut to = Vec::new();
+    let (mut from, mut to) = (Vec::new(), Vec::new());
     for (p, st) in peers.iter().enumerate() {
         if p == me {
             continue;
@@ -762,25 +788,13 @@ fn describe_waiting(me: usize, peers: &[Peer], sched: &Schedule<'_>, done: &[boo
             || !st.awaiting_reply.is_empty()
             || !st.awaiting_payload.is_empty();
         if waits_rx {
-            from.push(p.to_string());
+            from.push(p);
         }
         if st.cur_tx.is_some() || !st.send_q.is_empty() || !st.urgent.is_empty() || !st.direct_wait.is_empty() {
-            to.push(p.to_string());
+            to.push(p);
         }
     }
-    let mut s = String::new();
-    if !from.is_empty() {
-        s += &format!("ranks that have not arrived (this rank {me} still waits for data from): {}", from.join(", "));
-    }
-    if !to.is_empty() {
-        if !s.is_empty() {
-            s += "; ";
-        }
-        s += &format!("ranks not draining what rank {me} sends them: {}", to.join(", "));
-    }
-    if s.is_empty() {
-        s = "waiting on local steps".into();
-    }
+    let mut s = waiting_message(me, &from, &to);
     if crate::log::enabled(crate::log::Level::Trace) {
         for (p, st) in peers.iter().enumerate().filter(|(p, _)| *p != me) {
             s += &format!(
@@ -809,6 +823,26 @@ fn describe_waiting(me: usize, peers: &[Peer], sched: &Schedule<'_>, done: &[boo
                     .collect::<Vec<_>>(),
             );
         }
+    }
+    s
+}
+
+/// What a timed-out run waits for: the peers whose messages have not come (`from`)
+/// and those that do not read what this rank sends them (`to`).
+pub(super) fn waiting_message(me: usize, from: &[usize], to: &[usize]) -> String {
+    let list = |v: &[usize]| v.iter().map(|p| p.to_string()).collect::<Vec<_>>().join(", ");
+    let mut s = String::new();
+    if !from.is_empty() {
+        s += &format!("ranks that have not arrived (this rank {me} still waits for data from): {}", list(from));
+    }
+    if !to.is_empty() {
+        if !s.is_empty() {
+            s += "; ";
+        }
+        s += &format!("ranks not draining what rank {me} sends them: {}", list(to));
+    }
+    if s.is_empty() {
+        s = "waiting on local steps".into();
     }
     s
 }
@@ -1019,7 +1053,7 @@ fn p2p_eager(link: &dyn crate::transport::Link, sched: &Schedule<'_>, src: *cons
 }
 
 /// The error of an fcclSend/fcclRecv pair whose sizes differ (both sides report it).
-fn p2p_mismatch(what: P2pCall, sender: usize, receiver: usize, sent: usize, received: usize) -> Error {
+pub(super) fn p2p_mismatch(what: P2pCall, sender: usize, receiver: usize, sent: usize, received: usize) -> Error {
     Error::mismatch(format!(
         "{what}: rank {sender} sends {sent} bytes but rank {receiver} receives {received} bytes; make the counts and types of the matching fcclSend/fcclRecv agree"
     ))

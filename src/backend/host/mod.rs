@@ -5,6 +5,7 @@
 //! never deadlock and independent collectives overlap.
 
 pub mod algorithms;
+pub mod eager;
 pub mod engine;
 pub mod fast;
 pub mod fingerprint;
@@ -52,6 +53,9 @@ pub fn execute(
     let rank = t.rank;
     let what = || describe(calls, rank);
     let ctl = RunCtl { timeout, abort, what: &what };
+    if eager::eligible(rank, calls) {
+        return eager::run(t, calls, &ctl);
+    }
     if check && t.nranks > 1 {
         if let Some(e) = fingerprint::agree(t, calls, &ctl)? {
             return Ok(Some(e));
