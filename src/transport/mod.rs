@@ -43,6 +43,11 @@ pub trait Link: Send {
     fn check_flag(&self) -> Result<()> {
         Ok(())
     }
+    /// A number that changes whenever the peer writes into our incoming stream or
+    /// reads from our outgoing one (0 for transports that wake sleepers otherwise).
+    fn activity(&self) -> u64 {
+        0
+    }
     /// Wakes the peer if it sleeps waiting for us (abort, failure).
     fn wake_peer(&self) {}
     /// Socket to poll, for transports that have one.
@@ -88,6 +93,13 @@ pub trait Link: Send {
         let _ = (addr, len, shared);
         Ok(None)
     }
+}
+
+/// What a rank saw before it last looked for work (see [`Transport::seen`]).
+#[derive(Clone, Copy)]
+pub struct Seen {
+    doorbell: u32,
+    activity: Option<u64>,
 }
 
 /// A message header read from a peer's stream but not yet handed to a step: it
@@ -156,13 +168,29 @@ impl Transport {
         Ok(moved)
     }
 
-    /// Doorbell value to pass to [`Transport::sleep`], read before checking for work.
-    pub fn doorbell(&self) -> u32 {
-        self.my_seg.as_ref().map_or(0, |s| s.doorbell().load(Ordering::SeqCst))
+    /// What to pass to [`Transport::sleep`], read before checking for work: the
+    /// doorbell, and with `activity` (only a rank about to sleep needs it: loading
+    /// the peers' ring positions on every poll would take their cache lines) the
+    /// links' [`Link::activity`].
+    pub fn seen(&self, activity: bool) -> Seen {
+        Seen {
+            doorbell: self.my_seg.as_ref().map_or(0, |s| s.doorbell().load(Ordering::SeqCst)),
+            activity: activity.then(|| self.activity()),
+        }
     }
 
-    /// Sleeps until a peer signals progress, at most `timeout`.
-    pub fn sleep(&self, seen: u32, timeout: Duration) {
+    fn activity(&self) -> u64 {
+        self.links.iter().flatten().fold(0u64, |a, l| a.wrapping_add(l.activity()))
+    }
+
+    /// Sleeps until a peer signals progress, at most `timeout`; `seen` must have
+    /// been taken with activity (without it this only yields).
+    pub fn sleep(&self, seen: Seen, timeout: Duration) {
+        let Some(activity) = seen.activity else {
+            std::thread::yield_now();
+            return;
+        };
+        let seen = seen.doorbell;
         let fds: Vec<libc::pollfd> = self
             .links
             .iter()
@@ -172,7 +200,7 @@ impl Transport {
             .collect();
         if fds.is_empty() {
             if let Some(s) = &self.my_seg {
-                s.sleep(seen, timeout);
+                s.sleep(seen, || self.activity() != activity, timeout);
             } else {
                 std::thread::sleep(timeout.min(Duration::from_millis(1)));
             }

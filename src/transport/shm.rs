@@ -14,7 +14,7 @@ use crate::env::SingleCopy;
 use crate::error::{Error, Result};
 use crate::mem::shared::{Desc, PeerMapping};
 use std::ffi::CString;
-use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
+use std::sync::atomic::{fence, AtomicU32, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -246,11 +246,15 @@ impl Segment {
         }
     }
 
-    /// Owner side: sleep until the doorbell moves past `seen` or `timeout` passes.
-    /// `seen` must have been read before the caller last checked its conditions.
-    pub fn sleep(&self, seen: u32, timeout: Duration) {
+    /// Owner side: sleep until the doorbell moves past `seen` or `timeout` passes,
+    /// unless `moved()` says that a peer wrote into a ring meanwhile. `seen` must
+    /// have been read before the caller last checked its conditions. Peers that
+    /// publish ring positions only [`Segment::notify`] (they ring only a sleeper):
+    /// `moved()`, checked after announcing the sleep, catches what they published
+    /// before they could see it.
+    pub fn sleep(&self, seen: u32, moved: impl Fn() -> bool, timeout: Duration) {
         self.sleeping().store(1, Ordering::SeqCst);
-        if self.doorbell().load(Ordering::SeqCst) == seen {
+        if self.doorbell().load(Ordering::SeqCst) == seen && !moved() {
             futex_wait(self.doorbell(), seen, timeout);
         }
         self.sleeping().store(0, Ordering::SeqCst);
@@ -406,6 +410,12 @@ pub struct ShmLink {
     /// Cached positions: we are the only writer of tx.head and of rx.tail.
     tx_head: u64,
     rx_tail: u64,
+    /// The peer's read position in our ring as last loaded: it only grows, so the
+    /// free space it implies is a lower bound. While that bound is at least half
+    /// the ring, `send_space` does not load the position again: the peer writes it
+    /// at every read, and loading it took that cache line back from the peer's
+    /// core on every small message.
+    tx_tail: u64,
     check_pid: bool,
     /// The peer is a thread of this process: its addresses are ours.
     same_process: bool,
@@ -491,7 +501,20 @@ impl ShmLink {
         let can_map = mode != SingleCopy::Off && (same_process || probe_map(pid));
         rx.ctrl_word(OFF_CAN_READ).store(u64::from(can_read), Ordering::Release);
         rx.ctrl_word(OFF_CAN_MAP).store(u64::from(can_map), Ordering::Release);
-        ShmLink { peer, tx, rx, peer_seg, tx_head, rx_tail, check_pid, same_process, maps: Vec::new(), maps_epoch: 0 }
+        let tx_tail = tx.tail().load(Ordering::Acquire);
+        ShmLink {
+            peer,
+            tx,
+            rx,
+            peer_seg,
+            tx_head,
+            rx_tail,
+            tx_tail,
+            check_pid,
+            same_process,
+            maps: Vec::new(),
+            maps_epoch: 0,
+        }
     }
 }
 
@@ -501,8 +524,10 @@ impl Link for ShmLink {
     }
 
     fn send_space(&mut self) -> &mut [u8] {
-        let tail = self.tx.tail().load(Ordering::Acquire);
-        let used = (self.tx_head - tail) as usize;
+        if ((self.tx_head - self.tx_tail) as usize) > self.tx.size / 2 {
+            self.tx_tail = self.tx.tail().load(Ordering::Acquire);
+        }
+        let used = (self.tx_head - self.tx_tail) as usize;
         let free = self.tx.size - used;
         let pos = (self.tx_head % self.tx.size as u64) as usize;
         let n = free.min(self.tx.size - pos);
@@ -518,7 +543,11 @@ impl Link for ShmLink {
         }
         self.tx_head += n as u64;
         self.tx.head().store(self.tx_head, Ordering::Release);
-        self.peer_seg.ring();
+        // The peer is woken only if it sleeps (see `Segment::sleep`): ringing its
+        // doorbell every time took the doorbell's cache line from a peer that polls
+        // it, a transfer between cores on every message.
+        fence(Ordering::SeqCst);
+        self.peer_seg.notify();
     }
 
     fn rewind_gap(&self, min: usize) -> Option<usize> {
@@ -546,8 +575,9 @@ impl Link for ShmLink {
         }
         self.rx_tail += n as u64;
         self.rx.tail().store(self.rx_tail, Ordering::Release);
-        // The peer may be waiting for ring space.
-        self.peer_seg.ring();
+        // The peer may be waiting for ring space (asleep: see send_commit).
+        fence(Ordering::SeqCst);
+        self.peer_seg.notify();
     }
 
     fn check_flag(&self) -> Result<()> {
@@ -573,6 +603,11 @@ impl Link for ShmLink {
             }
         }
         Ok(())
+    }
+
+    fn activity(&self) -> u64 {
+        let head = self.rx.head().load(Ordering::Acquire);
+        head.wrapping_add(self.tx.tail().load(Ordering::Acquire))
     }
 
     fn wake_peer(&self) {

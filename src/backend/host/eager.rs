@@ -173,7 +173,7 @@ fn run_with(t: &mut Transport, calls: &[Call], ctl: &RunCtl<'_>, slots: &mut Vec
     let mut idle = Idle::default();
     let mut err: Option<Error> = None;
     loop {
-        let seen = t.doorbell();
+        let seen = idle.seen(t);
         let mut moved = t.progress_io()?;
         for s in slots.iter_mut() {
             moved |= write(t.link(s.peer), calls, s, &mut bits);

@@ -12,7 +12,7 @@
 
 use crate::error::{Error, Result};
 use crate::mem::{copy, reduce, shared};
-use crate::transport::Transport;
+use crate::transport::{Seen, Transport};
 use crate::types::{DataType, RedOp};
 use std::collections::VecDeque;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -616,7 +616,7 @@ fn run_with(
 
     let mut idle = Idle::default();
     loop {
-        let seen = t.doorbell();
+        let seen = idle.seen(t);
         let mut progressed = t.progress_io()?;
 
         // Local steps whose inputs are ready.
@@ -700,6 +700,8 @@ pub(super) struct Idle {
     /// small message, so a run that never waits never reads it.
     deadline: Option<Instant>,
     last_peer_check: Option<Instant>,
+    /// The next wait sleeps: the poll before it takes `Transport::seen` with activity.
+    sleepy: bool,
 }
 
 impl Idle {
@@ -707,6 +709,12 @@ impl Idle {
     pub(super) fn reset(&mut self) {
         self.since = None;
         self.polls = 0;
+        self.sleepy = false;
+    }
+
+    /// What the next poll must take before it looks for work (see `Transport::seen`).
+    pub(super) fn seen(&self, t: &Transport) -> Seen {
+        t.seen(self.sleepy)
     }
 
     /// One poll found nothing to do. `seen` is the doorbell read before the poll;
@@ -715,7 +723,7 @@ impl Idle {
     pub(super) fn wait(
         &mut self,
         t: &Transport,
-        seen: u32,
+        seen: Seen,
         ctl: &RunCtl<'_>,
         waiting: impl FnOnce() -> String,
     ) -> Result<()> {
@@ -753,6 +761,8 @@ impl Idle {
             std::thread::yield_now();
             return Ok(());
         }
+        // Sleeps from the next wait on, after a poll that saw the peers' activity.
+        self.sleepy = true;
         let left = deadline.saturating_duration_since(now);
         t.sleep(seen, left.min(Duration::from_millis(20)));
         Ok(())
