@@ -258,11 +258,11 @@ pub fn build(
             Ok(())
         }
         CollKind::Send => {
-            s.p2p_send(co.root, send, bytes, P2pCall { send: true, count: co.count, dtype: co.dtype, peer: co.root });
+            s.p2p_send(co.root, send, bytes, P2pCall::of(co));
             Ok(())
         }
         CollKind::Recv => {
-            s.p2p_recv(co.root, recv, bytes, P2pCall { send: false, count: co.count, dtype: co.dtype, peer: co.root });
+            s.p2p_recv(co.root, recv, bytes, P2pCall::of(co));
             Ok(())
         }
     }

@@ -14,8 +14,8 @@
 //! has arrived from a peer is released together.
 
 use super::engine::{
-    self, p2p_mismatch, pad8, Idle, P2pCall, RunCtl, HDR, K_DATA, K_DIRECT, K_P2P_DATA, K_P2P_DIRECT, K_P2P_EAGER,
-    K_P2P_HDR, K_P2P_REPLY, K_SKIP, REWIND_MIN,
+    self, gather, header, p2p_mismatch, pad8, parse_header, Idle, P2pCall, RunCtl, HDR, K_DATA, K_DIRECT, K_P2P_DATA,
+    K_P2P_DIRECT, K_P2P_EAGER, K_P2P_HDR, K_P2P_REPLY, K_SKIP, REWIND_MIN,
 };
 use super::Call;
 use crate::coll::CollKind;
@@ -104,19 +104,6 @@ struct Bits {
 
 fn bytes(c: &Call) -> usize {
     c.coll.count * c.coll.dtype.size()
-}
-
-fn what(c: &Call) -> P2pCall {
-    let co = &c.coll;
-    P2pCall { send: co.kind == CollKind::Send, count: co.count, dtype: co.dtype, peer: co.root }
-}
-
-fn header(kind: u8, tag: u32, len: usize) -> [u8; HDR] {
-    let mut h = [0u8; HDR];
-    h[0] = kind;
-    h[4..8].copy_from_slice(&tag.to_le_bytes());
-    h[8..16].copy_from_slice(&(len as u64).to_le_bytes());
-    h
 }
 
 /// Runs `calls` (see [`eligible`]) to completion, with the engine's contract: `Err`
@@ -294,21 +281,12 @@ fn read(
     let mut moved = false;
     loop {
         let (link, pending) = t.link_and_header(s.peer);
+        let avail = link.recv_avail();
+        let (ptr, alen) = (avail.as_ptr(), avail.len());
         // A header that arrived in two pieces (the ring wraps inside it) is gathered
         // first, kept pending across calls until one takes it.
-        if s.rx.is_none() && (pending.got > 0 || link.recv_avail().len() < HDR) {
-            let before = pending.got;
-            while pending.got < HDR {
-                let avail = link.recv_avail();
-                if avail.is_empty() {
-                    break;
-                }
-                let k = avail.len().min(HDR - pending.got);
-                pending.bytes[pending.got..pending.got + k].copy_from_slice(&avail[..k]);
-                link.recv_commit(k);
-                pending.got += k;
-            }
-            moved |= pending.got > before;
+        if s.rx.is_none() && (pending.got > 0 || alen < HDR) {
+            moved |= gather(link, &mut pending.bytes, &mut pending.got);
             if pending.got < HDR {
                 return Ok(moved);
             }
@@ -318,11 +296,10 @@ fn read(
                     pending.got = 0;
                     s.rx = rx;
                     moved = true;
+                    continue;
                 }
             }
         }
-        let avail = link.recv_avail();
-        let (ptr, alen) = (avail.as_ptr(), avail.len());
         // SAFETY: these bytes were published by the peer and stay unchanged until
         // recv_commit releases them below; nothing else reads this link meanwhile.
         let avail = unsafe { std::slice::from_raw_parts(ptr, alen) };
@@ -388,8 +365,7 @@ fn take(
     me: usize,
     ctl: &RunCtl<'_>,
 ) -> Result<Take> {
-    let kind = hdr[0];
-    let len = u64::from_le_bytes(hdr[8..16].try_into().expect("8 bytes")) as usize;
+    let (kind, _, len) = parse_header(hdr);
     let p = s.peer;
     Ok(match kind {
         K_P2P_EAGER | K_P2P_HDR => {
@@ -404,7 +380,7 @@ fn take(
             let c = &calls[i];
             let want = bytes(c);
             if len != want {
-                err.get_or_insert_with(|| p2p_mismatch(what(c), p, me, len, want));
+                err.get_or_insert_with(|| p2p_mismatch(P2pCall::of(&c.coll), p, me, len, want));
             }
             if kind == K_P2P_HDR {
                 // A send of DIRECT_MIN bytes or more: never the size of ours.
@@ -431,7 +407,7 @@ fn take(
             let c = &calls[i];
             let mine = bytes(c);
             if len != mine {
-                err.get_or_insert_with(|| p2p_mismatch(what(c), me, p, mine, len));
+                err.get_or_insert_with(|| p2p_mismatch(P2pCall::of(&c.coll), me, p, mine, len));
             }
             bits.replied |= 1 << i;
             Take::Now(None)

@@ -36,7 +36,7 @@ pub(super) const K_P2P_DATA: u8 = 4;
 pub(super) const K_P2P_EAGER: u8 = 7;
 /// Largest fcclSend sent eagerly: well below the smallest ring (256 KiB), so an eager
 /// message never needs the receiver to free space before it is complete.
-pub(super) const EAGER_MAX: usize = 64 << 10;
+const EAGER_MAX: usize = 64 << 10;
 /// A collective message sent by address: the receiver reads it straight from the
 /// sender's buffer (single copy) and reports the read done through the link. The
 /// payload is a [`DESC`]-byte descriptor (see `direct_desc`).
@@ -87,6 +87,22 @@ const PIECE: usize = 64 << 10;
 
 pub(super) const fn pad8(n: usize) -> usize {
     (n + 7) & !7
+}
+
+/// A message header: its kind, the tag of the call it belongs to, and its length
+/// field (the payload's size, or the count a handshake announces).
+pub(super) fn header(kind: u8, tag: u32, len: usize) -> [u8; HDR] {
+    let mut h = [0u8; HDR];
+    h[0] = kind;
+    h[4..8].copy_from_slice(&tag.to_le_bytes());
+    h[8..16].copy_from_slice(&(len as u64).to_le_bytes());
+    h
+}
+
+/// The kind, tag and length field of a header (see [`header`]).
+pub(super) fn parse_header(h: &[u8; HDR]) -> (u8, u32, usize) {
+    let tag = u32::from_le_bytes(h[4..8].try_into().expect("4 bytes"));
+    (h[0], tag, u64::from_le_bytes(h[8..16].try_into().expect("8 bytes")) as usize)
 }
 
 /// Where incoming payload bytes go.
@@ -190,6 +206,13 @@ pub struct P2pCall {
     pub count: usize,
     pub dtype: DataType,
     pub peer: usize,
+}
+
+impl P2pCall {
+    /// The fcclSend or fcclRecv `co`.
+    pub fn of(co: &crate::coll::Coll) -> P2pCall {
+        P2pCall { send: co.kind == crate::coll::CollKind::Send, count: co.count, dtype: co.dtype, peer: co.root }
+    }
 }
 
 impl std::fmt::Display for P2pCall {
@@ -420,7 +443,7 @@ fn decode_desc(d: &[u8; DESC]) -> (u64, Option<shared::Desc>) {
 /// Reads the incoming stream into `buf` from `*got` on, as far as bytes have
 /// arrived (a fixed-size record may straddle the ring's wrap point); true when
 /// any byte was taken.
-fn gather(link: &mut dyn crate::transport::Link, buf: &mut [u8], got: &mut usize) -> bool {
+pub(super) fn gather(link: &mut dyn crate::transport::Link, buf: &mut [u8], got: &mut usize) -> bool {
     let start = *got;
     while *got < buf.len() {
         let avail = link.recv_avail();
@@ -945,10 +968,7 @@ fn pump_tx(
         let link = t.link(p);
         let tx = st.cur_tx.as_mut().expect("set above");
         let payload = tx.payload;
-        let mut hdr = [0u8; HDR];
-        hdr[0] = tx.kind;
-        hdr[4..8].copy_from_slice(&tx.tag.to_le_bytes());
-        hdr[8..16].copy_from_slice(&(tx.announce as u64).to_le_bytes());
+        let hdr = header(tx.kind, tx.tag, tx.announce);
         // Header and payload (padded to 8 bytes) are one stream of bytes: the ring
         // may wrap anywhere in either, including inside the header.
         let total = HDR + pad8(payload);
@@ -1126,9 +1146,7 @@ fn pump_rx(
             if hdr.got < HDR {
                 break;
             }
-            let kind = hdr.bytes[0];
-            let tag = u32::from_le_bytes(hdr.bytes[4..8].try_into().unwrap());
-            let len = u64::from_le_bytes(hdr.bytes[8..16].try_into().unwrap()) as usize;
+            let (kind, tag, len) = parse_header(&hdr.bytes);
             match kind {
                 K_DATA | K_DIRECT => {
                     let Some(&i) = st.data_rq.front() else { break };
