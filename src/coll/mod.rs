@@ -142,20 +142,27 @@ impl Coll {
     }
 
     /// Byte size of `elems` elements, or an error naming the argument.
+    #[inline]
     pub fn bytes(&self, elems: usize, what: &str) -> Result<usize> {
         self.bytes_named(elems, || what.to_string())
     }
 
     /// As [`Coll::bytes`], naming the count only if it overflows (the name is built
     /// then: validation runs on every call).
+    #[inline]
     fn bytes_named(&self, elems: usize, what: impl FnOnce() -> String) -> Result<usize> {
-        elems.checked_mul(self.dtype.size()).filter(|&b| b <= isize::MAX as usize).ok_or_else(|| {
-            Error::invalid_arg(format!(
-                "{} = {elems} elements of {} overflows the address space; pass a count in elements, not bytes",
-                what(),
-                self.dtype
-            ))
-        })
+        match elems.checked_mul(self.dtype.size()) {
+            Some(b) if b <= isize::MAX as usize => Ok(b),
+            _ => Err(self.overflow(elems, what())),
+        }
+    }
+
+    #[cold]
+    fn overflow(&self, elems: usize, what: String) -> Error {
+        Error::invalid_arg(format!(
+            "{what} = {elems} elements of {} overflows the address space; pass a count in elements, not bytes",
+            self.dtype
+        ))
     }
 
     /// Checks arguments against a communicator of `nranks` ranks seen from `rank`.
@@ -277,6 +284,7 @@ impl Coll {
         check_buf(self.recv, self.bytes(mine, "recvcounts[rank]")?, "recvbuff", mine)
     }
 
+    #[inline]
     fn mul(&self, a: usize, b: usize, what: &str) -> Result<usize> {
         a.checked_mul(b).ok_or_else(|| Error::invalid_arg(format!("{what} = {a} * {b} overflows size_t")))
     }
@@ -337,10 +345,16 @@ impl Coll {
     }
 }
 
+#[inline]
 fn check_buf(p: *const u8, bytes: usize, name: &str, count: usize) -> Result<()> {
-    if bytes == 0 {
+    if bytes == 0 || (!p.is_null() && (p as usize).checked_add(bytes).is_some()) {
         return Ok(());
     }
+    bad_buf(p, bytes, name, count)
+}
+
+#[cold]
+fn bad_buf(p: *const u8, bytes: usize, name: &str, count: usize) -> Result<()> {
     if p.is_null() {
         return Err(Error::invalid_arg(format!("{name} is NULL with count {count}; pass a buffer or count 0")));
     }

@@ -93,6 +93,8 @@ pub struct Board {
     pub rank: usize,
     /// Every rank's segment (this rank's included), by rank.
     segs: Vec<Arc<Segment>>,
+    /// Every rank's first slot, by rank (the segments stay mapped while `segs` holds them).
+    slots: Vec<*mut u8>,
     /// Sequence number of the last call announced here (0 = none yet).
     seq: u64,
     /// The current call's contributions are in the slots' first lines.
@@ -111,16 +113,20 @@ impl Board {
         for s in &segs {
             s.populate_board();
         }
-        Board { rank, segs, seq: 0, inline: false, policy, stores: Default::default() }
+        // SAFETY: BOARD_HDR is inside every board.
+        let slots = segs.iter().map(|s| unsafe { s.board_base().add(BOARD_HDR) }).collect();
+        Board { rank, segs, slots, seq: 0, inline: false, policy, stores: Default::default() }
     }
 
+    #[inline]
     pub fn nranks(&self) -> usize {
-        self.segs.len()
+        self.slots.len()
     }
 
+    #[inline]
     fn slot(&self, r: usize, s: u64) -> *mut u8 {
         // SAFETY: slot index < SLOTS, inside the board.
-        unsafe { self.segs[r].board_base().add(BOARD_HDR + (s as usize % SLOTS) * SLOT_BYTES) }
+        unsafe { self.slots[r].add((s as usize % SLOTS) * SLOT_BYTES) }
     }
 
     fn slot_seq(&self, r: usize, s: u64) -> &AtomicU64 {

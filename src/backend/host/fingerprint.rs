@@ -15,25 +15,23 @@ const MAX_CALLS: usize = 8;
 const REC: usize = 32;
 const MSG: usize = 16 + MAX_CALLS * REC;
 
-fn record(c: &Call) -> [u8; REC] {
+/// A call's record as four little-endian words: sequence number; kind and type;
+/// op (with the wire type in its upper bits) and root; count.
+fn record(c: &Call) -> [u64; REC / 8] {
     let co = &c.coll;
-    let mut r = [0u8; REC];
-    r[0..8].copy_from_slice(&c.seq.to_le_bytes());
-    r[8..12].copy_from_slice(&(kind_id(co.kind)).to_le_bytes());
-    r[12..16].copy_from_slice(&(co.dtype as u32).to_le_bytes());
     let reduces =
         matches!(co.kind, CollKind::AllReduce | CollKind::Reduce | CollKind::ReduceScatter | CollKind::ReduceScatterV);
     // The wire type, if any, rides in the op's upper bits: a wire all_reduce moves
     // different bytes than a plain one.
     let wire = co.wire.map_or(0, |w| (w as u32 + 1) << 8);
-    r[16..20].copy_from_slice(&(if reduces { co.op as u32 | wire } else { 0 }).to_le_bytes());
+    let op = if reduces { co.op as u32 | wire } else { 0 };
     let rooted = matches!(co.kind, CollKind::Broadcast | CollKind::Reduce | CollKind::Gather | CollKind::Scatter);
-    r[20..24].copy_from_slice(&(if rooted { co.root as u32 } else { 0 }).to_le_bytes());
+    let root = if rooted { co.root as u32 } else { 0 };
     // Per-rank counts differ by design; the v-calls' own exchange checks them.
     let per_rank = matches!(co.kind, CollKind::AlltoAllv | CollKind::AllGatherV | CollKind::ReduceScatterV);
     let count = if per_rank { 0 } else { co.count as u64 };
-    r[24..32].copy_from_slice(&count.to_le_bytes());
-    r
+    let pair = |lo: u32, hi: u32| u64::from(lo) | u64::from(hi) << 32;
+    [c.seq, pair(kind_id(co.kind), co.dtype as u32), pair(op, root), count]
 }
 
 fn kind_id(k: CollKind) -> u32 {
@@ -94,21 +92,24 @@ pub fn message_into(calls: &[Call], m: &mut [u8]) -> u64 {
     // `used`): whatever follows them is stale, and writing a whole message per call
     // cost more than the rest of the fingerprinting.
     let m = &mut m[..MSG];
+    let put = |m: &mut [u8], i: usize, w: u64| m[i * 8..i * 8 + 8].copy_from_slice(&w.to_le_bytes());
     let mut h: u64 = 0xcbf2_9ce4_8422_2325;
     let mut count = 0usize;
     for c in calls.iter().filter(|c| is_collective(&c.coll)) {
         let r = record(c);
         if count < MAX_CALLS {
-            m[16 + count * REC..16 + (count + 1) * REC].copy_from_slice(&r);
+            for (i, w) in r.into_iter().enumerate() {
+                put(m, 2 + count * (REC / 8) + i, w);
+            }
         } else {
-            for b in r {
+            for b in r.iter().flat_map(|w| w.to_le_bytes()) {
                 h = (h ^ b as u64).wrapping_mul(0x100_0000_01b3);
             }
         }
         count += 1;
     }
-    m[0..8].copy_from_slice(&(count as u64).to_le_bytes());
-    m[8..16].copy_from_slice(&h.to_le_bytes());
+    put(m, 0, count as u64);
+    put(m, 1, h);
     digest(m)
 }
 
@@ -193,4 +194,47 @@ pub fn disagreement<'a>(
         }
     }
     Some(lines.join("; "))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn call(kind: CollKind, count: usize, dtype: DataType, op: RedOp, root: usize, seq: u64) -> Call {
+        let mut coll = Coll::new(kind, std::ptr::null(), std::ptr::null_mut(), count, dtype);
+        coll.op = op;
+        coll.root = root;
+        Call { coll, seq }
+    }
+
+    #[test]
+    fn message_reads_back_and_every_field_counts() {
+        let base = call(CollKind::Reduce, 3, DataType::Float32, RedOp::Max, 1, 7);
+        let mut m = vec![0xAAu8; MSG];
+        let d = message_into(std::slice::from_ref(&base), &mut m);
+        assert_eq!(d, digest(&m));
+        assert_eq!(describe_msg(&m), "fcclReduce(count 3, fcclFloat32, fcclMax, root 1) #7");
+        // Stale bytes after the used part do not count.
+        let mut m2 = vec![0x55u8; MSG];
+        assert_eq!(message_into(std::slice::from_ref(&base), &mut m2), d);
+        let variants = [
+            call(CollKind::Reduce, 4, DataType::Float32, RedOp::Max, 1, 7),
+            call(CollKind::Reduce, 3, DataType::Float64, RedOp::Max, 1, 7),
+            call(CollKind::Reduce, 3, DataType::Float32, RedOp::Min, 1, 7),
+            call(CollKind::Reduce, 3, DataType::Float32, RedOp::Max, 0, 7),
+            call(CollKind::Reduce, 3, DataType::Float32, RedOp::Max, 1, 8),
+            call(CollKind::AllReduce, 3, DataType::Float32, RedOp::Max, 1, 7),
+        ];
+        for v in &variants {
+            let mut mv = vec![0u8; MSG];
+            assert_ne!(message_into(std::slice::from_ref(v), &mut mv), d, "{}", describe_msg(&mv));
+        }
+        // A gather ignores the op, an all_reduce the root: they do not make a difference.
+        let g = |op, root| {
+            let mut mg = vec![0u8; MSG];
+            message_into(&[call(CollKind::Gather, 3, DataType::Int8, op, root, 2)], &mut mg)
+        };
+        assert_eq!(g(RedOp::Sum, 1), g(RedOp::Max, 1));
+        assert_ne!(g(RedOp::Sum, 1), g(RedOp::Sum, 0));
+    }
 }
