@@ -350,20 +350,19 @@ fn check_buf(p: *const u8, bytes: usize, name: &str, count: usize) -> Result<()>
     if bytes == 0 || (!p.is_null() && (p as usize).checked_add(bytes).is_some()) {
         return Ok(());
     }
-    bad_buf(p, bytes, name, count)
+    Err(bad_buf(p, bytes, name, count))
 }
 
+/// The error for a buffer that [`check_buf`] refused: NULL, or wrapping around.
 #[cold]
-fn bad_buf(p: *const u8, bytes: usize, name: &str, count: usize) -> Result<()> {
+fn bad_buf(p: *const u8, bytes: usize, name: &str, count: usize) -> Error {
     if p.is_null() {
-        return Err(Error::invalid_arg(format!("{name} is NULL with count {count}; pass a buffer or count 0")));
-    }
-    if (p as usize).checked_add(bytes).is_none() {
-        return Err(Error::invalid_arg(format!(
+        Error::invalid_arg(format!("{name} is NULL with count {count}; pass a buffer or count 0"))
+    } else {
+        Error::invalid_arg(format!(
             "{name} {p:p} + {bytes} bytes wraps around the address space; the count is too large"
-        )));
+        ))
     }
-    Ok(())
 }
 
 #[cfg(test)]
