@@ -2,7 +2,7 @@
 //! which the core validates and runs (or queues, inside a group).
 
 use super::boundary::call;
-use super::ext::array;
+use super::ext::borrow_array;
 use super::handle;
 use super::*;
 use crate::coll::{Coll, CollKind, VCounts};
@@ -237,15 +237,15 @@ pub unsafe extern "C" fn fcclAlltoAllv(
             let n = cm.nranks;
             // SAFETY: each array is NULL (refused) or nranks entries long (API contract).
             let v = unsafe {
-                VCounts {
-                    sendcounts: array(sendcounts, n, "sendcounts")?,
-                    sdispls: array(sdispls, n, "sdispls")?,
-                    recvcounts: array(recvcounts, n, "recvcounts")?,
-                    rdispls: array(rdispls, n, "rdispls")?,
-                }
+                VCounts::new(
+                    borrow_array(sendcounts, n, "sendcounts")?,
+                    borrow_array(sdispls, n, "sdispls")?,
+                    borrow_array(recvcounts, n, "recvcounts")?,
+                    borrow_array(rdispls, n, "rdispls")?,
+                )
             };
             let mut c = Coll::new(CollKind::AlltoAllv, sendbuff as _, recvbuff as _, 0, dtype(datatype)?);
-            c.v = Some(Box::new(v));
+            c.v = Some(v);
             Ok(c)
         })
     })

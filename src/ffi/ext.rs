@@ -28,14 +28,24 @@ pub const fcclCollScatter: fcclCollective_t = 7;
 /// # Safety
 /// `p` is NULL or valid for `n` reads.
 pub(super) unsafe fn array<T: Copy>(p: *const T, n: usize, name: &str) -> Result<Vec<T>> {
+    // SAFETY: as the caller promises.
+    Ok(unsafe { borrow_array(p, n, name) }?.to_vec())
+}
+
+/// The `n` entries of a C array in place, for the duration of the entry point that
+/// received it; NULL is refused with the array's name.
+///
+/// # Safety
+/// `p` is NULL or valid for `n` reads while the returned slice is used.
+pub(super) unsafe fn borrow_array<'a, T: Copy>(p: *const T, n: usize, name: &str) -> Result<&'a [T]> {
     if n == 0 {
-        return Ok(Vec::new());
+        return Ok(&[]);
     }
     if p.is_null() {
         return Err(Error::invalid_arg(format!("{name} is NULL; pass an array of {n} entries")));
     }
     // SAFETY: non-NULL and, by the API contract, n entries long.
-    Ok(unsafe { std::slice::from_raw_parts(p, n) }.to_vec())
+    Ok(unsafe { std::slice::from_raw_parts(p, n) })
 }
 
 fn count_arg(v: c_int, what: &str) -> Result<usize> {
@@ -62,9 +72,10 @@ pub unsafe extern "C" fn fcclAllGatherV(
         submit(comm, stream, |cm| {
             let n = cm.nranks;
             // SAFETY: arrays are NULL (refused) or nranks long (API contract).
-            let (recvcounts, rdispls) = unsafe { (array(recvcounts, n, "recvcounts")?, array(rdispls, n, "rdispls")?) };
+            let (recvcounts, rdispls) =
+                unsafe { (borrow_array(recvcounts, n, "recvcounts")?, borrow_array(rdispls, n, "rdispls")?) };
             let mut c = Coll::new(CollKind::AllGatherV, sendbuff as _, recvbuff as _, sendcount, dtype(datatype)?);
-            c.v = Some(Box::new(VCounts { sendcounts: vec![sendcount; n], sdispls: vec![0; n], recvcounts, rdispls }));
+            c.v = Some(VCounts::new(&vec![sendcount; n], &vec![0; n], recvcounts, rdispls));
             Ok(c)
         })
     })
@@ -88,11 +99,12 @@ pub unsafe extern "C" fn fcclReduceScatterV(
         submit(comm, stream, |cm| {
             let n = cm.nranks;
             // SAFETY: arrays are NULL (refused) or nranks long (API contract).
-            let (recvcounts, sdispls) = unsafe { (array(recvcounts, n, "recvcounts")?, array(sdispls, n, "sdispls")?) };
+            let (recvcounts, sdispls) =
+                unsafe { (borrow_array(recvcounts, n, "recvcounts")?, borrow_array(sdispls, n, "sdispls")?) };
             let mine = recvcounts[cm.rank];
             let mut c = Coll::new(CollKind::ReduceScatterV, sendbuff as _, recvbuff as _, mine, dtype(datatype)?);
             c.op = redop(op)?;
-            c.v = Some(Box::new(VCounts { sendcounts: Vec::new(), sdispls, recvcounts, rdispls: Vec::new() }));
+            c.v = Some(VCounts::new(&[], sdispls, recvcounts, &[]));
             Ok(c)
         })
     })

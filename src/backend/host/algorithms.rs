@@ -30,7 +30,7 @@ pub fn recv_bytes(co: &Coll, n: usize) -> usize {
     match co.kind {
         CollKind::AllGather | CollKind::Gather | CollKind::AlltoAll => n * bytes,
         CollKind::AlltoAllv | CollKind::AllGatherV => {
-            co.v.as_ref().map_or(0, |v| v.recvcounts.iter().sum::<usize>() * co.dtype.size())
+            co.v.as_ref().map_or(0, |v| v.recvcounts().iter().sum::<usize>() * co.dtype.size())
         }
         _ => bytes,
     }
@@ -119,7 +119,7 @@ pub fn build(
         }
         CollKind::ReduceScatterV => {
             let v = co.v.as_ref().ok_or_else(|| Error::internal("reduce_scatter_v without counts"))?;
-            let chunks = |o: usize| (v.sdispls[o], v.recvcounts[o]);
+            let chunks = |o: usize| (v.sdispls()[o], v.recvcounts()[o]);
             reduce_phase(s, co, rank, n, scratch, &chunks, &|_| 0, keep)
         }
         CollKind::Reduce => {
@@ -237,15 +237,15 @@ pub fn build(
         }
         CollKind::AlltoAllv | CollKind::AllGatherV => {
             let v = co.v.as_ref().ok_or_else(|| Error::internal("all_to_allv without counts"))?;
-            let mine_s = unsafe { send.add(v.sdispls[rank] * es) };
-            let mine_r = unsafe { recv.add(v.rdispls[rank] * es) };
+            let mine_s = unsafe { send.add(v.sdispls()[rank] * es) };
+            let mine_r = unsafe { recv.add(v.rdispls()[rank] * es) };
             for p in (0..n).filter(|&p| p != rank) {
-                s.send(p, unsafe { send.add(v.sdispls[p] * es) }, v.sendcounts[p] * es, &[]);
+                s.send(p, unsafe { send.add(v.sdispls()[p] * es) }, v.sendcounts()[p] * es, &[]);
             }
             for p in (0..n).filter(|&p| p != rank) {
-                s.recv(p, v.recvcounts[p] * es, sink(unsafe { recv.add(v.rdispls[p] * es) }), &[]);
+                s.recv(p, v.recvcounts()[p] * es, sink(unsafe { recv.add(v.rdispls()[p] * es) }), &[]);
             }
-            copy_local(s, mine_s, mine_r, v.sendcounts[rank].min(v.recvcounts[rank]) * es, stream);
+            copy_local(s, mine_s, mine_r, v.sendcounts()[rank].min(v.recvcounts()[rank]) * es, stream);
             Ok(())
         }
         CollKind::Barrier => {
@@ -696,12 +696,12 @@ pub(super) fn pair_values(co: &Coll, p: usize) -> (u64, u64) {
     match co.kind {
         CollKind::ReduceScatterV => {
             let h = v
-                .recvcounts
+                .recvcounts()
                 .iter()
                 .fold(0xcbf2_9ce4_8422_2325u64, |h, &c| (h ^ c as u64).wrapping_mul(0x100_0000_01b3).rotate_left(7));
             (h, h)
         }
-        _ => (v.sendcounts[p] as u64, v.recvcounts[p] as u64),
+        _ => (v.sendcounts()[p] as u64, v.recvcounts()[p] as u64),
     }
 }
 
@@ -712,7 +712,7 @@ pub(super) fn describe_pair(co: &Coll, me: usize, p: usize, mine: (u64, u64), th
         CollKind::ReduceScatterV => (mine.0 != theirs.0).then(|| {
             format!(
                 "rank {me} and rank {p} passed different recvcounts arrays (rank {me}: {:?}); every rank must pass the same recvcounts",
-                &v.recvcounts[..v.recvcounts.len().min(16)]
+                &v.recvcounts()[..v.recvcounts().len().min(16)]
             )
         }),
         CollKind::AllGatherV => {

@@ -330,31 +330,49 @@ fn pair(b: &Board, s: u64, r: usize, vi: usize, p: usize) -> (u64, u64) {
 /// The verdict on every v-call among `calls` from the published tables (every peer
 /// published call `s`).
 fn counts_verdicts(b: &Board, s: u64, calls: &[Call]) -> Vec<(u64, Option<Error>)> {
-    let (me, n) = (b.rank, b.nranks());
     calls
         .iter()
         .filter(|c| is_v(c.coll.kind))
         .enumerate()
-        .map(|(vi, c)| {
-            let co = &c.coll;
-            let at = |r: usize, p: usize| pair(b, s, r, vi, p);
-            // What rank r and rank p say about each other.
-            let pair_bad = |r: usize, p: usize| {
-                let (mine, theirs) = (at(r, p), at(p, r));
-                mine.0 != theirs.1 || theirs.0 != mine.1
-            };
-            let found = (0..n)
-                .filter(|&p| p != me)
-                .find_map(|p| algorithms::describe_pair(co, me, p, at(me, p), at(p, me)))
-                .or_else(|| algorithms::describe_self(co, me, at(me, me)));
-            let reporters: Vec<usize> = (0..n)
-                .filter(|&r| {
-                    algorithms::describe_self(co, r, at(r, r)).is_some() || (0..n).any(|p| p != r && pair_bad(r, p))
-                })
-                .collect();
-            (c.seq, algorithms::counts_error(found, &reporters))
-        })
+        .map(|(vi, c)| (c.seq, counts_verdict(b, s, vi, &c.coll)))
         .collect()
+}
+
+/// The verdict on `co`, v-call `vi` of call `s`, from the published tables.
+fn counts_verdict(b: &Board, s: u64, vi: usize, co: &Coll) -> Option<Error> {
+    let at = |r: usize, p: usize| pair(b, s, r, vi, p);
+    // Every pair of ranks (each rank with itself included) agrees when what r says
+    // it sends p is what p expects from r, and the other way round.
+    let n = b.nranks();
+    if (0..n).all(|r| (r..n).all(|p| at(r, p) == swap(at(p, r)))) {
+        return None;
+    }
+    counts_disagree(b, s, vi, co)
+}
+
+fn swap((a, b): (u64, u64)) -> (u64, u64) {
+    (b, a)
+}
+
+/// The error of a v-call whose tables disagree somewhere: this rank's own finding,
+/// or the ranks that found one.
+#[cold]
+fn counts_disagree(b: &Board, s: u64, vi: usize, co: &Coll) -> Option<Error> {
+    let (me, n) = (b.rank, b.nranks());
+    let at = |r: usize, p: usize| pair(b, s, r, vi, p);
+    // What rank r and rank p say about each other.
+    let pair_bad = |r: usize, p: usize| {
+        let (mine, theirs) = (at(r, p), at(p, r));
+        mine.0 != theirs.1 || theirs.0 != mine.1
+    };
+    let found = (0..n)
+        .filter(|&p| p != me)
+        .find_map(|p| algorithms::describe_pair(co, me, p, at(me, p), at(p, me)))
+        .or_else(|| algorithms::describe_self(co, me, at(me, me)));
+    let reporters: Vec<usize> = (0..n)
+        .filter(|&r| algorithms::describe_self(co, r, at(r, r)).is_some() || (0..n).any(|p| p != r && pair_bad(r, p)))
+        .collect();
+    algorithms::counts_error(found, &reporters)
 }
 
 /// A single all_to_allv on the board: every rank publishes its counts and, when they
@@ -367,17 +385,17 @@ fn alltoallv(b: &mut Board, w: &mut Waiter<'_>, c: &Call, s: u64, check: bool, d
     let v = co.v.as_ref().ok_or_else(|| Error::internal("all_to_allv without counts"))?;
     let es = co.dtype.size();
     let head = counts_bytes(n, 1);
-    let total = v.sendcounts.iter().try_fold(0usize, |a, &k| a.checked_add(k.checked_mul(es)?));
+    let total = v.sendcounts().iter().try_fold(0usize, |a, &k| a.checked_add(k.checked_mul(es)?));
     let included = total.is_some_and(|t| t <= DATA_MAX - head);
     let d = b.my_data(s);
     write_counts(d, std::slice::from_ref(c), n);
     if included {
         let mut off = head;
         for p in 0..n {
-            let len = v.sendcounts[p] * es;
+            let len = v.sendcounts()[p] * es;
             // SAFETY: sendbuff holds sendcounts[p] elements at sdispls[p] (validated);
             // the slot holds head + total <= DATA_MAX bytes.
-            unsafe { copy::copy(d.add(off), co.send.add(v.sdispls[p] * es), len) };
+            unsafe { copy::copy(d.add(off), co.send.add(v.sdispls()[p] * es), len) };
             off += len;
         }
         // SAFETY: the flag word at the start of our data area (write_counts set it to 0).
@@ -393,22 +411,21 @@ fn alltoallv(b: &mut Board, w: &mut Waiter<'_>, c: &Call, s: u64, check: bool, d
             return Ok(Board1::Done(Some(e)));
         }
     }
-    let verdicts = counts_verdicts(b, s, std::slice::from_ref(c));
-    if verdicts[0].1.is_some() {
-        return Ok(Board1::Done(verdicts.into_iter().next().and_then(|(_, e)| e)));
+    if let Some(e) = counts_verdict(b, s, 0, co) {
+        return Ok(Board1::Done(Some(e)));
     }
     let has_data = |r: usize| u64::from_le_bytes(b.data(r, s, 8).try_into().unwrap()) == 1;
     if !(0..n).all(has_data) {
-        return Ok(Board1::Continue(Some(verdicts)));
+        return Ok(Board1::Continue(Some(vec![(c.seq, None)])));
     }
     for p in 0..n {
         // p's block for me follows its blocks for ranks 0..me.
         let skip: usize = (0..me).map(|q| pair(b, s, p, 0, q).0 as usize * es).sum();
-        let len = v.recvcounts[p] * es;
+        let len = v.recvcounts()[p] * es;
         let src = &b.data(p, s, head + skip + len)[head + skip..];
         // SAFETY: recvbuff holds recvcounts[p] elements at rdispls[p] (validated); the
         // slots are shared memory, disjoint from it.
-        unsafe { copy::copy(co.recv.add(v.rdispls[p] * es), src.as_ptr(), len) };
+        unsafe { copy::copy(co.recv.add(v.rdispls()[p] * es), src.as_ptr(), len) };
     }
     Ok(Board1::Done(None))
 }

@@ -173,14 +173,14 @@ impl Nccl {
                 CollKind::AlltoAllv => {
                     let v = c.v.as_ref().ok_or_else(|| Error::internal("all_to_allv without counts"))?;
                     for p in 0..nranks {
-                        if v.sendcounts[p] > 0 {
-                            let src = s.byte_add(v.sdispls[p] * es) as *mut c_void;
-                            check(a, (a.send)(src, v.sendcounts[p], dt, p as c_int, comm, st), name)?;
+                        if v.sendcounts()[p] > 0 {
+                            let src = s.byte_add(v.sdispls()[p] * es) as *mut c_void;
+                            check(a, (a.send)(src, v.sendcounts()[p], dt, p as c_int, comm, st), name)?;
                         }
-                        if v.recvcounts[p] > 0 {
+                        if v.recvcounts()[p] > 0 {
                             check(
                                 a,
-                                (a.recv)(r.byte_add(v.rdispls[p] * es), v.recvcounts[p], dt, p as c_int, comm, st),
+                                (a.recv)(r.byte_add(v.rdispls()[p] * es), v.recvcounts()[p], dt, p as c_int, comm, st),
                                 name,
                             )?;
                         }
