@@ -63,9 +63,20 @@ impl CollKind {
 /// has no use for it. All four live in one allocation (their lengths first), so a
 /// call copies the caller's arrays with one `malloc`: a small all_to_allv's cost is
 /// counted in allocations (each a few hundred instructions with its `free`).
-#[derive(Clone, Debug)]
+#[derive(Clone)]
 pub struct VCounts {
     all: Box<[usize]>,
+}
+
+impl std::fmt::Debug for VCounts {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("VCounts")
+            .field("sendcounts", &self.sendcounts())
+            .field("sdispls", &self.sdispls())
+            .field("recvcounts", &self.recvcounts())
+            .field("rdispls", &self.rdispls())
+            .finish()
+    }
 }
 
 impl VCounts {
@@ -444,6 +455,25 @@ mod tests {
         x.send = std::ptr::null();
         x.recv = std::ptr::null_mut();
         assert!(x.validate(0, 2).is_ok());
+    }
+
+    #[test]
+    fn vcounts_read_back_each_array() {
+        let v = VCounts::new(&[1, 2], &[3, 4], &[5, 6], &[7, 8]);
+        assert_eq!(
+            (v.sendcounts(), v.sdispls(), v.recvcounts(), v.rdispls()),
+            (&[1, 2][..], &[3, 4][..], &[5, 6][..], &[7, 8][..])
+        );
+        // reduce_scatter_v leaves sendcounts and rdispls empty.
+        let v = VCounts::new(&[], &[0, 2, 4], &[2, 2, 1], &[]);
+        assert_eq!(
+            (v.sendcounts(), v.sdispls(), v.recvcounts(), v.rdispls()),
+            (&[][..], &[0, 2, 4][..], &[2, 2, 1][..], &[][..])
+        );
+        assert_eq!(
+            format!("{v:?}"),
+            "VCounts { sendcounts: [], sdispls: [0, 2, 4], recvcounts: [2, 2, 1], rdispls: [] }"
+        );
     }
 
     #[test]
