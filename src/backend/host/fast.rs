@@ -340,18 +340,18 @@ fn counts_verdicts(b: &Board, s: u64, calls: &[Call]) -> Vec<(u64, Option<Error>
 
 /// The verdict on `co`, v-call `vi` of call `s`, from the published tables.
 fn counts_verdict(b: &Board, s: u64, vi: usize, co: &Coll) -> Option<Error> {
-    let at = |r: usize, p: usize| pair(b, s, r, vi, p);
-    // Every pair of ranks (each rank with itself included) agrees when what r says
-    // it sends p is what p expects from r, and the other way round.
     let n = b.nranks();
-    if (0..n).all(|r| (r..n).all(|p| at(r, p) == swap(at(p, r)))) {
+    if (0..n).all(|r| (r..n).all(|p| pairs_agree(b, s, vi, r, p))) {
         return None;
     }
     counts_disagree(b, s, vi, co)
 }
 
-fn swap((a, b): (u64, u64)) -> (u64, u64) {
-    (b, a)
+/// Whether ranks r and p (r == p included) agree in v-call `vi` of call `s`: what r
+/// says it sends p is what p expects from r, and the other way round.
+fn pairs_agree(b: &Board, s: u64, vi: usize, r: usize, p: usize) -> bool {
+    let ((sends, expects), (theirs_sends, theirs_expects)) = (pair(b, s, r, vi, p), pair(b, s, p, vi, r));
+    sends == theirs_expects && expects == theirs_sends
 }
 
 /// The error of a v-call whose tables disagree somewhere: this rank's own finding,
@@ -360,17 +360,15 @@ fn swap((a, b): (u64, u64)) -> (u64, u64) {
 fn counts_disagree(b: &Board, s: u64, vi: usize, co: &Coll) -> Option<Error> {
     let (me, n) = (b.rank, b.nranks());
     let at = |r: usize, p: usize| pair(b, s, r, vi, p);
-    // What rank r and rank p say about each other.
-    let pair_bad = |r: usize, p: usize| {
-        let (mine, theirs) = (at(r, p), at(p, r));
-        mine.0 != theirs.1 || theirs.0 != mine.1
-    };
     let found = (0..n)
         .filter(|&p| p != me)
         .find_map(|p| algorithms::describe_pair(co, me, p, at(me, p), at(p, me)))
         .or_else(|| algorithms::describe_self(co, me, at(me, me)));
     let reporters: Vec<usize> = (0..n)
-        .filter(|&r| algorithms::describe_self(co, r, at(r, r)).is_some() || (0..n).any(|p| p != r && pair_bad(r, p)))
+        .filter(|&r| {
+            algorithms::describe_self(co, r, at(r, r)).is_some()
+                || (0..n).any(|p| p != r && !pairs_agree(b, s, vi, r, p))
+        })
         .collect();
     algorithms::counts_error(found, &reporters)
 }
