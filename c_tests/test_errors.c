@@ -188,6 +188,13 @@ static void part_stale(fcclComm_t comm, bufs_t* B) {
   if (CHECK_OK(fcclGetUniqueId(&id))) CHECK_OK(fcclCommInitRank(&tmp, 1, id, 0));
   /* threads mode: nobody creates a communicator (which could reuse the freed address)
    * between the destroy and the calls on the stale handle */
+  if (tmp) {
+    /* used first, so that this thread's lookup of the handle is cached */
+    int n = 0;
+    float x = 1.0f;
+    CHECK_OK(fcclCommCount(tmp, &n));
+    CHECK_OK(fcclAllReduce(&x, &x, 1, fcclFloat32, fcclSum, tmp, 0));
+  }
   fccl_sync(comm);
   if (tmp) CHECK_OK(fcclCommDestroy(tmp));
   fccl_sync(comm);

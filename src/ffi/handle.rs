@@ -6,7 +6,7 @@ use crate::comm::Comm;
 use crate::error::{Error, Result};
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, RwLock};
+use std::sync::{Arc, RwLock, Weak};
 
 static NEXT: AtomicU64 = AtomicU64::new(1);
 static LIVE: RwLock<Option<HashMap<u64, Arc<Comm>, IdHash>>> = RwLock::new(None);
@@ -64,13 +64,39 @@ pub fn fill(h: fcclComm_t, c: Comm) {
         .insert(id_of(h), Arc::new(c));
 }
 
+/// How many handles were removed so far: a thread's cached lookup (see [`LAST`])
+/// stands only while this has not moved.
+static REMOVED: AtomicU64 = AtomicU64::new(0);
+
+thread_local! {
+    /// This thread's last lookup: (id, REMOVED when it was made, the communicator).
+    /// A program calls collectives on one communicator after another, and taking the
+    /// table's lock for each cost as much as a small collective's fingerprint. The
+    /// reference is weak, so a destroyed communicator is freed when its last call
+    /// ends, as without the cache.
+    static LAST: std::cell::RefCell<(u64, u64, Weak<Comm>)> = const { std::cell::RefCell::new((0, 0, Weak::new())) };
+}
+
 /// The live communicator behind a handle.
 pub fn get(h: fcclComm_t) -> Result<Arc<Comm>> {
     if h.is_null() {
         return Err(Error::invalid_arg("comm is NULL; pass a communicator from fcclCommInit*"));
     }
+    let id = id_of(h);
+    // Read before the table: a removal after this read makes the next lookup miss.
+    let removed = REMOVED.load(Ordering::Acquire);
+    let hit = LAST.with(|l| {
+        let l = l.borrow();
+        (l.0 == id && l.1 == removed).then(|| l.2.upgrade()).flatten()
+    });
+    if let Some(c) = hit {
+        return Ok(c);
+    }
     let live = LIVE.read().unwrap_or_else(|p| p.into_inner());
-    live.as_ref().and_then(|m| m.get(&id_of(h))).cloned().ok_or_else(|| not_live(h))
+    let c = live.as_ref().and_then(|m| m.get(&id)).cloned().ok_or_else(|| not_live(h))?;
+    drop(live);
+    LAST.with(|l| *l.borrow_mut() = (id, removed, Arc::downgrade(&c)));
+    Ok(c)
 }
 
 /// Removes a handle; the communicator is freed once no call still uses it.
@@ -78,15 +104,45 @@ pub fn remove(h: fcclComm_t) -> Result<Arc<Comm>> {
     if h.is_null() {
         return Err(Error::invalid_arg("comm is NULL; pass a communicator from fcclCommInit*"));
     }
-    LIVE.write()
+    let c = LIVE
+        .write()
         .unwrap_or_else(|p| p.into_inner())
         .as_mut()
         .and_then(|m| m.remove(&id_of(h)))
-        .ok_or_else(|| not_live(h))
+        .ok_or_else(|| not_live(h))?;
+    // After the table changed: every thread's cached lookup now misses.
+    REMOVED.fetch_add(1, Ordering::AcqRel);
+    Ok(c)
 }
 
 fn not_live(h: fcclComm_t) -> Error {
     Error::invalid_arg(format!(
         "comm {h:p} is not a live communicator (already destroyed, or not made by fcclCommInit*/fcclCommSplit)"
     ))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::comm::{Comm, Options};
+
+    #[test]
+    fn removed_handle_is_refused_while_a_call_still_holds_it() {
+        let c = Comm::init_all(1, Options::default(), None).unwrap().pop().unwrap();
+        let h = register(c);
+        // This thread's lookup is now cached.
+        let held = get(h).unwrap();
+        assert!(Arc::ptr_eq(&held, &get(h).unwrap()));
+        // Another call (`held`) still runs on it when the handle is removed: the
+        // communicator lives on, but the handle must not be found any more.
+        remove(h).unwrap();
+        let e = get(h).err().expect("a removed handle was found");
+        assert!(e.msg.contains("is not a live communicator"), "{}", e.msg);
+        drop(held);
+        assert!(get(h).is_err());
+        // A handle of another communicator replaces the cached lookup.
+        let h2 = register(Comm::init_all(1, Options::default(), None).unwrap().pop().unwrap());
+        assert!(get(h2).is_ok() && get(h).is_err());
+        remove(h2).unwrap();
+    }
 }
