@@ -90,27 +90,62 @@ pub const MSG_BYTES: usize = MSG;
 pub fn message_into(calls: &[Call], m: &mut [u8]) -> u64 {
     // Only the header and the records of the calls are written and compared (see
     // `used`): whatever follows them is stale, and writing a whole message per call
-    // cost more than the rest of the fingerprinting.
-    let m = &mut m[..MSG];
-    let put = |m: &mut [u8], i: usize, w: u64| m[i * 8..i * 8 + 8].copy_from_slice(&w.to_le_bytes());
-    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
-    let mut count = 0usize;
-    for c in calls.iter().filter(|c| is_collective(&c.coll)) {
-        let r = record(c);
-        if count < MAX_CALLS {
-            for (i, w) in r.into_iter().enumerate() {
-                put(m, 2 + count * (REC / 8) + i, w);
+    // cost more than the rest of the fingerprinting. The digest is taken from the
+    // words as they are written (the same as `digest` of the message).
+    let m: &mut [u8; MSG] = (&mut m[..MSG]).try_into().expect("MSG bytes");
+    if let [c] = calls {
+        if is_collective(&c.coll) {
+            // One call (nearly every call): header and record in one go.
+            let [a, b, c, e] = record(c);
+            let words = [1, FNV_BASIS, a, b, c, e];
+            let mut d = Digest::new();
+            for (i, w) in words.into_iter().enumerate() {
+                m[i * 8..i * 8 + 8].copy_from_slice(&w.to_le_bytes());
+                d.add(w);
             }
-        } else {
-            for b in r.iter().flat_map(|w| w.to_le_bytes()) {
+            return d.0;
+        }
+    }
+    let mut count = 0usize;
+    let mut h = FNV_BASIS;
+    for c in calls.iter().filter(|c| is_collective(&c.coll)) {
+        if count >= MAX_CALLS {
+            for b in record(c).iter().flat_map(|w| w.to_le_bytes()) {
                 h = (h ^ b as u64).wrapping_mul(0x100_0000_01b3);
             }
         }
         count += 1;
     }
-    put(m, 0, count as u64);
-    put(m, 1, h);
-    digest(m)
+    let mut d = Digest::new();
+    let mut put = |i: usize, w: u64| {
+        m[i * 8..i * 8 + 8].copy_from_slice(&w.to_le_bytes());
+        d.add(w);
+    };
+    put(0, count as u64);
+    put(1, h);
+    for (k, c) in calls.iter().filter(|c| is_collective(&c.coll)).take(MAX_CALLS).enumerate() {
+        for (i, w) in record(c).into_iter().enumerate() {
+            put(2 + k * (REC / 8) + i, w);
+        }
+    }
+    d.0
+}
+
+/// Start of the FNV-1a hash of the records beyond MAX_CALLS (the header's second word).
+const FNV_BASIS: u64 = 0xcbf2_9ce4_8422_2325;
+
+/// The running digest of a fingerprint message's words (multiply-rotate).
+struct Digest(u64);
+
+impl Digest {
+    fn new() -> Digest {
+        Digest(0x9e37_79b9_7f4a_7c15)
+    }
+
+    #[inline]
+    fn add(&mut self, w: u64) {
+        self.0 = (self.0 ^ w).wrapping_mul(0xff51_afd7_ed55_8ccd).rotate_left(29);
+    }
 }
 
 /// The bytes of a fingerprint message that count: its header and its records.
@@ -121,9 +156,9 @@ fn used(m: &[u8]) -> &[u8] {
 
 /// A 64-bit digest of a fingerprint message (multiply-rotate over its used words).
 pub fn digest(m: &[u8]) -> u64 {
-    used(m).chunks_exact(8).fold(0x9e37_79b9_7f4a_7c15u64, |h, w| {
-        (h ^ u64::from_le_bytes(w.try_into().unwrap())).wrapping_mul(0xff51_afd7_ed55_8ccd).rotate_left(29)
-    })
+    let mut d = Digest::new();
+    used(m).chunks_exact(8).for_each(|w| d.add(u64::from_le_bytes(w.try_into().unwrap())));
+    d.0
 }
 
 fn message(calls: &[Call]) -> Vec<u8> {
