@@ -97,6 +97,10 @@ pub struct Board {
     slots: Vec<*mut u8>,
     /// Sequence number of the last call announced here (0 = none yet).
     seq: u64,
+    /// By rank, the latest call this rank saw that rank publish (its own: unused).
+    /// `begin` need not look at a peer's slot again when that peer is known to
+    /// have arrived far enough.
+    seen: Vec<u64>,
     /// The current call's contributions are in the slots' first lines.
     inline: bool,
     pub policy: SpinPolicy,
@@ -115,7 +119,8 @@ impl Board {
         }
         // SAFETY: BOARD_HDR is inside every board.
         let slots = segs.iter().map(|s| unsafe { s.board_base().add(BOARD_HDR) }).collect();
-        Board { rank, segs, slots, seq: 0, inline: false, policy, stores: Default::default() }
+        let seen = vec![0; segs.len()];
+        Board { rank, segs, slots, seq: 0, seen, inline: false, policy, stores: Default::default() }
     }
 
     #[inline]
@@ -136,18 +141,33 @@ impl Board {
 
     /// Starts the next call: waits until this rank may reuse its slot, returns the
     /// call's board sequence number.
+    #[inline]
     pub fn begin(&mut self, w: &mut Waiter<'_>) -> Result<u64> {
         let s = self.seq + 1;
         if s > SLOTS as u64 {
             let need = s - SLOTS as u64 + 1;
-            for p in (0..self.nranks()).filter(|&p| p != self.rank) {
-                // Usually a line this rank read when it took call `need`'s data.
-                w.wait(self, p, |b| b.slot_seq(p, need).load(Ordering::Acquire) >= need)?;
+            // A peer seen at `need` or later (with checkMode: at the last call) needs
+            // no look.
+            if self.seen.iter().enumerate().any(|(p, &seen)| seen < need && p != self.rank) {
+                self.wait_arrived(w, need)?;
             }
         }
         self.seq = s;
         self.inline = false;
         Ok(s)
+    }
+
+    /// Waits until every peer has arrived at call `need`.
+    fn wait_arrived(&mut self, w: &mut Waiter<'_>, need: u64) -> Result<()> {
+        for p in 0..self.nranks() {
+            if p == self.rank || self.seen[p] >= need {
+                continue;
+            }
+            // Usually a line this rank read when it took call `need`'s data.
+            w.wait(self, p, |b| b.slot_seq(p, need).load(Ordering::Acquire) >= need)?;
+            self.seen[p] = need;
+        }
+        Ok(())
     }
 
     /// Says that every rank's contribution to the current call fits the slot's first
@@ -208,8 +228,25 @@ impl Board {
     }
 
     /// Waits until rank `p` has published call `s`.
-    pub fn wait_for(&self, w: &mut Waiter<'_>, p: usize, s: u64) -> Result<()> {
-        w.wait(self, p, |b| b.slot_seq(p, s).load(Ordering::Acquire) == s)
+    #[inline]
+    pub fn wait_for(&mut self, w: &mut Waiter<'_>, p: usize, s: u64) -> Result<()> {
+        if self.slot_seq(p, s).load(Ordering::Acquire) != s {
+            w.wait(self, p, |b| b.slot_seq(p, s).load(Ordering::Acquire) == s)?;
+        }
+        self.seen[p] = s;
+        Ok(())
+    }
+
+    /// An error if a peer has marked itself failed or aborted (the failure flags in
+    /// the segments; the same check as the links', without going through them).
+    #[inline]
+    pub fn check_failed(&self) -> Result<()> {
+        for (p, seg) in self.segs.iter().enumerate() {
+            if p != self.rank {
+                seg.check_failed(p)?;
+            }
+        }
+        Ok(())
     }
 
     /// Rank `p`'s fingerprint digest of call `s` (after `wait_for`).
@@ -261,10 +298,12 @@ impl<'a> Waiter<'a> {
 
     /// Fails if a peer has marked itself failed or aborted: what it published on the
     /// board may belong to a call it never finished.
-    pub fn check_flags(&mut self) -> Result<()> {
-        (self.check)(false).map_err(|e| e.context((self.what)()))
+    #[inline]
+    pub fn check_flags(&mut self, b: &Board) -> Result<()> {
+        b.check_failed().map_err(|e| e.context((self.what)()))
     }
 
+    #[inline(never)]
     fn wait(&mut self, b: &Board, p: usize, ready: impl Fn(&Board) -> bool) -> Result<()> {
         // Most waits end within a cache-line round trip: poll a while before reading
         // the clock, which costs as much as a small collective's own work.

@@ -125,6 +125,29 @@ pub struct Transport {
     pub policy: SpinPolicy,
 }
 
+/// The peers' failure checks of a [`Transport`].
+pub struct PeerChecks<'a> {
+    links: &'a [Option<Box<dyn Link>>],
+}
+
+impl PeerChecks<'_> {
+    /// First error among peers that died or failed (may make system calls).
+    pub fn alive(&self) -> Result<()> {
+        for l in self.links.iter().flatten() {
+            l.check_alive()?;
+        }
+        Ok(())
+    }
+
+    /// First error among peers that marked themselves failed (no system calls).
+    pub fn flags(&self) -> Result<()> {
+        for l in self.links.iter().flatten() {
+            l.check_flag()?;
+        }
+        Ok(())
+    }
+}
+
 impl Transport {
     pub fn new(rank: usize, nranks: usize, links: Vec<Option<Box<dyn Link>>>, my_seg: Option<Arc<Segment>>) -> Self {
         debug_assert_eq!(links.len(), nranks);
@@ -215,18 +238,19 @@ impl Transport {
 
     /// First error among peers that died or failed.
     pub fn check_peers(&self) -> Result<()> {
-        for l in self.links.iter().flatten() {
-            l.check_alive()?;
-        }
-        Ok(())
+        PeerChecks { links: &self.links }.alive()
     }
 
     /// Cheap check of the peers' failure flags (no system calls).
     pub fn check_flags(&self) -> Result<()> {
-        for l in self.links.iter().flatten() {
-            l.check_flag()?;
-        }
-        Ok(())
+        PeerChecks { links: &self.links }.flags()
+    }
+
+    /// The bulletin board, if any, with the peers' failure checks borrowed beside it
+    /// (a small collective on the board checks its peers while it writes its slot).
+    pub fn board_with_checks(&mut self) -> Option<(&mut Board, PeerChecks<'_>)> {
+        let checks = PeerChecks { links: &self.links };
+        self.board.as_mut().map(|b| (b, checks))
     }
 
     /// Wakes this rank if it sleeps in [`Transport::sleep`] (abort from another thread).

@@ -238,6 +238,15 @@ impl Segment {
         self.word32(OFF_FAILED)
     }
 
+    /// An error if the owner, rank `owner`, has marked itself failed (see `failed`).
+    #[inline]
+    pub fn check_failed(&self, owner: usize) -> Result<()> {
+        match self.failed().load(Ordering::Acquire) {
+            0 => Ok(()),
+            v => Err(failure(owner, v)),
+        }
+    }
+
     /// Rings the owner's doorbell, waking it if it sleeps.
     pub fn ring(&self) {
         self.doorbell().fetch_add(1, Ordering::SeqCst);
@@ -397,6 +406,20 @@ fn process_alive(pid: u32) -> bool {
             !matches!(stat.rsplit_once(')').and_then(|(_, rest)| rest.trim_start().chars().next()), Some('Z' | 'X'))
         }
         Err(_) => true,
+    }
+}
+
+/// The error for a peer whose failure flag holds `v` (1 + the rank the failure
+/// started with; u32::MAX: an abort).
+#[cold]
+fn failure(peer: usize, v: u32) -> Error {
+    if (v - 1) as usize == peer || v == u32::MAX {
+        Error::remote_rank(peer, format!("rank {peer} failed or aborted its communicator"))
+    } else {
+        Error::remote_rank(
+            (v - 1) as usize,
+            format!("rank {} died or failed (reported by rank {peer}, which stopped because of it)", v - 1),
+        )
     }
 }
 
@@ -581,17 +604,7 @@ impl Link for ShmLink {
     }
 
     fn check_flag(&self) -> Result<()> {
-        // The flag holds 1 + the rank the failure started with.
-        match self.peer_seg.failed().load(Ordering::Acquire) {
-            0 => Ok(()),
-            v if (v - 1) as usize == self.peer || v == u32::MAX => {
-                Err(Error::remote_rank(self.peer, format!("rank {} failed or aborted its communicator", self.peer)))
-            }
-            v => Err(Error::remote_rank(
-                (v - 1) as usize,
-                format!("rank {} died or failed (reported by rank {}, which stopped because of it)", v - 1, self.peer),
-            )),
-        }
+        self.peer_seg.check_failed(self.peer)
     }
 
     fn check_alive(&self) -> Result<()> {

@@ -77,15 +77,10 @@ pub fn run(
     what: &dyn Fn() -> String,
 ) -> Result<Board1> {
     let handoff = root_hands_off(t, calls);
-    let mut board = t.board.take().expect("caller checked");
-    let res = {
-        let t = &*t;
-        let mut checker = |full: bool| if full { t.check_peers() } else { t.check_flags() };
-        let mut w = Waiter::new(timeout, abort, &mut checker, what);
-        on_board(&mut board, &mut w, calls, check, handoff)
-    };
-    t.board = Some(board);
-    res
+    let (board, checks) = t.board_with_checks().expect("caller checked");
+    let mut checker = |full: bool| if full { checks.alive() } else { checks.flags() };
+    let mut w = Waiter::new(timeout, abort, &mut checker, what);
+    on_board(board, &mut w, calls, check, handoff)
 }
 
 /// Whether `co` is a broadcast of a size that its root may hand to the links (see
@@ -107,7 +102,8 @@ fn root_hands_off(t: &mut Transport, calls: &[Call]) -> bool {
 
 fn on_board(b: &mut Board, w: &mut Waiter<'_>, calls: &[Call], check: bool, handoff: bool) -> Result<Board1> {
     let (me, n) = (b.rank, b.nranks());
-    w.check_flags()?;
+    // Peers' failure flags are checked once their slots are read (below), and by
+    // every wait that does not end at once.
     let s = b.begin(w)?;
     let digest = fingerprint::message_into(calls, b.my_fp(s));
     if let [c] = calls {
@@ -131,8 +127,8 @@ fn on_board(b: &mut Board, w: &mut Waiter<'_>, calls: &[Call], check: bool, hand
             for p in (0..n).filter(|&p| p != me) {
                 b.wait_for(w, p, s)?;
             }
-            w.check_flags()?;
         }
+        w.check_flags(b)?;
         if check {
             if let Some(e) = all_agree(b, s, digest) {
                 return Ok(Board1::Done(Some(e)));
@@ -188,7 +184,7 @@ fn on_board(b: &mut Board, w: &mut Waiter<'_>, calls: &[Call], check: bool, hand
     for p in (0..n).filter(|&p| p != me && needs(p)) {
         b.wait_for(w, p, s)?;
     }
-    w.check_flags()?;
+    w.check_flags(b)?;
     if check {
         if let Some(e) = all_agree(b, s, digest) {
             return Ok(Board1::Done(Some(e)));
@@ -403,7 +399,7 @@ fn alltoallv(b: &mut Board, w: &mut Waiter<'_>, c: &Call, s: u64, check: bool, d
     for p in (0..n).filter(|&p| p != me) {
         b.wait_for(w, p, s)?;
     }
-    w.check_flags()?;
+    w.check_flags(b)?;
     if check {
         if let Some(e) = all_agree(b, s, digest) {
             return Ok(Board1::Done(Some(e)));
