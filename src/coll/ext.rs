@@ -254,7 +254,7 @@ fn run_buckets(
             if b > 0 {
                 let c = per_buffer(i);
                 c.validate(comm.rank, comm.nranks)?;
-                group::enqueue(comm.clone(), c);
+                group::enqueue(comm, c);
             }
         }
         return Ok(());

@@ -3,6 +3,7 @@
 //! drive several communicators and matched sends and receives never deadlock.
 
 use super::Comm;
+use crate::backend::host::Call;
 use crate::coll::Coll;
 use crate::error::{Error, Result};
 use std::cell::RefCell;
@@ -14,8 +15,40 @@ pub type InitJob = Box<dyn FnOnce() -> Result<()> + Send>;
 #[derive(Default)]
 struct Group {
     depth: usize,
-    calls: Vec<(Arc<Comm>, Coll)>,
+    queue: Queue,
     inits: Vec<InitJob>,
+}
+
+/// A group's calls, in the order made, each ready to run in place (its sequence
+/// number is set when it runs): a small group (a send/recv pair every few
+/// microseconds) neither allocates nor moves its calls again.
+#[derive(Default)]
+struct Queue {
+    /// The communicators of the calls, each once, in the order first used.
+    comms: Vec<Arc<Comm>>,
+    calls: Vec<Call>,
+    /// By call, its communicator's index in `comms`.
+    comm_of: Vec<usize>,
+}
+
+impl Queue {
+    fn push(&mut self, comm: &Arc<Comm>, coll: Coll) {
+        let i = match self.comms.iter().rposition(|c| Arc::ptr_eq(c, comm)) {
+            Some(i) => i,
+            None => {
+                self.comms.push(Arc::clone(comm));
+                self.comms.len() - 1
+            }
+        };
+        self.calls.push(Call { coll, seq: 0 });
+        self.comm_of.push(i);
+    }
+
+    fn clear(&mut self) {
+        self.comms.clear();
+        self.calls.clear();
+        self.comm_of.clear();
+    }
 }
 
 thread_local! {
@@ -33,8 +66,8 @@ pub fn active() -> bool {
 }
 
 /// Queues a validated call; it runs at the outermost `end`.
-pub fn enqueue(comm: Arc<Comm>, coll: Coll) {
-    GROUP.with(|g| g.borrow_mut().calls.push((comm, coll)));
+pub fn enqueue(comm: &Arc<Comm>, coll: Coll) {
+    GROUP.with(|g| g.borrow_mut().queue.push(comm, coll));
 }
 
 /// Queues a communicator creation; all of a group's run together at its end (each
@@ -45,13 +78,13 @@ pub fn enqueue_init(job: InitJob) {
 
 /// Closes a group; the outermost close runs every queued call.
 pub fn end() -> Result<()> {
-    let (inits, mut calls) = GROUP.with(|g| {
+    let (inits, mut queue) = GROUP.with(|g| {
         let mut g = g.borrow_mut();
         if g.depth == 0 {
             return Err(Error::invalid_usage("fcclGroupEnd without a matching fcclGroupStart"));
         }
         g.depth -= 1;
-        Ok(if g.depth == 0 { (std::mem::take(&mut g.inits), std::mem::take(&mut g.calls)) } else { Default::default() })
+        Ok(if g.depth == 0 { (std::mem::take(&mut g.inits), std::mem::take(&mut g.queue)) } else { Default::default() })
     })?;
     if !inits.is_empty() {
         let results: Vec<Result<()>> = std::thread::scope(|s| {
@@ -62,39 +95,38 @@ pub fn end() -> Result<()> {
             return Err(e);
         }
     }
-    if calls.is_empty() {
+    if queue.calls.is_empty() {
         return Ok(());
     }
-    let res = run(&mut calls);
-    // The emptied queue goes back for the next group, so that a small group (a
-    // send/recv pair every few microseconds) allocates nothing.
-    calls.clear();
+    let res = run(&mut queue);
+    // The emptied queue goes back for the next group, so that a small group
+    // allocates nothing.
+    queue.clear();
     GROUP.with(|g| {
         let mut g = g.borrow_mut();
-        if g.calls.is_empty() {
-            g.calls = calls;
+        if g.queue.calls.is_empty() {
+            g.queue = queue;
         }
     });
     res
 }
 
 /// Runs a group's calls: each communicator's in the order they were made.
-fn run(calls: &mut Vec<(Arc<Comm>, Coll)>) -> Result<()> {
-    let first = Arc::clone(&calls[0].0);
-    if calls.iter().all(|(c, _)| Arc::ptr_eq(c, &first)) {
-        return first.run(calls.drain(..).map(|(_, coll)| coll));
+fn run(q: &mut Queue) -> Result<()> {
+    if let [comm] = &q.comms[..] {
+        return comm.run_calls_in_place(&mut q.calls);
     }
-    let mut per_comm: Vec<(Arc<Comm>, Vec<Coll>)> = Vec::new();
-    for (comm, coll) in calls.drain(..) {
-        match per_comm.iter_mut().find(|(c, _)| Arc::ptr_eq(c, &comm)) {
-            Some((_, v)) => v.push(coll),
-            None => per_comm.push((comm, vec![coll])),
-        }
+    let mut per_comm: Vec<(Arc<Comm>, Vec<Call>)> = q.comms.drain(..).map(|c| (c, Vec::new())).collect();
+    for (call, &i) in q.calls.drain(..).zip(&q.comm_of) {
+        per_comm[i].1.push(call);
     }
     // Several communicators (e.g. all ranks of fcclCommInitAll driven by one
     // thread): each progresses on its own thread so none waits for another.
     let results: Vec<Result<()>> = std::thread::scope(|s| {
-        let handles: Vec<_> = per_comm.into_iter().map(|(comm, colls)| s.spawn(move || comm.run(colls))).collect();
+        let handles: Vec<_> = per_comm
+            .into_iter()
+            .map(|(comm, mut calls)| s.spawn(move || comm.run_calls_in_place(&mut calls)))
+            .collect();
         handles
             .into_iter()
             .map(|h| h.join().unwrap_or_else(|_| Err(Error::internal("a group worker panicked"))))

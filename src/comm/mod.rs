@@ -19,11 +19,6 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-thread_local! {
-    /// The calls of a thread's last group, emptied, kept for its next one.
-    static CALLS: std::cell::Cell<Vec<Call>> = const { std::cell::Cell::new(Vec::new()) };
-}
-
 /// Which backend serves a communicator.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Backend {
@@ -275,32 +270,36 @@ impl Comm {
     /// Runs calls (validated by the caller) as one unit: a single call, or this
     /// communicator's share of a group.
     pub fn run(&self, colls: impl IntoIterator<Item = Coll>) -> Result<()> {
+        let mut calls: Vec<Call> = colls.into_iter().map(|coll| Call { coll, seq: 0 }).collect();
+        self.run_calls_in_place(&mut calls)
+    }
+
+    /// As [`Comm::run`], for calls already made (a group's queue): each gets its
+    /// sequence number where it lies.
+    pub fn run_calls_in_place(&self, calls: &mut [Call]) -> Result<()> {
         let mut st = self.state.lock().unwrap_or_else(|p| p.into_inner());
         self.usable(&st)?;
-        // The buffer of the thread's last group, so that a small group allocates nothing.
-        let mut calls = CALLS.with(|c| c.take());
-        calls.extend(colls.into_iter().map(|coll| Self::numbered(&mut st, coll)));
-        let res = self.run_calls(&mut st, &mut calls);
-        calls.clear();
-        CALLS.with(|c| c.replace(calls));
-        res
+        for c in calls.iter_mut() {
+            c.seq = Self::next_seq(&mut st, &c.coll);
+        }
+        self.run_calls(&mut st, calls)
     }
 
     /// Runs one call (validated by the caller), without allocating.
     pub fn run_one(&self, coll: Coll) -> Result<()> {
         let mut st = self.state.lock().unwrap_or_else(|p| p.into_inner());
         self.usable(&st)?;
-        let mut calls = [Self::numbered(&mut st, coll)];
-        self.run_calls(&mut st, &mut calls)
+        let seq = Self::next_seq(&mut st, &coll);
+        self.run_calls(&mut st, &mut [Call { coll, seq }])
     }
 
-    /// The call with its sequence number. Only collectives take one: a send/recv
-    /// involves two ranks, so counting it would put the others out of step.
-    fn numbered(st: &mut State, coll: Coll) -> Call {
+    /// The sequence number of the next call. Only collectives take a new one: a
+    /// send/recv involves two ranks, so counting it would put the others out of step.
+    fn next_seq(st: &mut State, coll: &Coll) -> u64 {
         if !coll.kind.is_p2p() {
             st.seq += 1;
         }
-        Call { coll, seq: st.seq }
+        st.seq
     }
 
     fn run_calls(&self, st: &mut State, calls: &mut [Call]) -> Result<()> {

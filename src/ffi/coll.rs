@@ -44,7 +44,7 @@ pub(super) fn submit(comm: fcclComm_t, stream: fcclStream_t, make: impl FnOnce(&
         coll.placement = crate::mem::placement(&coll.buffers(c.rank, c.nranks))?;
     }
     if group::active() {
-        group::enqueue(c, coll);
+        group::enqueue(&c, coll);
         Ok(())
     } else {
         c.run_one(coll)
