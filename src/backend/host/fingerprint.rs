@@ -93,11 +93,11 @@ pub fn message_into(calls: &[Call], m: &mut [u8]) -> u64 {
     // cost more than the rest of the fingerprinting. The digest is taken from the
     // words as they are written (the same as `digest` of the message).
     let m: &mut [u8; MSG] = (&mut m[..MSG]).try_into().expect("MSG bytes");
-    if let [c] = calls {
-        if is_collective(&c.coll) {
+    if let [call] = calls {
+        if is_collective(&call.coll) {
             // One call (nearly every call): header and record in one go.
-            let [a, b, c, e] = record(c);
-            let words = [1, FNV_BASIS, a, b, c, e];
+            let [r0, r1, r2, r3] = record(call);
+            let words = [1, FNV_BASIS, r0, r1, r2, r3];
             let mut d = Digest::new();
             for (i, w) in words.into_iter().enumerate() {
                 m[i * 8..i * 8 + 8].copy_from_slice(&w.to_le_bytes());
