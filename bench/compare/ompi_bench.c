@@ -6,6 +6,9 @@
  * bench/coll.rs, bench/main.rs, bench/report.rs), so that the rows of both can be
  * compared one by one. Build: mpicc -O2 -o ompi_bench ompi_bench.c
  * Run: mpirun --allow-run-as-root --oversubscribe -np 2 ./ompi_bench all --csv x.csv
+ * Built with -DFCCL_IDEAL -I bench/compare/ideal and ideal/ideal_mpi.c instead (gcc,
+ * no MPI), the same program measures the bare data movement of each call: see
+ * ideal/ideal_mpi.c; run it as `ideal_bench --np 2 all --csv x.csv`.
  *
  * MPI calls: MPI_Allreduce, MPI_Bcast, MPI_Reduce, MPI_Allgather,
  * MPI_Reduce_scatter_block, MPI_Alltoall, MPI_Alltoallv, MPI_Gather, MPI_Scatter and
@@ -558,12 +561,23 @@ static void print_time(double us) {
  * for transparent huge pages from 2 MiB up, so both sides stream through the same kind
  * of memory. */
 static char *alloc_buf(size_t bytes) {
+#ifdef FCCL_IDEAL
+    return (char *)ideal_alloc(bytes);
+#endif
     const size_t huge = (size_t)2 << 20;
     void *p = NULL;
     if (bytes == 0) bytes = 1;
     if (posix_memalign(&p, bytes >= huge ? huge : 4096, bytes) != 0) return NULL;
     if (bytes >= huge) madvise(p, bytes, MADV_HUGEPAGE);
     return (char *)p;
+}
+
+static void free_buf(char *p) {
+#ifdef FCCL_IDEAL
+    ideal_free(p);
+#else
+    free(p);
+#endif
 }
 
 int main(int argc, char **argv) {
@@ -664,8 +678,8 @@ int main(int argc, char **argv) {
             }
             for (int p = 0; p < 2; p++) failed += r[p].wrong > 0;
         }
-        free(sendb);
-        free(recvb);
+        free_buf(sendb);
+        free_buf(recvb);
     }
     if (rank == 0) {
         printf("# Out of bounds values : %d %s\n#\n", failed, failed ? "FAILED" : "OK");

@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """ratios.py: ferroccl against a peer, from the CSVs that run.sh leaves in one directory.
 
-  ratios.py DIR --peer ompi|gloo [--baseline DIR2]
+  ratios.py DIR --peer ompi|gloo|ideal [--baseline DIR2]
 
 DIR holds ferroccl.repK.csv and PEER.repK.csv (ferroccl-bench's CSV columns), K = 1..R,
 each pair measured back to back. For every collective, size and placement that both
@@ -10,7 +10,9 @@ peer time / ferroccl time, as both use the same bytes and factor) and the median
 the repetitions is reported, with the medians of each side's busbw; sizes <= 2 KiB also
 get the time ratio ferroccl/peer. Then the verdicts against shared/PERF.md's targets.
 --baseline names a 2-rank run's directory, for the oversubscribed (nranks > 2) target
-"large messages keep >= 50% of their 2-rank busbw".
+"large messages keep >= 50% of their 2-rank busbw". The ideal peer (the bare data
+movement, bench/compare/ideal) has no targets: for it a summary of the ratios from
+32 KiB up takes the verdicts' place.
 
 Writes DIR/PEER.md (what it prints) and DIR/PEER.ratios.csv. Standard library only.
 """
@@ -24,7 +26,12 @@ import statistics
 import sys
 
 SMALL = 2 << 10  # sizes up to this get the time ratio
-PEER_TITLE = {"ompi": "Open MPI", "gloo": "Gloo"}
+PEER_TITLE = {"ompi": "Open MPI", "gloo": "Gloo", "ideal": "the bare data movement (bench/compare/ideal)"}
+# Size bands of the ideal summary, [lo, hi) in bytes. Below 32K a call's time is mostly
+# its fixed cost, which the ideal (barriers, no messages) hardly has, so a ratio there
+# says little about data movement. 8M splits what stays in the caches from what streams
+# through memory on the machines we measure on.
+IDEAL_BANDS = [(32 << 10, None, ">= 32K"), (32 << 10, 8 << 20, "32K .. < 8M"), (8 << 20, None, ">= 8M")]
 ORDER = ["all_reduce", "broadcast", "reduce", "all_gather", "reduce_scatter",
          "all_to_all", "all_to_allv", "gather", "scatter", "send_recv"]
 
@@ -140,6 +147,16 @@ def verdict_min(points, need, what, metric="ratio", higher=True):
             f"({by}): {listed}{more}")
 
 
+def band_summary(points, what):
+    """One line over a set of points: median and range of the ratios, the 3 lowest."""
+    vals = sorted((v["ratio"], key) for key, v in points.items() if v["ratio"] is not None)
+    if not vals:
+        return f"- {what}: not measured (no such sizes in this run)"
+    lowest = ", ".join(f"{c} {fmt_size(s)} {pl} {fmt_x(x)}" for x, (c, s, pl) in vals[:3])
+    return (f"- {what}: median {fmt_x(median([x for x, _ in vals]))}, range {fmt_x(vals[0][0])} .. "
+            f"{fmt_x(vals[-1][0])} over {len(vals)} points; lowest: {lowest}")
+
+
 def main(argv):
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("dir")
@@ -179,6 +196,18 @@ def main(argv):
     if only_one:
         lines += [f"Run by one side only (not compared): {', '.join(only_one)}", ""]
 
+    sel = lambda f: {k: v for k, v in pts.items() if k[1] > 0 and f(*k)}
+    if a.peer == "ideal":
+        # The ideal is a measured ceiling, not a target: PERF.md judges nothing against
+        # it (its verdicts, ferroccl's absolute ones included, are in ompi.md and gloo.md).
+        lines += [f"## ferroccl against the bare data movement ({nranks} ranks)", "",
+                  "ferroccl/ideal busbw ratios, every collective and placement: how close ferroccl comes to what",
+                  "the memory allows, not a target.", ""]
+        for lo, hi, what in IDEAL_BANDS:
+            lines.append(band_summary(sel(lambda c, s, pl: s >= lo and (hi is None or s < hi)),
+                                      f"sizes {what}"))
+        return finish(a, lines, pts, nranks, fer, peer)
+
     # ---- verdicts against shared/PERF.md
     lines += [f"## Verdicts against PERF.md ({title}, {nranks} ranks)", ""]
     if nranks != 2:
@@ -189,7 +218,6 @@ def main(argv):
     empty = sorted({f"{c} {pl}" for c, s, pl in pts if s == 0})
     if empty:
         lines += [f"(Not judged: size 0, where the count per rank rounds to 0 elements: {', '.join(empty)}.)", ""]
-    sel = lambda f: {k: v for k, v in pts.items() if k[1] > 0 and f(*k)}
     if a.peer == "ompi":
         lines.append(verdict_min(sel(lambda c, s, pl: s >= 32 << 10), 1.0,
                                  "every collective, every size >= 32K: busbw >= 1.0x Open MPI's"))
@@ -243,6 +271,11 @@ def main(argv):
         else:
             lines.append(f"- {nranks} ranks, large messages >= 50% of 2-rank busbw: not measured "
                          "(run the same command with --nranks 2 first)")
+    return finish(a, lines, pts, nranks, fer, peer)
+
+
+def finish(a, lines, pts, nranks, fer, peer):
+    """Wrong results, then DIR/PEER.md and DIR/PEER.ratios.csv; 1 when anything was wrong."""
     bad = wrong_rows(fer, "ferroccl") + wrong_rows(peer, a.peer)
     if bad:
         lines += ["", "## WRONG RESULTS", ""] + [f"- {b}" for b in bad]

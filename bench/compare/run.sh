@@ -2,9 +2,10 @@
 # ferroccl against its peers, side by side: builds what is missing, runs ferroccl-bench
 # and the peer alternately (ferroccl, peer, ferroccl, peer, ...) over the same
 # collectives and sizes, and prints ferroccl/peer ratios per collective and size with
-# verdicts against shared/PERF.md's targets (see bench/compare/README.md).
+# verdicts against shared/PERF.md's targets, or, against the ideal peer (the bare data
+# movement), how close ferroccl comes to it (see bench/compare/README.md).
 #
-#   bench/compare/run.sh [--peer ompi|gloo|both] [--nranks N] [-b MIN] [-e MAX]
+#   bench/compare/run.sh [--peer ompi|gloo|ideal|both|all] [--nranks N] [-b MIN] [-e MAX]
 #                        [--reps R] [--out DIR] [collectives...]
 set -euo pipefail
 
@@ -13,7 +14,7 @@ root="$(cd "$here/../.." && pwd)"
 
 usage() {
     cat <<EOF
-usage: bench/compare/run.sh [--peer ompi|gloo|both] [--nranks N] [-b MIN] [-e MAX]
+usage: bench/compare/run.sh [--peer ompi|gloo|ideal|both|all] [--nranks N] [-b MIN] [-e MAX]
                             [--reps R] [--max-time S] [--out DIR] [collectives...]
 
 Runs ferroccl-bench and a peer alternately, R times each, over the same collectives
@@ -21,12 +22,18 @@ and sizes (MIN, MIN*4, MIN*16, ... up to MAX, plus MAX itself when the factor 4 
 not land on it; default 8 .. 64M: 8 32 128 512 2K 8K 32K 128K 512K 2M 8M 32M 64M),
 then prints per collective and size the busbw of both, the ratio ferroccl/peer (median
 of the ratios within each repetition), the time ratio for sizes <= 2K, and verdicts
-against shared/PERF.md's targets. Tables and CSVs go to DIR/n<N>/ (default
+against shared/PERF.md's targets (for ideal instead: the median, range and lowest
+points of the ratios from 32K up). Tables and CSVs go to DIR/n<N>/ (default
 bench/compare/out).
 
-  --peer ompi|gloo|both   peer (default ompi): Open MPI (Debian's openmpi-bin, the
-                          program bench/compare/ompi_bench.c) or PyTorch's Gloo
-                          (bench/compare/gloo_bench.py in bench/compare/.venv)
+  --peer ompi|gloo|ideal|both|all
+                          peer (default ompi): Open MPI (Debian's openmpi-bin, the
+                          program bench/compare/ompi_bench.c), PyTorch's Gloo
+                          (bench/compare/gloo_bench.py in bench/compare/.venv), or
+                          ideal: the bare data movement, ompi_bench.c built with gcc
+                          against the shim in bench/compare/ideal (a measured
+                          ceiling, not a target); both = ompi and gloo, all = ompi,
+                          gloo and ideal
   --nranks N              ranks (default 2); more than the cores is oversubscribed
   -b MIN, -e MAX          sizes (default 8 and 64M; suffixes K M G)
   --reps R                repetitions of each side (default 3)
@@ -62,8 +69,12 @@ while [ $# -gt 0 ]; do
     *) colls+=("$1"); shift ;;
     esac
 done
-case "$peer" in ompi) peers=(ompi) ;; gloo) peers=(gloo) ;; both) peers=(ompi gloo) ;;
-*) echo "run.sh: --peer ompi, gloo or both, not $peer" >&2; exit 2 ;; esac
+case "$peer" in
+ompi | gloo | ideal) peers=("$peer") ;;
+both) peers=(ompi gloo) ;;
+all) peers=(ompi gloo ideal) ;;
+*) echo "run.sh: --peer ompi, gloo, ideal, both or all, not $peer" >&2; exit 2 ;;
+esac
 [[ "$nranks" =~ ^[1-9][0-9]*$ ]] || { echo "run.sh: --nranks needs a number >= 1" >&2; exit 2; }
 [[ "$reps" =~ ^[1-9][0-9]*$ ]] || { echo "run.sh: --reps needs a number >= 1" >&2; exit 2; }
 [ ${#colls[@]} -gt 0 ] || colls=(all)
@@ -112,6 +123,20 @@ if [[ " ${peers[*]} " == *" ompi "* ]]; then
         mpicc -O2 -Wall -o "$ompi_bin" "$here/ompi_bench.c"
     fi
 fi
+# The ideal peer is the same harness program built against bench/compare/ideal's shim
+# instead of MPI: gcc only, nothing to install. It is rebuilt when any of its three
+# sources changed, as ompi_bench.c is shared with the Open MPI side.
+ideal_bin="$root/target/compare/ideal_bench"
+if [[ " ${peers[*]} " == *" ideal "* ]]; then
+    command -v gcc >/dev/null || { echo "run.sh: --peer ideal needs gcc" >&2; exit 2; }
+    if [ ! -x "$ideal_bin" ] || [ "$here/ompi_bench.c" -nt "$ideal_bin" ] ||
+        [ "$here/ideal/ideal_mpi.c" -nt "$ideal_bin" ] || [ "$here/ideal/mpi.h" -nt "$ideal_bin" ]; then
+        log "gcc -O3 -march=native -DFCCL_IDEAL bench/compare/ompi_bench.c bench/compare/ideal/ideal_mpi.c"
+        mkdir -p "$(dirname "$ideal_bin")"
+        gcc -O3 -march=native -Wall -Werror -DFCCL_IDEAL -I"$here/ideal" -o "$ideal_bin" \
+            "$here/ompi_bench.c" "$here/ideal/ideal_mpi.c"
+    fi
+fi
 venv="$here/.venv"
 if [[ " ${peers[*]} " == *" gloo "* ]]; then
     if ! "$venv/bin/python" -c 'import torch.distributed as d; assert d.is_gloo_available()' 2>/dev/null; then
@@ -142,6 +167,7 @@ run_side() { # side rep coll: appends every sweep's rows of one collective to DI
         ferroccl) "$fbench" --nranks "$nranks" $sw "${common[@]}" --csv "$tmp" "$coll" ;;
         ompi) "${mpirun_cmd[@]}" "$ompi_bin" $sw "${common[@]}" --csv "$tmp" "$coll" ;;
         gloo) "$venv/bin/python" "$here/gloo_bench.py" --nranks "$nranks" $sw "${common[@]}" --csv "$tmp" "$coll" ;;
+        ideal) "$ideal_bin" --np "$nranks" $sw "${common[@]}" --csv "$tmp" "$coll" ;;
         esac >> "$dir/$side.rep$rep.log" 2>&1 || { echo "run.sh: $side $coll failed (rep $rep); see $dir/$side.rep$rep.log" >&2; tail -5 "$dir/$side.rep$rep.log" >&2; return 1; }
         if [ -s "$dst" ]; then tail -n +2 "$tmp" >> "$dst"; else cat "$tmp" > "$dst"; fi
     done

@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # A cheap check of bench/compare that installs nothing and times nothing: the scripts
 # parse, --help works without torch or MPI, ratios.py computes ratios and verdicts right
-# on made-up CSVs, and ompi_bench.c compiles where mpicc is present.
-# Usage: bench/compare/smoke.sh   (not part of scripts/test.sh)
+# on made-up CSVs, ompi_bench.c compiles where mpicc is present, and where gcc is, the
+# ideal peer builds and gets every collective right (three tiny sweeps, seconds).
+# Usage: bench/compare/smoke.sh   (run by scripts/test.sh)
 set -euo pipefail
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 pass=0 fail=0
@@ -10,7 +11,7 @@ ok() { echo "ok: $*"; pass=$((pass + 1)); }
 bad() { echo "FAILED: $*"; fail=$((fail + 1)); }
 
 bash -n "$here/run.sh" && ok "run.sh parses" || bad "run.sh parses"
-"$here/run.sh" --help | grep -q -- '--peer ompi|gloo|both' && ok "run.sh --help" || bad "run.sh --help"
+"$here/run.sh" --help | grep -q -- '--peer ompi|gloo|ideal|both|all' && ok "run.sh --help" || bad "run.sh --help"
 python3 -m py_compile "$here/gloo_bench.py" "$here/ratios.py" && ok "python compiles" || bad "python compiles"
 python3 "$here/gloo_bench.py" --help | grep -q -- '--max-time' && ok "gloo_bench.py --help without torch" ||
     bad "gloo_bench.py --help without torch"
@@ -46,11 +47,98 @@ sed -i 's/,0$/,3/' "$tmp/ompi.rep1.csv"
 python3 "$here/ratios.py" "$tmp" --peer ompi >"$tmp/o" 2>&1 && bad "wrong results fail ratios.py" ||
     { grep -q 'WRONG RESULTS' "$tmp/o" && ok "wrong results are reported"; }
 
+# Against the ideal peer a summary takes the verdicts' place: ferroccl at 1/4 of the
+# ideal at 32K out of place, 4/5 in place, 1/2 at 8M; 8 B is below the summary's sizes.
+mkdir "$tmp/ideal"
+for rep in 1 2; do
+    printf '%s\n' "$h" \
+        "all_reduce,2,float,sum,-1,8,2,out,0.600,0.013,0.013,0" \
+        "all_reduce,2,float,sum,-1,32768,8192,out,20.000,1.6,1.6,0" \
+        "all_reduce,2,float,sum,-1,32768,8192,in,10.000,3.2,3.2,0" \
+        "send_recv,2,float,none,-1,8388608,2097152,in,2000.000,4.19,4.19," >"$tmp/ideal/ferroccl.rep$rep.csv"
+    printf '%s\n' "$h" \
+        "all_reduce,2,float,sum,-1,8,2,out,0.200,0.04,0.04,0" \
+        "all_reduce,2,float,sum,-1,32768,8192,out,5.000,6.5,6.5,0" \
+        "all_reduce,2,float,sum,-1,32768,8192,in,8.000,4.1,4.1,0" \
+        "send_recv,2,float,none,-1,8388608,2097152,in,1000.000,8.4,8.4," >"$tmp/ideal/ideal.rep$rep.csv"
+done
+out="$(python3 "$here/ratios.py" "$tmp/ideal" --peer ideal)" && ok "ratios --peer ideal exits 0" ||
+    bad "ratios --peer ideal exits 0"
+check "| 32K | 1.60 | 6.50 | 0.250x | 3.20 | 4.10 | 0.800x |" "ideal table"
+check "- sizes >= 32K: median 0.500x, range 0.250x .. 0.800x over 3 points; lowest: all_reduce 32K out 0.250x, send_recv 8M in 0.500x, all_reduce 32K in 0.800x" \
+    "ideal summary"
+check "- sizes >= 8M: median 0.500x, range 0.500x .. 0.500x over 1 points; lowest: send_recv 8M in 0.500x" \
+    "ideal summary per size band"
+grep -q 'Verdicts against PERF.md' <<<"$out" && bad "ratios: no PERF.md verdicts against ideal" ||
+    ok "ratios: no PERF.md verdicts against ideal"
+grep -q '^all_reduce,2,ideal,32768,out,1.6,6.5,0.25,' "$tmp/ideal/ideal.ratios.csv" && ok "ideal ratios CSV" ||
+    bad "ideal ratios CSV"
+
 if command -v mpicc >/dev/null; then
     mpicc -O2 -Wall -Werror -o "$tmp/ompi_bench" "$here/ompi_bench.c" && ok "ompi_bench.c compiles" ||
         bad "ompi_bench.c compiles"
 else
     echo "skip: ompi_bench.c (no mpicc)"
+fi
+
+# The ideal peer, built by the same command as run.sh's. Its runs go through timeout:
+# a shim that loses a rank would hang at a barrier, and CI with it.
+ideal_csv() { # CSV NRANKS NSIZES: every collective, both placements where it has them, right results
+    python3 - "$@" <<'PY'
+import csv, sys
+path, nranks, nsizes = sys.argv[1], sys.argv[2], int(sys.argv[3])
+colls = ["all_reduce", "broadcast", "reduce", "all_gather", "reduce_scatter",
+         "all_to_all", "all_to_allv", "gather", "scatter", "send_recv"]
+# As ompi_bench.c: all_to_allv has no in-place row, send_recv in place is not checked.
+want = {(c, pl) for c in colls for pl in ("out", "in") if (c, pl) != ("all_to_allv", "in")}
+got, errs = {}, []
+for r in csv.DictReader(open(path, newline="")):
+    k = (r["collective"], r["placement"])
+    got[k] = got.get(k, 0) + 1
+    where = f"{k[0]} {r['size_bytes']} {k[1]}"
+    if r["wrong"] != ("" if k == ("send_recv", "in") else "0"):
+        errs.append(f"{where}: wrong {r['wrong']!r}")
+    if r["nranks"] != nranks:
+        errs.append(f"{where}: nranks {r['nranks']}")
+for k in sorted(want | set(got)):
+    n = nsizes if k in want else 0
+    if got.get(k, 0) != n:
+        errs.append(f"{k[0]} {k[1]}: {got.get(k, 0)} rows, not {n}")
+print("\n".join(errs[:10]))
+sys.exit(1 if errs else 0)
+PY
+}
+ideal_run() { # NP NSIZES SWEEP...: one run of every collective, checked
+    local np=$1 nsz=$2 what="ideal_bench --np $1 ${*:3}" rc=0
+    shift 2
+    timeout 120 "$tmp/ideal_bench" --np "$np" all "$@" -n 2 -w 1 --max-time 0 --csv "$tmp/ideal$np.csv" \
+        >"$tmp/ideal$np.log" 2>&1 || rc=$?
+    [ "$rc" -eq 0 ] && ok "$what exits 0" || { bad "$what exits 0 (exit $rc)"; tail -5 "$tmp/ideal$np.log"; }
+    echo "(no CSV)" >"$tmp/o"
+    if [ -s "$tmp/ideal$np.csv" ] && ideal_csv "$tmp/ideal$np.csv" "$np" "$nsz" >"$tmp/o" 2>&1; then
+        ok "$what: every collective and placement, right results"
+    else
+        bad "$what: every collective and placement, right results"; cat "$tmp/o"
+    fi
+}
+if ! command -v gcc >/dev/null; then
+    echo "skip: ideal_bench (no gcc)"
+elif gcc -O3 -march=native -Wall -Werror -DFCCL_IDEAL -I"$here/ideal" -o "$tmp/ideal_bench" \
+    "$here/ompi_bench.c" "$here/ideal/ideal_mpi.c"; then
+    ok "ideal_bench compiles"
+    ideal_run 2 6 -b 8 -e 256K -f 8 # 8 64 512 4K 32K 256K
+    ideal_run 3 3 -b 1K -e 64K -f 8 # 3 ranks: counts that do not divide evenly
+    # A nonzero exit alone could be a crash: the CSV must show the wrong elements too.
+    rc=0
+    COMPARE_BENCH_CORRUPT=1 timeout 120 "$tmp/ideal_bench" --np 2 all_reduce -b 1K -e 1K -n 2 -w 1 --max-time 0 \
+        --csv "$tmp/corrupt.csv" >"$tmp/corrupt.log" 2>&1 || rc=$?
+    if [ "$rc" -ne 0 ] && [ "$rc" -ne 124 ] && grep -q ',[1-9][0-9]*$' "$tmp/corrupt.csv" 2>/dev/null; then
+        ok "ideal_bench reports wrong results (exit $rc)"
+    else
+        bad "ideal_bench reports wrong results (COMPARE_BENCH_CORRUPT=1: exit $rc)"; tail -5 "$tmp/corrupt.log"
+    fi
+else
+    bad "ideal_bench compiles"
 fi
 echo "$pass passed, $fail failed"
 [ "$fail" -eq 0 ]
