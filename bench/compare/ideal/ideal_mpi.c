@@ -13,10 +13,12 @@
  * pass per block of 128 KiB over all inputs; one more barrier ends the call. There
  * are no messages, rings, handshakes, argument checks or error paths: what is left
  * is the copying and reducing that any implementation on these buffers must do,
- * with glibc's memcpy and gcc's vectorised loops, and the two barriers per call
- * (three for all_reduce, MPI_Reduce_scatter_block in place and
- * MPI_Sendrecv_replace's rotation has none extra). Results follow MPI's semantics,
- * so ompi_bench checks them as it checks Open MPI's.
+ * with glibc's memcpy (streaming stores from 1 MiB) and gcc's vectorised loops, and
+ * two barriers per call (three for all_reduce and for MPI_Reduce_scatter_block in
+ * place). all_reduce is not pipelined: each rank reduces its part into its recvbuf,
+ * and after a barrier copies the others' parts back out of memory, where ferroccl
+ * sends results on while they are in cache; so there ferroccl can beat it. Results
+ * follow MPI's semantics, so ompi_bench checks them as it checks Open MPI's.
  *
  * Small calls on private memory (ompi_bench's own timing reductions) go through a
  * slot per rank in the shared control block instead.
