@@ -233,7 +233,10 @@ static char *get_scratch(size_t bytes) {
         if (bytes > REGION / 2) fail("scratch beyond the arena");
         scratch = arena + REGION * (size_t)me + REGION / 2;
         scratch_len = bytes;
-        if (bytes >= HUGE) madvise(scratch, bytes, 25);
+        if (bytes >= HUGE) {
+            fallocate(arena_fd, 0, scratch - arena, (off_t)bytes);
+            madvise(scratch, bytes, 25);
+        }
     }
     return scratch;
 }
@@ -378,6 +381,16 @@ static void publish(const void *s, void *r) {
 #define S(q) (ctl->pub[q].s)
 #define R(q) (ctl->pub[q].r)
 
+/* Rank q's input: its recvbuf where it passed MPI_IN_PLACE, else its sendbuf. */
+static const char *input(int q) { return ctl->pub[q].inplace ? R(q) : S(q); }
+
+/* Runs this rank's share of `jobs` and ends the call. */
+static int move(const Job *jobs, int njobs) {
+    run_jobs(jobs, njobs);
+    barrier();
+    return 0;
+}
+
 static void part(size_t count, int i, size_t *start, size_t *len) {
     size_t base = count / (size_t)np, rem = count % (size_t)np;
     *start = (size_t)i * base + ((size_t)i < rem ? (size_t)i : rem);
@@ -400,7 +413,7 @@ int MPI_Allreduce(const void *s, void *r, int count, MPI_Datatype t, MPI_Op op, 
         return 0;
     }
     publish(s, r);
-    for (int q = 0; q < np; q++) src[q] = ctl->pub[q].inplace ? R(q) : S(q);
+    for (int q = 0; q < np; q++) src[q] = input(q);
     size_t st, len;
     part((size_t)count, me, &st, &len);
     const char *mine[MAXN];
@@ -432,9 +445,7 @@ int MPI_Bcast(void *buf, int count, MPI_Datatype t, int root, MPI_Comm comm) {
     int k = 0;
     for (int q = 0; q < np; q++)
         if (q != root) j[k++] = (Job){R(q), R(root), bytes, 0};
-    run_jobs(j, k);
-    barrier();
-    return 0;
+    return move(j, k);
 }
 
 int MPI_Reduce(const void *s, void *r, int count, MPI_Datatype t, MPI_Op op, int root, MPI_Comm comm) {
@@ -442,7 +453,7 @@ int MPI_Reduce(const void *s, void *r, int count, MPI_Datatype t, MPI_Op op, int
     size_t es = tsize(t), st, len;
     publish(s, r);
     const char *src[MAXN];
-    for (int q = 0; q < np; q++) src[q] = (ctl->pub[q].inplace ? R(q) : S(q));
+    for (int q = 0; q < np; q++) src[q] = input(q);
     part((size_t)count, me, &st, &len);
     for (int q = 0; q < np; q++) src[q] += st * es;
     reduce_all(R(root) + st * es, src, np, len * es, t, op);
@@ -462,9 +473,7 @@ int MPI_Allgather(const void *s, int scount, MPI_Datatype st, void *r, int rcoun
             const char *from = ctl->pub[q].inplace ? R(q) + (size_t)q * bytes : S(q);
             j[k++] = (Job){R(p) + (size_t)q * bytes, from, bytes, 0};
         }
-    run_jobs(j, k);
-    barrier();
-    return 0;
+    return move(j, k);
 }
 
 int MPI_Reduce_scatter_block(const void *s, void *r, int count, MPI_Datatype t, MPI_Op op, MPI_Comm comm) {
@@ -474,7 +483,7 @@ int MPI_Reduce_scatter_block(const void *s, void *r, int count, MPI_Datatype t, 
     const char *src[MAXN];
     /* In place the input is r and the result goes to its start, which rank 0 reads:
      * reduce into scratch, then copy once everyone has read. */
-    for (int q = 0; q < np; q++) src[q] = (ctl->pub[q].inplace ? R(q) : S(q)) + (size_t)me * bytes;
+    for (int q = 0; q < np; q++) src[q] = input(q) + (size_t)me * bytes;
     if (!ctl->pub[me].inplace) {
         reduce_all(R(me), src, np, bytes, t, op);
     } else {
@@ -501,9 +510,7 @@ int MPI_Alltoall(const void *s, int scount, MPI_Datatype st, void *r, int rcount
         for (int q = 0; q < np; q++)
             for (int p = 0; p < np; p++) j[k++] = (Job){R(p) + (size_t)q * bytes, S(q) + (size_t)p * bytes, bytes, 0};
     }
-    run_jobs(j, k);
-    barrier();
-    return 0;
+    return move(j, k);
 }
 
 int MPI_Alltoallv(const void *s, const int *scounts, const int *sdispls, MPI_Datatype st, void *r, const int *rcounts,
@@ -524,9 +531,7 @@ int MPI_Alltoallv(const void *s, const int *scounts, const int *sdispls, MPI_Dat
             if (len != (size_t)ctl->pub[p].rcounts[q] * es) fail("MPI_Alltoallv: send and receive counts differ");
             j[k++] = (Job){R(p) + (size_t)ctl->pub[p].rdispls[q] * es, S(q) + (size_t)ctl->pub[q].sdispls[p] * es, len, 0};
         }
-    run_jobs(j, k);
-    barrier();
-    return 0;
+    return move(j, k);
 }
 
 int MPI_Gather(const void *s, int scount, MPI_Datatype st, void *r, int rcount, MPI_Datatype rt, int root,
@@ -538,9 +543,7 @@ int MPI_Gather(const void *s, int scount, MPI_Datatype st, void *r, int rcount, 
     int k = 0;
     for (int q = 0; q < np; q++)
         if (!(q == root && ctl->pub[root].inplace)) j[k++] = (Job){R(root) + (size_t)q * bytes, S(q), bytes, 0};
-    run_jobs(j, k);
-    barrier();
-    return 0;
+    return move(j, k);
 }
 
 int MPI_Scatter(const void *s, int scount, MPI_Datatype st, void *r, int rcount, MPI_Datatype rt, int root,
@@ -556,9 +559,7 @@ int MPI_Scatter(const void *s, int scount, MPI_Datatype st, void *r, int rcount,
     int k = 0;
     for (int q = 0; q < np; q++)
         if (!(q == root && ctl->pub[root].inplace)) j[k++] = (Job){R(q), S(root) + (size_t)q * bytes, bytes, 0};
-    run_jobs(j, k);
-    barrier();
-    return 0;
+    return move(j, k);
 }
 
 int MPI_Sendrecv(const void *s, int scount, MPI_Datatype st, int dest, int stag, void *r, int rcount,
@@ -574,9 +575,7 @@ int MPI_Sendrecv(const void *s, int scount, MPI_Datatype st, int dest, int stag,
         if (ctl->pub[d].source != q) fail("MPI_Sendrecv: the ranks' destinations and sources do not pair up");
         j[q] = (Job){R(d), S(q), bytes, 0};
     }
-    run_jobs(j, np);
-    barrier();
-    return 0;
+    return move(j, np);
 }
 
 /* Only the ring (every rank sends to rank+1): each block of 128 KiB is rotated by
