@@ -66,12 +66,17 @@ pub const CHECK: Var = Var {
 pub const SINGLE_COPY: Var = Var {
     name: "FERROCCL_SINGLE_COPY",
     default: "mapped",
-    doc: "how large messages between ranks on one host are moved once instead of twice. mapped: buffers from fcclMemAllocHost of 64 KiB and more are shared memory that peers map and read straight out of, and ranks that are threads of one process read each other's buffers directly; other memory goes through the shared rings. cma: also read other memory with cross-memory attach (process_vm_readv; slower than the rings where the kernel's copy is slow, as on the VMs measured in docs/performance.md). 0: everything through the shared rings, and fcclMemAllocHost gives private memory",
+    doc: "how large messages between ranks on one host are moved once instead of twice. mapped: buffers from fcclMemAllocHost of 64 KiB and more are shared memory that peers map and read straight out of (and write into, see FERROCCL_SPLIT_COPY), and ranks that are threads of one process read each other's buffers directly; other memory goes through the shared rings. cma: also read other memory with cross-memory attach (process_vm_readv; slower than the rings where the kernel's copy is slow, as on the VMs measured in docs/performance.md). 0: everything through the shared rings, and fcclMemAllocHost gives private memory",
 };
 pub const STREAM_MIN: Var = Var {
     name: "FERROCCL_STREAM_MIN",
     default: "512K",
     doc: "host calls that write at least this many bytes (suffixes K, M, G) into a rank's recvbuff write them with streaming stores, which skip reading each destination line from memory first (faster for results that leave the caches before they are read; see docs/performance.md); 0: always",
+};
+pub const SPLIT_COPY: Var = Var {
+    name: "FERROCCL_SPLIT_COPY",
+    default: "1",
+    doc: "1: a single-copy message of 256 KiB and more whose destination the sender can write too (a buffer from fcclMemAllocHost, or any buffer of ranks that are threads of one process) is copied by the sender and the receiver together, in 64 KiB pieces that both take from a shared counter, so two cores share a copy that one did (broadcast, gather, scatter, send/recv); 0: the receiver copies alone",
 };
 pub const TORCH_RANK: Var = Var { name: "RANK", default: "", doc: "torchrun's rank (fallback)" };
 pub const TORCH_WORLD_SIZE: Var = Var { name: "WORLD_SIZE", default: "", doc: "torchrun's world size (fallback)" };
@@ -96,6 +101,7 @@ pub const ALL: &[&Var] = &[
     &CHECK,
     &SINGLE_COPY,
     &STREAM_MIN,
+    &SPLIT_COPY,
     &TORCH_RANK,
     &TORCH_WORLD_SIZE,
     &TORCH_MASTER_ADDR,
@@ -160,6 +166,14 @@ pub fn stream_min() -> usize {
     static V: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
     *V.get_or_init(|| {
         STREAM_MIN.get().and_then(|v| parse_bytes(&v)).unwrap_or_else(|| parse_bytes(STREAM_MIN.default).unwrap())
+    })
+}
+
+/// `FERROCCL_SPLIT_COPY` (read once): false only for `0`, `off`, `no` or `false`.
+pub fn split_copy() -> bool {
+    static V: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *V.get_or_init(|| {
+        !matches!(SPLIT_COPY.get_or_default().trim().to_ascii_lowercase().as_str(), "0" | "off" | "no" | "false")
     })
 }
 

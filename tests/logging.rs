@@ -80,3 +80,39 @@ fn pinned_ranks_are_not_counted_as_oversubscribed() {
         std::fs::remove_dir_all(&dir).unwrap();
     }
 }
+
+/// Split copies: a broadcast root copies parts of large messages into its peers'
+/// buffers (shared memory from fcclMemAllocHost), and says so once per peer at
+/// INFO; with FERROCCL_SPLIT_COPY=0 it does not, and both are right.
+#[test]
+fn split_copies_are_logged_once_per_peer_and_can_be_turned_off() {
+    for split in ["1", "0"] {
+        let dir = std::env::temp_dir().join(format!("fccl-log-split-{split}-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let out = Command::new(env!("CARGO_BIN_EXE_ferroccl-bench"))
+            .args(["--nranks", "3", "broadcast", "-b", "8M", "-e", "8M", "-n", "10", "-w", "2", "-c", "2"])
+            .env("FERROCCL_DEBUG", "INFO")
+            .env("FERROCCL_SPLIT_COPY", split)
+            .env("FERROCCL_DEBUG_FILE", dir.join("log-%p.txt"))
+            .output()
+            .expect("ferroccl-bench runs");
+        let stdout = String::from_utf8_lossy(&out.stdout);
+        assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+        let row = stdout.lines().find(|l| l.trim_start().starts_with("8388608")).expect("the 8M row");
+        assert_eq!(row.split_whitespace().filter(|f| *f == "0").count(), 3, "root 0, nothing wrong: {row}");
+        let lines: Vec<String> = logs(&dir)
+            .iter()
+            .flat_map(|(_, t)| t.lines().filter(|l| l.contains("split copy")).map(String::from).collect::<Vec<_>>())
+            .collect();
+        if split == "1" {
+            // The root (whichever process it is) names each of its two peers once.
+            assert_eq!(lines.len(), 2, "{lines:?}");
+            for p in ["rank 1", "rank 2"] {
+                assert!(lines.iter().any(|l| l.contains(p)), "{p} in {lines:?}");
+            }
+        } else {
+            assert!(lines.is_empty(), "{lines:?}");
+        }
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+}

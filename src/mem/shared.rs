@@ -178,35 +178,44 @@ pub fn free(p: *mut u8) -> bool {
     true
 }
 
-/// A peer's shared allocation mapped into this process (read only).
+/// A peer's shared allocation mapped into this process: read only, or writable
+/// for a rank that copies part of a message into its receiver's buffer (see
+/// `transport::shm`'s shared reads).
 pub struct PeerMapping {
     base: *const u8,
     len: usize,
+    writable: bool,
 }
 
-// SAFETY: a read-only mapping owned by this value; its address may be used from any thread.
+// SAFETY: a mapping owned by this value; its address may be used from any thread.
 unsafe impl Send for PeerMapping {}
 
 impl PeerMapping {
-    /// Maps allocation `d` of process `pid`.
-    pub fn open(pid: u32, d: &Desc) -> Result<PeerMapping> {
+    /// Maps allocation `d` of process `pid`, writable when `write`.
+    pub fn open(pid: u32, d: &Desc, write: bool) -> Result<PeerMapping> {
         let path = format!("/proc/{pid}/fd/{}\0", d.fd);
+        let (flags, prot) =
+            if write { (libc::O_RDWR, libc::PROT_READ | libc::PROT_WRITE) } else { (libc::O_RDONLY, libc::PROT_READ) };
         // SAFETY: path is NUL-terminated.
-        let fd = unsafe { libc::open(path.as_ptr() as *const libc::c_char, libc::O_RDONLY | libc::O_CLOEXEC) };
+        let fd = unsafe { libc::open(path.as_ptr() as *const libc::c_char, flags | libc::O_CLOEXEC) };
         if fd < 0 {
             return Err(Error::system(format!("opening {} failed: {}", &path[..path.len() - 1], last_err())));
         }
         let len = d.region_len as usize;
         // Aligned as the owner's mapping, so that its huge pages map whole here too.
         let align = if len >= HUGE { HUGE } else { super::page_size() };
-        let p = map_aligned(fd, len, align, libc::PROT_READ);
+        let p = map_aligned(fd, len, align, prot);
         let e = last_err();
         // SAFETY: our fd; the mapping (if any) keeps the memory.
         unsafe { libc::close(fd) };
         let Some(p) = p else {
             return Err(Error::system(format!("mapping {len} bytes of process {pid}'s buffer failed: {e}")));
         };
-        Ok(PeerMapping { base: p as *const u8, len })
+        Ok(PeerMapping { base: p as *const u8, len, writable: write })
+    }
+    /// Whether this mapping may be written.
+    pub fn writable(&self) -> bool {
+        self.writable
     }
     /// Bytes mapped.
     pub fn mapped_bytes(&self) -> usize {
@@ -249,9 +258,18 @@ mod tests {
         // The memory is usable and visible through a second mapping of the fd.
         // SAFETY: a holds 1 MiB.
         unsafe { std::ptr::write_bytes(a, 0x5A, 1 << 20) };
-        let m = PeerMapping::open(std::process::id(), &d).expect("map own fd");
+        let m = PeerMapping::open(std::process::id(), &d, false).expect("map own fd");
         // SAFETY: the mapping holds region_len bytes.
         assert_eq!(unsafe { *m.at(12345) }, 0x5A);
+        assert!(!m.writable());
+        // A writable mapping (split copies write into a receiver's buffer) writes
+        // the owner's memory.
+        let w = PeerMapping::open(std::process::id(), &d, true).expect("map own fd writable");
+        assert!(w.writable());
+        // SAFETY: the mapping and `a` hold the same region_len bytes (offsets from the allocation's start).
+        unsafe { *(w.at(100) as *mut u8) = 0xA5 };
+        assert_eq!(unsafe { *a.add(100) }, 0xA5);
+        drop(w);
         let epoch = d.epoch;
         assert!(free(a));
         assert!(!free(a), "freed twice");

@@ -17,6 +17,7 @@ use crate::error::Result;
 use crate::mem::shared::Desc;
 use board::{Board, SpinPolicy};
 use shm::Segment;
+pub use shm::{Share, ShareDest};
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::Duration;
@@ -91,6 +92,24 @@ pub trait Link: Send {
     /// the message names one): None when only `read_direct` reaches them.
     fn direct_source(&mut self, addr: u64, len: usize, shared: Option<&Desc>) -> Result<Option<*const u8>> {
         let _ = (addr, len, shared);
+        Ok(None)
+    }
+    /// Receiver: offers the peer a share in copying the next direct message it
+    /// reads from the peer, `len` bytes into `dst` (`stream`: with streaming
+    /// stores), when the peer can write there (see [`Share`]); the slot both take
+    /// pieces from. None when the peer cannot, or split copies are off.
+    fn share_offer(&mut self, dst: *mut u8, len: usize, stream: bool) -> Option<Share> {
+        let _ = (dst, len, stream);
+        None
+    }
+    /// Sender: the slot in which the peer offers shares of this rank's direct messages.
+    fn share_slot(&self) -> Option<Share> {
+        None
+    }
+    /// Sender: where this process writes the destination the peer offered; None
+    /// when it cannot (then the peer copies alone).
+    fn share_target(&mut self, dest: &ShareDest) -> Result<Option<*mut u8>> {
+        let _ = dest;
         Ok(None)
     }
 }

@@ -36,6 +36,15 @@ const OFF_READS_DONE: usize = 256;
 const OFF_CAN_READ: usize = 384;
 /// Ring control: 1 when the reader can map the writer's shared allocations.
 const OFF_CAN_MAP: usize = 512;
+/// Ring control: a split copy's claim word, seq << 32 | next piece (see [`Share`]).
+const OFF_SHARE_CLAIM: usize = 640;
+/// Ring control: pieces of the split copy copied so far.
+const OFF_SHARE_DONE: usize = 768;
+/// Ring control: the split copy's destination: address, length, streaming stores,
+/// then the shared allocation (serial, 0 for none; length; offset; fd | epoch << 32).
+const OFF_SHARE_DEST: usize = 896;
+/// Claim word while the receiver rewrites the destination.
+const SHARE_BUSY: u64 = u64::MAX;
 /// Peers' shared allocations a link keeps mapped at most (the oldest goes first).
 const MAPS_MAX: usize = 64;
 
@@ -392,6 +401,129 @@ impl RingEnd {
     }
 }
 
+/// A split copy: the receiver of a large direct message and its sender copy it
+/// together. The receiver publishes where the message goes (its destination, in
+/// memory the sender can write: a shared allocation or, between threads, any
+/// address) in the control page of the ring the message came through; both then
+/// take pieces from one counter and copy them, the sender out of its own buffer
+/// into the destination, the receiver as it reads any direct message. The read is
+/// done, as always, when the receiver reports it (`direct_read_done`), which it
+/// does once every piece is copied.
+///
+/// The claim word carries the message's number (the receiver's count of direct
+/// reads done, plus one) beside the next piece, so a sender can only take pieces
+/// of the message it sent: once every piece is taken, the number changes only
+/// after the last copy is done. The destination is read as a sequence lock:
+/// the receiver marks the claim word busy before it rewrites the destination.
+#[derive(Clone, Copy)]
+pub struct Share {
+    ctrl: *mut u8,
+}
+
+/// Where a split copy writes (read from the receiver's offer).
+#[derive(Clone, Copy, Debug)]
+pub struct ShareDest {
+    pub addr: u64,
+    pub len: usize,
+    /// Write with streaming stores (the receiver's choice for its buffer).
+    pub stream: bool,
+    /// The receiver's shared allocation holding it (None between threads).
+    pub shared: Option<Desc>,
+}
+
+impl Share {
+    fn word(&self, off: usize) -> &AtomicU64 {
+        debug_assert!(off + 8 <= RING_CTRL_BYTES && off % 8 == 0);
+        // SAFETY: inside a ring's control page, which the link's segments keep
+        // mapped while the link lives; aligned; only accessed atomically.
+        unsafe { &*(self.ctrl.add(off) as *const AtomicU64) }
+    }
+
+    /// Receiver: offers the message it reads next from this ring (`dest`).
+    fn publish(&self, dest: &ShareDest) {
+        let seq = self.word(OFF_READS_DONE).load(Ordering::Relaxed) + 1;
+        self.word(OFF_SHARE_CLAIM).store(SHARE_BUSY, Ordering::Relaxed);
+        fence(Ordering::Release);
+        let d = dest.shared.unwrap_or(Desc { serial: 0, fd: 0, region_len: 0, offset: 0, epoch: 0 });
+        let fields = [
+            dest.addr,
+            dest.len as u64,
+            dest.stream as u64,
+            d.serial,
+            d.region_len,
+            d.offset,
+            (d.fd as u32 as u64) | (d.epoch as u64) << 32,
+        ];
+        for (k, v) in fields.into_iter().enumerate() {
+            self.word(OFF_SHARE_DEST + 8 * k).store(v, Ordering::Relaxed);
+        }
+        self.word(OFF_SHARE_DONE).store(0, Ordering::Relaxed);
+        self.word(OFF_SHARE_CLAIM).store(seq << 32, Ordering::Release);
+    }
+
+    /// Sender: the destination of direct message `seq`, if its receiver offered it.
+    pub fn offer(&self, seq: u64) -> Option<ShareDest> {
+        let claim = self.word(OFF_SHARE_CLAIM);
+        let w = claim.load(Ordering::Acquire);
+        if w == SHARE_BUSY || w >> 32 != seq {
+            return None;
+        }
+        let f: [u64; 7] = std::array::from_fn(|k| self.word(OFF_SHARE_DEST + 8 * k).load(Ordering::Relaxed));
+        fence(Ordering::Acquire);
+        // Unchanged since the first look: the fields are those of message `seq`.
+        if claim.load(Ordering::Relaxed) >> 32 != seq {
+            return None;
+        }
+        let shared = (f[3] != 0).then(|| Desc {
+            serial: f[3],
+            region_len: f[4],
+            offset: f[5],
+            fd: f[6] as u32 as i32,
+            epoch: (f[6] >> 32) as u32,
+        });
+        Some(ShareDest { addr: f[0], len: f[1] as usize, stream: f[2] != 0, shared })
+    }
+
+    /// Takes the next of the `pieces` pieces of message `seq`; None when all are
+    /// taken (or the message is no longer the one offered).
+    pub fn take(&self, seq: u64, pieces: u64) -> Option<u64> {
+        let claim = self.word(OFF_SHARE_CLAIM);
+        let mut w = claim.load(Ordering::Acquire);
+        loop {
+            if w == SHARE_BUSY || w >> 32 != seq || w & 0xffff_ffff >= pieces {
+                return None;
+            }
+            match claim.compare_exchange_weak(w, w + 1, Ordering::AcqRel, Ordering::Acquire) {
+                Ok(_) => return Some(w & 0xffff_ffff),
+                Err(now) => w = now,
+            }
+        }
+    }
+
+    /// Receiver: takes back an offer whose read failed (the run ends in an error),
+    /// so the sender takes no more pieces of it; a piece it is copying right now
+    /// (64 KiB) still lands.
+    pub fn withdraw(&self) {
+        self.word(OFF_SHARE_CLAIM).store(SHARE_BUSY, Ordering::Release);
+    }
+
+    /// A piece taken with `take` has been copied.
+    pub fn piece_done(&self) {
+        self.word(OFF_SHARE_DONE).fetch_add(1, Ordering::AcqRel);
+    }
+
+    /// Pieces copied so far, by both sides.
+    pub fn pieces_done(&self) -> u64 {
+        self.word(OFF_SHARE_DONE).load(Ordering::Acquire)
+    }
+
+    /// The number of the message this rank reads next through this ring (the
+    /// receiver's side), for `take`.
+    pub fn next_read(&self) -> u64 {
+        self.word(OFF_READS_DONE).load(Ordering::Relaxed) + 1
+    }
+}
+
 /// False once `pid` has exited, including while it waits to be reaped (a zombie
 /// still answers kill(pid, 0) but will never write to a ring again).
 fn process_alive(pid: u32) -> bool {
@@ -446,6 +578,11 @@ pub struct ShmLink {
     /// free counter when they were checked last (see `mem::shared::Desc::epoch`).
     maps: Vec<(u64, PeerMapping)>,
     maps_epoch: u32,
+    /// Set when the peer's buffers could not be mapped writable: no split copies
+    /// into them from then on.
+    no_share_writes: bool,
+    /// Whether the first split copy to this peer has been logged.
+    share_logged: bool,
 }
 
 /// Reads `len` bytes at `addr` in process `pid` into `dst` (cross-memory attach), or
@@ -537,6 +674,8 @@ impl ShmLink {
             same_process,
             maps: Vec::new(),
             maps_epoch: 0,
+            no_share_writes: false,
+            share_logged: false,
         }
     }
 }
@@ -660,6 +799,79 @@ impl Link for ShmLink {
             return Ok(Some(addr as usize as *const u8));
         }
         let Some(d) = shared else { return Ok(None) };
+        match self.peer_mapping(d, len, false)? {
+            Ok(p) => Ok(Some(p as *const u8)),
+            // Cross-memory attach, where it works, still reaches the bytes.
+            Err(_) if self.rx.ctrl_word(OFF_CAN_READ).load(Ordering::Relaxed) == 1 => Ok(None),
+            Err(e) => {
+                self.check_alive()?;
+                Err(Error::system(format!(
+                    "reading {len} bytes straight from rank {}'s buffer failed ({}); set FERROCCL_SINGLE_COPY=0 to move data through shared memory only",
+                    self.peer, e.msg
+                )))
+            }
+        }
+    }
+
+    fn share_offer(&mut self, dst: *mut u8, len: usize, stream: bool) -> Option<Share> {
+        if !crate::env::split_copy() {
+            return None;
+        }
+        // The peer writes there: any address of ours when it is a thread of this
+        // process, otherwise only a shared allocation that it maps.
+        let shared = if self.same_process {
+            None
+        } else if self.peer_maps() {
+            Some(crate::mem::shared::lookup(dst, len)?)
+        } else {
+            return None;
+        };
+        let slot = Share { ctrl: self.rx.ctrl };
+        slot.publish(&ShareDest { addr: dst as usize as u64, len, stream, shared });
+        Some(slot)
+    }
+
+    fn share_slot(&self) -> Option<Share> {
+        crate::env::split_copy().then_some(Share { ctrl: self.tx.ctrl })
+    }
+
+    fn share_target(&mut self, dest: &ShareDest) -> Result<Option<*mut u8>> {
+        let p = if self.same_process {
+            dest.addr as usize as *mut u8
+        } else {
+            let Some(d) = dest.shared.as_ref() else { return Ok(None) };
+            if self.no_share_writes {
+                return Ok(None);
+            }
+            match self.peer_mapping(d, dest.len, true)? {
+                Ok(p) => p,
+                Err(e) => {
+                    // Copies into this peer's buffers stay with the peer from now on.
+                    crate::log::info(format_args!(
+                        "rank {}'s buffers cannot be mapped writable here ({}); it copies what it receives from this rank alone",
+                        self.peer, e.msg
+                    ));
+                    self.no_share_writes = true;
+                    return Ok(None);
+                }
+            }
+        };
+        if !self.share_logged {
+            self.share_logged = true;
+            crate::log::info(format_args!(
+                "split copy: this rank copies parts of its large messages to rank {} straight into rank {}'s buffers",
+                self.peer, self.peer
+            ));
+        }
+        Ok(Some(p))
+    }
+}
+
+impl ShmLink {
+    /// Where `len` bytes at `d` (a shared allocation of the peer) are mapped here,
+    /// writable when `write`: from the link's mappings, or mapped now. Err when `d`
+    /// does not hold them (a corrupt message: fatal); Ok(Err) when mapping failed.
+    fn peer_mapping(&mut self, d: &Desc, len: usize, write: bool) -> Result<std::result::Result<*mut u8, Error>> {
         if d.offset.checked_add(len as u64).map_or(true, |end| end > d.region_len) {
             return Err(Error::internal(format!(
                 "rank {} named {len} bytes at offset {} of a shared buffer of {} bytes",
@@ -672,29 +884,22 @@ impl Link for ShmLink {
             self.maps.clear();
             self.maps_epoch = d.epoch;
         }
-        if let Some((_, m)) =
-            self.maps.iter().find(|(s, m)| *s == d.serial && m.mapped_bytes() == d.region_len as usize)
-        {
-            return Ok(Some(m.at(d.offset)));
+        let fits = |(s, m): &&(u64, PeerMapping)| {
+            *s == d.serial && m.mapped_bytes() == d.region_len as usize && (m.writable() || !write)
+        };
+        if let Some((_, m)) = self.maps.iter().find(fits) {
+            return Ok(Ok(m.at(d.offset) as *mut u8));
         }
-        match PeerMapping::open(self.peer_seg.pid(), d) {
+        match PeerMapping::open(self.peer_seg.pid(), d, write) {
             Ok(m) => {
                 if self.maps.len() >= MAPS_MAX {
                     self.maps.remove(0);
                 }
-                let p = m.at(d.offset);
+                let p = m.at(d.offset) as *mut u8;
                 self.maps.push((d.serial, m));
-                Ok(Some(p))
+                Ok(Ok(p))
             }
-            // Cross-memory attach, where it works, still reaches the bytes.
-            Err(_) if self.rx.ctrl_word(OFF_CAN_READ).load(Ordering::Relaxed) == 1 => Ok(None),
-            Err(e) => {
-                self.check_alive()?;
-                Err(Error::system(format!(
-                    "reading {len} bytes straight from rank {}'s buffer failed ({}); set FERROCCL_SINGLE_COPY=0 to move data through shared memory only",
-                    self.peer, e.msg
-                )))
-            }
+            Err(e) => Ok(Err(e)),
         }
     }
 }
