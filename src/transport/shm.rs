@@ -484,17 +484,20 @@ impl Share {
         Some(ShareDest { addr: f[0], len: f[1] as usize, stream: f[2] != 0, shared })
     }
 
-    /// Takes the next of the `pieces` pieces of message `seq`; None when all are
-    /// taken (or the message is no longer the one offered).
-    pub fn take(&self, seq: u64, pieces: u64) -> Option<u64> {
+    /// Takes the next pieces of message `seq`, at most `most` of them, of the
+    /// `pieces` it has: (first, how many); None when all are taken (or the message
+    /// is no longer the one offered).
+    pub fn take(&self, seq: u64, pieces: u64, most: u64) -> Option<(u64, u64)> {
         let claim = self.word(OFF_SHARE_CLAIM);
         let mut w = claim.load(Ordering::Acquire);
         loop {
-            if w == SHARE_BUSY || w >> 32 != seq || w & 0xffff_ffff >= pieces {
+            let next = w & 0xffff_ffff;
+            if w == SHARE_BUSY || w >> 32 != seq || next >= pieces {
                 return None;
             }
-            match claim.compare_exchange_weak(w, w + 1, Ordering::AcqRel, Ordering::Acquire) {
-                Ok(_) => return Some(w & 0xffff_ffff),
+            let n = most.min(pieces - next);
+            match claim.compare_exchange_weak(w, w + n, Ordering::AcqRel, Ordering::Acquire) {
+                Ok(_) => return Some((next, n)),
                 Err(now) => w = now,
             }
         }
@@ -507,9 +510,9 @@ impl Share {
         self.word(OFF_SHARE_CLAIM).store(SHARE_BUSY, Ordering::Release);
     }
 
-    /// A piece taken with `take` has been copied.
-    pub fn piece_done(&self) {
-        self.word(OFF_SHARE_DONE).fetch_add(1, Ordering::AcqRel);
+    /// `n` pieces taken with `take` have been copied.
+    pub fn pieces_copied(&self, n: u64) {
+        self.word(OFF_SHARE_DONE).fetch_add(n, Ordering::AcqRel);
     }
 
     /// Pieces copied so far, by both sides.

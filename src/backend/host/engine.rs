@@ -59,9 +59,10 @@ const DIRECT_PIECE: usize = 256 << 10;
 /// copied by sender and receiver together (a split copy, see `transport::Share`):
 /// the receiver offers, and both take pieces of SHARE_PIECE bytes.
 const SHARE_MIN: usize = 256 << 10;
-/// Piece of a split copy: small enough that a receiver with local copies of its
-/// own still takes its turn at them between pieces (see `pump_rx`), large enough
-/// that taking one (a line that moves between the cores) costs little beside it.
+/// Piece of a split copy: the sender takes one at a time, the receiver up to
+/// DIRECT_PIECE at once (as it reads when it reads alone); small enough that the
+/// two finish close together, large enough that taking one (a line that moves
+/// between the cores) costs little beside it.
 const SHARE_PIECE: usize = 64 << 10;
 /// Messages of these sizes, in runs that send less than its end to the peer in
 /// all, are written into the ring with streaming stores. A reader that follows
@@ -1146,7 +1147,7 @@ fn share_piece(
             sh
         }
     };
-    let Some(k) = slot.take(seq, share_pieces(len)) else { return Ok(false) };
+    let Some((k, _)) = slot.take(seq, share_pieces(len), 1) else { return Ok(false) };
     let off = k as usize * SHARE_PIECE;
     let n = SHARE_PIECE.min(len - off);
     // SAFETY: src holds the message (len bytes), kept unmodified until the peer
@@ -1154,7 +1155,7 @@ fn share_piece(
     // the receiver leaves alone until every piece is done, and this piece was taken
     // by this rank alone (the claim word).
     unsafe { copy::copy_stores(sh.dst.add(off), src.add(off), n, sh.stream) };
-    slot.piece_done();
+    slot.pieces_copied(1);
     #[cfg(test)]
     tests::SENDER_PIECES.with(|c| c.set(c.get() + 1));
     Ok(true)
@@ -1393,10 +1394,13 @@ fn pump_rx(
                 Some((slot, taken_all)) => {
                     let pieces = share_pieces(rx.len);
                     let mine = !*taken_all && receiver_takes_pieces();
-                    match mine.then(|| slot.take(slot.next_read(), pieces)).flatten() {
-                        Some(c) => {
+                    // As much as an unshared read takes per visit: the sender, when
+                    // it helps, takes single pieces meanwhile.
+                    let most = (DIRECT_PIECE / SHARE_PIECE) as u64;
+                    match mine.then(|| slot.take(slot.next_read(), pieces, most)).flatten() {
+                        Some((c, m)) => {
                             let off = c as usize * SHARE_PIECE;
-                            (off, SHARE_PIECE.min(rx.len - off))
+                            (off, (m as usize * SHARE_PIECE).min(rx.len - off))
                         }
                         None => {
                             *taken_all = mine;
@@ -1431,7 +1435,7 @@ fn pump_rx(
                     }
                 }
                 if let Some((slot, _)) = rx.share {
-                    slot.piece_done();
+                    slot.pieces_copied(k.div_ceil(SHARE_PIECE) as u64);
                 }
                 rx.read += k;
                 budget = budget.saturating_sub(k);
