@@ -45,7 +45,8 @@ const OFF_SHARE_DONE: usize = 768;
 const OFF_SHARE_DEST: usize = 896;
 /// Claim word while the receiver rewrites the destination.
 const SHARE_BUSY: u64 = u64::MAX;
-/// Peers' shared allocations a link keeps mapped at most (the oldest goes first).
+/// Peers' shared allocations a link keeps mapped at most, for reading and again for
+/// writing (the oldest goes first).
 const MAPS_MAX: usize = 64;
 
 /// Bytes of ring per peer for a communicator of `nranks` ranks: large enough to
@@ -577,10 +578,12 @@ pub struct ShmLink {
     check_pid: bool,
     /// The peer is a thread of this process: its addresses are ours.
     same_process: bool,
-    /// The peer's shared allocations mapped here, oldest first, and the peer's
-    /// free counter when they were checked last (see `mem::shared::Desc::epoch`).
-    maps: Vec<(u64, PeerMapping)>,
-    maps_epoch: u32,
+    /// The peer's shared allocations mapped here to read its direct messages, and
+    /// (writable) to copy parts of ours into its buffers. Two caches, so that
+    /// neither evicts or drops the mapping the other's current message uses: each
+    /// is consulted only when a message starts, one message at a time per link.
+    reads: Mappings,
+    writes: Mappings,
     /// Set when the peer's buffers could not be mapped writable: no split copies
     /// into them from then on.
     no_share_writes: bool,
@@ -675,8 +678,8 @@ impl ShmLink {
             tx_tail,
             check_pid,
             same_process,
-            maps: Vec::new(),
-            maps_epoch: 0,
+            reads: Mappings::default(),
+            writes: Mappings::default(),
             no_share_writes: false,
             share_logged: false,
         }
@@ -802,7 +805,7 @@ impl Link for ShmLink {
             return Ok(Some(addr as usize as *const u8));
         }
         let Some(d) = shared else { return Ok(None) };
-        match self.peer_mapping(d, len, false)? {
+        match self.reads.get(self.peer, self.peer_seg.pid(), d, len, false)? {
             Ok(p) => Ok(Some(p as *const u8)),
             // Cross-memory attach, where it works, still reaches the bytes.
             Err(_) if self.rx.ctrl_word(OFF_CAN_READ).load(Ordering::Relaxed) == 1 => Ok(None),
@@ -846,7 +849,7 @@ impl Link for ShmLink {
             if self.no_share_writes {
                 return Ok(None);
             }
-            match self.peer_mapping(d, dest.len, true)? {
+            match self.writes.get(self.peer, self.peer_seg.pid(), d, dest.len, true)? {
                 Ok(p) => p,
                 Err(e) => {
                     // Copies into this peer's buffers stay with the peer from now on.
@@ -870,30 +873,46 @@ impl Link for ShmLink {
     }
 }
 
-impl ShmLink {
-    /// Where `len` bytes at `d` (a shared allocation of the peer) are mapped here,
-    /// writable when `write`: from the link's mappings, or mapped now. Err when `d`
-    /// does not hold them (a corrupt message: fatal); Ok(Err) when mapping failed.
-    fn peer_mapping(&mut self, d: &Desc, len: usize, write: bool) -> Result<std::result::Result<*mut u8, Error>> {
+/// A peer's shared allocations mapped here, oldest first, and the peer's free
+/// counter when they were checked last (see `mem::shared::Desc::epoch`).
+#[derive(Default)]
+struct Mappings {
+    maps: Vec<(u64, PeerMapping)>,
+    epoch: u32,
+}
+
+impl Mappings {
+    /// Where `len` bytes at `d` (a shared allocation of `peer`, process `pid`) are
+    /// mapped here, writable when `write`: from these mappings, or mapped now. Err
+    /// when `d` does not hold them (a corrupt message: fatal); Ok(Err) when mapping
+    /// failed.
+    fn get(
+        &mut self,
+        peer: usize,
+        pid: u32,
+        d: &Desc,
+        len: usize,
+        write: bool,
+    ) -> Result<std::result::Result<*mut u8, Error>> {
         if d.offset.checked_add(len as u64).map_or(true, |end| end > d.region_len) {
             return Err(Error::internal(format!(
-                "rank {} named {len} bytes at offset {} of a shared buffer of {} bytes",
-                self.peer, d.offset, d.region_len
+                "rank {peer} named {len} bytes at offset {} of a shared buffer of {} bytes",
+                d.offset, d.region_len
             )));
         }
-        if d.epoch != self.maps_epoch {
+        if d.epoch != self.epoch {
             // The peer freed shared buffers since we last looked: drop our mappings
             // (some may be of those), so their memory goes back to the system.
             self.maps.clear();
-            self.maps_epoch = d.epoch;
+            self.epoch = d.epoch;
         }
         let fits = |(s, m): &&(u64, PeerMapping)| {
-            *s == d.serial && m.mapped_bytes() == d.region_len as usize && (m.writable() || !write)
+            *s == d.serial && m.mapped_bytes() == d.region_len as usize && m.writable() == write
         };
         if let Some((_, m)) = self.maps.iter().find(fits) {
             return Ok(Ok(m.at(d.offset) as *mut u8));
         }
-        match PeerMapping::open(self.peer_seg.pid(), d, write) {
+        match PeerMapping::open(pid, d, write) {
             Ok(m) => {
                 if self.maps.len() >= MAPS_MAX {
                     self.maps.remove(0);
