@@ -76,7 +76,7 @@ pub const STREAM_MIN: Var = Var {
 pub const SPLIT_COPY: Var = Var {
     name: "FERROCCL_SPLIT_COPY",
     default: "1",
-    doc: "1: a single-copy message of 256 KiB and more whose destination the sender can write too (a buffer from fcclMemAllocHost, or any buffer of ranks that are threads of one process) is copied by the sender and the receiver together, in 64 KiB pieces that both take from a shared counter, so two cores share a copy that one did (broadcast, gather, scatter, send/recv); 0: the receiver copies alone",
+    doc: "1: a single-copy message of 256 KiB and more whose destination the sender can write too (a buffer from fcclMemAllocHost, or any buffer of ranks that are threads of one process) is copied by the sender and the receiver together, in 64 KiB pieces that both take from a shared counter, so two cores share a copy that one did (broadcast, gather, scatter, send/recv); and the blocks of an in-place all_to_all of 32 KiB and more are swapped between the two ranks' buffers by both ranks where each can write the other's (every byte read and written once); 0: the receiver copies alone, and in-place blocks go through the shared rings",
 };
 pub const TORCH_RANK: Var = Var { name: "RANK", default: "", doc: "torchrun's rank (fallback)" };
 pub const TORCH_WORLD_SIZE: Var = Var { name: "WORLD_SIZE", default: "", doc: "torchrun's world size (fallback)" };

@@ -112,6 +112,22 @@ pub trait Link: Send {
         let _ = dest;
         Ok(None)
     }
+    /// Whether `len` bytes of ours at `at` can be swapped in place with a buffer of
+    /// the peer's (an in-place all_to_all): the peer can map them writable, and
+    /// this side has not failed to map the peer's buffers writable. Both sides
+    /// say so in their swap offers; the pair swaps only when both do.
+    fn swap_capable(&self, at: *const u8, len: usize) -> bool {
+        let _ = (at, len);
+        false
+    }
+    /// Where this process writes the `len` bytes at `addr` of the peer (inside its
+    /// shared allocation `shared`, when the peer named one) that a swap exchanges
+    /// with ours. Only asked after both sides said they can (`swap_capable`), so a
+    /// failure is an error.
+    fn swap_target(&mut self, addr: u64, len: usize, shared: Option<&Desc>) -> Result<*mut u8> {
+        let _ = (addr, len, shared);
+        Err(crate::error::Error::internal("swap on a link that does not support it"))
+    }
 }
 
 /// What a rank saw before it last looked for work (see [`Transport::seen`]).

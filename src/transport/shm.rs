@@ -584,11 +584,17 @@ pub struct ShmLink {
     /// is consulted only when a message starts, one message at a time per link.
     reads: Mappings,
     writes: Mappings,
+    /// The peer's buffers mapped writable to swap blocks with ours (in-place
+    /// all_to_all, as the side that offers): a third cache, used by incoming
+    /// messages while the outgoing ones use `writes`.
+    swaps: Mappings,
     /// Set when the peer's buffers could not be mapped writable: no split copies
     /// into them from then on.
     no_share_writes: bool,
     /// Whether the first split copy to this peer has been logged.
     share_logged: bool,
+    /// Whether the first swap offered to this peer has been logged.
+    swap_logged: bool,
 }
 
 /// Reads `len` bytes at `addr` in process `pid` into `dst` (cross-memory attach), or
@@ -680,8 +686,10 @@ impl ShmLink {
             same_process,
             reads: Mappings::default(),
             writes: Mappings::default(),
+            swaps: Mappings::default(),
             no_share_writes: false,
             share_logged: false,
+            swap_logged: false,
         }
     }
 }
@@ -870,6 +878,44 @@ impl Link for ShmLink {
             ));
         }
         Ok(Some(p))
+    }
+
+    fn swap_capable(&self, at: *const u8, len: usize) -> bool {
+        if !crate::env::split_copy() || self.no_share_writes {
+            return false;
+        }
+        self.same_process || (self.peer_maps() && crate::mem::shared::lookup(at, len).is_some())
+    }
+
+    fn swap_target(&mut self, addr: u64, len: usize, shared: Option<&Desc>) -> Result<*mut u8> {
+        if !self.swap_logged {
+            self.swap_logged = true;
+            crate::log::info(format_args!(
+                "in-place swap: this rank and rank {} swap in-place all_to_all blocks between their buffers, this rank offering",
+                self.peer
+            ));
+        }
+        if self.same_process {
+            return Ok(addr as usize as *mut u8);
+        }
+        let Some(d) = shared else {
+            return Err(Error::internal(format!(
+                "rank {} offered to swap {len} bytes of a buffer it does not share",
+                self.peer
+            )));
+        };
+        match self.swaps.get(self.peer, self.peer_seg.pid(), d, len, true)? {
+            Ok(p) => Ok(p),
+            Err(e) => {
+                self.check_alive()?;
+                // Later calls exchange with this peer through the rings.
+                self.no_share_writes = true;
+                Err(Error::system(format!(
+                    "swapping {len} bytes in place with rank {}'s buffer failed: it cannot be mapped writable here ({}); set FERROCCL_SPLIT_COPY=0 to exchange in-place blocks through shared memory instead",
+                    self.peer, e.msg
+                )))
+            }
+        }
     }
 }
 

@@ -43,6 +43,14 @@ const EAGER_MAX: usize = 64 << 10;
 pub(super) const K_DIRECT: u8 = 5;
 /// The payload of a large fcclSend, sent by address as K_DIRECT is.
 pub(super) const K_P2P_DIRECT: u8 = 8;
+/// An in-place exchange of two blocks (in-place all_to_all): each side's offer to
+/// swap its block with the peer's, sent as a direct message whose descriptor names
+/// the block (address 0: this side cannot swap). When both can, the side that
+/// [`swap_offers`] publishes its block as for a split copy and both swap pieces
+/// (every byte read once and written once, on both cores); each reports the
+/// peer's offer read, the offerer only once every piece is swapped. Otherwise both
+/// run the steps that exchange the block through the rings instead.
+pub(super) const K_SWAP: u8 = 9;
 /// Bytes of a direct message's descriptor: the address in the sender, and where
 /// it lies in one of the sender's shared allocations (serial 0: none).
 const DESC: usize = 40;
@@ -275,6 +283,25 @@ pub enum Action<'a> {
         len: usize,
         what: P2pCall,
     },
+    /// The offer to swap `len` bytes at `at` with the peer's block (see [`K_SWAP`]).
+    /// `capable`: whether this side can swap, decided once when the run starts
+    /// and kept with both steps, so that what the offer says and what this side
+    /// then does cannot differ.
+    SwapSend {
+        peer: usize,
+        at: *mut u8,
+        len: usize,
+        capable: bool,
+    },
+    /// The peer's offer, then the swap; steps `fallback.0..fallback.1` exchange the
+    /// block through the rings instead, and are skipped when the pair swaps.
+    SwapRecv {
+        peer: usize,
+        at: *mut u8,
+        len: usize,
+        capable: bool,
+        fallback: (usize, usize),
+    },
     /// A local copy of `len` bytes, made in pieces between transfers so that both
     /// proceed together; `stream` writes with streaming stores (see `mem::copy`).
     Copy {
@@ -342,6 +369,20 @@ impl<'a> Schedule<'a> {
     pub fn p2p_recv(&mut self, peer: usize, dst: *mut u8, len: usize, what: P2pCall) -> usize {
         self.push(Action::P2pRecv { peer, dst, len, what }, &[])
     }
+    /// Exchanges `len` bytes at `at` with the peer's block of the same size in
+    /// place: swapped between the two buffers when both sides can map each
+    /// other's (see [`K_SWAP`]), else by the steps `fallback` adds (given the step
+    /// they must depend on), which are skipped when the pair swaps.
+    pub fn swap(&mut self, peer: usize, at: *mut u8, len: usize, fallback: impl FnOnce(&mut Self, usize)) {
+        self.push(Action::SwapSend { peer, at, len, capable: false }, &[]);
+        let rv = self.push(Action::SwapRecv { peer, at, len, capable: false, fallback: (0, 0) }, &[]);
+        let first = self.steps.len();
+        fallback(self, rv);
+        let end = self.steps.len();
+        if let Action::SwapRecv { fallback, .. } = &mut self.steps[rv].action {
+            *fallback = (first, end);
+        }
+    }
     pub fn is_empty(&self) -> bool {
         self.steps.is_empty()
     }
@@ -401,7 +442,7 @@ impl Tx {
         Tx { payload: DESC, step: Some(step), inline: desc, tee, ..Tx::data(kind, tag, src, len, None) }
     }
     fn is_direct(&self) -> bool {
-        matches!(self.kind, K_DIRECT | K_P2P_DIRECT)
+        matches!(self.kind, K_DIRECT | K_P2P_DIRECT | K_SWAP)
     }
 }
 
@@ -417,6 +458,28 @@ fn direct_desc(link: &dyn crate::transport::Link, src: *const u8, len: usize) ->
     if shared.is_none() && !link.peer_reads_directly() {
         return None;
     }
+    Some(encode_desc(src, shared))
+}
+
+/// Whether this rank can swap `len` bytes at `at` with the peer of `link` (see
+/// `Link::swap_capable`; tests make a rank refuse).
+fn swap_capable(link: &dyn crate::transport::Link, at: *const u8, len: usize) -> bool {
+    #[cfg(test)]
+    if tests::SWAP_REFUSED.with(|c| c.get()) {
+        return false;
+    }
+    link.swap_capable(at, len)
+}
+
+/// Whether this rank offers its block of a swap with `peer` (and swaps as the
+/// receiver), or helps the peer swap (as the sender): alternating with the pair's
+/// parity, so that every rank offers about half of its swaps.
+fn swap_offers(me: usize, peer: usize) -> bool {
+    (me > peer) == ((me + peer) % 2 == 1)
+}
+
+/// A descriptor naming `src`, in the shared allocation `shared` if any.
+fn encode_desc(src: *const u8, shared: Option<shared::Desc>) -> [u8; DESC] {
     let mut d = [0u8; DESC];
     d[0..8].copy_from_slice(&(src as usize as u64).to_le_bytes());
     if let Some(r) = shared {
@@ -426,7 +489,7 @@ fn direct_desc(link: &dyn crate::transport::Link, src: *const u8, len: usize) ->
         d[32..36].copy_from_slice(&r.fd.to_le_bytes());
         d[36..40].copy_from_slice(&r.epoch.to_le_bytes());
     }
-    Some(d)
+    d
 }
 
 /// Whether a message of `len` bytes at `src` would go by address to every peer.
@@ -500,6 +563,8 @@ struct Rx {
     direct: Option<DirectRx>,
     /// A direct message copied with its sender: the slot, and whether every piece has been taken.
     share: Option<(Share, bool)>,
+    /// A swap offer: this rank's block, which a swap exchanges with the peer's.
+    swap: Option<*mut u8>,
 }
 
 /// The pieces of a split copy of `len` bytes.
@@ -651,6 +716,13 @@ fn run_with(
     locals.clear();
     copies.clear();
     let mut step_err: Option<Error> = None;
+    for s in sched.steps.iter_mut() {
+        if let Action::SwapSend { peer, at, len, capable } | Action::SwapRecv { peer, at, len, capable, .. } =
+            &mut s.action
+        {
+            *capable = swap_capable(t.link(*peer), *at, *len);
+        }
+    }
     for (i, s) in sched.steps.iter().enumerate() {
         match &s.action {
             Action::Send { peer, len, .. } => {
@@ -662,7 +734,8 @@ fn run_with(
                 peers[*peer].run_bytes += len;
                 peers[*peer].p2p_sends += 1;
             }
-            Action::Recv { peer, .. } => peers[*peer].data_rq.push_back(i),
+            Action::Recv { peer, .. } | Action::SwapRecv { peer, .. } => peers[*peer].data_rq.push_back(i),
+            Action::SwapSend { peer, .. } => peers[*peer].send_q.push_back(i),
             Action::P2pRecv { peer, len, .. } => {
                 // Announce our count now: it reaches the sender while its data comes.
                 peers[*peer].p2p_rq.push_back(i);
@@ -969,6 +1042,11 @@ fn pump_tx(
             if let Some(m) = st.urgent.pop_front() {
                 st.cur_tx = Some(m);
             } else if let Some(&i) = st.send_q.front() {
+                if done[i] {
+                    // Exchanges through the rings that a swap made unnecessary.
+                    st.send_q.pop_front();
+                    continue;
+                }
                 if !ready(done, &sched.steps, i) {
                     break;
                 }
@@ -993,6 +1071,11 @@ fn pump_tx(
                             tx.tee = Some((dst, stream));
                         }
                         st.cur_tx = Some(tx)
+                    }
+                    Action::SwapSend { at, len, capable, .. } => {
+                        st.start_direct(t.link(p));
+                        let d = if capable { encode_desc(at, shared::lookup(at, len)) } else { [0; DESC] };
+                        st.cur_tx = Some(Tx::direct(K_SWAP, tag, at, len, i, d, None))
                     }
                     Action::P2pSend { src, len, .. } => {
                         st.cur_tx = Some(if p2p_eager(t.link(p), sched, src, len) {
@@ -1121,11 +1204,13 @@ fn share_piece(
     i: usize,
     seq: u64,
 ) -> Result<bool> {
-    let (src, len) = match sched.steps[i].action {
-        Action::Send { src, len, .. } | Action::P2pSend { src, len, .. } => (src, len),
+    let (src, len, swap) = match sched.steps[i].action {
+        Action::Send { src, len, .. } | Action::P2pSend { src, len, .. } => (src, len, false),
+        Action::SwapSend { at, len, .. } => (at as *const u8, len, true),
         _ => return Ok(false),
     };
-    if len < SHARE_MIN {
+    // Smaller messages are never offered (a swap is offered at any size).
+    if len < SHARE_MIN && !swap {
         return Ok(false);
     }
     let Some(slot) = link.share_slot() else { return Ok(false) };
@@ -1153,8 +1238,15 @@ fn share_piece(
     // SAFETY: src holds the message (len bytes), kept unmodified until the peer
     // reports the read; dst is the receiver's destination for it, mapped here, which
     // the receiver leaves alone until every piece is done, and this piece was taken
-    // by this rank alone (the claim word).
-    unsafe { copy::copy_stores(sh.dst.add(off), src.add(off), n, sh.stream) };
+    // by this rank alone (the claim word). A swap's source is our block, which
+    // nobody else touches until the peer reports every piece done either.
+    unsafe {
+        if swap {
+            copy::swap(sh.dst.add(off), src.add(off) as *mut u8, n)
+        } else {
+            copy::copy_stores(sh.dst.add(off), src.add(off), n, sh.stream)
+        }
+    };
     slot.pieces_copied(1);
     #[cfg(test)]
     tests::SENDER_PIECES.with(|c| c.set(c.get() + 1));
@@ -1256,14 +1348,24 @@ fn pump_rx(
             }
             let (kind, tag, len) = parse_header(&hdr.bytes);
             match kind {
-                K_DATA | K_DIRECT => {
+                K_DATA | K_DIRECT | K_SWAP => {
+                    // Exchanges through the rings that a swap made unnecessary.
+                    while st.data_rq.front().is_some_and(|&i| done[i]) {
+                        st.data_rq.pop_front();
+                    }
                     let Some(&i) = st.data_rq.front() else { break };
                     if !ready(done, &sched.steps, i) {
                         break;
                     }
-                    let Action::Recv { len: want, sink, .. } = sched.steps[i].action else { unreachable!() };
+                    // A swap offer where a message is due, or the other way round,
+                    // is a desynchronised stream, reported as such below.
+                    let (want, sink, swap) = match sched.steps[i].action {
+                        Action::Recv { len, sink, .. } => (len, sink, None),
+                        Action::SwapRecv { len, at, .. } => (len, Sink::Discard, Some(at)),
+                        _ => unreachable!("only receives are queued for data"),
+                    };
                     let want_tag = sched.steps[i].tag;
-                    if (want_tag != ANY_TAG && tag != want_tag) || len != want {
+                    if (want_tag != ANY_TAG && tag != want_tag) || len != want || (kind == K_SWAP) != swap.is_some() {
                         t.check_flags().map_err(|e| e.context((ctl.what)()))?;
                         return Err(Error::mismatch(format!(
                             "{}: rank {p} sent a message for its collective #{tag} of {len} bytes while rank {} expected collective #{want_tag} with {want} bytes: the ranks called different collectives, counts or types. The communicator is unusable now; destroy it (checkMode, on unless FERROCCL_CHECK=0, detects this before any data moves)",
@@ -1272,12 +1374,20 @@ fn pump_rx(
                     }
                     st.data_rq.pop_front();
                     hdr.got = 0;
-                    let direct = (kind == K_DIRECT).then(DirectRx::new);
-                    st.cur_rx = Some(Rx { step: Some(i), len, sink, read: 0, direct, share: None });
+                    let direct = (kind != K_DATA).then(DirectRx::new);
+                    st.cur_rx = Some(Rx { step: Some(i), len, sink, read: 0, direct, share: None, swap });
                 }
                 K_SKIP => {
                     hdr.got = 0;
-                    st.cur_rx = Some(Rx { step: None, len, sink: Sink::Discard, read: 0, direct: None, share: None });
+                    st.cur_rx = Some(Rx {
+                        step: None,
+                        len,
+                        sink: Sink::Discard,
+                        read: 0,
+                        direct: None,
+                        share: None,
+                        swap: None,
+                    });
                 }
                 K_P2P_HDR => {
                     let Some(&i) = st.p2p_rq.front() else { break };
@@ -1311,7 +1421,7 @@ fn pump_rx(
                         Sink::Discard
                     };
                     // The step is done once the payload that follows has been read.
-                    st.cur_rx = Some(Rx { step: Some(i), len, sink, read: 0, direct: None, share: None });
+                    st.cur_rx = Some(Rx { step: Some(i), len, sink, read: 0, direct: None, share: None, swap: None });
                 }
                 K_P2P_REPLY => {
                     if st.replies_read == st.p2p_sends {
@@ -1347,7 +1457,7 @@ fn pump_rx(
                     let stream = len >= crate::env::stream_min() && !overlaps_a_send(sched, dst, len);
                     let sink = if stream { Sink::Stream(dst) } else { Sink::Copy(dst) };
                     let direct = (kind == K_P2P_DIRECT).then(DirectRx::new);
-                    st.cur_rx = Some(Rx { step: Some(i), len, sink, read: 0, direct, share: None });
+                    st.cur_rx = Some(Rx { step: Some(i), len, sink, read: 0, direct, share: None, swap: None });
                 }
                 k => {
                     return Err(Error::internal(format!(
@@ -1370,6 +1480,38 @@ fn pump_rx(
                         break;
                     }
                     let (addr, region) = decode_desc(&d.desc);
+                    if let (Some(at), Some(i)) = (rx.swap, rx.step) {
+                        // A swap offer: swapped when both sides can (the peer's
+                        // address is 0 when it cannot); then the exchange through
+                        // the rings is skipped, on both sides alike.
+                        let Action::SwapRecv { capable, fallback: (a, b), .. } = sched.steps[i].action else {
+                            unreachable!("swap offers go to swap steps")
+                        };
+                        let both = addr != 0 && capable;
+                        if both {
+                            done[a..b].fill(true);
+                            *remaining -= b - a;
+                        }
+                        if both && swap_offers(t.rank, p) {
+                            let link = t.link(p);
+                            let target =
+                                link.swap_target(addr, rx.len, region.as_ref()).map_err(|e| e.context((ctl.what)()))?;
+                            let slot = link.share_offer(at, rx.len, false).ok_or_else(|| {
+                                Error::internal(format!("{}: a swap with rank {p} could not be offered", (ctl.what)()))
+                            })?;
+                            rx.share = Some((slot, false));
+                            d.src = Some(Source::Ptr(target));
+                            continue;
+                        }
+                        // The peer swaps (reporting our offer read once it has), or the
+                        // rings exchange: nothing more to read here.
+                        t.link(p).direct_read_done();
+                        done[i] = true;
+                        *remaining -= 1;
+                        st.cur_rx = None;
+                        progressed = true;
+                        continue;
+                    }
                     let src =
                         match link.direct_source(addr, rx.len, region.as_ref()).map_err(|e| e.context((ctl.what)()))? {
                             Some(ptr) => Source::Ptr(ptr),
@@ -1415,6 +1557,14 @@ fn pump_rx(
             };
             if k > 0 {
                 match (src, rx.sink) {
+                    (Source::Ptr(ptr), _) if rx.swap.is_some() => {
+                        let at = rx.swap.expect("checked");
+                        // SAFETY: our block and the peer's (mapped here writable) hold
+                        // rx.len bytes each, in different buffers; neither owner touches
+                        // them until every piece is swapped, and this piece was taken by
+                        // this rank alone (the claim word).
+                        unsafe { copy::swap(at.add(off), ptr.add(off) as *mut u8, k) };
+                    }
                     (Source::Ptr(ptr), sink) => {
                         // SAFETY: the sender keeps its message (rx.len bytes at ptr, mapped
                         // here) valid and unmodified until we report the read done; the
@@ -1498,6 +1648,8 @@ mod tests {
         pub(super) static SENDER_PIECES: Cell<u64> = const { Cell::new(0) };
         /// The receiver leaves every piece of a split copy to the sender.
         pub(super) static RECEIVER_IDLE: Cell<bool> = const { Cell::new(false) };
+        /// This thread's rank says it cannot swap (its offers carry address 0).
+        pub(super) static SWAP_REFUSED: Cell<bool> = const { Cell::new(false) };
     }
 
     /// One direct message of `len` bytes from rank 0 to rank 1 of a thread pair,
@@ -1556,6 +1708,87 @@ mod tests {
                 let (src, dst, pieces) = one_message(len, 0, false);
                 assert!(dst == src, "{len} bytes");
                 assert!(pieces <= share_pieces(len));
+            }
+        }
+    }
+
+    /// One in-place exchange of `len` bytes between the blocks of a thread pair
+    /// (`Schedule::swap`, with the exchange through the rings as the fallback).
+    /// Rank 1 offers (it leaves every piece to rank 0 when `idle`); rank `refuse`
+    /// says it cannot swap. Whether each rank ends with the other's block, and the
+    /// pieces rank 0 swapped.
+    fn one_swap(len: usize, idle: bool, refuse: Option<usize>) -> (bool, u64) {
+        assert!(swap_offers(1, 0) && !swap_offers(0, 1));
+        let ts = inproc::build(2).expect("links");
+        let pattern = |r: usize| -> Vec<u8> { (0..len).map(|i| (i * (3 + 4 * r) + i / 4099 + r) as u8).collect() };
+        let mut bufs = [pattern(0), pattern(1)];
+        let abort = AtomicBool::new(false);
+        let pieces = std::thread::scope(|s| {
+            let abort = &abort;
+            let ctl = move || RunCtl { timeout: Duration::from_secs(20), abort, what: &|| "test".to_string() };
+            let handles: Vec<_> = ts
+                .into_iter()
+                .zip(bufs.iter_mut())
+                .enumerate()
+                .map(|(r, (mut t, buf))| {
+                    s.spawn(move || {
+                        SENDER_PIECES.with(|c| c.set(0));
+                        RECEIVER_IDLE.with(|c| c.set(idle && r == 1));
+                        SWAP_REFUSED.with(|c| c.set(refuse == Some(r)));
+                        let (peer, at) = (1 - r, buf.as_mut_ptr());
+                        let mut sched = Schedule::new(1);
+                        sched.swap(peer, at, len, |s, offer| {
+                            for a in (0..len).step_by(64 << 10) {
+                                let m = (64 << 10).min(len - a);
+                                // SAFETY: inside the block.
+                                let p = unsafe { at.add(a) };
+                                let sent = s.send_staged(peer, p, m, &[offer]);
+                                s.recv(peer, m, Sink::Copy(p), &[sent]);
+                            }
+                        });
+                        assert!(run(&mut t, &mut sched, &ctl()).expect("swap").is_none());
+                        SENDER_PIECES.with(|c| c.get())
+                    })
+                })
+                .collect();
+            handles.into_iter().map(|h| h.join().expect("rank")).next().expect("rank 0")
+        });
+        (bufs[0] == pattern(1) && bufs[1] == pattern(0), pieces)
+    }
+
+    /// Both ranks swap pieces of the pair of blocks: exact whoever swapped what,
+    /// over and over, the last piece short included.
+    #[test]
+    fn swaps_exchange_blocks_exactly() {
+        for len in [SHARE_MIN, 5 * SHARE_PIECE + 12_344, 16 << 20] {
+            for _ in 0..3 {
+                let (exact, pieces) = one_swap(len, false, None);
+                assert!(exact, "{len} bytes");
+                assert!(pieces <= share_pieces(len));
+            }
+        }
+    }
+
+    /// An offerer that leaves every piece to its peer still ends with the peer's
+    /// block: the peer swapped them all, into both buffers.
+    #[test]
+    fn the_helper_can_swap_every_piece() {
+        for len in [SHARE_MIN, 3 * SHARE_PIECE + 8] {
+            let (exact, pieces) = one_swap(len, true, None);
+            assert!(exact, "{len} bytes");
+            assert_eq!(pieces, share_pieces(len), "{len} bytes: rank 0 swapped every piece");
+        }
+    }
+
+    /// When either rank cannot swap, both exchange through the rings instead (the
+    /// offerer's idleness, which would stall a swap, does not matter then).
+    #[test]
+    fn a_rank_that_cannot_swap_makes_both_exchange_through_the_rings() {
+        for refuse in [0, 1] {
+            for len in [SHARE_MIN, 3 << 20] {
+                let (exact, pieces) = one_swap(len, true, Some(refuse));
+                assert!(exact, "{len} bytes, rank {refuse} refusing");
+                assert_eq!(pieces, 0, "no swap");
             }
         }
     }
