@@ -150,6 +150,20 @@ fn messages_larger_than_the_rings_are_right() {
     }
 }
 
+/// Over TCP (`FERROCCL_TRANSPORT=tcp`: no shared memory, no read reports), every
+/// collective is right, in-place all_to_all blocks large enough to be swapped
+/// between mapped buffers included (their swap offers are done once written there,
+/// and both ranks exchange through the link).
+#[test]
+fn every_collective_is_right_over_tcp() {
+    let o = bench(
+        &["--nranks", "2", "all", "-b", "8", "-e", "1M", "-f", "32", "-n", "2", "-w", "1"],
+        &[("FERROCCL_TRANSPORT", "tcp")],
+    );
+    // 8, 256, 8K, 256K
+    assert_all_right(&o, &NCCL_SET, 4);
+}
+
 /// The bulletin board serves calls up to 64 KiB per rank; sizes around that limit
 /// run on the board or on the links, and both must be right, for narrow types too.
 #[test]

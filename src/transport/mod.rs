@@ -82,6 +82,12 @@ pub trait Link: Send {
     }
     /// Tells the peer that one more of its direct messages has been read.
     fn direct_read_done(&self) {}
+    /// Whether the link carries the peer's read reports ([`Link::direct_read_done`]),
+    /// so that a message may wait for its read: shared memory does, TCP does not
+    /// (it never sends by address, and its swap offers are done once written).
+    fn counts_reads(&self) -> bool {
+        false
+    }
     /// True when the peer can map this rank's shared allocations (`mem::shared`),
     /// so a large message out of one may be sent by its place in it.
     fn peer_maps(&self) -> bool {

@@ -799,6 +799,10 @@ impl Link for ShmLink {
         })
     }
 
+    fn counts_reads(&self) -> bool {
+        true
+    }
+
     fn direct_read_done(&self) {
         self.rx.ctrl_word(OFF_READS_DONE).fetch_add(1, Ordering::AcqRel);
         self.peer_seg.ring();

@@ -415,11 +415,26 @@ struct Tx {
     tee: Option<(*mut u8, bool)>,
     /// Bytes of a direct message copied to `tee` so far (after the descriptor went).
     tee_done: usize,
+    /// A direct message: done once the peer reports it read (else once written: a
+    /// swap offer on a link without read reports, which can never lead to a swap).
+    awaits_read: bool,
 }
 
 impl Tx {
     fn data(kind: u8, tag: u32, src: *const u8, len: usize, step: Option<usize>) -> Tx {
-        Tx { kind, tag, announce: len, src, payload: len, step, written: 0, inline: [0; DESC], tee: None, tee_done: 0 }
+        Tx {
+            kind,
+            tag,
+            announce: len,
+            src,
+            payload: len,
+            step,
+            written: 0,
+            inline: [0; DESC],
+            tee: None,
+            tee_done: 0,
+            awaits_read: false,
+        }
     }
     fn control(kind: u8, tag: u32, announce: usize) -> Tx {
         Tx { announce, payload: 0, ..Tx::data(kind, tag, std::ptr::null(), 0, None) }
@@ -439,7 +454,14 @@ impl Tx {
         desc: [u8; DESC],
         tee: Option<(*mut u8, bool)>,
     ) -> Tx {
-        Tx { payload: DESC, step: Some(step), inline: desc, tee, ..Tx::data(kind, tag, src, len, None) }
+        Tx {
+            payload: DESC,
+            step: Some(step),
+            inline: desc,
+            tee,
+            awaits_read: true,
+            ..Tx::data(kind, tag, src, len, None)
+        }
     }
     fn is_direct(&self) -> bool {
         matches!(self.kind, K_DIRECT | K_P2P_DIRECT | K_SWAP)
@@ -1075,7 +1097,9 @@ fn pump_tx(
                     Action::SwapSend { at, len, capable, .. } => {
                         st.start_direct(t.link(p));
                         let d = if capable { encode_desc(at, shared::lookup(at, len)) } else { [0; DESC] };
-                        st.cur_tx = Some(Tx::direct(K_SWAP, tag, at, len, i, d, None))
+                        let mut tx = Tx::direct(K_SWAP, tag, at, len, i, d, None);
+                        tx.awaits_read = t.link(p).counts_reads();
+                        st.cur_tx = Some(tx)
                     }
                     Action::P2pSend { src, len, .. } => {
                         st.cur_tx = Some(if p2p_eager(t.link(p), sched, src, len) {
@@ -1181,7 +1205,7 @@ fn pump_tx(
                 break;
             }
         }
-        if tx.is_direct() {
+        if tx.awaits_read {
             // Done once the peer has read it from our buffer.
             st.direct_sent += 1;
             st.direct_wait.push_back((tx.step.expect("direct messages belong to steps"), st.direct_sent));
