@@ -150,6 +150,44 @@ fn messages_larger_than_the_rings_are_right() {
     }
 }
 
+/// 2-rank all_reduce from 256 KiB reduces in place between the two processes'
+/// mapped buffers (in place), or takes the pipelined path (out of place, and every
+/// call with `FERROCCL_SPLIT_COPY=0`): right for every kind of type and operator,
+/// the average of narrow floats (which keeps the pipelined path) included.
+#[test]
+fn two_rank_all_reduce_in_place_is_right_for_every_type_and_op() {
+    for (d, op) in
+        [("half", "sum"), ("bfloat16", "prod"), ("f8e4m3", "avg"), ("int8", "max"), ("double", "avg"), ("int32", "min")]
+    {
+        for split in ["1", "0"] {
+            let o = bench(
+                &[
+                    "--nranks",
+                    "2",
+                    "all_reduce",
+                    "-b",
+                    "256K",
+                    "-e",
+                    "3M",
+                    "-f",
+                    "12",
+                    "-n",
+                    "2",
+                    "-w",
+                    "1",
+                    "-d",
+                    d,
+                    "-o",
+                    op,
+                ],
+                &[("FERROCCL_SPLIT_COPY", split)],
+            );
+            // 256K, 3M
+            assert_all_right(&o, &["all_reduce"], 2);
+        }
+    }
+}
+
 /// Over TCP (`FERROCCL_TRANSPORT=tcp`: no shared memory, no read reports), every
 /// collective is right, in-place all_to_all blocks large enough to be swapped
 /// between mapped buffers included (their swap offers are done once written there,

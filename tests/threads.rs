@@ -328,3 +328,58 @@ fn send_recv_counts_across_the_eager_limit() {
     }
     destroy(comms);
 }
+
+/// 2-rank all_reduce large enough to reduce in place between the two buffers
+/// (thread ranks map each other's): right with both ranks in place, and with
+/// one in place and the other not (which then both take the pipelined path),
+/// for a float sum, an integer max and an average.
+#[test]
+fn two_rank_all_reduce_is_right_in_place_and_mixed() {
+    let comms = init_all(2);
+    let count = (1usize << 20) + 3;
+    for (in_place, dt, op) in [
+        ([true, true], fcclFloat32, fcclSum),
+        ([true, false], fcclFloat32, fcclSum),
+        ([false, true], fcclInt32, fcclMax),
+        ([true, true], fcclInt32, fcclMax),
+        ([true, true], fcclFloat64, fcclAvg),
+    ] {
+        let es = if dt == fcclFloat64 { 8 } else { 4 };
+        let value = |r: usize, i: usize| ((i % 1013) * (r + 2) + r) as i64;
+        let fill = |r: usize| -> Vec<u8> {
+            (0..count)
+                .flat_map(|i| {
+                    let v = value(r, i);
+                    match dt {
+                        x if x == fcclFloat32 => (v as f32).to_le_bytes().to_vec(),
+                        x if x == fcclFloat64 => (v as f64).to_le_bytes().to_vec(),
+                        _ => (v as i32).to_le_bytes().to_vec(),
+                    }
+                })
+                .collect()
+        };
+        let mut send: Vec<Vec<u8>> = (0..2).map(fill).collect();
+        let mut recv: Vec<Vec<u8>> = vec![vec![0u8; count * es]; 2];
+        ck(fcclGroupStart());
+        for r in 0..2 {
+            let s = send[r].as_mut_ptr();
+            let d = if in_place[r] { s } else { recv[r].as_mut_ptr() };
+            ck(unsafe { fcclAllReduce(s as _, d as _, count, dt, op, comms[r], null_mut()) });
+        }
+        ck(fcclGroupEnd());
+        for r in 0..2 {
+            let out = if in_place[r] { &send[r] } else { &recv[r] };
+            for i in [0, 1, 4095, count / 2, count - 1] {
+                let (a, b) = (value(0, i), value(1, i));
+                let got = &out[i * es..(i + 1) * es];
+                let ok = match dt {
+                    x if x == fcclFloat32 => f32::from_le_bytes(got.try_into().unwrap()) == (a + b) as f32,
+                    x if x == fcclFloat64 => f64::from_le_bytes(got.try_into().unwrap()) == (a + b) as f64 / 2.0,
+                    _ => i32::from_le_bytes(got.try_into().unwrap()) as i64 == a.max(b),
+                };
+                assert!(ok, "in place {in_place:?}, type {dt}, op {op}: rank {r} element {i} is {got:?}");
+            }
+        }
+    }
+    destroy(comms);
+}

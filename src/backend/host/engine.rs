@@ -254,6 +254,41 @@ pub enum Via {
     Tee { dst: *mut u8, stream: bool },
 }
 
+/// What a pair of ranks does to a pair of equal blocks, one in each rank's buffer,
+/// piece by piece (see [`K_SWAP`]).
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub enum Exchange {
+    /// Each block takes the other's contents (in-place all_to_all).
+    Swap,
+    /// Both blocks take the reduction of the two, rank 0's block the first operand
+    /// (in-place all_reduce of 2 ranks).
+    Reduce { dtype: DataType, op: RedOp },
+}
+
+impl Exchange {
+    /// Applies the exchange to `n` bytes at `own` (this rank's, `me`) and at `other`
+    /// (rank `peer`'s), read and written once each.
+    ///
+    /// # Safety
+    /// Both ranges hold `n` bytes (whole elements), do not overlap, and nobody else
+    /// touches them meanwhile.
+    unsafe fn apply(self, me: usize, peer: usize, own: *mut u8, other: *mut u8, n: usize) {
+        match self {
+            // SAFETY: the caller's contract.
+            Exchange::Swap => unsafe { copy::swap(own, other, n) },
+            Exchange::Reduce { dtype, op } => {
+                let (x0, x1) = if me < peer { (own, other) } else { (other, own) };
+                // SAFETY: the caller's contract; the two slices are disjoint.
+                let (a, b) = unsafe { (std::slice::from_raw_parts_mut(x0, n), std::slice::from_raw_parts(x1, n)) };
+                reduce::reduce_inplace(dtype, op, a, b);
+                reduce::finish_inplace(dtype, op, 2, a);
+                // SAFETY: as above; the result is still in cache.
+                unsafe { copy::copy(x1, x0, n) };
+            }
+        }
+    }
+}
+
 pub enum Action<'a> {
     /// A collective message of `len` bytes from `src`.
     Send {
@@ -291,6 +326,7 @@ pub enum Action<'a> {
         peer: usize,
         at: *mut u8,
         len: usize,
+        how: Exchange,
         capable: bool,
     },
     /// The peer's offer, then the swap; steps `fallback.0..fallback.1` exchange the
@@ -299,6 +335,7 @@ pub enum Action<'a> {
         peer: usize,
         at: *mut u8,
         len: usize,
+        how: Exchange,
         capable: bool,
         fallback: (usize, usize),
     },
@@ -369,16 +406,31 @@ impl<'a> Schedule<'a> {
     pub fn p2p_recv(&mut self, peer: usize, dst: *mut u8, len: usize, what: P2pCall) -> usize {
         self.push(Action::P2pRecv { peer, dst, len, what }, &[])
     }
-    /// Exchanges `len` bytes at `at` with the peer's block of the same size in
-    /// place: swapped between the two buffers when both sides can map each
-    /// other's (see [`K_SWAP`]), else by the steps `fallback` adds (given the step
-    /// they must depend on), which are skipped when the pair swaps.
-    pub fn swap(&mut self, peer: usize, at: *mut u8, len: usize, fallback: impl FnOnce(&mut Self, usize)) {
-        self.push(Action::SwapSend { peer, at, len, capable: false }, &[]);
-        let rv = self.push(Action::SwapRecv { peer, at, len, capable: false, fallback: (0, 0) }, &[]);
+    /// Exchanges (`how`) `len` bytes at `at` with the peer's block of the same
+    /// size in place, between the two buffers, when both sides can map each
+    /// other's (see [`K_SWAP`]) and `allowed` holds on both; else by the steps
+    /// `fallback` adds, which then run after the offers and are skipped when the
+    /// pair exchanges in place.
+    pub fn swap(
+        &mut self,
+        peer: usize,
+        at: *mut u8,
+        len: usize,
+        how: Exchange,
+        allowed: bool,
+        fallback: impl FnOnce(&mut Self),
+    ) {
+        self.push(Action::SwapSend { peer, at, len, how, capable: allowed }, &[]);
+        let rv = self.push(Action::SwapRecv { peer, at, len, how, capable: allowed, fallback: (0, 0) }, &[]);
         let first = self.steps.len();
-        fallback(self, rv);
+        fallback(self);
         let end = self.steps.len();
+        // Every fallback step waits for the offers (the others wait for those).
+        for st in &mut self.steps[first..end] {
+            if st.deps.is_empty() {
+                st.deps.push(rv);
+            }
+        }
         if let Action::SwapRecv { fallback, .. } = &mut self.steps[rv].action {
             *fallback = (first, end);
         }
@@ -585,8 +637,8 @@ struct Rx {
     direct: Option<DirectRx>,
     /// A direct message copied with its sender: the slot, and whether every piece has been taken.
     share: Option<(Share, bool)>,
-    /// A swap offer: this rank's block, which a swap exchanges with the peer's.
-    swap: Option<*mut u8>,
+    /// A swap offer: this rank's block, which an exchange combines with the peer's.
+    swap: Option<(*mut u8, Exchange)>,
 }
 
 /// The pieces of a split copy of `len` bytes.
@@ -739,10 +791,10 @@ fn run_with(
     copies.clear();
     let mut step_err: Option<Error> = None;
     for s in sched.steps.iter_mut() {
-        if let Action::SwapSend { peer, at, len, capable } | Action::SwapRecv { peer, at, len, capable, .. } =
+        if let Action::SwapSend { peer, at, len, capable, .. } | Action::SwapRecv { peer, at, len, capable, .. } =
             &mut s.action
         {
-            *capable = swap_capable(t.link(*peer), *at, *len);
+            *capable = *capable && swap_capable(t.link(*peer), *at, *len);
         }
     }
     for (i, s) in sched.steps.iter().enumerate() {
@@ -778,7 +830,10 @@ fn run_with(
         let mut k = 0;
         while k < locals.len() {
             let i = locals[k];
-            if ready(done, &sched.steps, i) {
+            if done[i] {
+                // A fallback that an in-place exchange made unnecessary.
+                locals.swap_remove(k);
+            } else if ready(done, &sched.steps, i) {
                 if let Action::Local(f) = &mut sched.steps[i].action {
                     f()?;
                 }
@@ -810,6 +865,11 @@ fn run_with(
         let mut k = 0;
         while k < copies.len() {
             let (i, off) = copies[k];
+            if done[i] {
+                // A fallback that an in-place exchange made unnecessary.
+                copies.swap_remove(k);
+                continue;
+            }
             if !ready(done, &sched.steps, i) {
                 k += 1;
                 continue;
@@ -1045,7 +1105,7 @@ fn pump_tx(
                 *remaining -= 1;
             }
             progressed = true;
-        } else if help && share_piece(t.link(p), st, sched, first, want)? {
+        } else if help && share_piece(t.rank, t.link(p), st, sched, first, want)? {
             // A piece of the message the peer is reading, copied into its buffer.
             budget -= SHARE_PIECE.min(budget);
             progressed = true;
@@ -1222,6 +1282,7 @@ fn pump_tx(
 /// `link`) into the receiver's buffer, when the receiver offered a split copy and a
 /// piece is left; true when it did.
 fn share_piece(
+    me: usize,
     link: &mut dyn crate::transport::Link,
     st: &mut Peer,
     sched: &Schedule<'_>,
@@ -1229,12 +1290,12 @@ fn share_piece(
     seq: u64,
 ) -> Result<bool> {
     let (src, len, swap) = match sched.steps[i].action {
-        Action::Send { src, len, .. } | Action::P2pSend { src, len, .. } => (src, len, false),
-        Action::SwapSend { at, len, .. } => (at as *const u8, len, true),
+        Action::Send { src, len, .. } | Action::P2pSend { src, len, .. } => (src, len, None),
+        Action::SwapSend { at, len, how, .. } => (at as *const u8, len, Some(how)),
         _ => return Ok(false),
     };
     // Smaller messages are never offered (a swap is offered at any size).
-    if len < SHARE_MIN && !swap {
+    if len < SHARE_MIN && swap.is_none() {
         return Ok(false);
     }
     let Some(slot) = link.share_slot() else { return Ok(false) };
@@ -1265,8 +1326,8 @@ fn share_piece(
     // by this rank alone (the claim word). A swap's source is our block, which
     // nobody else touches until the peer reports every piece done either.
     unsafe {
-        if swap {
-            copy::swap(sh.dst.add(off), src.add(off) as *mut u8, n)
+        if let Some(how) = swap {
+            how.apply(me, link.peer(), src.add(off) as *mut u8, sh.dst.add(off), n)
         } else {
             copy::copy_stores(sh.dst.add(off), src.add(off), n, sh.stream)
         }
@@ -1385,7 +1446,7 @@ fn pump_rx(
                     // is a desynchronised stream, reported as such below.
                     let (want, sink, swap) = match sched.steps[i].action {
                         Action::Recv { len, sink, .. } => (len, sink, None),
-                        Action::SwapRecv { len, at, .. } => (len, Sink::Discard, Some(at)),
+                        Action::SwapRecv { len, at, how, .. } => (len, Sink::Discard, Some((at, how))),
                         _ => unreachable!("only receives are queued for data"),
                     };
                     let want_tag = sched.steps[i].tag;
@@ -1493,6 +1554,7 @@ fn pump_rx(
             progressed = true;
         }
         let rx = st.cur_rx.as_mut().expect("set above");
+        let me = t.rank;
         let link = t.link(p);
         if let Some(d) = rx.direct.as_mut() {
             let src = match d.src {
@@ -1504,7 +1566,7 @@ fn pump_rx(
                         break;
                     }
                     let (addr, region) = decode_desc(&d.desc);
-                    if let (Some(at), Some(i)) = (rx.swap, rx.step) {
+                    if let (Some((at, _)), Some(i)) = (rx.swap, rx.step) {
                         // A swap offer: swapped when both sides can (the peer's
                         // address is 0 when it cannot); then the exchange through
                         // the rings is skipped, on both sides alike.
@@ -1582,12 +1644,12 @@ fn pump_rx(
             if k > 0 {
                 match (src, rx.sink) {
                     (Source::Ptr(ptr), _) if rx.swap.is_some() => {
-                        let at = rx.swap.expect("checked");
+                        let (at, how) = rx.swap.expect("checked");
                         // SAFETY: our block and the peer's (mapped here writable) hold
                         // rx.len bytes each, in different buffers; neither owner touches
                         // them until every piece is swapped, and this piece was taken by
                         // this rank alone (the claim word).
-                        unsafe { copy::swap(at.add(off), ptr.add(off) as *mut u8, k) };
+                        unsafe { how.apply(me, p, at.add(off), ptr.add(off) as *mut u8, k) };
                     }
                     (Source::Ptr(ptr), sink) => {
                         // SAFETY: the sender keeps its message (rx.len bytes at ptr, mapped
@@ -1742,9 +1804,23 @@ mod tests {
     /// says it cannot swap. Whether each rank ends with the other's block, and the
     /// pieces rank 0 swapped.
     fn one_swap(len: usize, idle: bool, refuse: Option<usize>) -> (bool, u64) {
+        let pattern = |r: usize| -> Vec<u8> { (0..len).map(|i| (i * (3 + 4 * r) + i / 4099 + r) as u8).collect() };
+        let (bufs, pieces) = one_exchange(len, Exchange::Swap, idle, refuse, pattern);
+        (bufs[0] == pattern(1) && bufs[1] == pattern(0), pieces)
+    }
+
+    /// One in-place exchange `how` of `len` bytes between the blocks of a thread
+    /// pair, which start as `pattern(rank)`: both blocks after it, and the pieces
+    /// rank 0 took. As for [`one_swap`] otherwise.
+    fn one_exchange(
+        len: usize,
+        how: Exchange,
+        idle: bool,
+        refuse: Option<usize>,
+        pattern: impl Fn(usize) -> Vec<u8>,
+    ) -> ([Vec<u8>; 2], u64) {
         assert!(swap_offers(1, 0) && !swap_offers(0, 1));
         let ts = inproc::build(2).expect("links");
-        let pattern = |r: usize| -> Vec<u8> { (0..len).map(|i| (i * (3 + 4 * r) + i / 4099 + r) as u8).collect() };
         let mut bufs = [pattern(0), pattern(1)];
         let abort = AtomicBool::new(false);
         let pieces = std::thread::scope(|s| {
@@ -1761,12 +1837,12 @@ mod tests {
                         SWAP_REFUSED.with(|c| c.set(refuse == Some(r)));
                         let (peer, at) = (1 - r, buf.as_mut_ptr());
                         let mut sched = Schedule::new(1);
-                        sched.swap(peer, at, len, |s, offer| {
+                        sched.swap(peer, at, len, how, true, |s| {
                             for a in (0..len).step_by(64 << 10) {
                                 let m = (64 << 10).min(len - a);
                                 // SAFETY: inside the block.
                                 let p = unsafe { at.add(a) };
-                                let sent = s.send_staged(peer, p, m, &[offer]);
+                                let sent = s.send_staged(peer, p, m, &[]);
                                 s.recv(peer, m, Sink::Copy(p), &[sent]);
                             }
                         });
@@ -1777,7 +1853,41 @@ mod tests {
                 .collect();
             handles.into_iter().map(|h| h.join().expect("rank")).next().expect("rank 0")
         });
-        (bufs[0] == pattern(1) && bufs[1] == pattern(0), pieces)
+        (bufs, pieces)
+    }
+
+    /// A reducing exchange leaves the reduction in both blocks, whoever reduced
+    /// which piece, the helper alone included (int32 max, float32 sum, float64 avg).
+    #[test]
+    fn reducing_exchanges_leave_the_result_in_both_blocks() {
+        let ints = |r: usize, n: usize| -> Vec<i64> {
+            (0..n as i64).map(|i| (i * 7919 + r as i64 * 104_729) % 100_003 - 50_000).collect()
+        };
+        for (dtype, op, es) in
+            [(DataType::Int32, RedOp::Max, 4), (DataType::Float32, RedOp::Sum, 4), (DataType::Float64, RedOp::Avg, 8)]
+        {
+            for (len, idle) in [(SHARE_MIN + 8, false), (5 << 20, false), (3 * SHARE_PIECE + 16, true)] {
+                let n = len / es;
+                let bytes = |r: usize| -> Vec<u8> {
+                    ints(r, n)
+                        .into_iter()
+                        .flat_map(|v| match dtype {
+                            DataType::Int32 => (v as i32).to_le_bytes().to_vec(),
+                            DataType::Float32 => (v as f32 * 0.25).to_le_bytes().to_vec(),
+                            _ => (v as f64 * 0.5).to_le_bytes().to_vec(),
+                        })
+                        .collect()
+                };
+                let (bufs, pieces) = one_exchange(len, Exchange::Reduce { dtype, op }, idle, None, bytes);
+                let mut want = bytes(0);
+                reduce::reduce_inplace(dtype, op, &mut want, &bytes(1));
+                reduce::finish_inplace(dtype, op, 2, &mut want);
+                assert!(bufs[0] == want && bufs[1] == want, "{dtype} {op:?}, {len} bytes, idle offerer {idle}");
+                if idle {
+                    assert_eq!(pieces, share_pieces(len), "the helper reduced every piece");
+                }
+            }
+        }
     }
 
     /// Both ranks swap pieces of the pair of blocks: exact whoever swapped what,
