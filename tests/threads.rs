@@ -383,3 +383,40 @@ fn two_rank_all_reduce_is_right_in_place_and_mixed() {
     }
     destroy(comms);
 }
+
+/// all_to_all with one rank in place and the other not pairs up at every block
+/// size: a single piece against a whole block (16 KiB), offers then one piece (64
+/// KiB) or several (100 KB, 1.2 MB); and with both in place (swapped) or both out
+/// of place.
+#[test]
+fn all_to_all_with_one_rank_in_place_is_right() {
+    let comms = init_all(2);
+    for count in [4_000usize, 16_384, 25_000, 300_000] {
+        for in_place in [[true, false], [false, true], [true, true], [false, false]] {
+            let mut send: Vec<Vec<f32>> =
+                (0..2).map(|r| (0..2 * count).map(|i| (r * 10_000_000 + i) as f32).collect()).collect();
+            let mut recv: Vec<Vec<f32>> = vec![vec![0.0; 2 * count]; 2];
+            ck(fcclGroupStart());
+            for r in 0..2 {
+                let s = send[r].as_mut_ptr();
+                let d = if in_place[r] { s } else { recv[r].as_mut_ptr() };
+                ck(unsafe { fcclAlltoAll(s as _, d as _, count, fcclFloat32, comms[r], null_mut()) });
+            }
+            ck(fcclGroupEnd());
+            for r in 0..2 {
+                let out = if in_place[r] { &send[r] } else { &recv[r] };
+                for q in 0..2 {
+                    for i in [0, 1, count / 2, count - 1] {
+                        let want = (q * 10_000_000 + r * count + i) as f32;
+                        assert_eq!(
+                            out[q * count + i],
+                            want,
+                            "count {count}, {in_place:?}: rank {r} block {q} element {i}"
+                        );
+                    }
+                }
+            }
+        }
+    }
+    destroy(comms);
+}

@@ -24,12 +24,17 @@ const SEG_BYTES: usize = 256 << 10;
 /// that a piece and its header fit any ring (256 KiB at least), so both ranks of a
 /// pair can always write the piece that the other waits for.
 const INPLACE_PIECE: usize = 64 << 10;
-/// In-place all_to_all blocks at least this large are swapped between the two
-/// buffers where both ranks can map each other's (see `engine::K_SWAP`), as
-/// large messages go by address from this size on. Measured side by side against
-/// 256 KiB (2 ranks, 8 alternating runs; 4 ranks on 2 cores, 6): blocks of 32 KiB
-/// 1.02x at 2 ranks and 2.0x at 4, 64 KiB 1.9x, 128 KiB 3.6x at 2 ranks.
-const SWAP_MIN: usize = 32 << 10;
+/// all_to_all blocks at least this large exchange offers first, and are swapped
+/// between the two buffers where both ranks are in place and map each other's
+/// (see `engine::K_SWAP`). Measured side by side against 256 KiB (2 ranks, 8
+/// alternating runs; 4 ranks on 2 cores, 6): in place, blocks of 32 KiB 1.02x at 2
+/// ranks and 2.0x at 4, 64 KiB 1.9x, 128 KiB 3.6x at 2 ranks. Since ranks out of
+/// place now exchange offers too (a rank in place may face one out of place), 32
+/// KiB blocks cost out of place 0.88x at 4 ranks (4 runs): from 64 KiB on, 0.92-1.08x.
+const SWAP_MIN: usize = 64 << 10;
+// Blocks below SWAP_MIN must be one in-place piece, which pairs up with a whole
+// block of a rank out of place (see `build`).
+const _: () = assert!(SWAP_MIN <= INPLACE_PIECE);
 /// 2-rank all_reduce of at least this many bytes reduces in place between both
 /// ranks' buffers where it can (see `build`). Every such call, in place or not,
 /// first exchanges offers: at 128 KiB that measured 2.8x in place but 0.79x out of
@@ -127,11 +132,19 @@ pub fn build(
             // out of place (which says so in its offer).
             let mut res = Ok(());
             let how = Exchange::Reduce { dtype: co.dtype, op: co.op };
-            s.swap(1 - rank, recv, bytes, how, send == recv, |s| {
-                let chunks = |o: usize| part(co.count, n, o);
-                let results = Results { dest: Dest::All, stream, by_address: recv_by_address };
-                res = reduce_phase(s, co, rank, n, scratch, &chunks, &|o| chunks(o).0, results);
-            });
+            s.swap(
+                1 - rank,
+                recv,
+                bytes,
+                how,
+                send == recv,
+                |_| {},
+                |s| {
+                    let chunks = |o: usize| part(co.count, n, o);
+                    let results = Results { dest: Dest::All, stream, by_address: recv_by_address };
+                    res = reduce_phase(s, co, rank, n, scratch, &chunks, &|o| chunks(o).0, results);
+                },
+            );
             res
         }
         CollKind::AllReduce => {
@@ -209,45 +222,45 @@ pub fn build(
             }
             Ok(())
         }
-        CollKind::AlltoAll if send == recv => {
-            // In place, block p goes to rank p and is replaced by p's block for us.
-            // Large blocks are swapped between the two buffers where both ranks map
-            // each other's, both ranks taking pieces. Otherwise, and as the
-            // fallback, block p goes to rank p and is then overwritten by what p
-            // sends back, piece by piece: receiving a piece waits until the same
-            // piece has been written to p's stream (never sent by address), and p
-            // does the same, so neither waits for the other's reads and no copy of
-            // the input is needed.
+        CollKind::AlltoAll => {
+            // Block p goes to rank p, and p's block for us lands in its place in
+            // recvbuff. Large blocks first exchange offers (engine::K_SWAP): when
+            // both ranks are in place and map each other's buffer, the pair swaps
+            // its blocks between the two buffers, both ranks taking pieces; when
+            // both are out of place, each block goes whole (by address where it
+            // can); otherwise (one in place, or no mapping) piece by piece through
+            // the rings. A rank in place must not lose a piece before sending it:
+            // receiving a piece waits until the same piece has been written to p's
+            // stream (never sent by address), and p does the same, so neither waits
+            // for the other's reads and no copy of the input is needed. Small blocks
+            // are one piece, which pairs up with a whole block.
+            let in_place = send == recv;
+            // SAFETY (offsets below): both buffers hold n*bytes (validated).
+            copy_local(s, unsafe { send.add(rank * bytes) }, unsafe { recv.add(rank * bytes) }, bytes, stream);
             for p in (0..n).filter(|&p| p != rank) {
-                // SAFETY (offsets): recvbuff holds n*bytes (validated).
-                let block = unsafe { recv.add(p * bytes) };
+                let (from, to) = unsafe { (send.add(p * bytes), recv.add(p * bytes)) };
+                let whole = |s: &mut Schedule<'_>| {
+                    s.send(p, from, bytes, &[]);
+                    s.recv(p, bytes, sink(to), &[]);
+                };
                 let staged = |s: &mut Schedule<'_>| {
                     let mut a = 0;
                     while a < bytes {
                         let m = INPLACE_PIECE.min(bytes - a);
-                        // SAFETY: inside block p.
-                        let at = unsafe { block.add(a) };
-                        let sent = s.send_staged(p, at, m, &[]);
-                        s.recv(p, m, sink(at), &[sent]);
+                        // SAFETY: inside block p of both buffers.
+                        let (f, t) = unsafe { (from.add(a), to.add(a)) };
+                        let sent = s.send_staged(p, f, m, &[]);
+                        s.recv(p, m, sink(t), &[sent]);
                         a += m;
                     }
                 };
                 if bytes >= SWAP_MIN {
-                    s.swap(p, block, bytes, Exchange::Swap, true, staged);
-                } else {
+                    s.swap(p, to, bytes, Exchange::Swap, in_place, whole, staged);
+                } else if in_place {
                     staged(s);
+                } else {
+                    whole(s);
                 }
-            }
-            Ok(())
-        }
-        CollKind::AlltoAll => {
-            // SAFETY (offsets below): both buffers hold n*bytes (validated).
-            copy_local(s, unsafe { send.add(rank * bytes) }, unsafe { recv.add(rank * bytes) }, bytes, stream);
-            for p in (0..n).filter(|&p| p != rank) {
-                s.send(p, unsafe { send.add(p * bytes) }, bytes, &[]);
-            }
-            for p in (0..n).filter(|&p| p != rank) {
-                s.recv(p, bytes, sink(unsafe { recv.add(p * bytes) }), &[]);
             }
             Ok(())
         }

@@ -319,24 +319,29 @@ pub enum Action<'a> {
         what: P2pCall,
     },
     /// The offer to swap `len` bytes at `at` with the peer's block (see [`K_SWAP`]).
-    /// `capable`: whether this side can swap, decided once when the run starts
-    /// and kept with both steps, so that what the offer says and what this side
-    /// then does cannot differ.
+    /// `in_place`: whether this rank's call is in place; `capable`: whether this
+    /// side can exchange in place, decided once when the run starts and kept with
+    /// both steps, so that what the offer says and what this side then does cannot
+    /// differ.
     SwapSend {
         peer: usize,
         at: *mut u8,
         len: usize,
         how: Exchange,
+        in_place: bool,
         capable: bool,
     },
-    /// The peer's offer, then the swap; steps `fallback.0..fallback.1` exchange the
-    /// block through the rings instead, and are skipped when the pair swaps.
+    /// The peer's offer, then the exchange in place; otherwise the steps
+    /// `apart.0..apart.1` when both ranks are out of place, else those of
+    /// `fallback` (see [`Schedule::swap`]). The steps not taken are skipped.
     SwapRecv {
         peer: usize,
         at: *mut u8,
         len: usize,
         how: Exchange,
+        in_place: bool,
         capable: bool,
+        apart: (usize, usize),
         fallback: (usize, usize),
     },
     /// A local copy of `len` bytes, made in pieces between transfers so that both
@@ -407,32 +412,46 @@ impl<'a> Schedule<'a> {
         self.push(Action::P2pRecv { peer, dst, len, what }, &[])
     }
     /// Exchanges (`how`) `len` bytes at `at` with the peer's block of the same
-    /// size in place, between the two buffers, when both sides can map each
-    /// other's (see [`K_SWAP`]) and `allowed` holds on both; else by the steps
-    /// `fallback` adds, which then run after the offers and are skipped when the
-    /// pair exchanges in place.
+    /// size in place, between the two buffers, when both ranks are `in_place` and
+    /// can map each other's (see [`K_SWAP`]). Otherwise, as the offers tell both
+    /// ranks alike: the steps `apart` adds when both are out of place (if it adds
+    /// any), else those `fallback` adds, which must pair up with the peer's
+    /// whatever its placement. Those steps run after the offers; the ones not
+    /// taken are skipped.
+    #[allow(clippy::too_many_arguments)]
     pub fn swap(
         &mut self,
         peer: usize,
         at: *mut u8,
         len: usize,
         how: Exchange,
-        allowed: bool,
+        in_place: bool,
+        apart: impl FnOnce(&mut Self),
         fallback: impl FnOnce(&mut Self),
     ) {
-        self.push(Action::SwapSend { peer, at, len, how, capable: allowed }, &[]);
-        let rv = self.push(Action::SwapRecv { peer, at, len, how, capable: allowed, fallback: (0, 0) }, &[]);
-        let first = self.steps.len();
-        fallback(self);
-        let end = self.steps.len();
-        // Every fallback step waits for the offers (the others wait for those).
-        for st in &mut self.steps[first..end] {
-            if st.deps.is_empty() {
-                st.deps.push(rv);
+        self.push(Action::SwapSend { peer, at, len, how, in_place, capable: in_place }, &[]);
+        let rv = self.push(
+            Action::SwapRecv { peer, at, len, how, in_place, capable: in_place, apart: (0, 0), fallback: (0, 0) },
+            &[],
+        );
+        let after_offers = |s: &mut Self, add: &mut dyn FnMut(&mut Self)| {
+            let first = s.steps.len();
+            add(s);
+            // Every such step waits for the offers (the others wait for those).
+            for st in &mut s.steps[first..] {
+                if st.deps.is_empty() {
+                    st.deps.push(rv);
+                }
             }
-        }
-        if let Action::SwapRecv { fallback, .. } = &mut self.steps[rv].action {
-            *fallback = (first, end);
+            (first, s.steps.len())
+        };
+        let mut apart = Some(apart);
+        let a = after_offers(self, &mut |s| (apart.take().expect("once"))(s));
+        let mut fallback = Some(fallback);
+        let f = after_offers(self, &mut |s| (fallback.take().expect("once"))(s));
+        if let Action::SwapRecv { apart, fallback, .. } = &mut self.steps[rv].action {
+            *apart = if a.0 == a.1 { f } else { a };
+            *fallback = f;
         }
     }
     pub fn is_empty(&self) -> bool {
@@ -1154,9 +1173,17 @@ fn pump_tx(
                         }
                         st.cur_tx = Some(tx)
                     }
-                    Action::SwapSend { at, len, capable, .. } => {
+                    Action::SwapSend { at, len, in_place, capable, .. } => {
                         st.start_direct(t.link(p));
-                        let d = if capable { encode_desc(at, shared::lookup(at, len)) } else { [0; DESC] };
+                        let d = if capable {
+                            encode_desc(at, shared::lookup(at, len))
+                        } else {
+                            // Address 0: no exchange in place; the next word says
+                            // whether this rank is in place.
+                            let mut d = [0; DESC];
+                            d[8] = u8::from(in_place);
+                            d
+                        };
                         let mut tx = Tx::direct(K_SWAP, tag, at, len, i, d, None);
                         tx.awaits_read = t.link(p).counts_reads();
                         st.cur_tx = Some(tx)
@@ -1567,14 +1594,25 @@ fn pump_rx(
                     }
                     let (addr, region) = decode_desc(&d.desc);
                     if let (Some((at, _)), Some(i)) = (rx.swap, rx.step) {
-                        // A swap offer: swapped when both sides can (the peer's
-                        // address is 0 when it cannot); then the exchange through
-                        // the rings is skipped, on both sides alike.
-                        let Action::SwapRecv { capable, fallback: (a, b), .. } = sched.steps[i].action else {
+                        // A swap offer: exchanged in place when both sides can (the
+                        // peer's address is 0 when it cannot); otherwise the steps
+                        // for both placements. Both sides decide alike.
+                        let Action::SwapRecv { in_place, capable, apart, fallback, .. } = sched.steps[i].action else {
                             unreachable!("swap offers go to swap steps")
                         };
+                        let peer_in_place = addr != 0 || d.desc[8] == 1;
                         let both = addr != 0 && capable;
-                        if both {
+                        let taken = if both {
+                            None
+                        } else if !in_place && !peer_in_place {
+                            Some(apart)
+                        } else {
+                            Some(fallback)
+                        };
+                        // The steps not taken are skipped (apart may be fallback itself).
+                        let ranges: &[(usize, usize)] =
+                            if apart == fallback { &[fallback] } else { &[apart, fallback] };
+                        for &(a, b) in ranges.iter().filter(|&&r| Some(r) != taken) {
                             done[a..b].fill(true);
                             *remaining -= b - a;
                         }
@@ -1837,15 +1875,23 @@ mod tests {
                         SWAP_REFUSED.with(|c| c.set(refuse == Some(r)));
                         let (peer, at) = (1 - r, buf.as_mut_ptr());
                         let mut sched = Schedule::new(1);
-                        sched.swap(peer, at, len, how, true, |s| {
-                            for a in (0..len).step_by(64 << 10) {
-                                let m = (64 << 10).min(len - a);
-                                // SAFETY: inside the block.
-                                let p = unsafe { at.add(a) };
-                                let sent = s.send_staged(peer, p, m, &[]);
-                                s.recv(peer, m, Sink::Copy(p), &[sent]);
-                            }
-                        });
+                        sched.swap(
+                            peer,
+                            at,
+                            len,
+                            how,
+                            true,
+                            |_| {},
+                            |s| {
+                                for a in (0..len).step_by(64 << 10) {
+                                    let m = (64 << 10).min(len - a);
+                                    // SAFETY: inside the block.
+                                    let p = unsafe { at.add(a) };
+                                    let sent = s.send_staged(peer, p, m, &[]);
+                                    s.recv(peer, m, Sink::Copy(p), &[sent]);
+                                }
+                            },
+                        );
                         assert!(run(&mut t, &mut sched, &ctl()).expect("swap").is_none());
                         SENDER_PIECES.with(|c| c.get())
                     })
