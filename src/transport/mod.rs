@@ -213,6 +213,13 @@ impl Transport {
         self
     }
 
+    /// Whether the link to `peer` reports reads (shared memory): where it does not
+    /// (TCP), nothing goes by address, so schedules need not offer exchanges in
+    /// place. The same on both ends of a link.
+    pub fn counts_reads(&self, peer: usize) -> bool {
+        self.links[peer].as_deref().is_some_and(|l| l.counts_reads())
+    }
+
     /// The link to `peer` (never self).
     pub fn link(&mut self, peer: usize) -> &mut dyn Link {
         self.links[peer].as_deref_mut().expect("no link to self")

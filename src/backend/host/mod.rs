@@ -103,7 +103,8 @@ pub fn execute(
         // Steps added from here on carry this call's sequence number.
         sched.tag = c.seq as u32;
         let by_address = recv_by_address(t, co);
-        algorithms::build(&mut sched, co, t.rank, t.nranks, &mut scratch, by_address)?;
+        let tr: &Transport = t;
+        algorithms::build(&mut sched, co, t.rank, t.nranks, &mut scratch, by_address, &|p| tr.counts_reads(p))?;
     }
     // Sends to self match receives from self in order.
     if self_sends.len() != self_recvs.len() {
