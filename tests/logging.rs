@@ -84,6 +84,32 @@ fn pinned_ranks_are_not_counted_as_oversubscribed() {
     }
 }
 
+/// Runs `ferroccl-bench` (3 ranks, `coll` at `size`, checked) at INFO with
+/// `FERROCCL_SPLIT_COPY=split`, asserts it succeeded, and returns the benchmark's
+/// row for `size_bytes` and the (log file, line) pairs that contain `needle`.
+fn logged_run(coll: &str, size: &str, size_bytes: &str, split: &str, needle: &str) -> (String, Vec<(String, String)>) {
+    let dir = std::env::temp_dir().join(format!("fccl-log-{coll}-{split}-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let out = Command::new(env!("CARGO_BIN_EXE_ferroccl-bench"))
+        .args(["--nranks", "3", coll, "-b", size, "-e", size, "-n", "10", "-w", "2", "-c", "2"])
+        .env("FERROCCL_DEBUG", "INFO")
+        .env("FERROCCL_SPLIT_COPY", split)
+        .env("FERROCCL_DEBUG_FILE", dir.join("log-%p.txt"))
+        .output()
+        .expect("ferroccl-bench runs");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let row = stdout.lines().find(|l| l.trim_start().starts_with(size_bytes)).expect("the row of the size").to_string();
+    let lines = logs(&dir)
+        .into_iter()
+        .flat_map(|(f, t)| {
+            t.lines().filter(|l| l.contains(needle)).map(|l| (f.clone(), l.to_string())).collect::<Vec<_>>()
+        })
+        .collect();
+    std::fs::remove_dir_all(&dir).unwrap();
+    (row, lines)
+}
+
 /// Split copies: a broadcast root copies parts of large messages into its peers'
 /// buffers (shared memory from fcclMemAllocHost), and says so once per peer at
 /// INFO; with FERROCCL_SPLIT_COPY=0 it does not, and both are right.
@@ -93,33 +119,17 @@ fn split_copies_are_logged_once_per_peer_and_can_be_turned_off() {
     // the same two cores it may never get to (seen), so these run one at a time.
     let _one = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
     for split in ["1", "0"] {
-        let dir = std::env::temp_dir().join(format!("fccl-log-split-{split}-{}", std::process::id()));
-        std::fs::create_dir_all(&dir).unwrap();
-        let out = Command::new(env!("CARGO_BIN_EXE_ferroccl-bench"))
-            .args(["--nranks", "3", "broadcast", "-b", "8M", "-e", "8M", "-n", "10", "-w", "2", "-c", "2"])
-            .env("FERROCCL_DEBUG", "INFO")
-            .env("FERROCCL_SPLIT_COPY", split)
-            .env("FERROCCL_DEBUG_FILE", dir.join("log-%p.txt"))
-            .output()
-            .expect("ferroccl-bench runs");
-        let stdout = String::from_utf8_lossy(&out.stdout);
-        assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
-        let row = stdout.lines().find(|l| l.trim_start().starts_with("8388608")).expect("the 8M row");
+        let (row, lines) = logged_run("broadcast", "8M", "8388608", split, "split copy");
         assert_eq!(row.split_whitespace().filter(|f| *f == "0").count(), 3, "root 0, nothing wrong: {row}");
-        let lines: Vec<String> = logs(&dir)
-            .iter()
-            .flat_map(|(_, t)| t.lines().filter(|l| l.contains("split copy")).map(String::from).collect::<Vec<_>>())
-            .collect();
         if split == "1" {
             // The root (whichever process it is) names each of its two peers once.
             assert_eq!(lines.len(), 2, "{lines:?}");
             for p in ["rank 1", "rank 2"] {
-                assert!(lines.iter().any(|l| l.contains(p)), "{p} in {lines:?}");
+                assert!(lines.iter().any(|(_, l)| l.contains(p)), "{p} in {lines:?}");
             }
         } else {
             assert!(lines.is_empty(), "{lines:?}");
         }
-        std::fs::remove_dir_all(&dir).unwrap();
     }
 }
 
@@ -131,29 +141,9 @@ fn split_copies_are_logged_once_per_peer_and_can_be_turned_off() {
 fn in_place_swaps_are_logged_once_per_pair_and_can_be_turned_off() {
     let _one = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
     for split in ["1", "0"] {
-        let dir = std::env::temp_dir().join(format!("fccl-log-swap-{split}-{}", std::process::id()));
-        std::fs::create_dir_all(&dir).unwrap();
-        let out = Command::new(env!("CARGO_BIN_EXE_ferroccl-bench"))
-            .args(["--nranks", "3", "all_to_all", "-b", "6M", "-e", "6M", "-n", "10", "-w", "2", "-c", "2"])
-            .env("FERROCCL_DEBUG", "INFO")
-            .env("FERROCCL_SPLIT_COPY", split)
-            .env("FERROCCL_DEBUG_FILE", dir.join("log-%p.txt"))
-            .output()
-            .expect("ferroccl-bench runs");
-        let stdout = String::from_utf8_lossy(&out.stdout);
-        assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
-        let row = stdout.lines().find(|l| l.trim_start().starts_with("6291456")).expect("the 6M row");
+        let (row, lines) = logged_run("all_to_all", "6M", "6291456", split, "in-place swap");
         // Root -1, then #wrong 0 out of place and in place.
         assert_eq!(row.split_whitespace().filter(|f| *f == "0").count(), 2, "nothing wrong: {row}");
-        let lines: Vec<(String, String)> = logs(&dir)
-            .iter()
-            .flat_map(|(f, t)| {
-                t.lines()
-                    .filter(|l| l.contains("in-place swap"))
-                    .map(|l| (f.clone(), l.to_string()))
-                    .collect::<Vec<_>>()
-            })
-            .collect();
         if split == "1" {
             assert_eq!(lines.len(), 3, "{lines:?}");
             let files: std::collections::BTreeSet<&String> = lines.iter().map(|(f, _)| f).collect();
@@ -161,6 +151,5 @@ fn in_place_swaps_are_logged_once_per_pair_and_can_be_turned_off() {
         } else {
             assert!(lines.is_empty(), "{lines:?}");
         }
-        std::fs::remove_dir_all(&dir).unwrap();
     }
 }
