@@ -43,13 +43,14 @@ const EAGER_MAX: usize = 64 << 10;
 pub(super) const K_DIRECT: u8 = 5;
 /// The payload of a large fcclSend, sent by address as K_DIRECT is.
 pub(super) const K_P2P_DIRECT: u8 = 8;
-/// An in-place exchange of two blocks (in-place all_to_all): each side's offer to
-/// swap its block with the peer's, sent as a direct message whose descriptor names
-/// the block (address 0: this side cannot swap). When both can, the side that
-/// [`swap_offers`] publishes its block as for a split copy and both swap pieces
+/// An exchange of two blocks in place ([`Exchange`]: in-place all_to_all, 2-rank
+/// in-place all_reduce): each side's offer, sent as a direct message whose
+/// descriptor names its block (address 0 when this side cannot exchange in place,
+/// the next word then saying whether it is in place). When both can, the side that
+/// [`swap_offers`] publishes its block as for a split copy and both take pieces
 /// (every byte read once and written once, on both cores); each reports the
-/// peer's offer read, the offerer only once every piece is swapped. Otherwise both
-/// run the steps that exchange the block through the rings instead.
+/// peer's offer read, the offerer only once every piece is done. Otherwise both run
+/// the steps the offers choose (see [`Schedule::swap`]).
 pub(super) const K_SWAP: u8 = 9;
 /// Bytes of a direct message's descriptor: the address in the sender, and where
 /// it lies in one of the sender's shared allocations (serial 0: none).
@@ -289,6 +290,22 @@ impl Exchange {
     }
 }
 
+/// One rank's side of an exchange in place: `how` on `len` bytes at `at` with the
+/// peer's block (see [`K_SWAP`]).
+#[derive(Clone, Copy)]
+pub struct Offer {
+    peer: usize,
+    at: *mut u8,
+    len: usize,
+    how: Exchange,
+    /// Whether this rank's call is in place.
+    in_place: bool,
+    /// Whether this side can exchange in place: decided once when the run starts
+    /// and kept with both steps, so that what the offer says and what this side
+    /// then does cannot differ.
+    capable: bool,
+}
+
 pub enum Action<'a> {
     /// A collective message of `len` bytes from `src`.
     Send {
@@ -318,29 +335,13 @@ pub enum Action<'a> {
         len: usize,
         what: P2pCall,
     },
-    /// The offer to swap `len` bytes at `at` with the peer's block (see [`K_SWAP`]).
-    /// `in_place`: whether this rank's call is in place; `capable`: whether this
-    /// side can exchange in place, decided once when the run starts and kept with
-    /// both steps, so that what the offer says and what this side then does cannot
-    /// differ.
-    SwapSend {
-        peer: usize,
-        at: *mut u8,
-        len: usize,
-        how: Exchange,
-        in_place: bool,
-        capable: bool,
-    },
+    /// This rank's offer (see [`K_SWAP`]).
+    SwapSend(Offer),
     /// The peer's offer, then the exchange in place; otherwise the steps
     /// `apart.0..apart.1` when both ranks are out of place, else those of
     /// `fallback` (see [`Schedule::swap`]). The steps not taken are skipped.
     SwapRecv {
-        peer: usize,
-        at: *mut u8,
-        len: usize,
-        how: Exchange,
-        in_place: bool,
-        capable: bool,
+        offer: Offer,
         apart: (usize, usize),
         fallback: (usize, usize),
     },
@@ -429,30 +430,27 @@ impl<'a> Schedule<'a> {
         apart: impl FnOnce(&mut Self),
         fallback: impl FnOnce(&mut Self),
     ) {
-        self.push(Action::SwapSend { peer, at, len, how, in_place, capable: in_place }, &[]);
-        let rv = self.push(
-            Action::SwapRecv { peer, at, len, how, in_place, capable: in_place, apart: (0, 0), fallback: (0, 0) },
-            &[],
-        );
-        let after_offers = |s: &mut Self, add: &mut dyn FnMut(&mut Self)| {
-            let first = s.steps.len();
-            add(s);
-            // Every such step waits for the offers (the others wait for those).
-            for st in &mut s.steps[first..] {
-                if st.deps.is_empty() {
-                    st.deps.push(rv);
-                }
-            }
-            (first, s.steps.len())
-        };
-        let mut apart = Some(apart);
-        let a = after_offers(self, &mut |s| (apart.take().expect("once"))(s));
-        let mut fallback = Some(fallback);
-        let f = after_offers(self, &mut |s| (fallback.take().expect("once"))(s));
+        let offer = Offer { peer, at, len, how, in_place, capable: in_place };
+        self.push(Action::SwapSend(offer), &[]);
+        let rv = self.push(Action::SwapRecv { offer, apart: (0, 0), fallback: (0, 0) }, &[]);
+        let a = self.after(rv, apart);
+        let f = self.after(rv, fallback);
         if let Action::SwapRecv { apart, fallback, .. } = &mut self.steps[rv].action {
             *apart = if a.0 == a.1 { f } else { a };
             *fallback = f;
         }
+    }
+    /// The steps `add` pushes, made to wait for step `first` where they wait for
+    /// nothing else (the others wait for those): their range.
+    fn after(&mut self, first: usize, add: impl FnOnce(&mut Self)) -> (usize, usize) {
+        let start = self.steps.len();
+        add(self);
+        for st in &mut self.steps[start..] {
+            if st.deps.is_empty() {
+                st.deps.push(first);
+            }
+        }
+        (start, self.steps.len())
     }
     pub fn is_empty(&self) -> bool {
         self.steps.is_empty()
@@ -810,10 +808,8 @@ fn run_with(
     copies.clear();
     let mut step_err: Option<Error> = None;
     for s in sched.steps.iter_mut() {
-        if let Action::SwapSend { peer, at, len, capable, .. } | Action::SwapRecv { peer, at, len, capable, .. } =
-            &mut s.action
-        {
-            *capable = *capable && swap_capable(t.link(*peer), *at, *len);
+        if let Action::SwapSend(o) | Action::SwapRecv { offer: o, .. } = &mut s.action {
+            o.capable = o.capable && swap_capable(t.link(o.peer), o.at, o.len);
         }
     }
     for (i, s) in sched.steps.iter().enumerate() {
@@ -827,8 +823,10 @@ fn run_with(
                 peers[*peer].run_bytes += len;
                 peers[*peer].p2p_sends += 1;
             }
-            Action::Recv { peer, .. } | Action::SwapRecv { peer, .. } => peers[*peer].data_rq.push_back(i),
-            Action::SwapSend { peer, .. } => peers[*peer].send_q.push_back(i),
+            Action::Recv { peer, .. } | Action::SwapRecv { offer: Offer { peer, .. }, .. } => {
+                peers[*peer].data_rq.push_back(i)
+            }
+            Action::SwapSend(o) => peers[o.peer].send_q.push_back(i),
             Action::P2pRecv { peer, len, .. } => {
                 // Announce our count now: it reaches the sender while its data comes.
                 peers[*peer].p2p_rq.push_back(i);
@@ -1173,7 +1171,7 @@ fn pump_tx(
                         }
                         st.cur_tx = Some(tx)
                     }
-                    Action::SwapSend { at, len, in_place, capable, .. } => {
+                    Action::SwapSend(Offer { at, len, in_place, capable, .. }) => {
                         st.start_direct(t.link(p));
                         let d = if capable {
                             encode_desc(at, shared::lookup(at, len))
@@ -1318,7 +1316,7 @@ fn share_piece(
 ) -> Result<bool> {
     let (src, len, swap) = match sched.steps[i].action {
         Action::Send { src, len, .. } | Action::P2pSend { src, len, .. } => (src, len, None),
-        Action::SwapSend { at, len, how, .. } => (at as *const u8, len, Some(how)),
+        Action::SwapSend(Offer { at, len, how, .. }) => (at as *const u8, len, Some(how)),
         _ => return Ok(false),
     };
     // Smaller messages are never offered (a swap is offered at any size).
@@ -1473,7 +1471,9 @@ fn pump_rx(
                     // is a desynchronised stream, reported as such below.
                     let (want, sink, swap) = match sched.steps[i].action {
                         Action::Recv { len, sink, .. } => (len, sink, None),
-                        Action::SwapRecv { len, at, how, .. } => (len, Sink::Discard, Some((at, how))),
+                        Action::SwapRecv { offer: Offer { len, at, how, .. }, .. } => {
+                            (len, Sink::Discard, Some((at, how)))
+                        }
                         _ => unreachable!("only receives are queued for data"),
                     };
                     let want_tag = sched.steps[i].tag;
@@ -1597,7 +1597,9 @@ fn pump_rx(
                         // A swap offer: exchanged in place when both sides can (the
                         // peer's address is 0 when it cannot); otherwise the steps
                         // for both placements. Both sides decide alike.
-                        let Action::SwapRecv { in_place, capable, apart, fallback, .. } = sched.steps[i].action else {
+                        let Action::SwapRecv { offer: Offer { in_place, capable, .. }, apart, fallback } =
+                            sched.steps[i].action
+                        else {
                             unreachable!("swap offers go to swap steps")
                         };
                         let peer_in_place = addr != 0 || d.desc[8] == 1;
