@@ -226,8 +226,9 @@ Differences from nccl-tests:
   In-place: all_reduce, broadcast, reduce use sendbuff == recvbuff; all_gather and
   gather sendbuff = recvbuff + rank*count; reduce_scatter and scatter recvbuff =
   sendbuff + rank*count; all_to_all, all_to_allv and send_recv run with sendbuff ==
-  recvbuff; all_to_all's in-place results are checked, all_to_allv's and send_recv's
-  are not (N/A), as in nccl-tests (neither NCCL nor MPI defines them in place).
+  recvbuff; all_to_all's and send_recv's in-place results are checked (ferroccl
+  defines both: a send's data leaves before the group's receives overwrite it),
+  all_to_allv's are not (N/A: neither NCCL nor MPI defines it in place).
   all_to_allv sends count*(1 - f/(2n)) elements from rank s to rank d, f = (s+1)(d+2)
   mod (n+1), at displacement d*count; size and bandwidth use the full count as
   nccl-tests' alltoallv does. send_recv: rank r sends to r+1 and receives from r-1

@@ -192,11 +192,12 @@ impl Collective {
         )
     }
 
-    /// Whether in-place results are checked. In-place all_to_allv and send_recv run
-    /// (sendbuff == recvbuff) but their results are not defined (neither NCCL nor MPI
-    /// has those in-place forms); ferroccl defines in-place all_to_all, so it is checked.
+    /// Whether in-place results are checked. In-place all_to_allv runs (sendbuff ==
+    /// recvbuff) but its result is not defined (neither NCCL nor MPI has that form);
+    /// ferroccl defines in-place all_to_all, and an fcclRecv into the buffer of an
+    /// fcclSend of the same group (the send's data leaves first), so both are checked.
     pub fn inplace_checked(self) -> bool {
-        !matches!(self, Collective::AlltoAllv | Collective::SendRecv)
+        !matches!(self, Collective::AlltoAllv)
     }
 
     /// Which placements exist: (out of place, in place). broadcast_coalesced has one

@@ -3,7 +3,13 @@
  * one peer (matched in order), all-pairs exchange in one group, blocking pairs outside a
  * group, mismatched counts (fcclCollectiveMismatch on both sides, comm still usable; also
  * inside an exchange, small and large, where the receiver's count crosses the sender's
- * data) and peers out of range (fcclInvalidArgument, nothing written). */
+ * data) and peers out of range (fcclInvalidArgument, nothing written).
+ * In place in a group: each rank's fcclRecv overlaps its own fcclSend (the same buffer,
+ * or the receive starting 1000 or count/2 elements below or above the send), float32
+ * counts {7, 5000, 20000, 300001, 12 MiB} both directions and int8/uint8 at 70000; and
+ * both directions at once on two buffers. The sends carry what their buffers held when
+ * the group ended (as if every send's data left before any receive wrote), the
+ * receives the peers' messages, and nothing else in the buffer is written. */
 #include "harness.h"
 
 #define MSG_STRIDE ((size_t)104729)
@@ -38,6 +44,85 @@ static void ring_case(fcclComm_t comm, int rank, int nranks, const fccl_pattern*
   PATTERN_CHECK(pat, send, count, fccl_rank_off(base, rank), w2);
   free(send);
   free(recv);
+}
+
+/* One ring step in place: one buffer of count + |shift| elements holding this rank's
+ * pattern from rank_off(base, rank); `count` elements at send_off go to rank+dir and
+ * `count` elements from rank-dir arrive at recv_off, shift = recv_off - send_off (the
+ * lower offset is 0), so the receive overlaps the send while |shift| < count.  Every
+ * rank uses the same offsets: the message received is the predecessor's pattern from
+ * rank_off(base, prev) + send_off, as its buffer held it when the group ended, and the
+ * rest of the buffer keeps this rank's own pattern. */
+static void inplace_ring_case(fcclComm_t comm, int rank, int nranks, const fccl_pattern* pat,
+                              size_t count, int dir, int recv_first, size_t base, long shift) {
+  int next = ((rank + dir) % nranks + nranks) % nranks;
+  int prev = ((rank - dir) % nranks + nranks) % nranks;
+  size_t ashift = shift < 0 ? (size_t)(-shift) : (size_t)shift;
+  size_t send_off = shift < 0 ? ashift : 0, recv_off = shift > 0 ? ashift : 0;
+  size_t esz = pat->esz, span = count + ashift, bytes = span * esz, end = recv_off + count;
+  size_t own = fccl_rank_off(base, rank);
+  unsigned char* buf = (unsigned char*)fccl_xmalloc(bytes + FCCL_SLACK);
+  char what[192], w2[512];
+  snprintf(what, sizeof what, "in-place ring %s count=%zu dir=%+d shift=%+ld%s",
+           fccl_dt_name(pat->dt), count, dir, shift, recv_first ? " (recv posted first)" : "");
+  fccl_phase("%s", what);
+  fccl_pattern_fill(pat, buf, span, own);
+  memset(buf + bytes, FCCL_SENT_RECV, FCCL_SLACK);
+  CHECK_OK(fcclGroupStart());
+  if (recv_first) CHECK_OK(fcclRecv(buf + recv_off * esz, count, pat->dt, prev, comm, NULL));
+  CHECK_OK(fcclSend(buf + send_off * esz, count, pat->dt, next, comm, NULL));
+  if (!recv_first) CHECK_OK(fcclRecv(buf + recv_off * esz, count, pat->dt, prev, comm, NULL));
+  if (CHECK_OK(fcclGroupEnd())) {
+    snprintf(w2, sizeof w2, "%s: message from rank %d (at element %zu)", what, prev, recv_off);
+    PATTERN_CHECK(pat, buf + recv_off * esz, count, fccl_rank_off(base, prev) + send_off, w2);
+  }
+  snprintf(w2, sizeof w2, "%s: elements before the received range were modified", what);
+  PATTERN_CHECK(pat, buf, recv_off, own, w2);
+  snprintf(w2, sizeof w2, "%s: elements from %zu (after the received range) were modified",
+           what, end);
+  PATTERN_CHECK(pat, buf + end * esz, span - end, own + end, w2);
+  snprintf(w2, sizeof w2, "%s: bytes after the buffer", what);
+  BYTES_CHECK(buf + bytes, FCCL_SLACK, FCCL_SENT_RECV, w2);
+  free(buf);
+}
+
+/* Both ring directions in place in one group, on two buffers: A goes to rank+1 and
+ * receives rank-1's A, B goes to rank-1 and receives rank+1's B.  At two ranks both
+ * messages go to the one peer, matched in posting order (A before B on every rank).
+ * sends_first posts both sends before both receives, else send/receive alternate. */
+static void inplace_both_ways_case(fcclComm_t comm, int rank, int nranks,
+                                   const fccl_pattern* pat, size_t count, int sends_first,
+                                   size_t base) {
+  int next = (rank + 1) % nranks, prev = (rank + nranks - 1) % nranks;
+  size_t esz = pat->esz, bytes = count * esz;
+  unsigned char* a = (unsigned char*)fccl_xmalloc(bytes + FCCL_SLACK);
+  unsigned char* b = (unsigned char*)fccl_xmalloc(bytes + FCCL_SLACK);
+  char what[192], w2[512];
+  snprintf(what, sizeof what, "in-place ring both ways %s count=%zu%s", fccl_dt_name(pat->dt),
+           count, sends_first ? " (sends posted first)" : "");
+  fccl_phase("%s", what);
+  fccl_pattern_fill(pat, a, count, fccl_rank_off(base, rank));
+  fccl_pattern_fill(pat, b, count, fccl_rank_off(base, rank) + MSG_STRIDE);
+  memset(a + bytes, FCCL_SENT_RECV, FCCL_SLACK);
+  memset(b + bytes, FCCL_SENT_RECV, FCCL_SLACK);
+  CHECK_OK(fcclGroupStart());
+  CHECK_OK(fcclSend(a, count, pat->dt, next, comm, NULL));
+  if (sends_first) CHECK_OK(fcclSend(b, count, pat->dt, prev, comm, NULL));
+  CHECK_OK(fcclRecv(a, count, pat->dt, prev, comm, NULL));
+  if (!sends_first) CHECK_OK(fcclSend(b, count, pat->dt, prev, comm, NULL));
+  CHECK_OK(fcclRecv(b, count, pat->dt, next, comm, NULL));
+  if (CHECK_OK(fcclGroupEnd())) {
+    snprintf(w2, sizeof w2, "%s: buffer A: message from rank %d", what, prev);
+    PATTERN_CHECK(pat, a, count, fccl_rank_off(base, prev), w2);
+    snprintf(w2, sizeof w2, "%s: buffer B: message from rank %d", what, next);
+    PATTERN_CHECK(pat, b, count, fccl_rank_off(base, next) + MSG_STRIDE, w2);
+  }
+  snprintf(w2, sizeof w2, "%s: bytes after buffer A", what);
+  BYTES_CHECK(a + bytes, FCCL_SLACK, FCCL_SENT_RECV, w2);
+  snprintf(w2, sizeof w2, "%s: bytes after buffer B", what);
+  BYTES_CHECK(b + bytes, FCCL_SLACK, FCCL_SENT_RECV, w2);
+  free(a);
+  free(b);
 }
 
 /* Each rank sends a distinct message to every rank (itself included) in one group. */
@@ -282,6 +367,31 @@ static int body(fcclComm_t comm, int rank, int nranks) {
     free(recv);
   }
   fccl_pattern_free(&pat);
+
+  /* In place in a group: the receive overlaps the send of the same group. */
+  {
+    static const size_t counts[] = {7, 5000, 20000, 300001, ((size_t)3 << 20) + 5};
+    static const long shifts[] = {-1000, 1000, -150000, 150000}; /* +-count/2 of 300001 */
+    int d;
+    fccl_pattern_init(&pat, fcclFloat32, FCCL_SCHEME_FULL);
+    for (c = 0; c < 5; c++)
+      for (d = 0; d < 2; d++)
+        inplace_ring_case(comm, rank, nranks, &pat, counts[c], d ? -1 : 1, (c + d) % 2,
+                          base += 907, 0);
+    for (c = 0; c < 4; c++)
+      inplace_ring_case(comm, rank, nranks, &pat, 300001, c % 2 ? -1 : 1, c / 2, base += 907,
+                        shifts[c]);
+    if (nranks >= 2)
+      for (c = 0; c < 5; c++)
+        inplace_both_ways_case(comm, rank, nranks, &pat, counts[c], c % 2, base += 907);
+    fccl_pattern_free(&pat);
+    fccl_pattern_init(&pat, fcclInt8, FCCL_SCHEME_FULL);
+    inplace_ring_case(comm, rank, nranks, &pat, 70000, 1, 0, base += 907, 0);
+    fccl_pattern_free(&pat);
+    fccl_pattern_init(&pat, fcclUint8, FCCL_SCHEME_FULL);
+    inplace_ring_case(comm, rank, nranks, &pat, 70000, -1, 1, base += 907, 0);
+    fccl_pattern_free(&pat);
+  }
 
   bad_peer_case(comm, nranks);
 

@@ -6,7 +6,11 @@
  * all_gather, gather and broadcast leave the board) and above them, at offsets inside
  * the allocation, in and out of place; buffers rewritten between calls (a peer must
  * see the new data), freed and allocated again (a peer must not read a stale
- * mapping), and mixed with malloc'd buffers (which go through the rings). */
+ * mapping), and mixed with malloc'd buffers (which go through the rings).
+ * Send/recv in place in a group on fcclMemAllocHost buffers (100 KB, 1 MB, 16 MiB; at
+ * two ranks also with the receive 4096 elements below the send): the receive gets the
+ * peer's message, the send carries what its buffer held when the group ended, and
+ * nothing else in the buffer is written. */
 #include "harness.h"
 
 #include <stdint.h>
@@ -220,6 +224,49 @@ static void round_of_calls(fcclComm_t comm, int rank, int nranks, size_t count, 
   bufs_put(&b);
 }
 
+/* A ring step in place in one group: one fcclMemAllocHost buffer of count + |shift|
+ * elements (`off` bytes into the allocation, FCCL_SLACK sentinel bytes after it) holding
+ * this rank's inputs of call k; `count` elements at send_off go to rank+1 and `count`
+ * from rank-1 arrive at recv_off = send_off + shift (the lower offset is 0).  The
+ * message is the predecessor's inputs from send_off as they were when the group ended;
+ * the rest of the buffer keeps this rank's own. */
+static void inplace_ring(fcclComm_t comm, int rank, int nranks, size_t count, long shift,
+                         size_t off, unsigned k) {
+  int to = (rank + 1) % nranks, from = (rank + nranks - 1) % nranks;
+  size_t ashift = shift < 0 ? (size_t)(-shift) : (size_t)shift;
+  size_t send_off = shift < 0 ? ashift : 0, recv_off = shift > 0 ? ashift : 0;
+  size_t span = count + ashift, end = recv_off + count;
+  void* alloc = NULL;
+  uint32_t* buf;
+  char what[192], w2[320];
+  src_ctx sc;
+  unsigned kk = k * 32;
+  snprintf(what, sizeof what, "in-place send/recv ring count=%zu shift=%+ld +%zu", count, shift,
+           off);
+  fccl_phase("%s", what);
+  if (!CHECK_OK(fcclMemAllocHost(&alloc, off + span * 4 + FCCL_SLACK))) return;
+  buf = (uint32_t*)((unsigned char*)alloc + off);
+  fill(buf, span, rank, 0, kk);
+  memset(buf + span, FCCL_SENT_RECV, FCCL_SLACK);
+  CHECK_OK(fcclGroupStart());
+  CHECK_OK(fcclSend(buf + send_off, count, fcclUint32, to, comm, NULL));
+  CHECK_OK(fcclRecv(buf + recv_off, count, fcclUint32, from, comm, NULL));
+  if (CHECK_OK(fcclGroupEnd())) {
+    sc.r = from, sc.k = kk, sc.first = send_off;
+    snprintf(w2, sizeof w2, "%s: message from rank %d", what, from);
+    expect(buf + recv_off, count, want_src, &sc, w2);
+  }
+  sc.r = rank, sc.k = kk, sc.first = 0;
+  snprintf(w2, sizeof w2, "%s: elements before the received range were modified", what);
+  expect(buf, recv_off, want_src, &sc, w2);
+  sc.first = end;
+  snprintf(w2, sizeof w2, "%s: elements after the received range were modified", what);
+  expect(buf + end, span - end, want_src, &sc, w2);
+  snprintf(w2, sizeof w2, "%s: bytes after the buffer", what);
+  BYTES_CHECK(buf + span, FCCL_SLACK, FCCL_SENT_RECV, w2);
+  CHECK_OK(fcclMemFree(alloc));
+}
+
 static int body(fcclComm_t comm, int rank, int nranks) {
   /* Bytes per rank: just below, at and above the single-copy thresholds, odd ones,
    * and several pieces of 256 KiB. */
@@ -243,6 +290,13 @@ static int body(fcclComm_t comm, int rank, int nranks) {
   round_of_calls(comm, rank, nranks, (1u << 20) / 4, 8, 0, 1, ++k, "malloc send, shared recv");
   round_of_calls(comm, rank, nranks, 40004 / 4, 8, 1, 0, ++k, "40004 B: shared send, malloc recv");
   round_of_calls(comm, rank, nranks, 40004 / 4, 8, 0, 1, ++k, "40004 B: malloc send, shared recv");
+  /* Send/recv in place: the receive overlaps the send of the same group. */
+  if (nranks > 1) {
+    inplace_ring(comm, rank, nranks, 100000 / 4, 0, 0, ++k);
+    inplace_ring(comm, rank, nranks, 1000000 / 4, 0, 4096 + 64, ++k);
+    inplace_ring(comm, rank, nranks, (16u << 20) / 4, 0, 0, ++k);
+    if (nranks == 2) inplace_ring(comm, rank, nranks, 1000000 / 4, -4096, 0, ++k);
+  }
   return fccl_failures();
 }
 

@@ -436,6 +436,14 @@ fcclResult_t fcclSend(const void *sendbuff,
 
 /**
  * Receives `count` elements from rank `peer` into `recvbuff`.
+ *
+ * In place, on host memory: inside one fcclGroupStart/End, `recvbuff` may overlap
+ * the `sendbuff` of fcclSend calls of the same group (a ring shift or an exchange
+ * in one buffer). Each send then sends what its buffer held when the group ran,
+ * and each receive writes only its own `count` elements: as if every send's data
+ * had left before any receive wrote. A send and a receive with the same peer over
+ * exactly the same bytes may swap the two ranks' buffers directly. (NCCL does not
+ * define this for device memory; nor does ferroccl there.)
  */
 fcclResult_t fcclRecv(void *recvbuff,
                       size_t count,

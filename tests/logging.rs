@@ -84,14 +84,21 @@ fn pinned_ranks_are_not_counted_as_oversubscribed() {
     }
 }
 
-/// Runs `ferroccl-bench` (3 ranks, `coll` at `size`, checked) at INFO with
+/// Runs `ferroccl-bench` (`nranks` ranks, `coll` at `size`, checked) at INFO with
 /// `FERROCCL_SPLIT_COPY=split`, asserts it succeeded, and returns the benchmark's
 /// row for `size_bytes` and the (log file, line) pairs that contain `needle`.
-fn logged_run(coll: &str, size: &str, size_bytes: &str, split: &str, needle: &str) -> (String, Vec<(String, String)>) {
+fn logged_run(
+    nranks: &str,
+    coll: &str,
+    size: &str,
+    size_bytes: &str,
+    split: &str,
+    needle: &str,
+) -> (String, Vec<(String, String)>) {
     let dir = std::env::temp_dir().join(format!("fccl-log-{coll}-{split}-{}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
     let out = Command::new(env!("CARGO_BIN_EXE_ferroccl-bench"))
-        .args(["--nranks", "3", coll, "-b", size, "-e", size, "-n", "10", "-w", "2", "-c", "2"])
+        .args(["--nranks", nranks, coll, "-b", size, "-e", size, "-n", "10", "-w", "2", "-c", "2"])
         .env("FERROCCL_DEBUG", "INFO")
         .env("FERROCCL_SPLIT_COPY", split)
         .env("FERROCCL_DEBUG_FILE", dir.join("log-%p.txt"))
@@ -119,7 +126,7 @@ fn split_copies_are_logged_once_per_peer_and_can_be_turned_off() {
     // the same two cores it may never get to (seen), so these run one at a time.
     let _one = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
     for split in ["1", "0"] {
-        let (row, lines) = logged_run("broadcast", "8M", "8388608", split, "split copy");
+        let (row, lines) = logged_run("3", "broadcast", "8M", "8388608", split, "split copy");
         assert_eq!(row.split_whitespace().filter(|f| *f == "0").count(), 3, "root 0, nothing wrong: {row}");
         if split == "1" {
             // The root (whichever process it is) names each of its two peers once.
@@ -141,7 +148,7 @@ fn split_copies_are_logged_once_per_peer_and_can_be_turned_off() {
 fn in_place_swaps_are_logged_once_per_pair_and_can_be_turned_off() {
     let _one = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
     for split in ["1", "0"] {
-        let (row, lines) = logged_run("all_to_all", "6M", "6291456", split, "in-place swap");
+        let (row, lines) = logged_run("3", "all_to_all", "6M", "6291456", split, "in-place swap");
         // Root -1, then #wrong 0 out of place and in place.
         assert_eq!(row.split_whitespace().filter(|f| *f == "0").count(), 2, "nothing wrong: {row}");
         if split == "1" {
@@ -151,5 +158,20 @@ fn in_place_swaps_are_logged_once_per_pair_and_can_be_turned_off() {
         } else {
             assert!(lines.is_empty(), "{lines:?}");
         }
+    }
+}
+
+/// An fcclSend and an fcclRecv with one peer over one buffer (the benchmark's
+/// send_recv in place at 2 ranks) swap the two ranks' buffers: the offering rank
+/// logs it once; without split copies the data goes through the rings, each
+/// receive writing only what its send has already sent. Both ways, right.
+#[test]
+fn in_place_send_recv_pairs_swap_and_can_be_turned_off() {
+    let _one = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
+    for split in ["1", "0"] {
+        let (row, lines) = logged_run("2", "send_recv", "6M", "6291456", split, "in-place swap");
+        // Root -1, then #wrong 0 out of place and in place.
+        assert_eq!(row.split_whitespace().filter(|f| *f == "0").count(), 2, "nothing wrong: {row}");
+        assert_eq!(lines.len(), usize::from(split == "1"), "{lines:?}");
     }
 }

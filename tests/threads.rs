@@ -420,3 +420,71 @@ fn all_to_all_with_one_rank_in_place_is_right() {
     }
     destroy(comms);
 }
+
+/// One group per rank: fcclSend of `count` bytes at `buf + send_at` to rank r+1
+/// and fcclRecv of `count` bytes at `buf + recv_at` from rank r-1, where rank r's
+/// buffer starts as `fill(r)` (`in_place[r]` false: the receive goes to a buffer of
+/// its own). Returns every rank's buffer and receive buffer afterwards.
+fn shift_in_place(
+    n: usize,
+    count: usize,
+    send_at: usize,
+    recv_at: usize,
+    in_place: &[bool],
+    fill: &(dyn Fn(usize) -> Vec<u8> + Sync),
+) -> (Vec<Vec<u8>>, Vec<Vec<u8>>) {
+    let comms = init_all(n);
+    let mut bufs: Vec<Vec<u8>> = (0..n).map(fill).collect();
+    let mut own: Vec<Vec<u8>> = vec![vec![0xEE; count]; n];
+    let b: Vec<usize> = bufs.iter_mut().map(|b| b.as_mut_ptr() as usize).collect();
+    let o: Vec<usize> = own.iter_mut().map(|b| b.as_mut_ptr() as usize).collect();
+    per_rank(&comms, |r, c| {
+        let (next, prev) = ((r + 1) % n, (r + n - 1) % n);
+        let s = (b[r] + send_at) as *const std::ffi::c_void;
+        let d = if in_place[r] { (b[r] + recv_at) as *mut std::ffi::c_void } else { o[r] as _ };
+        ck(fcclGroupStart());
+        ck(unsafe { fcclSend(s, count, fcclUint8, next as i32, c, null_mut()) });
+        ck(unsafe { fcclRecv(d, count, fcclUint8, prev as i32, c, null_mut()) });
+        ck(fcclGroupEnd());
+    });
+    destroy(comms);
+    (bufs, own)
+}
+
+#[test]
+fn send_and_recv_in_one_buffer_send_what_it_held() {
+    // Each fcclSend sends what its buffer held when the group ended, and its
+    // fcclRecv writes only its own range: exactly in place (a ring shift, at 2 ranks
+    // an exchange, which may swap the buffers), and overlapping below and above
+    // the send's range. Sizes: eager, through the rings, larger than any ring.
+    let fill = |r: usize| -> Vec<u8> { (0..(4 << 20) + 5000).map(|i| (r * 37 + i % 251 + i / 65536) as u8).collect() };
+    for n in [2usize, 3, 4] {
+        for count in [100usize, 40_000, 300_001, (3 << 20) + 5] {
+            for (send_at, recv_at) in [(0, 0), (1000, 0), (0, 1000), (2000, 2000)] {
+                let (bufs, _) = shift_in_place(n, count, send_at, recv_at, &vec![true; n], &fill);
+                for r in 0..n {
+                    let (prev, orig) = ((r + n - 1) % n, fill(r));
+                    let want = &fill(prev)[send_at..send_at + count];
+                    let what = format!("{n} ranks, {count} bytes, send at {send_at}, recv at {recv_at}, rank {r}");
+                    assert!(bufs[r][recv_at..recv_at + count] == *want, "{what}: received range");
+                    assert!(bufs[r][..recv_at] == orig[..recv_at], "{what}: before the received range");
+                    let end = recv_at + count;
+                    assert!(bufs[r][end..] == orig[end..], "{what}: after the received range");
+                }
+            }
+        }
+    }
+    // At 2 ranks one rank in place, its peer not (an exchange only one side makes).
+    for count in [100usize, 300_001, (3 << 20) + 5] {
+        for in_place in [[true, false], [false, true]] {
+            let (bufs, own) = shift_in_place(2, count, 0, 0, &in_place, &fill);
+            for r in 0..2 {
+                let got = if in_place[r] { &bufs[r][..count] } else { &own[r][..] };
+                assert!(got == &fill(1 - r)[..count], "{count} bytes, in place {in_place:?}: rank {r} received");
+                if !in_place[r] {
+                    assert!(bufs[r] == fill(r), "{count} bytes: rank {r}'s send buffer changed");
+                }
+            }
+        }
+    }
+}

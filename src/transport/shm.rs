@@ -895,7 +895,7 @@ impl Link for ShmLink {
         if !self.swap_logged {
             self.swap_logged = true;
             crate::log::info(format_args!(
-                "in-place swap: this rank and rank {} swap in-place all_to_all blocks between their buffers, this rank offering",
+                "in-place swap: this rank and rank {} swap blocks of in-place calls (all_to_all, all_reduce, send/recv pairs) between their buffers, this rank offering",
                 self.peer
             ));
         }

@@ -11,6 +11,7 @@
 //! is reported on both sides and leaves the streams aligned.
 
 use crate::error::{Error, Result};
+use crate::mem::pool::PooledBuf;
 use crate::mem::{copy, reduce, shared};
 use crate::transport::{Seen, Share, Transport};
 use crate::types::{DataType, RedOp};
@@ -52,6 +53,16 @@ pub(super) const K_P2P_DIRECT: u8 = 8;
 /// peer's offer read, the offerer only once every piece is done. Otherwise both run
 /// the steps the offers choose (see [`Schedule::swap`]).
 pub(super) const K_SWAP: u8 = 9;
+/// The payload of a large fcclSend whose buffer is also where the matching
+/// fcclRecv from the same peer lands (an exchange in place), when both ranks of the
+/// pair are in place and can swap: an offer as [`K_SWAP`]'s, which the peer's
+/// fcclRecv takes as its payload. Both ranks learn that both are in place from the
+/// receivers' counts ([`K_P2P_REPLY`], whose header flag says so), so both send
+/// it or neither does; the blocks are then swapped as an all_to_all's are.
+pub(super) const K_P2P_SWAP: u8 = 10;
+/// Header byte of a [`K_P2P_REPLY`]: set when the receive it answers is half of an
+/// exchange in place that this rank can swap (see [`K_P2P_SWAP`]).
+const HDR_FLAG: usize = 1;
 /// Bytes of a direct message's descriptor: the address in the sender, and where
 /// it lies in one of the sender's shared allocations (serial 0: none).
 const DESC: usize = 40;
@@ -487,6 +498,11 @@ struct Tx {
     /// A direct message: done once the peer reports it read (else once written: a
     /// swap offer on a link without read reports, which can never lead to a swap).
     awaits_read: bool,
+    /// The header's flag byte (see [`HDR_FLAG`]).
+    flag: u8,
+    /// The fcclSend step whose payload this is, when a receive of the run waits
+    /// for it to leave its buffer ([`InPlace`]): its progress is recorded there.
+    progress: Option<usize>,
 }
 
 impl Tx {
@@ -503,6 +519,8 @@ impl Tx {
             tee: None,
             tee_done: 0,
             awaits_read: false,
+            flag: 0,
+            progress: None,
         }
     }
     fn control(kind: u8, tag: u32, announce: usize) -> Tx {
@@ -533,7 +551,7 @@ impl Tx {
         }
     }
     fn is_direct(&self) -> bool {
-        matches!(self.kind, K_DIRECT | K_P2P_DIRECT | K_SWAP)
+        matches!(self.kind, K_DIRECT | K_P2P_DIRECT | K_SWAP | K_P2P_SWAP)
     }
 }
 
@@ -567,6 +585,160 @@ fn swap_capable(link: &dyn crate::transport::Link, at: *const u8, len: usize) ->
 /// parity, so that every rank offers about half of its swaps.
 fn swap_offers(me: usize, peer: usize) -> bool {
     (me > peer) == ((me + peer) % 2 == 1)
+}
+
+/// The fcclSend and fcclRecv steps of one run whose buffers overlap (in place, as
+/// a ring shift or an exchange in one buffer): the data each send sends is what
+/// its buffer held when the run started, and the receives write none of it
+/// before it has left.
+///
+/// A receive that starts at or below an overlapping send's buffer writes only
+/// bytes below the point up to which the send has copied its payload into the
+/// ring (such sends never go by address), so it never needs the send to run ahead
+/// of it: in a ring of such ranks each send waits for ring space, which its
+/// receiver frees as far as its own send has gone, and some rank can always move
+/// (the one whose send is furthest behind). A receive that starts above an
+/// overlapping send would need that send to lead by the distance, which can exceed
+/// any ring: that send's payload is copied aside when the run starts instead.
+///
+/// The k-th send to a peer and the k-th receive from it over the same bytes, large
+/// and swappable here, are offered as an exchange in place ([`K_P2P_SWAP`]).
+#[derive(Default)]
+struct InPlace {
+    /// (receive, send) steps whose buffers overlap, the receive starting at or
+    /// below the send.
+    gates: Vec<(usize, usize)>,
+    /// Payload bytes each send step has copied out of its buffer, by step (empty
+    /// when no receive waits for a send).
+    sent: Vec<usize>,
+    /// (receive, send) exchanges in place that this rank can swap.
+    pairs: Vec<(usize, usize)>,
+    /// Copies of the sends that a receive overlaps above their start.
+    staged: Vec<PooledBuf>,
+}
+
+impl InPlace {
+    /// Finds the run's overlapping fcclSend/fcclRecv steps (none in almost every run).
+    fn setup(&mut self, t: &mut Transport, sched: &mut Schedule<'_>) {
+        self.gates.clear();
+        self.sent.clear();
+        self.pairs.clear();
+        self.staged.clear();
+        let p2p = |a: &Action<'_>| match *a {
+            Action::P2pSend { peer, src, len, .. } if len > 0 => Some((true, peer, src as usize, len)),
+            Action::P2pRecv { peer, dst, len, .. } if len > 0 => Some((false, peer, dst as usize, len)),
+            _ => None,
+        };
+        let steps = &mut sched.steps;
+        if !steps.iter().any(|s| matches!(p2p(&s.action), Some((false, ..)))) {
+            return;
+        }
+        let overlap = |a: usize, al: usize, b: usize, bl: usize| a < b + bl && b < a + al;
+        let calls: Vec<(usize, (bool, usize, usize, usize))> =
+            steps.iter().enumerate().filter_map(|(k, s)| p2p(&s.action).map(|c| (k, c))).collect();
+        for &(i, (_, _, dst, dl)) in calls.iter().filter(|c| !c.1 .0) {
+            for &(j, (_, _, src, sl)) in calls.iter().filter(|c| c.1 .0) {
+                if !overlap(dst, dl, src, sl) {
+                    continue;
+                }
+                if dst <= src {
+                    self.gates.push((i, j));
+                } else if let Action::P2pSend { src: at, len, .. } = &mut steps[j].action {
+                    // Not when an earlier receive had it copied already.
+                    if *at as usize == src {
+                        let mut copy = PooledBuf::take(*len);
+                        // SAFETY: the caller's buffer holds len bytes (validated) and the
+                        // pooled one at least as many; they are distinct allocations.
+                        unsafe { std::ptr::copy_nonoverlapping(*at, copy.as_mut_ptr(), *len) };
+                        *at = copy.as_ptr();
+                        self.staged.push(copy);
+                    }
+                }
+            }
+        }
+        // Gates on sends that were copied aside since.
+        self.gates.retain(|&(i, j)| {
+            let (Some((_, _, dst, dl)), Some((_, _, src, sl))) = (p2p(&steps[i].action), p2p(&steps[j].action)) else {
+                return false;
+            };
+            overlap(dst, dl, src, sl)
+        });
+        if self.gates.is_empty() {
+            return;
+        }
+        self.sent.resize(steps.len(), 0);
+        // Exchanges: the k-th receive from a peer and the k-th send to it, over the
+        // same bytes and overlapping nothing else.
+        let alone = |i: usize, j: usize| self.gates.iter().filter(|&&(a, b)| a == i || b == j).count() == 1;
+        let mut pairs = Vec::new();
+        for &(i, j) in &self.gates {
+            let (Some((_, peer, dst, dl)), Some((_, to, src, sl))) = (p2p(&steps[i].action), p2p(&steps[j].action))
+            else {
+                continue;
+            };
+            let nth = |send: bool, k: usize| {
+                steps[..k]
+                    .iter()
+                    .filter(|s| match s.action {
+                        Action::P2pSend { peer: q, .. } => send && q == peer,
+                        Action::P2pRecv { peer: q, .. } => !send && q == peer,
+                        _ => false,
+                    })
+                    .count()
+            };
+            if peer == to
+                && dst == src
+                && dl == sl
+                && dl > EAGER_MAX
+                && alone(i, j)
+                && nth(false, i) == nth(true, j)
+                && swap_capable(t.link(peer), dst as *const u8, dl)
+            {
+                pairs.push((i, j));
+            }
+        }
+        self.pairs = pairs;
+    }
+
+    /// Whether receive step `i` waits for sends to leave its buffer.
+    fn gated(&self, i: usize) -> bool {
+        self.gates.iter().any(|&(r, _)| r == i)
+    }
+
+    /// How many payload bytes of receive step `i` may be written now (at least its
+    /// length when nothing holds it back).
+    fn allowed(&self, sched: &Schedule<'_>, i: usize) -> usize {
+        let Action::P2pRecv { dst, len, .. } = sched.steps[i].action else { return usize::MAX };
+        let mut lim = usize::MAX;
+        for &(_, j) in self.gates.iter().filter(|g| g.0 == i) {
+            if let Action::P2pSend { src, len: sl, .. } = sched.steps[j].action {
+                if self.sent[j] < sl {
+                    lim = lim.min((src as usize + self.sent[j]).saturating_sub(dst as usize));
+                }
+            }
+        }
+        if lim >= len {
+            usize::MAX
+        } else {
+            lim
+        }
+    }
+
+    /// Send step `j` will never copy (more of) its payload: its buffer is free.
+    fn release(&mut self, j: usize) {
+        if let Some(s) = self.sent.get_mut(j) {
+            *s = usize::MAX;
+        }
+    }
+
+    /// Whether send step `j` is half of an exchange in place this rank can swap.
+    fn paired_send(&self, j: usize) -> bool {
+        self.pairs.iter().any(|&(_, s)| s == j)
+    }
+
+    fn paired_recv(&self, i: usize) -> bool {
+        self.pairs.iter().any(|&(r, _)| r == i)
+    }
 }
 
 /// A descriptor naming `src`, in the shared allocation `shared` if any.
@@ -656,6 +828,8 @@ struct Rx {
     share: Option<(Share, bool)>,
     /// A swap offer: this rank's block, which an exchange combines with the peer's.
     swap: Option<(*mut u8, Exchange)>,
+    /// An fcclRecv into a buffer that sends of the run read (see [`InPlace`]).
+    gated: bool,
 }
 
 /// The pieces of a split copy of `len` bytes.
@@ -683,7 +857,8 @@ struct Peer {
     awaiting_reply: VecDeque<usize>,
     /// Receivers' counts (K_P2P_REPLY) that came before this run started the send
     /// they answer.
-    early_replies: VecDeque<usize>,
+    /// (count, whether flagged: see HDR_FLAG).
+    early_replies: VecDeque<(usize, bool)>,
     /// fcclSends to this peer in this run, and receivers' counts read for them.
     p2p_sends: usize,
     replies_read: usize,
@@ -691,7 +866,8 @@ struct Peer {
     cur_rx: Option<Rx>,
     /// Direct messages sent so far, and the steps that wait for their reads.
     direct_sent: u64,
-    direct_wait: VecDeque<(usize, u64)>,
+    /// (step, message number, whether a K_P2P_SWAP offer).
+    direct_wait: VecDeque<(usize, u64, bool)>,
     /// Whether `direct_sent` has been read from the link in this run.
     direct_started: bool,
     /// The split copy of our direct message that the peer offered, once looked up.
@@ -761,6 +937,8 @@ pub fn run(t: &mut Transport, sched: &mut Schedule<'_>, ctl: &RunCtl<'_>) -> Res
     // call allocates nothing (its queues used to cost a quarter of an 8-byte send).
     let mut sc = SCRATCH.with(|c| c.take());
     let res = run_with(t, sched, ctl, &mut sc);
+    // Copies of sends go back to the pool.
+    sc.inplace.staged.clear();
     if res.is_err() {
         // The caller gets its buffers back: senders must stop writing into them.
         for st in &sc.peers {
@@ -782,6 +960,7 @@ struct RunScratch {
     /// Copies in progress: (step, bytes copied).
     copies: Vec<(usize, usize)>,
     bounce: Vec<u8>,
+    inplace: InPlace,
 }
 
 thread_local! {
@@ -798,7 +977,7 @@ fn run_with(
     // A peer that failed or aborted earlier is reported as such, not as whatever
     // its half-sent messages would look like.
     t.check_flags().map_err(|e| e.context((ctl.what)()))?;
-    let RunScratch { done, peers, locals, copies, bounce } = sc;
+    let RunScratch { done, peers, locals, copies, bounce, inplace } = sc;
     done.clear();
     done.resize(n, false);
     let mut remaining = n;
@@ -812,6 +991,7 @@ fn run_with(
             o.capable = o.capable && swap_capable(t.link(o.peer), o.at, o.len);
         }
     }
+    inplace.setup(t, sched);
     for (i, s) in sched.steps.iter().enumerate() {
         match &s.action {
             Action::Send { peer, len, .. } => {
@@ -830,7 +1010,9 @@ fn run_with(
             Action::P2pRecv { peer, len, .. } => {
                 // Announce our count now: it reaches the sender while its data comes.
                 peers[*peer].p2p_rq.push_back(i);
-                peers[*peer].urgent.push_back(Tx::control(K_P2P_REPLY, s.tag, *len));
+                let mut reply = Tx::control(K_P2P_REPLY, s.tag, *len);
+                reply.flag = u8::from(inplace.paired_recv(i));
+                peers[*peer].urgent.push_back(reply);
             }
             Action::Local(_) => locals.push(i),
             Action::Copy { .. } => copies.push((i, 0)),
@@ -874,8 +1056,8 @@ fn run_with(
             if p == me {
                 continue;
             }
-            progressed |= pump_tx(t, p, st, sched, done, &mut remaining, &mut step_err, &ready, help)?;
-            progressed |= pump_rx(t, p, st, sched, done, &mut remaining, &mut step_err, &ready, ctl, bounce)?;
+            progressed |= pump_tx(t, p, st, sched, done, &mut remaining, &mut step_err, inplace, &ready, help)?;
+            progressed |= pump_rx(t, p, st, sched, done, &mut remaining, &mut step_err, inplace, &ready, ctl, bounce)?;
         }
 
         // A piece of every local copy that may run: after the links, whose peers wait.
@@ -1104,16 +1286,17 @@ fn pump_tx(
     done: &mut [bool],
     remaining: &mut usize,
     step_err: &mut Option<Error>,
+    inplace: &mut InPlace,
     ready: &impl Fn(&[bool], &[Step<'_>], usize) -> bool,
     help: bool,
 ) -> Result<bool> {
     let mut progressed = false;
     // Payload bytes this visit may still write (see PIECE).
     let mut budget = PIECE;
-    if let Some(&(first, want)) = st.direct_wait.front() {
+    if let Some(&(first, want, swap)) = st.direct_wait.front() {
         let read = t.link(p).direct_reads_done();
         if read >= want {
-            while let Some(&(i, k)) = st.direct_wait.front() {
+            while let Some(&(i, k, _)) = st.direct_wait.front() {
                 if k > read {
                     break;
                 }
@@ -1122,7 +1305,7 @@ fn pump_tx(
                 *remaining -= 1;
             }
             progressed = true;
-        } else if help && share_piece(t.rank, t.link(p), st, sched, first, want)? {
+        } else if help && share_piece(t.rank, t.link(p), st, sched, first, want, swap)? {
             // A piece of the message the peer is reading, copied into its buffer.
             budget -= SHARE_PIECE.min(budget);
             progressed = true;
@@ -1189,13 +1372,17 @@ fn pump_tx(
                     Action::P2pSend { src, len, .. } => {
                         st.cur_tx = Some(if p2p_eager(t.link(p), sched, src, len) {
                             // Count and payload together; done when the receiver's count is here.
-                            Tx::data(K_P2P_EAGER, tag, src, len, None)
+                            let mut tx = Tx::data(K_P2P_EAGER, tag, src, len, None);
+                            tx.progress = inplace.sent.get(i).map(|_| i);
+                            tx
                         } else {
                             // Announce the count; the payload follows once the receiver agrees.
                             Tx::control(K_P2P_HDR, tag, len)
                         });
                         match st.early_replies.pop_front() {
-                            Some(want) => on_reply(t, p, st, sched, i, want, done, remaining, step_err),
+                            Some((want, pair)) => {
+                                on_reply(t, p, st, sched, i, want, pair, done, remaining, step_err, inplace)
+                            }
                             None => st.awaiting_reply.push_back(i),
                         }
                     }
@@ -1208,7 +1395,8 @@ fn pump_tx(
         let link = t.link(p);
         let tx = st.cur_tx.as_mut().expect("set above");
         let payload = tx.payload;
-        let hdr = header(tx.kind, tx.tag, tx.announce);
+        let mut hdr = header(tx.kind, tx.tag, tx.announce);
+        hdr[HDR_FLAG] = tx.flag;
         // Header and payload (padded to 8 bytes) are one stream of bytes: the ring
         // may wrap anywhere in either, including inside the header.
         let total = HDR + pad8(payload);
@@ -1263,6 +1451,10 @@ fn pump_tx(
             }
             link.send_commit(n);
             tx.written += n;
+            if let Some(j) = tx.progress {
+                // A receive of this run may now overwrite what has left.
+                inplace.sent[j] = (tx.written - HDR.min(tx.written)).min(payload);
+            }
             progressed = true;
             if tx.kind != K_SKIP {
                 budget = budget.saturating_sub(n);
@@ -1293,7 +1485,8 @@ fn pump_tx(
         if tx.awaits_read {
             // Done once the peer has read it from our buffer.
             st.direct_sent += 1;
-            st.direct_wait.push_back((tx.step.expect("direct messages belong to steps"), st.direct_sent));
+            let swap = tx.kind == K_P2P_SWAP;
+            st.direct_wait.push_back((tx.step.expect("direct messages belong to steps"), st.direct_sent, swap));
         } else if let Some(i) = tx.step {
             done[i] = true;
             *remaining -= 1;
@@ -1313,8 +1506,10 @@ fn share_piece(
     sched: &Schedule<'_>,
     i: usize,
     seq: u64,
+    p2p_swap: bool,
 ) -> Result<bool> {
     let (src, len, swap) = match sched.steps[i].action {
+        Action::P2pSend { src, len, .. } if p2p_swap => (src, len, Some(Exchange::Swap)),
         Action::Send { src, len, .. } | Action::P2pSend { src, len, .. } => (src, len, None),
         Action::SwapSend(Offer { at, len, how, .. }) => (at as *const u8, len, Some(how)),
         _ => return Ok(false),
@@ -1363,6 +1558,13 @@ fn share_piece(
     Ok(true)
 }
 
+/// Bytes gated receive `rx` may take now (see [`InPlace`]); unbounded once every
+/// byte it may still write is free.
+fn gate_room(inplace: &InPlace, sched: &Schedule<'_>, rx: &Rx) -> usize {
+    let allowed = rx.step.map_or(usize::MAX, |i| inplace.allowed(sched, i));
+    allowed.saturating_sub(rx.read)
+}
+
 /// Whether the receiver of a split copy takes pieces itself (tests make it leave
 /// them all to the sender).
 fn receiver_takes_pieces() -> bool {
@@ -1401,8 +1603,10 @@ pub(super) fn p2p_mismatch(what: P2pCall, sender: usize, receiver: usize, sent: 
 
 /// The receiver's count `want` for fcclSend step `i` (already started) to peer `p`:
 /// an eager send is done (its payload went with its count); a large one sends its
-/// payload when the counts agree. A mismatch fails the step here, and the
-/// receiver's step there, when it reads our count.
+/// payload when the counts agree, as a swap offer when the receive is half of an
+/// exchange in place there (`pair`, see [`K_P2P_SWAP`]) and the send here. A
+/// mismatch fails the step here, and the receiver's step there, when it reads our
+/// count.
 #[allow(clippy::too_many_arguments)]
 fn on_reply(
     t: &mut Transport,
@@ -1411,23 +1615,38 @@ fn on_reply(
     sched: &Schedule<'_>,
     i: usize,
     want: usize,
+    pair: bool,
     done: &mut [bool],
     remaining: &mut usize,
     step_err: &mut Option<Error>,
+    inplace: &mut InPlace,
 ) {
     let Action::P2pSend { src, len: mine, what, .. } = sched.steps[i].action else { unreachable!() };
     let tag = sched.steps[i].tag;
-    if want != mine || p2p_eager(t.link(p), sched, src, mine) {
+    let eager = p2p_eager(t.link(p), sched, src, mine);
+    if want != mine || eager {
         if want != mine {
             step_err.get_or_insert_with(|| p2p_mismatch(what, t.rank, p, mine, want));
+            if !eager {
+                // No payload follows: the buffer is free for receives.
+                inplace.release(i);
+            }
         }
         done[i] = true;
         *remaining -= 1;
+    } else if pair && inplace.paired_send(i) {
+        // Both ranks are in place: the payload is an offer of our block, which the
+        // peer's receive swaps with its own (both sides decided alike).
+        st.start_direct(t.link(p));
+        let d = encode_desc(src, shared::lookup(src, mine));
+        st.urgent.push_back(Tx::direct(K_P2P_SWAP, tag, src, mine, i, d, None));
     } else if let Some(d) = p2p_direct(t.link(p), sched, src, mine) {
         st.start_direct(t.link(p));
         st.urgent.push_back(Tx::direct(K_P2P_DIRECT, tag, src, mine, i, d, None));
     } else {
-        st.urgent.push_back(Tx::data(K_P2P_DATA, tag, src, mine, Some(i)));
+        let mut tx = Tx::data(K_P2P_DATA, tag, src, mine, Some(i));
+        tx.progress = inplace.sent.get(i).map(|_| i);
+        st.urgent.push_back(tx);
     }
 }
 
@@ -1440,6 +1659,7 @@ fn pump_rx(
     done: &mut [bool],
     remaining: &mut usize,
     step_err: &mut Option<Error>,
+    inplace: &mut InPlace,
     ready: &impl Fn(&[bool], &[Step<'_>], usize) -> bool,
     ctl: &RunCtl<'_>,
     bounce: &mut Vec<u8>,
@@ -1487,7 +1707,7 @@ fn pump_rx(
                     st.data_rq.pop_front();
                     hdr.got = 0;
                     let direct = (kind != K_DATA).then(DirectRx::new);
-                    st.cur_rx = Some(Rx { step: Some(i), len, sink, read: 0, direct, share: None, swap });
+                    st.cur_rx = Some(Rx { step: Some(i), len, sink, read: 0, direct, share: None, swap, gated: false });
                 }
                 K_SKIP => {
                     hdr.got = 0;
@@ -1499,6 +1719,7 @@ fn pump_rx(
                         direct: None,
                         share: None,
                         swap: None,
+                        gated: false,
                     });
                 }
                 K_P2P_HDR => {
@@ -1533,7 +1754,9 @@ fn pump_rx(
                         Sink::Discard
                     };
                     // The step is done once the payload that follows has been read.
-                    st.cur_rx = Some(Rx { step: Some(i), len, sink, read: 0, direct: None, share: None, swap: None });
+                    let gated = inplace.gated(i);
+                    st.cur_rx =
+                        Some(Rx { step: Some(i), len, sink, read: 0, direct: None, share: None, swap: None, gated });
                 }
                 K_P2P_REPLY => {
                     if st.replies_read == st.p2p_sends {
@@ -1543,22 +1766,23 @@ fn pump_rx(
                     }
                     st.replies_read += 1;
                     hdr.got = 0;
+                    let pair = hdr.bytes[HDR_FLAG] != 0;
                     match st.awaiting_reply.pop_front() {
-                        Some(i) => on_reply(t, p, st, sched, i, len, done, remaining, step_err),
+                        Some(i) => on_reply(t, p, st, sched, i, len, pair, done, remaining, step_err, inplace),
                         // The send it answers waits behind other steps: kept for it.
-                        None => st.early_replies.push_back(len),
+                        None => st.early_replies.push_back((len, pair)),
                     }
                     progressed = true;
                     continue;
                 }
-                K_P2P_DATA | K_P2P_DIRECT => {
+                K_P2P_DATA | K_P2P_DIRECT | K_P2P_SWAP => {
                     let Some(i) = st.awaiting_payload.pop_front() else {
                         return Err(Error::internal(format!("{}: unexpected payload from rank {p}", (ctl.what)())));
                     };
                     let Action::P2pRecv { dst, len: want, .. } = sched.steps[i].action else { unreachable!() };
-                    if len != want {
+                    if len != want || (kind == K_P2P_SWAP && !inplace.paired_recv(i)) {
                         return Err(Error::internal(format!(
-                            "{}: payload of {len} bytes from rank {p}, agreed {want}",
+                            "{}: payload of {len} bytes from rank {p} (kind {kind}), agreed {want}",
                             (ctl.what)()
                         )));
                     }
@@ -1568,8 +1792,11 @@ fn pump_rx(
                     // are in cache, and streaming stores would evict them.
                     let stream = len >= crate::env::stream_min() && !overlaps_a_send(sched, dst, len);
                     let sink = if stream { Sink::Stream(dst) } else { Sink::Copy(dst) };
-                    let direct = (kind == K_P2P_DIRECT).then(DirectRx::new);
-                    st.cur_rx = Some(Rx { step: Some(i), len, sink, read: 0, direct, share: None, swap: None });
+                    let direct = (kind != K_P2P_DATA).then(DirectRx::new);
+                    // A swap offer: our block, which the exchange fills.
+                    let swap = (kind == K_P2P_SWAP).then_some((dst, Exchange::Swap));
+                    let gated = swap.is_none() && inplace.gated(i);
+                    st.cur_rx = Some(Rx { step: Some(i), len, sink, read: 0, direct, share: None, swap, gated });
                 }
                 k => {
                     return Err(Error::internal(format!(
@@ -1596,28 +1823,31 @@ fn pump_rx(
                     if let (Some((at, _)), Some(i)) = (rx.swap, rx.step) {
                         // A swap offer: exchanged in place when both sides can (the
                         // peer's address is 0 when it cannot); otherwise the steps
-                        // for both placements. Both sides decide alike.
-                        let Action::SwapRecv { offer: Offer { in_place, capable, .. }, apart, fallback } =
-                            sched.steps[i].action
-                        else {
-                            unreachable!("swap offers go to swap steps")
+                        // for both placements. Both sides decide alike. An fcclRecv
+                        // gets an offer only when both sides agreed to swap.
+                        let both = match sched.steps[i].action {
+                            Action::SwapRecv { offer: Offer { in_place, capable, .. }, apart, fallback } => {
+                                let peer_in_place = addr != 0 || d.desc[8] == 1;
+                                let both = addr != 0 && capable;
+                                let taken = if both {
+                                    None
+                                } else if !in_place && !peer_in_place {
+                                    Some(apart)
+                                } else {
+                                    Some(fallback)
+                                };
+                                // The steps not taken are skipped (apart may be fallback itself).
+                                let ranges: &[(usize, usize)] =
+                                    if apart == fallback { &[fallback] } else { &[apart, fallback] };
+                                for &(a, b) in ranges.iter().filter(|&&r| Some(r) != taken) {
+                                    done[a..b].fill(true);
+                                    *remaining -= b - a;
+                                }
+                                both
+                            }
+                            Action::P2pRecv { .. } => true,
+                            _ => unreachable!("swap offers go to swap steps"),
                         };
-                        let peer_in_place = addr != 0 || d.desc[8] == 1;
-                        let both = addr != 0 && capable;
-                        let taken = if both {
-                            None
-                        } else if !in_place && !peer_in_place {
-                            Some(apart)
-                        } else {
-                            Some(fallback)
-                        };
-                        // The steps not taken are skipped (apart may be fallback itself).
-                        let ranges: &[(usize, usize)] =
-                            if apart == fallback { &[fallback] } else { &[apart, fallback] };
-                        for &(a, b) in ranges.iter().filter(|&&r| Some(r) != taken) {
-                            done[a..b].fill(true);
-                            *remaining -= b - a;
-                        }
                         if both && swap_offers(t.rank, p) {
                             let link = t.link(p);
                             let target =
@@ -1646,7 +1876,8 @@ fn pump_rx(
                     d.src = Some(src);
                     // A large copy into a buffer the sender can write too: offered
                     // to the sender to share.
-                    if rx.len >= SHARE_MIN {
+                    // Not where sends of the run still read (they would race the sender).
+                    if rx.len >= SHARE_MIN && !rx.gated {
                         if let Sink::Copy(dst) | Sink::Stream(dst) = rx.sink {
                             let stream = matches!(rx.sink, Sink::Stream(_));
                             rx.share = link.share_offer(dst, rx.len, stream).map(|slot| (slot, false));
@@ -1658,7 +1889,15 @@ fn pump_rx(
             // One piece per visit, so that other peers progress meanwhile: the next
             // one, or in a split copy the next one nobody has taken.
             let (off, k) = match rx.share.as_mut() {
-                None => (rx.read, DIRECT_PIECE.min(rx.len - rx.read)),
+                None => {
+                    let k = DIRECT_PIECE.min(rx.len - rx.read);
+                    let k = if rx.gated { k.min(gate_room(inplace, sched, rx)) } else { k };
+                    if k == 0 && rx.read < rx.len {
+                        // Waits for this rank's sends to leave the buffer.
+                        break;
+                    }
+                    (rx.read, k)
+                }
                 Some((slot, taken_all)) => {
                     let pieces = share_pieces(rx.len);
                     let mine = !*taken_all && receiver_takes_pieces();
@@ -1737,6 +1976,11 @@ fn pump_rx(
             }
             // A skipped stretch of the ring is released at once, never in pieces.
             let cap = if matches!(rx.sink, Sink::Discard) { usize::MAX } else { budget };
+            let cap = if rx.gated { cap.min(gate_room(inplace, sched, rx)) } else { cap };
+            if cap == 0 {
+                // Waits for this rank's sends to leave the buffer.
+                break;
+            }
             let n = avail.len().min(total - rx.read).min(cap);
             let data_n = n.min(rx.len.saturating_sub(rx.read));
             // SAFETY: the sink's buffers are valid for the message (schedule contract).
@@ -1845,7 +2089,15 @@ mod tests {
     /// pieces rank 0 swapped.
     fn one_swap(len: usize, idle: bool, refuse: Option<usize>) -> (bool, u64) {
         let pattern = |r: usize| -> Vec<u8> { (0..len).map(|i| (i * (3 + 4 * r) + i / 4099 + r) as u8).collect() };
-        let (bufs, pieces) = one_exchange(len, Exchange::Swap, idle, refuse, pattern);
+        let (bufs, pieces) = one_exchange(len, Exchange::Swap, idle, refuse, pattern, false);
+        (bufs[0] == pattern(1) && bufs[1] == pattern(0), pieces)
+    }
+
+    /// As [`one_swap`], for an fcclSend and an fcclRecv of each rank with the other
+    /// over its one buffer (rank 0 posts the receive first).
+    fn one_p2p_swap(len: usize, idle: bool, refuse: Option<usize>) -> (bool, u64) {
+        let pattern = |r: usize| -> Vec<u8> { (0..len).map(|i| (i * (5 + 2 * r) + i / 4093 + r) as u8).collect() };
+        let (bufs, pieces) = one_exchange(len, Exchange::Swap, idle, refuse, pattern, true);
         (bufs[0] == pattern(1) && bufs[1] == pattern(0), pieces)
     }
 
@@ -1858,6 +2110,7 @@ mod tests {
         idle: bool,
         refuse: Option<usize>,
         pattern: impl Fn(usize) -> Vec<u8>,
+        p2p: bool,
     ) -> ([Vec<u8>; 2], u64) {
         assert!(swap_offers(1, 0) && !swap_offers(0, 1));
         let ts = inproc::build(2).expect("links");
@@ -1877,6 +2130,18 @@ mod tests {
                         SWAP_REFUSED.with(|c| c.set(refuse == Some(r)));
                         let (peer, at) = (1 - r, buf.as_mut_ptr());
                         let mut sched = Schedule::new(1);
+                        if p2p {
+                            let what = |send| P2pCall { send, count: len, dtype: DataType::Uint8, peer };
+                            if r == 0 {
+                                sched.p2p_recv(peer, at, len, what(false));
+                            }
+                            sched.p2p_send(peer, at, len, what(true));
+                            if r == 1 {
+                                sched.p2p_recv(peer, at, len, what(false));
+                            }
+                            assert!(run(&mut t, &mut sched, &ctl()).expect("exchange").is_none());
+                            return SENDER_PIECES.with(|c| c.get());
+                        }
                         sched.swap(
                             peer,
                             at,
@@ -1926,7 +2191,7 @@ mod tests {
                         })
                         .collect()
                 };
-                let (bufs, pieces) = one_exchange(len, Exchange::Reduce { dtype, op }, idle, None, bytes);
+                let (bufs, pieces) = one_exchange(len, Exchange::Reduce { dtype, op }, idle, None, bytes, false);
                 let mut want = bytes(0);
                 reduce::reduce_inplace(dtype, op, &mut want, &bytes(1));
                 reduce::finish_inplace(dtype, op, 2, &mut want);
@@ -1969,6 +2234,27 @@ mod tests {
         for refuse in [0, 1] {
             for len in [SHARE_MIN, 3 << 20] {
                 let (exact, pieces) = one_swap(len, true, Some(refuse));
+                assert!(exact, "{len} bytes, rank {refuse} refusing");
+                assert_eq!(pieces, 0, "no swap");
+            }
+        }
+    }
+
+    /// An fcclSend and an fcclRecv with one peer over one buffer, on both ranks,
+    /// swap the two buffers: exactly, whoever swapped which piece (the helper alone
+    /// included); when either rank cannot swap, through the rings, each receive
+    /// writing only what its own send has sent, still exactly.
+    #[test]
+    fn in_place_send_recv_pairs_swap_or_go_through_the_rings() {
+        for len in [EAGER_MAX + 1, 5 * SHARE_PIECE + 12_344, 9 << 20] {
+            let (exact, pieces) = one_p2p_swap(len, false, None);
+            assert!(exact, "{len} bytes");
+            assert!(pieces <= share_pieces(len));
+            let (exact, pieces) = one_p2p_swap(len, true, None);
+            assert!(exact, "{len} bytes, idle offerer");
+            assert_eq!(pieces, share_pieces(len), "{len} bytes: rank 0 swapped every piece");
+            for refuse in [0, 1] {
+                let (exact, pieces) = one_p2p_swap(len, true, Some(refuse));
                 assert!(exact, "{len} bytes, rank {refuse} refusing");
                 assert_eq!(pieces, 0, "no swap");
             }
