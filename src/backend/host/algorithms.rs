@@ -131,20 +131,22 @@ pub fn build(
                 && shares_memory(1 - rank)
                 && !(co.dtype.is_narrow_float() && co.op == RedOp::Avg) =>
         {
-            // In place, where both ranks map each other's buffer, both reduce pieces
-            // of the whole vector and write each result into both buffers at once
-            // (engine::Exchange::Reduce): every byte read once and written once. The
-            // pipelined reduction below is the fallback, and the schedule of a rank
-            // out of place (which says so in its offer). Not over TCP, where it could
-            // never happen and the offers cost 1.0-1.2x (2 ranks, 4 alternating runs).
+            // Where both ranks map each other's buffers, both reduce pieces of the
+            // whole vector from both inputs and write each result into both
+            // recvbuffs at once (engine::Exchange::Reduce): every byte read once and
+            // written once. Out of place only where results are streamed, up to
+            // 16 MiB (see Schedule::swap). The pipelined reduction below is the
+            // fallback, which the offers choose for both ranks when either cannot.
+            // Not over TCP, where it could never happen and the offers cost
+            // 1.0-1.2x (2 ranks, 4 alternating runs).
             let mut res = Ok(());
-            let how = Exchange::Reduce { dtype: co.dtype, op: co.op };
+            let how = Exchange::Reduce { dtype: co.dtype, op: co.op, stream };
             s.swap(
                 1 - rank,
                 recv,
+                send,
                 bytes,
                 how,
-                send == recv,
                 |_| {},
                 |s| {
                     let chunks = |o: usize| part(co.count, n, o);
@@ -265,7 +267,7 @@ pub fn build(
                 // whole blocks for two ranks out of place, which measured 1.1-1.2x
                 // the pieces there (2 ranks, 4 alternating runs, 256 KiB-16 MiB).
                 if bytes >= SWAP_MIN {
-                    s.swap(p, to, bytes, Exchange::Swap, in_place, whole, staged);
+                    s.swap(p, to, from, bytes, Exchange::Swap, whole, staged);
                 } else if in_place {
                     staged(s);
                 } else {

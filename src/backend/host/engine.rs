@@ -44,10 +44,11 @@ const EAGER_MAX: usize = 64 << 10;
 pub(super) const K_DIRECT: u8 = 5;
 /// The payload of a large fcclSend, sent by address as K_DIRECT is.
 pub(super) const K_P2P_DIRECT: u8 = 8;
-/// An exchange of two blocks in place ([`Exchange`]: in-place all_to_all, 2-rank
-/// in-place all_reduce): each side's offer, sent as a direct message whose
-/// descriptor names its block (address 0 when this side cannot exchange in place,
-/// the next word then saying whether it is in place). When both can, the side that
+/// An exchange of two blocks between the ranks' buffers ([`Exchange`]: in-place
+/// all_to_all, 2-rank all_reduce): each side's offer, sent as a direct message whose
+/// two descriptors name its block and its input (the block itself in place; address
+/// 0 when this side cannot exchange, the next word then saying whether it is in
+/// place). When both can, the side that
 /// [`swap_offers`] publishes its block as for a split copy and both take pieces
 /// (every byte read once and written once, on both cores); each reports the
 /// peer's offer read, the offerer only once every piece is done. Otherwise both run
@@ -63,6 +64,9 @@ pub(super) const K_P2P_SWAP: u8 = 10;
 /// Header byte of a [`K_P2P_REPLY`]: set when the receive it answers is half of an
 /// exchange in place that this rank can swap (see [`K_P2P_SWAP`]).
 const HDR_FLAG: usize = 1;
+/// Largest 2-rank reduction exchanged between the buffers out of place (see
+/// [`Schedule::swap`]).
+const FUSE_OUT_MAX: usize = 16 << 20;
 /// Bytes of a direct message's descriptor: the address in the sender, and where
 /// it lies in one of the sender's shared allocations (serial 0: none).
 const DESC: usize = 40;
@@ -272,41 +276,89 @@ pub enum Via {
 pub enum Exchange {
     /// Each block takes the other's contents (in-place all_to_all).
     Swap,
-    /// Both blocks take the reduction of the two, rank 0's block the first operand
-    /// (in-place all_reduce of 2 ranks).
-    Reduce { dtype: DataType, op: RedOp },
+    /// Both blocks take the reduction of the two ranks' inputs, rank 0's the first
+    /// operand (all_reduce of 2 ranks; an input is the block itself in place).
+    /// `stream`: a block out of place is written with streaming stores (see
+    /// `mem::copy`), for results as large as FERROCCL_STREAM_MIN.
+    Reduce { dtype: DataType, op: RedOp, stream: bool },
+}
+
+/// One rank's side of a piece of an exchange: the block it ends in (`dst`) and the
+/// input it starts from (`src`: `dst` itself in place).
+#[derive(Clone, Copy)]
+pub(super) struct Side {
+    dst: *mut u8,
+    src: *const u8,
+}
+
+impl Side {
+    /// The side `off` bytes further on.
+    ///
+    /// # Safety
+    /// Both blocks extend at least that far.
+    unsafe fn at(self, off: usize) -> Side {
+        // SAFETY: the caller's contract.
+        unsafe { Side { dst: self.dst.add(off), src: self.src.add(off) } }
+    }
 }
 
 impl Exchange {
-    /// Applies the exchange to `n` bytes at `own` (this rank's, `me`) and at `other`
-    /// (rank `peer`'s), read and written once each.
+    /// Applies the exchange to `n` bytes of `own` (this rank's, `me`) and of
+    /// `other` (rank `peer`'s): each input read once, each block written once.
     ///
     /// # Safety
-    /// Both ranges hold `n` bytes (whole elements), do not overlap, and nobody else
-    /// touches them meanwhile.
-    unsafe fn apply(self, me: usize, peer: usize, own: *mut u8, other: *mut u8, n: usize) {
+    /// Every range holds `n` bytes (whole elements); the two ranks' ranges do not
+    /// overlap, a rank's input is its block or disjoint from it, and nobody else
+    /// touches them meanwhile. A swap is in place on both sides.
+    unsafe fn apply(self, me: usize, peer: usize, own: Side, other: Side, n: usize) {
         match self {
             // SAFETY: the caller's contract.
-            Exchange::Swap => unsafe { copy::swap(own, other, n) },
-            Exchange::Reduce { dtype, op } => {
+            Exchange::Swap => unsafe { copy::swap(own.dst, other.dst, n) },
+            Exchange::Reduce { dtype, op, stream } => {
                 let (x0, x1) = if me < peer { (own, other) } else { (other, own) };
-                // SAFETY: the caller's contract; the two slices are disjoint.
-                let (a, b) = unsafe { (std::slice::from_raw_parts_mut(x0, n), std::slice::from_raw_parts(x1, n)) };
-                reduce::reduce_inplace(dtype, op, a, b);
-                reduce::finish_inplace(dtype, op, 2, a);
-                // SAFETY: as above; the result is still in cache.
-                unsafe { copy::copy(x1, x0, n) };
+                let (out0, out1) = (!std::ptr::eq(x0.src, x0.dst), !std::ptr::eq(x1.src, x1.dst));
+                if !out0 && !out1 {
+                    // SAFETY: the caller's contract.
+                    unsafe {
+                        let (a, b) = (std::slice::from_raw_parts_mut(x0.dst, n), std::slice::from_raw_parts(x1.src, n));
+                        reduce::reduce_inplace(dtype, op, a, b);
+                        reduce::finish_inplace(dtype, op, 2, a);
+                        // Rank 1's input has been read: its block takes the result.
+                        copy::copy(x1.dst, x0.dst, n);
+                    }
+                    return;
+                }
+                // Out of place, through a piece in cache: each input read once, each
+                // block written once (streaming, where it is not also an input,
+                // skips reading its lines first).
+                const CHUNK: usize = 16 << 10;
+                let mut tmp = [0u8; CHUNK];
+                for c in (0..n).step_by(CHUNK) {
+                    let m = CHUNK.min(n - c);
+                    let t = &mut tmp[..m];
+                    // SAFETY: the caller's contract; offsets c..c+m lie in every range,
+                    // and each block is written after its own input is read.
+                    unsafe {
+                        t.copy_from_slice(std::slice::from_raw_parts(x0.src.add(c), m));
+                        reduce::reduce_inplace(dtype, op, t, std::slice::from_raw_parts(x1.src.add(c), m));
+                        reduce::finish_inplace(dtype, op, 2, t);
+                        copy::copy_stores(x0.dst.add(c), t.as_ptr(), m, stream && out0);
+                        copy::copy_stores(x1.dst.add(c), t.as_ptr(), m, stream && out1);
+                    }
+                }
             }
         }
     }
 }
 
-/// One rank's side of an exchange in place: `how` on `len` bytes at `at` with the
-/// peer's block (see [`K_SWAP`]).
+/// One rank's side of an exchange between the ranks' buffers: `how` on `len`
+/// bytes at `at` (from the input at `src`, `at` itself in place) with the peer's
+/// block (see [`K_SWAP`]).
 #[derive(Clone, Copy)]
 pub struct Offer {
     peer: usize,
     at: *mut u8,
+    src: *const u8,
     len: usize,
     how: Exchange,
     /// Whether this rank's call is in place.
@@ -315,6 +367,20 @@ pub struct Offer {
     /// and kept with both steps, so that what the offer says and what this side
     /// then does cannot differ.
     capable: bool,
+    /// The peer's input, where this rank helps the peer exchange (set on the
+    /// offer step when the peer's offer has been read).
+    peer_input: PeerInput,
+}
+
+/// Where a peer's input to an exchange is, as this rank reads it.
+#[derive(Clone, Copy, PartialEq)]
+enum PeerInput {
+    /// Its offer has not been read yet.
+    Unknown,
+    /// Its block itself (in place).
+    Block,
+    /// Mapped here.
+    At(*const u8),
 }
 
 pub enum Action<'a> {
@@ -423,25 +489,33 @@ impl<'a> Schedule<'a> {
     pub fn p2p_recv(&mut self, peer: usize, dst: *mut u8, len: usize, what: P2pCall) -> usize {
         self.push(Action::P2pRecv { peer, dst, len, what }, &[])
     }
-    /// Exchanges (`how`) `len` bytes at `at` with the peer's block of the same
-    /// size in place, between the two buffers, when both ranks are `in_place` and
-    /// can map each other's (see [`K_SWAP`]). Otherwise, as the offers tell both
-    /// ranks alike: the steps `apart` adds when both are out of place (if it adds
-    /// any), else those `fallback` adds, which must pair up with the peer's
-    /// whatever its placement. Those steps run after the offers; the ones not
-    /// taken are skipped.
+    /// Exchanges (`how`) `len` bytes at `at`, whose input is at `src` (`at` itself
+    /// in place), with the peer's block of the same size, between the two buffers,
+    /// when both ranks can map each other's and, for a swap, both are in place
+    /// (see [`K_SWAP`]). Otherwise, as the offers tell both ranks alike: the steps
+    /// `apart` adds when both are out of place (if it adds any), else those
+    /// `fallback` adds, which must pair up with the peer's whatever its placement.
+    /// Those steps run after the offers; the ones not taken are skipped.
     #[allow(clippy::too_many_arguments)]
     pub fn swap(
         &mut self,
         peer: usize,
         at: *mut u8,
+        src: *const u8,
         len: usize,
         how: Exchange,
-        in_place: bool,
         apart: impl FnOnce(&mut Self),
         fallback: impl FnOnce(&mut Self),
     ) {
-        let offer = Offer { peer, at, len, how, in_place, capable: in_place };
+        let in_place = std::ptr::eq(src, at);
+        // A swap has no inputs. A reduction out of place writes blocks that are not
+        // its inputs: only worth it with streaming stores, which skip reading them
+        // first, and while the pipelined path cannot read its results back from the
+        // L3 either (2 ranks against that path, alternating: 0.65x at 256 KiB
+        // without streaming stores; with them, 6 runs, 1.07-1.53x at 512 KiB-16 MiB,
+        // 0.99x at 32 MiB, 0.91x at 64 MiB).
+        let capable = in_place || (matches!(how, Exchange::Reduce { stream: true, .. }) && len <= FUSE_OUT_MAX);
+        let offer = Offer { peer, at, src, len, how, in_place, capable, peer_input: PeerInput::Unknown };
         self.push(Action::SwapSend(offer), &[]);
         let rv = self.push(Action::SwapRecv { offer, apart: (0, 0), fallback: (0, 0) }, &[]);
         let a = self.after(rv, apart);
@@ -489,8 +563,9 @@ struct Tx {
     payload: usize,
     step: Option<usize>,
     written: usize,
-    /// Payload carried in the message itself (a direct message's descriptor).
-    inline: [u8; DESC],
+    /// Payload carried in the message itself (a direct message's descriptor; a
+    /// [`K_SWAP`] offer's two).
+    inline: [u8; 2 * DESC],
     /// Where the payload is copied as well, and whether with streaming stores.
     tee: Option<(*mut u8, bool)>,
     /// Bytes of a direct message copied to `tee` so far (after the descriptor went).
@@ -515,7 +590,7 @@ impl Tx {
             payload: len,
             step,
             written: 0,
-            inline: [0; DESC],
+            inline: [0; 2 * DESC],
             tee: None,
             tee_done: 0,
             awaits_read: false,
@@ -541,14 +616,9 @@ impl Tx {
         desc: [u8; DESC],
         tee: Option<(*mut u8, bool)>,
     ) -> Tx {
-        Tx {
-            payload: DESC,
-            step: Some(step),
-            inline: desc,
-            tee,
-            awaits_read: true,
-            ..Tx::data(kind, tag, src, len, None)
-        }
+        let mut inline = [0; 2 * DESC];
+        inline[..DESC].copy_from_slice(&desc);
+        Tx { payload: DESC, step: Some(step), inline, tee, awaits_read: true, ..Tx::data(kind, tag, src, len, None) }
     }
     fn is_direct(&self) -> bool {
         matches!(self.kind, K_DIRECT | K_P2P_DIRECT | K_SWAP | K_P2P_SWAP)
@@ -805,15 +875,27 @@ enum Source {
 /// A direct message's descriptor as it arrives (it may wrap around the ring),
 /// then where its bytes are.
 struct DirectRx {
-    desc: [u8; DESC],
+    /// One descriptor, or a [`K_SWAP`] offer's two (its block's, then its input's).
+    desc: [u8; 2 * DESC],
+    want: usize,
     got: usize,
     src: Option<Source>,
 }
 
 impl DirectRx {
-    fn new() -> DirectRx {
-        DirectRx { desc: [0; DESC], got: 0, src: None }
+    fn new(kind: u8) -> DirectRx {
+        let want = if kind == K_SWAP { 2 * DESC } else { DESC };
+        DirectRx { desc: [0; 2 * DESC], want, got: 0, src: None }
     }
+}
+
+/// This rank's side of an exchange that it reads the peer's offer for: its block
+/// and input, and once the offer is read the peer's input.
+#[derive(Clone, Copy)]
+struct RxSwap {
+    own: Side,
+    how: Exchange,
+    peer_input: PeerInput,
 }
 
 /// An incoming message being read.
@@ -826,8 +908,8 @@ struct Rx {
     direct: Option<DirectRx>,
     /// A direct message copied with its sender: the slot, and whether every piece has been taken.
     share: Option<(Share, bool)>,
-    /// A swap offer: this rank's block, which an exchange combines with the peer's.
-    swap: Option<(*mut u8, Exchange)>,
+    /// A swap offer: this rank's side of the exchange.
+    swap: Option<RxSwap>,
     /// An fcclRecv into a buffer that sends of the run read (see [`InPlace`]).
     gated: bool,
 }
@@ -988,7 +1070,10 @@ fn run_with(
     let mut step_err: Option<Error> = None;
     for s in sched.steps.iter_mut() {
         if let Action::SwapSend(o) | Action::SwapRecv { offer: o, .. } = &mut s.action {
-            o.capable = o.capable && swap_capable(t.link(o.peer), o.at, o.len);
+            let link = t.link(o.peer);
+            o.capable = o.capable
+                && swap_capable(link, o.at, o.len)
+                && (std::ptr::eq(o.src, o.at) || swap_capable(link, o.src, o.len));
         }
     }
     inplace.setup(t, sched);
@@ -1354,7 +1439,7 @@ fn pump_tx(
                         }
                         st.cur_tx = Some(tx)
                     }
-                    Action::SwapSend(Offer { at, len, in_place, capable, .. }) => {
+                    Action::SwapSend(Offer { at, src, len, in_place, capable, .. }) => {
                         st.start_direct(t.link(p));
                         let d = if capable {
                             encode_desc(at, shared::lookup(at, len))
@@ -1366,6 +1451,11 @@ fn pump_tx(
                             d
                         };
                         let mut tx = Tx::direct(K_SWAP, tag, at, len, i, d, None);
+                        // The second descriptor names the input.
+                        if capable {
+                            tx.inline[DESC..].copy_from_slice(&encode_desc(src, shared::lookup(src, len)));
+                        }
+                        tx.payload = 2 * DESC;
                         tx.awaits_read = t.link(p).counts_reads();
                         st.cur_tx = Some(tx)
                     }
@@ -1508,10 +1598,17 @@ fn share_piece(
     seq: u64,
     p2p_swap: bool,
 ) -> Result<bool> {
+    // A swap's own side, and where the peer's input is.
     let (src, len, swap) = match sched.steps[i].action {
-        Action::P2pSend { src, len, .. } if p2p_swap => (src, len, Some(Exchange::Swap)),
+        Action::P2pSend { src, len, .. } if p2p_swap => {
+            (src, len, Some((Side { dst: src as *mut u8, src }, Exchange::Swap, PeerInput::Block)))
+        }
         Action::Send { src, len, .. } | Action::P2pSend { src, len, .. } => (src, len, None),
-        Action::SwapSend(Offer { at, len, how, .. }) => (at as *const u8, len, Some(how)),
+        // Not before the peer's offer has said where its input is.
+        Action::SwapSend(Offer { peer_input: PeerInput::Unknown, .. }) => return Ok(false),
+        Action::SwapSend(Offer { at, src, len, how, peer_input, .. }) => {
+            (src, len, Some((Side { dst: at, src }, how, peer_input)))
+        }
         _ => return Ok(false),
     };
     // Smaller messages are never offered (a swap is offered at any size).
@@ -1543,11 +1640,14 @@ fn share_piece(
     // SAFETY: src holds the message (len bytes), kept unmodified until the peer
     // reports the read; dst is the receiver's destination for it, mapped here, which
     // the receiver leaves alone until every piece is done, and this piece was taken
-    // by this rank alone (the claim word). A swap's source is our block, which
-    // nobody else touches until the peer reports every piece done either.
+    // by this rank alone (the claim word). A swap's sides are our block and input
+    // and the peer's, which nobody else touches until the peer reports every piece
+    // done either.
     unsafe {
-        if let Some(how) = swap {
-            how.apply(me, link.peer(), src.add(off) as *mut u8, sh.dst.add(off), n)
+        if let Some((own, how, peer_input)) = swap {
+            let dst = sh.dst.add(off);
+            let other = Side { dst, src: if let PeerInput::At(q) = peer_input { q.add(off) } else { dst } };
+            how.apply(me, link.peer(), own.at(off), other, n)
         } else {
             copy::copy_stores(sh.dst.add(off), src.add(off), n, sh.stream)
         }
@@ -1691,8 +1791,9 @@ fn pump_rx(
                     // is a desynchronised stream, reported as such below.
                     let (want, sink, swap) = match sched.steps[i].action {
                         Action::Recv { len, sink, .. } => (len, sink, None),
-                        Action::SwapRecv { offer: Offer { len, at, how, .. }, .. } => {
-                            (len, Sink::Discard, Some((at, how)))
+                        Action::SwapRecv { offer: Offer { len, at, src, how, .. }, .. } => {
+                            let own = Side { dst: at, src };
+                            (len, Sink::Discard, Some(RxSwap { own, how, peer_input: PeerInput::Unknown }))
                         }
                         _ => unreachable!("only receives are queued for data"),
                     };
@@ -1706,7 +1807,7 @@ fn pump_rx(
                     }
                     st.data_rq.pop_front();
                     hdr.got = 0;
-                    let direct = (kind != K_DATA).then(DirectRx::new);
+                    let direct = (kind != K_DATA).then(|| DirectRx::new(kind));
                     st.cur_rx = Some(Rx { step: Some(i), len, sink, read: 0, direct, share: None, swap, gated: false });
                 }
                 K_SKIP => {
@@ -1792,9 +1893,14 @@ fn pump_rx(
                     // are in cache, and streaming stores would evict them.
                     let stream = len >= crate::env::stream_min() && !overlaps_a_send(sched, dst, len);
                     let sink = if stream { Sink::Stream(dst) } else { Sink::Copy(dst) };
-                    let direct = (kind != K_P2P_DATA).then(DirectRx::new);
+                    let direct = (kind != K_P2P_DATA).then(|| DirectRx::new(kind));
                     // A swap offer: our block, which the exchange fills.
-                    let swap = (kind == K_P2P_SWAP).then_some((dst, Exchange::Swap));
+                    let own = Side { dst, src: dst };
+                    let swap = (kind == K_P2P_SWAP).then_some(RxSwap {
+                        own,
+                        how: Exchange::Swap,
+                        peer_input: PeerInput::Block,
+                    });
                     let gated = swap.is_none() && inplace.gated(i);
                     st.cur_rx = Some(Rx { step: Some(i), len, sink, read: 0, direct, share: None, swap, gated });
                 }
@@ -1815,12 +1921,12 @@ fn pump_rx(
                 Some(src) => src,
                 None => {
                     // The descriptor may wrap around the ring: gather it first.
-                    progressed |= gather(link, &mut d.desc, &mut d.got);
-                    if d.got < DESC {
+                    progressed |= gather(link, &mut d.desc[..d.want], &mut d.got);
+                    if d.got < d.want {
                         break;
                     }
-                    let (addr, region) = decode_desc(&d.desc);
-                    if let (Some((at, _)), Some(i)) = (rx.swap, rx.step) {
+                    let (addr, region) = decode_desc(d.desc[..DESC].try_into().expect("one descriptor"));
+                    if let (Some(RxSwap { own, .. }), Some(i)) = (rx.swap, rx.step) {
                         // A swap offer: exchanged in place when both sides can (the
                         // peer's address is 0 when it cannot); otherwise the steps
                         // for both placements. Both sides decide alike. An fcclRecv
@@ -1848,16 +1954,41 @@ fn pump_rx(
                             Action::P2pRecv { .. } => true,
                             _ => unreachable!("swap offers go to swap steps"),
                         };
+                        // The peer's input: its block, or (a reduction out of place) the
+                        // second descriptor's.
+                        let peer_input = if !both || d.want == DESC {
+                            PeerInput::Block
+                        } else {
+                            let (saddr, sregion) = decode_desc(d.desc[DESC..].try_into().expect("one descriptor"));
+                            if saddr == addr {
+                                PeerInput::Block
+                            } else {
+                                let at = t.link(p).direct_source(saddr, rx.len, sregion.as_ref());
+                                PeerInput::At(at.map_err(|e| e.context((ctl.what)()))?.ok_or_else(|| {
+                                    Error::internal(format!("{}: rank {p}'s input could not be mapped", (ctl.what)()))
+                                })?)
+                            }
+                        };
                         if both && swap_offers(t.rank, p) {
                             let link = t.link(p);
                             let target =
                                 link.swap_target(addr, rx.len, region.as_ref()).map_err(|e| e.context((ctl.what)()))?;
-                            let slot = link.share_offer(at, rx.len, false).ok_or_else(|| {
+                            let slot = link.share_offer(own.dst, rx.len, false).ok_or_else(|| {
                                 Error::internal(format!("{}: a swap with rank {p} could not be offered", (ctl.what)()))
                             })?;
                             rx.share = Some((slot, false));
+                            rx.swap = Some(RxSwap { peer_input, ..rx.swap.expect("matched") });
                             d.src = Some(Source::Ptr(target));
                             continue;
+                        }
+                        if both {
+                            // The peer swaps; this rank helps with its offer step, which
+                            // needs the peer's input.
+                            if let Some(Step { action: Action::SwapSend(o), .. }) =
+                                sched.steps.get_mut(i.wrapping_sub(1))
+                            {
+                                o.peer_input = peer_input;
+                            }
                         }
                         // The peer swaps (reporting our offer read once it has), or the
                         // rings exchange: nothing more to read here.
@@ -1923,12 +2054,18 @@ fn pump_rx(
             if k > 0 {
                 match (src, rx.sink) {
                     (Source::Ptr(ptr), _) if rx.swap.is_some() => {
-                        let (at, how) = rx.swap.expect("checked");
-                        // SAFETY: our block and the peer's (mapped here writable) hold
-                        // rx.len bytes each, in different buffers; neither owner touches
-                        // them until every piece is swapped, and this piece was taken by
-                        // this rank alone (the claim word).
-                        unsafe { how.apply(me, p, at.add(off), ptr.add(off) as *mut u8, k) };
+                        let RxSwap { own, how, peer_input } = rx.swap.expect("checked");
+                        // SAFETY: offsets inside the peer's block and input (rx.len bytes each).
+                        let other = unsafe {
+                            let dst = ptr.add(off) as *mut u8;
+                            Side { dst, src: if let PeerInput::At(q) = peer_input { q.add(off) } else { dst } }
+                        };
+                        // SAFETY: our block and input and the peer's (its block mapped
+                        // here writable) hold rx.len bytes each, the two ranks' in
+                        // different buffers; neither owner touches them until every piece
+                        // is done, and this piece was taken by this rank alone (the claim
+                        // word).
+                        unsafe { how.apply(me, p, own.at(off), other, k) };
                     }
                     (Source::Ptr(ptr), sink) => {
                         // SAFETY: the sender keeps its message (rx.len bytes at ptr, mapped
@@ -2089,7 +2226,7 @@ mod tests {
     /// pieces rank 0 swapped.
     fn one_swap(len: usize, idle: bool, refuse: Option<usize>) -> (bool, u64) {
         let pattern = |r: usize| -> Vec<u8> { (0..len).map(|i| (i * (3 + 4 * r) + i / 4099 + r) as u8).collect() };
-        let (bufs, pieces) = one_exchange(len, Exchange::Swap, idle, refuse, pattern, false);
+        let (bufs, pieces) = one_exchange(len, Exchange::Swap, idle, refuse, pattern, false, [false; 2]);
         (bufs[0] == pattern(1) && bufs[1] == pattern(0), pieces)
     }
 
@@ -2097,7 +2234,7 @@ mod tests {
     /// over its one buffer (rank 0 posts the receive first).
     fn one_p2p_swap(len: usize, idle: bool, refuse: Option<usize>) -> (bool, u64) {
         let pattern = |r: usize| -> Vec<u8> { (0..len).map(|i| (i * (5 + 2 * r) + i / 4093 + r) as u8).collect() };
-        let (bufs, pieces) = one_exchange(len, Exchange::Swap, idle, refuse, pattern, true);
+        let (bufs, pieces) = one_exchange(len, Exchange::Swap, idle, refuse, pattern, true, [false; 2]);
         (bufs[0] == pattern(1) && bufs[1] == pattern(0), pieces)
     }
 
@@ -2111,10 +2248,15 @@ mod tests {
         refuse: Option<usize>,
         pattern: impl Fn(usize) -> Vec<u8>,
         p2p: bool,
+        apart: [bool; 2],
     ) -> ([Vec<u8>; 2], u64) {
         assert!(swap_offers(1, 0) && !swap_offers(0, 1));
         let ts = inproc::build(2).expect("links");
-        let mut bufs = [pattern(0), pattern(1)];
+        // A rank `apart` (out of place) starts with its input in a buffer of its own
+        // and junk in its block.
+        let inputs: Vec<Vec<u8>> = (0..2).map(|r| if apart[r] { pattern(r) } else { Vec::new() }).collect();
+        let mut bufs = [0, 1].map(|r| if apart[r] { vec![0xA5; len] } else { pattern(r) });
+        let inputs = &inputs;
         let abort = AtomicBool::new(false);
         let pieces = std::thread::scope(|s| {
             let abort = &abort;
@@ -2129,6 +2271,7 @@ mod tests {
                         RECEIVER_IDLE.with(|c| c.set(idle && r == 1));
                         SWAP_REFUSED.with(|c| c.set(refuse == Some(r)));
                         let (peer, at) = (1 - r, buf.as_mut_ptr());
+                        let src = if apart[r] { inputs[r].as_ptr() } else { at as *const u8 };
                         let mut sched = Schedule::new(1);
                         if p2p {
                             let what = |send| P2pCall { send, count: len, dtype: DataType::Uint8, peer };
@@ -2145,9 +2288,9 @@ mod tests {
                         sched.swap(
                             peer,
                             at,
+                            src,
                             len,
                             how,
-                            true,
                             |_| {},
                             |s| {
                                 for a in (0..len).step_by(64 << 10) {
@@ -2191,11 +2334,42 @@ mod tests {
                         })
                         .collect()
                 };
-                let (bufs, pieces) = one_exchange(len, Exchange::Reduce { dtype, op }, idle, None, bytes, false);
+                let (bufs, pieces) = one_exchange(
+                    len,
+                    Exchange::Reduce { dtype, op, stream: false },
+                    idle,
+                    None,
+                    bytes,
+                    false,
+                    [false; 2],
+                );
                 let mut want = bytes(0);
                 reduce::reduce_inplace(dtype, op, &mut want, &bytes(1));
                 reduce::finish_inplace(dtype, op, 2, &mut want);
                 assert!(bufs[0] == want && bufs[1] == want, "{dtype} {op:?}, {len} bytes, idle offerer {idle}");
+                if idle {
+                    assert_eq!(pieces, share_pieces(len), "the helper reduced every piece");
+                }
+            }
+        }
+    }
+
+    /// Out of place on either rank or both, a reducing exchange reads each input
+    /// where it is and leaves the reduction in both blocks, whoever reduced which
+    /// piece (the helper alone included).
+    #[test]
+    fn reductions_out_of_place_leave_the_result_in_both_blocks() {
+        let (dtype, op) = (DataType::Int32, RedOp::Sum);
+        let ints = |r: usize, len: usize| -> Vec<u8> {
+            (0..len / 4).flat_map(|i| ((i as i32).wrapping_mul(7919) ^ (r as i32 * 104_729)).to_le_bytes()).collect()
+        };
+        for apart in [[true, true], [true, false], [false, true]] {
+            for (len, idle) in [(SHARE_MIN + 8, false), (3 << 20, false), (3 * SHARE_PIECE + 16, true)] {
+                let how = Exchange::Reduce { dtype, op, stream: true };
+                let (bufs, pieces) = one_exchange(len, how, idle, None, |r| ints(r, len), false, apart);
+                let mut want = ints(0, len);
+                reduce::reduce_inplace(dtype, op, &mut want, &ints(1, len));
+                assert!(bufs[0] == want && bufs[1] == want, "out of place {apart:?}, {len} bytes, idle {idle}");
                 if idle {
                     assert_eq!(pieces, share_pieces(len), "the helper reduced every piece");
                 }
