@@ -150,12 +150,13 @@ fn messages_larger_than_the_rings_are_right() {
     }
 }
 
-/// 2-rank all_reduce from 256 KiB reduces in place between the two processes'
-/// mapped buffers (in place), or takes the pipelined path (out of place, and every
-/// call with `FERROCCL_SPLIT_COPY=0`): right for every kind of type and operator,
-/// the average of narrow floats (which keeps the pipelined path) included.
+/// 2-rank all_reduce from 256 KiB reduces between the two processes' mapped
+/// buffers (in place; out of place at 3 MiB, from 512 KiB with streaming stores),
+/// or takes the pipelined path (out of place at 256 KiB, and every call with
+/// `FERROCCL_SPLIT_COPY=0`): right for every kind of type and operator, the
+/// average of narrow floats (which keeps the pipelined path) included.
 #[test]
-fn two_rank_all_reduce_in_place_is_right_for_every_type_and_op() {
+fn two_rank_all_reduce_between_buffers_is_right_for_every_type_and_op() {
     for (d, op) in
         [("half", "sum"), ("bfloat16", "prod"), ("f8e4m3", "avg"), ("int8", "max"), ("double", "avg"), ("int32", "min")]
     {

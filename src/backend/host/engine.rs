@@ -2435,6 +2435,50 @@ mod tests {
         }
     }
 
+    /// A ring of thread ranks shifts messages several times larger than the rings
+    /// (256 KiB) through one buffer each, the receive at or below the send (which
+    /// waits for the send's progress) or above it (the send's payload is copied
+    /// aside): never deadlocks, and every rank ends with its predecessor's message
+    /// and the rest of its buffer untouched. Thread ranks could swap, but at 3 and
+    /// 4 ranks nobody exchanges with one peer.
+    #[test]
+    fn in_place_ring_shifts_larger_than_the_rings_finish_right() {
+        let len = 1 << 20;
+        let fill = |r: usize| -> Vec<u8> { (0..len + 8192).map(|i| (i % 253 + 31 * r + i / 9973) as u8).collect() };
+        for n in [3usize, 4] {
+            for (send_at, recv_at) in [(0, 0), (8192, 0), (4096, 1000), (0, 5000)] {
+                let ts = inproc::build_with_ring(n, 256 << 10).expect("links");
+                let mut bufs: Vec<Vec<u8>> = (0..n).map(fill).collect();
+                let abort = AtomicBool::new(false);
+                std::thread::scope(|s| {
+                    let abort = &abort;
+                    for ((r, mut t), buf) in ts.into_iter().enumerate().zip(bufs.iter_mut()) {
+                        s.spawn(move || {
+                            let ctl = RunCtl { timeout: Duration::from_secs(20), abort, what: &|| "test".to_string() };
+                            let (next, prev) = ((r + 1) % n, (r + n - 1) % n);
+                            let what = |send, peer| P2pCall { send, count: len, dtype: DataType::Uint8, peer };
+                            let base = buf.as_mut_ptr();
+                            let mut sched = Schedule::new(1);
+                            // SAFETY: both ranges lie inside the buffer (len + 8192 bytes).
+                            unsafe {
+                                sched.p2p_recv(prev, base.add(recv_at), len, what(false, prev));
+                                sched.p2p_send(next, base.add(send_at), len, what(true, next));
+                            }
+                            assert!(run(&mut t, &mut sched, &ctl).expect("ring shift").is_none());
+                        });
+                    }
+                });
+                for r in 0..n {
+                    let (own, theirs) = (fill(r), fill((r + n - 1) % n));
+                    let what = format!("{n} ranks, send at {send_at}, receive at {recv_at}, rank {r}");
+                    assert!(bufs[r][recv_at..recv_at + len] == theirs[send_at..send_at + len], "{what}: received");
+                    assert!(bufs[r][..recv_at] == own[..recv_at], "{what}: before");
+                    assert!(bufs[r][recv_at + len..] == own[recv_at + len..], "{what}: after");
+                }
+            }
+        }
+    }
+
     /// Below SHARE_MIN, and into reductions, the receiver reads alone (no offer is
     /// made, so an idle receiver still finishes).
     #[test]
