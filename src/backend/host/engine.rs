@@ -2468,12 +2468,12 @@ mod tests {
                         });
                     }
                 });
-                for r in 0..n {
+                for (r, buf) in bufs.iter().enumerate() {
                     let (own, theirs) = (fill(r), fill((r + n - 1) % n));
                     let what = format!("{n} ranks, send at {send_at}, receive at {recv_at}, rank {r}");
-                    assert!(bufs[r][recv_at..recv_at + len] == theirs[send_at..send_at + len], "{what}: received");
-                    assert!(bufs[r][..recv_at] == own[..recv_at], "{what}: before");
-                    assert!(bufs[r][recv_at + len..] == own[recv_at + len..], "{what}: after");
+                    assert!(buf[recv_at..recv_at + len] == theirs[send_at..send_at + len], "{what}: received");
+                    assert!(buf[..recv_at] == own[..recv_at], "{what}: before");
+                    assert!(buf[recv_at + len..] == own[recv_at + len..], "{what}: after");
                 }
             }
         }
