@@ -134,6 +134,14 @@ pub trait Link: Send {
         let _ = (addr, len, shared);
         Err(crate::error::Error::internal("swap on a link that does not support it"))
     }
+    /// Where this process writes the `len` bytes at `addr` of the peer that a
+    /// broadcast root sending to this rank wants as its own copy of the message
+    /// (see `engine::K_DIRECT`). Only asked when the peer said it can be written
+    /// (`swap_capable` on its side), so a failure is an error.
+    fn tee_target(&mut self, addr: u64, len: usize, shared: Option<&Desc>) -> Result<*mut u8> {
+        let _ = (addr, len, shared);
+        Err(crate::error::Error::internal("a shared copy on a link that does not support it"))
+    }
 }
 
 /// What a rank saw before it last looked for work (see [`Transport::seen`]).

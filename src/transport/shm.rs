@@ -899,12 +899,24 @@ impl Link for ShmLink {
                 self.peer
             ));
         }
+        self.peer_writable(addr, len, shared, "swapping")
+    }
+
+    fn tee_target(&mut self, addr: u64, len: usize, shared: Option<&Desc>) -> Result<*mut u8> {
+        self.peer_writable(addr, len, shared, "writing the sender's own copy of")
+    }
+}
+
+impl ShmLink {
+    /// The peer's `len` bytes at `addr` (in its shared allocation `shared`), mapped
+    /// writable here for `what` (the error names it): see `Link::swap_target`.
+    fn peer_writable(&mut self, addr: u64, len: usize, shared: Option<&Desc>, what: &str) -> Result<*mut u8> {
         if self.same_process {
             return Ok(addr as usize as *mut u8);
         }
         let Some(d) = shared else {
             return Err(Error::internal(format!(
-                "rank {} offered to swap {len} bytes of a buffer it does not share",
+                "rank {} asked for {what} {len} bytes of a buffer it does not share",
                 self.peer
             )));
         };
@@ -912,10 +924,10 @@ impl Link for ShmLink {
             Ok(p) => Ok(p),
             Err(e) => {
                 self.check_alive()?;
-                // Later calls exchange with this peer through the rings.
+                // Later calls keep to this side's own buffers with this peer.
                 self.no_share_writes = true;
                 Err(Error::system(format!(
-                    "swapping {len} bytes in place with rank {}'s buffer failed: it cannot be mapped writable here ({}); set FERROCCL_SPLIT_COPY=0 to exchange in-place blocks through shared memory instead",
+                    "{what} {len} bytes in rank {}'s buffer failed: it cannot be mapped writable here ({}); set FERROCCL_SPLIT_COPY=0 to keep every rank to its own buffers",
                     self.peer, e.msg
                 )))
             }

@@ -40,7 +40,11 @@ pub(super) const K_P2P_EAGER: u8 = 7;
 const EAGER_MAX: usize = 64 << 10;
 /// A collective message sent by address: the receiver reads it straight from the
 /// sender's buffer (single copy) and reports the read done through the link. The
-/// payload is a [`DESC`]-byte descriptor (see `direct_desc`).
+/// payload is a [`DESC`]-byte descriptor (see `direct_desc`). With the header flag
+/// ([`HDR_FLAG`]) set, a second descriptor follows: the sender's own destination
+/// for the message (a broadcast root's recvbuff out of place), which whoever copies
+/// a piece of the message writes too, so each piece is read once for both
+/// destinations and both cores share all of it (see [`tee_shared`]).
 pub(super) const K_DIRECT: u8 = 5;
 /// The payload of a large fcclSend, sent by address as K_DIRECT is.
 pub(super) const K_P2P_DIRECT: u8 = 8;
@@ -883,8 +887,9 @@ struct DirectRx {
 }
 
 impl DirectRx {
-    fn new(kind: u8) -> DirectRx {
-        let want = if kind == K_SWAP { 2 * DESC } else { DESC };
+    /// For a message of `kind` whose header flag is `flag`.
+    fn new(kind: u8, flag: u8) -> DirectRx {
+        let want = if kind == K_SWAP || (kind == K_DIRECT && flag != 0) { 2 * DESC } else { DESC };
         DirectRx { desc: [0; 2 * DESC], want, got: 0, src: None }
     }
 }
@@ -912,6 +917,30 @@ struct Rx {
     swap: Option<RxSwap>,
     /// An fcclRecv into a buffer that sends of the run read (see [`InPlace`]).
     gated: bool,
+    /// The sender's own destination for the message, mapped here: each piece this
+    /// rank copies goes there too (see [`K_DIRECT`]).
+    tee: Option<*mut u8>,
+}
+
+/// How a sender helps copy its direct message into the receiver's buffer, once the
+/// receiver offers a split copy (see [`share_piece`]).
+#[derive(Clone, Copy)]
+enum Help {
+    /// Each piece copied into the receiver's destination.
+    Copy,
+    /// Each piece also into this rank's own destination (`stream`: with streaming
+    /// stores), which the receiver writes with its pieces too ([`tee_shared`]).
+    Tee { dst: *mut u8, stream: bool },
+    /// A [`K_P2P_SWAP`] offer: pieces swapped.
+    P2pSwap,
+}
+
+/// Whether the sender of a direct message of `len` bytes with its own destination
+/// `dst` (a broadcast root's recvbuff) leaves that copy to whoever copies each
+/// piece, itself or the receiver: large enough for a split copy, which has both
+/// cores take pieces, and a destination the receiver can write.
+fn tee_shared(link: &dyn crate::transport::Link, dst: *mut u8, len: usize) -> bool {
+    len >= SHARE_MIN && link.swap_capable(dst, len)
 }
 
 /// The pieces of a split copy of `len` bytes.
@@ -948,8 +977,8 @@ struct Peer {
     cur_rx: Option<Rx>,
     /// Direct messages sent so far, and the steps that wait for their reads.
     direct_sent: u64,
-    /// (step, message number, whether a K_P2P_SWAP offer).
-    direct_wait: VecDeque<(usize, u64, bool)>,
+    /// (step, message number, how this rank helps copy it).
+    direct_wait: VecDeque<(usize, u64, Help)>,
     /// Whether `direct_sent` has been read from the link in this run.
     direct_started: bool,
     /// The split copy of our direct message that the peer offered, once looked up.
@@ -1378,7 +1407,7 @@ fn pump_tx(
     let mut progressed = false;
     // Payload bytes this visit may still write (see PIECE).
     let mut budget = PIECE;
-    if let Some(&(first, want, swap)) = st.direct_wait.front() {
+    if let Some(&(first, want, how)) = st.direct_wait.front() {
         let read = t.link(p).direct_reads_done();
         if read >= want {
             while let Some(&(i, k, _)) = st.direct_wait.front() {
@@ -1390,7 +1419,7 @@ fn pump_tx(
                 *remaining -= 1;
             }
             progressed = true;
-        } else if help && share_piece(t.rank, t.link(p), st, sched, first, want, swap)? {
+        } else if help && share_piece(t.rank, t.link(p), st, sched, first, want, how)? {
             // A piece of the message the peer is reading, copied into its buffer.
             budget -= SHARE_PIECE.min(budget);
             progressed = true;
@@ -1430,7 +1459,15 @@ fn pump_tx(
                             Via::Tee { dst, stream } => Some((dst, stream)),
                             _ => None,
                         };
-                        st.cur_tx = Some(Tx::direct(K_DIRECT, tag, src, len, i, direct.expect("matched"), tee))
+                        let mut tx = Tx::direct(K_DIRECT, tag, src, len, i, direct.expect("matched"), tee);
+                        if let Some((dst, _)) = tee.filter(|&(dst, _)| tee_shared(t.link(p), dst, len)) {
+                            // The receiver writes our copy with its pieces, we with ours.
+                            tx.inline[DESC..].copy_from_slice(&encode_desc(dst, shared::lookup(dst, len)));
+                            tx.payload = 2 * DESC;
+                            tx.flag = 1;
+                            tx.tee_done = len;
+                        }
+                        st.cur_tx = Some(tx)
                     }
                     Action::Send { src, len, via, .. } => {
                         let mut tx = Tx::data(K_DATA, tag, src, len, Some(i));
@@ -1575,8 +1612,12 @@ fn pump_tx(
         if tx.awaits_read {
             // Done once the peer has read it from our buffer.
             st.direct_sent += 1;
-            let swap = tx.kind == K_P2P_SWAP;
-            st.direct_wait.push_back((tx.step.expect("direct messages belong to steps"), st.direct_sent, swap));
+            let how = match tx.tee {
+                _ if tx.kind == K_P2P_SWAP => Help::P2pSwap,
+                Some((dst, stream)) if tx.flag != 0 => Help::Tee { dst, stream },
+                _ => Help::Copy,
+            };
+            st.direct_wait.push_back((tx.step.expect("direct messages belong to steps"), st.direct_sent, how));
         } else if let Some(i) = tx.step {
             done[i] = true;
             *remaining -= 1;
@@ -1596,8 +1637,9 @@ fn share_piece(
     sched: &Schedule<'_>,
     i: usize,
     seq: u64,
-    p2p_swap: bool,
+    help: Help,
 ) -> Result<bool> {
+    let p2p_swap = matches!(help, Help::P2pSwap);
     // A swap's own side, and where the peer's input is.
     let (src, len, swap) = match sched.steps[i].action {
         Action::P2pSend { src, len, .. } if p2p_swap => {
@@ -1649,13 +1691,32 @@ fn share_piece(
             let other = Side { dst, src: if let PeerInput::At(q) = peer_input { q.add(off) } else { dst } };
             how.apply(me, link.peer(), own.at(off), other, n)
         } else {
-            copy::copy_stores(sh.dst.add(off), src.add(off), n, sh.stream)
+            copy::copy_stores(sh.dst.add(off), src.add(off), n, sh.stream);
+            if let Help::Tee { dst, stream } = help {
+                // Our own copy of the piece, read once for both.
+                copy::copy_stores(dst.add(off), src.add(off), n, stream);
+            }
         }
     };
     slot.pieces_copied(1);
     #[cfg(test)]
     tests::SENDER_PIECES.with(|c| c.set(c.get() + 1));
     Ok(true)
+}
+
+/// Copies `k` bytes of a direct message at payload offset `off` (read from
+/// `from + off`) to the sender's own destination `tee`, if the sender left it to
+/// the pieces (see [`K_DIRECT`]); with streaming stores where the sink streams.
+///
+/// # Safety
+/// `from + off` holds the k bytes; `tee` is the sender's destination, mapped here
+/// for the whole message, whose piece at `off` nobody else writes (this rank took
+/// it: the claim word, or the whole message unshared).
+unsafe fn rx_tee(tee: Option<*mut u8>, sink: Sink, off: usize, from: *const u8, k: usize) {
+    if let Some(tee) = tee {
+        // SAFETY: the caller's contract.
+        unsafe { copy::copy_stores(tee.add(off), from.wrapping_add(off), k, matches!(sink, Sink::Stream(_))) };
+    }
 }
 
 /// Bytes gated receive `rx` may take now (see [`InPlace`]); unbounded once every
@@ -1807,8 +1868,18 @@ fn pump_rx(
                     }
                     st.data_rq.pop_front();
                     hdr.got = 0;
-                    let direct = (kind != K_DATA).then(|| DirectRx::new(kind));
-                    st.cur_rx = Some(Rx { step: Some(i), len, sink, read: 0, direct, share: None, swap, gated: false });
+                    let direct = (kind != K_DATA).then(|| DirectRx::new(kind, hdr.bytes[HDR_FLAG]));
+                    st.cur_rx = Some(Rx {
+                        step: Some(i),
+                        len,
+                        sink,
+                        read: 0,
+                        direct,
+                        share: None,
+                        swap,
+                        gated: false,
+                        tee: None,
+                    });
                 }
                 K_SKIP => {
                     hdr.got = 0;
@@ -1821,6 +1892,7 @@ fn pump_rx(
                         share: None,
                         swap: None,
                         gated: false,
+                        tee: None,
                     });
                 }
                 K_P2P_HDR => {
@@ -1856,8 +1928,17 @@ fn pump_rx(
                     };
                     // The step is done once the payload that follows has been read.
                     let gated = inplace.gated(i);
-                    st.cur_rx =
-                        Some(Rx { step: Some(i), len, sink, read: 0, direct: None, share: None, swap: None, gated });
+                    st.cur_rx = Some(Rx {
+                        step: Some(i),
+                        len,
+                        sink,
+                        read: 0,
+                        direct: None,
+                        share: None,
+                        swap: None,
+                        gated,
+                        tee: None,
+                    });
                 }
                 K_P2P_REPLY => {
                     if st.replies_read == st.p2p_sends {
@@ -1893,7 +1974,7 @@ fn pump_rx(
                     // are in cache, and streaming stores would evict them.
                     let stream = len >= crate::env::stream_min() && !overlaps_a_send(sched, dst, len);
                     let sink = if stream { Sink::Stream(dst) } else { Sink::Copy(dst) };
-                    let direct = (kind != K_P2P_DATA).then(|| DirectRx::new(kind));
+                    let direct = (kind != K_P2P_DATA).then(|| DirectRx::new(kind, 0));
                     // A swap offer: our block, which the exchange fills.
                     let own = Side { dst, src: dst };
                     let swap = (kind == K_P2P_SWAP).then_some(RxSwap {
@@ -1902,7 +1983,8 @@ fn pump_rx(
                         peer_input: PeerInput::Block,
                     });
                     let gated = swap.is_none() && inplace.gated(i);
-                    st.cur_rx = Some(Rx { step: Some(i), len, sink, read: 0, direct, share: None, swap, gated });
+                    st.cur_rx =
+                        Some(Rx { step: Some(i), len, sink, read: 0, direct, share: None, swap, gated, tee: None });
                 }
                 k => {
                     return Err(Error::internal(format!(
@@ -2005,6 +2087,12 @@ fn pump_rx(
                             None => Source::Remote(addr),
                         };
                     d.src = Some(src);
+                    if d.want == 2 * DESC {
+                        // The sender's own copy, which our pieces write too.
+                        let (taddr, tregion) = decode_desc(d.desc[DESC..].try_into().expect("one descriptor"));
+                        let tee = link.tee_target(taddr, rx.len, tregion.as_ref());
+                        rx.tee = Some(tee.map_err(|e| e.context((ctl.what)()))?);
+                    }
                     // A large copy into a buffer the sender can write too: offered
                     // to the sender to share.
                     // Not where sends of the run still read (they would race the sender).
@@ -2072,11 +2160,15 @@ fn pump_rx(
                         // here) valid and unmodified until we report the read done; the
                         // sink's destination is valid for the message (schedule contract).
                         unsafe { sink.consume(off, std::slice::from_raw_parts(ptr.add(off), k)) };
+                        // SAFETY: as above; the sender's copy is mapped for the message.
+                        unsafe { rx_tee(rx.tee, rx.sink, off, ptr, k) };
                     }
                     (Source::Remote(addr), Sink::Copy(dst)) => {
                         // SAFETY: dst is valid for the message (schedule contract).
                         link.read_direct(addr + off as u64, unsafe { dst.add(off) }, k)
-                            .map_err(|e| e.context((ctl.what)()))?
+                            .map_err(|e| e.context((ctl.what)()))?;
+                        // SAFETY: as above; the piece just read is at dst + off.
+                        unsafe { rx_tee(rx.tee, rx.sink, off, dst, k) };
                     }
                     (Source::Remote(addr), sink) => {
                         bounce.resize(DIRECT_PIECE, 0);
@@ -2084,6 +2176,8 @@ fn pump_rx(
                             .map_err(|e| e.context((ctl.what)()))?;
                         // SAFETY: as for stream data.
                         unsafe { sink.consume(off, &bounce[..k]) };
+                        // SAFETY: the bounce piece holds the k bytes of offset off.
+                        unsafe { rx_tee(rx.tee, rx.sink, off, bounce.as_ptr().wrapping_sub(off), k) };
                     }
                 }
                 if let Some((slot, _)) = rx.share {
@@ -2163,19 +2257,31 @@ mod tests {
     /// into a sink of `kind` (0 copy, 1 streaming copy, 2 sum reduction); the bytes
     /// rank 1 ends with and the pieces rank 0 copied.
     fn one_message(len: usize, kind: u8, idle: bool) -> (Vec<u8>, Vec<u8>, u64) {
+        let (src, dst, _, pieces) = one_message_tee(len, kind, idle, false);
+        (src, dst, pieces)
+    }
+
+    /// As [`one_message`]; with `tee`, the sender also wants the message in a
+    /// buffer of its own (a broadcast root out of place), which comes back fourth.
+    fn one_message_tee(len: usize, kind: u8, idle: bool, tee: bool) -> (Vec<u8>, Vec<u8>, Vec<u8>, u64) {
         let ts = inproc::build(2).expect("links");
         let src: Vec<u8> = (0..len).map(|i| (i * 7 + i / 65536) as u8).collect();
         let mut dst = vec![1u8; len];
+        let mut own = vec![2u8; if tee { len } else { 0 }];
         let abort = AtomicBool::new(false);
         let pieces = std::thread::scope(|s| {
             let mut it = ts.into_iter();
             let (mut t0, mut t1) = (it.next().unwrap(), it.next().unwrap());
-            let (src, dst, abort) = (&src, &mut dst, &abort);
+            let (src, dst, own, abort) = (&src, &mut dst, &mut own, &abort);
             let ctl = move || RunCtl { timeout: Duration::from_secs(20), abort, what: &|| "test".to_string() };
             let sender = s.spawn(move || {
                 SENDER_PIECES.with(|c| c.set(0));
                 let mut sched = Schedule::new(1);
-                sched.send(1, src.as_ptr(), len, &[]);
+                if tee {
+                    sched.send_tee(1, src.as_ptr(), len, own.as_mut_ptr(), kind == 1);
+                } else {
+                    sched.send(1, src.as_ptr(), len, &[]);
+                }
                 assert!(run(&mut t0, &mut sched, &ctl()).expect("send").is_none());
                 SENDER_PIECES.with(|c| c.get())
             });
@@ -2193,7 +2299,7 @@ mod tests {
             });
             sender.join().expect("sender")
         });
-        (src, dst, pieces)
+        (src, dst, own, pieces)
     }
 
     /// A receiver that leaves every piece to the sender gets the whole message,
@@ -2205,6 +2311,24 @@ mod tests {
             assert!(dst == src, "{len} bytes, sink {kind}");
             assert_eq!(pieces, share_pieces(len), "{len} bytes: the sender copied every piece");
         }
+    }
+
+    /// A sender that wants its own copy of a large message (a broadcast root out of
+    /// place) leaves it to the pieces: whoever copies a piece writes both
+    /// destinations, the sender alone when the receiver is idle; both exact.
+    #[test]
+    fn the_senders_own_copy_is_written_with_the_pieces() {
+        for (len, kind, idle) in [(SHARE_MIN, 0, true), (5 * SHARE_PIECE + 12_344, 1, false), (6 << 20, 0, false)] {
+            let (src, dst, own, pieces) = one_message_tee(len, kind, idle, true);
+            assert!(dst == src && own == src, "{len} bytes, sink {kind}, idle {idle}");
+            if idle {
+                assert_eq!(pieces, share_pieces(len), "{len} bytes: the sender copied every piece");
+            }
+        }
+        // Below a split copy's size the sender copies its own alone, as before.
+        let (src, dst, own, pieces) = one_message_tee(SHARE_MIN - 8, 0, true, true);
+        assert!(dst == src && own == src);
+        assert_eq!(pieces, 0);
     }
 
     /// Both sides take pieces: the result is exact whoever copied what.
