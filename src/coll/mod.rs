@@ -89,6 +89,18 @@ impl VCounts {
         VCounts { all: all.into_boxed_slice() }
     }
 
+    /// For all_gather_v: every rank sends `sendcount` elements from displacement
+    /// 0 to each of the `n` ranks; one allocation, as [`VCounts::new`] makes.
+    pub fn gather_v(sendcount: usize, n: usize, recvcounts: &[usize], rdispls: &[usize]) -> VCounts {
+        let mut all = Vec::with_capacity(4 + 2 * n + recvcounts.len() + rdispls.len());
+        all.extend([n, n, recvcounts.len(), rdispls.len()]);
+        all.extend(std::iter::repeat(sendcount).take(n));
+        all.extend(std::iter::repeat(0).take(n));
+        all.extend_from_slice(recvcounts);
+        all.extend_from_slice(rdispls);
+        VCounts { all: all.into_boxed_slice() }
+    }
+
     /// Array `i` of the four (in the order of [`VCounts::new`]).
     #[inline]
     fn part(&self, i: usize) -> &[usize] {
@@ -464,6 +476,10 @@ mod tests {
             (v.sendcounts(), v.sdispls(), v.recvcounts(), v.rdispls()),
             (&[1, 2][..], &[3, 4][..], &[5, 6][..], &[7, 8][..])
         );
+        // all_gather_v's, built in one allocation, read back as if built by new().
+        let g = VCounts::gather_v(5, 3, &[5, 5, 5], &[0, 9, 20]);
+        let w = VCounts::new(&[5, 5, 5], &[0, 0, 0], &[5, 5, 5], &[0, 9, 20]);
+        assert_eq!(format!("{g:?}"), format!("{w:?}"));
         // reduce_scatter_v leaves sendcounts and rdispls empty.
         let v = VCounts::new(&[], &[0, 2, 4], &[2, 2, 1], &[]);
         assert_eq!(

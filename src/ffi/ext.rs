@@ -75,7 +75,7 @@ pub unsafe extern "C" fn fcclAllGatherV(
             let (recvcounts, rdispls) =
                 unsafe { (borrow_array(recvcounts, n, "recvcounts")?, borrow_array(rdispls, n, "rdispls")?) };
             let mut c = Coll::new(CollKind::AllGatherV, sendbuff as _, recvbuff as _, sendcount, dtype(datatype)?);
-            c.v = Some(VCounts::new(&vec![sendcount; n], &vec![0; n], recvcounts, rdispls));
+            c.v = Some(VCounts::gather_v(sendcount, n, recvcounts, rdispls));
             Ok(c)
         })
     })
