@@ -387,6 +387,13 @@ enum PeerInput {
     At(*const u8),
 }
 
+impl PeerInput {
+    /// The peer's side of an exchange whose block is mapped here at `block`.
+    fn side(self, block: *mut u8) -> Side {
+        Side { dst: block, src: if let PeerInput::At(q) = self { q } else { block } }
+    }
+}
+
 pub enum Action<'a> {
     /// A collective message of `len` bytes from `src`.
     Send {
@@ -708,35 +715,31 @@ impl InPlace {
             return;
         }
         let overlap = |a: usize, al: usize, b: usize, bl: usize| a < b + bl && b < a + al;
-        let calls: Vec<(usize, (bool, usize, usize, usize))> =
-            steps.iter().enumerate().filter_map(|(k, s)| p2p(&s.action).map(|c| (k, c))).collect();
-        for &(i, (_, _, dst, dl)) in calls.iter().filter(|c| !c.1 .0) {
-            for &(j, (_, _, src, sl)) in calls.iter().filter(|c| c.1 .0) {
-                if !overlap(dst, dl, src, sl) {
-                    continue;
-                }
-                if dst <= src {
+        let calls = |steps: &[Step<'_>]| -> Vec<(usize, (bool, usize, usize, usize))> {
+            steps.iter().enumerate().filter_map(|(k, s)| p2p(&s.action).map(|c| (k, c))).collect()
+        };
+        // Sends that a receive overlaps above their start are copied aside first.
+        let before = calls(steps);
+        for &(j, (_, _, src, sl)) in before.iter().filter(|c| c.1 .0) {
+            let above = before.iter().any(|&(_, (send, _, dst, dl))| !send && dst > src && overlap(dst, dl, src, sl));
+            if let (true, Action::P2pSend { src: at, len, .. }) = (above, &mut steps[j].action) {
+                let mut copy = PooledBuf::take(*len);
+                // SAFETY: the caller's buffer holds len bytes (validated) and the pooled
+                // one at least as many; they are distinct allocations.
+                unsafe { std::ptr::copy_nonoverlapping(*at, copy.as_mut_ptr(), *len) };
+                *at = copy.as_ptr();
+                self.staged.push(copy);
+            }
+        }
+        // Every overlap left has the receive at or below the send.
+        let after = calls(steps);
+        for &(i, (_, _, dst, dl)) in after.iter().filter(|c| !c.1 .0) {
+            for &(j, (_, _, src, sl)) in after.iter().filter(|c| c.1 .0) {
+                if overlap(dst, dl, src, sl) {
                     self.gates.push((i, j));
-                } else if let Action::P2pSend { src: at, len, .. } = &mut steps[j].action {
-                    // Not when an earlier receive had it copied already.
-                    if *at as usize == src {
-                        let mut copy = PooledBuf::take(*len);
-                        // SAFETY: the caller's buffer holds len bytes (validated) and the
-                        // pooled one at least as many; they are distinct allocations.
-                        unsafe { std::ptr::copy_nonoverlapping(*at, copy.as_mut_ptr(), *len) };
-                        *at = copy.as_ptr();
-                        self.staged.push(copy);
-                    }
                 }
             }
         }
-        // Gates on sends that were copied aside since.
-        self.gates.retain(|&(i, j)| {
-            let (Some((_, _, dst, dl)), Some((_, _, src, sl))) = (p2p(&steps[i].action), p2p(&steps[j].action)) else {
-                return false;
-            };
-            overlap(dst, dl, src, sl)
-        });
         if self.gates.is_empty() {
             return;
         }
@@ -920,6 +923,14 @@ struct Rx {
     /// The sender's own destination for the message, mapped here: each piece this
     /// rank copies goes there too (see [`K_DIRECT`]).
     tee: Option<*mut u8>,
+}
+
+impl Rx {
+    /// A message of `len` bytes for step `step` into `sink`, read from the stream;
+    /// the other fields as the message kind needs them.
+    fn new(step: Option<usize>, len: usize, sink: Sink) -> Rx {
+        Rx { step, len, sink, read: 0, direct: None, share: None, swap: None, gated: false, tee: None }
+    }
 }
 
 /// How a sender helps copy its direct message into the receiver's buffer, once the
@@ -1687,9 +1698,7 @@ fn share_piece(
     // done either.
     unsafe {
         if let Some((own, how, peer_input)) = swap {
-            let dst = sh.dst.add(off);
-            let other = Side { dst, src: if let PeerInput::At(q) = peer_input { q.add(off) } else { dst } };
-            how.apply(me, link.peer(), own.at(off), other, n)
+            how.apply(me, link.peer(), own.at(off), peer_input.side(sh.dst).at(off), n)
         } else {
             copy::copy_stores(sh.dst.add(off), src.add(off), n, sh.stream);
             if let Help::Tee { dst, stream } = help {
@@ -1869,31 +1878,11 @@ fn pump_rx(
                     st.data_rq.pop_front();
                     hdr.got = 0;
                     let direct = (kind != K_DATA).then(|| DirectRx::new(kind, hdr.bytes[HDR_FLAG]));
-                    st.cur_rx = Some(Rx {
-                        step: Some(i),
-                        len,
-                        sink,
-                        read: 0,
-                        direct,
-                        share: None,
-                        swap,
-                        gated: false,
-                        tee: None,
-                    });
+                    st.cur_rx = Some(Rx { direct, swap, ..Rx::new(Some(i), len, sink) });
                 }
                 K_SKIP => {
                     hdr.got = 0;
-                    st.cur_rx = Some(Rx {
-                        step: None,
-                        len,
-                        sink: Sink::Discard,
-                        read: 0,
-                        direct: None,
-                        share: None,
-                        swap: None,
-                        gated: false,
-                        tee: None,
-                    });
+                    st.cur_rx = Some(Rx::new(None, len, Sink::Discard));
                 }
                 K_P2P_HDR => {
                     let Some(&i) = st.p2p_rq.front() else { break };
@@ -1928,17 +1917,7 @@ fn pump_rx(
                     };
                     // The step is done once the payload that follows has been read.
                     let gated = inplace.gated(i);
-                    st.cur_rx = Some(Rx {
-                        step: Some(i),
-                        len,
-                        sink,
-                        read: 0,
-                        direct: None,
-                        share: None,
-                        swap: None,
-                        gated,
-                        tee: None,
-                    });
+                    st.cur_rx = Some(Rx { gated, ..Rx::new(Some(i), len, sink) });
                 }
                 K_P2P_REPLY => {
                     if st.replies_read == st.p2p_sends {
@@ -1983,8 +1962,7 @@ fn pump_rx(
                         peer_input: PeerInput::Block,
                     });
                     let gated = swap.is_none() && inplace.gated(i);
-                    st.cur_rx =
-                        Some(Rx { step: Some(i), len, sink, read: 0, direct, share: None, swap, gated, tee: None });
+                    st.cur_rx = Some(Rx { direct, swap, gated, ..Rx::new(Some(i), len, sink) });
                 }
                 k => {
                     return Err(Error::internal(format!(
@@ -2143,17 +2121,13 @@ fn pump_rx(
                 match (src, rx.sink) {
                     (Source::Ptr(ptr), _) if rx.swap.is_some() => {
                         let RxSwap { own, how, peer_input } = rx.swap.expect("checked");
-                        // SAFETY: offsets inside the peer's block and input (rx.len bytes each).
-                        let other = unsafe {
-                            let dst = ptr.add(off) as *mut u8;
-                            Side { dst, src: if let PeerInput::At(q) = peer_input { q.add(off) } else { dst } }
-                        };
+                        let other = peer_input.side(ptr as *mut u8);
                         // SAFETY: our block and input and the peer's (its block mapped
                         // here writable) hold rx.len bytes each, the two ranks' in
                         // different buffers; neither owner touches them until every piece
                         // is done, and this piece was taken by this rank alone (the claim
                         // word).
-                        unsafe { how.apply(me, p, own.at(off), other, k) };
+                        unsafe { how.apply(me, p, own.at(off), other.at(off), k) };
                     }
                     (Source::Ptr(ptr), sink) => {
                         // SAFETY: the sender keeps its message (rx.len bytes at ptr, mapped
