@@ -142,13 +142,13 @@ fn split_copies_are_logged_once_per_peer_and_can_be_turned_off() {
 
 /// Runs `coll` at 6 MiB on `nranks` ranks with split copies on and then off (one
 /// test at a time), asserts that every result is right both ways and that nothing
-/// is logged as an in-place swap without split copies, and returns the "in-place
-/// swap" lines of the run with them.
-fn swap_lines(nranks: &str, coll: &str) -> Vec<(String, String)> {
+/// containing `needle` is logged without split copies, and returns the lines
+/// containing it of the run with them.
+fn split_lines(nranks: &str, coll: &str, needle: &str) -> Vec<(String, String)> {
     let _one = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
     let mut with_split = Vec::new();
     for split in ["1", "0"] {
-        let (row, lines) = logged_run(nranks, coll, "6M", "6291456", split, "in-place swap");
+        let (row, lines) = logged_run(nranks, coll, "6M", "6291456", split, needle);
         // Root -1, then #wrong 0 out of place and in place.
         assert_eq!(row.split_whitespace().filter(|f| *f == "0").count(), 2, "nothing wrong: {row}");
         if split == "1" {
@@ -166,7 +166,7 @@ fn swap_lines(nranks: &str, coll: &str) -> Vec<(String, String)> {
 /// through the rings, and both ways every result is right.
 #[test]
 fn in_place_swaps_are_logged_once_per_pair_and_can_be_turned_off() {
-    let lines = swap_lines("3", "all_to_all");
+    let lines = split_lines("3", "all_to_all", "in-place swap");
     assert_eq!(lines.len(), 3, "{lines:?}");
     let files: std::collections::BTreeSet<&String> = lines.iter().map(|(f, _)| f).collect();
     assert_eq!(files.len(), 3, "one line per rank: {lines:?}");
@@ -178,6 +178,18 @@ fn in_place_swaps_are_logged_once_per_pair_and_can_be_turned_off() {
 /// receive writing only what its send has already sent. Both ways, right.
 #[test]
 fn in_place_send_recv_pairs_swap_and_can_be_turned_off() {
-    let lines = swap_lines("2", "send_recv");
+    let lines = split_lines("2", "send_recv", "in-place swap");
     assert_eq!(lines.len(), 1, "{lines:?}");
+}
+
+/// all_reduce, reduce and reduce_scatter of 512 KiB and more at 3 ranks and more
+/// reduce straight between the ranks' buffers (the benchmark's come from
+/// fcclMemAllocHost): each rank says so once; with FERROCCL_SPLIT_COPY=0 the calls
+/// go through the rings; both ways every result is right.
+#[test]
+fn mapped_reductions_are_logged_once_per_rank_and_can_be_turned_off() {
+    let lines = split_lines("3", "reduce_scatter", "mapped reductions");
+    assert_eq!(lines.len(), 3, "{lines:?}");
+    let files: std::collections::BTreeSet<&String> = lines.iter().map(|(f, _)| f).collect();
+    assert_eq!(files.len(), 3, "one line per rank: {lines:?}");
 }

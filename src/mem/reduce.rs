@@ -960,6 +960,35 @@ pub fn finish_inplace(dtype: DataType, op: RedOp, nranks: usize, buf: &mut [u8])
     }
 }
 
+/// `dst` = the reduction of `n` >= 2 operands `src(0)`, ..., `src(n - 1)` (each
+/// `dst.len()` bytes), applied in that order and finished (`Avg` divided by `n`):
+/// whoever computes it gets the same bits. Narrow floats accumulate in float32 in
+/// `acc` (`dst.len() / dtype.size() * dtype.acc_size()` bytes) and are rounded
+/// once; other types reduce in `dst` itself and leave `acc` alone (it may be empty).
+pub fn reduce_all<'a>(
+    dtype: DataType,
+    op: RedOp,
+    n: usize,
+    src: impl Fn(usize) -> &'a [u8],
+    dst: &mut [u8],
+    acc: &mut [u8],
+) {
+    assert!(n >= 2, "reduce_all of {n} operands");
+    if dtype.is_narrow_float() {
+        acc_init2(dtype, op, acc, src(0), src(1));
+        for p in 2..n {
+            acc_reduce(dtype, op, acc, src(p));
+        }
+        acc_finish(dtype, op, n, acc, dst);
+    } else {
+        acc_init2(dtype, op, dst, src(0), src(1));
+        for p in 2..n {
+            reduce_inplace(dtype, op, dst, src(p));
+        }
+        finish_inplace(dtype, op, n, dst);
+    }
+}
+
 /// Converts the elements of `src` (of type `from`) into `dst` (of type `to`), for
 /// "wire type" transfers.
 ///

@@ -41,6 +41,9 @@ const OFF_INLINE: usize = 16;
 const OFF_FLAGS: usize = OFF_INLINE;
 const SLOT_BYTES: usize = SLOT_HDR + DATA_MAX;
 const BOARD_HDR: usize = 4096;
+/// Words of rank 0's board header that all ranks share (see [`Board::team_word`]).
+pub const TEAM_WORDS: usize = 4;
+const _: () = assert!(TEAM_WORDS * 64 <= BOARD_HDR);
 /// Size of a rank's board.
 pub const BOARD_BYTES: usize = BOARD_HDR + SLOTS * SLOT_BYTES;
 
@@ -106,6 +109,8 @@ pub struct Board {
     pub policy: SpinPolicy,
     /// How large contributions are written into this rank's slots.
     pub stores: crate::mem::copy::StoreChoice,
+    /// `backend::host::mapped` said once that this communicator uses it.
+    pub mapped_logged: bool,
 }
 
 // SAFETY: the segments are shared memory accessed through atomics (headers) or
@@ -120,7 +125,17 @@ impl Board {
         // SAFETY: BOARD_HDR is inside every board.
         let slots = segs.iter().map(|s| unsafe { s.board_base().add(BOARD_HDR) }).collect();
         let seen = vec![0; segs.len()];
-        Board { rank, segs, slots, seq: 0, seen, inline: false, policy, stores: Default::default() }
+        Board {
+            rank,
+            segs,
+            slots,
+            seq: 0,
+            seen,
+            inline: false,
+            policy,
+            stores: Default::default(),
+            mapped_logged: false,
+        }
     }
 
     #[inline]
@@ -164,7 +179,9 @@ impl Board {
                 continue;
             }
             // Usually a line this rank read when it took call `need`'s data.
-            w.wait(self, p, |b| b.slot_seq(p, need).load(Ordering::Acquire) >= need)?;
+            w.wait(self, &|| format!("rank {p} has not arrived"), |b| {
+                b.slot_seq(p, need).load(Ordering::Acquire) >= need
+            })?;
             self.seen[p] = need;
         }
         Ok(())
@@ -196,6 +213,15 @@ impl Board {
         unsafe { self.slot(self.rank, s).add(self.data_off()) }
     }
 
+    /// Writes `bytes` (at most DATA_MAX, not inline) at the start of this rank's
+    /// data area for call `s`, before `publish`.
+    pub fn set_data(&mut self, s: u64, bytes: &[u8]) {
+        assert!(!self.inline && bytes.len() <= DATA_MAX);
+        // SAFETY: inside our own slot's data area (DATA_MAX bytes), ours until we
+        // publish; `bytes` is our memory, not the slot.
+        unsafe { std::ptr::copy_nonoverlapping(bytes.as_ptr(), self.my_data(s), bytes.len()) };
+    }
+
     /// Sets this rank's flags word of call `s`, before `publish`: the data must
     /// not be inline (`set_inline` said so), where the word belongs to the data.
     pub fn set_flags(&mut self, s: u64, flags: u64) {
@@ -219,19 +245,35 @@ impl Board {
         // before the Release store of the sequence number below.
         unsafe { (self.slot(self.rank, s).add(OFF_DIGEST) as *mut u64).write(digest) };
         self.slot_seq(self.rank, s).store(s, Ordering::Release);
+        self.notify_peers();
+    }
+
+    /// Wakes the peers that sleep in a wait (after a store they wait for).
+    pub fn notify_peers(&self) {
         // Pairs with sleep_unless: either a sleeping peer is seen and woken, or the
-        // peer sees the new sequence number before it sleeps.
+        // peer sees the store before it sleeps.
         fence(Ordering::SeqCst);
         for p in (0..self.nranks()).filter(|&p| p != self.rank) {
             self.segs[p].notify();
         }
     }
 
+    /// Word `i` (< [`TEAM_WORDS`]) of the area that every rank of the board updates
+    /// together, each on its own cache line: rank 0's board header, zero when the
+    /// segment is created. `backend::host::mapped` counts pieces of work there.
+    pub fn team_word(&self, i: usize) -> &AtomicU64 {
+        assert!(i < TEAM_WORDS);
+        // SAFETY: rank 0's board header holds BOARD_HDR bytes (TEAM_WORDS lines of
+        // 64 bytes fit), is mapped while `segs` holds the segment, and these words
+        // are only accessed atomically.
+        unsafe { &*(self.segs[0].board_base().add(i * 64) as *const AtomicU64) }
+    }
+
     /// Waits until rank `p` has published call `s`.
     #[inline]
     pub fn wait_for(&mut self, w: &mut Waiter<'_>, p: usize, s: u64) -> Result<()> {
         if self.slot_seq(p, s).load(Ordering::Acquire) != s {
-            w.wait(self, p, |b| b.slot_seq(p, s).load(Ordering::Acquire) == s)?;
+            w.wait(self, &|| format!("rank {p} has not arrived"), |b| b.slot_seq(p, s).load(Ordering::Acquire) == s)?;
         }
         self.seen[p] = s;
         Ok(())
@@ -303,8 +345,11 @@ impl<'a> Waiter<'a> {
         b.check_failed().map_err(|e| e.context((self.what)()))
     }
 
+    /// Waits until `ready` holds, spinning, then yielding, then sleeping (as the
+    /// board's policy says) until a peer's `Board::notify_peers`; on timeout the
+    /// error says `missing` (what has not happened).
     #[inline(never)]
-    fn wait(&mut self, b: &Board, p: usize, ready: impl Fn(&Board) -> bool) -> Result<()> {
+    pub fn wait(&mut self, b: &Board, missing: &dyn Fn() -> String, ready: impl Fn(&Board) -> bool) -> Result<()> {
         // Most waits end within a cache-line round trip: poll a while before reading
         // the clock, which costs as much as a small collective's own work.
         for _ in 0..128 {
@@ -338,10 +383,10 @@ impl<'a> Waiter<'a> {
             }
             if now >= deadline {
                 return Err(Error::timeout(format!(
-                    "{}: timed out after {} ms; rank {} has not arrived (this rank {} waits for it)",
+                    "{}: timed out after {} ms; {} (this rank {} waits for it)",
                     (self.what)(),
                     self.timeout.as_millis(),
-                    p,
+                    missing(),
                     b.rank
                 )));
             }

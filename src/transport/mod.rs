@@ -142,6 +142,17 @@ pub trait Link: Send {
         let _ = (addr, len, shared);
         Err(crate::error::Error::internal("a shared copy on a link that does not support it"))
     }
+    /// Where this process reads (and, when `write`, writes) the peer's `len`
+    /// bytes at `addr` (inside its shared allocation `shared`, when the peer named
+    /// one) in a collective that every rank runs on every rank's buffers (see
+    /// `backend::host::mapped`). None where they cannot be mapped here: then this
+    /// rank leaves the work to the others, and `swap_capable` says no from then on,
+    /// so later calls keep off that path. Err only for a descriptor that does not
+    /// fit its allocation.
+    fn peer_buffer(&mut self, addr: u64, len: usize, shared: Option<&Desc>, write: bool) -> Result<Option<*mut u8>> {
+        let _ = (addr, len, shared, write);
+        Ok(None)
+    }
 }
 
 /// What a rank saw before it last looked for work (see [`Transport::seen`]).

@@ -905,6 +905,27 @@ impl Link for ShmLink {
     fn tee_target(&mut self, addr: u64, len: usize, shared: Option<&Desc>) -> Result<*mut u8> {
         self.peer_writable(addr, len, shared, "writing the sender's own copy of")
     }
+
+    fn peer_buffer(&mut self, addr: u64, len: usize, shared: Option<&Desc>, write: bool) -> Result<Option<*mut u8>> {
+        if self.same_process {
+            return Ok(Some(addr as usize as *mut u8));
+        }
+        let Some(d) = shared else { return Ok(None) };
+        // Writable mappings are the swaps' (the same buffers, mapped once).
+        let maps = if write { &mut self.swaps } else { &mut self.reads };
+        match maps.get(self.peer, self.peer_seg.pid(), d, len, write)? {
+            Ok(p) => Ok(Some(p)),
+            Err(e) => {
+                self.check_alive()?;
+                crate::log::info(format_args!(
+                    "rank {}'s buffer ({len} bytes) cannot be mapped here ({}); this rank leaves the work on it to the others, and later calls keep to the links",
+                    self.peer, e.msg
+                ));
+                self.no_share_writes = true;
+                Ok(None)
+            }
+        }
+    }
 }
 
 impl ShmLink {

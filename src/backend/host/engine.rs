@@ -73,7 +73,7 @@ const HDR_FLAG: usize = 1;
 const FUSE_OUT_MAX: usize = 16 << 20;
 /// Bytes of a direct message's descriptor: the address in the sender, and where
 /// it lies in one of the sender's shared allocations (serial 0: none).
-const DESC: usize = 40;
+pub(super) const DESC: usize = 40;
 /// Messages at least this large go by address when the link allows it: below it,
 /// announcing the message and waiting for its read cost more than the copy saved
 /// (and a cross-memory read's system call and page pinning more still). Measured
@@ -819,7 +819,7 @@ impl InPlace {
 }
 
 /// A descriptor naming `src`, in the shared allocation `shared` if any.
-fn encode_desc(src: *const u8, shared: Option<shared::Desc>) -> [u8; DESC] {
+pub(super) fn encode_desc(src: *const u8, shared: Option<shared::Desc>) -> [u8; DESC] {
     let mut d = [0u8; DESC];
     d[0..8].copy_from_slice(&(src as usize as u64).to_le_bytes());
     if let Some(r) = shared {
@@ -839,7 +839,7 @@ pub fn goes_direct_to_all(t: &mut Transport, src: *const u8, len: usize) -> bool
 }
 
 /// The sender's address and shared allocation named by a descriptor.
-fn decode_desc(d: &[u8; DESC]) -> (u64, Option<shared::Desc>) {
+pub(super) fn decode_desc(d: &[u8; DESC]) -> (u64, Option<shared::Desc>) {
     let word = |i: usize| u64::from_le_bytes(d[i..i + 8].try_into().unwrap());
     let serial = word(8);
     let desc = (serial != 0).then(|| shared::Desc {

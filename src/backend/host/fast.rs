@@ -9,7 +9,7 @@
 //! latency of a small collective is that of a cache line moving between cores.
 
 use super::Call;
-use super::{algorithms, engine, fingerprint};
+use super::{algorithms, engine, fingerprint, mapped};
 use crate::coll::{Coll, CollKind};
 use crate::error::{Error, Result};
 use crate::mem::{copy, reduce};
@@ -77,10 +77,24 @@ pub fn run(
     what: &dyn Fn() -> String,
 ) -> Result<Board1> {
     let handoff = root_hands_off(t, calls);
+    let mine = mapped::prepare(t, calls);
     let (board, checks) = t.board_with_checks().expect("caller checked");
     let mut checker = |full: bool| if full { checks.alive() } else { checks.flags() };
     let mut w = Waiter::new(timeout, abort, &mut checker, what);
-    on_board(board, &mut w, calls, check, handoff)
+    match on_board(board, &mut w, calls, check, handoff, mine.as_ref())? {
+        OnBoard::Out(r) => Ok(r),
+        OnBoard::Mapped(plan) => {
+            let mine = mine.as_ref().ok_or_else(|| Error::internal("a mapped call without its record"))?;
+            Ok(Board1::Done(mapped::run(t, mine, plan, timeout, abort, what)?))
+        }
+    }
+}
+
+/// What the board step leads to.
+enum OnBoard {
+    Out(Board1),
+    /// Every rank agreed to run the call between the buffers (`mapped`).
+    Mapped(mapped::Plan),
 }
 
 /// Whether `co` is a broadcast of a size that its root may hand to the links (see
@@ -100,7 +114,14 @@ fn root_hands_off(t: &mut Transport, calls: &[Call]) -> bool {
     engine::goes_direct_to_all(t, co.send, co.count * co.dtype.size())
 }
 
-fn on_board(b: &mut Board, w: &mut Waiter<'_>, calls: &[Call], check: bool, handoff: bool) -> Result<Board1> {
+fn on_board(
+    b: &mut Board,
+    w: &mut Waiter<'_>,
+    calls: &[Call],
+    check: bool,
+    handoff: bool,
+    mine: Option<&mapped::Mine>,
+) -> Result<OnBoard> {
     let (me, n) = (b.rank, b.nranks());
     // Peers' failure flags are checked once their slots are read (below), and by
     // every wait that does not end at once.
@@ -108,7 +129,7 @@ fn on_board(b: &mut Board, w: &mut Waiter<'_>, calls: &[Call], check: bool, hand
     let digest = fingerprint::message_into(calls, b.my_fp(s));
     if let [c] = calls {
         if c.coll.kind == CollKind::AlltoAllv && counts_fit(n, 1) {
-            return alltoallv(b, w, c, s, check, digest);
+            return alltoallv(b, w, c, s, check, digest).map(OnBoard::Out);
         }
     }
     let fast = match calls {
@@ -122,8 +143,11 @@ fn on_board(b: &mut Board, w: &mut Waiter<'_>, calls: &[Call], check: bool, hand
         if counted {
             write_counts(b.my_data(s), calls, n);
         }
+        if let Some(m) = mine {
+            b.set_data(s, &m.record(n, s));
+        }
         b.publish(s, digest);
-        if check || counted {
+        if check || counted || mine.is_some() {
             for p in (0..n).filter(|&p| p != me) {
                 b.wait_for(w, p, s)?;
             }
@@ -131,15 +155,18 @@ fn on_board(b: &mut Board, w: &mut Waiter<'_>, calls: &[Call], check: bool, hand
         w.check_flags(b)?;
         if check {
             if let Some(e) = all_agree(b, s, digest) {
-                return Ok(Board1::Done(Some(e)));
+                return Ok(OnBoard::Out(Board1::Done(Some(e))));
             }
         }
         if counted {
-            return Ok(Board1::Continue(Some(counts_verdicts(b, s, calls))));
+            return Ok(OnBoard::Out(Board1::Continue(Some(counts_verdicts(b, s, calls)))));
+        }
+        if let Some(plan) = mine.and_then(|m| mapped::agree(b, s, m)) {
+            return Ok(OnBoard::Mapped(plan));
         }
         // A call of count 0 is complete once announced.
         let noop = calls.iter().all(|c| c.coll.is_noop());
-        return Ok(if noop { Board1::Done(None) } else { Board1::Continue(None) });
+        return Ok(OnBoard::Out(if noop { Board1::Done(None) } else { Board1::Continue(None) }));
     };
 
     let es = co.dtype.size();
@@ -187,12 +214,12 @@ fn on_board(b: &mut Board, w: &mut Waiter<'_>, calls: &[Call], check: bool, hand
     w.check_flags(b)?;
     if check {
         if let Some(e) = all_agree(b, s, digest) {
-            return Ok(Board1::Done(Some(e)));
+            return Ok(OnBoard::Out(Board1::Done(Some(e))));
         }
     }
     if range && b.flags(root, s) == HANDOFF {
         // Fingerprints were compared (or are not checked): the links move the data.
-        return Ok(Board1::Continue(None));
+        return Ok(OnBoard::Out(Board1::Continue(None)));
     }
 
     // 3. Take what this rank receives.
@@ -237,7 +264,7 @@ fn on_board(b: &mut Board, w: &mut Waiter<'_>, calls: &[Call], check: bool, hand
         }
         _ => {}
     }
-    Ok(Board1::Done(None))
+    Ok(OnBoard::Out(Board1::Done(None)))
 }
 
 /// Compares every rank's fingerprint of call `s` (all published) with this rank's:
@@ -255,26 +282,12 @@ fn all_agree(b: &Board, s: u64, digest: u64) -> Option<Error> {
 /// that every rank gets the same bits (and the same as the link algorithms, which
 /// also reduce floating-point sums in rank order).
 fn reduce_ranks(b: &Board, s: u64, co: &Coll, off: usize, len: usize, recv: *mut u8) {
-    let n = b.nranks();
-    let (dtype, op) = (co.dtype, co.op);
+    let dtype = co.dtype;
     // SAFETY: recvbuff holds len bytes (validated) and never overlaps a slot.
     let dst = unsafe { std::slice::from_raw_parts_mut(recv, len) };
     let slot = |p: usize| &b.data(p, s, off + len)[off..];
-    if dtype.is_narrow_float() {
-        let mut acc = vec![0u8; len / dtype.size() * dtype.acc_size()];
-        reduce::acc_init2(dtype, op, &mut acc, slot(0), slot(1));
-        for p in 2..n {
-            reduce::acc_reduce(dtype, op, &mut acc, slot(p));
-        }
-        reduce::acc_finish(dtype, op, n, &acc, dst);
-    } else {
-        debug_assert_eq!(dtype.acc_size(), dtype.size());
-        reduce::acc_init2(dtype, op, dst, slot(0), slot(1));
-        for p in 2..n {
-            reduce::acc_reduce(dtype, op, dst, slot(p));
-        }
-        reduce::finish_inplace(dtype, op, n, dst);
-    }
+    let mut acc = if dtype.is_narrow_float() { vec![0u8; len / dtype.size() * dtype.acc_size()] } else { Vec::new() };
+    reduce::reduce_all(dtype, co.op, b.nranks(), slot, dst, &mut acc);
 }
 
 // Per-rank counts on the board. A rank's data area starts with a flag (1 when its

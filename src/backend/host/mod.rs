@@ -9,6 +9,7 @@ pub mod eager;
 pub mod engine;
 pub mod fast;
 pub mod fingerprint;
+pub mod mapped;
 
 use crate::coll::{Coll, CollKind};
 use crate::error::{Error, Result};

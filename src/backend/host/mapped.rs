@@ -1,0 +1,407 @@
+//! Large reductions of three or more ranks of one host, straight between the ranks'
+//! buffers.
+//!
+//! all_reduce, reduce and reduce_scatter of at least [`MAPPED_MIN`] bytes, where
+//! every rank's buffers can be mapped by every other rank (threads of one process,
+//! or `fcclMemAllocHost` buffers of processes that map each other's): each rank
+//! names its input and its recvbuff on the board with the call's fingerprint, maps
+//! its peers', and then all ranks take pieces of the reduced vector from one
+//! counter, reduce each piece from every rank's input in rank order in a buffer in
+//! cache, and write it straight into the recvbuffs that take it (every rank's for
+//! all_reduce, the root's for reduce, the block's owner for reduce_scatter). Each
+//! input is read once and each result written once, with no ring in between; the
+//! owners' schedule (`algorithms`) moves every byte through a ring and back.
+//!
+//! Work goes by pieces that any rank takes, not by a fixed share per rank: with more
+//! ranks than cores (4 ranks on 2 cores), the ranks that have a core do the work
+//! while the others wait asleep, instead of the call waiting for a rank's turn. A
+//! second counter counts finished pieces; the call ends on every rank when it says
+//! all of them, so no rank returns while another still reads its input or writes
+//! its recvbuff. Both counters live in rank 0's board header and carry the call's
+//! board sequence number, so a new call starts them afresh without a reset.
+//!
+//! Every rank gets the same bits: each element is reduced once, in rank order.
+
+use super::engine::{decode_desc, encode_desc, DESC};
+use super::Call;
+use crate::coll::{Coll, CollKind};
+use crate::error::{Error, Result};
+use crate::mem::{copy, reduce, shared};
+use crate::transport::board::{Board, Waiter};
+use crate::transport::Transport;
+use crate::types::{DataType, RedOp};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::time::Duration;
+
+/// Calls that reduce a vector of at least this many bytes (all of it, all ranks'
+/// blocks together for reduce_scatter) take this path.
+pub const MAPPED_MIN: usize = 512 << 10;
+/// The vector is taken in pieces of this many bytes (more for vectors of more than
+/// 2^16 pieces a block).
+const PIECE: usize = 128 << 10;
+/// A piece is reduced this many bytes at a time in a buffer that stays in cache,
+/// with every rank's input of it (4 ranks: 80 KiB in all, inside the L2).
+const CHUNK: usize = 16 << 10;
+/// Bits of a counter word that count pieces; the bits above hold the call's board
+/// sequence number.
+const COUNT_BITS: u32 = 24;
+const COUNT_MASK: u64 = (1 << COUNT_BITS) - 1;
+/// Team words of the board (`Board::team_word`): pieces taken, pieces finished.
+const TAKEN: usize = 0;
+const FINISHED: usize = 1;
+/// First word of a rank's record on the board, xored with the call's sequence
+/// number: a record left by an earlier call in the same slot never matches.
+const TAG: u64 = 0x6d61_7070_6564_0001;
+/// Bytes of a record: tag, shape, count, root, then the input's and the recvbuff's
+/// descriptors.
+const RECORD: usize = 32 + 2 * DESC;
+
+/// This rank's side of a call that may run here, prepared before the board step.
+pub struct Mine {
+    kind: CollKind,
+    dtype: DataType,
+    op: RedOp,
+    count: usize,
+    root: usize,
+    /// The input: sendbuff, or recvbuff in place.
+    input: *const u8,
+    /// recvbuff, where this rank has a result (null for a reduce's non-root).
+    recv: *mut u8,
+    in_place: bool,
+    /// Every peer can map this rank's input and recvbuff.
+    capable: bool,
+}
+
+/// Whether `calls` are one call that may run here, and this rank's side of it.
+/// `capable` is decided here, where the links are at hand; every rank of the call
+/// then says on the board whether it is, and the call runs here only when all are.
+pub fn prepare(t: &mut Transport, calls: &[Call]) -> Option<Mine> {
+    let [c] = calls else { return None };
+    let co = &c.coll;
+    let n = t.nranks;
+    let me = t.rank;
+    let (in_len, bytes) = lens(co, n)?;
+    if n < 3 || in_len < MAPPED_MIN || !crate::env::split_copy() {
+        return None;
+    }
+    // A reduce's other ranks have no result (their recvbuff may be anything).
+    let out_len = if co.kind == CollKind::Reduce && me != co.root { 0 } else { bytes };
+    let own_block = if co.kind == CollKind::ReduceScatter { me * bytes } else { 0 };
+    let input = co.send;
+    let recv = if out_len > 0 { co.recv } else { std::ptr::null_mut() };
+    // NCCL's in place: the result is this rank's block of the input.
+    let in_place = out_len > 0 && std::ptr::eq(input.wrapping_add(own_block), recv);
+    let (a, b) = (input as usize, recv as usize);
+    // Partial overlaps of input and result (not NCCL's in place) stay on the links.
+    let apart = in_place || out_len == 0 || a + in_len <= b || b + out_len <= a;
+    let capable = apart
+        && (0..n).filter(|&p| p != me).all(|p| {
+            let l = t.link(p);
+            l.swap_capable(input, in_len) && (out_len == 0 || l.swap_capable(recv, out_len))
+        });
+    Some(Mine {
+        kind: co.kind,
+        dtype: co.dtype,
+        op: co.op,
+        count: co.count,
+        root: co.root,
+        input,
+        recv,
+        in_place,
+        capable,
+    })
+}
+
+/// Bytes of the input and of the result of `co` on a rank (0: it has none), if the
+/// call is of a kind and form that runs here.
+fn lens(co: &Coll, n: usize) -> Option<(usize, usize)> {
+    if co.v.is_some() || co.strided.is_some() || co.wire.is_some() || co.keep.is_some() {
+        return None;
+    }
+    let bytes = co.count.checked_mul(co.dtype.size())?;
+    match co.kind {
+        CollKind::AllReduce => Some((bytes, bytes)),
+        // The root is checked against the rank count before calls get here.
+        CollKind::Reduce => Some((bytes, bytes)),
+        CollKind::ReduceScatter => Some((bytes.checked_mul(n)?, bytes)),
+        _ => None,
+    }
+}
+
+impl Mine {
+    /// The shape of the call in one word, with this rank's flags.
+    fn shape(&self) -> u64 {
+        self.kind as u64
+            | (self.dtype as u64) << 8
+            | (self.op as u64) << 16
+            | u64::from(self.capable) << 24
+            | u64::from(self.in_place) << 25
+    }
+
+    /// This rank's record of call `s`, for its slot's data area.
+    pub fn record(&self, n: usize, s: u64) -> [u8; RECORD] {
+        let (in_len, out_len) = self.lens(n);
+        let mut r = [0u8; RECORD];
+        r[0..8].copy_from_slice(&(TAG ^ s).to_le_bytes());
+        r[8..16].copy_from_slice(&self.shape().to_le_bytes());
+        r[16..24].copy_from_slice(&(self.count as u64).to_le_bytes());
+        r[24..32].copy_from_slice(&(self.root as u64).to_le_bytes());
+        if self.capable {
+            r[32..32 + DESC].copy_from_slice(&encode_desc(self.input, shared::lookup(self.input, in_len)));
+            if out_len > 0 {
+                r[32 + DESC..].copy_from_slice(&encode_desc(self.recv, shared::lookup(self.recv, out_len)));
+            }
+        }
+        r
+    }
+
+    fn lens(&self, n: usize) -> (usize, usize) {
+        let bytes = self.count * self.dtype.size();
+        match self.kind {
+            CollKind::ReduceScatter => (bytes * n, bytes),
+            CollKind::Reduce if self.recv.is_null() => (bytes, 0),
+            _ => (bytes, bytes),
+        }
+    }
+
+    /// Whether rank `p` writes a result of this call into its recvbuff.
+    fn has_result(&self, p: usize) -> bool {
+        self.kind != CollKind::Reduce || p == self.root
+    }
+}
+
+/// Every rank's buffers as one rank's record of call `s` names them.
+pub struct Plan {
+    s: u64,
+    /// By rank: input and recvbuff descriptors, and whether it is in place.
+    ranks: Vec<([u8; DESC], [u8; DESC], bool)>,
+}
+
+/// The plan of call `s` when every rank (all published) is capable and describes
+/// the same call as `mine`; None sends the call to the links.
+pub fn agree(b: &Board, s: u64, mine: &Mine) -> Option<Plan> {
+    if !mine.capable {
+        return None;
+    }
+    let n = b.nranks();
+    let want = mine.shape() & !(1 << 25);
+    let mut ranks = Vec::with_capacity(n);
+    for p in 0..n {
+        let r = b.data(p, s, RECORD);
+        let word = |i: usize| u64::from_le_bytes(r[i * 8..i * 8 + 8].try_into().unwrap());
+        if word(0) != TAG ^ s
+            || word(1) & !(1 << 25) != want
+            || word(2) != mine.count as u64
+            || word(3) != mine.root as u64
+        {
+            return None;
+        }
+        let desc = |at: usize| -> [u8; DESC] { r[at..at + DESC].try_into().unwrap() };
+        ranks.push((desc(32), desc(32 + DESC), word(1) & (1 << 25) != 0));
+    }
+    Some(Plan { s, ranks })
+}
+
+/// One rank's buffers as mapped here.
+#[derive(Clone, Copy)]
+struct Bufs {
+    input: *const u8,
+    recv: *mut u8,
+    /// Its result is written with streaming stores (out of place and large).
+    stream: bool,
+}
+
+/// Runs call `plan.s` (agreed on the board) between the buffers.
+pub fn run(
+    t: &mut Transport,
+    mine: &Mine,
+    plan: Plan,
+    timeout: Duration,
+    abort: &AtomicBool,
+    what: &dyn Fn() -> String,
+) -> Result<Option<Error>> {
+    let (me, n) = (t.rank, t.nranks);
+    let (in_len, out_len) = mine.lens(n);
+    let stream = out_len >= crate::env::stream_min();
+    // Map every peer's input and recvbuff; a rank that cannot map them all takes no
+    // piece and leaves the work to the others.
+    let mut bufs = Vec::with_capacity(n);
+    let mut mapped = true;
+    for (p, (input, recv, in_place)) in plan.ranks.iter().enumerate() {
+        if p == me {
+            bufs.push(Bufs { input: mine.input, recv: mine.recv, stream: stream && !mine.in_place });
+            continue;
+        }
+        let link = t.link(p);
+        let mut map = |d: &[u8; DESC], len: usize, write: bool| -> Result<Option<*mut u8>> {
+            let (addr, shared) = decode_desc(d);
+            link.peer_buffer(addr, len, shared.as_ref(), write)
+        };
+        let has_result = mine.has_result(p);
+        let (input, recv) = if *in_place && has_result {
+            // Its input holds its recvbuff: one writable mapping serves both.
+            let own_block = if mine.kind == CollKind::ReduceScatter { p * out_len } else { 0 };
+            let at = map(input, in_len, true)?;
+            (at.map(|q| q.cast_const()), at.map(|q| q.wrapping_add(own_block)))
+        } else {
+            let recv = if has_result { map(recv, out_len, true)? } else { Some(std::ptr::null_mut()) };
+            (map(input, in_len, false)?.map(|q| q.cast_const()), recv)
+        };
+        match (input, recv) {
+            (Some(input), Some(recv)) => bufs.push(Bufs { input, recv, stream: stream && !in_place }),
+            _ => {
+                mapped = false;
+                break;
+            }
+        }
+    }
+    let geo = Geometry::new(mine, n);
+    let (b, checks) = t.board_with_checks().ok_or_else(|| Error::internal("a mapped call without a board"))?;
+    let mut checker = |full: bool| if full { checks.alive() } else { checks.flags() };
+    let mut w = Waiter::new(timeout, abort, &mut checker, what);
+    if !b.mapped_logged {
+        b.mapped_logged = true;
+        crate::log::info(format_args!(
+            "mapped reductions: rank {me} and its {} peers reduce all_reduce, reduce and reduce_scatter of {} KiB and more straight between their buffers",
+            n - 1,
+            MAPPED_MIN >> 10
+        ));
+    }
+    let s = plan.s;
+    let (taken, finished) = (b.team_word(TAKEN), b.team_word(FINISHED));
+    if mapped {
+        let narrow = mine.dtype.is_narrow_float();
+        let mut acc = vec![0u8; if narrow { CHUNK / mine.dtype.size() * mine.dtype.acc_size() } else { 0 }];
+        let mut tmp = vec![0u8; CHUNK];
+        while let Some(k) = take(taken, s, geo.total) {
+            geo.reduce_piece(mine, &bufs, k, &mut tmp, &mut acc);
+            if finish(finished, s) == geo.total {
+                b.notify_peers();
+            }
+        }
+    }
+    let done = |b: &Board| {
+        let v = b.team_word(FINISHED).load(Ordering::Acquire);
+        v >> COUNT_BITS > s || v == s << COUNT_BITS | geo.total
+    };
+    w.wait(
+        b,
+        &|| {
+            format!(
+                "pieces of the reduction between the ranks' buffers are unfinished ({} of {})",
+                finished.load(Ordering::Relaxed) & COUNT_MASK,
+                geo.total
+            )
+        },
+        done,
+    )?;
+    Ok(None)
+}
+
+/// How the reduced vector is cut into pieces.
+struct Geometry {
+    /// Bytes of a block: the whole vector, or (reduce_scatter) one rank's block.
+    block: usize,
+    piece: usize,
+    per_block: u64,
+    total: u64,
+}
+
+impl Geometry {
+    fn new(mine: &Mine, n: usize) -> Geometry {
+        let block = mine.count * mine.dtype.size();
+        let blocks = if mine.kind == CollKind::ReduceScatter { n } else { 1 };
+        // At most 2^16 pieces a block, so that the count of all of them fits COUNT_BITS.
+        let piece = PIECE.max(block.div_ceil(1 << 16).next_multiple_of(64));
+        let per_block = block.div_ceil(piece) as u64;
+        Geometry { block, piece, per_block, total: per_block * blocks as u64 }
+    }
+
+    /// Reduces piece `k` from every rank's input into the recvbuffs that take it.
+    fn reduce_piece(&self, mine: &Mine, bufs: &[Bufs], k: u64, tmp: &mut [u8], acc: &mut [u8]) {
+        let n = bufs.len();
+        let blk = (k / self.per_block) as usize;
+        let off = (k % self.per_block) as usize * self.piece;
+        let len = self.piece.min(self.block - off);
+        // Where the piece lies in the inputs, and which recvbuffs take it.
+        let src_off = blk * self.block + off;
+        let takers = match mine.kind {
+            CollKind::AllReduce => 0..n,
+            CollKind::Reduce => mine.root..mine.root + 1,
+            _ => blk..blk + 1,
+        };
+        let (dtype, op) = (mine.dtype, mine.op);
+        let narrow = dtype.is_narrow_float();
+        for c in (0..len).step_by(CHUNK) {
+            let m = CHUNK.min(len - c);
+            let t = &mut tmp[..m];
+            let a = if narrow { &mut acc[..m / dtype.size() * dtype.acc_size()] } else { &mut acc[..0] };
+            // SAFETY: every rank's input holds the whole vector and every taker's
+            // recvbuff its result (validated on each rank, agreed on the board);
+            // this rank took piece k, and nobody else reads or writes these bytes
+            // until every piece is finished. Inputs are read before any recvbuff
+            // (which may be the same memory, in place) is written.
+            unsafe {
+                let src = |p: usize| std::slice::from_raw_parts(bufs[p].input.add(src_off + c), m);
+                reduce::reduce_all(dtype, op, n, src, t, a);
+                for q in takers.clone() {
+                    copy::copy_stores(bufs[q].recv.add(off + c), t.as_ptr(), m, bufs[q].stream);
+                }
+            }
+        }
+    }
+}
+
+/// Takes the next piece of call `s` from `word`, if one is left.
+fn take(word: &AtomicU64, s: u64, total: u64) -> Option<u64> {
+    let mut v = word.load(Ordering::Acquire);
+    loop {
+        let next = match (v >> COUNT_BITS).cmp(&s) {
+            // The first taker of this call: the word still counts an earlier one.
+            std::cmp::Ordering::Less => 0,
+            std::cmp::Ordering::Equal => v & COUNT_MASK,
+            // A later call: every rank has left this one.
+            std::cmp::Ordering::Greater => return None,
+        };
+        if next >= total {
+            return None;
+        }
+        match word.compare_exchange_weak(v, s << COUNT_BITS | (next + 1), Ordering::AcqRel, Ordering::Acquire) {
+            Ok(_) => return Some(next),
+            Err(x) => v = x,
+        }
+    }
+}
+
+/// Counts one more finished piece of call `s` in `word`; returns how many are.
+fn finish(word: &AtomicU64, s: u64) -> u64 {
+    let mut v = word.load(Ordering::Acquire);
+    loop {
+        // No rank starts a later call before every piece of this one is finished.
+        let done = if v >> COUNT_BITS < s { 0 } else { v & COUNT_MASK };
+        match word.compare_exchange_weak(v, s << COUNT_BITS | (done + 1), Ordering::AcqRel, Ordering::Acquire) {
+            Ok(_) => return done + 1,
+            Err(x) => v = x,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn counters_start_afresh_for_each_call_and_stop_at_the_total() {
+        let w = AtomicU64::new(0);
+        assert_eq!(take(&w, 1, 2), Some(0));
+        assert_eq!(take(&w, 1, 2), Some(1));
+        assert_eq!(take(&w, 1, 2), None);
+        // Call 5 finds call 1's count and starts from 0.
+        assert_eq!(take(&w, 5, 3), Some(0));
+        // A rank still in call 1 finds a later call: nothing left for it.
+        assert_eq!(take(&w, 1, 2), None);
+        let f = AtomicU64::new(3 << COUNT_BITS | 7);
+        assert_eq!(finish(&f, 4), 1);
+        assert_eq!(finish(&f, 4), 2);
+    }
+}
