@@ -73,8 +73,18 @@ static int run_rank(const char* scenario, int rank, int nranks, fcclUniqueId id)
   fcclComm_t comm;
   OK(fcclCommInitRankConfig(&comm, nranks, id, rank, &cfg));
   size_t count = 4u << 20; /* 16 MiB of floats: long enough to be mid-flight */
-  float* a = (float*)malloc(count * sizeof(float));
-  float* b = (float*)malloc(count * sizeof(float));
+  /* kill-mapped: the same as kill on buffers that peers map (fcclMemAllocHost), where
+   * large reductions run between the ranks' buffers (from 3 ranks; 2 ranks swap). */
+  int mapped = strcmp(scenario, "kill-mapped") == 0;
+  if (mapped) scenario = "kill";
+  float *a = NULL, *b = NULL;
+  if (mapped) {
+    OK(fcclMemAllocHost((void**)&a, count * sizeof(float)));
+    OK(fcclMemAllocHost((void**)&b, count * sizeof(float)));
+  } else {
+    a = (float*)malloc(count * sizeof(float));
+    b = (float*)malloc(count * sizeof(float));
+  }
   if (!a || !b) FAIL("out of memory");
   for (size_t i = 0; i < count; i++) a[i] = 1.0f;
   OK(fcclAllReduce(a, b, 1024, fcclFloat32, fcclSum, comm, NULL));
@@ -159,8 +169,13 @@ static int run_rank(const char* scenario, int rank, int nranks, fcclUniqueId id)
     FAIL("unknown scenario %s", scenario);
   }
   if (comm) OK(fcclCommDestroy(comm));
-  free(a);
-  free(b);
+  if (mapped) {
+    OK(fcclMemFree(a));
+    OK(fcclMemFree(b));
+  } else {
+    free(a);
+    free(b);
+  }
   int threads_after = count_threads();
   if (threads_after != threads_before) FAIL("%d threads before init, %d after destroy", threads_before, threads_after);
   return 0;
@@ -188,7 +203,7 @@ static int debris(const pid_t* pids, int n) {
 int main(int argc, char** argv) {
   int rank = -1;
   if (argc != 3) {
-    fprintf(stderr, "usage: %s kill|abort|timeout|mismatch NRANKS\n", argv[0]);
+    fprintf(stderr, "usage: %s kill|kill-mapped|abort|timeout|mismatch NRANKS\n", argv[0]);
     return 2;
   }
   const char* scenario = argv[1];
@@ -232,7 +247,7 @@ int main(int argc, char** argv) {
     int st;
     waitpid(pids[r], &st, 0);
     int killed = WIFSIGNALED(st) && WTERMSIG(st) == SIGKILL;
-    int ok = (strcmp(scenario, "kill") == 0 && r == 1) ? killed : (WIFEXITED(st) && WEXITSTATUS(st) == 0);
+    int ok = (strncmp(scenario, "kill", 4) == 0 && r == 1) ? killed : (WIFEXITED(st) && WEXITSTATUS(st) == 0);
     if (!ok) {
       fprintf(stderr, "rank %d ended wrongly (status %#x)\n", r, st);
       failures++;

@@ -489,8 +489,9 @@ fn send_and_recv_in_one_buffer_send_what_it_held() {
     }
 }
 
-/// all_reduce, reduce and reduce_scatter of 512 KiB and more at 3 and 4 ranks reduce
-/// straight between the ranks' buffers (`backend::host::mapped`): every rank takes
+/// all_reduce, reduce and reduce_scatter of 64 KiB and more at 3 and 4 ranks, and
+/// reduce of 512 KiB and more at 2, reduce straight between the ranks' buffers
+/// (`backend::host::mapped`; the other 2-rank calls check the links): every rank takes
 /// pieces of the whole vector, reduces them from every rank's input and writes them
 /// into the recvbuffs that take them. Checked at every element, with every rank in
 /// place, none, or every other one; lengths that end in a partial piece; a narrow
@@ -505,13 +506,19 @@ fn large_reductions_of_more_than_two_ranks_are_right_in_every_placement() {
         ReduceScatter,
     }
     let value = |r: usize, i: usize| ((i * 7 + r * 13) % 61) as i64 - 20;
-    for n in [3usize, 4] {
+    for n in [2usize, 3, 4] {
         let comms = init_all(n);
         let root = n - 1;
         for kind in [K::AllReduce, K::Reduce, K::ReduceScatter] {
-            for (dt, op, es) in [(fcclInt32, fcclSum, 4), (fcclFloat16, fcclAvg, 2), (fcclFloat64, fcclMax, 8)] {
-                // 512 KiB and more in every type, not a whole number of 128 KiB pieces.
-                let count = if kind == K::ReduceScatter { (600 << 10) / (n * es) + 17 } else { (600 << 10) / es + 3 };
+            for (dt, op, es, kib) in [
+                (fcclInt32, fcclSum, 4, 600),
+                (fcclFloat16, fcclAvg, 2, 600),
+                (fcclFloat64, fcclMax, 8, 600),
+                (fcclInt32, fcclSum, 4, 100),
+                (fcclFloat16, fcclAvg, 2, 100),
+            ] {
+                // About `kib` KiB in all: one partial piece, or several and a partial one.
+                let count = if kind == K::ReduceScatter { (kib << 10) / (n * es) + 17 } else { (kib << 10) / es + 3 };
                 let total = if kind == K::ReduceScatter { count * n } else { count };
                 let enc = |v: f64| -> Vec<u8> {
                     match dt {
@@ -559,7 +566,7 @@ fn large_reductions_of_more_than_two_ranks_are_right_in_every_placement() {
                             assert_eq!(
                                 &out[i * es..(i + 1) * es],
                                 &want(first + i)[..],
-                                "{n} ranks, {kind:?}, type {dt}, op {op}, {placement}: rank {r} element {i}"
+                                "{n} ranks, {kind:?}, {count} of type {dt}, op {op}, {placement}: rank {r} element {i}"
                             );
                         }
                     }
