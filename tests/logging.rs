@@ -182,13 +182,13 @@ fn in_place_send_recv_pairs_swap_and_can_be_turned_off() {
     assert_eq!(lines.len(), 1, "{lines:?}");
 }
 
-/// all_reduce, reduce and reduce_scatter of 512 KiB and more at 3 ranks and more
-/// reduce straight between the ranks' buffers (the benchmark's come from
+/// Large all_reduce, reduce, reduce_scatter and in-place broadcast at 3 ranks and
+/// more run straight between the ranks' buffers (the benchmark's come from
 /// fcclMemAllocHost): each rank says so once; with FERROCCL_SPLIT_COPY=0 the calls
 /// go through the rings; both ways every result is right.
 #[test]
-fn mapped_reductions_are_logged_once_per_rank_and_can_be_turned_off() {
-    let lines = split_lines("3", "reduce_scatter", "mapped reductions");
+fn collectives_between_the_buffers_are_logged_once_per_rank_and_can_be_turned_off() {
+    let lines = split_lines("3", "reduce_scatter", "between the buffers:");
     assert_eq!(lines.len(), 3, "{lines:?}");
     let files: std::collections::BTreeSet<&String> = lines.iter().map(|(f, _)| f).collect();
     assert_eq!(files.len(), 3, "one line per rank: {lines:?}");

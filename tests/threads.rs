@@ -489,27 +489,29 @@ fn send_and_recv_in_one_buffer_send_what_it_held() {
     }
 }
 
-/// all_reduce, reduce and reduce_scatter of 64 KiB and more at 3 and 4 ranks, and
-/// reduce of 512 KiB and more at 2, reduce straight between the ranks' buffers
-/// (`backend::host::mapped`; the other 2-rank calls check the links): every rank takes
-/// pieces of the whole vector, reduces them from every rank's input and writes them
-/// into the recvbuffs that take them. Checked at every element, with every rank in
-/// place, none, or every other one; lengths that end in a partial piece; a narrow
-/// float averaged (accumulated in float32, rounded once), integers summed, doubles
-/// maxed; reduce to the last rank.
+/// all_reduce, reduce, reduce_scatter and broadcast with the root in place of 64 KiB
+/// and more at 3 and 4 ranks, and reduce of 512 KiB and more at 2, run straight
+/// between the ranks' buffers (`backend::host::mapped`; the other calls check the
+/// links): every rank takes pieces of the whole vector, reduces them from every
+/// rank's input (or reads the root's) and writes them into the recvbuffs that take
+/// them. Checked at every element, with every rank in place, none, or every other
+/// one; lengths that end in a partial piece; a narrow float averaged (accumulated in
+/// float32, rounded once), integers summed, doubles maxed; reduce and broadcast
+/// rooted at the last rank.
 #[test]
-fn large_reductions_of_more_than_two_ranks_are_right_in_every_placement() {
+fn large_collectives_between_the_buffers_are_right_in_every_placement() {
     #[derive(Clone, Copy, Debug, PartialEq)]
     enum K {
         AllReduce,
         Reduce,
         ReduceScatter,
+        Broadcast,
     }
     let value = |r: usize, i: usize| ((i * 7 + r * 13) % 61) as i64 - 20;
     for n in [2usize, 3, 4] {
         let comms = init_all(n);
         let root = n - 1;
-        for kind in [K::AllReduce, K::Reduce, K::ReduceScatter] {
+        for kind in [K::AllReduce, K::Reduce, K::ReduceScatter, K::Broadcast] {
             for (dt, op, es, kib) in [
                 (fcclInt32, fcclSum, 4, 600),
                 (fcclFloat16, fcclAvg, 2, 600),
@@ -529,6 +531,9 @@ fn large_reductions_of_more_than_two_ranks_are_right_in_every_placement() {
                 };
                 let want = |i: usize| -> Vec<u8> {
                     let vs: Vec<i64> = (0..n).map(|r| value(r, i)).collect();
+                    if kind == K::Broadcast {
+                        return enc(vs[root] as f64);
+                    }
                     match dt {
                         x if x == fcclInt32 => enc(vs.iter().sum::<i64>() as f64),
                         // float32 sum of exact halves, divided in float32, rounded once.
@@ -549,6 +554,7 @@ fn large_reductions_of_more_than_two_ranks_are_right_in_every_placement() {
                                 K::AllReduce => fcclAllReduce(s as _, d as _, count, dt, op, c, null_mut()),
                                 K::Reduce => fcclReduce(s as _, d as _, count, dt, op, root as i32, c, null_mut()),
                                 K::ReduceScatter => fcclReduceScatter(s as _, d as _, count, dt, op, c, null_mut()),
+                                K::Broadcast => fcclBroadcast(s as _, d as _, count, dt, root as i32, c, null_mut()),
                             }
                         });
                         if in_place(r) {

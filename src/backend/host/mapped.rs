@@ -1,16 +1,18 @@
-//! Large reductions of three or more ranks of one host (and 2-rank reduce),
+//! Large collectives of three or more ranks of one host (and 2-rank reduce),
 //! straight between the ranks' buffers.
 //!
-//! all_reduce, reduce and reduce_scatter of at least [`MAPPED_MIN`] bytes, where
-//! every rank's buffers can be mapped by every other rank (threads of one process,
-//! or `fcclMemAllocHost` buffers of processes that map each other's): each rank
-//! names its input and its recvbuff on the board with the call's fingerprint, maps
-//! its peers', and then all ranks take pieces of the reduced vector from one
-//! counter, reduce each piece from every rank's input in rank order in a buffer in
-//! cache, and write it straight into the recvbuffs that take it (every rank's for
-//! all_reduce, the root's for reduce, the block's owner for reduce_scatter). Each
-//! input is read once and each result written once, with no ring in between; the
-//! owners' schedule (`algorithms`) moves every byte through a ring and back.
+//! all_reduce, reduce, reduce_scatter and in-place broadcast of at least
+//! [`MAPPED_MIN`] bytes, where every rank's buffers can be mapped by every other
+//! rank (threads of one process, or `fcclMemAllocHost` buffers of processes that map
+//! each other's): each rank names its input and its recvbuff on the board with the
+//! call's fingerprint, maps its peers', and then all ranks take pieces of the work
+//! from one counter. A reduction's piece is reduced from every rank's input in rank
+//! order in a buffer in cache and written straight into the recvbuffs that take it
+//! (every rank's for all_reduce, the root's for reduce, the block's owner for
+//! reduce_scatter); a broadcast's piece is read from the root's buffer and written
+//! into every other rank's recvbuff while it is in cache. Each input is read once and each result written once, with no ring
+//! in between; the owners' schedule (`algorithms`) moves every byte through a ring
+//! and back, and the links' single copy reads a broadcast's source once per peer.
 //!
 //! Work goes by pieces that any rank takes, not by a fixed share per rank: with more
 //! ranks than cores (4 ranks on 2 cores), the ranks that have a core do the work
@@ -24,7 +26,7 @@
 
 use super::engine::{decode_desc, encode_desc, DESC};
 use super::Call;
-use crate::coll::{Coll, CollKind};
+use crate::coll::CollKind;
 use crate::error::{Error, Result};
 use crate::mem::{copy, reduce, shared};
 use crate::transport::board::{Board, Waiter};
@@ -44,6 +46,13 @@ pub const MAPPED_MIN: usize = 64 << 10;
 /// reduce_scatter lost (0.77-1.03x), and 2-rank all_reduce has its own exchange
 /// between the buffers (`engine::Exchange::Reduce`).
 const MAPPED_MIN_2: usize = 512 << 10;
+/// Broadcasts of 3 ranks or more with the root in place, of at least this many
+/// bytes, take this path. 4 ranks on 2 cores against the links (the peers read the
+/// root's buffer by address; 4 alternating runs): 0.92x at 64 KiB, 1.13x at 256
+/// KiB, 1.23-1.29x at 1-16 MiB, 1.03x at 64 MiB; 3 ranks (3 runs) 0.97-1.50x. Out
+/// of place, where the root's recvbuff is written too, it measured 0.81-1.17x and
+/// is left to the links, as is all_gather (0.79-1.29x).
+const BROADCAST_MIN: usize = 256 << 10;
 /// The vector is taken in pieces of this many bytes (more for vectors of more than
 /// 2^16 pieces a block).
 const PIECE: usize = 128 << 10;
@@ -71,13 +80,60 @@ pub struct Mine {
     op: RedOp,
     count: usize,
     root: usize,
-    /// The input: sendbuff, or recvbuff in place.
+    /// sendbuff, where this rank has an input (null for a broadcast's non-root).
     input: *const u8,
     /// recvbuff, where this rank has a result (null for a reduce's non-root).
     recv: *mut u8,
+    /// NCCL's in place: one of input and result holds the other (see [`Form`]).
     in_place: bool,
     /// Every peer can map this rank's input and recvbuff.
     capable: bool,
+}
+
+/// The bytes of a call on each rank, and where in place puts its result.
+struct Form {
+    /// Bytes of an input (on a rank that has one).
+    input: usize,
+    /// Bytes of a result (on a rank that has one).
+    result: usize,
+    /// In place on rank p: the result lies `p * step` bytes into the input
+    /// (reduce_scatter), or both are the same memory (step 0).
+    step: usize,
+}
+
+impl Form {
+    /// The form of `kind` on `count` elements of `es` bytes at `n` ranks.
+    fn of(kind: CollKind, count: usize, es: usize, n: usize) -> Option<Form> {
+        let bytes = count.checked_mul(es)?;
+        let all = bytes.checked_mul(n)?;
+        let (input, result, step) = match kind {
+            CollKind::AllReduce | CollKind::Reduce | CollKind::Broadcast => (bytes, bytes, 0),
+            CollKind::ReduceScatter => (all, bytes, bytes),
+            _ => return None,
+        };
+        Some(Form { input, result, step })
+    }
+
+    /// Bytes this path is measured by: what the board would hold (all ranks'
+    /// blocks of a reduce_scatter, the vector otherwise).
+    fn size(&self) -> usize {
+        self.input
+    }
+}
+
+/// Whether `kind` reduces (else it copies).
+fn reduces(kind: CollKind) -> bool {
+    matches!(kind, CollKind::AllReduce | CollKind::Reduce | CollKind::ReduceScatter)
+}
+
+/// Whether rank `p` has an input to the call.
+fn has_input(kind: CollKind, root: usize, p: usize) -> bool {
+    kind != CollKind::Broadcast || p == root
+}
+
+/// Whether rank `p` receives a result of the call.
+fn has_result(kind: CollKind, root: usize, p: usize) -> bool {
+    kind != CollKind::Reduce || p == root
 }
 
 /// Whether `calls` are one call that may run here, and this rank's side of it.
@@ -86,32 +142,32 @@ pub struct Mine {
 pub fn prepare(t: &mut Transport, calls: &[Call]) -> Option<Mine> {
     let [c] = calls else { return None };
     let co = &c.coll;
-    let n = t.nranks;
-    let me = t.rank;
-    let (in_len, bytes) = lens(co, n)?;
-    let min = match n {
-        0 | 1 => return None,
-        2 if co.kind == CollKind::Reduce => MAPPED_MIN_2,
-        2 => return None,
-        _ => MAPPED_MIN,
-    };
-    if in_len < min || !crate::env::split_copy() {
+    let (n, me) = (t.nranks, t.rank);
+    if co.v.is_some() || co.strided.is_some() || co.wire.is_some() || co.keep.is_some() {
         return None;
     }
-    // A reduce's other ranks have no result (their recvbuff may be anything).
-    let out_len = if co.kind == CollKind::Reduce && me != co.root { 0 } else { bytes };
-    let own_block = if co.kind == CollKind::ReduceScatter { me * bytes } else { 0 };
-    let input = co.send;
-    let recv = if out_len > 0 { co.recv } else { std::ptr::null_mut() };
-    // NCCL's in place: the result is this rank's block of the input.
-    let in_place = out_len > 0 && std::ptr::eq(input.wrapping_add(own_block), recv);
+    let form = Form::of(co.kind, co.count, co.dtype.size(), n)?;
+    let min = match (n, co.kind) {
+        (0 | 1, _) => return None,
+        (2, CollKind::Reduce) => MAPPED_MIN_2,
+        (2, _) => return None,
+        (_, CollKind::Broadcast) => BROADCAST_MIN,
+        _ => MAPPED_MIN,
+    };
+    if form.size() < min || !crate::env::split_copy() {
+        return None;
+    }
+    let (inp, res) = (has_input(co.kind, co.root, me), has_result(co.kind, co.root, me));
+    let input = if inp { co.send } else { std::ptr::null() };
+    let recv = if res { co.recv } else { std::ptr::null_mut() };
+    let in_place = inp && res && std::ptr::eq(input.wrapping_add(me * form.step), recv);
     let (a, b) = (input as usize, recv as usize);
     // Partial overlaps of input and result (not NCCL's in place) stay on the links.
-    let apart = in_place || out_len == 0 || a + in_len <= b || b + out_len <= a;
+    let apart = in_place || !inp || !res || a + form.input <= b || b + form.result <= a;
     let capable = apart
         && (0..n).filter(|&p| p != me).all(|p| {
             let l = t.link(p);
-            l.swap_capable(input, in_len) && (out_len == 0 || l.swap_capable(recv, out_len))
+            (!inp || l.swap_capable(input, form.input)) && (!res || l.swap_capable(recv, form.result))
         });
     Some(Mine {
         kind: co.kind,
@@ -126,22 +182,6 @@ pub fn prepare(t: &mut Transport, calls: &[Call]) -> Option<Mine> {
     })
 }
 
-/// Bytes of the input and of the result of `co` on a rank (0: it has none), if the
-/// call is of a kind and form that runs here.
-fn lens(co: &Coll, n: usize) -> Option<(usize, usize)> {
-    if co.v.is_some() || co.strided.is_some() || co.wire.is_some() || co.keep.is_some() {
-        return None;
-    }
-    let bytes = co.count.checked_mul(co.dtype.size())?;
-    match co.kind {
-        CollKind::AllReduce => Some((bytes, bytes)),
-        // The root is checked against the rank count before calls get here.
-        CollKind::Reduce => Some((bytes, bytes)),
-        CollKind::ReduceScatter => Some((bytes.checked_mul(n)?, bytes)),
-        _ => None,
-    }
-}
-
 impl Mine {
     /// The shape of the call in one word, with this rank's flags.
     fn shape(&self) -> u64 {
@@ -152,35 +192,27 @@ impl Mine {
             | u64::from(self.in_place) << 25
     }
 
+    fn form(&self, n: usize) -> Form {
+        Form::of(self.kind, self.count, self.dtype.size(), n).expect("checked in prepare")
+    }
+
     /// This rank's record of call `s`, for its slot's data area.
     pub fn record(&self, n: usize, s: u64) -> [u8; RECORD] {
-        let (in_len, out_len) = self.lens(n);
+        let form = self.form(n);
         let mut r = [0u8; RECORD];
         r[0..8].copy_from_slice(&(TAG ^ s).to_le_bytes());
         r[8..16].copy_from_slice(&self.shape().to_le_bytes());
         r[16..24].copy_from_slice(&(self.count as u64).to_le_bytes());
         r[24..32].copy_from_slice(&(self.root as u64).to_le_bytes());
         if self.capable {
-            r[32..32 + DESC].copy_from_slice(&encode_desc(self.input, shared::lookup(self.input, in_len)));
-            if out_len > 0 {
-                r[32 + DESC..].copy_from_slice(&encode_desc(self.recv, shared::lookup(self.recv, out_len)));
+            if !self.input.is_null() {
+                r[32..32 + DESC].copy_from_slice(&encode_desc(self.input, shared::lookup(self.input, form.input)));
+            }
+            if !self.recv.is_null() {
+                r[32 + DESC..].copy_from_slice(&encode_desc(self.recv, shared::lookup(self.recv, form.result)));
             }
         }
         r
-    }
-
-    fn lens(&self, n: usize) -> (usize, usize) {
-        let bytes = self.count * self.dtype.size();
-        match self.kind {
-            CollKind::ReduceScatter => (bytes * n, bytes),
-            CollKind::Reduce if self.recv.is_null() => (bytes, 0),
-            _ => (bytes, bytes),
-        }
-    }
-
-    /// Whether rank `p` writes a result of this call into its recvbuff.
-    fn has_result(&self, p: usize) -> bool {
-        self.kind != CollKind::Reduce || p == self.root
     }
 }
 
@@ -213,16 +245,46 @@ pub fn agree(b: &Board, s: u64, mine: &Mine) -> Option<Plan> {
         let desc = |at: usize| -> [u8; DESC] { r[at..at + DESC].try_into().unwrap() };
         ranks.push((desc(32), desc(32 + DESC), word(1) & (1 << 25) != 0));
     }
+    // Out of place (the root's recvbuff written too) the links are as fast (see
+    // BROADCAST_MIN).
+    if mine.kind == CollKind::Broadcast && !ranks[mine.root].2 {
+        return None;
+    }
     Some(Plan { s, ranks })
 }
 
-/// One rank's buffers as mapped here.
+/// One rank's buffers as mapped here (null where it has none).
 #[derive(Clone, Copy)]
 struct Bufs {
     input: *const u8,
     recv: *mut u8,
-    /// Its result is written with streaming stores (out of place and large).
-    stream: bool,
+    in_place: bool,
+}
+
+/// Maps rank `p`'s buffers, named by its record, through `link`: None where one
+/// cannot be mapped here.
+fn map_peer(
+    link: &mut dyn crate::transport::Link,
+    mine: &Mine,
+    form: &Form,
+    p: usize,
+    (input, recv, in_place): &([u8; DESC], [u8; DESC], bool),
+) -> Result<Option<Bufs>> {
+    let mut map = |d: &[u8; DESC], len: usize, write: bool| -> Result<Option<*mut u8>> {
+        let (addr, shared) = decode_desc(d);
+        link.peer_buffer(addr, len, shared.as_ref(), write)
+    };
+    let (inp, res) = (has_input(mine.kind, mine.root, p), has_result(mine.kind, mine.root, p));
+    let (input, recv) = if *in_place {
+        // Its input holds its recvbuff: one writable mapping serves both.
+        let i = map(input, form.input, true)?;
+        (i.map(|q| q.cast_const()), i.map(|q| q.wrapping_add(p * form.step)))
+    } else {
+        let i = if inp { map(input, form.input, false)?.map(|q| q.cast_const()) } else { Some(std::ptr::null()) };
+        let r = if res { map(recv, form.result, true)? } else { Some(std::ptr::null_mut()) };
+        (i, r)
+    };
+    Ok(input.zip(recv).map(|(input, recv)| Bufs { input, recv, in_place: *in_place }))
 }
 
 /// Runs call `plan.s` (agreed on the board) between the buffers.
@@ -235,41 +297,21 @@ pub fn run(
     what: &dyn Fn() -> String,
 ) -> Result<Option<Error>> {
     let (me, n) = (t.rank, t.nranks);
-    let (in_len, out_len) = mine.lens(n);
-    let stream = out_len >= crate::env::stream_min();
+    let form = mine.form(n);
     // Map every peer's input and recvbuff; a rank that cannot map them all takes no
     // piece and leaves the work to the others.
     let mut bufs = Vec::with_capacity(n);
-    let mut mapped = true;
-    for (p, (input, recv, in_place)) in plan.ranks.iter().enumerate() {
-        if p == me {
-            bufs.push(Bufs { input: mine.input, recv: mine.recv, stream: stream && !mine.in_place });
-            continue;
-        }
-        let link = t.link(p);
-        let mut map = |d: &[u8; DESC], len: usize, write: bool| -> Result<Option<*mut u8>> {
-            let (addr, shared) = decode_desc(d);
-            link.peer_buffer(addr, len, shared.as_ref(), write)
-        };
-        let has_result = mine.has_result(p);
-        let (input, recv) = if *in_place && has_result {
-            // Its input holds its recvbuff: one writable mapping serves both.
-            let own_block = if mine.kind == CollKind::ReduceScatter { p * out_len } else { 0 };
-            let at = map(input, in_len, true)?;
-            (at.map(|q| q.cast_const()), at.map(|q| q.wrapping_add(own_block)))
+    for (p, rec) in plan.ranks.iter().enumerate() {
+        let b = if p == me {
+            Some(Bufs { input: mine.input, recv: mine.recv, in_place: mine.in_place })
         } else {
-            let recv = if has_result { map(recv, out_len, true)? } else { Some(std::ptr::null_mut()) };
-            (map(input, in_len, false)?.map(|q| q.cast_const()), recv)
+            map_peer(t.link(p), mine, &form, p, rec)?
         };
-        match (input, recv) {
-            (Some(input), Some(recv)) => bufs.push(Bufs { input, recv, stream: stream && !in_place }),
-            _ => {
-                mapped = false;
-                break;
-            }
-        }
+        let Some(b) = b else { break };
+        bufs.push(b);
     }
-    let geo = Geometry::new(mine, n);
+    let mapped = bufs.len() == n;
+    let geo = Geometry::new(mine, n, crate::env::stream_min());
     let (b, checks) = t.board_with_checks().ok_or_else(|| Error::internal("a mapped call without a board"))?;
     let mut checker = |full: bool| if full { checks.alive() } else { checks.flags() };
     let mut w = Waiter::new(timeout, abort, &mut checker, what);
@@ -278,10 +320,14 @@ pub fn run(
         let which = if n == 2 {
             format!("reduce of {} KiB", MAPPED_MIN_2 >> 10)
         } else {
-            format!("all_reduce, reduce and reduce_scatter of {} KiB", MAPPED_MIN >> 10)
+            format!(
+                "all_reduce, reduce and reduce_scatter of {} KiB and in-place broadcast of {} KiB",
+                MAPPED_MIN >> 10,
+                BROADCAST_MIN >> 10
+            )
         };
         crate::log::info(format_args!(
-            "mapped reductions: rank {me} and its {} peers run {which} and more straight between their buffers",
+            "between the buffers: rank {me} and its {} peers run {which} and more straight between their buffers",
             n - 1
         ));
     }
@@ -290,9 +336,9 @@ pub fn run(
     if mapped {
         let narrow = mine.dtype.is_narrow_float();
         let mut acc = vec![0u8; if narrow { CHUNK / mine.dtype.size() * mine.dtype.acc_size() } else { 0 }];
-        let mut tmp = vec![0u8; CHUNK];
+        let mut tmp = vec![0u8; if reduces(mine.kind) { CHUNK } else { 0 }];
         while let Some(k) = take(taken, s, geo.total) {
-            geo.reduce_piece(mine, &bufs, k, &mut tmp, &mut acc);
+            geo.piece(mine, &bufs, k, &mut tmp, &mut acc);
             if finish(finished, s) == geo.total {
                 b.notify_peers();
             }
@@ -303,7 +349,7 @@ pub fn run(
         b,
         &|| {
             format!(
-                "pieces of the reduction between the ranks' buffers are unfinished ({} of {})",
+                "pieces of the call between the ranks' buffers are unfinished ({} of {})",
                 finished.load(Ordering::Relaxed) & COUNT_MASK,
                 geo.total
             )
@@ -313,54 +359,69 @@ pub fn run(
     Ok(None)
 }
 
-/// How the reduced vector is cut into pieces.
+/// How the call is cut into pieces.
 struct Geometry {
     /// Bytes of a block: the whole vector, or (reduce_scatter) one rank's block.
     block: usize,
     piece: usize,
     per_block: u64,
     total: u64,
+    /// Results are at least FERROCCL_STREAM_MIN bytes: written with streaming
+    /// stores where they are not also an input.
+    stream: bool,
 }
 
 impl Geometry {
-    fn new(mine: &Mine, n: usize) -> Geometry {
+    fn new(mine: &Mine, n: usize, stream_min: usize) -> Geometry {
         let block = mine.count * mine.dtype.size();
         let blocks = if mine.kind == CollKind::ReduceScatter { n } else { 1 };
         // At most 2^16 pieces a block, so that the count of all of them fits COUNT_BITS.
         let piece = PIECE.max(block.div_ceil(1 << 16).next_multiple_of(64));
         let per_block = block.div_ceil(piece) as u64;
-        Geometry { block, piece, per_block, total: per_block * blocks as u64 }
+        let stream = mine.form(n).result >= stream_min;
+        Geometry { block, piece, per_block, total: per_block * blocks as u64, stream }
     }
 
-    /// Reduces piece `k` from every rank's input into the recvbuffs that take it.
-    fn reduce_piece(&self, mine: &Mine, bufs: &[Bufs], k: u64, tmp: &mut [u8], acc: &mut [u8]) {
+    /// Does piece `k`: reduces it from every rank's input, or copies it from the
+    /// input that holds it, into the recvbuffs that take it.
+    fn piece(&self, mine: &Mine, bufs: &[Bufs], k: u64, tmp: &mut [u8], acc: &mut [u8]) {
         let n = bufs.len();
         let blk = (k / self.per_block) as usize;
         let off = (k % self.per_block) as usize * self.piece;
         let len = self.piece.min(self.block - off);
-        // Where the piece lies in the inputs, and which recvbuffs take it.
+        // Where the piece lies in the inputs and in the recvbuffs that take it.
         let src_off = blk * self.block + off;
         let takers = match mine.kind {
-            CollKind::AllReduce => 0..n,
+            CollKind::AllReduce | CollKind::Broadcast => 0..n,
             CollKind::Reduce => mine.root..mine.root + 1,
             _ => blk..blk + 1,
         };
+        // A broadcast's root is in place: its result is the source.
+        let takes = |q: usize| reduces(mine.kind) || q != mine.root;
         let (dtype, op) = (mine.dtype, mine.op);
         let narrow = dtype.is_narrow_float();
         for c in (0..len).step_by(CHUNK) {
             let m = CHUNK.min(len - c);
-            let t = &mut tmp[..m];
-            let a = if narrow { &mut acc[..m / dtype.size() * dtype.acc_size()] } else { &mut acc[..0] };
-            // SAFETY: every rank's input holds the whole vector and every taker's
-            // recvbuff its result (validated on each rank, agreed on the board);
-            // this rank took piece k, and nobody else reads or writes these bytes
-            // until every piece is finished. Inputs are read before any recvbuff
-            // (which may be the same memory, in place) is written.
+            // SAFETY: every rank's input holds its whole input and every taker's
+            // recvbuff its whole result (validated on each rank, agreed on the
+            // board, mapped here); this rank took piece k, and nobody else reads or
+            // writes these bytes until every piece is finished. Inputs are read
+            // before any recvbuff (which may be the same memory, in place) is
+            // written; a copy never writes its own source.
             unsafe {
-                let src = |p: usize| std::slice::from_raw_parts(bufs[p].input.add(src_off + c), m);
-                reduce::reduce_all(dtype, op, n, src, t, a);
-                for q in takers.clone() {
-                    copy::copy_stores(bufs[q].recv.add(off + c), t.as_ptr(), m, bufs[q].stream);
+                let src: *const u8 = if reduces(mine.kind) {
+                    let t = &mut tmp[..m];
+                    let a = if narrow { &mut acc[..m / dtype.size() * dtype.acc_size()] } else { &mut acc[..0] };
+                    let input = |p: usize| std::slice::from_raw_parts(bufs[p].input.add(src_off + c), m);
+                    reduce::reduce_all(dtype, op, n, input, t, a);
+                    t.as_ptr()
+                } else {
+                    bufs[mine.root].input.add(src_off + c)
+                };
+                for q in takers.clone().filter(|&q| takes(q)) {
+                    // A recvbuff that is also its rank's input is in cache (just read).
+                    let stream = self.stream && !(reduces(mine.kind) && bufs[q].in_place);
+                    copy::copy_stores(bufs[q].recv.add(off + c), src, m, stream);
                 }
             }
         }
