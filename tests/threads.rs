@@ -490,7 +490,8 @@ fn send_and_recv_in_one_buffer_send_what_it_held() {
 }
 
 /// all_reduce, reduce, reduce_scatter and broadcast with the root in place of 64 KiB
-/// and more at 3 and 4 ranks, and reduce of 512 KiB and more at 2, run straight
+/// and more at 3 and 4 ranks, and reduce and out-of-place all_reduce of 512 KiB and
+/// more at 2, run straight
 /// between the ranks' buffers (`backend::host::mapped`; the other calls check the
 /// links): every rank takes pieces of the whole vector, reduces them from every
 /// rank's input (or reads the root's) and writes them into the recvbuffs that take

@@ -1,5 +1,5 @@
-//! Large collectives of three or more ranks of one host (and 2-rank reduce),
-//! straight between the ranks' buffers.
+//! Large collectives of three or more ranks of one host (and 2-rank reduce and
+//! out-of-place all_reduce), straight between the ranks' buffers.
 //!
 //! all_reduce, reduce, reduce_scatter and in-place broadcast of at least
 //! [`MAPPED_MIN`] bytes, where every rank's buffers can be mapped by every other
@@ -40,11 +40,14 @@ use std::time::Duration;
 /// the board does not take. 4 ranks on 2 cores, side by side against the links
 /// (3 alternating runs): 2.4-7.6x at 72-120 KiB, 1.6-4.1x at 128-256 KiB.
 pub const MAPPED_MIN: usize = 64 << 10;
-/// 2-rank reduce of at least this many bytes takes this path too: 1.03-1.38x at
-/// 512 KiB-32 MiB against the links, but out of place 0.85x at 128 KiB, where
-/// results are written without streaming stores (FERROCCL_STREAM_MIN). 2-rank
-/// reduce_scatter lost (0.77-1.03x), and 2-rank all_reduce has its own exchange
-/// between the buffers (`engine::Exchange::Reduce`).
+/// 2-rank reduce, and 2-rank all_reduce with both ranks out of place, of at least
+/// this many bytes take this path too. Side by side against the links: reduce
+/// 1.03-1.38x at 512 KiB-32 MiB (3 runs), but out of place 0.85x at 128 KiB, where
+/// results are written without streaming stores (FERROCCL_STREAM_MIN); all_reduce
+/// out of place 1.04-1.50x at 512 KiB-64 MiB (4 runs; against the exchange of
+/// `engine::Exchange::Reduce` up to 16 MiB, the rounds above), but in place 0.81-0.99x
+/// against the exchange, which in place keeps it. 2-rank reduce_scatter lost
+/// (0.77-1.03x) and stays on the links.
 const MAPPED_MIN_2: usize = 512 << 10;
 /// Broadcasts of 3 ranks or more with the root in place, of at least this many
 /// bytes, take this path. 4 ranks on 2 cores against the links (the peers read the
@@ -149,7 +152,7 @@ pub fn prepare(t: &mut Transport, calls: &[Call]) -> Option<Mine> {
     let form = Form::of(co.kind, co.count, co.dtype.size(), n)?;
     let min = match (n, co.kind) {
         (0 | 1, _) => return None,
-        (2, CollKind::Reduce) => MAPPED_MIN_2,
+        (2, CollKind::Reduce | CollKind::AllReduce) => MAPPED_MIN_2,
         (2, _) => return None,
         (_, CollKind::Broadcast) => BROADCAST_MIN,
         _ => MAPPED_MIN,
@@ -250,6 +253,10 @@ pub fn agree(b: &Board, s: u64, mine: &Mine) -> Option<Plan> {
     if mine.kind == CollKind::Broadcast && !ranks[mine.root].2 {
         return None;
     }
+    // In place, 2-rank all_reduce keeps its exchange (see MAPPED_MIN_2).
+    if n == 2 && mine.kind == CollKind::AllReduce && ranks.iter().any(|r| r.2) {
+        return None;
+    }
     Some(Plan { s, ranks })
 }
 
@@ -318,7 +325,7 @@ pub fn run(
     if !b.mapped_logged {
         b.mapped_logged = true;
         let which = if n == 2 {
-            format!("reduce of {} KiB", MAPPED_MIN_2 >> 10)
+            format!("reduce and out-of-place all_reduce of {} KiB", MAPPED_MIN_2 >> 10)
         } else {
             format!(
                 "all_reduce, reduce and reduce_scatter of {} KiB and in-place broadcast of {} KiB",
