@@ -109,8 +109,6 @@ pub struct Board {
     pub policy: SpinPolicy,
     /// How large contributions are written into this rank's slots.
     pub stores: crate::mem::copy::StoreChoice,
-    /// `backend::host::mapped` said once that this communicator uses it.
-    pub mapped_logged: bool,
 }
 
 // SAFETY: the segments are shared memory accessed through atomics (headers) or
@@ -125,17 +123,7 @@ impl Board {
         // SAFETY: BOARD_HDR is inside every board.
         let slots = segs.iter().map(|s| unsafe { s.board_base().add(BOARD_HDR) }).collect();
         let seen = vec![0; segs.len()];
-        Board {
-            rank,
-            segs,
-            slots,
-            seq: 0,
-            seen,
-            inline: false,
-            policy,
-            stores: Default::default(),
-            mapped_logged: false,
-        }
+        Board { rank, segs, slots, seq: 0, seen, inline: false, policy, stores: Default::default() }
     }
 
     #[inline]
@@ -179,9 +167,7 @@ impl Board {
                 continue;
             }
             // Usually a line this rank read when it took call `need`'s data.
-            w.wait(self, &|| format!("rank {p} has not arrived"), |b| {
-                b.slot_seq(p, need).load(Ordering::Acquire) >= need
-            })?;
+            w.wait(self, p, |b| b.slot_seq(p, need).load(Ordering::Acquire) >= need)?;
             self.seen[p] = need;
         }
         Ok(())
@@ -245,10 +231,17 @@ impl Board {
         // before the Release store of the sequence number below.
         unsafe { (self.slot(self.rank, s).add(OFF_DIGEST) as *mut u64).write(digest) };
         self.slot_seq(self.rank, s).store(s, Ordering::Release);
-        self.notify_peers();
+        // Pairs with sleep_unless: either a sleeping peer is seen and woken, or the
+        // peer sees the new sequence number before it sleeps.
+        fence(Ordering::SeqCst);
+        for p in (0..self.nranks()).filter(|&p| p != self.rank) {
+            self.segs[p].notify();
+        }
     }
 
-    /// Wakes the peers that sleep in a wait (after a store they wait for).
+    /// Wakes the peers that sleep in a wait (after a store they wait for), as
+    /// `publish` does (which keeps its own copy of these lines: small calls count
+    /// its every instruction, and a call from it measured slower).
     pub fn notify_peers(&self) {
         // Pairs with sleep_unless: either a sleeping peer is seen and woken, or the
         // peer sees the store before it sleeps.
@@ -273,7 +266,7 @@ impl Board {
     #[inline]
     pub fn wait_for(&mut self, w: &mut Waiter<'_>, p: usize, s: u64) -> Result<()> {
         if self.slot_seq(p, s).load(Ordering::Acquire) != s {
-            w.wait(self, &|| format!("rank {p} has not arrived"), |b| b.slot_seq(p, s).load(Ordering::Acquire) == s)?;
+            w.wait(self, p, |b| b.slot_seq(p, s).load(Ordering::Acquire) == s)?;
         }
         self.seen[p] = s;
         Ok(())
@@ -345,11 +338,23 @@ impl<'a> Waiter<'a> {
         b.check_failed().map_err(|e| e.context((self.what)()))
     }
 
-    /// Waits until `ready` holds, spinning, then yielding, then sleeping (as the
-    /// board's policy says) until a peer's `Board::notify_peers`; on timeout the
-    /// error says `missing` (what has not happened).
+    /// Waits until `ready` (a sign of rank `p`) holds: see `wait_until`.
     #[inline(never)]
-    pub fn wait(&mut self, b: &Board, missing: &dyn Fn() -> String, ready: impl Fn(&Board) -> bool) -> Result<()> {
+    fn wait(&mut self, b: &Board, p: usize, ready: impl Fn(&Board) -> bool) -> Result<()> {
+        self.wait_until(b, || format!("rank {p} has not arrived"), ready)
+    }
+
+    /// Waits until `ready` holds, spinning, then yielding, then sleeping (as the
+    /// board's policy says) until a peer's `Board::publish` or `notify_peers`; on
+    /// timeout the error says `missing` (what has not happened). Inlined into
+    /// `wait`, whose code small calls run as it was before this one was split off.
+    #[inline(always)]
+    pub fn wait_until(
+        &mut self,
+        b: &Board,
+        missing: impl Fn() -> String,
+        ready: impl Fn(&Board) -> bool,
+    ) -> Result<()> {
         // Most waits end within a cache-line round trip: poll a while before reading
         // the clock, which costs as much as a small collective's own work.
         for _ in 0..128 {

@@ -37,9 +37,10 @@ use std::time::Duration;
 
 /// Calls of 3 ranks or more that reduce a vector of at least this many bytes (all
 /// of it, all ranks' blocks together for reduce_scatter) take this path: all that
-/// the board does not take. 4 ranks on 2 cores, side by side against the links
-/// (3 alternating runs): 2.4-7.6x at 72-120 KiB, 1.6-4.1x at 128-256 KiB.
-pub const MAPPED_MIN: usize = 64 << 10;
+/// the board does not take (more than `board::DATA_MAX`). 4 ranks on 2 cores, side by side
+/// against the links (3 alternating runs): 2.4-7.6x at 72-120 KiB, 1.6-4.1x at
+/// 128-256 KiB.
+pub const MAPPED_MIN: usize = crate::transport::board::DATA_MAX + 1;
 /// 2-rank reduce, and 2-rank all_reduce with both ranks out of place, of at least
 /// this many bytes take this path too. Side by side against the links: reduce
 /// 1.03-1.38x at 512 KiB-32 MiB (3 runs), but out of place 0.85x at 128 KiB, where
@@ -137,6 +138,17 @@ fn has_input(kind: CollKind, root: usize, p: usize) -> bool {
 /// Whether rank `p` receives a result of the call.
 fn has_result(kind: CollKind, root: usize, p: usize) -> bool {
     kind != CollKind::Reduce || p == root
+}
+
+/// Whether `calls` are one call large enough that [`prepare`] should look closer: a
+/// test that small calls, which never come here, pass in a few instructions.
+#[inline]
+pub fn may_take(calls: &[Call], n: usize) -> bool {
+    match calls {
+        // Validated counts fit memory, so the product cannot wrap.
+        [c] => c.coll.count.wrapping_mul(c.coll.dtype.size()).wrapping_mul(n) >= MAPPED_MIN,
+        _ => false,
+    }
 }
 
 /// Whether `calls` are one call that may run here, and this rank's side of it.
@@ -322,13 +334,14 @@ pub fn run(
     let (b, checks) = t.board_with_checks().ok_or_else(|| Error::internal("a mapped call without a board"))?;
     let mut checker = |full: bool| if full { checks.alive() } else { checks.flags() };
     let mut w = Waiter::new(timeout, abort, &mut checker, what);
-    if !b.mapped_logged {
-        b.mapped_logged = true;
+    // Once per process: a flag in the board would sit beside what small calls read.
+    static LOGGED: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+    if !LOGGED.swap(true, Ordering::Relaxed) {
         let which = if n == 2 {
             format!("reduce and out-of-place all_reduce of {} KiB", MAPPED_MIN_2 >> 10)
         } else {
             format!(
-                "all_reduce, reduce and reduce_scatter of {} KiB and in-place broadcast of {} KiB",
+                "all_reduce, reduce and reduce_scatter of more than {} KiB and in-place broadcast of {} KiB",
                 MAPPED_MIN >> 10,
                 BROADCAST_MIN >> 10
             )
@@ -352,9 +365,9 @@ pub fn run(
         }
     }
     let done = |b: &Board| b.team_word(FINISHED).load(Ordering::Acquire) == word_of(s, geo.total);
-    w.wait(
+    w.wait_until(
         b,
-        &|| {
+        || {
             format!(
                 "pieces of the call between the ranks' buffers are unfinished ({} of {})",
                 finished.load(Ordering::Relaxed) & COUNT_MASK,
