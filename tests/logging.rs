@@ -118,8 +118,8 @@ fn logged_run(
 }
 
 /// Split copies: a broadcast root copies parts of large messages into its peers'
-/// buffers (shared memory from fcclMemAllocHost), and says so once per peer at
-/// INFO; with FERROCCL_SPLIT_COPY=0 it does not, and both are right.
+/// buffers (shared memory from fcclMemAllocHost), and says so once per peer it
+/// copies into at INFO; with FERROCCL_SPLIT_COPY=0 it does not, and both are right.
 #[test]
 fn split_copies_are_logged_once_per_peer_and_can_be_turned_off() {
     // A root helps only once its own sends are out: with another test's ranks on
@@ -129,11 +129,14 @@ fn split_copies_are_logged_once_per_peer_and_can_be_turned_off() {
         let (row, lines) = logged_run("3", "broadcast", "8M", "8388608", split, "split copy");
         assert_eq!(row.split_whitespace().filter(|f| *f == "0").count(), 3, "root 0, nothing wrong: {row}");
         if split == "1" {
-            // The root (whichever process it is) names each of its two peers once.
-            assert_eq!(lines.len(), 2, "{lines:?}");
-            for p in ["rank 1", "rank 2"] {
-                assert!(lines.iter().any(|(_, l)| l.contains(p)), "{p} in {lines:?}");
-            }
+            // The root (whichever process it is) names a peer once, the first time it
+            // copies into that peer's buffer. It copies once its own sends are out,
+            // which in a run of 14 calls it need not reach for both peers (the
+            // in-place broadcasts, which used to give it 14 more, now run between
+            // the buffers, whose own line another test checks).
+            let named: Vec<&str> =
+                ["rank 1", "rank 2"].into_iter().filter(|p| lines.iter().any(|(_, l)| l.contains(p))).collect();
+            assert!(!named.is_empty() && lines.len() == named.len(), "once per peer: {lines:?}");
         } else {
             assert!(lines.is_empty(), "{lines:?}");
         }
