@@ -169,10 +169,7 @@ fn split_lines(nranks: &str, coll: &str, needle: &str) -> Vec<(String, String)> 
 /// through the rings, and both ways every result is right.
 #[test]
 fn in_place_swaps_are_logged_once_per_pair_and_can_be_turned_off() {
-    let lines = split_lines("3", "all_to_all", "in-place swap");
-    assert_eq!(lines.len(), 3, "{lines:?}");
-    let files: std::collections::BTreeSet<&String> = lines.iter().map(|(f, _)| f).collect();
-    assert_eq!(files.len(), 3, "one line per rank: {lines:?}");
+    assert_one_line_per_rank(&split_lines("3", "all_to_all", "in-place swap"), 3);
 }
 
 /// An fcclSend and an fcclRecv with one peer over one buffer (the benchmark's
@@ -191,8 +188,12 @@ fn in_place_send_recv_pairs_swap_and_can_be_turned_off() {
 /// go through the rings; both ways every result is right.
 #[test]
 fn collectives_between_the_buffers_are_logged_once_per_rank_and_can_be_turned_off() {
-    let lines = split_lines("3", "reduce_scatter", "between the buffers:");
-    assert_eq!(lines.len(), 3, "{lines:?}");
+    assert_one_line_per_rank(&split_lines("3", "reduce_scatter", "between the buffers:"), 3);
+}
+
+/// `lines` (file, line) are one line in each of `n` ranks' log files.
+fn assert_one_line_per_rank(lines: &[(String, String)], n: usize) {
+    assert_eq!(lines.len(), n, "{lines:?}");
     let files: std::collections::BTreeSet<&String> = lines.iter().map(|(f, _)| f).collect();
-    assert_eq!(files.len(), 3, "one line per rank: {lines:?}");
+    assert_eq!(files.len(), n, "one line per rank: {lines:?}");
 }

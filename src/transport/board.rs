@@ -240,8 +240,9 @@ impl Board {
     }
 
     /// Wakes the peers that sleep in a wait (after a store they wait for), as
-    /// `publish` does (which keeps its own copy of these lines: small calls count
-    /// its every instruction, and a call from it measured slower).
+    /// `publish` does. `publish` keeps its own copy of these lines, so that the code
+    /// of every small call stays as measured (calling this from it, always inlined,
+    /// measured 0.92-1.05x, 11 alternating runs: not worth the doubt).
     pub fn notify_peers(&self) {
         // Pairs with sleep_unless: either a sleeping peer is seen and woken, or the
         // peer sees the store before it sleeps.

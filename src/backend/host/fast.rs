@@ -91,7 +91,7 @@ pub fn run(
 /// A call that may run between the ranks' buffers (`mapped`): announced with this
 /// rank's record beside the fingerprint; when every rank agrees, run there, else
 /// on the links. Apart from `run`'s own path, which small calls take and which
-/// measured 5-10% slower per call with these steps folded into it.
+/// measured 5-15% slower per call with these steps folded into it.
 #[inline(never)]
 fn run_mapped(
     t: &mut Transport,

@@ -364,7 +364,7 @@ pub fn run(
             }
         }
     }
-    let done = |b: &Board| b.team_word(FINISHED).load(Ordering::Acquire) == word_of(s, geo.total);
+    let done = |_: &Board| finished.load(Ordering::Acquire) == word_of(s, geo.total);
     w.wait_until(
         b,
         || {
@@ -462,32 +462,32 @@ fn is_call(v: u64, s: u64) -> bool {
     v >> COUNT_BITS == (s << COUNT_BITS) >> COUNT_BITS
 }
 
-/// Takes the next piece of call `s` from `word`, if one is left.
-fn take(word: &AtomicU64, s: u64, total: u64) -> Option<u64> {
+/// Counts one more in call `s`'s `word` while it counts fewer than `limit`: returns
+/// the count before (the first in a call finds an earlier call's count and starts
+/// from 0), None at the limit.
+fn count_up(word: &AtomicU64, s: u64, limit: u64) -> Option<u64> {
     let mut v = word.load(Ordering::Acquire);
     loop {
-        // The first taker of this call finds an earlier call's count.
-        let next = if is_call(v, s) { v & COUNT_MASK } else { 0 };
-        if next >= total {
+        let k = if is_call(v, s) { v & COUNT_MASK } else { 0 };
+        if k >= limit {
             return None;
         }
-        match word.compare_exchange_weak(v, word_of(s, next + 1), Ordering::AcqRel, Ordering::Acquire) {
-            Ok(_) => return Some(next),
+        match word.compare_exchange_weak(v, word_of(s, k + 1), Ordering::AcqRel, Ordering::Acquire) {
+            Ok(_) => return Some(k),
             Err(x) => v = x,
         }
     }
 }
 
+/// Takes the next piece of call `s` from `word`, if one is left.
+fn take(word: &AtomicU64, s: u64, total: u64) -> Option<u64> {
+    count_up(word, s, total)
+}
+
 /// Counts one more finished piece of call `s` in `word`; returns how many are.
 fn finish(word: &AtomicU64, s: u64) -> u64 {
-    let mut v = word.load(Ordering::Acquire);
-    loop {
-        let done = if is_call(v, s) { v & COUNT_MASK } else { 0 };
-        match word.compare_exchange_weak(v, word_of(s, done + 1), Ordering::AcqRel, Ordering::Acquire) {
-            Ok(_) => return done + 1,
-            Err(x) => v = x,
-        }
-    }
+    // No call has COUNT_MASK pieces (at most 2^16 a block, see Geometry).
+    count_up(word, s, COUNT_MASK).map_or(COUNT_MASK, |k| k + 1)
 }
 
 #[cfg(test)]
