@@ -52,6 +52,8 @@ pub const BOARD_BYTES: usize = BOARD_HDR + SLOTS * SLOT_BYTES;
 pub struct SpinPolicy {
     pub spin: Duration,
     pub yield_until: Duration,
+    /// More ranks than CPUs: ranks take turns on cores.
+    pub shares_cores: bool,
 }
 
 impl SpinPolicy {
@@ -67,9 +69,9 @@ impl SpinPolicy {
     /// pinned to its own CPU still has a CPU per rank.
     pub fn for_ranks(local_ranks: usize, cpus: usize) -> SpinPolicy {
         if local_ranks > cpus {
-            SpinPolicy { spin: Duration::from_micros(2), yield_until: Duration::from_micros(20) }
+            SpinPolicy { spin: Duration::from_micros(2), yield_until: Duration::from_micros(20), shares_cores: true }
         } else {
-            SpinPolicy { spin: Duration::from_micros(20), yield_until: Duration::from_micros(300) }
+            SpinPolicy { spin: Duration::from_micros(20), yield_until: Duration::from_micros(300), shares_cores: false }
         }
     }
 }

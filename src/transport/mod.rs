@@ -82,6 +82,20 @@ pub trait Link: Send {
     }
     /// Tells the peer that one more of its direct messages has been read.
     fn direct_read_done(&self) {}
+    /// Receiver: tells the peer that the first `bytes` of the direct message it
+    /// reads now (its next unfinished one) have been read, so the peer may
+    /// overwrite them (an in-place fcclSend that a receive of the same run lands
+    /// on, see `engine::InPlace`). Only for messages read in order, front to back.
+    fn report_read(&self, bytes: usize) {
+        let _ = bytes;
+    }
+    /// Sender: bytes of this rank's direct message `seq` (counted as
+    /// [`Link::direct_reads_done`] counts) that the peer has reported read with
+    /// [`Link::report_read`]; 0 when it has reported none.
+    fn peer_read(&self, seq: u64) -> usize {
+        let _ = seq;
+        0
+    }
     /// Whether the link carries the peer's read reports ([`Link::direct_read_done`]),
     /// so that a message may wait for its read: shared memory does, TCP does not
     /// (it never sends by address, and its swap offers are done once written).

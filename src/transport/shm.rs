@@ -43,6 +43,10 @@ const OFF_SHARE_DONE: usize = 768;
 /// Ring control: the split copy's destination: address, length, streaming stores,
 /// then the shared allocation (serial, 0 for none; length; offset; fd | epoch << 32).
 const OFF_SHARE_DEST: usize = 896;
+/// Ring control: how far the reader has read the direct message it reads now,
+/// in order (see `Link::report_read`): the message's number, then (the next word)
+/// the bytes read. The reader writes the bytes first, then the number.
+const OFF_READ_PROGRESS: usize = 1024;
 /// Claim word while the receiver rewrites the destination.
 const SHARE_BUSY: u64 = u64::MAX;
 /// Peers' shared allocations a link keeps mapped at most, for reading and again for
@@ -806,6 +810,23 @@ impl Link for ShmLink {
     fn direct_read_done(&self) {
         self.rx.ctrl_word(OFF_READS_DONE).fetch_add(1, Ordering::AcqRel);
         self.peer_seg.ring();
+    }
+
+    fn report_read(&self, bytes: usize) {
+        let seq = self.rx.ctrl_word(OFF_READS_DONE).load(Ordering::Relaxed) + 1;
+        self.rx.ctrl_word(OFF_READ_PROGRESS + 8).store(bytes as u64, Ordering::Relaxed);
+        self.rx.ctrl_word(OFF_READ_PROGRESS).store(seq, Ordering::Release);
+        self.peer_seg.ring();
+    }
+
+    fn peer_read(&self, seq: u64) -> usize {
+        if self.tx.ctrl_word(OFF_READ_PROGRESS).load(Ordering::Acquire) != seq {
+            return 0;
+        }
+        // Written before the number was: this message's count or a later one's,
+        // which the reader writes only once this message is read (the sender then
+        // sees it done through OFF_READS_DONE and no longer asks).
+        self.tx.ctrl_word(OFF_READ_PROGRESS + 8).load(Ordering::Relaxed) as usize
     }
 
     fn peer_maps(&self) -> bool {
