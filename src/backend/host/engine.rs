@@ -87,17 +87,18 @@ const DIRECT_PIECE: usize = 256 << 10;
 /// (see [`InPlace`]) into a buffer of its own: the sender may overwrite what has
 /// been read, so a ring shift in place whose every rank sends by address moves as
 /// soon as each rank has read this much. Where the gate is already open, bytes go
-/// straight from the sender's buffer into the receiver's. Measured at 4 ranks on 2
-/// cores: 1 MiB 1.07-1.36x of the rings at 4-64 MiB (7 alternating runs), 2 MiB
-/// 1.05-1.27x, 4 MiB and 16 MiB below the rings.
+/// straight from the sender's buffer into the receiver's. At 4 ranks on 2 cores,
+/// against the rings: 1 MiB 1.07-1.36x at 4-64 MiB (7 alternating runs), 2 MiB
+/// 1.05-1.27x; 4 MiB and 16 MiB were slower than 1 MiB, 256 KiB too (3 runs).
 const GATED_AHEAD: usize = 1 << 20;
 /// Smallest fcclSend in place (its buffer also receives in the run) that goes by
 /// address, and only where ranks share cores: there the rings hand every byte
 /// from one core's cache to another's, while a receive that reads ahead keeps its
-/// bytes in its own (1.07-1.36x at 4-64 MiB, 4 ranks on 2 cores). With a core per
-/// rank the rings copy on both cores at once and the read-ahead path measured
-/// 0.53-0.89x (2 ranks that do not swap, 128 KiB-64 MiB), and at 4 ranks below 4
-/// MiB it was 0.76-1.23x.
+/// bytes in its own. Side by side in one binary (this path on and off, 7-9
+/// alternating runs): 4 ranks on 2 cores 1.27-1.49x at 4-64 MiB, 3 ranks 1.07-1.15x
+/// at 8-32 MiB. With a core per rank the rings copy on both cores at once and this
+/// path measured 0.53-0.89x (2 ranks that do not swap, 128 KiB-64 MiB); at 4 ranks
+/// below 4 MiB it was 0.76-1.23x.
 const GATED_MIN: usize = 4 << 20;
 /// Direct messages at least this large into a buffer their sender can write are
 /// copied by sender and receiver together (a split copy, see `transport::Share`):
@@ -806,6 +807,11 @@ impl InPlace {
         self.gates.iter().any(|&(r, _)| r == i)
     }
 
+    /// Whether a receive waits for send step `j` to leave its buffer.
+    fn gated_send(&self, j: usize) -> bool {
+        self.gates.iter().any(|&(_, s)| s == j)
+    }
+
     /// How many payload bytes of receive step `i` may be written now (at least its
     /// length when nothing holds it back).
     fn allowed(&self, sched: &Schedule<'_>, i: usize) -> usize {
@@ -944,7 +950,10 @@ struct Rx {
     swap: Option<RxSwap>,
     /// An fcclRecv into a buffer that sends of the run read (see [`InPlace`]).
     gated: bool,
-    /// A gated direct message: the bytes read ahead of the gate.
+    /// A direct fcclSend whose sender's receives wait for this rank's reads
+    /// (`Link::report_read`), so this rank reports them piece by piece.
+    reports: bool,
+    /// A gated receive of such a message: the bytes read ahead of the gate.
     held: Option<Held>,
     /// The sender's own destination for the message, mapped here: each piece this
     /// rank copies goes there too (see [`K_DIRECT`]).
@@ -955,7 +964,19 @@ impl Rx {
     /// A message of `len` bytes for step `step` into `sink`, read from the stream;
     /// the other fields as the message kind needs them.
     fn new(step: Option<usize>, len: usize, sink: Sink) -> Rx {
-        Rx { step, len, sink, read: 0, direct: None, share: None, swap: None, gated: false, held: None, tee: None }
+        Rx {
+            step,
+            len,
+            sink,
+            read: 0,
+            direct: None,
+            share: None,
+            swap: None,
+            gated: false,
+            reports: false,
+            held: None,
+            tee: None,
+        }
     }
 }
 
@@ -1936,7 +1957,10 @@ fn on_reply(
         st.urgent.push_back(Tx::direct(K_P2P_SWAP, tag, src, mine, i, d, None));
     } else if let Some(d) = p2p_direct(t.link(p), sched, src, mine, shares_cores) {
         st.start_direct(t.link(p));
-        st.urgent.push_back(Tx::direct(K_P2P_DIRECT, tag, src, mine, i, d, None));
+        let mut tx = Tx::direct(K_P2P_DIRECT, tag, src, mine, i, d, None);
+        // Receives of this run wait for the peer's read reports (see GATED_AHEAD).
+        tx.flag = u8::from(inplace.gated_send(i));
+        st.urgent.push_back(tx);
     } else {
         let mut tx = Tx::data(K_P2P_DATA, tag, src, mine, Some(i));
         tx.progress = inplace.sent.get(i).map(|_| i);
@@ -2078,6 +2102,8 @@ fn pump_rx(
                     let stream = len >= crate::env::stream_min() && !overlaps_a_send(sched, dst, len);
                     let sink = if stream { Sink::Stream(dst) } else { Sink::Copy(dst) };
                     let direct = (kind != K_P2P_DATA).then(|| DirectRx::new(kind, 0));
+                    // The sender's receives wait for our read reports (see GATED_AHEAD).
+                    let reports = kind == K_P2P_DIRECT && hdr.bytes[HDR_FLAG] != 0;
                     // A swap offer: our block, which the exchange fills.
                     let own = Side { dst, src: dst };
                     let swap = (kind == K_P2P_SWAP).then_some(RxSwap {
@@ -2086,7 +2112,7 @@ fn pump_rx(
                         peer_input: PeerInput::Block,
                     });
                     let gated = swap.is_none() && inplace.gated(i);
-                    st.cur_rx = Some(Rx { direct, swap, gated, ..Rx::new(Some(i), len, sink) });
+                    st.cur_rx = Some(Rx { direct, swap, gated, reports, ..Rx::new(Some(i), len, sink) });
                 }
                 k => {
                     return Err(Error::internal(format!(
@@ -2207,7 +2233,7 @@ fn pump_rx(
                     src
                 }
             };
-            if rx.gated {
+            if rx.gated && rx.reports {
                 let Some(i) = rx.step else { unreachable!("gated receives belong to steps") };
                 let (w, r) =
                     gated_piece(link, inplace.allowed(sched, i), rx, src).map_err(|e| e.context((ctl.what)()))?;
@@ -2231,7 +2257,15 @@ fn pump_rx(
             // One piece per visit, so that other peers progress meanwhile: the next
             // one, or in a split copy the next one nobody has taken.
             let (off, k) = match rx.share.as_mut() {
-                None => (rx.read, DIRECT_PIECE.min(rx.len - rx.read)),
+                None => {
+                    let k = DIRECT_PIECE.min(rx.len - rx.read);
+                    let k = if rx.gated { k.min(gate_room(inplace, sched, rx)) } else { k };
+                    if k == 0 && rx.read < rx.len {
+                        // Waits for this rank's sends to leave the buffer.
+                        break;
+                    }
+                    (rx.read, k)
+                }
                 Some((slot, taken_all)) => {
                     let pieces = share_pieces(rx.len);
                     let mine = !*taken_all && receiver_takes_pieces();
@@ -2295,6 +2329,10 @@ fn pump_rx(
                     slot.pieces_copied(k.div_ceil(SHARE_PIECE) as u64);
                 }
                 rx.read += k;
+                if rx.reports && rx.share.is_none() && rx.read < rx.len {
+                    // Read in order: the sender's receives may overwrite this much.
+                    link.report_read(rx.read);
+                }
                 budget = budget.saturating_sub(k);
                 progressed = true;
                 if rx.share.is_some() || rx.read < rx.len {
