@@ -769,6 +769,9 @@ impl Link for ShmLink {
         if self.check_pid {
             let pid = self.peer_seg.pid();
             if !process_alive(pid) {
+                // A peer that failed because of another rank marks itself so before it
+                // exits, possibly just after the look above: that rank is the origin.
+                self.check_flag()?;
                 return Err(Error::remote_rank(self.peer, format!("rank {} (pid {pid}) died", self.peer)));
             }
         }
