@@ -94,11 +94,11 @@ const GATED_AHEAD: usize = 1 << 20;
 /// Smallest fcclSend in place (its buffer also receives in the run) that goes by
 /// address, and only where ranks share cores: there the rings hand every byte
 /// from one core's cache to another's, while a receive that reads ahead keeps its
-/// bytes in its own. Side by side in one binary (this path on and off, 7-9
-/// alternating runs): 4 ranks on 2 cores 1.27-1.49x at 4-64 MiB, 3 ranks 1.07-1.15x
-/// at 8-32 MiB. With a core per rank the rings copy on both cores at once and this
-/// path measured 0.53-0.89x (2 ranks that do not swap, 128 KiB-64 MiB); at 4 ranks
-/// below 4 MiB it was 0.76-1.23x.
+/// bytes in its own. Side by side in one binary (this path on and off, 5-7
+/// alternating runs): 4 ranks on 2 cores 1.26-1.65x at 4-64 MiB, 3 ranks 1.24-1.52x.
+/// With a core per rank the rings copy on both cores at once and this path (before
+/// its writes streamed) measured 0.53-0.89x (2 ranks that do not swap, 128 KiB-64
+/// MiB); at 4 ranks below 4 MiB it was 0.76-1.23x.
 const GATED_MIN: usize = 4 << 20;
 /// Direct messages at least this large into a buffer their sender can write are
 /// copied by sender and receiver together (a split copy, see `transport::Share`):
@@ -1802,6 +1802,16 @@ unsafe fn rx_tee(tee: Option<*mut u8>, sink: Sink, off: usize, from: *const u8, 
 fn gated_piece(link: &mut dyn crate::transport::Link, gate: usize, rx: &mut Rx, src: Source) -> Result<(usize, usize)> {
     let held = rx.held.get_or_insert_with(|| Held { buf: PooledBuf::take(GATED_AHEAD), written: 0 });
     let at = |o: usize| o % GATED_AHEAD;
+    // The bytes overwritten here were just read by the receiver of this rank's send,
+    // on another core: ordinary stores would first take every line back from its
+    // cache, streaming ones only invalidate it. Side by side (4 ranks on 2 cores,
+    // 32 MiB, 30 alternating runs): median 4.43 against 3.90 GB/s, and none of the
+    // runs at 1.0-2.6 GB/s that ordinary stores had in 5 of 30 (the VM's state in
+    // which lines cross between its CPUs slowly).
+    let sink = match rx.sink {
+        Sink::Copy(dst) => Sink::Stream(dst),
+        sink => sink,
+    };
     let w = (rx.read - held.written).min(gate.saturating_sub(held.written)).min(GATED_AHEAD - at(held.written));
     if w > 0 {
         // SAFETY: the held buffer has GATED_AHEAD bytes and w stops at its end;
@@ -1810,7 +1820,7 @@ fn gated_piece(link: &mut dyn crate::transport::Link, gate: usize, rx: &mut Rx, 
         // what this rank's sends still read.
         unsafe {
             let from = std::slice::from_raw_parts(held.buf.as_ptr().add(at(held.written)), w);
-            rx.sink.consume(held.written, from);
+            sink.consume(held.written, from);
         }
         held.written += w;
     }
@@ -1818,14 +1828,14 @@ fn gated_piece(link: &mut dyn crate::transport::Link, gate: usize, rx: &mut Rx, 
         // Nothing held, and the gate open past what has been read: straight from
         // the sender's buffer into ours.
         let d = gate.saturating_sub(rx.read).min(rx.len - rx.read).min(DIRECT_PIECE);
-        let direct = match (src, rx.sink) {
+        let direct = match (src, sink) {
             (_, _) if d == 0 => false,
             (Source::Ptr(ptr), sink) => {
                 // SAFETY: as for the reads below and the writes above.
                 unsafe { sink.consume(rx.read, std::slice::from_raw_parts(ptr.add(rx.read), d)) };
                 true
             }
-            (Source::Remote(addr), Sink::Copy(dst)) => {
+            (Source::Remote(addr), Sink::Stream(dst)) => {
                 // SAFETY: dst is valid for the message (schedule contract).
                 link.read_direct(addr + rx.read as u64, unsafe { dst.add(rx.read) }, d)?;
                 true
