@@ -88,8 +88,9 @@ const DIRECT_PIECE: usize = 256 << 10;
 /// been read, so a ring shift in place whose every rank sends by address moves as
 /// soon as each rank has read this much. Where the gate is already open, bytes go
 /// straight from the sender's buffer into the receiver's. At 4 ranks on 2 cores,
-/// against the rings: 1 MiB 1.07-1.36x at 4-64 MiB (7 alternating runs), 2 MiB
-/// 1.05-1.27x; 4 MiB and 16 MiB were slower than 1 MiB, 256 KiB too (3 runs).
+/// against the rings (before the writes streamed): 1 MiB 1.07-1.36x at 4-64 MiB (7
+/// alternating runs), 2 MiB 1.05-1.27x; 4 MiB and 16 MiB were slower than 1 MiB,
+/// 256 KiB too (3 runs).
 const GATED_AHEAD: usize = 1 << 20;
 /// Smallest fcclSend in place (its buffer also receives in the run) that goes by
 /// address, and only where ranks share cores: there the rings hand every byte
@@ -1824,36 +1825,16 @@ fn gated_piece(link: &mut dyn crate::transport::Link, gate: usize, rx: &mut Rx, 
         }
         held.written += w;
     }
-    if held.written == rx.read && w == 0 {
+    let d = gate.saturating_sub(rx.read).min(rx.len - rx.read).min(DIRECT_PIECE);
+    if let (Sink::Stream(dst), true) = (sink, held.written == rx.read && w == 0 && d > 0) {
         // Nothing held, and the gate open past what has been read: straight from
         // the sender's buffer into ours.
-        let d = gate.saturating_sub(rx.read).min(rx.len - rx.read).min(DIRECT_PIECE);
-        let direct = match (src, sink) {
-            (_, _) if d == 0 => false,
-            (Source::Ptr(ptr), sink) => {
-                // SAFETY: as for the reads below and the writes above.
-                unsafe { sink.consume(rx.read, std::slice::from_raw_parts(ptr.add(rx.read), d)) };
-                true
-            }
-            (Source::Remote(addr), Sink::Stream(dst)) => {
-                // SAFETY: dst is valid for the message (schedule contract).
-                link.read_direct(addr + rx.read as u64, unsafe { dst.add(rx.read) }, d)?;
-                true
-            }
-            _ => false,
-        };
-        if direct {
-            #[cfg(test)]
-            tests::GATED_READ.with(|c| c.set(c.get() + d));
-            rx.read += d;
-            held.written += d;
-            if rx.read < rx.len {
-                link.report_read(rx.read);
-            } else {
-                link.direct_read_done();
-            }
-            return Ok((d, d));
-        }
+        // SAFETY: dst is valid for the message (schedule contract) and the gate
+        // lets us write [read, read + d).
+        let to = unsafe { dst.add(rx.read) };
+        gated_fetch(link, src, (&mut rx.read, rx.len), to, d, true)?;
+        held.written += d;
+        return Ok((d, d));
     }
     let r =
         (rx.len - rx.read).min(GATED_AHEAD - (rx.read - held.written)).min(GATED_AHEAD - at(rx.read)).min(DIRECT_PIECE);
@@ -1861,22 +1842,39 @@ fn gated_piece(link: &mut dyn crate::transport::Link, gate: usize, rx: &mut Rx, 
         // SAFETY: r stops at the held buffer's end and leaves the unwritten bytes
         // alone (at most GATED_AHEAD are held).
         let to = unsafe { held.buf.as_mut_ptr().add(at(rx.read)) };
-        match src {
-            // SAFETY: the sender keeps its message (rx.len bytes at ptr, mapped here)
-            // valid, and overwrites none of it before we report it read.
-            Source::Ptr(ptr) => unsafe { copy::copy(to, ptr.add(rx.read), r) },
-            Source::Remote(addr) => link.read_direct(addr + rx.read as u64, to, r)?,
-        }
-        rx.read += r;
-        if rx.read < rx.len {
-            link.report_read(rx.read);
-        } else {
-            link.direct_read_done();
-        }
+        gated_fetch(link, src, (&mut rx.read, rx.len), to, r, false)?;
+    }
+    Ok((w, r))
+}
+
+/// Reads the next `n` bytes of a gated receive's message (`read` of its `len`
+/// bytes read so far) from the sender's buffer `src` into `to` (`stream`: with
+/// streaming stores where this rank copies), and reports them read: the whole
+/// message read, done, as for any direct message.
+fn gated_fetch(
+    link: &mut dyn crate::transport::Link,
+    src: Source,
+    (read, len): (&mut usize, usize),
+    to: *mut u8,
+    n: usize,
+    stream: bool,
+) -> Result<()> {
+    match src {
+        // SAFETY: the sender keeps its message (len bytes at ptr, mapped here)
+        // valid, and overwrites none of it before we report it read; the caller
+        // gives `to` room for n bytes, apart from the message.
+        Source::Ptr(ptr) => unsafe { copy::copy_stores(to, ptr.add(*read), n, stream) },
+        Source::Remote(addr) => link.read_direct(addr + *read as u64, to, n)?,
+    }
+    *read += n;
+    if *read < len {
+        link.report_read(*read);
+    } else {
+        link.direct_read_done();
     }
     #[cfg(test)]
-    tests::GATED_READ.with(|c| c.set(c.get() + r));
-    Ok((w, r))
+    tests::GATED_READ.with(|c| c.set(c.get() + n));
+    Ok(())
 }
 
 /// Bytes gated receive `rx` may take now (see [`InPlace`]); unbounded once every
