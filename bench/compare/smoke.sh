@@ -74,6 +74,29 @@ grep -q 'Verdicts against PERF.md' <<<"$out" && bad "ratios: no PERF.md verdicts
 grep -q '^all_reduce,2,ideal,32768,out,1.6,6.5,0.25,' "$tmp/ideal/ideal.ratios.csv" && ok "ideal ratios CSV" ||
     bad "ideal ratios CSV"
 
+# 4 ranks against a 2-rank run: ferroccl keeps 40% of its 2-rank busbw at both points;
+# the bare data movement reaches 45% of ferroccl's 2-rank busbw for send_recv (the
+# machine's bound) but 60% for broadcast (ferroccl's own miss).
+mkdir "$tmp/b2" "$tmp/b4"
+row() { printf '%s,%s,float,none,0,8388608,2097152,%s,1000.000,%s,%s,0\n' "$1" "$2" "$3" "$4" "$4"; }
+for rep in 1 2; do
+    { echo "$h"; row send_recv 2 in 10; row broadcast 2 out 10; } >"$tmp/b2/ferroccl.rep$rep.csv"
+    { echo "$h"; row send_recv 2 in 8; row broadcast 2 out 8; } >"$tmp/b2/ideal.rep$rep.csv"
+    { echo "$h"; row send_recv 4 in 4; row broadcast 4 out 4; } >"$tmp/b4/ferroccl.rep$rep.csv"
+    { echo "$h"; row send_recv 4 in 4.5; row broadcast 4 out 6; } >"$tmp/b4/ideal.rep$rep.csv"
+    { echo "$h"; row send_recv 4 in 3; row broadcast 4 out 3; } >"$tmp/b4/ompi.rep$rep.csv"
+done
+out="$(python3 "$here/ratios.py" "$tmp/b4" --peer ideal --baseline "$tmp/b2")" || true
+check "| send_recv | 8M | in | 0.40 | 0.45 | 0.56 |" "4 ranks against 2: table"
+check "- ferroccl below 50% at 2 of 2 points" "4 ranks against 2: misses"
+check "(bounded by this machine) at 1: send_recv 8M in 0.40 (ideal 0.45)" "4 ranks against 2: the machine's bound"
+check "did not run) at 1: broadcast 8M out 0.40 (ideal 0.60)" "4 ranks against 2: ferroccl's own miss"
+rm "$tmp"/b4/ideal.*
+out="$(python3 "$here/ratios.py" "$tmp/b4" --peer ompi --baseline "$tmp/b2")" || true
+check "4 ranks, >= 8M: busbw >= 50% of the 2-rank run's ($tmp/b2): **missed** at 2 of 2 points" \
+    "4 ranks against 2: the verdict against Open MPI's run"
+check "- bound: not measured (run --peer ideal --nranks 4 into the same --out)" "4 ranks against 2: no ideal run"
+
 if command -v mpicc >/dev/null; then
     mpicc -O2 -Wall -Werror -o "$tmp/ompi_bench" "$here/ompi_bench.c" && ok "ompi_bench.c compiles" ||
         bad "ompi_bench.c compiles"
