@@ -3,7 +3,7 @@
  *
  * Self-contained: the program makes the unique id and forks its ranks itself, so it
  * can kill one and still judge the survivors. Usage: test_faults SCENARIO NRANKS
- * with SCENARIO one of kill, abort, timeout, mismatch. Prints the measured
+ * with SCENARIO one of kill, kill-mapped, kill-shift, abort, timeout, mismatch. Prints the measured
  * detection/abort latencies (the bounds asserted here are loose on purpose: CI
  * machines are noisy; the figures are what to read). */
 #define _GNU_SOURCE
@@ -65,6 +65,25 @@ static void* aborter(void* p) {
   return NULL;
 }
 
+/* Kills this process a few milliseconds after it is started, mid-call. */
+static void* killer(void* p) {
+  (void)p;
+  usleep(3 * 1000);
+  raise(SIGKILL);
+  return NULL;
+}
+
+/* One in-place ring shift: buf goes to the next rank, the previous rank's lands in it. */
+static fcclResult_t shift_in_place(float* buf, size_t count, int rank, int nranks, fcclComm_t comm) {
+  fcclResult_t r = fcclGroupStart();
+  if (r != fcclSuccess) return r;
+  fcclResult_t s = fcclSend(buf, count, fcclFloat32, (rank + 1) % nranks, comm, NULL);
+  fcclResult_t v = fcclRecv(buf, count, fcclFloat32, (rank + nranks - 1) % nranks, comm, NULL);
+  r = fcclGroupEnd();
+  if (s != fcclSuccess) return s;
+  return v != fcclSuccess ? v : r;
+}
+
 static int run_rank(const char* scenario, int rank, int nranks, fcclUniqueId id) {
   int threads_before = count_threads();
   fcclConfig_t cfg = FCCL_CONFIG_INITIALIZER;
@@ -75,7 +94,8 @@ static int run_rank(const char* scenario, int rank, int nranks, fcclUniqueId id)
   size_t count = 4u << 20; /* 16 MiB of floats: long enough to be mid-flight */
   /* kill-mapped: the same as kill on buffers that peers map (fcclMemAllocHost), where
    * large reductions run between the ranks' buffers (from 3 ranks; 2 ranks swap). */
-  int mapped = strcmp(scenario, "kill-mapped") == 0;
+  int shift = strcmp(scenario, "kill-shift") == 0;
+  int mapped = shift || strcmp(scenario, "kill-mapped") == 0;
   if (mapped) scenario = "kill";
   float *a = NULL, *b = NULL;
   if (mapped) {
@@ -91,12 +111,32 @@ static int run_rank(const char* scenario, int rank, int nranks, fcclUniqueId id)
   if (b[0] != (float)nranks) FAIL("warm-up all_reduce gave %f", b[0]);
 
   if (strcmp(scenario, "kill") == 0) {
-    if (rank == 1) {
-      usleep(20 * 1000); /* let the others enter the collective */
-      raise(SIGKILL);
-    }
     double t0 = now_ms();
-    fcclResult_t r = fcclAllReduce(a, b, count, fcclFloat32, fcclSum, comm, NULL);
+    fcclResult_t r;
+    if (shift) {
+      /* kill-shift: in-place ring shifts (each rank sends its buffer on and receives
+       * the previous rank's into it, as one group), which at 4 ranks on 2 cores go by
+       * address with the receivers reading ahead and the senders waiting for their
+       * reports. After three shifts that must succeed, rank 1 is killed from a
+       * thread while it shifts; the survivors shift until a call fails. */
+      for (int it = 0; it < 3; it++) OK(shift_in_place(a, count, rank, nranks, comm));
+      if (rank == 1) {
+        pthread_t th;
+        pthread_create(&th, NULL, killer, NULL);
+      }
+      for (int it = 0;; it++) {
+        if (rank != 1 && it == 100000) FAIL("100000 shifts succeeded with rank 1 killed");
+        t0 = now_ms();
+        r = shift_in_place(a, count, rank, nranks, comm);
+        if (r != fcclSuccess) break;
+      }
+    } else {
+      if (rank == 1) {
+        usleep(20 * 1000); /* let the others enter the collective */
+        raise(SIGKILL);
+      }
+      r = fcclAllReduce(a, b, count, fcclFloat32, fcclSum, comm, NULL);
+    }
     double dt = now_ms() - t0;
     /* Copied: the message lives until this thread's next failing call. */
     char msg[1024];
@@ -203,7 +243,7 @@ static int debris(const pid_t* pids, int n) {
 int main(int argc, char** argv) {
   int rank = -1;
   if (argc != 3) {
-    fprintf(stderr, "usage: %s kill|kill-mapped|abort|timeout|mismatch NRANKS\n", argv[0]);
+    fprintf(stderr, "usage: %s kill|kill-mapped|kill-shift|abort|timeout|mismatch NRANKS\n", argv[0]);
     return 2;
   }
   const char* scenario = argv[1];
