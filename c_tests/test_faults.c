@@ -3,7 +3,8 @@
  *
  * Self-contained: the program makes the unique id and forks its ranks itself, so it
  * can kill one and still judge the survivors. Usage: test_faults SCENARIO NRANKS
- * with SCENARIO one of kill, kill-mapped, kill-shift, abort, timeout, mismatch. Prints the measured
+ * with SCENARIO one of kill, kill-mapped, kill-shift, abort, timeout, timeout-shift,
+ * mismatch. Prints the measured
  * detection/abort latencies (the bounds asserted here are loose on purpose: CI
  * machines are noisy; the figures are what to read). */
 #define _GNU_SOURCE
@@ -87,6 +88,10 @@ static fcclResult_t shift_in_place(float* buf, size_t count, int rank, int nrank
 static int run_rank(const char* scenario, int rank, int nranks, fcclUniqueId id) {
   int threads_before = count_threads();
   fcclConfig_t cfg = FCCL_CONFIG_INITIALIZER;
+  /* timeout-shift: the ranks but rank 1 shift in place (see kill-shift); rank 1 never
+   * calls. */
+  int tshift = strcmp(scenario, "timeout-shift") == 0;
+  if (tshift) scenario = "timeout";
   if (strcmp(scenario, "timeout") == 0) cfg.timeoutMs = 500;
   if (strcmp(scenario, "mismatch") == 0) cfg.checkMode = FCCL_CHECK_FINGERPRINT;
   fcclComm_t comm;
@@ -95,8 +100,8 @@ static int run_rank(const char* scenario, int rank, int nranks, fcclUniqueId id)
   /* kill-mapped: the same as kill on buffers that peers map (fcclMemAllocHost), where
    * large reductions run between the ranks' buffers (from 3 ranks; 2 ranks swap). */
   int shift = strcmp(scenario, "kill-shift") == 0;
-  int mapped = shift || strcmp(scenario, "kill-mapped") == 0;
-  if (mapped) scenario = "kill";
+  int mapped = shift || tshift || strcmp(scenario, "kill-mapped") == 0;
+  if (strncmp(scenario, "kill", 4) == 0) scenario = "kill";
   float *a = NULL, *b = NULL;
   if (mapped) {
     OK(fcclMemAllocHost((void**)&a, count * sizeof(float)));
@@ -176,6 +181,24 @@ static int run_rank(const char* scenario, int rank, int nranks, fcclUniqueId id)
       if (r != fcclRemoteError) FAIL("call after the peer aborted returned %d, want fcclRemoteError", r);
       printf("rank %d: peer's abort seen after %.1f ms: %s\n", rank, now_ms() - t0, fcclGetLastError(NULL));
     }
+  } else if (strcmp(scenario, "timeout") == 0 && tshift) {
+    if (rank != 1) {
+      double t0 = now_ms();
+      fcclResult_t r = shift_in_place(a, count, rank, nranks, comm);
+      char msg[1024];
+      snprintf(msg, sizeof msg, "%s", fcclGetLastError(NULL));
+      if (r != fcclTimeout) FAIL("returned %d (%s), want fcclTimeout", r, msg);
+      if (!strstr(msg, "fcclGroupEnd") || !strstr(msg, "fcclSend") || !strstr(msg, "fcclRecv"))
+        FAIL("message must name the group and its calls: %s", msg);
+      /* Ranks 0 and 2 (rank 1's receiver and sender; rank 0 alone at 2 ranks) wait for rank 1. */
+      if ((rank == 0 || rank == 2) && !strstr(msg, "waits for data from): 1"))
+        FAIL("message must name the missing rank 1: %s", msg);
+      printf("rank %d: timed out after %.1f ms: %s\n", rank, now_ms() - t0, msg);
+      r = shift_in_place(a, count, rank, nranks, comm);
+      if (r != fcclInvalidUsage) FAIL("after a timeout a shift returned %d, want fcclInvalidUsage", r);
+    } else {
+      usleep(1500 * 1000); /* never shifts */
+    }
   } else if (strcmp(scenario, "timeout") == 0) {
     if (rank == 0) {
       double t0 = now_ms();
@@ -243,7 +266,7 @@ static int debris(const pid_t* pids, int n) {
 int main(int argc, char** argv) {
   int rank = -1;
   if (argc != 3) {
-    fprintf(stderr, "usage: %s kill|kill-mapped|kill-shift|abort|timeout|mismatch NRANKS\n", argv[0]);
+    fprintf(stderr, "usage: %s kill|kill-mapped|kill-shift|abort|timeout|timeout-shift|mismatch NRANKS\n", argv[0]);
     return 2;
   }
   const char* scenario = argv[1];
