@@ -5,7 +5,7 @@
 # verdicts against shared/PERF.md's targets, or, against the ideal peer (the bare data
 # movement), how close ferroccl comes to it (see bench/compare/README.md).
 #
-#   bench/compare/run.sh [--peer ompi|gloo|ideal|both|all] [--nranks N] [-b MIN] [-e MAX]
+#   bench/compare/run.sh [--peer ompi|gloo|ideal|both|all] [--nranks N[,N...]] [-b MIN] [-e MAX]
 #                        [--reps R] [--out DIR] [collectives...]
 set -euo pipefail
 
@@ -14,7 +14,7 @@ root="$(cd "$here/../.." && pwd)"
 
 usage() {
     cat <<EOF
-usage: bench/compare/run.sh [--peer ompi|gloo|ideal|both|all] [--nranks N] [-b MIN] [-e MAX]
+usage: bench/compare/run.sh [--peer ompi|gloo|ideal|both|all] [--nranks N[,N...]] [-b MIN] [-e MAX]
                             [--reps R] [--max-time S] [--out DIR] [collectives...]
 
 Runs ferroccl-bench and a peer alternately, R times each, over the same collectives
@@ -34,7 +34,11 @@ bench/compare/out).
                           against the shim in bench/compare/ideal (a measured
                           ceiling, not a target); both = ompi and gloo, all = ompi,
                           gloo and ideal
-  --nranks N              ranks (default 2); more than the cores is oversubscribed
+  --nranks N[,N...]       ranks (default 2); more than the cores is oversubscribed.
+                          A list (2,4) runs each rank count in turn for every
+                          collective of every repetition, so that a 4-rank figure
+                          and the 2-rank one it is held against (PERF.md's 50%
+                          target) are measured minutes apart at most
   -b MIN, -e MAX          sizes (default 8 and 64M; suffixes K M G)
   --reps R                repetitions of each side (default 3)
   --max-time S            time budget per size and placement (ferroccl-bench's
@@ -75,7 +79,9 @@ both) peers=(ompi gloo) ;;
 all) peers=(ompi gloo ideal) ;;
 *) echo "run.sh: --peer ompi, gloo, ideal, both or all, not $peer" >&2; exit 2 ;;
 esac
-[[ "$nranks" =~ ^[1-9][0-9]*$ ]] || { echo "run.sh: --nranks needs a number >= 1" >&2; exit 2; }
+[[ "$nranks" =~ ^[1-9][0-9]*(,[1-9][0-9]*)*$ ]] ||
+    { echo "run.sh: --nranks needs a number >= 1 or a list of them (2,4), not $nranks" >&2; exit 2; }
+IFS=, read -r -a nlist <<<"$nranks"
 [[ "$reps" =~ ^[1-9][0-9]*$ ]] || { echo "run.sh: --reps needs a number >= 1" >&2; exit 2; }
 [ ${#colls[@]} -gt 0 ] || colls=(all)
 # "all" is nccl-tests' set; each collective is run on its own (see the loop below).
@@ -149,25 +155,27 @@ if [[ " ${peers[*]} " == *" gloo "* ]]; then
 fi
 
 # ---- run, alternating
-dir="$out/n$nranks"
-mkdir -p "$dir"
-# No stale repetitions or tables of an earlier run of the same peers; the tables of
-# another peer (run before with --peer of its own) stay.
-rm -f "$dir"/ferroccl.rep*.*
-for p in "${peers[@]}"; do
-    rm -f "$dir/$p".rep*.* "$dir/$p.md" "$dir/$p.ratios.csv"
+for n in "${nlist[@]}"; do
+    dir="$out/n$n"
+    mkdir -p "$dir"
+    # No stale repetitions or tables of an earlier run of the same peers; the tables
+    # of another peer (run before with --peer of its own) stay.
+    rm -f "$dir"/ferroccl.rep*.*
+    for p in "${peers[@]}"; do
+        rm -f "$dir/$p".rep*.* "$dir/$p.md" "$dir/$p.ratios.csv"
+    done
 done
-mpirun_cmd=(mpirun --allow-run-as-root --oversubscribe -np "$nranks")
 
-run_side() { # side rep coll: appends every sweep's rows of one collective to DIR/side.repK.csv
-    local side=$1 rep=$2 coll=$3 dst="$dir/$1.rep$2.csv" tmp="$dir/.$1.part.csv" sw
+run_side() { # side rep coll nranks: appends every sweep's rows of one collective to DIR/n<nranks>/side.repK.csv
+    local side=$1 rep=$2 coll=$3 n=$4 dir="$out/n$4" sw
+    local dst="$dir/$side.rep$rep.csv" tmp="$dir/.$side.part.csv"
     for sw in "${sweeps[@]}"; do
         # shellcheck disable=SC2086
         case "$side" in
-        ferroccl) "$fbench" --nranks "$nranks" $sw "${common[@]}" --csv "$tmp" "$coll" ;;
-        ompi) "${mpirun_cmd[@]}" "$ompi_bin" $sw "${common[@]}" --csv "$tmp" "$coll" ;;
-        gloo) "$venv/bin/python" "$here/gloo_bench.py" --nranks "$nranks" $sw "${common[@]}" --csv "$tmp" "$coll" ;;
-        ideal) "$ideal_bin" --np "$nranks" $sw "${common[@]}" --csv "$tmp" "$coll" ;;
+        ferroccl) "$fbench" --nranks "$n" $sw "${common[@]}" --csv "$tmp" "$coll" ;;
+        ompi) mpirun --allow-run-as-root --oversubscribe -np "$n" "$ompi_bin" $sw "${common[@]}" --csv "$tmp" "$coll" ;;
+        gloo) "$venv/bin/python" "$here/gloo_bench.py" --nranks "$n" $sw "${common[@]}" --csv "$tmp" "$coll" ;;
+        ideal) "$ideal_bin" --np "$n" $sw "${common[@]}" --csv "$tmp" "$coll" ;;
         esac >> "$dir/$side.rep$rep.log" 2>&1 || { echo "run.sh: $side $coll failed (rep $rep); see $dir/$side.rep$rep.log" >&2; tail -5 "$dir/$side.rep$rep.log" >&2; return 1; }
         if [ -s "$dst" ]; then tail -n +2 "$tmp" >> "$dst"; else cat "$tmp" > "$dst"; fi
     done
@@ -176,26 +184,39 @@ run_side() { # side rep coll: appends every sweep's rows of one collective to DI
 
 # The machines we measure on share memory bandwidth with other tenants, whose load
 # changes within seconds. So the two sides of every ratio run back to back, one
-# collective at a time, and which side goes first alternates between repetitions.
+# collective at a time, and which side goes first alternates between repetitions
+# (with several rank counts, so does which count goes first).
 status=0
 for rep in $(seq 1 "$reps"); do
     sides=(ferroccl "${peers[@]}")
-    [ $((rep % 2)) -eq 1 ] || sides=("${peers[@]}" ferroccl)
-    log "repetition $rep/$reps: ${sides[*]}, one collective at a time"
-    for s in "${sides[@]}"; do rm -f "$dir/$s.rep$rep.csv" "$dir/$s.rep$rep.log"; done
+    counts=("${nlist[@]}")
+    if [ $((rep % 2)) -eq 0 ]; then
+        sides=("${peers[@]}" ferroccl)
+        counts=()
+        for ((i = ${#nlist[@]} - 1; i >= 0; i--)); do counts+=("${nlist[i]}"); done
+    fi
+    log "repetition $rep/$reps: ${sides[*]} at ${counts[*]} ranks, one collective at a time"
+    for n in "${counts[@]}"; do
+        for s in "${sides[@]}"; do rm -f "$out/n$n/$s.rep$rep.csv" "$out/n$n/$s.rep$rep.log"; done
+    done
     for c in "${colls[@]}"; do
-        for s in "${sides[@]}"; do
-            run_side "$s" "$rep" "$c" || status=1
+        for n in "${counts[@]}"; do
+            for s in "${sides[@]}"; do
+                run_side "$s" "$rep" "$c" "$n" || status=1
+            done
         done
     done
 done
 
 # ---- tables and verdicts
-baseline=()
-[ "$nranks" -eq 2 ] || [ ! -d "$out/n2" ] || baseline=(--baseline "$out/n2")
-for p in "${peers[@]}"; do
-    echo
-    python3 "$here/ratios.py" "$dir" --peer "$p" "${baseline[@]}" || status=1
-    log "written: $dir/$p.md $dir/$p.ratios.csv (raw: $dir/*.rep*.csv, logs: $dir/*.rep*.log)"
+for n in "${nlist[@]}"; do
+    dir="$out/n$n"
+    baseline=()
+    [ "$n" -eq 2 ] || [ ! -d "$out/n2" ] || baseline=(--baseline "$out/n2")
+    for p in "${peers[@]}"; do
+        echo
+        python3 "$here/ratios.py" "$dir" --peer "$p" "${baseline[@]}" || status=1
+        log "written: $dir/$p.md $dir/$p.ratios.csv (raw: $dir/*.rep*.csv, logs: $dir/*.rep*.log)"
+    done
 done
 exit $status

@@ -12,6 +12,9 @@ bad() { echo "FAILED: $*"; fail=$((fail + 1)); }
 
 bash -n "$here/run.sh" && ok "run.sh parses" || bad "run.sh parses"
 "$here/run.sh" --help | grep -q -- '--peer ompi|gloo|ideal|both|all' && ok "run.sh --help" || bad "run.sh --help"
+rc=0
+"$here/run.sh" --nranks 2,x >/dev/null 2>&1 || rc=$?
+[ "$rc" -eq 2 ] && ok "run.sh refuses --nranks 2,x" || bad "run.sh refuses --nranks 2,x (exit $rc, want 2)"
 python3 -m py_compile "$here/gloo_bench.py" "$here/ratios.py" && ok "python compiles" || bad "python compiles"
 python3 "$here/gloo_bench.py" --help | grep -q -- '--max-time' && ok "gloo_bench.py --help without torch" ||
     bad "gloo_bench.py --help without torch"
