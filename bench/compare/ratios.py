@@ -174,7 +174,9 @@ def oversubscribed(a, nranks):
     when the ideal peer ran at nranks into the same --out), taken against ferroccl's
     2-rank busbw, which is what the target divides by. Where that is below 0.5 too, no
     schedule that moves the collective's bytes as the ideal does meets the target on
-    this machine; a miss is ferroccl's own where it is not."""
+    this machine; a miss is ferroccl's own where it is not. Returns the table's lines
+    and, for the verdict, {point: {"ratio": ferroccl N-rank / 2-rank busbw}} (large
+    = 8M and up; sizes match only where both runs rounded them alike)."""
     fer = medians(read_runs(a.dir, "ferroccl"))
     ideal = medians(read_runs(a.dir, "ideal"))
     base, base_ideal = medians(read_runs(a.baseline, "ferroccl")), medians(read_runs(a.baseline, "ideal"))
@@ -187,12 +189,13 @@ def oversubscribed(a, nranks):
              "target); ideal N/2: the bare data movement over its own 2-rank busbw. Medians over each run's",
              "repetitions; the two runs are minutes apart, so the machine's state may differ between them.", ""]
     if not keys:
-        return lines + ["(No size >= 8M in both runs.)", ""]
+        return lines + ["(No size >= 8M in both runs.)", ""], {}
     lines += ["| collective | size | placement | ferroccl N/2 | ideal N / ferroccl 2 | ideal N/2 |",
               "|---|---:|---|---:|---:|---:|"]
-    miss, bound, own = [], [], []
+    miss, bound, own, ratios = [], [], [], {}
     for k in keys:
         r = fer[k] / base[k]
+        ratios[k] = {"ratio": r}
         ib = ideal[k] / base[k] if ideal.get(k) else None
         i2 = ideal[k] / base_ideal[k] if ideal.get(k) and base_ideal.get(k) else None
         lines.append(f"| {k[0]} | {fmt_size(k[1])} | {k[2]} | {r:.2f} | "
@@ -216,7 +219,7 @@ def oversubscribed(a, nranks):
                          f"(bounded by this machine) at {len(bound)}: {', '.join(bound) or 'none'}")
             lines.append(f"- ferroccl's own (the bare data movement does reach 50%, or did not run) at "
                          f"{len(own)}: {', '.join(own) or 'none'}")
-    return lines + [""]
+    return lines + [""], ratios
 
 
 def main(argv):
@@ -269,7 +272,7 @@ def main(argv):
             lines.append(band_summary(sel(lambda c, s, pl: s >= lo and (hi is None or s < hi)),
                                       f"sizes {what}"))
         if nranks > 2 and a.baseline:
-            lines += [""] + oversubscribed(a, nranks)
+            lines += [""] + oversubscribed(a, nranks)[0]
         return finish(a, lines, pts, nranks, fer, peer)
 
     # ---- verdicts against shared/PERF.md
@@ -317,22 +320,11 @@ def main(argv):
                          f"({', '.join(f'{pl} {t:.1f} us' for pl, t in t8)})")
         else:
             lines.append(f"- {nranks} ranks: 8-byte all_reduce < 100 us: not measured (no 8-byte all_reduce)")
-        base = read_runs(a.baseline, "ferroccl") if a.baseline else {}
-        if base:
-            bmed = {}
-            for rows in base.values():
-                for k, r in rows.items():
-                    bmed.setdefault(k, []).append(r["busbw"])
-            # Large = 8M and up. Sizes match only where both runs rounded them alike.
-            big = {}
-            for k, rs in fer_med.items():
-                if k[1] >= 8 << 20 and k in bmed:
-                    b = median(bmed[k])
-                    if b > 0:
-                        big[k] = {"ratio": median([r["busbw"] for r in rs]) / b}
+        if a.baseline and read_runs(a.baseline, "ferroccl"):
+            table, big = oversubscribed(a, nranks)
             lines.append(verdict_min(big, 0.5, f"{nranks} ranks, >= 8M: busbw >= 50% of the 2-rank run's "
                                      f"({a.baseline})"))
-            lines += [""] + oversubscribed(a, nranks)
+            lines += [""] + table
         else:
             lines.append(f"- {nranks} ranks, large messages >= 50% of 2-rank busbw: not measured "
                          "(run the same command with --nranks 2 first)")
