@@ -29,6 +29,12 @@ import sys
 
 SMALL = 2 << 10  # sizes up to this get the time ratio
 PEER_TITLE = {"ompi": "Open MPI", "gloo": "Gloo", "ideal": "the bare data movement (bench/compare/ideal)"}
+# Heads the tables of runs made with --rotate 0.
+NOT_ROTATED = ("Buffers not rotated (`--rotate 0`): every call of a size reuses the same buffers, which stay "
+               "in the caches up to their size (a program that calls a collective again and again on one "
+               "tensor). With the default rotation (nccl-tests' and PERF.md's), calls up to 16M find them "
+               "out of the caches.")
+
 # Size bands of the ideal summary, [lo, hi) in bytes. Below 32K a call's time is mostly
 # its fixed cost, which the ideal (barriers, no messages) hardly has, so a ratio there
 # says little about data movement. 8M splits what stays in the caches from what streams
@@ -227,6 +233,8 @@ def main(argv):
     ap.add_argument("dir")
     ap.add_argument("--peer", required=True, choices=sorted(PEER_TITLE))
     ap.add_argument("--baseline", help="a 2-rank run's directory (for the nranks > 2 target)")
+    ap.add_argument("--rotate", type=int, choices=[0, 1], default=1,
+                    help="the runs' --rotate (run.sh passes it); 0 marks the verdicts as off PERF.md's regime")
     a = ap.parse_args(argv)
     fer, peer = read_runs(a.dir, "ferroccl"), read_runs(a.dir, a.peer)
     title = PEER_TITLE[a.peer]
@@ -241,6 +249,8 @@ def main(argv):
              "measured within each repetition (range in the CSV); time ratio = ferroccl/peer time per call",
              f"(sizes <= {fmt_size(SMALL)}). `—`: that side has no such placement.",
              ""]
+    if a.rotate == 0:
+        lines += [NOT_ROTATED, ""]
     colls = sorted({k[0] for k in pts}, key=lambda c: ORDER.index(c) if c in ORDER else 99)
     only_one = sorted({k[0] for r in fer.values() for k in r} ^ {k[0] for r in peer.values() for k in r})
     for c in colls:
@@ -279,6 +289,9 @@ def main(argv):
     lines += [f"## Verdicts against PERF.md ({title}, {nranks} ranks)", ""]
     if nranks != 2:
         lines += ["(PERF.md states the peer targets for 2 ranks; shown here for information.)", ""]
+    if a.rotate == 0:
+        lines += ["(PERF.md's targets are measured with rotated buffers; these runs reuse them (--rotate 0), "
+                  "so the verdicts are for information.)", ""]
     # A size of 0 bytes is what a small size becomes when its per-rank count rounds
     # to 0 elements (8 B of all_to_all over 4 ranks of 4-byte floats): both sides
     # then time a call that moves nothing, and a ratio of such times judges nothing.

@@ -6,7 +6,7 @@
 # movement), how close ferroccl comes to it (see bench/compare/README.md).
 #
 #   bench/compare/run.sh [--peer ompi|gloo|ideal|both|all] [--nranks N[,N...]] [-b MIN] [-e MAX]
-#                        [--reps R] [--out DIR] [collectives...]
+#                        [--reps R] [--rotate 0|1] [--out DIR] [collectives...]
 set -euo pipefail
 
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
@@ -15,7 +15,7 @@ root="$(cd "$here/../.." && pwd)"
 usage() {
     cat <<EOF
 usage: bench/compare/run.sh [--peer ompi|gloo|ideal|both|all] [--nranks N[,N...]] [-b MIN] [-e MAX]
-                            [--reps R] [--max-time S] [--out DIR] [collectives...]
+                            [--reps R] [--max-time S] [--rotate 0|1] [--out DIR] [collectives...]
 
 Runs ferroccl-bench and a peer alternately, R times each, over the same collectives
 and sizes (MIN, MIN*4, MIN*16, ... up to MAX, plus MAX itself when the factor 4 does
@@ -43,6 +43,13 @@ bench/compare/out).
   --reps R                repetitions of each side (default 3)
   --max-time S            time budget per size and placement (ferroccl-bench's
                           --max-time, default 0.25)
+  --rotate 0|1            1 (default, as nccl-tests and PERF.md's figures): each
+                          iteration uses the next slice of buffers as large as the
+                          largest size, so calls up to 16M find them out of the
+                          caches. 0: every call reuses the same buffers, which stay
+                          in the caches up to their size, as in a program that calls
+                          a collective again and again on one tensor. Both sides run
+                          alike; PERF.md's targets are for 1
   --out DIR               output directory (default bench/compare/out)
   collectives             any of ferroccl-bench's: all_reduce broadcast reduce
                           all_gather reduce_scatter all_to_all all_to_allv gather
@@ -54,7 +61,7 @@ dependencies: PyPI has no CPU-only torch for Linux x86_64).
 EOF
 }
 
-peer=ompi nranks=2 minb=8 maxb=64M reps=3 max_time=0.25 out="$here/out"
+peer=ompi nranks=2 minb=8 maxb=64M reps=3 max_time=0.25 rotate=1 out="$here/out"
 colls=()
 while [ $# -gt 0 ]; do
     case "$1" in
@@ -68,6 +75,8 @@ while [ $# -gt 0 ]; do
     --reps) reps="$2"; shift 2 ;;
     --reps=*) reps="${1#*=}"; shift ;;
     --max-time) max_time="$2"; shift 2 ;;
+    --rotate) rotate="$2"; shift 2 ;;
+    --rotate=*) rotate="${1#*=}"; shift ;;
     --out) out="$2"; shift 2 ;;
     -*) echo "run.sh: unknown option $1 (--help lists them)" >&2; exit 2 ;;
     *) colls+=("$1"); shift ;;
@@ -83,6 +92,7 @@ esac
     { echo "run.sh: --nranks needs a number >= 1 or a list of them (2,4), not $nranks" >&2; exit 2; }
 IFS=, read -r -a nlist <<<"$nranks"
 [[ "$reps" =~ ^[1-9][0-9]*$ ]] || { echo "run.sh: --reps needs a number >= 1" >&2; exit 2; }
+[[ "$rotate" =~ ^[01]$ ]] || { echo "run.sh: --rotate needs 0 or 1, not $rotate" >&2; exit 2; }
 [ ${#colls[@]} -gt 0 ] || colls=(all)
 # "all" is nccl-tests' set; each collective is run on its own (see the loop below).
 expanded=()
@@ -104,7 +114,7 @@ sweeps=("-b $minbytes -e $maxbytes -f 4")
 last=$minbytes
 while [ $((last * 4)) -le "$maxbytes" ]; do last=$((last * 4)); done
 [ "$last" -eq "$maxbytes" ] || sweeps+=("-b $maxbytes -e $maxbytes -f 4")
-common=(-n 20 -w 5 --max-time "$max_time")
+common=(-n 20 -w 5 --max-time "$max_time" --rotate "$rotate")
 
 log() { echo "== $*" >&2; }
 
@@ -215,7 +225,7 @@ for n in "${nlist[@]}"; do
     [ "$n" -eq 2 ] || [ ! -d "$out/n2" ] || baseline=(--baseline "$out/n2")
     for p in "${peers[@]}"; do
         echo
-        python3 "$here/ratios.py" "$dir" --peer "$p" "${baseline[@]}" || status=1
+        python3 "$here/ratios.py" "$dir" --peer "$p" --rotate "$rotate" "${baseline[@]}" || status=1
         log "written: $dir/$p.md $dir/$p.ratios.csv (raw: $dir/*.rep*.csv, logs: $dir/*.rep*.log)"
     done
 done

@@ -15,6 +15,9 @@ bash -n "$here/run.sh" && ok "run.sh parses" || bad "run.sh parses"
 rc=0
 "$here/run.sh" --nranks 2,x >/dev/null 2>&1 || rc=$?
 [ "$rc" -eq 2 ] && ok "run.sh refuses --nranks 2,x" || bad "run.sh refuses --nranks 2,x (exit $rc, want 2)"
+rc=0
+"$here/run.sh" --rotate 2 >/dev/null 2>&1 || rc=$?
+[ "$rc" -eq 2 ] && ok "run.sh refuses --rotate 2" || bad "run.sh refuses --rotate 2 (exit $rc, want 2)"
 python3 -m py_compile "$here/gloo_bench.py" "$here/ratios.py" && ok "python compiles" || bad "python compiles"
 python3 "$here/gloo_bench.py" --help | grep -q -- '--max-time' && ok "gloo_bench.py --help without torch" ||
     bad "gloo_bench.py --help without torch"
@@ -46,6 +49,11 @@ check "every size >= 32K: busbw >= 1.0x Open MPI's: **missed** at 1 of 2 points;
 check "<= 2K: time per call <= 2x Open MPI's: **missed** at 1 of 1 points" "time verdict"
 check "(Not judged: size 0, where the count per rank rounds to 0 elements: all_reduce out.)" "size 0 not judged"
 grep -q '^all_reduce,2,ompi,32768,out,6.5,3.2,2,' "$tmp/ompi.ratios.csv" && ok "ratios CSV" || bad "ratios CSV"
+grep -q 'not rotated\|rotated buffers' <<<"$out" && bad "ratios: no rotation note by default" ||
+    ok "ratios: no rotation note by default"
+out="$(python3 "$here/ratios.py" "$tmp" --peer ompi --rotate 0)" || true
+check "Buffers not rotated (\`--rotate 0\`)" "rotation note with --rotate 0"
+check "these runs reuse them (--rotate 0), so the verdicts are for information" "verdicts marked with --rotate 0"
 sed -i 's/,0$/,3/' "$tmp/ompi.rep1.csv"
 python3 "$here/ratios.py" "$tmp" --peer ompi >"$tmp/o" 2>&1 && bad "wrong results fail ratios.py" ||
     { grep -q 'WRONG RESULTS' "$tmp/o" && ok "wrong results are reported"; }
