@@ -73,6 +73,11 @@ pub const STREAM_MIN: Var = Var {
     default: "512K",
     doc: "host calls that write at least this many bytes (suffixes K, M, G) into a rank's recvbuff write them with streaming stores, which skip reading each destination line from memory first (faster for results that leave the caches before they are read; see docs/performance.md); 0: always",
 };
+pub const REUSE_MAX: Var = Var {
+    name: "FERROCCL_REUSE_MAX",
+    default: "",
+    doc: "host calls write with ordinary stores, whatever FERROCCL_STREAM_MIN says, into a recvbuff of at most this many bytes (suffixes K, M, G) that the previous call on the same thread also wrote: its lines are likely still in the caches, where streaming stores would push every byte out to memory (a program calling a collective again and again on one tensor; see docs/performance.md). Default: a quarter of the last-level cache (8M where it cannot be read); 0: off",
+};
 pub const SPLIT_COPY: Var = Var {
     name: "FERROCCL_SPLIT_COPY",
     default: "1",
@@ -101,6 +106,7 @@ pub const ALL: &[&Var] = &[
     &CHECK,
     &SINGLE_COPY,
     &STREAM_MIN,
+    &REUSE_MAX,
     &SPLIT_COPY,
     &TORCH_RANK,
     &TORCH_WORLD_SIZE,
@@ -167,6 +173,23 @@ pub fn stream_min() -> usize {
     *V.get_or_init(|| {
         STREAM_MIN.get().and_then(|v| parse_bytes(&v)).unwrap_or_else(|| parse_bytes(STREAM_MIN.default).unwrap())
     })
+}
+
+/// `FERROCCL_REUSE_MAX` in bytes (read once): the variable, or a quarter of the
+/// last-level cache where it is unset or invalid.
+pub fn reuse_max() -> usize {
+    static V: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
+    *V.get_or_init(|| REUSE_MAX.get().and_then(|v| parse_bytes(&v)).unwrap_or_else(|| last_level_cache() / 4))
+}
+
+/// Size of the largest cache of CPU 0 as sysfs lists it (Linux); 32 MiB otherwise.
+fn last_level_cache() -> usize {
+    let dir = std::path::Path::new("/sys/devices/system/cpu/cpu0/cache");
+    let sizes = std::fs::read_dir(dir).into_iter().flatten().flatten().filter_map(|e| {
+        let s = std::fs::read_to_string(e.path().join("size")).ok()?;
+        parse_bytes(s.trim())
+    });
+    sizes.max().unwrap_or(32 << 20)
 }
 
 /// `FERROCCL_SPLIT_COPY` (read once): false only for `0`, `off`, `no` or `false`.

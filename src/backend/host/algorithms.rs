@@ -120,7 +120,11 @@ pub fn build(
     // sends each block before its replacement lands there): they are in cache, and
     // streaming stores would write them out to memory (1.2-1.6x without).
     let stream = recv_bytes(co, n) >= crate::env::stream_min() && !(co.kind == CollKind::AlltoAll && send == recv);
-    let sink = |dst: *mut u8| out_sink(dst, stream);
+    // Copies into a recvbuff that the previous call wrote, and that is small enough
+    // to be in the caches still, keep ordinary stores (`reuse`). Reductions keep
+    // `stream`, which also shapes their schedule.
+    let copies_stream = stream && !super::reuse::cached(recv, recv_bytes(co, n));
+    let sink = |dst: *mut u8| out_sink(dst, copies_stream);
     // Results that stay with their owner (reduce_scatter).
     let keep = Results { dest: Dest::Keep, stream, by_address: false };
     match co.kind {
@@ -182,12 +186,12 @@ pub fn build(
                 let mut tee = (send != recv).then_some(recv);
                 for p in (0..n).filter(|&p| p != rank) {
                     match tee.take() {
-                        Some(dst) => s.send_tee(p, send, bytes, dst, stream),
+                        Some(dst) => s.send_tee(p, send, bytes, dst, copies_stream),
                         None => s.send(p, send, bytes, &[]),
                     };
                 }
                 if let Some(dst) = tee {
-                    copy_local(s, send, dst, bytes, stream);
+                    copy_local(s, send, dst, bytes, copies_stream);
                 }
             } else {
                 s.recv(co.root, bytes, sink(recv), &[]);
@@ -222,7 +226,7 @@ pub fn build(
         CollKind::AllGather => {
             // SAFETY (offsets below): recvbuff holds n*bytes (validated).
             let mine = unsafe { recv.add(rank * bytes) };
-            copy_local(s, send, mine, bytes, stream);
+            copy_local(s, send, mine, bytes, copies_stream);
             for p in (0..n).filter(|&p| p != rank) {
                 s.send(p, send, bytes, &[]);
             }
@@ -245,7 +249,7 @@ pub fn build(
             // are one piece, which pairs up with a whole block.
             let in_place = send == recv;
             // SAFETY (offsets below): both buffers hold n*bytes (validated).
-            copy_local(s, unsafe { send.add(rank * bytes) }, unsafe { recv.add(rank * bytes) }, bytes, stream);
+            copy_local(s, unsafe { send.add(rank * bytes) }, unsafe { recv.add(rank * bytes) }, bytes, copies_stream);
             for p in (0..n).filter(|&p| p != rank) {
                 let (from, to) = unsafe { (send.add(p * bytes), recv.add(p * bytes)) };
                 let whole = |s: &mut Schedule<'_>| {
@@ -281,7 +285,7 @@ pub fn build(
                 for p in (0..n).filter(|&p| p != rank) {
                     s.recv(p, bytes, sink(unsafe { recv.add(p * bytes) }), &[]);
                 }
-                copy_local(s, send, unsafe { recv.add(rank * bytes) }, bytes, stream);
+                copy_local(s, send, unsafe { recv.add(rank * bytes) }, bytes, copies_stream);
             } else {
                 s.send(co.root, send, bytes, &[]);
             }
@@ -292,7 +296,7 @@ pub fn build(
                 for p in (0..n).filter(|&p| p != rank) {
                     s.send(p, unsafe { send.add(p * bytes) }, bytes, &[]);
                 }
-                copy_local(s, unsafe { send.add(rank * bytes) }, recv, bytes, stream);
+                copy_local(s, unsafe { send.add(rank * bytes) }, recv, bytes, copies_stream);
             } else {
                 s.recv(co.root, bytes, sink(recv), &[]);
             }
@@ -308,7 +312,7 @@ pub fn build(
             for p in (0..n).filter(|&p| p != rank) {
                 s.recv(p, v.recvcounts()[p] * es, sink(unsafe { recv.add(v.rdispls()[p] * es) }), &[]);
             }
-            copy_local(s, mine_s, mine_r, v.sendcounts()[rank].min(v.recvcounts()[rank]) * es, stream);
+            copy_local(s, mine_s, mine_r, v.sendcounts()[rank].min(v.recvcounts()[rank]) * es, copies_stream);
             Ok(())
         }
         CollKind::Barrier => {

@@ -2107,7 +2107,10 @@ fn pump_rx(
                     // Large payloads are streamed into the user's buffer, as collectives'
                     // are, unless it is also what this rank sends (in place): those lines
                     // are in cache, and streaming stores would evict them.
-                    let stream = len >= crate::env::stream_min() && !overlaps_a_send(sched, dst, len);
+                    // Nor into a buffer the previous call wrote (`reuse`).
+                    let stream = len >= crate::env::stream_min()
+                        && !overlaps_a_send(sched, dst, len)
+                        && !super::reuse::cached(dst, len);
                     let sink = if stream { Sink::Stream(dst) } else { Sink::Copy(dst) };
                     let direct = (kind != K_P2P_DATA).then(|| DirectRx::new(kind, 0));
                     // The sender's receives wait for our read reports (see GATED_AHEAD).

@@ -398,7 +398,10 @@ impl Geometry {
         // At most 2^16 pieces a block, so that the count of all of them fits COUNT_BITS.
         let piece = PIECE.max(block.div_ceil(1 << 16).next_multiple_of(64));
         let per_block = block.div_ceil(piece) as u64;
-        let stream = mine.form(n).result >= stream_min;
+        // Not into a recvbuff the previous call wrote (`reuse`): this rank's own
+        // stands for its peers', which the same loop reuses alike.
+        let result = mine.form(n).result;
+        let stream = result >= stream_min && !super::reuse::cached(mine.recv, result);
         Geometry { block, piece, per_block, total: per_block * blocks as u64, stream }
     }
 

@@ -1,0 +1,102 @@
+//! Which recvbuffs are likely still in the caches.
+//!
+//! Results of FERROCCL_STREAM_MIN bytes and more are written with streaming stores,
+//! which skip reading each destination line first: right for buffers that have left
+//! the caches, as a benchmark that rotates its buffers (nccl-tests, ferroccl-bench)
+//! sees them. A program that calls collectives again and again on the same tensor
+//! finds that tensor's lines in the caches instead, where ordinary stores hit them
+//! and streaming stores push every byte out to memory: 2-3.5x slower there at
+//! 512 KiB-8 MiB (docs/performance.md, *Buffers that stay in the caches*).
+//!
+//! So each host run notes the recvbuffs its calls write, and the next run on the
+//! same thread writes with ordinary stores into any of them that is at most
+//! FERROCCL_REUSE_MAX bytes (a quarter of the last-level cache by default): a
+//! buffer written by the call just before is in the caches if anything is. The
+//! choice is each rank's own and changes only how bytes are stored (every writer
+//! orders its own streaming stores), never which messages go where.
+
+use std::cell::Cell;
+
+/// Ranges remembered per run; a group with more recvbuffs keeps its first ones.
+const KEPT: usize = 4;
+
+type Ranges = [(usize, usize); KEPT];
+
+thread_local! {
+    /// The recvbuffs of the previous run on this thread, then of the current one:
+    /// (start address, length), empty slots of length 0.
+    static RECENT: Cell<(Ranges, Ranges)> = const { Cell::new(([(0, 0); KEPT], [(0, 0); KEPT])) };
+}
+
+/// Starts a run whose calls write `recvbuffs` (address and length each): what the
+/// previous run wrote becomes what [`cached`] answers from.
+pub fn begin(recvbuffs: impl IntoIterator<Item = (*const u8, usize)>) {
+    begin_with(recvbuffs, crate::env::reuse_max());
+}
+
+fn begin_with(recvbuffs: impl IntoIterator<Item = (*const u8, usize)>, max: usize) {
+    let mut cur = [(0, 0); KEPT];
+    let fits = recvbuffs.into_iter().filter(|&(p, len)| !p.is_null() && len > 0 && len <= max);
+    for (slot, (p, len)) in cur.iter_mut().zip(fits) {
+        *slot = (p as usize, len);
+    }
+    RECENT.with(|r| {
+        let (_, last) = r.get();
+        r.set((last, cur));
+    });
+}
+
+/// Whether `[dst, dst + len)` lies in a recvbuff that the previous run on this
+/// thread wrote (and that was small enough to stay in the caches).
+pub fn cached(dst: *const u8, len: usize) -> bool {
+    let (a, b) = (dst as usize, (dst as usize).saturating_add(len));
+    RECENT.with(|r| r.get().0.iter().any(|&(p, l)| l > 0 && a >= p && b <= p + l))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn at(addr: usize) -> *const u8 {
+        addr as *const u8
+    }
+
+    #[test]
+    fn answers_from_the_previous_run_only() {
+        begin_with([(at(0x10000), 4096)], 1 << 20);
+        assert!(!cached(at(0x10000), 4096), "nothing ran before");
+        begin_with([(at(0x20000), 4096)], 1 << 20);
+        assert!(cached(at(0x10000), 4096));
+        assert!(cached(at(0x10800), 1024), "a part of it");
+        assert!(!cached(at(0x10800), 4096), "reaches past it");
+        assert!(!cached(at(0x20000), 4096), "the current run's own");
+        begin_with([], 1 << 20);
+        assert!(cached(at(0x20000), 4096));
+        assert!(!cached(at(0x10000), 4096), "two runs ago");
+        begin_with([], 1 << 20);
+        assert!(!cached(at(0x20000), 4096), "a run between");
+    }
+
+    #[test]
+    fn large_buffers_are_not_remembered() {
+        begin_with([(at(0x10000), 2 << 20), (at(0x800000), 1 << 20)], 1 << 20);
+        begin_with([], 1 << 20);
+        assert!(!cached(at(0x10000), 4096), "larger than the limit");
+        assert!(cached(at(0x800000), 1 << 20));
+        // A limit of 0 turns it off.
+        begin_with([(at(0x10000), 4096)], 0);
+        begin_with([], 0);
+        assert!(!cached(at(0x10000), 4096));
+    }
+
+    #[test]
+    fn keeps_the_first_ranges_of_a_group() {
+        let many: Vec<(*const u8, usize)> = (1..=KEPT + 2).map(|i| (at(i << 20), 4096)).collect();
+        begin_with(many, 1 << 20);
+        begin_with([], 1 << 20);
+        assert!(cached(at(1 << 20), 4096));
+        assert!(cached(at(KEPT << 20), 4096));
+        assert!(!cached(at((KEPT + 1) << 20), 4096));
+        assert!(!cached(std::ptr::null(), 0), "an empty range is in no recorded buffer");
+    }
+}
