@@ -404,8 +404,8 @@ impl Geometry {
         // limit (8 MiB, 2 ranks out of place: 32 MiB in all) ordinary stores
         // measured 0.83-0.98x.
         let result = mine.form(n).result;
-        let reused = result <= crate::env::reuse_max() / 2 && super::reuse::cached(mine.recv, result);
-        let stream = result >= stream_min && !reused;
+        let stream =
+            result >= stream_min && !(result <= crate::env::reuse_max() / 2 && super::reuse::cached(mine.recv, result));
         Geometry { block, piece, per_block, total: per_block * blocks as u64, stream }
     }
 
