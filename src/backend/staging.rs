@@ -26,7 +26,7 @@ pub fn stage_in(c: &mut Coll, place: Placement, rank: usize, nranks: usize) -> R
     let Placement::Device { ctx, .. } = place else {
         return Err(crate::error::Error::internal("stage_in on host memory"));
     };
-    let (sb, rb) = c.extents(rank, nranks);
+    let (sb, rb) = c.extents(rank, nranks)?;
     let (s0, r0) = (c.send as usize, c.recv as usize);
     // One host range covering both buffers when they overlap, else two back to back.
     let overlap = sb > 0 && rb > 0 && s0 < r0 + rb && r0 < s0 + sb;

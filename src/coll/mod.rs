@@ -149,8 +149,9 @@ pub struct Coll {
     pub strided: Option<Strided>,
     /// all_reduce whose partial results travel in this (narrower) type.
     pub wire: Option<DataType>,
-    /// Memory the call owns (a packed copy of the input), freed with the call.
-    pub keep: Option<std::sync::Arc<crate::mem::pool::PooledBuf>>,
+    /// Memory the call owns (a packed copy of the input, on the host or, freed in
+    /// stream order, on the device), released with the call.
+    pub keep: Option<std::sync::Arc<dyn std::any::Any + Send + Sync>>,
     /// The caller's CUDA stream (a `CUstream` as an integer; 0 = the default
     /// stream). Device-memory calls are ordered on it; host calls ignore it.
     pub stream: usize,
@@ -245,80 +246,73 @@ impl Coll {
                 nranks - 1
             )));
         }
-        let is_root = self.root == rank;
-        // Size of each buffer this rank uses, in elements.
-        let (send_elems, recv_elems) = match k {
-            CollKind::AllReduce | CollKind::Broadcast | CollKind::Reduce => (self.count, self.count),
-            CollKind::AllGather | CollKind::Gather => (self.count, self.mul(self.count, nranks, "count * nranks")?),
-            CollKind::ReduceScatter | CollKind::AlltoAll | CollKind::Scatter => {
-                (self.mul(self.count, nranks, "count * nranks")?, self.count)
-            }
-            CollKind::Send => (self.count, 0),
-            CollKind::Recv => (0, self.count),
-            CollKind::Barrier => (0, 0),
+        match k {
             CollKind::AlltoAllv | CollKind::AllGatherV => return self.validate_v(nranks),
             CollKind::ReduceScatterV => return self.validate_rsv(rank, nranks),
-        };
-        let send_used = match k {
-            CollKind::Broadcast | CollKind::Scatter => is_root,
-            CollKind::Recv | CollKind::Barrier => false,
-            _ => true,
-        };
-        let recv_used = match k {
-            CollKind::Reduce | CollKind::Gather => is_root,
-            CollKind::Send | CollKind::Barrier => false,
-            _ => true,
-        };
+            _ => {}
+        }
+        let (send_elems, recv_elems) = self.span(rank, nranks)?;
         let sb = self.bytes(send_elems, "count")?;
         let rb = self.bytes(recv_elems, "count")?;
-        if send_used {
-            check_buf(self.send, sb, "sendbuff", self.count)?;
-        }
-        if recv_used {
-            check_buf(self.recv, rb, "recvbuff", self.count)?;
-        }
-        Ok(())
+        check_buf(self.send, sb, "sendbuff", self.count)?;
+        check_buf(self.recv, rb, "recvbuff", self.count)
     }
 
-    /// Bytes of `send` and `recv` this rank's call reads or writes, counted from
-    /// each pointer (0 when the buffer is unused here). Call after [`Coll::validate`].
-    pub fn extents(&self, rank: usize, nranks: usize) -> (usize, usize) {
-        let es = self.dtype.size();
+    /// Elements of `send` and `recv` this rank's call reads or writes, counted from
+    /// each pointer; 0 for a buffer the call does not use on this rank (the root's
+    /// buffers elsewhere, a send's receive buffer). The one place these sizes are
+    /// computed: validation checks them and device staging copies exactly them.
+    fn span(&self, rank: usize, nranks: usize) -> Result<(usize, usize)> {
         let is_root = self.root == rank;
         let n = self.count;
-        let (s, r) = match self.kind {
+        let all = || self.mul(n, nranks, "count * nranks");
+        Ok(match self.kind {
             CollKind::AllReduce => (n, n),
             CollKind::Broadcast => (if is_root { n } else { 0 }, n),
             CollKind::Reduce => (n, if is_root { n } else { 0 }),
-            CollKind::AllGather => (n, n * nranks),
-            CollKind::Gather => (n, if is_root { n * nranks } else { 0 }),
-            CollKind::ReduceScatter | CollKind::AlltoAll => (n * nranks, n),
-            CollKind::Scatter => (if is_root { n * nranks } else { 0 }, n),
+            CollKind::AllGather => (n, all()?),
+            CollKind::Gather => (n, if is_root { all()? } else { 0 }),
+            CollKind::ReduceScatter => (all()?, n),
+            CollKind::AlltoAll => (all()?, all()?),
+            CollKind::Scatter => (if is_root { all()? } else { 0 }, n),
             CollKind::Send => (n, 0),
             CollKind::Recv => (0, n),
             CollKind::Barrier => (0, 0),
             CollKind::AlltoAllv | CollKind::AllGatherV | CollKind::ReduceScatterV => {
-                let Some(v) = self.v.as_ref() else { return (0, 0) };
-                let end = |c: &[usize], d: &[usize]| {
-                    c.iter().zip(d).filter(|(c, _)| **c > 0).map(|(c, d)| c + d).max().unwrap_or(0)
+                let v = self.v.as_ref().ok_or_else(|| Error::internal(format!("{} without counts", self.kind.c_name())))?;
+                // End of the furthest non-empty block; empty blocks may point anywhere.
+                let end = |c: &[usize], d: &[usize]| -> Result<usize> {
+                    let mut e = 0usize;
+                    for (&c, &d) in c.iter().zip(d).filter(|(c, _)| **c > 0) {
+                        e = e.max(c.checked_add(d).ok_or_else(|| {
+                            Error::invalid_arg(format!("displacement {d} + count {c} overflows size_t"))
+                        })?);
+                    }
+                    Ok(e)
                 };
                 match self.kind {
-                    CollKind::AlltoAllv => (end(v.sendcounts(), v.sdispls()), end(v.recvcounts(), v.rdispls())),
-                    CollKind::AllGatherV => (n, end(v.recvcounts(), v.rdispls())),
-                    _ => (end(v.recvcounts(), v.sdispls()), v.recvcounts().get(rank).copied().unwrap_or(0)),
+                    CollKind::AlltoAllv => (end(v.sendcounts(), v.sdispls())?, end(v.recvcounts(), v.rdispls())?),
+                    CollKind::AllGatherV => (n, end(v.recvcounts(), v.rdispls())?),
+                    _ => (end(v.recvcounts(), v.sdispls())?, v.recvcounts().get(rank).copied().unwrap_or(0)),
                 }
             }
-        };
-        (s * es, r * es)
+        })
+    }
+
+    /// Bytes of `send` and `recv` this rank's call reads or writes, counted from
+    /// each pointer (0 when the buffer is unused here).
+    pub fn extents(&self, rank: usize, nranks: usize) -> Result<(usize, usize)> {
+        let (s, r) = self.span(rank, nranks)?;
+        Ok((self.bytes(s, "send extent")?, self.bytes(r, "receive extent")?))
     }
 
     /// The buffers this rank's call uses, named, for memory-kind checks.
-    pub fn buffers(&self, rank: usize, nranks: usize) -> [(&'static str, *const u8); 2] {
-        let (s, r) = self.extents(rank, nranks);
-        [
+    pub fn buffers(&self, rank: usize, nranks: usize) -> Result<[(&'static str, *const u8); 2]> {
+        let (s, r) = self.extents(rank, nranks)?;
+        Ok([
             ("sendbuff", if s > 0 { self.send } else { std::ptr::null() }),
             ("recvbuff", if r > 0 { self.recv as *const u8 } else { std::ptr::null() }),
-        ]
+        ])
     }
 
     fn validate_rsv(&self, rank: usize, nranks: usize) -> Result<()> {
@@ -467,6 +461,46 @@ mod tests {
         x.send = std::ptr::null();
         x.recv = std::ptr::null_mut();
         assert!(x.validate(0, 2).is_ok());
+    }
+
+    #[test]
+    fn extents_are_the_bytes_each_rank_touches() {
+        // Written out by hand from NCCL's buffer-size table (count 5, 3 ranks, 4-byte
+        // elements, root 1), independently of span(): device staging copies exactly
+        // these bytes, so an extent too small loses results and overruns the copy.
+        let table = [
+            (CollKind::AllReduce, (5, 5), (5, 5)),
+            (CollKind::Broadcast, (5, 5), (0, 5)),
+            (CollKind::Reduce, (5, 5), (5, 0)),
+            (CollKind::AllGather, (5, 15), (5, 15)),
+            (CollKind::Gather, (5, 15), (5, 0)),
+            (CollKind::ReduceScatter, (15, 5), (15, 5)),
+            (CollKind::AlltoAll, (15, 15), (15, 15)),
+            (CollKind::Scatter, (15, 5), (0, 5)),
+            (CollKind::Send, (5, 0), (5, 0)),
+            (CollKind::Recv, (0, 5), (0, 5)),
+            (CollKind::Barrier, (0, 0), (0, 0)),
+        ];
+        for (kind, at_root, elsewhere) in table {
+            let mut x = c(kind, 5);
+            x.root = 1;
+            let bytes = |(s, r): (usize, usize)| (s * 4, r * 4);
+            assert_eq!(x.extents(1, 3).unwrap(), bytes(at_root), "{kind:?} at the root");
+            assert_eq!(x.extents(0, 3).unwrap(), bytes(elsewhere), "{kind:?} off the root");
+        }
+        // V forms: the end of the furthest non-empty block; empty blocks point anywhere.
+        let mut x = c(CollKind::AlltoAllv, 0);
+        x.v = Some(VCounts::new(&[2, 0, 1], &[0, 100, 6], &[1, 3, 0], &[9, 2, 50]));
+        assert_eq!(x.extents(0, 3).unwrap(), (7 * 4, 10 * 4));
+        let mut x = c(CollKind::AllGatherV, 2);
+        x.v = Some(VCounts::gather_v(2, 3, &[2, 0, 4], &[0, 99, 2]));
+        assert_eq!(x.extents(1, 3).unwrap(), (2 * 4, 6 * 4));
+        let mut x = c(CollKind::ReduceScatterV, 3);
+        x.v = Some(VCounts::new(&[], &[4, 0, 1], &[1, 3, 0], &[]));
+        assert_eq!(x.extents(1, 3).unwrap(), (5 * 4, 3 * 4));
+        // Sizes that overflow are errors, not wrapped extents.
+        let x = c(CollKind::AlltoAll, usize::MAX / 2);
+        assert!(x.extents(0, 3).is_err());
     }
 
     #[test]

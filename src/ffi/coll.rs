@@ -41,7 +41,7 @@ pub(super) fn submit(comm: fcclComm_t, stream: fcclStream_t, make: impl FnOnce(&
     // One relaxed atomic load when CUDA is absent; a mixed call fails here, before
     // it is counted or queued, so no rank waits for it.
     if crate::mem::cuda::present() {
-        coll.placement = crate::mem::placement(&coll.buffers(c.rank, c.nranks))?;
+        coll.placement = crate::mem::placement(&coll.buffers(c.rank, c.nranks)?)?;
     }
     if group::active() {
         group::enqueue(&c, coll);
