@@ -2,6 +2,7 @@
  * fcclCommInitRankConfig with FCCL_CONFIG_INITIALIZER and a name, finalize + destroy,
  * abort, and a second communicator (from fcclCommSplit, and in threads mode also from a
  * shared unique id) used alongside the first. */
+#include "cuda_probe.h"
 #include "harness.h"
 
 /* all_reduce(sum) of int32 values rank*1000 + i*salt on comm; checked. */
@@ -35,8 +36,11 @@ static void check_queries(fcclComm_t comm, int rank, int nranks, const char* whi
   if (CHECK_OK(fcclCommUserRank(comm, &v)))
     CHECK(v == rank, "%s: fcclCommUserRank = %d, expected %d", which, v, rank);
   v = -7;
-  if (CHECK_OK(fcclCommCuDevice(comm, &v)))
-    CHECK(v == -1, "%s: fcclCommCuDevice = %d, expected -1 for a host rank", which, v);
+  if (CHECK_OK(fcclCommCuDevice(comm, &v))) {
+    int want = fccl_threads_mode() ? -1 : fccl_current_cuda_device();
+    CHECK(v == want, "%s: fcclCommCuDevice = %d, expected %d (the device current at creation, -1 for none)",
+          which, v, want);
+  }
   if (CHECK_OK(fcclCommGetAsyncError(comm, &ae)))
     CHECK(ae == fcclSuccess, "%s: fcclCommGetAsyncError reports %d (%s)", which, (int)ae,
           fccl_res_name(ae));

@@ -25,6 +25,8 @@
 
 #include <ferroccl/nccl.h>
 
+#include "cuda_probe.h"
+
 #define MAX_RANKS 64
 #define N 1031 /* elements per rank and per block: odd, prime */
 
@@ -121,7 +123,8 @@ static void body(ncclComm_t comm, int rank, int nranks) {
   NCCLCHECK(rank, comm, ncclCommUserRank(comm, &me));
   EXPECT(rank, me == rank, "ncclCommUserRank");
   NCCLCHECK(rank, comm, ncclCommCuDevice(comm, &dev));
-  EXPECT(rank, dev == -1, "ncclCommCuDevice is -1 for host-memory ranks");
+  /* the device current when this thread created the communicator; -1 without one */
+  EXPECT(rank, dev == fccl_current_cuda_device(), "ncclCommCuDevice is the device current at creation");
 
   /* buffer registration (an optimisation in NCCL): accepted */
   {

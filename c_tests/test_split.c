@@ -3,6 +3,7 @@
  * order kept) with a config, and a split of a split.  Sizes and ranks are checked against
  * "ordered by key, then by old rank", and each new comm runs checked all_reduces (small,
  * and 1000003 float32).  In threads mode every rank's thread splits concurrently. */
+#include "cuda_probe.h"
 #include "harness.h"
 
 static char g_dummy_comm_object; /* its address stands for "not written" */
@@ -102,7 +103,10 @@ static fcclComm_t split_and_check(fcclComm_t comm, int rank, int nranks, const i
     CHECK(v == e_out->newrank, "%s: old rank %d has new rank %d, expected %d", what, rank, v,
           e_out->newrank);
   v = -5;
-  if (CHECK_OK(fcclCommCuDevice(nc, &v))) CHECK(v == -1, "%s: fcclCommCuDevice = %d", what, v);
+  if (CHECK_OK(fcclCommCuDevice(nc, &v))) {
+    int want = fccl_threads_mode() ? -1 : fccl_current_cuda_device(); /* the parent's device */
+    CHECK(v == want, "%s: fcclCommCuDevice = %d, expected %d", what, v, want);
+  }
   order_check(nc, rank, e_out, what);
   member_sum_check(nc, rank, e_out, what);
   if (big) big_check(nc, e_out, what);

@@ -100,6 +100,27 @@ impl DataType {
     }
 }
 
+impl DataType {
+    /// The type's token in device kernel names (`fccl_reduce_f32_sum`): the
+    /// convention the simulated GPU runs kernels by (docs/sim-gpu.md).
+    pub const fn kernel_token(self) -> &'static str {
+        match self {
+            DataType::Int8 => "i8",
+            DataType::Uint8 => "u8",
+            DataType::Int32 => "i32",
+            DataType::Uint32 => "u32",
+            DataType::Int64 => "i64",
+            DataType::Uint64 => "u64",
+            DataType::Float16 => "f16",
+            DataType::Float32 => "f32",
+            DataType::Float64 => "f64",
+            DataType::Bfloat16 => "bf16",
+            DataType::Float8e4m3 => "f8e4m3",
+            DataType::Float8e5m2 => "f8e5m2",
+        }
+    }
+}
+
 impl TryFrom<i32> for DataType {
     type Error = i32;
     fn try_from(v: i32) -> Result<Self, i32> {

@@ -24,7 +24,7 @@ pub struct RankInfo {
 impl RankInfo {
     /// This rank's facts; `device` None means "the current context's device".
     pub fn local(host: u64, device: Option<i32>) -> RankInfo {
-        let cuda_ok = cuda::present();
+        let cuda_ok = cuda::active();
         let device = if cuda_ok { device.or_else(cuda::current_device).unwrap_or(-1) } else { -1 };
         let bus = if device >= 0 { cuda::bus_id(device).unwrap_or_default() } else { String::new() };
         let nccl = cuda_ok && device >= 0 && nccl_lib::nccl().is_ok();

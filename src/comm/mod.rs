@@ -83,6 +83,8 @@ pub struct Comm {
     nccl: Option<Nccl>,
     /// Every rank on one GPU (of one host): device all_reduce may use CUDA IPC.
     same_gpu: bool,
+    /// Set once the first device call on a rank without a device was logged.
+    told_no_device: AtomicBool,
 }
 
 impl Comm {
@@ -101,6 +103,7 @@ impl Comm {
             device: -1,
             nccl: None,
             same_gpu: false,
+            told_no_device: AtomicBool::new(false),
         }
     }
 
@@ -305,7 +308,7 @@ impl Comm {
     fn run_calls(&self, st: &mut State, calls: &mut [Call]) -> Result<()> {
         let t0 = log::enabled(log::Level::Info).then(Instant::now);
         // Without CUDA every buffer is host memory: one relaxed load, then the host path.
-        let res = if cuda::present() && calls.iter().any(|c| c.coll.placement != Placement::Host) {
+        let res = if cuda::active() && calls.iter().any(|c| c.coll.placement != Placement::Host) {
             self.run_with_devices(st, calls)
         } else {
             host::execute(&mut st.transport, calls, self.opts.timeout, &self.abort, self.opts.check_mode)
@@ -344,6 +347,12 @@ impl Comm {
     /// device buffers staged through host memory on their streams.
     fn run_with_devices(&self, st: &mut State, calls: &mut [Call]) -> Result<Option<Error>> {
         let (rank, n) = (self.rank, self.nranks);
+        if self.device < 0 && !self.told_no_device.swap(true, Ordering::Relaxed) {
+            log::warn(format_args!(
+                "rank {rank} comm {}: device memory on a communicator created with no current CUDA device; its device calls are staged through host memory. Make the device current (cudaSetDevice) before creating the communicator.",
+                self.label()
+            ));
+        }
         if self.nccl.is_none()
             && self.same_gpu
             && ipc::enabled()

@@ -40,7 +40,7 @@ pub(super) fn submit(comm: fcclComm_t, stream: fcclStream_t, make: impl FnOnce(&
     coll.validate(c.rank, c.nranks)?;
     // One relaxed atomic load when CUDA is absent; a mixed call fails here, before
     // it is counted or queued, so no rank waits for it.
-    if crate::mem::cuda::present() {
+    if crate::mem::cuda::active() {
         coll.placement = crate::mem::placement(&coll.buffers(c.rank, c.nranks)?)?;
     }
     if group::active() {

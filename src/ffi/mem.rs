@@ -22,16 +22,20 @@ pub unsafe extern "C" fn fcclMemAlloc(ptr: *mut *mut c_void, size: usize) -> fcc
     })
 }
 
-/// Allocates `size` bytes of page-aligned host memory (pinned when CUDA is present).
-/// Without CUDA, allocations of 32 KiB or more are shared memory (a memfd, one file
-/// descriptor each) that other ranks on this host map: large messages sent out of
-/// them are copied once, straight into the receiver's buffer, instead of twice
-/// through the library's rings (FERROCCL_SINGLE_COPY=0 turns this off and gives
-/// private memory). Peers can read such a buffer only while a call sends from it.
-/// Being shared, it is not copied on write in a child after fork(): parent and child
-/// see each other's writes. Allocations of 2 MiB or more are 2 MiB aligned, filled
-/// and collapsed into huge pages (fewer TLB misses; MADV_COLLAPSE, Linux 6.1 and
-/// later), which costs about 1 ms per MiB once, here. Free it with fcclMemFree.
+/// Allocates `size` bytes of page-aligned host memory. Allocations of 32 KiB or more
+/// are shared memory (a memfd, one file descriptor each) that other ranks on this
+/// host map: large messages sent out of them are copied once, straight into the
+/// receiver's buffer, instead of twice through the library's rings
+/// (FERROCCL_SINGLE_COPY=0 turns this off and gives private memory). Peers can read
+/// such a buffer only while a call sends from it. Being shared, it is not copied on
+/// write in a child after fork(): parent and child see each other's writes.
+/// Allocations of 2 MiB or more are 2 MiB aligned, filled and collapsed into huge
+/// pages (fewer TLB misses; MADV_COLLAPSE, Linux 6.1 and later), which costs about
+/// 1 ms per MiB once, here. When the process uses CUDA (it has initialised the
+/// driver), the memory is also page-locked in place for every context
+/// (cuMemHostRegister, portable), so device copies from and to it are fast and
+/// asynchronous; a process that never used CUDA does not start it here. Free it
+/// with fcclMemFree.
 #[no_mangle]
 pub unsafe extern "C" fn fcclMemAllocHost(ptr: *mut *mut c_void, size: usize) -> fcclResult_t {
     call("fcclMemAllocHost", || {

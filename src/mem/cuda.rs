@@ -1,13 +1,20 @@
 //! The CUDA driver, loaded at run time only (through cudarc's dynamic loading).
 //!
+//! A process that never used CUDA pays nothing for it: the library does not load or
+//! initialise the driver until the program has (no device pointer can exist before
+//! somebody called `cuInit`), or until a call needs CUDA by itself (`fcclMemAlloc`, a
+//! device list, the NCCL backend). [`active`] answers per call: one relaxed atomic
+//! load once CUDA is in use or known unusable; before that, a glance at the loader's
+//! count of loaded libraries (a few nanoseconds) and, only once libcuda is mapped, one
+//! driver call that reports whether it was initialised.
+//!
 //! cudarc panics when its library or a symbol is missing, so nothing here calls it
 //! before [`driver`] has checked that the library loads, that every symbol this
-//! module uses resolves, and that `cuInit` succeeds. The verdict is cached: on a
-//! machine without CUDA, [`present`] costs one relaxed atomic load per call.
+//! module uses resolves, and that `cuInit` succeeds.
 
 use crate::error::{Code, Error, Result};
 use cudarc::driver::sys as cu;
-use std::sync::atomic::{AtomicU8, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicU8, AtomicUsize, Ordering};
 use std::sync::OnceLock;
 
 /// Every driver entry point this module calls; checked once before the first call.
@@ -17,28 +24,43 @@ const SYMBOLS: &[&str] = &[
     "cuPointerGetAttributes",
     "cuMemAlloc_v2",
     "cuMemFree_v2",
-    "cuMemHostAlloc",
-    "cuMemFreeHost",
+    "cuMemHostRegister_v2",
+    "cuMemHostUnregister",
     "cuMemcpyDtoHAsync_v2",
     "cuMemcpyHtoDAsync_v2",
+    "cuMemcpyDtoDAsync_v2",
+    "cuMemcpy2DAsync_v2",
     "cuStreamSynchronize",
     "cuCtxGetCurrent",
+    "cuCtxSetCurrent",
     "cuCtxGetDevice",
     "cuCtxPushCurrent_v2",
     "cuCtxPopCurrent_v2",
     "cuDeviceGet",
     "cuDeviceGetCount",
+    "cuDeviceGetAttribute",
     "cuDeviceGetPCIBusId",
     "cuDevicePrimaryCtxRetain",
     "cuMemcpy",
     "cuCtxSynchronize",
 ];
 
-const UNKNOWN: u8 = 0;
+/// Stream-ordered allocation (CUDA 11.2+); without it scratch memory is freed after a
+/// stream synchronisation instead.
+const ASYNC_ALLOC_SYMBOLS: &[&str] = &["cuMemAllocAsync", "cuMemFreeAsync"];
+
+/// Nobody in this process has initialised CUDA (yet): every buffer is host memory.
+const UNUSED: u8 = 0;
+/// CUDA was needed and cannot be used (no driver, no device, a driver too old).
 const ABSENT: u8 = 1;
+/// Initialised and usable.
 const PRESENT: u8 = 2;
-static STATE: AtomicU8 = AtomicU8::new(UNKNOWN);
+static STATE: AtomicU8 = AtomicU8::new(UNUSED);
 static PROBE: OnceLock<std::result::Result<(), String>> = OnceLock::new();
+/// The loader's count of libraries loaded so far, when [`active`] last looked.
+static SEEN_LOADS: AtomicU64 = AtomicU64::new(u64::MAX);
+/// cuCtxGetCurrent of a libcuda this process mapped but nobody initialised yet.
+static UNINIT_PROBE: AtomicUsize = AtomicUsize::new(0);
 
 /// Checks (once) that the driver library, its symbols and a device are there.
 fn probe() -> std::result::Result<(), String> {
@@ -73,11 +95,12 @@ fn probe() -> std::result::Result<(), String> {
     Ok(())
 }
 
-/// Ok when the CUDA driver is usable; otherwise fcclUnavailable saying why.
+/// Loads and initialises the driver if nothing has yet (for calls that need CUDA by
+/// themselves). Ok when it is usable; otherwise fcclUnavailable saying why.
 pub fn driver() -> Result<()> {
     match PROBE.get_or_init(|| {
         let r = probe();
-        STATE.store(if r.is_ok() { PRESENT } else { ABSENT }, Ordering::Relaxed);
+        STATE.store(if r.is_ok() { PRESENT } else { ABSENT }, Ordering::Release);
         r
     }) {
         Ok(()) => Ok(()),
@@ -85,14 +108,73 @@ pub fn driver() -> Result<()> {
     }
 }
 
-/// True when the CUDA driver is usable. After the first call, one relaxed load.
+/// True when CUDA is in use in this process (somebody initialised the driver) and
+/// usable, so buffers may be device memory. Never loads or initialises the driver.
 #[inline]
-pub fn present() -> bool {
+pub fn active() -> bool {
     match STATE.load(Ordering::Relaxed) {
         PRESENT => true,
         ABSENT => false,
-        _ => driver().is_ok(),
+        _ => started_elsewhere(),
     }
+}
+
+/// Whether the program has started CUDA since the last look (then it is probed).
+#[inline(never)]
+fn started_elsewhere() -> bool {
+    let mut get_current = UNINIT_PROBE.load(Ordering::Acquire);
+    if get_current == 0 {
+        // The driver can only have been initialised after it was loaded.
+        let loads = loaded_libraries();
+        if SEEN_LOADS.swap(loads, Ordering::Relaxed) == loads {
+            return false;
+        }
+        match mapped_driver_entry() {
+            Some(f) => {
+                UNINIT_PROBE.store(f, Ordering::Release);
+                get_current = f;
+            }
+            None => return false,
+        }
+    }
+    // SAFETY: get_current is cuCtxGetCurrent of a libcuda that stays mapped (the
+    // handle that found it is never closed); its signature is the driver API's.
+    let f: unsafe extern "C" fn(*mut cu::CUcontext) -> cu::CUresult = unsafe { std::mem::transmute(get_current) };
+    let mut ctx: cu::CUcontext = std::ptr::null_mut();
+    // SAFETY: valid out-pointer. Before cuInit the driver answers NOT_INITIALIZED and does nothing else.
+    if unsafe { f(&mut ctx) } == cu::CUresult::CUDA_ERROR_NOT_INITIALIZED {
+        return false;
+    }
+    driver().is_ok()
+}
+
+/// The loader's running count of libraries loaded into this process.
+fn loaded_libraries() -> u64 {
+    unsafe extern "C" fn first(info: *mut libc::dl_phdr_info, size: libc::size_t, out: *mut libc::c_void) -> libc::c_int {
+        let have = std::mem::offset_of!(libc::dl_phdr_info, dlpi_adds) + std::mem::size_of::<u64>();
+        if size >= have {
+            // SAFETY: the loader passes a valid info of `size` bytes, which covers dlpi_adds;
+            // out is the u64 below.
+            unsafe { *(out as *mut u64) = (*info).dlpi_adds };
+        }
+        1 // every object carries the same counters: the first is enough
+    }
+    let mut adds: u64 = 0;
+    // SAFETY: the callback only reads the info it is given and writes `adds`.
+    unsafe { libc::dl_iterate_phdr(Some(first), (&mut adds as *mut u64).cast()) };
+    adds
+}
+
+/// cuCtxGetCurrent of the CUDA driver if this process has it mapped (never maps it).
+fn mapped_driver_entry() -> Option<usize> {
+    // SAFETY: RTLD_NOLOAD only looks the library up among those already loaded.
+    let h = unsafe { libc::dlopen(c"libcuda.so.1".as_ptr(), libc::RTLD_NOLOAD | libc::RTLD_LAZY) };
+    if h.is_null() {
+        return None;
+    }
+    // SAFETY: h is a live handle (kept open: the driver stays mapped); the name is NUL-terminated.
+    let f = unsafe { libc::dlsym(h, c"cuCtxGetCurrent".as_ptr()) };
+    (!f.is_null()).then_some(f as usize)
 }
 
 fn describe(rc: cu::CUresult) -> String {
@@ -208,7 +290,7 @@ pub fn primary_context(ordinal: i32) -> Result<usize> {
 
 /// Number of visible devices (0 when CUDA is absent).
 pub fn device_count() -> usize {
-    if !present() {
+    if !active() {
         return 0;
     }
     let mut n = 0;
@@ -221,7 +303,7 @@ pub fn device_count() -> usize {
 
 /// The device of the calling thread's current context, if it has one.
 pub fn current_device() -> Option<i32> {
-    if !present() {
+    if !active() {
         return None;
     }
     let mut cur: cu::CUcontext = std::ptr::null_mut();
@@ -262,17 +344,6 @@ pub fn alloc_device(size: usize) -> Result<(*mut u8, usize)> {
     Ok((d as usize as *mut u8, ctx))
 }
 
-/// Pinned (page-locked, portable) host memory.
-pub fn alloc_pinned(size: usize) -> Result<(*mut u8, usize)> {
-    let _g = CtxGuard::enter(0)?;
-    let ctx = current_ctx()?;
-    let mut p: *mut std::ffi::c_void = std::ptr::null_mut();
-    // SAFETY: valid out-pointer; a context is current.
-    let rc = unsafe { cu::cuMemHostAlloc(&mut p, size, cu::CU_MEMHOSTALLOC_PORTABLE) };
-    check(rc, &format!("cuMemHostAlloc({size} bytes)"))?;
-    Ok((p as *mut u8, ctx))
-}
-
 fn current_ctx() -> Result<usize> {
     let mut cur: cu::CUcontext = std::ptr::null_mut();
     // SAFETY: valid out-pointer.
@@ -280,21 +351,14 @@ fn current_ctx() -> Result<usize> {
     Ok(cur as usize)
 }
 
-/// Frees memory from [`alloc_device`] (device) or [`alloc_pinned`] (!device).
+/// Frees memory from [`alloc_device`].
 ///
 /// # Safety
 /// `p` (an address) came from that function with context `ctx` and is freed once.
-pub unsafe fn free(p: usize, ctx: usize, device: bool) -> Result<()> {
+pub unsafe fn free_device(p: usize, ctx: usize) -> Result<()> {
     let _g = CtxGuard::enter(ctx)?;
     // SAFETY: guaranteed by the caller.
-    let rc = unsafe {
-        if device {
-            cu::cuMemFree_v2(p as cu::CUdeviceptr)
-        } else {
-            cu::cuMemFreeHost(p as *mut std::ffi::c_void)
-        }
-    };
-    check(rc, if device { "cuMemFree" } else { "cuMemFreeHost" })
+    check(unsafe { cu::cuMemFree_v2(p as cu::CUdeviceptr) }, "cuMemFree")
 }
 
 /// Copies device (or managed) memory to host memory, ordered on `stream`.
@@ -366,6 +430,147 @@ pub unsafe fn copy_dtod_async(dst: *mut u8, src: *const u8, bytes: usize, stream
     let rc =
         unsafe { cu::cuMemcpyDtoDAsync_v2(dst as usize as u64, src as usize as u64, bytes, stream as cu::CUstream) };
     check(rc, "cuMemcpyDtoDAsync")
+}
+
+/// Makes `ctx` the calling thread's current context (cudaSetDevice's effect).
+pub fn set_current(ctx: usize) -> Result<()> {
+    driver()?;
+    // SAFETY: ctx is a context handle from the driver (or NULL, which unsets).
+    check(unsafe { cu::cuCtxSetCurrent(ctx as cu::CUcontext) }, "cuCtxSetCurrent")
+}
+
+/// Page-locks host memory for fast, asynchronous copies from and to every context
+/// (CU_MEMHOSTREGISTER_PORTABLE), keeping its address.
+///
+/// # Safety
+/// `[p, p + bytes)` is host memory of this process that stays mapped until
+/// [`unregister_host`].
+pub unsafe fn register_host(p: *mut u8, bytes: usize) -> Result<()> {
+    let _g = CtxGuard::enter(0)?;
+    // SAFETY: guaranteed by the caller; a context is current.
+    let rc = unsafe { cu::cuMemHostRegister_v2(p.cast(), bytes, cu::CU_MEMHOSTREGISTER_PORTABLE) };
+    check(rc, &format!("cuMemHostRegister({p:p}, {bytes} bytes)"))
+}
+
+/// Undoes [`register_host`].
+///
+/// # Safety
+/// `p` was registered by [`register_host`] and is unregistered once.
+pub unsafe fn unregister_host(p: *mut u8) -> Result<()> {
+    let _g = CtxGuard::enter(0)?;
+    // SAFETY: guaranteed by the caller; a context is current.
+    check(unsafe { cu::cuMemHostUnregister(p.cast()) }, "cuMemHostUnregister")
+}
+
+/// Copies `rows` rows of `width` bytes between device buffers whose rows start
+/// `src_pitch` and `dst_pitch` bytes apart, ordered on `stream`.
+///
+/// # Safety
+/// Every row lies inside device memory of the current context, valid until the
+/// stream has run the copy; source and destination do not overlap.
+pub unsafe fn copy_2d_dtod_async(
+    dst: *mut u8,
+    dst_pitch: usize,
+    src: *const u8,
+    src_pitch: usize,
+    width: usize,
+    rows: usize,
+    stream: usize,
+) -> Result<()> {
+    if width == 0 || rows == 0 {
+        return Ok(());
+    }
+    // cuMemcpy2D takes pitches below 2^31 (CU_DEVICE_ATTRIBUTE_MAX_PITCH); wider
+    // tensors go row by row.
+    const MAX_PITCH: usize = i32::MAX as usize;
+    if rows == 1 || src_pitch > MAX_PITCH || dst_pitch > MAX_PITCH {
+        for r in 0..rows {
+            // SAFETY: row r of each side lies inside its buffer (caller's contract).
+            unsafe { copy_dtod_async(dst.add(r * dst_pitch), src.add(r * src_pitch), width, stream)? };
+        }
+        return Ok(());
+    }
+    // SAFETY: CUDA_MEMCPY2D is plain data; all-zero is a valid start.
+    let mut p: cu::CUDA_MEMCPY2D = unsafe { std::mem::zeroed() };
+    p.srcMemoryType = cu::CUmemorytype::CU_MEMORYTYPE_DEVICE;
+    p.srcDevice = src as usize as u64;
+    p.srcPitch = src_pitch;
+    p.dstMemoryType = cu::CUmemorytype::CU_MEMORYTYPE_DEVICE;
+    p.dstDevice = dst as usize as u64;
+    p.dstPitch = dst_pitch;
+    p.WidthInBytes = width;
+    p.Height = rows;
+    // SAFETY: guaranteed by the caller; p describes the rows above.
+    check(unsafe { cu::cuMemcpy2DAsync_v2(&p, stream as cu::CUstream) }, "cuMemcpy2DAsync")
+}
+
+/// Device memory one call uses for packed data, allocated and freed in the order
+/// of `stream` (cuMemAllocAsync/cuMemFreeAsync): dropping it while the stream still
+/// runs work on it is safe, the free waits for that work.
+pub struct Scratch {
+    ptr: u64,
+    ctx: usize,
+    stream: usize,
+    /// Allocated with cuMemAlloc (no stream-ordered allocator): freed after a sync.
+    plain: bool,
+}
+
+impl Scratch {
+    /// `bytes` (> 0) of device memory of context `ctx`, usable by work queued on `stream` from now on.
+    pub fn new(bytes: usize, ctx: usize, stream: usize) -> Result<Scratch> {
+        let _g = CtxGuard::enter(ctx)?;
+        let mut ptr: cu::CUdeviceptr = 0;
+        if async_alloc() {
+            // SAFETY: valid out-pointer; ctx is current and the stream belongs to it.
+            let rc = unsafe { cu::cuMemAllocAsync(&mut ptr, bytes, stream as cu::CUstream) };
+            check(rc, &format!("cuMemAllocAsync({bytes} bytes of scratch)"))?;
+            return Ok(Scratch { ptr, ctx, stream, plain: false });
+        }
+        // SAFETY: valid out-pointer; ctx is current.
+        check(unsafe { cu::cuMemAlloc_v2(&mut ptr, bytes) }, &format!("cuMemAlloc({bytes} bytes of scratch)"))?;
+        Ok(Scratch { ptr, ctx, stream, plain: true })
+    }
+
+    pub fn ptr(&self) -> *mut u8 {
+        self.ptr as usize as *mut u8
+    }
+}
+
+impl Drop for Scratch {
+    fn drop(&mut self) {
+        let Ok(_g) = CtxGuard::enter(self.ctx) else { return };
+        // SAFETY: ptr came from the matching allocation in Scratch::new and is freed once,
+        // after the work queued on the stream (async free, or a sync first).
+        unsafe {
+            if self.plain {
+                let _ = cu::cuStreamSynchronize(self.stream as cu::CUstream);
+                let _ = cu::cuMemFree_v2(self.ptr);
+            } else {
+                let _ = cu::cuMemFreeAsync(self.ptr, self.stream as cu::CUstream);
+            }
+        }
+    }
+}
+
+/// Whether the driver has stream-ordered allocation and the current device supports memory pools.
+fn async_alloc() -> bool {
+    static HAVE: OnceLock<bool> = OnceLock::new();
+    let syms = *HAVE.get_or_init(|| {
+        // SAFETY: the driver was checked present (CtxGuard::enter ran driver()); only addresses are looked up.
+        let lib = unsafe { cu::culib() };
+        // SAFETY: as above.
+        ASYNC_ALLOC_SYMBOLS.iter().all(|s| unsafe { lib.get::<*const ()>(s.as_bytes()) }.is_ok())
+    });
+    if !syms {
+        return false;
+    }
+    let Some(dev) = current_device() else { return false };
+    let mut pools = 0;
+    // SAFETY: valid out-pointer; dev is a device ordinal from the driver.
+    let rc = unsafe {
+        cu::cuDeviceGetAttribute(&mut pools, cu::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MEMORY_POOLS_SUPPORTED, dev)
+    };
+    rc == cu::CUresult::CUDA_SUCCESS && pools != 0
 }
 
 const IPC_SYMBOLS: &[&str] =
@@ -442,11 +647,11 @@ mod tests {
     fn absent_driver_is_unavailable_not_a_panic() {
         // On machines without CUDA (CI) the probe reports why; with CUDA it passes.
         match driver() {
-            Ok(()) => assert!(present()),
+            Ok(()) => assert!(active()),
             Err(e) => {
                 assert_eq!(e.code, Code::Unavailable);
                 assert!(e.msg.contains("CUDA is not available"), "{}", e.msg);
-                assert!(!present());
+                assert!(!active());
                 assert_eq!(device_count(), 0);
                 assert_eq!(current_device(), None);
                 assert_eq!(alloc_device(64).unwrap_err().code, Code::Unavailable);

@@ -50,6 +50,12 @@ fn c_type(dt: DataType) -> Option<(&'static str, &'static str, bool)> {
     })
 }
 
+/// The kernel's entry name: `fccl_reduce_<type>_<op>` (the simulated GPU runs
+/// kernels by this convention, docs/sim-gpu.md).
+pub fn entry(dt: DataType, op: RedOp) -> String {
+    format!("fccl_reduce_{}_{}", dt.kernel_token(), op.short_name())
+}
+
 /// CUDA C source of the kernel for one type and operation.
 pub fn source(dt: DataType, op: RedOp) -> Option<String> {
     let (t, u, float) = c_type(dt)?;
@@ -68,11 +74,12 @@ pub fn source(dt: DataType, op: RedOp) -> Option<String> {
         (RedOp::Avg, false) => "(T)((T)acc / (T)n)",
         _ => "(T)acc",
     };
+    let name = entry(dt, op);
     Some(format!(
         r#"typedef {t} T;
 typedef {u} U;
 struct Ins {{ const T* p[{MAX_INPUTS}]; }};
-extern "C" __global__ void fccl_reduce(T* out, struct Ins ins, int n, unsigned long long count) {{
+extern "C" __global__ void {name}(T* out, struct Ins ins, int n, unsigned long long count) {{
   unsigned long long stride = (unsigned long long)gridDim.x * blockDim.x;
   for (unsigned long long i = (unsigned long long)blockIdx.x * blockDim.x + threadIdx.x; i < count; i += stride) {{
     U acc = (U)ins.p[0][i];
@@ -202,7 +209,7 @@ pub fn kernel(ctx: usize, device: i32, dt: DataType, op: RedOp) -> Result<usize>
     let ptx = compile(&src, device)?;
     let mut module: cu::CUmodule = std::ptr::null_mut();
     let mut f: cu::CUfunction = std::ptr::null_mut();
-    let fname = CString::new("fccl_reduce").expect("no NUL");
+    let fname = CString::new(entry(dt, op)).expect("no NUL");
     // SAFETY: ptx is NUL-terminated PTX; the module stays loaded for the process's life.
     unsafe {
         cu_check(cu::cuModuleLoadData(&mut module, ptx.as_ptr() as *const c_void), "cuModuleLoadData")?;
@@ -270,6 +277,7 @@ mod tests {
         assert!(s.contains("(T)((T)acc / (T)n)"), "{s}");
         let s = source(DataType::Float32, RedOp::Max).unwrap();
         assert!(s.contains("fmax(acc, x)"), "{s}");
+        assert!(s.contains("__global__ void fccl_reduce_f32_max("), "{s}");
         assert!(source(DataType::Float16, RedOp::Sum).is_none());
         assert!(source(DataType::Bfloat16, RedOp::Sum).is_none());
         assert!(supported(DataType::Uint64) && !supported(DataType::Float8e4m3));

@@ -18,7 +18,7 @@ pub fn check_devices(devs: &[i32], what: &str) -> Result<Option<i32>> {
         if d < -1 {
             return Err(Error::invalid_arg(format!("{what}[{i}] = {d}; use -1 for host memory or a CUDA device id")));
         }
-        if !cuda::present() {
+        if !cuda::active() {
             return Err(Error::unavailable(format!(
                 "{what}[{i}] = {d} is a CUDA device, but CUDA is not available; use -1 for host memory"
             )));

@@ -50,7 +50,7 @@ pub enum Placement {
 /// The kind of one buffer. Free (one relaxed atomic load) when CUDA is absent.
 #[inline]
 pub fn kind_of(p: *const u8) -> Result<(MemKind, i32, usize)> {
-    if p.is_null() || !cuda::present() {
+    if p.is_null() || !cuda::active() {
         return Ok((MemKind::Host, -1, 0));
     }
     let mut i = cuda::pointer_info(p)?;
@@ -73,7 +73,7 @@ pub fn kind_of(p: *const u8) -> Result<(MemKind, i32, usize)> {
 /// host memory (pageable or pinned) or all device memory of one context, else
 /// fcclInvalidArgument naming the buffers.
 pub fn placement(bufs: &[(&str, *const u8)]) -> Result<Placement> {
-    if !cuda::present() {
+    if !cuda::active() {
         return Ok(Placement::Host);
     }
     let mut first: Option<(&str, MemKind, Placement)> = None;
@@ -101,7 +101,7 @@ pub fn placement(bufs: &[(&str, *const u8)]) -> Result<Placement> {
 /// Refuses device memory for calls that only handle host memory so far (they
 /// touch the bytes on the CPU). Free when CUDA is absent.
 pub fn require_host(bufs: &[(&str, *const u8)], what: &str) -> Result<()> {
-    if !cuda::present() {
+    if !cuda::active() {
         return Ok(());
     }
     for &(name, p) in bufs {
@@ -127,8 +127,13 @@ fn describe(k: MemKind, p: Placement) -> String {
 
 /// Allocations made by this library, so that fcclMemFree can refuse pointers it
 /// did not hand out instead of corrupting the heap.
-/// One allocation: (size, kind, owning CUDA context for pinned/device memory).
-type Alloc = (usize, MemKind, usize);
+#[derive(Clone, Copy)]
+enum Alloc {
+    /// fcclMemAllocHost: page-locked with cuMemHostRegister when `registered`.
+    Host { registered: bool },
+    /// fcclMemAlloc, in CUDA context `ctx`.
+    Device { ctx: usize },
+}
 static ALLOCS: Mutex<Option<HashMap<usize, Alloc>>> = Mutex::new(None);
 
 fn page_size() -> usize {
@@ -151,48 +156,67 @@ fn check_size(size: usize) -> Result<()> {
     Ok(())
 }
 
-fn record(p: *mut u8, size: usize, kind: MemKind, ctx: usize) {
-    ALLOCS.lock().unwrap().get_or_insert_with(HashMap::new).insert(p as usize, (size, kind, ctx));
+fn record(p: *mut u8, a: Alloc) {
+    ALLOCS.lock().unwrap().get_or_insert_with(HashMap::new).insert(p as usize, a);
 }
 
 /// Host allocations of at least this size are aligned to it and advised for
 /// transparent huge pages: collectives stream through user buffers, and with 4 KiB
-/// pages every 4 KiB is a TLB miss (a two-level walk under a hypervisor). Side by
-/// side on the development VM, all_reduce 2-32 MiB ran 1.1-1.3x faster on them.
+/// pages every 4 KiB is a TLB miss (a two-level walk under a hypervisor).
 const HUGE_PAGE: usize = 2 << 20;
 
-/// Page-aligned host memory, pinned (cuMemHostAlloc) when CUDA is present; huge
-/// pages where the kernel gives them for 2 MiB and more (see HUGE_PAGE). Without
-/// CUDA, allocations of `shared::SHARE_MIN` and more are shared memory that peers
-/// on this host read directly (single copy, see `shared`).
+/// Page-aligned host memory; huge pages where the kernel gives them for 2 MiB and
+/// more (see HUGE_PAGE); allocations of `shared::SHARE_MIN` and more are shared
+/// memory that peers on this host read directly (single copy, see `shared`). When
+/// the process uses CUDA the memory is also page-locked in place (cuMemHostRegister),
+/// so device copies from and to it are fast and asynchronous; a process that never
+/// used CUDA does not start it here.
 pub fn alloc_host(size: usize) -> Result<*mut u8> {
     check_size(size)?;
-    if cuda::present() {
-        let (p, ctx) = cuda::alloc_pinned(size)?;
-        record(p, size, MemKind::PinnedHost, ctx);
-        return Ok(p);
-    }
-    let mut p: *mut libc::c_void = std::ptr::null_mut();
     let huge = size >= HUGE_PAGE;
     let align = if huge { HUGE_PAGE } else { page_size() };
+    let mut p: *mut u8 = std::ptr::null_mut();
     if size >= shared::SHARE_MIN && crate::env::single_copy() != crate::env::SingleCopy::Off {
         // Peers on this host read large messages straight out of it (mem::shared).
-        if let Some(p) = shared::alloc(size, align, huge) {
-            record(p, size, MemKind::Host, 0);
-            return Ok(p);
+        if let Some(s) = shared::alloc(size, align, huge) {
+            p = s;
         }
     }
-    // SAFETY: p is a valid out-pointer; alignment is a power of two multiple of sizeof(void*).
-    let rc = unsafe { libc::posix_memalign(&mut p, align, size) };
-    if rc != 0 || p.is_null() {
-        return Err(Error::system(format!("out of host memory allocating {size} bytes")));
+    if p.is_null() {
+        let mut raw: *mut libc::c_void = std::ptr::null_mut();
+        // SAFETY: raw is a valid out-pointer; alignment is a power of two multiple of sizeof(void*).
+        let rc = unsafe { libc::posix_memalign(&mut raw, align, size) };
+        if rc != 0 || raw.is_null() {
+            return Err(Error::system(format!("out of host memory allocating {size} bytes")));
+        }
+        if huge {
+            // SAFETY: [raw, raw + size) is our fresh allocation; the advice changes no data.
+            unsafe { libc::madvise(raw, size, libc::MADV_HUGEPAGE) };
+        }
+        p = raw as *mut u8;
     }
-    if huge {
-        // SAFETY: [p, p + size) is our fresh allocation; the advice changes no data.
-        unsafe { libc::madvise(p, size, libc::MADV_HUGEPAGE) };
+    let registered = cuda::active() && pin(p, size);
+    record(p, Alloc::Host { registered });
+    Ok(p)
+}
+
+/// Page-locks a fresh host allocation; a failure (a memlock limit, say) leaves it
+/// pageable, which only makes device copies slower, and is logged once.
+fn pin(p: *mut u8, size: usize) -> bool {
+    // SAFETY: [p, p + size) is a fresh host allocation that stays mapped until free().
+    match unsafe { cuda::register_host(p, size) } {
+        Ok(()) => true,
+        Err(e) => {
+            static ONCE: std::sync::Once = std::sync::Once::new();
+            ONCE.call_once(|| {
+                crate::log::warn(format_args!(
+                    "fcclMemAllocHost: {}; the memory stays pageable (device copies from it are slower)",
+                    e.msg
+                ))
+            });
+            false
+        }
     }
-    record(p as *mut u8, size, MemKind::Host, 0);
-    Ok(p as *mut u8)
 }
 
 /// CUDA device memory on the current device (fcclUnavailable without CUDA).
@@ -202,7 +226,7 @@ pub fn alloc_device(size: usize) -> Result<*mut u8> {
     })?;
     check_size(size)?;
     let (p, ctx) = cuda::alloc_device(size)?;
-    record(p, size, MemKind::Device, ctx);
+    record(p, Alloc::Device { ctx });
     Ok(p)
 }
 
@@ -213,15 +237,22 @@ pub fn free(p: *mut u8) -> Result<()> {
     }
     let entry = ALLOCS.lock().unwrap().get_or_insert_with(HashMap::new).remove(&(p as usize));
     match entry {
-        Some((_, MemKind::Host, _)) => {
+        Some(Alloc::Host { registered }) => {
+            if registered {
+                // SAFETY: registered by alloc_host, unregistered once (removed from the map)
+                // while still mapped. A failure leaves the pages locked until exit.
+                if let Err(e) = unsafe { cuda::unregister_host(p) } {
+                    crate::log::warn(format_args!("fcclMemFree({p:p}): {}", e.msg));
+                }
+            }
             if !shared::free(p) {
-                // SAFETY: p came from posix_memalign above and is freed once (removed from the map).
+                // SAFETY: p came from posix_memalign in alloc_host and is freed once (removed from the map).
                 unsafe { libc::free(p as *mut libc::c_void) };
             }
             Ok(())
         }
-        // SAFETY: p came from cuda::alloc_* with this context and is freed once (removed from the map).
-        Some((_, kind, ctx)) => unsafe { cuda::free(p as usize, ctx, kind == MemKind::Device) },
+        // SAFETY: p came from cuda::alloc_device with this context and is freed once (removed from the map).
+        Some(Alloc::Device { ctx }) => unsafe { cuda::free_device(p as usize, ctx) },
         None => Err(Error::invalid_arg(format!(
             "pointer {p:p} was not allocated by fcclMemAlloc/fcclMemAllocHost (or was already freed)"
         ))),
