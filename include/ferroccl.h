@@ -633,7 +633,9 @@ fcclResult_t fcclAllGatherAxis(const void *sendbuff,
 
 /**
  * Reduces a row-major tensor of `shape` (the input's) across ranks; rank r gets block
- * r along `axis` (shape[axis]/nranks wide; shape[axis] must divide by nranks).
+ * r along `axis` (shape[axis]/nranks wide; shape[axis] must divide by nranks). Along
+ * an axis > 0 the input is first packed into a copy owned by the call (on `stream`
+ * for device memory).
  */
 fcclResult_t fcclReduceScatterAxis(const void *sendbuff,
                                    void *recvbuff,
@@ -650,6 +652,9 @@ fcclResult_t fcclReduceScatterAxis(const void *sendbuff,
  * 25 MiB): one all_reduce per bucket, results identical to one fcclAllReduce per
  * buffer. A buffer larger than a bucket travels alone. In place when
  * recvbuffs[i] == sendbuffs[i]. Inside a group, the buffers are queued one call each.
+ * The buffers are all host memory or all device memory of one device (else
+ * fcclInvalidArgument naming two of them); device buckets are packed, reduced and
+ * unpacked in order on `stream`, like any device call.
  */
 fcclResult_t fcclAllReduceCoalesced(const void *const *sendbuffs,
                                     void *const *recvbuffs,
@@ -663,7 +668,8 @@ fcclResult_t fcclAllReduceCoalesced(const void *const *sendbuffs,
 
 /**
  * Broadcasts `nbuffers` buffers from `root`, packed into buckets of at most
- * `bucketBytes` (0 = 25 MiB), one broadcast per bucket.
+ * `bucketBytes` (0 = 25 MiB), one broadcast per bucket. Host or device memory, as
+ * fcclAllReduceCoalesced.
  */
 fcclResult_t fcclBroadcastCoalesced(void *const *buffs,
                                     const size_t *counts,
@@ -763,16 +769,20 @@ fcclResult_t fcclMemAlloc(void **ptr,
                           size_t size);
 
 /**
- * Allocates `size` bytes of page-aligned host memory (pinned when CUDA is present).
- * Without CUDA, allocations of 32 KiB or more are shared memory (a memfd, one file
- * descriptor each) that other ranks on this host map: large messages sent out of
- * them are copied once, straight into the receiver's buffer, instead of twice
- * through the library's rings (FERROCCL_SINGLE_COPY=0 turns this off and gives
- * private memory). Peers can read such a buffer only while a call sends from it.
- * Being shared, it is not copied on write in a child after fork(): parent and child
- * see each other's writes. Allocations of 2 MiB or more are 2 MiB aligned, filled
- * and collapsed into huge pages (fewer TLB misses; MADV_COLLAPSE, Linux 6.1 and
- * later), which costs about 1 ms per MiB once, here. Free it with fcclMemFree.
+ * Allocates `size` bytes of page-aligned host memory. Allocations of 32 KiB or more
+ * are shared memory (a memfd, one file descriptor each) that other ranks on this
+ * host map: large messages sent out of them are copied once, straight into the
+ * receiver's buffer, instead of twice through the library's rings
+ * (FERROCCL_SINGLE_COPY=0 turns this off and gives private memory). Peers can read
+ * such a buffer only while a call sends from it. Being shared, it is not copied on
+ * write in a child after fork(): parent and child see each other's writes.
+ * Allocations of 2 MiB or more are 2 MiB aligned, filled and collapsed into huge
+ * pages (fewer TLB misses; MADV_COLLAPSE, Linux 6.1 and later), which costs about
+ * 1 ms per MiB once, here. When the process uses CUDA (it has initialised the
+ * driver), the memory is also page-locked in place for every context
+ * (cuMemHostRegister, portable), so device copies from and to it are fast and
+ * asynchronous; a process that never used CUDA does not start it here. Free it
+ * with fcclMemFree.
  */
 fcclResult_t fcclMemAllocHost(void **ptr,
                               size_t size);

@@ -4,6 +4,7 @@
 use super::{Coll, CollKind, Strided};
 use crate::comm::{group, Comm};
 use crate::error::{Error, Result};
+use crate::mem::{cuda, Placement};
 use crate::types::{DataType, RedOp};
 use std::sync::Arc;
 
@@ -59,10 +60,12 @@ pub fn all_gather_axis(send: *const u8, recv: *mut u8, l: AxisLayout, dtype: Dat
 
 /// The reduce_scatter that gives rank r block r along `axis` of the reduced tensor.
 /// Axis 0 is a plain reduce_scatter; otherwise the input is first packed rank-major
-/// (one copy of the input, owned by the call) so each rank's share is contiguous.
+/// (one copy of the input, owned by the call) so each rank's share is contiguous:
+/// on the CPU for host memory, with strided copies on `stream` for device memory.
 ///
 /// # Safety
-/// `send` is NULL or holds the whole tensor of layout `l`.
+/// `send` is NULL or holds the whole tensor of layout `l`, in memory of `place`.
+#[allow(clippy::too_many_arguments)]
 pub unsafe fn reduce_scatter_axis(
     send: *const u8,
     recv: *mut u8,
@@ -70,6 +73,8 @@ pub unsafe fn reduce_scatter_axis(
     dtype: DataType,
     op: RedOp,
     nranks: usize,
+    place: Placement,
+    stream: usize,
 ) -> Result<Coll> {
     if l.along % nranks != 0 {
         return Err(Error::invalid_arg(format!(
@@ -80,23 +85,51 @@ pub unsafe fn reduce_scatter_axis(
     let share = l.along / nranks * l.inner; // elements of one rank's block per outer row
     let mut c = Coll::new(CollKind::ReduceScatter, send, recv, l.outer * share, dtype);
     c.op = op;
-    if l.outer > 1 && l.total() > 0 && !send.is_null() {
-        let es = dtype.size();
-        let mut buf = crate::mem::pool::PooledBuf::take(l.total() * es);
-        let packed = &mut buf.as_mut_slice()[..l.total() * es];
-        let row = l.along * l.inner;
-        for r in 0..nranks {
-            for o in 0..l.outer {
-                let from = (o * row + r * share) * es;
-                let to = (r * l.outer * share + o * share) * es;
-                // SAFETY: sendbuff holds the whole tensor (the caller's contract);
-                // `from..from + share*es` lies inside it.
-                let src = unsafe { std::slice::from_raw_parts(send.add(from), share * es) };
-                packed[to..to + share * es].copy_from_slice(src);
+    if l.outer <= 1 || l.total() == 0 || send.is_null() {
+        return Ok(c);
+    }
+    let es = dtype.size();
+    let row = l.along * l.inner;
+    // Rank r's block of outer row o moves from (o * row + r * share) to
+    // (r * outer + o) * share: nranks strided copies of `outer` rows.
+    match place {
+        Placement::Host => {
+            let mut buf = crate::mem::pool::PooledBuf::take(l.total() * es);
+            let packed = &mut buf.as_mut_slice()[..l.total() * es];
+            for r in 0..nranks {
+                for o in 0..l.outer {
+                    let from = (o * row + r * share) * es;
+                    let to = (r * l.outer * share + o * share) * es;
+                    // SAFETY: sendbuff holds the whole tensor (the caller's contract);
+                    // `from..from + share*es` lies inside it.
+                    let src = unsafe { std::slice::from_raw_parts(send.add(from), share * es) };
+                    packed[to..to + share * es].copy_from_slice(src);
+                }
             }
+            c.send = buf.as_ptr();
+            c.keep = Some(Arc::new(buf));
         }
-        c.send = buf.as_ptr();
-        c.keep = Some(Arc::new(buf));
+        Placement::Device { ctx, .. } => {
+            let packed = cuda::Scratch::new(l.total() * es, ctx, stream)?;
+            let _g = cuda::CtxGuard::enter(ctx)?;
+            for r in 0..nranks {
+                // SAFETY: sendbuff holds the whole tensor on the device (caller's contract)
+                // and the scratch as many bytes; every row below lies inside each.
+                unsafe {
+                    cuda::copy_2d_dtod_async(
+                        packed.ptr().add(r * l.outer * share * es),
+                        share * es,
+                        send.add(r * share * es),
+                        row * es,
+                        share * es,
+                        l.outer,
+                        stream,
+                    )?
+                };
+            }
+            c.send = packed.ptr();
+            c.keep = Some(Arc::new(packed));
+        }
     }
     Ok(c)
 }
@@ -130,6 +163,9 @@ pub struct Coalesced<'a> {
     pub recvs: &'a [*mut u8],
     pub counts: &'a [usize],
     pub dtype: DataType,
+    /// Where every buffer lives, and the stream device buffers are used on.
+    pub place: Placement,
+    pub stream: usize,
 }
 
 impl Coalesced<'_> {
@@ -150,30 +186,35 @@ impl Coalesced<'_> {
         }
         Ok(sizes)
     }
+
+    /// A call of this coalesced call's memory and stream.
+    fn call(&self, kind: CollKind, send: *const u8, recv: *mut u8, count: usize) -> Coll {
+        let mut c = Coll::new(kind, send, recv, count, self.dtype);
+        c.placement = self.place;
+        c.stream = self.stream;
+        c
+    }
 }
 
 /// fcclAllReduceCoalesced: every bucket is packed, all-reduced once, and unpacked;
 /// results are identical to one all_reduce per buffer (the reduction is elementwise).
 pub fn all_reduce_coalesced(comm: &Arc<Comm>, b: &Coalesced<'_>, op: RedOp, bucket: usize) -> Result<()> {
     let sizes = b.validate(true, true)?;
-    let per_buffer = |i: usize| {
-        let mut c = Coll::new(CollKind::AllReduce, b.sends[i], b.recvs[i], b.counts[i], b.dtype);
+    let with_op = |mut c: Coll| {
         c.op = op;
         c
     };
     run_buckets(
         comm,
+        b,
         &sizes,
         bucket,
-        per_buffer,
-        |range, packed| {
-            let mut c = Coll::new(CollKind::AllReduce, packed.as_ptr(), packed.as_mut_ptr(), 0, b.dtype);
-            c.op = op;
-            pack(range.clone(), &sizes, |i| b.sends[i], packed);
-            c.count = packed.len() / b.dtype.size();
-            c
+        |i| with_op(b.call(CollKind::AllReduce, b.sends[i], b.recvs[i], b.counts[i])),
+        |range, bk| {
+            pack(b, range.clone(), &sizes, |i| b.sends[i], bk)?;
+            Ok(with_op(b.call(CollKind::AllReduce, bk.ptr(), bk.ptr(), bk.len() / b.dtype.size())))
         },
-        |range, packed| unpack(range, &sizes, |i| b.recvs[i], packed),
+        |range, bk| unpack(b, range, &sizes, |i| b.recvs[i], bk),
     )
 }
 
@@ -182,76 +223,133 @@ pub fn all_reduce_coalesced(comm: &Arc<Comm>, b: &Coalesced<'_>, op: RedOp, buck
 pub fn broadcast_coalesced(comm: &Arc<Comm>, b: &Coalesced<'_>, root: usize, bucket: usize) -> Result<()> {
     let sizes = b.validate(true, true)?;
     let is_root = comm.rank == root;
-    let per_buffer = |i: usize| {
-        let mut c = Coll::new(CollKind::Broadcast, b.sends[i], b.recvs[i], b.counts[i], b.dtype);
+    let rooted = |mut c: Coll| {
         c.root = root;
         c
     };
     run_buckets(
         comm,
+        b,
         &sizes,
         bucket,
-        per_buffer,
-        |range, packed| {
+        |i| rooted(b.call(CollKind::Broadcast, b.sends[i], b.recvs[i], b.counts[i])),
+        |range, bk| {
             if is_root {
-                pack(range.clone(), &sizes, |i| b.sends[i], packed);
+                pack(b, range.clone(), &sizes, |i| b.sends[i], bk)?;
             }
-            let mut c = Coll::new(
-                CollKind::Broadcast,
-                packed.as_ptr(),
-                packed.as_mut_ptr(),
-                packed.len() / b.dtype.size(),
-                b.dtype,
-            );
-            c.root = root;
-            c
+            Ok(rooted(b.call(CollKind::Broadcast, bk.ptr(), bk.ptr(), bk.len() / b.dtype.size())))
         },
-        |range, packed| {
-            if !is_root {
-                unpack(range, &sizes, |i| b.recvs[i], packed);
-            }
-        },
+        |range, bk| if is_root { Ok(()) } else { unpack(b, range, &sizes, |i| b.recvs[i], bk) },
     )
 }
 
-fn pack(range: std::ops::Range<usize>, sizes: &[usize], src: impl Fn(usize) -> *const u8, out: &mut [u8]) {
-    let mut off = 0;
-    for i in range {
-        if sizes[i] > 0 {
-            // SAFETY: buffer i holds sizes[i] bytes (validated non-NULL, caller's contract).
-            out[off..off + sizes[i]].copy_from_slice(unsafe { std::slice::from_raw_parts(src(i), sizes[i]) });
+/// One bucket's packed bytes: host memory, or device memory freed in stream order.
+enum Bucket {
+    Host(Vec<u8>),
+    Device(Arc<cuda::Scratch>, usize),
+}
+
+impl Bucket {
+    fn new(bytes: usize, b: &Coalesced<'_>) -> Result<Bucket> {
+        Ok(match b.place {
+            Placement::Host => Bucket::Host(vec![0u8; bytes]),
+            Placement::Device { ctx, .. } => Bucket::Device(Arc::new(cuda::Scratch::new(bytes, ctx, b.stream)?), bytes),
+        })
+    }
+
+    fn ptr(&self) -> *mut u8 {
+        match self {
+            Bucket::Host(v) => v.as_ptr() as *mut u8,
+            Bucket::Device(s, _) => s.ptr(),
         }
-        off += sizes[i];
+    }
+
+    fn len(&self) -> usize {
+        match self {
+            Bucket::Host(v) => v.len(),
+            Bucket::Device(_, n) => *n,
+        }
     }
 }
 
-fn unpack(range: std::ops::Range<usize>, sizes: &[usize], dst: impl Fn(usize) -> *mut u8, packed: &[u8]) {
+/// Copies `bytes` between a buffer of the coalesced call and a bucket: on the CPU,
+/// or on the call's stream for device memory (the context entered by the caller).
+///
+/// # Safety
+/// Both ranges are valid for `bytes` in memory of `b.place` and do not overlap.
+unsafe fn copy(b: &Coalesced<'_>, dst: *mut u8, src: *const u8, bytes: usize) -> Result<()> {
+    match b.place {
+        // SAFETY: guaranteed by the caller.
+        Placement::Host => unsafe { std::ptr::copy_nonoverlapping(src, dst, bytes) },
+        // SAFETY: guaranteed by the caller; the buffer's context is current.
+        Placement::Device { .. } => unsafe { cuda::copy_dtod_async(dst, src, bytes, b.stream)? },
+    }
+    Ok(())
+}
+
+fn device_guard(b: &Coalesced<'_>) -> Result<Option<cuda::CtxGuard>> {
+    match b.place {
+        Placement::Host => Ok(None),
+        Placement::Device { ctx, .. } => cuda::CtxGuard::enter(ctx).map(Some),
+    }
+}
+
+fn pack(
+    b: &Coalesced<'_>,
+    range: std::ops::Range<usize>,
+    sizes: &[usize],
+    src: impl Fn(usize) -> *const u8,
+    out: &Bucket,
+) -> Result<()> {
+    let _g = device_guard(b)?;
     let mut off = 0;
     for i in range {
         if sizes[i] > 0 {
-            // SAFETY: buffer i holds sizes[i] bytes (validated non-NULL, caller's contract);
-            // ptr::copy tolerates a destination that is also a source of the bucket.
-            unsafe { std::ptr::copy(packed[off..].as_ptr(), dst(i), sizes[i]) };
+            // SAFETY: buffer i holds sizes[i] bytes (validated non-NULL, caller's
+            // contract); the bucket holds the range's total and is separate memory.
+            unsafe { copy(b, out.ptr().add(off), src(i), sizes[i])? };
         }
         off += sizes[i];
     }
+    Ok(())
+}
+
+fn unpack(
+    b: &Coalesced<'_>,
+    range: std::ops::Range<usize>,
+    sizes: &[usize],
+    dst: impl Fn(usize) -> *mut u8,
+    packed: &Bucket,
+) -> Result<()> {
+    let _g = device_guard(b)?;
+    let mut off = 0;
+    for i in range {
+        if sizes[i] > 0 {
+            // SAFETY: as in pack, the other way round.
+            unsafe { copy(b, dst(i), packed.ptr().add(off), sizes[i])? };
+        }
+        off += sizes[i];
+    }
+    Ok(())
 }
 
 /// Runs one collective per bucket. Inside a group the buffers are queued one call
 /// each (a group's calls run at its end, after this function has returned, so there
 /// is no moment to unpack); outside, buckets run in passes of bounded memory, the
-/// buckets of one pass together so they pipeline.
+/// buckets of one pass together so they pipeline. Device buckets are packed and
+/// unpacked on the call's stream, so the host never waits for them.
 fn run_buckets(
     comm: &Arc<Comm>,
+    b: &Coalesced<'_>,
     sizes: &[usize],
     bucket: usize,
     per_buffer: impl Fn(usize) -> Coll,
-    make: impl Fn(&std::ops::Range<usize>, &mut [u8]) -> Coll,
-    finish: impl Fn(std::ops::Range<usize>, &[u8]),
+    make: impl Fn(&std::ops::Range<usize>, &Bucket) -> Result<Coll>,
+    finish: impl Fn(std::ops::Range<usize>, &Bucket) -> Result<()>,
 ) -> Result<()> {
     if group::active() {
-        for (i, &b) in sizes.iter().enumerate() {
-            if b > 0 {
+        for (i, &bytes) in sizes.iter().enumerate() {
+            if bytes > 0 {
                 let c = per_buffer(i);
                 c.validate(comm.rank, comm.nranks)?;
                 group::enqueue(comm, c);
@@ -265,7 +363,7 @@ fn run_buckets(
     let mut i = 0;
     while i < all.len() {
         // One pass: buckets up to PASS_BYTES of staging, at least one.
-        let mut pass: Vec<(std::ops::Range<usize>, Vec<u8>)> = Vec::new();
+        let mut pass: Vec<(std::ops::Range<usize>, Bucket)> = Vec::new();
         let mut direct: Vec<Coll> = Vec::new();
         let mut staged = 0usize;
         while i < all.len() && (pass.is_empty() && direct.is_empty() || staged < PASS_BYTES) {
@@ -275,11 +373,11 @@ fn run_buckets(
                 direct.push(per_buffer(r.start)); // too big for a bucket: travels alone, unstaged
             } else if bytes > 0 {
                 staged += bytes;
-                pass.push((r, vec![0u8; bytes]));
+                pass.push((r, Bucket::new(bytes, b)?));
             }
             i += 1;
         }
-        let mut calls: Vec<Coll> = pass.iter_mut().map(|(r, buf)| make(r, buf)).collect();
+        let mut calls: Vec<Coll> = pass.iter().map(|(r, bk)| make(r, bk)).collect::<Result<_>>()?;
         calls.extend(direct);
         for c in &calls {
             c.validate(comm.rank, comm.nranks)?;
@@ -287,8 +385,8 @@ fn run_buckets(
         if !calls.is_empty() {
             comm.run(calls)?;
         }
-        for (r, buf) in &pass {
-            finish(r.clone(), buf);
+        for (r, bk) in &pass {
+            finish(r.clone(), bk)?;
         }
     }
     Ok(())

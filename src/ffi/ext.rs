@@ -159,7 +159,9 @@ pub unsafe extern "C" fn fcclAllGatherAxis(
 }
 
 /// Reduces a row-major tensor of `shape` (the input's) across ranks; rank r gets block
-/// r along `axis` (shape[axis]/nranks wide; shape[axis] must divide by nranks).
+/// r along `axis` (shape[axis]/nranks wide; shape[axis] must divide by nranks). Along
+/// an axis > 0 the input is first packed into a copy owned by the call (on `stream`
+/// for device memory).
 #[no_mangle]
 pub unsafe extern "C" fn fcclReduceScatterAxis(
     sendbuff: *const c_void,
@@ -181,20 +183,44 @@ pub unsafe extern "C" fn fcclReduceScatterAxis(
             if l.total() > 0 && sendbuff.is_null() {
                 return Err(Error::invalid_arg("sendbuff is NULL for a non-empty tensor"));
             }
-            if l.outer > 1 {
-                // Packs the input on the CPU first.
-                mem::require_host(&[("sendbuff", sendbuff as *const u8)], "fcclReduceScatterAxis with axis > 0")?;
+            // The input is packed first (axis > 0): on the CPU or on the stream, as it lives.
+            let place = if l.outer > 1 {
+                mem::placement(&[("sendbuff", sendbuff as *const u8), ("recvbuff", recvbuff as *const u8)])?
+            } else {
+                mem::Placement::Host
+            };
+            // SAFETY: sendbuff holds the tensor in memory of `place` (API contract; NULL refused above).
+            unsafe {
+                cx::reduce_scatter_axis(sendbuff as _, recvbuff as _, l, dt, op, cm.nranks, place, stream as usize)
             }
-            // SAFETY: sendbuff holds the tensor (API contract; NULL refused above).
-            unsafe { cx::reduce_scatter_axis(sendbuff as _, recvbuff as _, l, dt, op, cm.nranks) }
         })
     })
+}
+
+/// The one placement of a coalesced call's non-empty buffers (arrays named as in C):
+/// all host memory or all device memory of one context, else fcclInvalidArgument
+/// naming two buffers of different kinds.
+fn coalesced_placement(arrays: &[(&str, &[*const u8])], counts: &[usize]) -> Result<mem::Placement> {
+    if !mem::cuda::active() {
+        return Ok(mem::Placement::Host);
+    }
+    let names: Vec<(String, *const u8)> = arrays
+        .iter()
+        .flat_map(|(name, ptrs)| {
+            ptrs.iter().enumerate().filter(|(i, _)| counts[*i] > 0).map(move |(i, &p)| (format!("{name}[{i}]"), p))
+        })
+        .collect();
+    let named: Vec<(&str, *const u8)> = names.iter().map(|(n, p)| (n.as_str(), *p)).collect();
+    mem::placement(&named)
 }
 
 /// All-reduces `nbuffers` buffers packed into buckets of at most `bucketBytes` (0 =
 /// 25 MiB): one all_reduce per bucket, results identical to one fcclAllReduce per
 /// buffer. A buffer larger than a bucket travels alone. In place when
 /// recvbuffs[i] == sendbuffs[i]. Inside a group, the buffers are queued one call each.
+/// The buffers are all host memory or all device memory of one device (else
+/// fcclInvalidArgument naming two of them); device buckets are packed, reduced and
+/// unpacked in order on `stream`, like any device call.
 #[no_mangle]
 pub unsafe extern "C" fn fcclAllReduceCoalesced(
     sendbuffs: *const *const c_void,
@@ -207,7 +233,6 @@ pub unsafe extern "C" fn fcclAllReduceCoalesced(
     comm: fcclComm_t,
     stream: fcclStream_t,
 ) -> fcclResult_t {
-    let _ = stream;
     call("fcclAllReduceCoalesced", || {
         let c = handle::get(comm)?;
         let nb = count_arg(nbuffers, "nbuffers")?;
@@ -220,15 +245,11 @@ pub unsafe extern "C" fn fcclAllReduceCoalesced(
                 array(counts, nb, "counts")?,
             )
         };
-        let named: Vec<(&str, *const u8)> = sends
-            .iter()
-            .map(|&p| ("sendbuffs[i]", p))
-            .chain(recvs.iter().map(|&p| ("recvbuffs[i]", p as *const u8)))
-            .collect();
-        mem::require_host(&named, "fcclAllReduceCoalesced")?;
+        let recv_ptrs: Vec<*const u8> = recvs.iter().map(|&p| p as *const u8).collect();
+        let place = coalesced_placement(&[("sendbuffs", &sends), ("recvbuffs", &recv_ptrs)], &counts)?;
         cx::all_reduce_coalesced(
             &c,
-            &Coalesced { sends: &sends, recvs: &recvs, counts: &counts, dtype: dt },
+            &Coalesced { sends: &sends, recvs: &recvs, counts: &counts, dtype: dt, place, stream: stream as usize },
             op,
             bucketBytes,
         )
@@ -236,7 +257,8 @@ pub unsafe extern "C" fn fcclAllReduceCoalesced(
 }
 
 /// Broadcasts `nbuffers` buffers from `root`, packed into buckets of at most
-/// `bucketBytes` (0 = 25 MiB), one broadcast per bucket.
+/// `bucketBytes` (0 = 25 MiB), one broadcast per bucket. Host or device memory, as
+/// fcclAllReduceCoalesced.
 #[no_mangle]
 pub unsafe extern "C" fn fcclBroadcastCoalesced(
     buffs: *const *mut c_void,
@@ -248,7 +270,6 @@ pub unsafe extern "C" fn fcclBroadcastCoalesced(
     comm: fcclComm_t,
     stream: fcclStream_t,
 ) -> fcclResult_t {
-    let _ = stream;
     call("fcclBroadcastCoalesced", || {
         let c = handle::get(comm)?;
         let nb = count_arg(nbuffers, "nbuffers")?;
@@ -257,11 +278,10 @@ pub unsafe extern "C" fn fcclBroadcastCoalesced(
         // SAFETY: arrays are NULL (refused) or nbuffers long (API contract).
         let (bufs, counts) = unsafe { (array(buffs as *const *mut u8, nb, "buffs")?, array(counts, nb, "counts")?) };
         let sends: Vec<*const u8> = bufs.iter().map(|&p| p as *const u8).collect();
-        let named: Vec<(&str, *const u8)> = sends.iter().map(|&p| ("buffs[i]", p)).collect();
-        mem::require_host(&named, "fcclBroadcastCoalesced")?;
+        let place = coalesced_placement(&[("buffs", &sends)], &counts)?;
         cx::broadcast_coalesced(
             &c,
-            &Coalesced { sends: &sends, recvs: &bufs, counts: &counts, dtype: dt },
+            &Coalesced { sends: &sends, recvs: &bufs, counts: &counts, dtype: dt, place, stream: stream as usize },
             root,
             bucketBytes,
         )

@@ -73,7 +73,6 @@ impl Nccl {
     pub fn supports(&self, c: &Coll) -> bool {
         c.strided.is_none()
             && c.wire.is_none()
-            && c.keep.is_none()
             && matches!(
                 c.kind,
                 CollKind::AllReduce
