@@ -103,6 +103,44 @@ impl Drop for Buf {
     }
 }
 
+/// `--mem cuda`: makes this rank's device current, as a CUDA program does before it
+/// creates a communicator (cudaSetDevice), so the communicator knows its device and
+/// the benchmark's own copies and stream waits have a context. Rank r takes device
+/// r mod the visible devices (its local rank where the launcher gives one), so ranks
+/// share GPUs only when there are fewer GPUs than ranks (CUDA_VISIBLE_DEVICES=0 puts
+/// every rank on one). Returns the device.
+pub fn select_device() -> Result<i32, Fail> {
+    use ferroccl::mem::cuda;
+    let n = cuda_available()?;
+    let rank = ["FERROCCL_LOCAL_RANK", "LOCAL_RANK", "FERROCCL_RANK", "RANK"]
+        .iter()
+        .find_map(|v| std::env::var(v).ok().and_then(|s| s.trim().parse::<usize>().ok()))
+        .unwrap_or(0);
+    let dev = (rank % n) as i32;
+    let ctx = cuda::primary_context(dev).map_err(|e| Fail::runtime(format!("--mem cuda: device {dev}: {}", e.msg)))?;
+    cuda::set_current(ctx).map_err(|e| Fail::runtime(format!("--mem cuda: device {dev}: {}", e.msg)))?;
+    Ok(dev)
+}
+
+/// The number of visible CUDA devices, or exit 2 with the reason there is none
+/// (without creating a context: the launcher of `--nranks` checks this too).
+pub fn cuda_available() -> Result<usize, Fail> {
+    use ferroccl::mem::cuda;
+    cuda::driver().map_err(|e| Fail::usage(format!("--mem cuda: {}", e.msg)))?;
+    match cuda::device_count() {
+        0 => Err(Fail::usage("--mem cuda: CUDA sees no device")),
+        n => Ok(n),
+    }
+}
+
+/// The device the communicator was created on (-1: host memory).
+pub fn comm_device(c: &Comm) -> i32 {
+    let mut d: c_int = -1;
+    // SAFETY: live communicator; valid out pointer.
+    let _ = unsafe { fcclCommCuDevice(c.raw, &mut d) };
+    d
+}
+
 /// This process's rank of the benchmark's communicator.
 pub struct Comm {
     pub raw: fcclComm_t,

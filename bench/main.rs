@@ -62,7 +62,7 @@ fn launch(o: &Opts, n: usize) -> i32 {
     }
     // Refuse an unavailable memory kind once, here, rather than in every rank.
     if o.mem == Mem::Cuda {
-        if let Err(f) = Buf::device(1) {
+        if let Err(f) = comm::cuda_available() {
             eprintln!("ferroccl-bench: {}", f.msg);
             return f.exit;
         }
@@ -112,18 +112,20 @@ fn rank_infos(comm: &Comm) -> Result<Vec<RankInfo>, Fail> {
     let mut mine = [0u8; REC];
     mine[0..4].copy_from_slice(&std::process::id().to_le_bytes());
     mine[4..12].copy_from_slice(&peak_rss_kib().to_le_bytes());
+    mine[12..16].copy_from_slice(&comm::comm_device(comm).to_le_bytes());
     let h = hostname();
-    let hb = &h.as_bytes()[..h.len().min(REC - 12)];
-    mine[12..12 + hb.len()].copy_from_slice(hb);
+    let hb = &h.as_bytes()[..h.len().min(REC - 16)];
+    mine[16..16 + hb.len()].copy_from_slice(hb);
     let all = comm.allgather_bytes(&mine)?;
     Ok(all
         .chunks(REC)
         .map(|c| {
-            let host = &c[12..];
+            let host = &c[16..];
             let end = host.iter().position(|&b| b == 0).unwrap_or(host.len());
             RankInfo {
                 pid: u32::from_le_bytes(c[0..4].try_into().unwrap()),
                 peak_rss_kib: u64::from_le_bytes(c[4..12].try_into().unwrap()),
+                device: i32::from_le_bytes(c[12..16].try_into().unwrap()),
                 host: String::from_utf8_lossy(&host[..end]).into_owned(),
             }
         })
@@ -180,7 +182,8 @@ struct Ctx<'a> {
 fn run_rank(o: &Opts) -> Result<i32, Fail> {
     let started = Instant::now();
     if o.mem == Mem::Cuda {
-        // fcclUnavailable without CUDA: a clear message and exit 2 on every rank.
+        // Without CUDA: a clear message and exit 2 on every rank.
+        comm::select_device()?;
         Buf::device(1)?;
     }
     let comm = Comm::init()?;

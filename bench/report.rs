@@ -30,6 +30,8 @@ pub struct RankInfo {
     pub pid: u32,
     pub host: String,
     pub peak_rss_kib: u64,
+    /// The communicator's CUDA device (fcclCommCuDevice), -1 for host memory.
+    pub device: i32,
 }
 
 /// Everything the outputs need besides the records.
@@ -100,7 +102,8 @@ pub fn header_lines(o: &Opts, nranks: usize, version_code: i32, ranks: &[RankInf
     let _ = writeln!(s, "#");
     let _ = writeln!(s, "# Using ranks");
     for (r, i) in ranks.iter().enumerate() {
-        let _ = writeln!(s, "#  Rank {r:2} Pid {:6} on {:>10} memory {}", i.pid, i.host, o.mem.name());
+        let dev = if i.device >= 0 { format!(" device {}", i.device) } else { String::new() };
+        let _ = writeln!(s, "#  Rank {r:2} Pid {:6} on {:>10} memory {}{dev}", i.pid, i.host, o.mem.name());
     }
     s
 }
@@ -258,9 +261,10 @@ pub fn json(info: &RunInfo, records: &[Record]) -> String {
     for (r, i) in info.ranks.iter().enumerate() {
         let _ = writeln!(
             s,
-            "    {{\"rank\": {r}, \"pid\": {}, \"host\": {}, \"peak_rss_kib\": {}}}{}",
+            "    {{\"rank\": {r}, \"pid\": {}, \"host\": {}, \"device\": {}, \"peak_rss_kib\": {}}}{}",
             i.pid,
             esc(&i.host),
+            i.device,
             i.peak_rss_kib,
             if r + 1 < info.ranks.len() { "," } else { "" }
         );

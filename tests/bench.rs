@@ -588,7 +588,7 @@ fn bad_arguments_and_missing_cuda_exit_2() {
     if o.status.code() != Some(0) {
         let (_, err) = text(&o);
         assert_eq!(o.status.code(), Some(2), "{err}");
-        assert!(err.contains("CUDA not available"), "{err}");
+        assert!(err.contains("CUDA is not available"), "{err}");
     }
     let o = bench(&["--help"], &[]);
     assert_eq!(o.status.code(), Some(0));
