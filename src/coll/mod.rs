@@ -279,7 +279,8 @@ impl Coll {
             CollKind::Recv => (0, n),
             CollKind::Barrier => (0, 0),
             CollKind::AlltoAllv | CollKind::AllGatherV | CollKind::ReduceScatterV => {
-                let v = self.v.as_ref().ok_or_else(|| Error::internal(format!("{} without counts", self.kind.c_name())))?;
+                let v =
+                    self.v.as_ref().ok_or_else(|| Error::internal(format!("{} without counts", self.kind.c_name())))?;
                 // End of the furthest non-empty block; empty blocks may point anywhere.
                 let end = |c: &[usize], d: &[usize]| -> Result<usize> {
                     let mut e = 0usize;

@@ -150,7 +150,11 @@ fn started_elsewhere() -> bool {
 
 /// The loader's running count of libraries loaded into this process.
 fn loaded_libraries() -> u64 {
-    unsafe extern "C" fn first(info: *mut libc::dl_phdr_info, size: libc::size_t, out: *mut libc::c_void) -> libc::c_int {
+    unsafe extern "C" fn first(
+        info: *mut libc::dl_phdr_info,
+        size: libc::size_t,
+        out: *mut libc::c_void,
+    ) -> libc::c_int {
         let have = std::mem::offset_of!(libc::dl_phdr_info, dlpi_adds) + std::mem::size_of::<u64>();
         if size >= have {
             // SAFETY: the loader passes a valid info of `size` bytes, which covers dlpi_adds;
@@ -452,14 +456,14 @@ pub unsafe fn register_host(p: *mut u8, bytes: usize) -> Result<()> {
     check(rc, &format!("cuMemHostRegister({p:p}, {bytes} bytes)"))
 }
 
-/// Undoes [`register_host`].
+/// Undoes [`register_host`] for the range starting at address `p`.
 ///
 /// # Safety
 /// `p` was registered by [`register_host`] and is unregistered once.
-pub unsafe fn unregister_host(p: *mut u8) -> Result<()> {
+pub unsafe fn unregister_host(p: usize) -> Result<()> {
     let _g = CtxGuard::enter(0)?;
     // SAFETY: guaranteed by the caller; a context is current.
-    check(unsafe { cu::cuMemHostUnregister(p.cast()) }, "cuMemHostUnregister")
+    check(unsafe { cu::cuMemHostUnregister(p as *mut std::ffi::c_void) }, "cuMemHostUnregister")
 }
 
 /// Copies `rows` rows of `width` bytes between device buffers whose rows start

@@ -241,7 +241,7 @@ pub fn free(p: *mut u8) -> Result<()> {
             if registered {
                 // SAFETY: registered by alloc_host, unregistered once (removed from the map)
                 // while still mapped. A failure leaves the pages locked until exit.
-                if let Err(e) = unsafe { cuda::unregister_host(p) } {
+                if let Err(e) = unsafe { cuda::unregister_host(p as usize) } {
                     crate::log::warn(format_args!("fcclMemFree({p:p}): {}", e.msg));
                 }
             }
