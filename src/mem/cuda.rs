@@ -494,16 +494,25 @@ pub unsafe fn copy_2d_dtod_async(
         }
         return Ok(());
     }
-    // SAFETY: CUDA_MEMCPY2D is plain data; all-zero is a valid start.
-    let mut p: cu::CUDA_MEMCPY2D = unsafe { std::mem::zeroed() };
-    p.srcMemoryType = cu::CUmemorytype::CU_MEMORYTYPE_DEVICE;
-    p.srcDevice = src as usize as u64;
-    p.srcPitch = src_pitch;
-    p.dstMemoryType = cu::CUmemorytype::CU_MEMORYTYPE_DEVICE;
-    p.dstDevice = dst as usize as u64;
-    p.dstPitch = dst_pitch;
-    p.WidthInBytes = width;
-    p.Height = rows;
+    // Written out whole: the memory-type enum has no zero value, so zeroed() is UB.
+    let p = cu::CUDA_MEMCPY2D {
+        srcXInBytes: 0,
+        srcY: 0,
+        srcMemoryType: cu::CUmemorytype::CU_MEMORYTYPE_DEVICE,
+        srcHost: std::ptr::null(),
+        srcDevice: src as usize as u64,
+        srcArray: std::ptr::null_mut(),
+        srcPitch: src_pitch,
+        dstXInBytes: 0,
+        dstY: 0,
+        dstMemoryType: cu::CUmemorytype::CU_MEMORYTYPE_DEVICE,
+        dstHost: std::ptr::null_mut(),
+        dstDevice: dst as usize as u64,
+        dstArray: std::ptr::null_mut(),
+        dstPitch: dst_pitch,
+        WidthInBytes: width,
+        Height: rows,
+    };
     // SAFETY: guaranteed by the caller; p describes the rows above.
     check(unsafe { cu::cuMemcpy2DAsync_v2(&p, stream as cu::CUstream) }, "cuMemcpy2DAsync")
 }
