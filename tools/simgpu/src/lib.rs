@@ -1,0 +1,43 @@
+//! ferroccl-simgpu: a simulated CUDA driver (`libcuda.so.1`) and NVRTC (`libnvrtc.so`) for
+//! running ferroccl's device code and tests on machines without a GPU (docs/sim-gpu.md).
+//!
+//! It behaves like the real driver where programs can observe it, and is at least as strict:
+//! device memory cannot be touched by the host (nothing is mapped at device addresses),
+//! every call checks its context, handles and ranges, streams run asynchronously on one
+//! executor thread with a launch latency, and faults in stream work are sticky errors.
+//! Kernels run on the CPU: entry names follow a naming convention that says what they
+//! compute (`fccl_reduce_f32_sum`), and reductions use the library's own host code.
+//!
+//! Layout: [`api`] holds every exported C function; the modules below it hold the state
+//! they share: contexts ([`ctx`]), memory ([`mem`], [`attrs`]), streams and the executor
+//! ([`stream`]), [`event`]s, memory operations ([`memop`]), [`ipc`], modules and kernels
+//! ([`module`], [`kernels`]) and the compiler ([`nvrtc`]).
+#![deny(unsafe_op_in_unsafe_fn)]
+
+pub mod api;
+pub mod attrs;
+pub mod config;
+pub mod ctx;
+pub mod device;
+pub mod error;
+pub mod event;
+pub mod ipc;
+pub mod kernels;
+pub mod mem;
+pub mod memop;
+pub mod module;
+pub mod nvrtc;
+pub mod state;
+pub mod stream;
+
+// The library's own element types and host reduction kernels, compiled into the simulator so
+// that device reductions give the same bits as host ones. `reduce` refers to `crate::types`.
+#[allow(dead_code)]
+#[path = "../../../src/types.rs"]
+pub mod types;
+// The library builds for Rust 1.80, before `is_multiple_of`.
+#[allow(dead_code, clippy::manual_is_multiple_of)]
+#[path = "../../../src/mem/reduce.rs"]
+pub mod reduce;
+
+pub use api::*;
