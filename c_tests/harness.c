@@ -37,6 +37,8 @@ static pthread_barrier_t g_barrier;
 static const char* g_prog = "test";
 static int g_verbose = 0;
 static char g_phases[MAX_PHASE_SLOTS][192];
+static fccl_pre_init_fn g_pre_init = NULL;
+static int* g_devlist = NULL; /* threads mode, --devlist: g_nranks entries */
 
 static void make_key(void) { (void)pthread_key_create(&g_key, NULL); }
 
@@ -50,6 +52,27 @@ static tctx* cur_ctx(void) {
 static void set_ctx(tctx* c) {
   pthread_once(&g_key_once, make_key);
   (void)pthread_setspecific(g_key, c);
+}
+
+void fccl_set_pre_init(fccl_pre_init_fn fn) { g_pre_init = fn; }
+const int* fccl_devlist(void) { return g_devlist; }
+
+/* Runs the pre-init hook; returns -1 to go on, else the exit status. */
+static int pre_init(int rank, int nranks) {
+  int r;
+  if (!g_pre_init) return -1;
+  fccl_phase("pre-init (device selection)");
+  r = g_pre_init(rank, nranks, g_devlist);
+  if (r == 0) return -1;
+  pthread_mutex_lock(&g_print_mu);
+  if (r == FCCL_SKIP)
+    printf("%s: %s, %d rank(s): SKIPPED\n", g_prog, g_threads_mode ? "threads" : "process",
+           nranks);
+  else
+    printf("%s: FAILED before creating a communicator (%d failed check(s))\n", g_prog, r);
+  fflush(stdout);
+  pthread_mutex_unlock(&g_print_mu);
+  return r == FCCL_SKIP ? FCCL_SKIP_EXIT : 1;
 }
 
 int fccl_threads_mode(void) { return g_threads_mode; }
@@ -231,8 +254,15 @@ static int run_threads(int n, fccl_body_fn body, fccl_multi_fn multi) {
     return 1;
   }
   g_main_ctx.rank = -1;
+  i = pre_init(-1, n);
+  if (i >= 0) {
+    free(comms);
+    free(jobs);
+    free(th);
+    return i;
+  }
   fccl_phase("fcclCommInitAll(%d)", n);
-  if (!CHECK_OK(fcclCommInitAll(comms, n, NULL))) return 1;
+  if (!CHECK_OK(fcclCommInitAll(comms, n, g_devlist))) return 1;
   for (i = 0; i < n; i++) {
     int v = -2;
     CHECK(comms[i] != NULL, "fcclCommInitAll left comms[%d] NULL", i);
@@ -284,11 +314,19 @@ static int run_process(fccl_body_fn body) {
     if (!parse_int_env("FERROCCL_WORLD_SIZE", &env_n)) (void)parse_int_env("WORLD_SIZE", &env_n);
     if (env_rank < 0) (void)parse_int_env("RANK", &env_rank);
     g_main_ctx.rank = env_rank;
+    if (g_pre_init) {
+      int pre = pre_init(env_rank, env_n);
+      if (pre >= 0) return pre;
+    }
     fccl_phase("fcclCommInitFromEnv");
     if (!CHECK_OK(fcclCommInitFromEnv(&comm))) return 1;
   } else {
     fcclUniqueId id;
     g_main_ctx.rank = 0;
+    if (g_pre_init) {
+      int pre = pre_init(0, 1);
+      if (pre >= 0) return pre;
+    }
     fccl_phase("fcclGetUniqueId + fcclCommInitRank(1 rank)");
     if (!CHECK_OK(fcclGetUniqueId(&id))) return 1;
     if (!CHECK_OK(fcclCommInitRank(&comm, 1, id, 0))) return 1;
@@ -318,8 +356,32 @@ static int run_process(fccl_body_fn body) {
   return finish(g_launched ? "process" : "single process", n, &job, 1, 0);
 }
 
+/* Parses "D0,D1,..." (non-negative ints) into a new array; returns its length, -1 if bad. */
+static int parse_devlist(const char* s, int** out) {
+  int n = 1, k = 0;
+  const char* p;
+  int* v;
+  for (p = s; *p; p++)
+    if (*p == ',') n++;
+  v = (int*)calloc((size_t)n, sizeof(int));
+  if (!v) return -1;
+  p = s;
+  while (k < n) {
+    char* end;
+    long d = strtol(p, &end, 10);
+    if (end == p || d < 0 || d > 1000000 || (*end != ',' && *end != 0)) {
+      free(v);
+      return -1;
+    }
+    v[k++] = (int)d;
+    p = *end ? end + 1 : end;
+  }
+  *out = v;
+  return n;
+}
+
 int fccl_main_ex(int argc, char** argv, fccl_body_fn body, fccl_multi_fn multi) {
-  int i, nthreads = 0;
+  int i, nthreads = 0, ndevlist = 0;
   const char* v = getenv("FCCL_TEST_VERBOSE");
   g_verbose = v && *v && strcmp(v, "0") != 0;
   if (argc > 0 && argv[0]) g_prog = base_name(argv[0]);
@@ -331,10 +393,23 @@ int fccl_main_ex(int argc, char** argv, fccl_body_fn body, fccl_multi_fn multi) 
         printf("%s: --threads needs a positive count\n", g_prog);
         return 2;
       }
+    } else if (strcmp(argv[i], "--devlist") == 0 && i + 1 < argc) {
+      free(g_devlist);
+      g_devlist = NULL;
+      ndevlist = parse_devlist(argv[++i], &g_devlist);
+      if (ndevlist < 1) {
+        printf("%s: --devlist needs device ids separated by commas, e.g. 0,0,1\n", g_prog);
+        return 2;
+      }
     } else {
       printf("usage: %s [--threads N]   (or under ferroccl-run -n N)\n", g_prog);
       return 2;
     }
+  }
+  if (g_devlist && (nthreads < 1 || ndevlist != nthreads)) {
+    printf("%s: --devlist is for threads mode and needs one device id per rank "
+           "(--threads %d, %d id(s) given)\n", g_prog, nthreads, ndevlist);
+    return 2;
   }
   start_watchdog();
   if (nthreads > 0) {

@@ -49,6 +49,26 @@ typedef int (*fccl_multi_fn)(fcclComm_t* comms, int nranks);
 int fccl_main(int argc, char** argv, fccl_body_fn body);
 int fccl_main_ex(int argc, char** argv, fccl_body_fn body, fccl_multi_fn multi);
 
+/* Device selection (used by test_device; tests that do not call these behave as before).
+ *
+ * fccl_set_pre_init(fn): fccl_main calls fn once per process, after parsing the arguments
+ * and before any communicator exists (process mode: before fcclCommInitFromEnv /
+ * fcclCommInitRank, on the thread that then runs the body; threads mode: before
+ * fcclCommInitAll, on the main thread).  rank: this process's rank from the environment
+ * (0 for a single unlaunched process; -1 in threads mode); nranks: the world size
+ * (-1 when the environment does not say); devlist: threads mode with --devlist: the
+ * nranks device ids, which fn may change (e.g. map a device the machine lacks to 0);
+ * else NULL.  fn returns 0 to go on, FCCL_SKIP to skip the test (exit 77 without creating
+ * a communicator), or a positive number of failures (exit 1).
+ *
+ * Threads mode, `prog --threads N --devlist D0,D1,...` (N ids, repeats allowed): the
+ * communicators are made with fcclCommInitAll(comms, N, devlist) instead of
+ * fcclCommInitAll(comms, N, NULL).  The rank threads make their device current themselves. */
+typedef int (*fccl_pre_init_fn)(int rank, int nranks, int* devlist);
+void fccl_set_pre_init(fccl_pre_init_fn fn);
+/* The --devlist given in threads mode (after fn's changes), nranks entries; NULL otherwise. */
+const int* fccl_devlist(void);
+
 int fccl_threads_mode(void);          /* 1 under --threads */
 int fccl_process_launched(void);      /* 1 under the launcher */
 /* Threads mode: a unique id created by the main thread before the bodies start, for one

@@ -1,0 +1,77 @@
+# The device-memory contract test (label "device"): every collective and extension of the
+# C API on CUDA device memory (c_tests/test_device.c). Included by CMakeLists.txt after
+# fccl_add_mpi_test, _fccl_env and ${_core} are defined:
+#   include(${CMAKE_CURRENT_SOURCE_DIR}/device_tests.cmake)
+# On a GPU host the tests run on the real driver; without a GPU, under the simulated one:
+#   bash scripts/sim-gpu.sh ctest --test-dir BUILD -L device
+# Without a driver or a device they exit 77 (skipped).
+#
+#   test_device.np<N>            N processes (ferroccl-run), every rank on device 0
+#   test_device.mixed.np<N>      N processes, rank r on device r % 2 (FCCL_TEST_DEVMAP=0,1)
+#   test_device.threads<N>       N rank threads of one process, fcclCommInitAll(devlist 0,...,0)
+#   test_device.threads_mixed<N> the same with devlist 0,1,0,1,...
+#   test_device.ipc.np3          3 processes on device 0 with FERROCCL_CUDA_IPC=1 (all_reduce
+#                                through CUDA IPC and an NVRTC kernel)
+# A device the machine lacks (one GPU) is mapped to device 0, and the output says so.
+
+set(_fccl_dev_req ${_core} fcclMemAlloc fcclMemAllocHost fcclMemFree fcclCommCuDevice
+    fcclCommSplit fcclGetLastError fcclBroadcast fcclReduce fcclAllGather fcclReduceScatter
+    fcclAlltoAll fcclGather fcclScatter fcclAlltoAllv fcclSend fcclRecv fcclGroupStart
+    fcclGroupEnd fcclAllGatherV fcclReduceScatterV fcclAllGatherAxis fcclReduceScatterAxis
+    fcclAllReduceCoalesced fcclBroadcastCoalesced fcclAllReduceWire fcclLocalBroadcast
+    fcclLocalScatter fcclLocalGather)
+set(_fccl_dev_tests
+    test_device.np1 test_device.np2 test_device.np3 test_device.np4
+    test_device.mixed.np2 test_device.mixed.np4
+    test_device.threads1 test_device.threads2 test_device.threads3 test_device.threads4
+    test_device.threads_mixed2 test_device.threads_mixed4 test_device.ipc.np3)
+
+_fccl_missing_of(_fccl_dev_miss ${_fccl_dev_req})
+if(_fccl_dev_miss)
+  _fccl_missing_tests(test_device "${_fccl_dev_miss}" ${_fccl_dev_tests})
+else()
+  add_executable(test_device test_device.c)
+  target_link_libraries(test_device PRIVATE fccl_harness ${CMAKE_DL_LIBS})
+
+  # _fccl_device_test(name nranks env-list command...)
+  function(_fccl_device_test name n env)
+    add_test(NAME ${name} COMMAND ${ARGN})
+    set_tests_properties(${name} PROPERTIES
+      LABELS "device;np${n}"
+      ENVIRONMENT "${env}"
+      TIMEOUT 300
+      SKIP_RETURN_CODE 77
+      PROCESSORS ${n})
+  endfunction()
+
+  foreach(_n 1 2 3 4)
+    _fccl_device_test(test_device.np${_n} ${_n} "${_fccl_env}"
+      "${FERROCCL_RUN}" -n ${_n} $<TARGET_FILE:test_device>)
+  endforeach()
+  foreach(_n 2 4)
+    _fccl_device_test(test_device.mixed.np${_n} ${_n} "${_fccl_env};FCCL_TEST_DEVMAP=0,1"
+      "${FERROCCL_RUN}" -n ${_n} $<TARGET_FILE:test_device>)
+  endforeach()
+  # all_reduce through CUDA IPC and an NVRTC kernel (FERROCCL_CUDA_IPC=1, off by default)
+  _fccl_device_test(test_device.ipc.np3 3 "${_fccl_env};FERROCCL_CUDA_IPC=1"
+    "${FERROCCL_RUN}" -n 3 $<TARGET_FILE:test_device>)
+  # threads: --devlist 0,0,... and (mixed) 0,1,0,1,...
+  foreach(_n 1 2 3 4)
+    set(_fccl_same "")
+    set(_fccl_alt "")
+    math(EXPR _last "${_n} - 1")
+    foreach(_r RANGE ${_last})
+      math(EXPR _d "${_r} % 2")
+      list(APPEND _fccl_same 0)
+      list(APPEND _fccl_alt ${_d})
+    endforeach()
+    string(REPLACE ";" "," _fccl_same "${_fccl_same}")
+    string(REPLACE ";" "," _fccl_alt "${_fccl_alt}")
+    _fccl_device_test(test_device.threads${_n} ${_n} "${_fccl_env}"
+      $<TARGET_FILE:test_device> --threads ${_n} --devlist ${_fccl_same})
+    if(_n EQUAL 2 OR _n EQUAL 4)
+      _fccl_device_test(test_device.threads_mixed${_n} ${_n} "${_fccl_env}"
+        $<TARGET_FILE:test_device> --threads ${_n} --devlist ${_fccl_alt})
+    endif()
+  endforeach()
+endif()
