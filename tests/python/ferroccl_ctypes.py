@@ -110,6 +110,9 @@ _PROTOTYPES = {
     "fcclBarrier": (fcclResult_t, [fcclComm_t, fcclStream_t]),
     "fcclGroupStart": (fcclResult_t, []),
     "fcclGroupEnd": (fcclResult_t, []),
+    "fcclMemAlloc": (fcclResult_t, [POINTER(c_void_p), c_size_t]),
+    "fcclMemAllocHost": (fcclResult_t, [POINTER(c_void_p), c_size_t]),
+    "fcclMemFree": (fcclResult_t, [c_void_p]),
 }
 
 

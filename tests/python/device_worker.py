@@ -1,0 +1,168 @@
+"""One rank of the device-memory check, written against the CUDA driver API through
+ctypes (what a Python program without CUDA bindings does): device 0 made current,
+buffers from fcclMemAlloc filled and read with cuMemcpyHtoD/DtoH, results compared
+with numpy. Process mode under ferroccl-run; `--threads N` runs N ranks as threads
+of one process on devices given by --devlist (default all 0).
+
+Prints "rank R: device checks, OK" per rank; exits 1 on any mismatch, 77 without a
+driver or device.
+"""
+
+import argparse
+import ctypes
+import sys
+import threading
+from ctypes import byref, c_int, c_size_t, c_uint, c_void_p
+
+import numpy as np
+
+import ferroccl_ctypes as f
+
+CUDA_SUCCESS = 0
+
+
+def driver():
+    try:
+        cu = ctypes.CDLL("libcuda.so.1")
+    except OSError:
+        return None
+    cu.cuInit.argtypes = [c_uint]
+    cu.cuDeviceGetCount.argtypes = [ctypes.POINTER(c_int)]
+    cu.cuDeviceGet.argtypes = [ctypes.POINTER(c_int), c_int]
+    cu.cuDevicePrimaryCtxRetain.argtypes = [ctypes.POINTER(c_void_p), c_int]
+    cu.cuCtxSetCurrent.argtypes = [c_void_p]
+    cu.cuCtxSynchronize.argtypes = []
+    cu.cuMemcpyHtoD_v2.argtypes = [ctypes.c_uint64, c_void_p, c_size_t]
+    cu.cuMemcpyDtoH_v2.argtypes = [c_void_p, ctypes.c_uint64, c_size_t]
+    cu.cuStreamCreate.argtypes = [ctypes.POINTER(c_void_p), c_uint]
+    cu.cuStreamSynchronize.argtypes = [c_void_p]
+    cu.cuStreamDestroy_v2.argtypes = [c_void_p]
+    cu.cuMemcpyHtoDAsync_v2.argtypes = [ctypes.c_uint64, c_void_p, c_size_t, c_void_p]
+    cu.cuMemcpyDtoHAsync_v2.argtypes = [c_void_p, ctypes.c_uint64, c_size_t, c_void_p]
+    return cu
+
+
+def ok(rc, what):
+    if rc != CUDA_SUCCESS:
+        raise RuntimeError(f"{what} returned CUresult {rc}")
+
+
+def make_current(cu, dev):
+    d, ctx = c_int(), c_void_p()
+    ok(cu.cuDeviceGet(byref(d), dev), "cuDeviceGet")
+    ok(cu.cuDevicePrimaryCtxRetain(byref(ctx), d), "cuDevicePrimaryCtxRetain")
+    ok(cu.cuCtxSetCurrent(ctx), "cuCtxSetCurrent")
+
+
+def dev_alloc(nbytes):
+    p = c_void_p()
+    f.call("fcclMemAlloc", byref(p), max(nbytes, 1))
+    return p.value
+
+
+def put(cu, d, a):
+    ok(cu.cuMemcpyHtoD_v2(d, a.ctypes.data, a.nbytes), "cuMemcpyHtoD")
+
+
+def get(cu, d, a):
+    ok(cu.cuCtxSynchronize(), "cuCtxSynchronize")
+    ok(cu.cuMemcpyDtoH_v2(a.ctypes.data, d, a.nbytes), "cuMemcpyDtoH")
+    return a
+
+
+def body(cu, comm, expect_dev):
+    rank, n = f.comm_user_rank(comm), f.comm_count(comm)
+    dev = f.comm_cu_device(comm)
+    assert dev == expect_dev, f"fcclCommCuDevice = {dev}, expected {expect_dev}"
+    make_current(cu, dev)
+    count = 1001
+    x = (np.arange(count, dtype=np.float32) + 1000 * rank)
+    s, r = dev_alloc(x.nbytes * n), dev_alloc(x.nbytes * n)
+    checks = 0
+    # all_reduce out of place
+    put(cu, s, x)
+    f.call("fcclAllReduce", c_void_p(s), c_void_p(r), count, f.fcclFloat32, f.fcclSum, comm, None)
+    want = sum(np.arange(count, dtype=np.float32) + 1000 * p for p in range(n))
+    got = get(cu, r, np.zeros(count, np.float32))
+    assert np.array_equal(got, want), f"rank {rank}: all_reduce {got[:4]} != {want[:4]}"
+    checks += 1
+    # all_to_all: block q of rank p holds p*1000 + q*count + i (the staged all_to_all of issue 29)
+    big = np.arange(count * n, dtype=np.float32) + 1000 * rank
+    put(cu, s, big)
+    f.call("fcclAlltoAll", c_void_p(s), c_void_p(r), count, f.fcclFloat32, comm, None)
+    want = np.concatenate([np.arange(rank * count, (rank + 1) * count, dtype=np.float32) + 1000 * p
+                           for p in range(n)])
+    got = get(cu, r, np.zeros(count * n, np.float32))
+    assert np.array_equal(got, want), f"rank {rank}: all_to_all block mismatch"
+    checks += 1
+    # all_gather, stream-ordered: upload, collective and download queued on one stream, one sync
+    st = c_void_p()
+    ok(cu.cuStreamCreate(byref(st), 0), "cuStreamCreate")
+    pinned = c_void_p()
+    f.call("fcclMemAllocHost", byref(pinned), x.nbytes * n)
+    host = np.frombuffer((ctypes.c_char * (x.nbytes * n)).from_address(pinned.value), dtype=np.float32)
+    host[:count] = x
+    ok(cu.cuMemcpyHtoDAsync_v2(s, pinned, x.nbytes, st), "cuMemcpyHtoDAsync")
+    f.call("fcclAllGather", c_void_p(s), c_void_p(r), count, f.fcclFloat32, comm, st)
+    host[:] = -1
+    ok(cu.cuMemcpyDtoHAsync_v2(pinned, r, x.nbytes * n, st), "cuMemcpyDtoHAsync")
+    ok(cu.cuStreamSynchronize(st), "cuStreamSynchronize")
+    want = np.concatenate([np.arange(count, dtype=np.float32) + 1000 * p for p in range(n)])
+    assert np.array_equal(host, want), f"rank {rank}: stream-ordered all_gather mismatch"
+    checks += 1
+    del host
+    f.call("fcclMemFree", pinned)
+    ok(cu.cuStreamDestroy_v2(st), "cuStreamDestroy")
+    f.call("fcclMemFree", c_void_p(s))
+    f.call("fcclMemFree", c_void_p(r))
+    print(f"rank {rank}: {checks} device checks, OK", flush=True)
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--threads", type=int, default=0)
+    ap.add_argument("--devlist", default="")
+    a = ap.parse_args()
+    cu = driver()
+    if cu is None or cu.cuInit(0) != CUDA_SUCCESS:
+        print("skipped: no CUDA driver")
+        return 77
+    ndev = c_int()
+    if cu.cuDeviceGetCount(byref(ndev)) != CUDA_SUCCESS or ndev.value == 0:
+        print("skipped: no CUDA device")
+        return 77
+    if a.threads:
+        devs = [int(d) % ndev.value for d in a.devlist.split(",")] if a.devlist else [0] * a.threads
+        arr = (c_int * a.threads)(*devs)
+        comms = (f.fcclComm_t * a.threads)()
+        f.call("fcclCommInitAll", comms, a.threads, arr)
+        errs = []
+
+        def run(i):
+            try:
+                body(cu, f.fcclComm_t(comms[i]), devs[i])
+            except Exception as e:  # reported below, after every thread ended
+                errs.append(e)
+
+        ts = [threading.Thread(target=run, args=(i,)) for i in range(a.threads)]
+        [t.start() for t in ts]
+        [t.join() for t in ts]
+        for i in range(a.threads):
+            f.call("fcclCommDestroy", f.fcclComm_t(comms[i]))
+        for e in errs:
+            print(f"FAIL: {e}", flush=True)
+        return 1 if errs else 0
+    make_current(cu, 0)  # as a CUDA program does before it creates its communicator
+    comm = f.comm_init_from_env()
+    try:
+        body(cu, comm, 0)
+    except AssertionError as e:
+        print(f"FAIL: {e}", flush=True)
+        return 1
+    finally:
+        f.call("fcclCommDestroy", comm)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
