@@ -105,6 +105,10 @@ fn a_child_opens_the_parents_memory_and_writes_through_it() {
     }
 }
 
+/// Where the flags of several_processes_... live: apart from the data each child writes
+/// at 256 * rank, so one child's data never overwrites another's flag.
+const SLOTS: u64 = 2048;
+
 #[test]
 fn several_processes_write_their_slots_and_the_parent_waits_for_each() {
     let t = "several_processes_write_their_slots_and_the_parent_waits_for_each";
@@ -116,7 +120,7 @@ fn several_processes_write_their_slots_and_the_parent_waits_for_each() {
         unsafe {
             ok(cuIpcOpenMemHandle_v2(&mut d, env_handle("SIMGPU_HANDLE"), 0));
             ok(cuMemsetD32_v2(d + 256 * rank, 100 + rank as u32, 16));
-            ok(cuStreamWriteValue64_v2(std::ptr::null_mut(), d + 8 * rank, rank + 1, 0));
+            ok(cuStreamWriteValue64_v2(std::ptr::null_mut(), d + SLOTS + 8 * rank, rank + 1, 0));
             ok(cuCtxSynchronize());
         }
         return;
@@ -130,7 +134,7 @@ fn several_processes_write_their_slots_and_the_parent_waits_for_each() {
         let h = hex(&mem_handle(d).reserved);
         let s = stream(1);
         for r in 0..3u64 {
-            ok(cuStreamWaitValue64_v2(s, d + 8 * r, r + 1, 1));
+            ok(cuStreamWaitValue64_v2(s, d + SLOTS + 8 * r, r + 1, 1));
         }
         let children: Vec<Child> =
             (0..3).map(|r| spawn(t, &[("SIMGPU_HANDLE", h.clone()), ("SIMGPU_RANK", r.to_string())])).collect();

@@ -217,24 +217,33 @@ pub unsafe extern "C" fn cuMemAllocHost_v2(pp: *mut *mut c_void, bytesize: usize
     api("cuMemAllocHost_v2", || host_alloc(pp, bytesize, 0))
 }
 
+/// Forgets the host range starting at `p` once no queued work can still access it: one
+/// the simulator allocated (`allocated`, cuMemFreeHost) or one the program registered
+/// (cuMemHostUnregister); anything else is `refused()`.
+fn release_host(p: usize, allocated: bool, refused: impl Fn() -> crate::error::Error) -> Result<()> {
+    let check = |st: &crate::state::State| match st.mem.host.get(&p) {
+        Some(r) if r.block.is_some() == allocated => Ok(()),
+        _ => Err(refused()),
+    };
+    let st = lock();
+    ctx::current(&st)?;
+    check(&st)?;
+    let size = st.mem.host[&p].size;
+    stream::quiesce_host(st, p, size);
+    let mut st = lock();
+    check(&st)?;
+    st.mem.remove_host(p);
+    Ok(())
+}
+
 /// Frees cuMemHostAlloc memory by the exact pointer returned, once no queued work can still
 /// read or write it.
 #[no_mangle]
 pub unsafe extern "C" fn cuMemFreeHost(p: *mut c_void) -> CUresult {
     api("cuMemFreeHost", || {
-        let st = lock();
-        ctx::current(&st)?;
-        let check = |st: &crate::state::State| match st.mem.host.get(&(p as usize)) {
-            Some(r) if r.block.is_some() => Ok(()),
-            _ => Err(err!(CUDA_ERROR_INVALID_VALUE, "{p:?} was not returned by cuMemHostAlloc/cuMemAllocHost")),
-        };
-        check(&st)?;
-        let size = st.mem.host[&(p as usize)].size;
-        stream::quiesce_host(st, p as usize, size);
-        let mut st = lock();
-        check(&st)?;
-        st.mem.remove_host(p as usize);
-        Ok(())
+        release_host(p as usize, true, || {
+            err!(CUDA_ERROR_INVALID_VALUE, "{p:?} was not returned by cuMemHostAlloc/cuMemAllocHost")
+        })
     })
 }
 
@@ -311,19 +320,9 @@ fn mapped(start: usize, len: usize) -> bool {
 #[no_mangle]
 pub unsafe extern "C" fn cuMemHostUnregister(p: *mut c_void) -> CUresult {
     api("cuMemHostUnregister", || {
-        let st = lock();
-        ctx::current(&st)?;
-        let check = |st: &crate::state::State| match st.mem.host.get(&(p as usize)) {
-            Some(r) if r.block.is_none() => Ok(()),
-            _ => Err(err!(CUDA_ERROR_HOST_MEMORY_NOT_REGISTERED, "{p:?} is not the start of a registered range")),
-        };
-        check(&st)?;
-        let size = st.mem.host[&(p as usize)].size;
-        stream::quiesce_host(st, p as usize, size);
-        let mut st = lock();
-        check(&st)?;
-        st.mem.remove_host(p as usize);
-        Ok(())
+        release_host(p as usize, false, || {
+            err!(CUDA_ERROR_HOST_MEMORY_NOT_REGISTERED, "{p:?} is not the start of a registered range")
+        })
     })
 }
 

@@ -21,30 +21,12 @@ pub static REDUCE: Family = Family {
     run,
 };
 
-/// Type names of the convention, with the library's DataType.
-const TYPES: [(&str, DataType); 12] = [
-    ("i8", DataType::Int8),
-    ("u8", DataType::Uint8),
-    ("i32", DataType::Int32),
-    ("u32", DataType::Uint32),
-    ("i64", DataType::Int64),
-    ("u64", DataType::Uint64),
-    ("f16", DataType::Float16),
-    ("bf16", DataType::Bfloat16),
-    ("f32", DataType::Float32),
-    ("f64", DataType::Float64),
-    ("f8e4m3", DataType::Float8e4m3),
-    ("f8e5m2", DataType::Float8e5m2),
-];
-
-const OPS: [(&str, RedOp); 5] =
-    [("sum", RedOp::Sum), ("prod", RedOp::Prod), ("max", RedOp::Max), ("min", RedOp::Min), ("avg", RedOp::Avg)];
-
 /// `<type>_<op>` -> (DataType << 8) | RedOp.
 fn parse(rest: &str) -> Option<u32> {
     let (t, o) = rest.rsplit_once('_')?;
-    let dt = TYPES.iter().find(|(n, _)| *n == t)?.1;
-    let op = OPS.iter().find(|(n, _)| *n == o)?.1;
+    // The library's own names (types.rs): one definition of the convention for both sides.
+    let dt = *DataType::ALL.iter().find(|d| d.kernel_token() == t)?;
+    let op = *RedOp::ALL.iter().find(|p| p.short_name() == o)?;
     Some(((dt as u32) << 8) | op as u32)
 }
 
@@ -115,13 +97,21 @@ mod tests {
 
     #[test]
     fn every_type_and_op_parses_to_the_library_values() {
-        for (tn, dt) in TYPES {
-            for (on, op) in OPS {
-                let v = parse(&format!("{tn}_{on}")).expect("parses");
-                assert_eq!(v >> 8, dt as u32);
-                assert_eq!(v & 0xff, op as u32);
+        for dt in DataType::ALL {
+            for op in RedOp::ALL {
+                let v = parse(&format!("{}_{}", dt.kernel_token(), op.short_name())).expect("parses");
+                assert_eq!((v >> 8, v & 0xff), (dt as u32, op as u32));
             }
         }
+        // A few names as docs/sim-gpu.md spells them (tests/kernels.rs checks them all).
+        for (name, dt, op) in [
+            ("bf16_avg", DataType::Bfloat16, RedOp::Avg),
+            ("f8e4m3_max", DataType::Float8e4m3, RedOp::Max),
+            ("u64_prod", DataType::Uint64, RedOp::Prod),
+        ] {
+            assert_eq!(parse(name), Some(((dt as u32) << 8) | op as u32), "{name}");
+        }
         assert!(parse("f32").is_none() && parse("f32_").is_none() && parse("_sum").is_none());
+        assert!(parse("float_sum").is_none() && parse("f32_add").is_none());
     }
 }

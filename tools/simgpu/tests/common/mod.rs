@@ -15,7 +15,19 @@ pub fn ok(r: CUresult) {
     assert_eq!(r, OK, "expected CUDA_SUCCESS");
 }
 
+/// No test of the simulator takes more than a few seconds; one that waits on a stream
+/// forever is a bug, and cargo test has no time limit of its own, so the process ends.
+const WATCHDOG: std::time::Duration = std::time::Duration::from_secs(120);
+
 pub fn init() {
+    static WATCH: std::sync::Once = std::sync::Once::new();
+    WATCH.call_once(|| {
+        std::thread::spawn(|| {
+            std::thread::sleep(WATCHDOG);
+            eprintln!("simgpu tests: still running after {WATCHDOG:?}: a stream wait never ended; aborting");
+            std::process::abort();
+        });
+    });
     // SAFETY: no arguments to get wrong.
     ok(unsafe { cuInit(0) });
 }
