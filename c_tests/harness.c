@@ -1067,3 +1067,23 @@ size_t fccl_bytes_check_at(const void* buf, size_t n, unsigned char v, const cha
                  what, bad, n, first, p[first], v);
   return bad;
 }
+
+/* ================================================================== shapes */
+
+size_t fccl_shape_prod(const size_t* shape, int lo, int hi) {
+  size_t p = 1;
+  int k;
+  for (k = lo; k < hi; k++) p *= shape[k];
+  return p;
+}
+
+void fccl_shape_str(char* out, size_t n, int ndims, const size_t* shape) {
+  size_t used = 0;
+  int k;
+  out[0] = 0;
+  for (k = 0; k < ndims && used < n; k++) {
+    int w = snprintf(out + used, n - used, "%s%zu", k ? "x" : "", shape[k]);
+    if (w < 0) break;
+    used += (size_t)w;
+  }
+}

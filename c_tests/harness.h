@@ -213,6 +213,13 @@ size_t fccl_ref_check_at(const fccl_ref* r, const void* got, size_t count, size_
 #define REF_CHECK(r, got, count, off, what) \
   fccl_ref_check_at((r), (got), (count), (off), __FILE__, __LINE__, (what))
 
+/* ------------------------------------------------------------------ shapes */
+
+/* Product of shape[lo..hi) (1 for an empty range). */
+size_t fccl_shape_prod(const size_t* shape, int lo, int hi);
+/* "2x3x4" into out (at most n bytes, NUL-terminated). */
+void fccl_shape_str(char* out, size_t n, int ndims, const size_t* shape);
+
 /* ------------------------------------------------------------------ buffers */
 
 #define FCCL_SLACK 64 /* sentinel bytes kept after every receive buffer */

@@ -994,32 +994,14 @@ static void t_reducescatterv(dctx* D, const fccl_pattern* pat, const fccl_ref* r
   case_end(D);
 }
 
-static size_t prod(const size_t* shape, int lo, int hi) {
-  size_t p = 1;
-  int k;
-  for (k = lo; k < hi; k++) p *= shape[k];
-  return p;
-}
-
-static void shape_str(char* out, size_t n, int ndims, const size_t* shape) {
-  size_t used = 0;
-  int k;
-  out[0] = 0;
-  for (k = 0; k < ndims && used < n; k++) {
-    int w = snprintf(out + used, n - used, "%s%zu", k ? "x" : "", shape[k]);
-    if (w < 0) break;
-    used += (size_t)w;
-  }
-}
-
 static void t_allgather_axis(dctx* D, const fccl_pattern* pat, int ndims, const size_t* shape,
                              int axis) {
-  size_t esz = pat->esz, nel = prod(shape, 0, ndims), outer = prod(shape, 0, axis);
-  size_t inner = prod(shape, axis + 1, ndims), S = shape[axis], n = (size_t)D->nranks, o;
+  size_t esz = pat->esz, nel = fccl_shape_prod(shape, 0, ndims), outer = fccl_shape_prod(shape, 0, axis);
+  size_t inner = fccl_shape_prod(shape, axis + 1, ndims), S = shape[axis], n = (size_t)D->nranks, o;
   region *s, *r;
   char sh[64];
   int ok, q, bad = 0;
-  shape_str(sh, sizeof sh, ndims, shape);
+  fccl_shape_str(sh, sizeof sh, ndims, shape);
   case_begin(D, ROTATE, "fcclAllGatherAxis %s shape=%s axis=%d", dtn(pat->dt), sh, axis);
   s = reg_new(D, "sendbuff", nel * esz, FCCL_SENT_GAP, esz);
   fccl_pattern_fill(pat, put(s), nel, fccl_rank_off(D->base, D->rank));
@@ -1043,13 +1025,13 @@ static void t_allgather_axis(dctx* D, const fccl_pattern* pat, int ndims, const 
 
 static void t_reducescatter_axis(dctx* D, const fccl_pattern* pat, const fccl_ref* ref, int ndims,
                                  const size_t* shape, int axis) {
-  size_t esz = pat->esz, nel = prod(shape, 0, ndims), outer = prod(shape, 0, axis);
-  size_t inner = prod(shape, axis + 1, ndims), S = shape[axis], blk = S / (size_t)D->nranks, o;
+  size_t esz = pat->esz, nel = fccl_shape_prod(shape, 0, ndims), outer = fccl_shape_prod(shape, 0, axis);
+  size_t inner = fccl_shape_prod(shape, axis + 1, ndims), S = shape[axis], blk = S / (size_t)D->nranks, o;
   region *s, *r;
   char sh[64];
   int ok, bad = 0;
   if (!part_on("fcclReduceScatterAxis")) return; /* FCCL_TEST_DEVICE_SKIP */
-  shape_str(sh, sizeof sh, ndims, shape);
+  fccl_shape_str(sh, sizeof sh, ndims, shape);
   case_begin(D, ROTATE, "fcclReduceScatterAxis %s %s shape=%s axis=%d", dtn(pat->dt),
              opn(ref->op), sh, axis);
   s = reg_new(D, "sendbuff", nel * esz, FCCL_SENT_GAP, esz);

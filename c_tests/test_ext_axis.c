@@ -15,24 +15,6 @@
 
 #define MAXD 4
 
-static size_t prod(const size_t* shape, int lo, int hi) {
-  size_t p = 1;
-  int k;
-  for (k = lo; k < hi; k++) p *= shape[k];
-  return p;
-}
-
-static void shape_str(char* out, size_t n, int ndims, const size_t* shape) {
-  size_t used = 0;
-  int k;
-  out[0] = 0;
-  for (k = 0; k < ndims && used < n; k++) {
-    int w = snprintf(out + used, n - used, "%s%zu", k ? "x" : "", shape[k]);
-    if (w < 0) break;
-    used += (size_t)w;
-  }
-}
-
 /* Multi-index of flat element f of a tensor of the given shape, as "(i,j,k)". */
 static void index_str(char* out, size_t n, int ndims, const size_t* shape, size_t f) {
   size_t idx[MAXD], used = 0;
@@ -54,7 +36,7 @@ static void index_str(char* out, size_t n, int ndims, const size_t* shape, size_
  * their index in a tensor of shape oshape. */
 static void compare_tensor(const char* what, fcclDataType_t dt, const unsigned char* got,
                            const unsigned char* want, int ndims, const size_t* oshape) {
-  size_t n = prod(oshape, 0, ndims), esz = fccl_dt_size(dt), i, bad = 0;
+  size_t n = fccl_shape_prod(oshape, 0, ndims), esz = fccl_dt_size(dt), i, bad = 0;
   char g[96], e[96], ix[96];
   if (memcmp(got, want, n * esz) == 0) return;
   for (i = 0; i < n; i++) {
@@ -75,15 +57,15 @@ static void compare_tensor(const char* what, fcclDataType_t dt, const unsigned c
 
 static void gather_case(fcclComm_t comm, int rank, int nranks, const fccl_pattern* pat,
                         int ndims, const size_t* shape, int axis, size_t base) {
-  size_t esz = pat->esz, n = prod(shape, 0, ndims), outer = prod(shape, 0, axis);
-  size_t inner = prod(shape, axis + 1, ndims), S = shape[axis];
+  size_t esz = pat->esz, n = fccl_shape_prod(shape, 0, ndims), outer = fccl_shape_prod(shape, 0, axis);
+  size_t inner = fccl_shape_prod(shape, axis + 1, ndims), S = shape[axis];
   size_t oshape[MAXD], on = n * (size_t)nranks, obytes = on * esz, o, a;
   unsigned char *send, *recv, *want, *in_r;
   char what[256], w2[512], sh[64];
   int r, k;
   for (k = 0; k < ndims; k++) oshape[k] = shape[k];
   oshape[axis] = S * (size_t)nranks;
-  shape_str(sh, sizeof sh, ndims, shape);
+  fccl_shape_str(sh, sizeof sh, ndims, shape);
   snprintf(what, sizeof what, "fcclAllGatherAxis %s shape=%s ndims=%d axis=%d",
            fccl_dt_name(pat->dt), sh, ndims, axis);
   fccl_phase("%s", what);
@@ -168,12 +150,12 @@ static void abi_example(fcclComm_t comm, int rank, int nranks) {
 
 static void rs_case(fcclComm_t comm, int rank, int nranks, const fccl_pattern* pat,
                     const fccl_ref* ref, int ndims, const size_t* shape, int axis, size_t base) {
-  size_t esz = pat->esz, n = prod(shape, 0, ndims), outer = prod(shape, 0, axis);
-  size_t inner = prod(shape, axis + 1, ndims), S = shape[axis], blk = S / (size_t)nranks;
+  size_t esz = pat->esz, n = fccl_shape_prod(shape, 0, ndims), outer = fccl_shape_prod(shape, 0, axis);
+  size_t inner = fccl_shape_prod(shape, axis + 1, ndims), S = shape[axis], blk = S / (size_t)nranks;
   size_t on = n / (size_t)nranks, obytes = on * esz, o, b, bad = 0;
   unsigned char *send, *recv;
   char what[256], w2[512], sh[64];
-  shape_str(sh, sizeof sh, ndims, shape);
+  fccl_shape_str(sh, sizeof sh, ndims, shape);
   snprintf(what, sizeof what, "fcclReduceScatterAxis %s %s shape=%s ndims=%d axis=%d",
            fccl_dt_name(pat->dt), fccl_op_name(ref->op), sh, ndims, axis);
   fccl_phase("%s", what);
