@@ -32,6 +32,13 @@ for name in libcuda.so.1 libcuda.so libnvrtc.so libnvrtc.so.13 libnvrtc.so.12; d
   ln -sfn ../release/libferroccl_simgpu.so "$dir/$name"
 done
 
+# A real NCCL (a GPU machine's) would be picked where ranks have devices of their own, and
+# cannot run on the simulated driver: keep such runs on the built-in backend.
+if [ -z "${FERROCCL_BACKEND:-}" ] && { ldconfig -p 2>/dev/null | grep -q 'libnccl\.so\.2'; }; then
+  echo "$0: a real libnccl.so.2 is installed; FERROCCL_BACKEND=host under the simulator" >&2
+  export FERROCCL_BACKEND=host
+fi
+
 export LD_LIBRARY_PATH="$dir${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
 export FERROCCL_SIMGPU=1
 exec "$@"

@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # The whole test suite: formatting and lints, Rust unit and integration tests (the
-# header is regenerated and diffed there), the C contract suite under ctest at
-# several world sizes (plain and ASan/UBSan builds), and the Python ctypes tests.
+# header is regenerated and diffed there; the simulated GPU's own tests too), the C
+# contract suite under ctest at several world sizes (plain and ASan/UBSan builds),
+# the device suite and a GPU host's view of the host suite on the simulated GPU
+# (tools/simgpu, scripts/sim-gpu.sh), and the Python tests.
 # Installs what is missing (scripts/setup.sh). Usage: scripts/test.sh
 set -euo pipefail
 root="$(cd "$(dirname "$0")/.." && pwd)"
@@ -10,35 +12,57 @@ bash scripts/setup.sh
 export PATH="$root/.venv/bin:$PATH"
 jobs="${FERROCCL_TEST_JOBS:-$(nproc)}"
 step() { printf '\n==> %s\n' "$*"; }
+sim() { bash "$root/scripts/sim-gpu.sh" "$@"; }
 
 step "rustfmt"
-cargo fmt --check
+cargo fmt --all --check
 step "clippy"
-cargo clippy --release --all-targets --quiet -- -D warnings
-step "build"
-cargo build --release --quiet
-step "cargo test (unit, integration, header)"
-cargo test --release --quiet
+cargo clippy --workspace --release --all-targets --quiet -- -D warnings
+step "build (the library, and the simulated CUDA driver)"
+cargo build --workspace --release --quiet
+step "cargo test (unit, integration, header; the simulated GPU's own tests)"
+cargo test --workspace --release --quiet
 
 lib="$root/target/release"
-ctest_suite() {
+ctest_build() {
   local dir="$1"; shift
   cmake -S c_tests -B "$dir" -DCMAKE_BUILD_TYPE=Release -DFERROCCL_LIB_DIR="$lib" \
         -DFERROCCL_INCLUDE_DIR="$root/include" -DFERROCCL_RUN="$lib/ferroccl-run" "$@" >/dev/null
   cmake --build "$dir" -j "$jobs" >/dev/null
-  ctest --test-dir "$dir" -j "$jobs" --output-on-failure --timeout 300
 }
-step "C contract suite (ctest)"
-ctest_suite build/c_tests
+ctest_run() {
+  local dir="$1"; shift
+  ctest --test-dir "$dir" -j "$jobs" --output-on-failure --timeout 300 "$@"
+}
+asan_env=(ASAN_OPTIONS="${ASAN_OPTIONS:-detect_leaks=1}" UBSAN_OPTIONS="print_stacktrace=1:halt_on_error=1")
+
+step "C contract suite (ctest; the device tests skip: no driver here)"
+ctest_build build/c_tests
+ctest_run build/c_tests
 step "C contract suite under ASan/UBSan (ctest)"
-ASAN_OPTIONS="${ASAN_OPTIONS:-detect_leaks=1}" UBSAN_OPTIONS="print_stacktrace=1:halt_on_error=1" \
-  ctest_suite build/c_tests_asan -DFERROCCL_SANITIZE=ON
+ctest_build build/c_tests_asan -DFERROCCL_SANITIZE=ON
+env "${asan_env[@]}" ctest --test-dir build/c_tests_asan -j "$jobs" --output-on-failure --timeout 300
+
+step "device suite on the simulated GPU (ctest -L 'device|cuda')"
+sim ctest --test-dir build/c_tests -j "$jobs" --output-on-failure --timeout 300 -L 'device|cuda'
+step "device suite on the simulated GPU under ASan/UBSan"
+env "${asan_env[@]}" bash scripts/sim-gpu.sh \
+  ctest --test-dir build/c_tests_asan -j "$jobs" --output-on-failure --timeout 300 -L 'device|cuda'
+step "host suite on a simulated GPU host: programs that never start CUDA"
+sim ctest --test-dir build/c_tests -j "$jobs" --output-on-failure --timeout 300 -LE 'device|cuda'
+step "host suite on a simulated GPU host: programs that have made device 0 current"
+ctest_build build/c_tests_cuda_user -DFERROCCL_TEST_CUDA_USER=ON
+sim ctest --test-dir build/c_tests_cuda_user -j "$jobs" --output-on-failure --timeout 300 -LE 'device|cuda'
+step "ferroccl-bench --mem cuda --nranks 4 all on the simulated GPU (exit 0: no wrong results)"
+sim "$lib/ferroccl-bench" --mem cuda --nranks 4 all >build/bench-sim.txt
+grep -E '^# Out of bounds' build/bench-sim.txt  # simulated: bandwidths mean nothing
+
 step "symbol hygiene"
 bash tests/symbols.sh "$lib"
 step "bench/compare scripts (no installs, no timing)"
 bash bench/compare/smoke.sh
 step "install: CMake and pkg-config consumers of an installed copy"
 bash tests/install/run.sh
-step "Python: ctypes test and the ferroccl package (pytest)"
+step "Python: ctypes test and the ferroccl package (pytest; device tests on the simulated GPU)"
 FERROCCL_LIB="$lib/libferroccl.so" FERROCCL_RUN="$lib/ferroccl-run" \
-  python -m pytest -q -p no:cacheprovider tests/python python/tests
+  sim python -m pytest -q -p no:cacheprovider tests/python python/tests

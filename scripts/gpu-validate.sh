@@ -1,0 +1,286 @@
+#!/usr/bin/env bash
+# Every check that needs a real GPU, in one command, and a record of what it saw:
+#
+#   scripts/gpu-validate.sh [--out FILE] [--bin DIR] [--quick] [PHASE...]
+#
+# PHASE: suite (the whole C contract suite on the real driver: host tests, then the
+# same as programs that use CUDA, then the device tests), bench (ferroccl-bench
+# --mem cuda at 1, 2 and 4 ranks, every collective), startup (what the first call
+# of a host-memory program costs with and without a CUDA context), report (writes
+# the record). Default: all of them. Each phase leaves its raw output in
+# build/gpu-validation/; `report` turns whatever is there into FILE (default
+# docs/gpu-validation.md) with the date, GPU, driver, CUDA and NCCL versions, the
+# commands, pass counts and figures. Nothing is written that was not measured.
+#
+# GPU machines may have no Rust toolchain: build on a machine that has one
+# (`cargo build --release`), copy libferroccl.so, ferroccl-run and ferroccl-bench
+# into a folder that travels with the repo, and pass it with --bin (the script
+# copies them to target/release). cmake and a C compiler are needed here.
+set -euo pipefail
+root="$(cd "$(dirname "$0")/.." && pwd)"
+cd "$root"
+out_md="$root/docs/gpu-validation.md"
+bin=""
+quick=0
+phases=()
+while [ $# -gt 0 ]; do
+  case "$1" in
+    --out) out_md="$(realpath -m "$2")"; shift 2 ;;
+    --bin) bin="$2"; shift 2 ;;
+    --quick) quick=1; shift ;;
+    suite|bench|startup|report) phases+=("$1"); shift ;;
+    -h|--help) sed -n '2,22p' "$0"; exit 0 ;;
+    *) echo "gpu-validate: unknown argument $1 (see --help)" >&2; exit 2 ;;
+  esac
+done
+[ ${#phases[@]} -gt 0 ] || phases=(suite bench startup report)
+res="$root/build/gpu-validation"
+mkdir -p "$res"
+lib="$root/target/release"
+log() { printf '\n==> %s\n' "$*" >&2; }
+# Each phase records its commands in its own file, rewritten when it runs again.
+cmdlog() { printf '%s\n' "$*" >>"$res/commands-$phase.txt"; }
+
+if [ -n "${FERROCCL_SIMGPU:-}" ]; then
+  echo "gpu-validate: running on the simulated GPU (scripts/sim-gpu.sh); the record says so" >&2
+fi
+
+# ---------------------------------------------------------------- binaries
+if [ -n "$bin" ]; then
+  mkdir -p "$lib"
+  for f in libferroccl.so ferroccl-run ferroccl-bench; do cp -f "$bin/$f" "$lib/$f"; done
+elif command -v cargo >/dev/null; then
+  cargo build --release --quiet
+fi
+for f in libferroccl.so ferroccl-run ferroccl-bench; do
+  [ -x "$lib/$f" ] || [ -f "$lib/$f" ] || { echo "gpu-validate: $lib/$f missing (build with cargo, or pass --bin)" >&2; exit 1; }
+done
+cmake_bin="$(command -v cmake || true)"
+[ -n "$cmake_bin" ] || { [ -x "$root/.venv/bin/cmake" ] && cmake_bin="$root/.venv/bin/cmake"; }
+[ -n "$cmake_bin" ] || { echo "gpu-validate: cmake is needed" >&2; exit 1; }
+ctest_bin="$(dirname "$cmake_bin")/ctest"
+jobs="$(nproc)"
+
+# ---------------------------------------------------------------- facts of the machine
+facts() {
+  {
+    echo "date: $(date -u '+%Y-%m-%d %H:%M UTC')"
+    echo "host: $(hostname)"
+    echo "commit: $(git rev-parse --short HEAD 2>/dev/null || echo unknown)$(git diff --quiet 2>/dev/null || echo ' (with uncommitted changes)')"
+    if command -v nvidia-smi >/dev/null; then
+      nvidia-smi --query-gpu=index,name,memory.total,driver_version,pci.bus_id --format=csv,noheader | sed 's/^/gpu: /'
+      echo "mps: $(pgrep -x nvidia-cuda-mps-control >/dev/null && echo running || echo 'not running')"
+    else
+      echo "gpu: none seen by nvidia-smi"
+    fi
+    cc -x c - -o "$res/versions" -ldl <<'EOF' && "$res/versions" || echo "versions: could not be read"
+#include <dlfcn.h>
+#include <stdio.h>
+int main(void) {
+  int v = 0;
+  void* cu = dlopen("libcuda.so.1", RTLD_NOW);
+  void* nc = dlopen("libnccl.so.2", RTLD_NOW);
+  int (*dv)(int*) = cu ? (int (*)(int*))dlsym(cu, "cuDriverGetVersion") : 0;
+  int (*nv)(int*) = nc ? (int (*)(int*))dlsym(nc, "ncclGetVersion") : 0;
+  if (dv && dv(&v) == 0) printf("cuda driver api: %d.%d\n", v / 1000, v % 1000 / 10);
+  else printf("cuda driver api: not loadable\n");
+  if (nv && nv(&v) == 0) printf("nccl: %d.%d.%d\n", v / 10000, v / 100 % 100, v % 100);
+  else printf("nccl: not loadable\n");
+  return 0;
+}
+EOF
+    if command -v nvcc >/dev/null; then echo "nvcc: $(nvcc --version | tail -1)"; fi
+    echo "cpus: $(nproc)"
+    [ -n "${FERROCCL_SIMGPU:-}" ] && echo "simulated: yes (scripts/sim-gpu.sh; not a GPU)"
+    true
+  } >"$res/facts.txt"
+}
+
+# ---------------------------------------------------------------- phases
+run_suite() {
+  local cfg=(-DCMAKE_BUILD_TYPE=Release -DFERROCCL_LIB_DIR="$lib" -DFERROCCL_INCLUDE_DIR="$root/include"
+             -DFERROCCL_RUN="$lib/ferroccl-run")
+  log "C contract suite, every test (host memory, then device memory) on this machine's driver"
+  "$cmake_bin" -S c_tests -B build/gpu-suite "${cfg[@]}" >/dev/null
+  "$cmake_bin" --build build/gpu-suite -j "$jobs" >/dev/null
+  cmdlog "ctest --test-dir build/gpu-suite -j $jobs --timeout 300"
+  "$ctest_bin" --test-dir build/gpu-suite -j "$jobs" --timeout 300 --output-on-failure >"$res/suite.txt" 2>&1 || true
+  log "C contract suite as programs that use CUDA (host memory; device 0 current before main)"
+  "$cmake_bin" -S c_tests -B build/gpu-suite-cuda-user "${cfg[@]}" -DFERROCCL_TEST_CUDA_USER=ON >/dev/null
+  "$cmake_bin" --build build/gpu-suite-cuda-user -j "$jobs" >/dev/null
+  cmdlog "ctest --test-dir build/gpu-suite-cuda-user -LE 'device|cuda' -j $jobs  (cmake -DFERROCCL_TEST_CUDA_USER=ON)"
+  "$ctest_bin" --test-dir build/gpu-suite-cuda-user -LE 'device|cuda' -j "$jobs" --timeout 300 --output-on-failure \
+    >"$res/suite-cuda-user.txt" 2>&1 || true
+  tail -n 3 "$res/suite.txt" "$res/suite-cuda-user.txt" >&2
+}
+
+run_bench() {
+  local sizes=(-b 16 -e 64M -f 4) colls=(all)
+  [ "$quick" = 1 ] && sizes=(-b 16 -e 1M -f 4)
+  for n in 1 2 4; do
+    log "ferroccl-bench --mem cuda, $n rank(s)"
+    local cmd=("$lib/ferroccl-bench" --nranks "$n" --mem cuda "${sizes[@]}" -c 1 -J "$res/bench-np$n.json" "${colls[@]}")
+    cmdlog "FERROCCL_DEBUG=INFO ${cmd[*]#$root/}"
+    FERROCCL_DEBUG=INFO "${cmd[@]}" >"$res/bench-np$n.txt" 2>"$res/bench-np$n.log" || echo "exit $?" >>"$res/bench-np$n.txt"
+    grep -v '^#' "$res/bench-np$n.txt" | tail -4 >&2 || true
+  done
+}
+
+# Wall time of a one-rank program that makes one 8-byte all_reduce of host memory:
+# as a host-only program (the library must not start CUDA) and as a program that
+# has already created a CUDA context (what starting CUDA costs).
+run_startup() {
+  log "first call of a host-memory program, with and without CUDA started"
+  cc -O2 -I include -x c - -o "$res/first_call" -L "$lib" -lferroccl -ldl -Wl,-rpath,"$lib" <<'EOF'
+#define _GNU_SOURCE
+#include <dlfcn.h>
+#include <ferroccl.h>
+#include <stdio.h>
+int main(void) {
+  fcclUniqueId id;
+  fcclComm_t c;
+  float x = 1, y = 0;
+  if (fcclGetUniqueId(&id) || fcclCommInitRank(&c, 1, id, 0)) return 1;
+  if (fcclAllReduce(&x, &y, 1, fcclFloat32, fcclSum, c, NULL) || y != 1) return 1;
+  if (fcclCommDestroy(c) != 0) return 1;
+  /* Whether anything in the process (the library, for a host-only program) loaded the driver. */
+  printf("libcuda_mapped %d\n", dlopen("libcuda.so.1", RTLD_NOLOAD | RTLD_LAZY) != NULL);
+  return 0;
+}
+EOF
+  cc -O2 -shared -fPIC c_tests/cuda_user.c -o "$res/cuda_user.so" -ldl
+  cmdlog "first_call (init, one 8-byte all_reduce, destroy) x5, then LD_PRELOAD=cuda_user.so first_call x5"
+  : >"$res/startup.txt"
+  for mode in host cuda_user; do
+    for i in 1 2 3 4 5; do
+      local t0 t1 said
+      t0=$(date +%s%N)
+      if [ "$mode" = host ]; then said=$("$res/first_call"); else said=$(LD_PRELOAD="$res/cuda_user.so" "$res/first_call"); fi
+      t1=$(date +%s%N)
+      echo "$mode $(( (t1 - t0) / 1000 )) ${said#libcuda_mapped }" >>"$res/startup.txt"
+    done
+  done
+}
+
+report() {
+  log "report -> ${out_md#$root/}"
+  python3 - "$res" "$out_md" <<'EOF'
+import json, os, re, sys
+res, out = sys.argv[1], sys.argv[2]
+def read(name):
+    p = os.path.join(res, name)
+    return open(p).read() if os.path.exists(p) else None
+lines = []
+facts = read("facts.txt") or ""
+sim = "simulated: yes" in facts
+lines.append("# GPU validation" + (" (SIMULATED GPU: not a real device)" if sim else ""))
+lines.append("")
+lines.append("Written by `scripts/gpu-validate.sh` from what it ran on this machine; nothing here was")
+lines.append("edited by hand. Raw outputs were in `build/gpu-validation/`.")
+lines.append("")
+lines.append("## Machine")
+lines += ["- " + l for l in facts.strip().splitlines()]
+lines.append("")
+suite = read("suite.txt")
+def ctest_summary(txt):
+    # "100% tests passed out of N" or "92% tests passed, 19 tests failed out of N"
+    m = re.search(r"\d+% tests passed(?:, (\d+) tests failed)? out of (\d+)", txt or "")
+    skipped = len(re.findall(r"\(Skipped\)|\*\*\*Skipped", txt or ""))
+    failed = re.findall(r"^\s*\d+ - (\S+) \((Failed|Timeout|SEGFAULT|Subprocess aborted|Child aborted)\)", txt or "", re.M)
+    return m, skipped, failed
+if suite is not None or read("suite-cuda-user.txt") is not None:
+    lines.append("## C contract suite on this driver")
+    for name, title in (("suite.txt", "every test (host memory, then device memory)"),
+                        ("suite-cuda-user.txt", "host tests as programs that use CUDA")):
+        txt = read(name)
+        if txt is None:
+            continue
+        m, skipped, failed = ctest_summary(txt)
+        if m:
+            total, nfail = int(m.group(2)), int(m.group(1) or 0)
+            lines.append(f"- {title}: {total - nfail} of {total} passed, {nfail} failed, {skipped} skipped")
+        else:
+            lines.append(f"- {title}: no ctest summary (see the raw output)")
+        for t, why in failed:
+            lines.append(f"  - {t}: {why}")
+    lines.append("")
+benches = [(n, read(f"bench-np{n}.json")) for n in (1, 2, 4)]
+if any(b for _, b in benches):
+    lines.append("## ferroccl-bench --mem cuda")
+    lines.append("")
+    lines.append("| ranks | collective | time, smallest size (us) | busbw at 1 MiB (GB/s) | largest size | busbw there (GB/s) | #wrong |")
+    lines.append("|---|---|---|---|---|---|---|")
+    for n, b in benches:
+        if not b:
+            txt = read(f"bench-np{n}.txt") or ""
+            lines.append(f"| {n} | (no results: {txt.strip().splitlines()[-1] if txt.strip() else 'did not run'}) | | | | | |")
+            continue
+        j = json.loads(b)
+        by = {}
+        for r in j["results"]:
+            if r["placement"] != "out":
+                continue
+            by.setdefault(r["collective"], []).append(r)
+        for coll, rs in by.items():
+            rs.sort(key=lambda r: r["size_bytes"])
+            small = next((r for r in rs if r["count"] > 0), rs[0])  # 8 B may be 0 elements per rank
+            mib = next((r for r in rs if r["size_bytes"] >= 1 << 20), None)
+            big = rs[-1]
+            wrong = sum(r["wrong"] or 0 for r in j["results"] if r["collective"] == coll)
+            lines.append(f"| {n} | {coll} | {small['time_us']:.1f} | {mib['busbw_GBps']:.2f} | "
+                         f"{big['size_bytes']} | {big['busbw_GBps']:.2f} | {wrong} |" if mib else
+                         f"| {n} | {coll} | {small['time_us']:.1f} | - | {big['size_bytes']} | {big['busbw_GBps']:.2f} | {wrong} |")
+        devs = sorted({r.get("device", -1) for r in j["ranks"]})
+        served = {}
+        for l in (read(f"bench-np{n}.log") or "").splitlines():
+            m = re.search(r" backend (.+?) [0-9.]+ us$", l)
+            if m:
+                served[m.group(1)] = served.get(m.group(1), 0) + 1
+        if served:
+            lines.append("")
+            lines.append(f"{n} rank(s), calls by backend (FERROCCL_DEBUG=INFO): " +
+                         ", ".join(f"{k}: {v}" for k, v in sorted(served.items())))
+        lines.append(f"")
+        lines.append(f"{n} rank(s): devices {devs}; out of bounds (sizes with wrong results): {j['out_of_bounds']}; "
+                     f"{j['duration_s']:.0f} s")
+        lines.append("")
+startup = read("startup.txt")
+if startup:
+    t = {}
+    mapped = {}
+    for l in startup.splitlines():
+        mode, us, m = l.split()
+        t.setdefault(mode, []).append(int(us))
+        mapped.setdefault(mode, set()).add(m)
+    med = lambda v: sorted(v)[len(v) // 2]
+    said = lambda mode: {"0": "not mapped", "1": "mapped"}.get("".join(sorted(mapped[mode])), "mapped in some runs")
+    lines.append("## First call of a host-memory program")
+    lines.append("")
+    lines.append("Wall time of a one-rank program (init, one 8-byte all_reduce, destroy), median of 5:")
+    if "host" in t:
+        lines.append(f"- host-only program: {med(t['host']) / 1000:.1f} ms (libcuda {said('host')} at exit)")
+    if "cuda_user" in t:
+        lines.append(f"- the same program with a CUDA context made before main: {med(t['cuda_user']) / 1000:.1f} ms "
+                     f"(libcuda {said('cuda_user')})")
+    lines.append("")
+lines.append("## Commands")
+lines.append("")
+lines.append("```")
+for ph in ("suite", "bench", "startup"):
+    lines += [l for l in (read(f"commands-{ph}.txt") or "").splitlines() if l.strip()]
+lines.append("```")
+open(out, "w").write("\n".join(lines) + "\n")
+print(f"wrote {out}")
+EOF
+}
+
+facts
+for phase in "${phases[@]}"; do
+  rm -f "$res/commands-$phase.txt"
+  case "$phase" in
+    suite) run_suite ;;
+    bench) run_bench ;;
+    startup) run_startup ;;
+    report) report ;;
+  esac
+done
