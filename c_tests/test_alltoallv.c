@@ -1,13 +1,18 @@
 /* fcclAlltoAllv: every type with uneven counts (zeros included) and displacements with
  * gaps, blocks laid out forwards or backwards; scaled counts (~1000003 elements per rank)
- * and a >= 4 MiB case; gaps and bytes past the end stay untouched.  Then mismatched
+ * and a >= 4 MiB case; gaps and bytes past the end stay untouched.  Ranks with no traffic
+ * at all (rank 0 idle while the others exchange > 64 KiB; only rank 1 busy, with itself)
+ * must return with the others, not wait or make them wait.  Then mismatched
  * counts: rank 0 sends 1111 elements to rank 1, which expects 2222: both get
  * fcclCollectiveMismatch with a message naming both counts, and the comm still works. */
 #include "harness.h"
 
 #define BLOCK_STRIDE ((size_t)104729) /* rotation between the blocks of one sender */
 
-enum { LAYOUT_SMALL, LAYOUT_SCALED, LAYOUT_4MIB };
+enum { LAYOUT_SMALL, LAYOUT_SCALED, LAYOUT_4MIB, LAYOUT_IDLE0, LAYOUT_SELF1 };
+
+/* Above 64 KiB per exchange, where the counts no longer travel with the data. */
+#define IDLE_PAIR_COUNT ((size_t)16383 + 2)
 
 /* elements rank s sends to rank d */
 static size_t pair_count(int layout, int s, int d, int nranks, int salt) {
@@ -15,6 +20,11 @@ static size_t pair_count(int layout, int s, int d, int nranks, int salt) {
   switch (layout) {
     case LAYOUT_SMALL: return base;
     case LAYOUT_SCALED: return base * ((FCCL_BIG_COUNT / (2 * (size_t)nranks)) | 1u);
+    /* rank 0 takes part with all-zero counts while the others exchange (mixture-of-experts
+     * routing with an idle expert): it must still return, and the others must not wait */
+    case LAYOUT_IDLE0: return (s == 0 || d == 0) ? 0 : IDLE_PAIR_COUNT + (size_t)(s + d);
+    /* only rank 1 has traffic, with itself */
+    case LAYOUT_SELF1: return (s == 1 && d == 1) ? IDLE_PAIR_COUNT : 0;
     default: /* every rank sends >= 4 MiB of float32 in all, and nothing to its successor */
       if (nranks > 1 && d == (s + 1) % nranks) return 0;
       return (((size_t)1 << 20) + (size_t)(nranks > 1 ? nranks - 2 : 0)) /
@@ -74,8 +84,12 @@ static void run_case(fcclComm_t comm, int rank, int nranks, const fccl_pattern* 
   sbytes = p.slen * esz;
   rbytes = p.rlen * esz;
   snprintf(what, sizeof what, "alltoallv %s layout=%s salt=%d %s", fccl_dt_name(pat->dt),
-           layout == LAYOUT_SMALL ? "small" : layout == LAYOUT_SCALED ? "scaled" : "4MiB", salt,
-           reverse ? "reversed" : "forward");
+           layout == LAYOUT_SMALL    ? "small"
+           : layout == LAYOUT_SCALED ? "scaled"
+           : layout == LAYOUT_4MIB   ? "4MiB"
+           : layout == LAYOUT_IDLE0  ? "rank 0 idle"
+                                     : "only rank 1, to itself",
+           salt, reverse ? "reversed" : "forward");
   fccl_phase("%s", what);
   send = (unsigned char*)fccl_xmalloc(sbytes + FCCL_SLACK);
   recv = (unsigned char*)fccl_xmalloc(rbytes + FCCL_SLACK);
@@ -165,6 +179,10 @@ static int body(fcclComm_t comm, int rank, int nranks) {
   }
   fccl_pattern_init(&pat, fcclFloat32, FCCL_SCHEME_FULL);
   run_case(comm, rank, nranks, &pat, LAYOUT_4MIB, 0, 1, base += 811);
+  /* ranks without traffic: every rank returns, none waits for them */
+  run_case(comm, rank, nranks, &pat, LAYOUT_IDLE0, 0, 0, base += 811);
+  run_case(comm, rank, nranks, &pat, LAYOUT_SELF1, 0, 1, base += 811);
+  allreduce_works(comm, rank, nranks, "after all_to_allv with idle ranks");
   if (nranks >= 2) {
     mismatch_case(comm, rank, nranks);
     fccl_phase("alltoallv after the mismatch");

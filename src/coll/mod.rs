@@ -190,16 +190,13 @@ impl Coll {
         }
     }
 
-    /// True when the call moves no data (count 0), so it completes at once.
+    /// True when the call moves no data on any rank, so it completes at once. Calls
+    /// with per-rank counts never are: counts that are all zero here say nothing of the
+    /// others' (a rank idle in an all_to_allv while its peers exchange), and every rank
+    /// must take part in agreeing on them.
     pub fn is_noop(&self) -> bool {
         match self.kind {
-            CollKind::Barrier => false,
-            // Per-rank counts: a rank with nothing to send may still receive, and the
-            // counts must be agreed on, so only all-zero calls are no-ops.
-            CollKind::AlltoAllv | CollKind::AllGatherV => {
-                self.v.as_ref().is_some_and(|v| v.sendcounts().iter().chain(v.recvcounts()).all(|&c| c == 0))
-            }
-            CollKind::ReduceScatterV => self.v.as_ref().is_some_and(|v| v.recvcounts().iter().all(|&c| c == 0)),
+            CollKind::Barrier | CollKind::AlltoAllv | CollKind::AllGatherV | CollKind::ReduceScatterV => false,
             _ => self.count == 0,
         }
     }
