@@ -573,6 +573,51 @@ static void part_thread_local(void) {
         "thread C made no failing call but its last error is \"%s\"", jobs[2].after);
 }
 
+/* Buffers that overlap other than in the exact in-place layout are refused with
+ * fcclInvalidArgument before anything is written; the exact in-place layouts work. */
+static void overlap_refused(fcclResult_t res, const unsigned char* buf, const unsigned char* copy,
+                            size_t bytes, const char* what) {
+  if (CHECK_ERR(res, fcclInvalidArgument, what)) {
+    const char* m = fcclGetLastError(NULL);
+    CHECK(m && strstr(m, "overlap"), "%s: the message should say the buffers overlap: \"%s\"", what,
+          m ? m : "(NULL)");
+  }
+  CHECK(memcmp(buf, copy, bytes) == 0, "%s: a refused call wrote into its buffers", what);
+}
+
+static void part_overlap(fcclComm_t comm, int rank, int nranks) {
+  const size_t count = 16, n = (size_t)nranks;
+  size_t bytes = (count * n + 16) * sizeof(float), i;
+  unsigned char* buf = (unsigned char*)fccl_xmalloc(bytes);
+  unsigned char* copy = (unsigned char*)fccl_xmalloc(bytes);
+  float* f = (float*)buf;
+  int off[4] = {1, -1, 7, -7}, k;
+  fccl_phase("partially overlapping buffers");
+  for (i = 0; i < bytes / sizeof(float); i++) f[i] = (float)(i % 97);
+  memcpy(copy, buf, bytes);
+  for (k = 0; k < 4; k++) {
+    float* s = f + 8;
+    overlap_refused(fcclAllReduce(s, s + off[k], count, fcclFloat32, fcclSum, comm, NULL), buf, copy, bytes,
+                    "fcclAllReduce");
+  }
+  /* all_gather: sendbuff 3 elements off its in-place position recvbuff + rank*count */
+  overlap_refused(fcclAllGather(f + (size_t)rank * count + 3, f, count, fcclFloat32, comm, NULL), buf, copy,
+                  bytes, "fcclAllGather");
+  /* reduce_scatter: recvbuff one element before sendbuff + rank*count */
+  if (rank > 0 || nranks == 1)
+    overlap_refused(fcclReduceScatter(f + 1, f + 1 + (size_t)rank * count + (rank > 0 ? -1 : 1), count,
+                                      fcclFloat32, fcclSum, comm, NULL),
+                    buf, copy, bytes, "fcclReduceScatter");
+  else
+    overlap_refused(fcclReduceScatter(f + 1, f + 2, count, fcclFloat32, fcclSum, comm, NULL), buf, copy, bytes,
+                    "fcclReduceScatter");
+  /* the exact in-place layouts still work */
+  CHECK_OK(fcclAllReduce(f, f, count, fcclFloat32, fcclMax, comm, NULL));
+  CHECK_OK(fcclAllGather(f + (size_t)rank * count, f, count, fcclFloat32, comm, NULL));
+  free(buf);
+  free(copy);
+}
+
 /* ------------------------------------------------------------------ */
 
 static void still_works(fcclComm_t comm, int rank, int nranks) {
@@ -616,6 +661,7 @@ static int body(fcclComm_t comm, int rank, int nranks) {
   part_comm_args(comm, rank, nranks);
   part_stale(comm, &b);
   part_collectives(comm, rank, nranks, &b);
+  part_overlap(comm, rank, nranks);
   part_thread_local();
   still_works(comm, rank, nranks);
   free(b.send);

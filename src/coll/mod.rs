@@ -244,7 +244,7 @@ impl Coll {
             )));
         }
         match k {
-            CollKind::AlltoAllv | CollKind::AllGatherV => return self.validate_v(nranks),
+            CollKind::AlltoAllv | CollKind::AllGatherV => return self.validate_v(rank, nranks),
             CollKind::ReduceScatterV => return self.validate_rsv(rank, nranks),
             _ => {}
         }
@@ -252,7 +252,51 @@ impl Coll {
         let sb = self.bytes(send_elems, "count")?;
         let rb = self.bytes(recv_elems, "count")?;
         check_buf(self.send, sb, "sendbuff", self.count)?;
-        check_buf(self.recv, rb, "recvbuff", self.count)
+        check_buf(self.recv, rb, "recvbuff", self.count)?;
+        self.check_overlap(rank, sb, rb)
+    }
+
+    /// Refuses send and receive ranges that overlap other than in the call's exact
+    /// in-place layout: the algorithms write results while inputs are still read, so
+    /// a partial overlap gives wrong results silently.
+    fn check_overlap(&self, rank: usize, sb: usize, rb: usize) -> Result<()> {
+        let (s, r) = (self.send as usize, self.recv as usize);
+        if sb == 0 || rb == 0 || s >= r + rb || r >= s + sb {
+            return Ok(());
+        }
+        let es = self.dtype.size();
+        let v_off = |d: Option<&[usize]>| d.and_then(|d| d.get(rank)).map_or(0, |&d| d * es);
+        // Where sendbuff sits in place, relative to recvbuff, and how ABI.md says it.
+        let (at, layout): (Option<isize>, &str) = match self.kind {
+            CollKind::AllReduce | CollKind::Broadcast | CollKind::Reduce | CollKind::AlltoAll | CollKind::AlltoAllv => {
+                (Some(0), "sendbuff == recvbuff")
+            }
+            CollKind::AllGather | CollKind::Gather if self.strided.is_none() => {
+                (Some((rank * self.count * es) as isize), "sendbuff == recvbuff + rank*count")
+            }
+            CollKind::AllGather | CollKind::Gather => (None, "none along an axis > 0"),
+            CollKind::AllGatherV => (
+                Some(v_off(self.v.as_ref().map(|v| v.rdispls())) as isize),
+                "sendbuff == recvbuff + rdispls[rank]",
+            ),
+            CollKind::ReduceScatter | CollKind::Scatter => {
+                (Some(-((rank * self.count * es) as isize)), "recvbuff == sendbuff + rank*count")
+            }
+            CollKind::ReduceScatterV => (
+                Some(-(v_off(self.v.as_ref().map(|v| v.sdispls())) as isize)),
+                "recvbuff == sendbuff + sdispls[rank]",
+            ),
+            CollKind::Send | CollKind::Recv | CollKind::Barrier => (None, "none"),
+        };
+        if at == Some(s.wrapping_sub(r) as isize) {
+            return Ok(());
+        }
+        Err(Error::invalid_arg(format!(
+            "sendbuff {:p} ({sb} bytes) and recvbuff {:p} ({rb} bytes) overlap, but not in {}'s in-place layout ({layout}); results would be wrong: pass separate buffers or the exact in-place pointers",
+            self.send,
+            self.recv,
+            self.kind.c_name()
+        )))
     }
 
     /// Elements of `send` and `recv` this rank's call reads or writes, counted from
@@ -332,11 +376,14 @@ impl Coll {
                 extent = extent.max(end);
             }
         }
+        let sb = self.bytes(extent, "send extent")?;
         if extent > 0 {
-            check_buf(self.send, self.bytes(extent, "send extent")?, "sendbuff", extent)?;
+            check_buf(self.send, sb, "sendbuff", extent)?;
         }
         let mine = v.recvcounts()[rank];
-        check_buf(self.recv, self.bytes(mine, "recvcounts[rank]")?, "recvbuff", mine)
+        let rb = self.bytes(mine, "recvcounts[rank]")?;
+        check_buf(self.recv, rb, "recvbuff", mine)?;
+        self.check_overlap(rank, sb, rb)
     }
 
     #[inline]
@@ -344,7 +391,7 @@ impl Coll {
         a.checked_mul(b).ok_or_else(|| Error::invalid_arg(format!("{what} = {a} * {b} overflows size_t")))
     }
 
-    fn validate_v(&self, nranks: usize) -> Result<()> {
+    fn validate_v(&self, rank: usize, nranks: usize) -> Result<()> {
         let v = self.v.as_ref().ok_or_else(|| Error::internal("all_to_allv without counts"))?;
         let (sc, sd, rc, rd) = (v.sendcounts(), v.sdispls(), v.recvcounts(), v.rdispls());
         for (name, arr) in [("sendcounts", sc), ("sdispls", sd), ("recvcounts", rc), ("rdispls", rd)] {
@@ -376,13 +423,14 @@ impl Coll {
         if !ordered {
             overlapping_receives(rc, rd)?;
         }
+        let (sb, rb) = (self.bytes(send_extent, "send extent")?, self.bytes(recv_extent, "receive extent")?);
         if send_extent > 0 {
-            check_buf(self.send, self.bytes(send_extent, "send extent")?, "sendbuff", send_extent)?;
+            check_buf(self.send, sb, "sendbuff", send_extent)?;
         }
         if recv_extent > 0 {
-            check_buf(self.recv, self.bytes(recv_extent, "receive extent")?, "recvbuff", recv_extent)?;
+            check_buf(self.recv, rb, "recvbuff", recv_extent)?;
         }
-        Ok(())
+        self.check_overlap(rank, sb, rb)
     }
 }
 
@@ -499,6 +547,54 @@ mod tests {
         // Sizes that overflow are errors, not wrapped extents.
         let x = c(CollKind::AlltoAll, usize::MAX / 2);
         assert!(x.extents(0, 3).is_err());
+    }
+
+    #[test]
+    fn partial_overlaps_are_refused_and_exact_in_place_kept() {
+        let mut buf = vec![0f32; 256];
+        let base = buf.as_mut_ptr() as *mut u8;
+        let at = |elems: usize| base.wrapping_add(elems * 4);
+        let call = |kind: CollKind, send: usize, recv: usize, count: usize| {
+            let mut x = Coll::new(kind, at(send), at(recv), count, DataType::Float32);
+            x.root = 1;
+            x
+        };
+        let refused = |x: Coll, rank: usize| {
+            let e = x.validate(rank, 4).expect_err("a partial overlap is refused");
+            assert_eq!(e.code, Code::InvalidArgument);
+            assert!(e.msg.contains("overlap") && e.msg.contains("in-place layout"), "{}", e.msg);
+        };
+        // all_reduce: recvbuff = sendbuff +- 1 or 7 elements (the hostile test's cases).
+        for off in [1usize, 7] {
+            refused(call(CollKind::AllReduce, 16, 16 + off, 10), 0);
+            refused(call(CollKind::AllReduce, 16 + off, 16, 10), 0);
+        }
+        assert!(call(CollKind::AllReduce, 16, 16, 10).validate(0, 4).is_ok());
+        assert!(call(CollKind::AllReduce, 16, 26, 10).validate(0, 4).is_ok(), "adjacent, not overlapping");
+        // all_gather: sendbuff 3 elements off its in-place position.
+        assert!(call(CollKind::AllGather, 10 * 2, 0, 10).validate(2, 4).is_ok());
+        refused(call(CollKind::AllGather, 10 * 2 + 3, 0, 10), 2);
+        refused(call(CollKind::AllGather, 10 * 2, 0, 10), 1);
+        // reduce_scatter: recvbuff = sendbuff + rank*count, and off by one.
+        assert!(call(CollKind::ReduceScatter, 0, 10 * 3, 10).validate(3, 4).is_ok());
+        refused(call(CollKind::ReduceScatter, 0, 10 * 3 - 1, 10), 3);
+        // Rooted calls: only the root uses both buffers.
+        assert!(call(CollKind::Broadcast, 0, 5, 10).validate(0, 4).is_ok(), "sendbuff unused off the root");
+        refused(call(CollKind::Broadcast, 0, 5, 10), 1);
+        assert!(call(CollKind::Gather, 10, 0, 10).validate(1, 4).is_ok());
+        assert!(call(CollKind::Scatter, 0, 10, 10).validate(1, 4).is_ok());
+        // all_to_all(v) in place is sendbuff == recvbuff only.
+        assert!(call(CollKind::AlltoAll, 0, 0, 10).validate(0, 4).is_ok());
+        refused(call(CollKind::AlltoAll, 0, 10, 10), 0);
+        // all_gather_v: in place at rdispls[rank]; reduce_scatter_v at sdispls[rank].
+        let mut x = call(CollKind::AllGatherV, 40, 0, 5);
+        x.v = Some(VCounts::gather_v(5, 4, &[5, 5, 5, 5], &[0, 20, 40, 60]));
+        assert!(x.validate(2, 4).is_ok());
+        refused(x.clone(), 1);
+        let mut x = call(CollKind::ReduceScatterV, 0, 30, 5);
+        x.v = Some(VCounts::new(&[], &[0, 10, 30, 50], &[5, 5, 5, 5], &[]));
+        assert!(x.validate(2, 4).is_ok());
+        refused(x, 1);
     }
 
     #[test]
