@@ -275,17 +275,15 @@ impl Coll {
                 (Some((rank * self.count * es) as isize), "sendbuff == recvbuff + rank*count")
             }
             CollKind::AllGather | CollKind::Gather => (None, "none along an axis > 0"),
-            CollKind::AllGatherV => (
-                Some(v_off(self.v.as_ref().map(|v| v.rdispls())) as isize),
-                "sendbuff == recvbuff + rdispls[rank]",
-            ),
+            CollKind::AllGatherV => {
+                (Some(v_off(self.v.as_ref().map(|v| v.rdispls())) as isize), "sendbuff == recvbuff + rdispls[rank]")
+            }
             CollKind::ReduceScatter | CollKind::Scatter => {
                 (Some(-((rank * self.count * es) as isize)), "recvbuff == sendbuff + rank*count")
             }
-            CollKind::ReduceScatterV => (
-                Some(-(v_off(self.v.as_ref().map(|v| v.sdispls())) as isize)),
-                "recvbuff == sendbuff + sdispls[rank]",
-            ),
+            CollKind::ReduceScatterV => {
+                (Some(-(v_off(self.v.as_ref().map(|v| v.sdispls())) as isize)), "recvbuff == sendbuff + sdispls[rank]")
+            }
             CollKind::Send | CollKind::Recv | CollKind::Barrier => (None, "none"),
         };
         if at == Some(s.wrapping_sub(r) as isize) {
