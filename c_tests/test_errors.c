@@ -12,6 +12,7 @@
 #include "harness.h"
 
 #include <pthread.h>
+#include <time.h>
 #include <unistd.h>
 
 #define NE 8 /* elements in the test buffers */
@@ -618,6 +619,68 @@ static void part_overlap(fcclComm_t comm, int rank, int nranks) {
   free(copy);
 }
 
+/* One communicator used by two threads at once is refused (fcclInvalidUsage): rank 0's
+ * second thread is inside an all_reduce that waits for rank 1, which arrives late on
+ * purpose, while rank 0's own thread makes a (zero-count) call on the same comm. */
+typedef struct {
+  fcclComm_t comm;
+  int nranks;
+  volatile int started;
+  fcclResult_t res;
+  float got[4];
+} busy_job;
+
+static void* busy_thread(void* arg) {
+  busy_job* j = (busy_job*)arg;
+  float x[4] = {1, 2, 3, 4};
+  j->started = 1;
+  j->res = fcclAllReduce(x, j->got, 4, fcclFloat32, fcclSum, j->comm, NULL);
+  return NULL;
+}
+
+static void sleep_ms(long ms) {
+  struct timespec ts;
+  ts.tv_sec = ms / 1000;
+  ts.tv_nsec = (ms % 1000) * 1000000L;
+  nanosleep(&ts, NULL);
+}
+
+static void part_two_threads(fcclComm_t comm, int rank, int nranks) {
+  float x[4] = {1, 2, 3, 4}, y[4];
+  int i;
+  if (nranks < 2) return;
+  fccl_phase("one communicator, two threads at once");
+  if (rank == 0) {
+    busy_job j;
+    pthread_t th;
+    fcclResult_t res;
+    memset(&j, 0, sizeof j);
+    j.comm = comm;
+    j.nranks = nranks;
+    if (pthread_create(&th, NULL, busy_thread, &j) != 0) {
+      CHECK(0, "pthread_create failed");
+      _exit(1);
+    }
+    while (!j.started) sleep_ms(1);
+    sleep_ms(200); /* the other thread is inside its call now, waiting for rank 1 */
+    res = fcclAllReduce(x, y, 0, fcclFloat32, fcclSum, comm, NULL);
+    if (CHECK_ERR(res, fcclInvalidUsage, "fcclAllReduce")) {
+      const char* m = fcclGetLastError(NULL);
+      CHECK(m && strstr(m, "another thread"), "the message should say another thread is using the comm: \"%s\"",
+            m ? m : "(NULL)");
+    }
+    pthread_join(th, NULL);
+    if (CHECK_OK(j.res))
+      for (i = 0; i < 4; i++)
+        CHECK(j.got[i] == (float)((i + 1) * nranks), "the other thread's all_reduce: element %d = %g", i,
+              (double)j.got[i]);
+  } else {
+    if (rank == 1) sleep_ms(1500); /* rank 0's second call comes while it waits for us */
+    if (CHECK_OK(fcclAllReduce(x, y, 4, fcclFloat32, fcclSum, comm, NULL)))
+      for (i = 0; i < 4; i++) CHECK(y[i] == (float)((i + 1) * nranks), "all_reduce: element %d = %g", i, (double)y[i]);
+  }
+}
+
 /* ------------------------------------------------------------------ */
 
 static void still_works(fcclComm_t comm, int rank, int nranks) {
@@ -662,6 +725,7 @@ static int body(fcclComm_t comm, int rank, int nranks) {
   part_stale(comm, &b);
   part_collectives(comm, rank, nranks, &b);
   part_overlap(comm, rank, nranks);
+  part_two_threads(comm, rank, nranks);
   part_thread_local();
   still_works(comm, rank, nranks);
   free(b.send);

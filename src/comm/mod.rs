@@ -280,7 +280,10 @@ impl Comm {
     /// As [`Comm::run`], for calls already made (a group's queue): each gets its
     /// sequence number where it lies.
     pub fn run_calls_in_place(&self, calls: &mut [Call]) -> Result<()> {
-        let mut st = self.state.lock().unwrap_or_else(|p| p.into_inner());
+        let mut st = self.enter(|| match calls {
+            [c] => c.coll.kind.c_name().to_string(),
+            _ => format!("a group of {} calls", calls.len()),
+        })?;
         self.usable(&st)?;
         for c in calls.iter_mut() {
             c.seq = Self::next_seq(&mut st, &c.coll);
@@ -290,10 +293,30 @@ impl Comm {
 
     /// Runs one call (validated by the caller), without allocating.
     pub fn run_one(&self, coll: Coll) -> Result<()> {
-        let mut st = self.state.lock().unwrap_or_else(|p| p.into_inner());
+        let mut st = self.enter(|| coll.kind.c_name().to_string())?;
         self.usable(&st)?;
         let seq = Self::next_seq(&mut st, &coll);
         self.run_calls(&mut st, &mut [Call { coll, seq }])
+    }
+
+    /// The communicator's state for one call. A call of another thread holding it now
+    /// means two threads use the communicator at once, which NCCL forbids too: their
+    /// calls would pair up differently on different ranks and mix data silently, so the
+    /// later one is refused instead (nothing counted, nothing sent). An abort from
+    /// another thread holds it briefly too; then the call reports the abort.
+    fn enter(&self, what: impl FnOnce() -> String) -> Result<std::sync::MutexGuard<'_, State>> {
+        match self.state.try_lock() {
+            Ok(st) => Ok(st),
+            Err(std::sync::TryLockError::Poisoned(p)) => Ok(p.into_inner()),
+            Err(std::sync::TryLockError::WouldBlock) if self.abort.load(Ordering::Acquire) => {
+                Err(Error::invalid_usage("the communicator was aborted; destroy it"))
+            }
+            Err(std::sync::TryLockError::WouldBlock) => Err(Error::invalid_usage(format!(
+                "{} on communicator {} while another thread is in the middle of a call on it; a communicator serves one thread at a time (as in NCCL): give each thread its own communicator (fcclCommSplit) or serialise the calls",
+                what(),
+                self.label()
+            ))),
+        }
     }
 
     /// The sequence number of the next call. Only collectives take a new one: a
