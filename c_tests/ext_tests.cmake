@@ -12,6 +12,8 @@ fccl_add_mpi_test(test_ext_coalesced test_ext_coalesced.c REQUIRES ${_core}
   fcclAllReduceCoalesced fcclBroadcastCoalesced fcclBroadcast fcclGetLastError)
 fccl_add_mpi_test(test_ext_wire test_ext_wire.c REQUIRES ${_core}
   fcclAllReduceWire fcclAllGather fcclGetLastError)
+# Scratch memory bounded whatever the count (peak RSS of one rank per process).
+fccl_add_mpi_test(test_scratch_bound test_scratch_bound.c REQUIRES ${_core} fcclAllReduceWire SIZES 2 3)
 
 # One process, no launcher (the harness's single-rank communicator is not used).
 set(_fccl_ext_local_req fcclGetUniqueId fcclCommInitRank fcclCommDestroy fcclCommCount

@@ -229,6 +229,9 @@ static int body(fcclComm_t comm, int rank, int nranks) {
         narrow_case(comm, rank, nranks, &pat, nops[o], wires[w], counts[c], 0, base += 1237);
   narrow_case(comm, rank, nranks, &pat, fcclSum, fcclBfloat16, 4099, 1, base += 1237);
   narrow_case(comm, rank, nranks, &pat, fcclAvg, fcclFloat16, 4099, 1, base += 1237);
+  /* several windows of the library's bounded scratch (8 MiB of wire data each) */
+  narrow_case(comm, rank, nranks, &pat, fcclSum, fcclBfloat16, 9000011, 0, base += 1237);
+  narrow_case(comm, rank, nranks, &pat, fcclMax, fcclFloat16, 8500003, 1, base += 1237);
   /* float32 over float32 == fcclAllReduce */
   for (o = 0; o < 5; o++) {
     fccl_pattern_free(&pat);

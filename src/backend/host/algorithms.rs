@@ -619,99 +619,147 @@ fn reduce_phase(
     Ok(())
 }
 
+/// Wire bytes of one window of a wire all_reduce: the scratch it needs is bounded by
+/// this whatever the count (a count larger than the caller's buffers must not make
+/// the library allocate in proportion to it).
+const WIRE_WINDOW: usize = 8 << 20;
+
 /// all_reduce whose data crosses the transport in `co.wire`, a narrower float type:
 /// each contribution is rounded to the wire type once, the owner accumulates in the
 /// data type (float32 or float64), and the reduced result is rounded to the wire
 /// type once more for the trip back. Every rank, the owner included, takes the
-/// wire-rounded result, so all ranks end with identical values.
+/// wire-rounded result, so all ranks end with identical values. The message goes in
+/// windows of WIRE_WINDOW wire bytes over two scratch slots that alternate.
 fn allreduce_wire(s: &mut Schedule<'_>, co: &Coll, rank: usize, n: usize, scratch: &mut Scratch) -> Result<()> {
-    let (dt, wire, op) = (co.dtype, co.wire.expect("wire type set"), co.op);
+    let (dt, wire) = (co.dtype, co.wire.expect("wire type set"));
     let (es, ws) = (dt.size(), wire.size());
-    let send = co.send as *mut u8;
-    let recv = co.recv;
+    let win = (WIRE_WINDOW / ws).max(1).min(co.count);
     if n == 1 {
         // One rank: nothing travels, but the result still goes through the wire type
         // so that it does not depend on the number of ranks.
-        let (src, dst) = (P(send), P(recv));
-        let count = co.count;
+        let (src, dst, count) = (P(co.send as *mut u8), P(co.recv), co.count);
         s.local(
             move || {
                 let (src, dst) = (src, dst);
-                let mut tmp = vec![0u8; count * ws];
-                // SAFETY: both buffers hold count elements (validated); tmp is separate.
-                let (a, b) = unsafe {
-                    (std::slice::from_raw_parts(src.0, count * es), std::slice::from_raw_parts_mut(dst.0, count * es))
-                };
-                reduce::convert(dt, a, wire, &mut tmp);
-                reduce::convert(wire, &tmp, dt, b);
+                let mut tmp = vec![0u8; win * ws];
+                for first in (0..count).step_by(win) {
+                    let m = win.min(count - first);
+                    // SAFETY: both buffers hold count elements (validated); tmp is separate.
+                    let (a, b) = unsafe {
+                        (
+                            std::slice::from_raw_parts(src.0.add(first * es), m * es),
+                            std::slice::from_raw_parts_mut(dst.0.add(first * es), m * es),
+                        )
+                    };
+                    reduce::convert(dt, a, wire, &mut tmp[..m * ws]);
+                    reduce::convert(wire, &tmp[..m * ws], dt, b);
+                }
                 Ok(())
             },
             &[],
         );
         return Ok(());
     }
-    // Whole-message wire buffers: outgoing contributions, and results in wire form.
-    let out_wire = scratch.alloc(co.count * ws);
-    let res_wire = scratch.alloc(co.count * ws);
-    let (out_w, res_w) = (P(out_wire), P(res_wire));
+    let slot = |scratch: &mut Scratch| WireSlot {
+        out: scratch.alloc(win * ws),
+        res: scratch.alloc(win * ws),
+        acc: scratch.alloc(win.div_ceil(n) * es + es),
+    };
+    let slots = [slot(scratch), slot(scratch)];
+    // Steps that use each slot, which its next window waits for.
+    let mut users: [Vec<usize>; 2] = Default::default();
+    for (k, first) in (0..co.count).step_by(win).enumerate() {
+        let after = std::mem::take(&mut users[k % 2]);
+        users[k % 2] = wire_window(s, co, rank, n, first, win.min(co.count - first), &slots[k % 2], &after);
+    }
+    Ok(())
+}
+
+/// Scratch of one window of a wire all_reduce: outgoing contributions and results in
+/// wire form, and this rank's accumulator.
+struct WireSlot {
+    out: *mut u8,
+    res: *mut u8,
+    acc: *mut u8,
+}
+
+/// Elements `first..first + count` of a wire all_reduce, split among the owners like a
+/// whole message; `after`: steps that must finish before `slot` is written. Returns
+/// the steps that use the slot.
+#[allow(clippy::too_many_arguments)]
+fn wire_window(
+    s: &mut Schedule<'_>,
+    co: &Coll,
+    rank: usize,
+    n: usize,
+    first: usize,
+    count: usize,
+    slot: &WireSlot,
+    after: &[usize],
+) -> Vec<usize> {
+    let (dt, wire, op) = (co.dtype, co.wire.expect("wire type set"), co.op);
+    let (es, ws) = (dt.size(), wire.size());
+    // SAFETY (pointer arithmetic): the window lies inside both validated buffers.
+    let (send, recv) = unsafe { (co.send.add(first * es) as *mut u8, co.recv.add(first * es)) };
+    let (out_wire, res_wire) = (slot.out, slot.res);
+    let (out_w, res_w, accp) = (P(out_wire), P(res_wire), P(slot.acc));
+    let mut users = Vec::new();
     // 1. Contributions to the other owners, rounded to the wire type.
     for o in (0..n).filter(|&o| o != rank) {
-        let (off, len) = part(co.count, n, o);
+        let (off, len) = part(count, n, o);
         for (a, m) in segments(len, wire) {
             let (srcp, outp) = (P(send), out_w);
-            let first = off + a;
+            let at = off + a;
             let conv = s.local(
                 move || {
                     let (srcp, outp) = (srcp, outp);
-                    // SAFETY: in bounds of sendbuff and of the wire scratch.
+                    // SAFETY: in bounds of the window of sendbuff and of the slot.
                     let (x, y) = unsafe {
                         (
-                            std::slice::from_raw_parts(srcp.0.add(first * es), m * es),
-                            std::slice::from_raw_parts_mut(outp.0.add(first * ws), m * ws),
+                            std::slice::from_raw_parts(srcp.0.add(at * es), m * es),
+                            std::slice::from_raw_parts_mut(outp.0.add(at * ws), m * ws),
                         )
                     };
                     reduce::convert(dt, x, wire, y);
                     Ok(())
                 },
-                &[],
+                after,
             );
-            // SAFETY: in bounds of the wire scratch.
-            s.send(o, unsafe { out_wire.add(first * ws) }, m * ws, &[conv]);
+            // SAFETY: in bounds of the slot.
+            users.push(s.send(o, unsafe { out_wire.add(at * ws) }, m * ws, &[conv]));
         }
     }
     // 2. My chunk: accumulate in the data type, round once to the wire type.
-    let (my_off, my_len) = part(co.count, n, rank);
-    let acc = scratch.alloc(my_len * es);
-    let accp = P(acc);
+    let (my_off, my_len) = part(count, n, rank);
     for (a, m) in segments(my_len, wire) {
-        let first = my_off + a;
+        let at = my_off + a;
         let srcp = P(send);
         let init = s.local(
             move || {
                 let (srcp, accp) = (srcp, accp);
-                // SAFETY: in bounds of sendbuff and of the accumulator.
-                unsafe { std::ptr::copy_nonoverlapping(srcp.0.add(first * es), accp.0.add(a * es), m * es) };
+                // SAFETY: in bounds of the window of sendbuff and of the accumulator.
+                unsafe { std::ptr::copy_nonoverlapping(srcp.0.add(at * es), accp.0.add(a * es), m * es) };
                 Ok(())
             },
-            &[],
+            after,
         );
         let mut prev = init;
         for j in 1..n {
             let peer = (rank + j) % n;
             // SAFETY: in bounds of the accumulator.
-            let sink = Sink::ReduceConv { acc: unsafe { acc.add(a * es) }, acc_type: dt, wire, op };
+            let sink = Sink::ReduceConv { acc: unsafe { slot.acc.add(a * es) }, acc_type: dt, wire, op };
             prev = s.recv(peer, m * ws, sink, &[prev]);
         }
         let (resp, recvp) = (res_w, P(recv));
         let ready = s.local(
             move || {
                 let (accp, resp, recvp) = (accp, resp, recvp);
-                // SAFETY: in bounds of the accumulator, the wire results and recvbuff.
+                // SAFETY: in bounds of the accumulator, the slot and the window of recvbuff.
                 let (accs, w, out) = unsafe {
                     (
                         std::slice::from_raw_parts_mut(accp.0.add(a * es), m * es),
-                        std::slice::from_raw_parts_mut(resp.0.add(first * ws), m * ws),
-                        std::slice::from_raw_parts_mut(recvp.0.add(first * es), m * es),
+                        std::slice::from_raw_parts_mut(resp.0.add(at * ws), m * ws),
+                        std::slice::from_raw_parts_mut(recvp.0.add(at * es), m * es),
                     )
                 };
                 reduce::finish_inplace(dt, op, n, accs);
@@ -721,37 +769,38 @@ fn allreduce_wire(s: &mut Schedule<'_>, co: &Coll, rank: usize, n: usize, scratc
             },
             &[prev],
         );
+        users.push(ready);
         for p in (0..n).filter(|&p| p != rank) {
-            // SAFETY: in bounds of the wire results.
-            s.send(p, unsafe { res_wire.add(first * ws) }, m * ws, &[ready]);
+            // SAFETY: in bounds of the slot.
+            users.push(s.send(p, unsafe { res_wire.add(at * ws) }, m * ws, &[ready]));
         }
     }
     // 3. The other owners' results, widened back to the data type.
     for o in (0..n).filter(|&o| o != rank) {
-        let (off, len) = part(co.count, n, o);
+        let (off, len) = part(count, n, o);
         for (a, m) in segments(len, wire) {
-            let first = off + a;
-            // SAFETY: in bounds of the wire results.
-            let got = s.recv(o, m * ws, Sink::Copy(unsafe { res_wire.add(first * ws) }), &[]);
+            let at = off + a;
+            // SAFETY: in bounds of the slot.
+            let got = s.recv(o, m * ws, Sink::Copy(unsafe { res_wire.add(at * ws) }), after);
             let (resp, recvp) = (res_w, P(recv));
-            s.local(
+            users.push(s.local(
                 move || {
                     let (resp, recvp) = (resp, recvp);
-                    // SAFETY: in bounds of the wire results and recvbuff.
+                    // SAFETY: in bounds of the slot and the window of recvbuff.
                     let (w, out) = unsafe {
                         (
-                            std::slice::from_raw_parts(resp.0.add(first * ws), m * ws),
-                            std::slice::from_raw_parts_mut(recvp.0.add(first * es), m * es),
+                            std::slice::from_raw_parts(resp.0.add(at * ws), m * ws),
+                            std::slice::from_raw_parts_mut(recvp.0.add(at * es), m * es),
                         )
                     };
                     reduce::convert(wire, w, dt, out);
                     Ok(())
                 },
                 &[got],
-            );
+            ));
         }
     }
-    Ok(())
+    users
 }
 
 /// The two numbers a rank tells peer `p` about a call with per-rank counts, so that
