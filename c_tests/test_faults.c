@@ -4,7 +4,7 @@
  * Self-contained: the program makes the unique id and forks its ranks itself, so it
  * can kill one and still judge the survivors. Usage: test_faults SCENARIO NRANKS
  * with SCENARIO one of kill, kill-mapped, kill-shift, abort, timeout, timeout-shift,
- * mismatch. Prints the measured
+ * freeze, freeze-mapped, mismatch. Prints the measured
  * detection/abort latencies (the bounds asserted here are loose on purpose: CI
  * machines are noisy; the figures are what to read). */
 #define _GNU_SOURCE
@@ -85,6 +85,34 @@ static fcclResult_t shift_in_place(float* buf, size_t count, int rank, int nrank
   return v != fcclSuccess ? v : r;
 }
 
+/* freeze: the rank that main() stops with SIGSTOP while every rank loops over large
+ * all_reduces, and resumes after the timeout. */
+#define FREEZE_TIMEOUT_MS 1500
+static int frozen_rank(int nranks) { return nranks >= 3 ? 2 : 1; }
+
+/* Every rank's failing call must blame the frozen rank F, and no other: "rank F stopped
+ * making progress" (or "comes down to rank F,") and none of the phrases that would blame
+ * another rank. */
+static int blames_only(const char* msg, int f, int nranks) {
+  char want1[64], want2[64], bad[96];
+  int x;
+  snprintf(want1, sizeof want1, "rank %d stopped making progress", f);
+  snprintf(want2, sizeof want2, "down to rank %d,", f);
+  if (!strstr(msg, want1) && !strstr(msg, want2)) return 0;
+  for (x = 0; x < nranks; x++) {
+    if (x == f) continue;
+    snprintf(bad, sizeof bad, "rank %d stopped making progress", x);
+    if (strstr(msg, bad)) return 0;
+    snprintf(bad, sizeof bad, "down to rank %d,", x);
+    if (strstr(msg, bad)) return 0;
+    snprintf(bad, sizeof bad, "rank %d failed", x);
+    if (strstr(msg, bad)) return 0;
+    snprintf(bad, sizeof bad, "rank %d died", x);
+    if (strstr(msg, bad)) return 0;
+  }
+  return 1;
+}
+
 static int run_rank(const char* scenario, int rank, int nranks, fcclUniqueId id) {
   int threads_before = count_threads();
   fcclConfig_t cfg = FCCL_CONFIG_INITIALIZER;
@@ -93,6 +121,7 @@ static int run_rank(const char* scenario, int rank, int nranks, fcclUniqueId id)
   int tshift = strcmp(scenario, "timeout-shift") == 0;
   if (tshift) scenario = "timeout";
   if (strcmp(scenario, "timeout") == 0) cfg.timeoutMs = 500;
+  if (strncmp(scenario, "freeze", 6) == 0) cfg.timeoutMs = FREEZE_TIMEOUT_MS;
   if (strcmp(scenario, "mismatch") == 0) cfg.checkMode = FCCL_CHECK_FINGERPRINT;
   fcclComm_t comm;
   OK(fcclCommInitRankConfig(&comm, nranks, id, rank, &cfg));
@@ -100,7 +129,8 @@ static int run_rank(const char* scenario, int rank, int nranks, fcclUniqueId id)
   /* kill-mapped: the same as kill on buffers that peers map (fcclMemAllocHost), where
    * large reductions run between the ranks' buffers (from 3 ranks; 2 ranks swap). */
   int shift = strcmp(scenario, "kill-shift") == 0;
-  int mapped = shift || tshift || strcmp(scenario, "kill-mapped") == 0;
+  int mapped = shift || tshift || strcmp(scenario, "kill-mapped") == 0 || strcmp(scenario, "freeze-mapped") == 0;
+  if (strncmp(scenario, "freeze", 6) == 0) scenario = "freeze";
   if (strncmp(scenario, "kill", 4) == 0) scenario = "kill";
   float *a = NULL, *b = NULL;
   if (mapped) {
@@ -214,6 +244,26 @@ static int run_rank(const char* scenario, int rank, int nranks, fcclUniqueId id)
     } else {
       usleep(1500 * 1000); /* never calls the collective */
     }
+  } else if (strcmp(scenario, "freeze") == 0) {
+    /* main() stops rank F mid-loop and resumes it after the timeout; every rank's
+     * failing call, F's included, must name F as the cause, and nobody else. */
+    int f = frozen_rank(nranks);
+    double start = now_ms(), t0 = 0;
+    fcclResult_t r = fcclSuccess;
+    while (r == fcclSuccess) {
+      if (now_ms() - start > 60000) FAIL("all_reduces kept succeeding for 60 s with rank %d stopped", f);
+      t0 = now_ms();
+      r = fcclAllReduce(a, b, count, fcclFloat32, fcclSum, comm, NULL);
+    }
+    char msg[2048];
+    snprintf(msg, sizeof msg, "%s", fcclGetLastError(NULL));
+    double dt = now_ms() - t0;
+    if (r != fcclTimeout && r != fcclRemoteError) FAIL("returned %d (%s), want fcclTimeout or fcclRemoteError", r, msg);
+    if (!blames_only(msg, f, nranks)) FAIL("the message must blame the stopped rank %d and no other: %s", f, msg);
+    printf("rank %d: %s after %.1f ms: %s\n", rank, r == fcclTimeout ? "timed out" : "told", dt, msg);
+    /* Within the timeout, plus a margin for the blame (60 ms) and CI noise. */
+    if (rank != f && dt > FREEZE_TIMEOUT_MS * 1.1 + 1000)
+      FAIL("the failure took %.1f ms with a timeout of %d ms", dt, FREEZE_TIMEOUT_MS);
   } else if (strcmp(scenario, "mismatch") == 0) {
     fcclResult_t r;
     if (rank == 1)
@@ -266,7 +316,8 @@ static int debris(const pid_t* pids, int n) {
 int main(int argc, char** argv) {
   int rank = -1;
   if (argc != 3) {
-    fprintf(stderr, "usage: %s kill|kill-mapped|kill-shift|abort|timeout|timeout-shift|mismatch NRANKS\n", argv[0]);
+    fprintf(stderr, "usage: %s kill|kill-mapped|kill-shift|abort|timeout|timeout-shift|freeze|freeze-mapped|mismatch NRANKS\n",
+            argv[0]);
     return 2;
   }
   const char* scenario = argv[1];
@@ -304,6 +355,14 @@ int main(int argc, char** argv) {
   for (int r = 0; r < nranks; r++) {
     if (write(pipes[r][1], &id, sizeof id) != (ssize_t)sizeof id) FAIL("write to rank %d failed", r);
     close(pipes[r][1]);
+  }
+  if (strncmp(scenario, "freeze", 6) == 0) {
+    /* Let the ranks start looping, stop one mid-call, resume it after the timeout. */
+    int f = frozen_rank(nranks);
+    usleep(700 * 1000);
+    kill(pids[f], SIGSTOP);
+    usleep((FREEZE_TIMEOUT_MS + 2500) * 1000);
+    kill(pids[f], SIGCONT);
   }
   int failures = 0;
   for (int r = 0; r < nranks; r++) {

@@ -91,6 +91,10 @@ impl Error {
     pub fn timeout(msg: impl Into<String>) -> Error {
         Error::new(Code::Timeout, msg)
     }
+    /// A timeout that came down to rank `culprit` (see `transport::Transport::blame`).
+    pub fn timeout_blaming(culprit: Option<usize>, msg: impl Into<String>) -> Error {
+        Error { code: Code::Timeout, msg: msg.into(), culprit }
+    }
     pub fn mismatch(msg: impl Into<String>) -> Error {
         Error::new(Code::CollectiveMismatch, msg)
     }

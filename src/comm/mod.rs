@@ -359,7 +359,7 @@ impl Comm {
                 log::warn(format_args!("rank {} comm {}: {}", self.rank, self.label(), e.msg));
                 *self.async_err.lock().unwrap() = Some(e.code);
                 st.broken = Some(e.clone());
-                st.transport.mark_failed(e.culprit);
+                st.transport.mark_failed(e.culprit, e.code == Code::Timeout);
                 Err(e)
             }
         }
@@ -508,7 +508,7 @@ impl Comm {
         }
         // If no call is running, tell peers right away.
         if let Ok(mut st) = self.state.try_lock() {
-            st.transport.mark_failed(None);
+            st.transport.mark_failed(None, false);
         }
     }
 

@@ -275,6 +275,14 @@ impl Board {
         Ok(())
     }
 
+    /// The ranks a timed-out wait for `waited` (the whole team when empty) comes down
+    /// to (see `shm::blame`).
+    pub fn blame(&self, waited: &[usize]) -> Vec<usize> {
+        let word = |p: usize| self.segs.get(p).map(|s| s.waiting().load(Ordering::Acquire));
+        let own = Some(self.segs[self.rank].waiting());
+        super::shm::blame(self.rank, self.segs.len(), word, own, waited, super::BLAME_GAP)
+    }
+
     /// An error if a peer has marked itself failed or aborted (the failure flags in
     /// the segments; the same check as the links', without going through them).
     #[inline]
@@ -322,6 +330,9 @@ pub struct Waiter<'a> {
     /// Describes the call for error messages (built only on error).
     pub what: &'a dyn Fn() -> String,
     last_full_check: Option<Instant>,
+    /// Ticks of the wait word this waiter publishes while it sleeps (see
+    /// `shm::Segment::waiting`).
+    tick: u32,
 }
 
 impl<'a> Waiter<'a> {
@@ -331,7 +342,7 @@ impl<'a> Waiter<'a> {
         check: &'a mut dyn FnMut(bool) -> Result<()>,
         what: &'a dyn Fn() -> String,
     ) -> Waiter<'a> {
-        Waiter { deadline: None, timeout, abort, check, what, last_full_check: None }
+        Waiter { deadline: None, timeout, abort, check, what, last_full_check: None, tick: 0 }
     }
 
     /// Fails if a peer has marked itself failed or aborted: what it published on the
@@ -344,7 +355,7 @@ impl<'a> Waiter<'a> {
     /// Waits until `ready` (a sign of rank `p`) holds: see `wait_until`.
     #[inline(never)]
     fn wait(&mut self, b: &Board, p: usize, ready: impl Fn(&Board) -> bool) -> Result<()> {
-        self.wait_until(b, || format!("rank {p} has not arrived"), ready)
+        self.wait_until(b, Some(p), || format!("rank {p} has not arrived"), ready)
     }
 
     /// Waits until `ready` holds, spinning, then yielding, then sleeping (as the
@@ -355,6 +366,7 @@ impl<'a> Waiter<'a> {
     pub fn wait_until(
         &mut self,
         b: &Board,
+        peer: Option<usize>,
         missing: impl Fn() -> String,
         ready: impl Fn(&Board) -> bool,
     ) -> Result<()> {
@@ -390,13 +402,21 @@ impl<'a> Waiter<'a> {
                 continue;
             }
             if now >= deadline {
-                return Err(Error::timeout(format!(
-                    "{}: timed out after {} ms; {} (this rank {} waits for it)",
-                    (self.what)(),
-                    self.timeout.as_millis(),
-                    missing(),
-                    b.rank
-                )));
+                // A peer that already failed is the story, not this timeout (see the engine).
+                (self.check)(false).map_err(|e| e.context((self.what)()))?;
+                let waited: Vec<usize> = peer.into_iter().collect();
+                let culprits = b.blame(&waited);
+                return Err(Error::timeout_blaming(
+                    culprits.first().copied(),
+                    format!(
+                        "{}: timed out after {} ms; {} (this rank {} waits for it){}",
+                        (self.what)(),
+                        self.timeout.as_millis(),
+                        missing(),
+                        b.rank,
+                        super::cause_of(b.rank, &culprits, &waited)
+                    ),
+                ));
             }
             if now - *last_full_check > Duration::from_millis(100) {
                 *last_full_check = now;
@@ -408,7 +428,23 @@ impl<'a> Waiter<'a> {
             }
             let left = deadline.saturating_duration_since(now).min(Duration::from_millis(20));
             let me = &b.segs[b.rank];
+            // Say whom this rank waits for, for peers that time out to follow.
+            self.tick = self.tick.wrapping_add(1);
+            let target = peer.map_or(super::shm::WAIT_TEAM, |p| p as u32 + 1);
+            me.waiting().store(super::shm::wait_word(target, self.tick), Ordering::Release);
             me.sleep_unless(|| ready(b) || self.abort.load(Ordering::Acquire), left);
+            if ready(b) {
+                self.unpublish(b);
+                return Ok(());
+            }
+        }
+    }
+
+    /// Takes back the wait word a slow wait published (only slow waits write it).
+    fn unpublish(&mut self, b: &Board) {
+        if self.tick != 0 {
+            b.segs[b.rank].waiting().store(0, Ordering::Release);
+            self.tick = 0;
         }
     }
 }

@@ -51,6 +51,10 @@ pub trait Link: Send {
     }
     /// Wakes the peer if it sleeps waiting for us (abort, failure).
     fn wake_peer(&self) {}
+    /// The peer's wait word (see `shm::Segment::waiting`), where this rank can see it.
+    fn wait_word(&self) -> Option<u64> {
+        None
+    }
     /// Socket to poll, for transports that have one.
     fn poll_fd(&self) -> Option<i32> {
         None
@@ -184,6 +188,30 @@ pub struct PendingHeader {
     pub bytes: [u8; 16],
     pub got: usize,
 }
+
+/// The end of a timeout message: the ranks the wait comes down to, when they are not
+/// simply the ones it waited for.
+pub fn cause_of(me: usize, culprits: &[usize], waited: &[usize]) -> String {
+    let list = |v: &[usize]| v.iter().map(|p| p.to_string()).collect::<Vec<_>>().join(", ");
+    match culprits {
+        [] => String::new(),
+        [c] if waited == [*c] => format!(
+            "; rank {c} stopped making progress (it is stopped, hung, or slower than FERROCCL_TIMEOUT_MS allows)"
+        ),
+        [c] if waited.is_empty() => {
+            format!("; rank {c} stopped making progress while the others wait for it (it is stopped, hung, or slow)")
+        }
+        [c] => format!(
+            "; this comes down to rank {c}, which stopped making progress while the others wait for it (rank {me} waited for {})",
+            list(waited)
+        ),
+        cs => format!("; this comes down to ranks {}, which stopped making progress", list(cs)),
+    }
+}
+
+/// How long a timed-out rank watches the others' wait words: longer than a waiter's
+/// longest sleep between two ticks (20 ms).
+pub const BLAME_GAP: Duration = Duration::from_millis(60);
 
 /// All links of one rank of one communicator.
 pub struct Transport {
@@ -341,16 +369,35 @@ impl Transport {
         }
     }
 
+    /// Publishes whom a slow wait of this rank waits for (`shm::wait_word`; 0 when it
+    /// ends), for peers that time out to follow (see [`Transport::blame`]).
+    pub fn set_waiting(&self, word: u64) {
+        if let Some(s) = &self.my_seg {
+            s.waiting().store(word, Ordering::Release);
+        }
+    }
+
+    /// The ranks a timed-out wait for `start` (the whole team when empty) comes down
+    /// to (see `shm::blame`); takes about 60 ms.
+    pub fn blame(&self, start: &[usize]) -> Vec<usize> {
+        let word = |p: usize| self.links.get(p).and_then(|l| l.as_deref()).and_then(|l| l.wait_word());
+        shm::blame(self.rank, self.nranks, word, self.my_seg.as_deref().map(|s| s.waiting()), start, BLAME_GAP)
+    }
+
     /// A handle that can wake this rank from any thread.
     pub fn waker(&self) -> Option<Arc<Segment>> {
         self.my_seg.clone()
     }
 
     /// Marks this rank failed so that peers stop waiting for it, and wakes them.
-    /// `culprit` is the rank the failure started with (this rank if None).
-    pub fn mark_failed(&mut self, culprit: Option<usize>) {
+    /// `culprit` is the rank the failure started with (this rank if None);
+    /// `timed_out`: this rank timed out waiting for it (peers then say so).
+    pub fn mark_failed(&mut self, culprit: Option<usize>, timed_out: bool) {
         if let Some(s) = &self.my_seg {
-            let v = culprit.unwrap_or(self.rank) as u32 + 1;
+            let mut v = culprit.unwrap_or(self.rank) as u32 + 1;
+            if timed_out && culprit.is_some_and(|c| c != self.rank) {
+                v |= shm::FAILED_TIMEOUT;
+            }
             let _ = s.failed().compare_exchange(0, v, Ordering::AcqRel, Ordering::Acquire);
         }
         for l in self.links.iter_mut().flatten() {

@@ -28,6 +28,9 @@ const OFF_FAILED: usize = 192;
 const OFF_PID: usize = 256;
 /// The segment's address in its owner's address space (for the single-copy probe).
 const OFF_SELF_ADDR: usize = 320;
+/// Whom the owner waits for while one of its waits is slow, and a tick it advances
+/// while it waits (see [`Segment::waiting`] and [`blame`]).
+const OFF_WAITING: usize = 384;
 const OFF_HEAD: usize = 0;
 const OFF_TAIL: usize = 128;
 /// Ring control: direct messages of the writer that the reader has finished reading.
@@ -250,6 +253,13 @@ impl Segment {
     /// Non-zero once the owner has failed or aborted: peers stop waiting for it.
     pub fn failed(&self) -> &AtomicU32 {
         self.word32(OFF_FAILED)
+    }
+
+    /// The owner's wait word: whom it waits for (high 32 bits: 0 nobody, [`WAIT_TEAM`]
+    /// the whole team, else 1 + the rank) and a tick (low 32) it advances every poll of
+    /// a slow wait, so a stopped waiter can be told from a live one.
+    pub fn waiting(&self) -> &AtomicU64 {
+        self.word64(OFF_WAITING)
     }
 
     /// An error if the owner, rank `owner`, has marked itself failed (see `failed`).
@@ -549,18 +559,87 @@ fn process_alive(pid: u32) -> bool {
     }
 }
 
-/// The error for a peer whose failure flag holds `v` (1 + the rank the failure
-/// started with; u32::MAX: an abort).
+/// Failure flags: 1 + the rank the failure started with in the low 24 bits, and why
+/// in the high 8 (0: it died or failed; this: the flag's owner timed out waiting for
+/// it); u32::MAX: an abort.
+pub const FAILED_TIMEOUT: u32 = 1 << 24;
+const FAILED_RANK: u32 = FAILED_TIMEOUT - 1;
+
+/// The error for a peer whose failure flag holds `v` (see [`FAILED_TIMEOUT`]).
 #[cold]
 fn failure(peer: usize, v: u32) -> Error {
-    if (v - 1) as usize == peer || v == u32::MAX {
+    let culprit = ((v & FAILED_RANK) - 1) as usize;
+    if v == u32::MAX {
+        Error::remote_rank(peer, format!("rank {peer} failed or aborted its communicator"))
+    } else if v & FAILED_TIMEOUT != 0 {
+        Error::remote_rank(
+            culprit,
+            format!(
+                "rank {culprit} stopped making progress: rank {peer} timed out waiting for it (it is stopped, hung, or slower than FERROCCL_TIMEOUT_MS allows)"
+            ),
+        )
+    } else if culprit == peer {
         Error::remote_rank(peer, format!("rank {peer} failed or aborted its communicator"))
     } else {
         Error::remote_rank(
-            (v - 1) as usize,
-            format!("rank {} died or failed (reported by rank {peer}, which stopped because of it)", v - 1),
+            culprit,
+            format!("rank {culprit} died or failed (reported by rank {peer}, which stopped because of it)"),
         )
     }
+}
+
+/// In a wait word (high 32 bits): waiting for the whole team, no rank in particular.
+pub const WAIT_TEAM: u32 = u32::MAX;
+
+/// A wait word of whom `target` says (0, [`WAIT_TEAM`] or 1 + rank) at `tick`.
+pub fn wait_word(target: u32, tick: u32) -> u64 {
+    (u64::from(target) << 32) | u64::from(tick)
+}
+
+/// The ranks that a timed-out wait of rank `me` for `start` (for the whole team when
+/// empty) comes down to: the ranks that are not live waiters (a live waiter waits for
+/// someone and advances its tick), among those `me` waits for if any, else among all;
+/// when every rank waits (a deadlock of mismatched calls), the ones `me` waits for.
+/// `word(p)` reads rank p's wait word (None where it cannot be seen: a peer on another
+/// host, which counts as not waiting). The words are sampled twice, `gap` apart
+/// (longer than a waiter's sleep between ticks), while `me` keeps ticking its own
+/// (`own`), so that ranks timing out together see each other wait.
+pub fn blame(
+    me: usize,
+    n: usize,
+    word: impl Fn(usize) -> Option<u64>,
+    own: Option<&AtomicU64>,
+    start: &[usize],
+    gap: Duration,
+) -> Vec<usize> {
+    let first: Vec<Option<u64>> = (0..n).map(&word).collect();
+    let tick_own = || {
+        if let Some(w) = own {
+            let v = w.load(Ordering::Relaxed);
+            let target = if v >> 32 != 0 { (v >> 32) as u32 } else { WAIT_TEAM };
+            w.store(wait_word(target, (v as u32).wrapping_add(1)), Ordering::Release);
+        }
+    };
+    let step = Duration::from_millis(5);
+    let t0 = std::time::Instant::now();
+    while t0.elapsed() < gap {
+        tick_own();
+        std::thread::sleep(step);
+    }
+    let live = |p: usize| match (first[p], word(p)) {
+        (Some(a), Some(b)) => b >> 32 != 0 && a != b && a >> 32 == b >> 32,
+        _ => false,
+    };
+    let stuck_of = |ranks: &mut dyn Iterator<Item = usize>| ranks.filter(|&p| p != me && !live(p)).collect::<Vec<_>>();
+    let direct = stuck_of(&mut start.iter().copied());
+    if !direct.is_empty() {
+        return direct;
+    }
+    let anyone = stuck_of(&mut (0..n));
+    if !anyone.is_empty() {
+        return anyone;
+    }
+    start.iter().copied().filter(|&p| p != me).collect()
 }
 
 /// A bidirectional link to one peer through two rings.
@@ -762,6 +841,10 @@ impl Link for ShmLink {
 
     fn check_flag(&self) -> Result<()> {
         self.peer_seg.check_failed(self.peer)
+    }
+
+    fn wait_word(&self) -> Option<u64> {
+        Some(self.peer_seg.waiting().load(Ordering::Acquire))
     }
 
     fn check_alive(&self) -> Result<()> {

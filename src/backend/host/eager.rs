@@ -170,10 +170,11 @@ fn run_with(t: &mut Transport, calls: &[Call], ctl: &RunCtl<'_>, slots: &mut Vec
         }
         let sent = slots.iter().all(|s| s.tx_msg == s.nmsgs());
         if sent && bits.received == recv_mask && bits.replied == send_mask {
+            idle.unpublish(t);
             return Ok(err);
         }
         if moved {
-            idle.reset();
+            idle.progressed(t);
             continue;
         }
         idle.wait(t, seen, ctl, || {
@@ -183,7 +184,7 @@ fn run_with(t: &mut Transport, calls: &[Call], ctl: &RunCtl<'_>, slots: &mut Vec
                 .map(|s| s.peer)
                 .collect();
             let to: Vec<usize> = slots.iter().filter(|s| s.tx_msg < s.nmsgs()).map(|s| s.peer).collect();
-            engine::waiting_message(t.rank, &from, &to)
+            engine::Waits { from, to, detail: String::new() }
         })?;
     }
 }

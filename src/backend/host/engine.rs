@@ -1282,10 +1282,11 @@ fn run_with(
 
         // Done when every step is, and replies owed to peers have been written.
         if remaining == 0 && peers.iter().all(|st| st.cur_tx.is_none() && st.urgent.is_empty()) {
+            idle.unpublish(t);
             return Ok(step_err);
         }
         if progressed {
-            idle.reset();
+            idle.progressed(t);
             continue;
         }
         idle.wait(t, seen, ctl, || describe_waiting(t.rank, peers, sched, done))?;
@@ -1305,6 +1306,18 @@ pub(super) struct Idle {
     last_peer_check: Option<Instant>,
     /// The next wait sleeps: the poll before it takes `Transport::seen` with activity.
     sleepy: bool,
+    /// This wait has published whom it waits for (`Transport::set_waiting`), with
+    /// `tick` advanced at every sleep.
+    published: bool,
+    tick: u32,
+}
+
+/// Whom a waiting run waits for: ranks whose data has not come (`from`), ranks that
+/// do not read what it sends them (`to`), and details for the timeout message.
+pub(super) struct Waits {
+    pub from: Vec<usize>,
+    pub to: Vec<usize>,
+    pub detail: String,
 }
 
 impl Idle {
@@ -1315,20 +1328,35 @@ impl Idle {
         self.sleepy = false;
     }
 
+    /// As [`Idle::reset`], and the run no longer waits for anyone.
+    pub(super) fn progressed(&mut self, t: &Transport) {
+        self.unpublish(t);
+        self.reset();
+    }
+
+    /// Takes back what [`Idle::wait`] published about this rank's wait.
+    pub(super) fn unpublish(&mut self, t: &Transport) {
+        if self.published {
+            t.set_waiting(0);
+            self.published = false;
+        }
+    }
+
     /// What the next poll must take before it looks for work (see `Transport::seen`).
     pub(super) fn seen(&self, t: &Transport) -> Seen {
         t.seen(self.sleepy)
     }
 
     /// One poll found nothing to do. `seen` is the doorbell read before the poll;
-    /// `waiting` says whom the run waits for (built only for a timeout). An error
-    /// when the run times out, the communicator is aborted or a peer died.
+    /// `waiting` says whom the run waits for (asked only once the wait is slow). An
+    /// error when the run times out, the communicator is aborted or a peer died; a
+    /// timeout names the rank(s) it comes down to (`Transport::blame`).
     pub(super) fn wait(
         &mut self,
         t: &Transport,
         seen: Seen,
         ctl: &RunCtl<'_>,
-        waiting: impl FnOnce() -> String,
+        waiting: impl Fn() -> Waits,
     ) -> Result<()> {
         // The clock is read every 32 idle polls.
         self.polls += 1;
@@ -1349,12 +1377,25 @@ impl Idle {
             return Ok(());
         }
         if now >= deadline {
-            return Err(Error::timeout(format!(
-                "{}: timed out after {} ms; {}",
-                (ctl.what)(),
-                ctl.timeout.as_millis(),
-                waiting()
-            )));
+            // A peer that already failed (this rank may have been the one stopped, and
+            // resumed after its own deadline) is the story, not this timeout.
+            t.check_flags().map_err(|e| e.context((ctl.what)()))?;
+            let w = waiting();
+            let mut start: Vec<usize> = w.from.iter().chain(&w.to).copied().collect();
+            start.sort_unstable();
+            start.dedup();
+            let culprits = t.blame(&start);
+            return Err(Error::timeout_blaming(
+                culprits.first().copied(),
+                format!(
+                    "{}: timed out after {} ms; {}{}{}",
+                    (ctl.what)(),
+                    ctl.timeout.as_millis(),
+                    waiting_message(t.rank, &w.from, &w.to),
+                    w.detail,
+                    crate::transport::cause_of(t.rank, &culprits, &start)
+                ),
+            ));
         }
         if now - *last_peer_check > Duration::from_millis(100) {
             *last_peer_check = now;
@@ -1366,6 +1407,13 @@ impl Idle {
         }
         // Sleeps from the next wait on, after a poll that saw the peers' activity.
         self.sleepy = true;
+        // Say whom this rank waits for, for peers that time out to follow.
+        let w = waiting();
+        if let Some(&p) = w.from.first().or(w.to.first()) {
+            self.tick = self.tick.wrapping_add(1);
+            t.set_waiting(crate::transport::shm::wait_word(p as u32 + 1, self.tick));
+            self.published = true;
+        }
         let left = deadline.saturating_duration_since(now);
         t.sleep(seen, left.min(Duration::from_millis(20)));
         Ok(())
@@ -1389,7 +1437,7 @@ fn overlaps_p2p(sched: &Schedule<'_>, p: *const u8, len: usize, sends: bool) -> 
     })
 }
 
-fn describe_waiting(me: usize, peers: &[Peer], sched: &Schedule<'_>, done: &[bool]) -> String {
+fn describe_waiting(me: usize, peers: &[Peer], sched: &Schedule<'_>, done: &[bool]) -> Waits {
     let (mut from, mut to) = (Vec::new(), Vec::new());
     for (p, st) in peers.iter().enumerate() {
         if p == me {
@@ -1407,7 +1455,7 @@ fn describe_waiting(me: usize, peers: &[Peer], sched: &Schedule<'_>, done: &[boo
             to.push(p);
         }
     }
-    let mut s = waiting_message(me, &from, &to);
+    let mut s = String::new();
     if crate::log::enabled(crate::log::Level::Trace) {
         for (p, st) in peers.iter().enumerate().filter(|(p, _)| *p != me) {
             s += &format!(
@@ -1437,7 +1485,7 @@ fn describe_waiting(me: usize, peers: &[Peer], sched: &Schedule<'_>, done: &[boo
             );
         }
     }
-    s
+    Waits { from, to, detail: s }
 }
 
 /// What a timed-out run waits for: the peers whose messages have not come (`from`)

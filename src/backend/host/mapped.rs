@@ -367,6 +367,7 @@ pub fn run(
     let done = |_: &Board| finished.load(Ordering::Acquire) == word_of(s, geo.total);
     w.wait_until(
         b,
+        None,
         || {
             format!(
                 "pieces of the call between the ranks' buffers are unfinished ({} of {})",
