@@ -83,6 +83,12 @@ pub const DEFAULT_ITERS: usize = 20;
 pub const DEFAULT_WARMUP: usize = 5;
 pub const DEFAULT_MAX_TIME: f64 = 0.25;
 pub const DEFAULT_REPS: usize = 7;
+/// -e of a soak: large enough that calls reach every path (bulletin board, rings,
+/// streaming stores, single copy), small enough that 20,000 calls take minutes.
+pub const DEFAULT_SOAK_MAX_BYTES: u64 = 4 << 20;
+/// Flags that apply to a soak; every other one is refused there (it draws the rest).
+const SOAK_FLAGS: [&str; 11] =
+    ["--soak", "--seed", "--soak-first", "--nranks", "--np", "--bind", "--mem", "-e", "--maxbytes", "-J", "--json"];
 
 /// Everything the command line sets.
 #[derive(Clone, Debug)]
@@ -120,6 +126,12 @@ pub struct Opts {
     pub compare_wire: bool,
     /// Alternating repetitions of the comparisons (the median is reported).
     pub reps: usize,
+    /// `--soak N`: N random checked calls instead of a sweep (see soak.rs).
+    pub soak: Option<u64>,
+    /// `--seed S` of the soak; None: rank 0 draws one.
+    pub seed: Option<u64>,
+    /// `--soak-first I`: the soak starts at call I of the seed's sequence.
+    pub soak_first: u64,
     /// The command line without `--nranks N`, for the ranks it starts.
     pub child_args: Vec<OsString>,
 }
@@ -197,10 +209,47 @@ Comparisons (instead of a sweep; no collectives named; both may be given):
                            repetitions of the ratio measured within one repetition.
                            Results of both sides are checked (-c) outside the timing.
 
+Soak (instead of a sweep; collectives named restrict it to those):
+  --soak N                 N pseudo-random calls, each checked as -c checks (fresh inputs,
+                           the call, the result against values computed independently):
+                           every collective and extension (or those named), a random type
+                           and op valid for it, a size drawn log-uniformly from 0 to -e
+                           (default {dsoak} here: bulletin board, rings, streaming stores and
+                           single copy all run; count 0 included), in place or out of
+                           place, a random root, --axis, --nbuffers, --bucket and --wire
+                           drawn per call, uneven counts with idle ranks (every count to and
+                           from a rank 0) for all_to_allv, all_gather_v and reduce_scatter_v,
+                           and each rank's send and receive buffers of a random kind:
+                           malloc, fcclMemAllocHost or (--mem cuda) fcclMemAlloc, at a random
+                           element offset, some freed and allocated anew. In-place
+                           all_to_allv runs unchecked (its result is undefined). Every rank
+                           draws the same calls from the seed. Each rank counts its open file
+                           descriptors (/proc/self/fd), threads (/proc/self/task), shared
+                           memory (/dev/shm/fccl-*-p<pid> files and memfd descriptors),
+                           memory mappings (/proc/self/maps), resident memory (VmRSS, after
+                           malloc_trim) and malloc's bytes in use (mallinfo2) after W
+                           warm-up calls (W = min({dwarm}, N/4)) and at the end, each time
+                           with every soak buffer freed. Rank 0 prints the calls per
+                           second (inputs and checks included), the calls per collective,
+                           type, op and size, the wrong elements and each rank's counts.
+                           Exit 1 on a wrong result, on growth of descriptors, threads or
+                           shared memory, or on RSS growth beyond {drss} MiB ({dpool} MiB
+                           that the library's scratch pool may keep, plus {dslack} for
+                           allocators and lazily touched rings; malloc's bytes in use and
+                           RSS at each tenth of the run show whether growth levels off;
+                           mappings are reported, not judged). Only -e, --mem, --nranks,
+                           --bind and -J apply besides these three flags.
+  --seed S                 the soak's seed (decimal or 0x hex; default: rank 0 draws one
+                           and tells the others); printed, so --soak N --seed S replays a run
+  --soak-first I           start at call I of the seed's sequence: --soak-first I --soak 1
+                           --seed S replays call I alone (on fresh buffers); a rank that
+                           finds a wrong result prints the call's number and parameters
+
 Output:
   -J, --json FILE          results as JSON: the run's parameters, library version, host,
                            date, memory kind, ranks, peak memory, one record per size and
-                           placement with every column
+                           placement with every column (with --soak: the soak's
+                           parameters, counts and each rank's resource counts)
   --csv FILE               results as CSV, one row per size and placement, header
                            collective,nranks,type,redop,root,size_bytes,count,placement,
                            time_us,algbw_GBps,busbw_GBps,wrong (wrong is empty when not checked)
@@ -257,13 +306,16 @@ Differences from nccl-tests:
   all_reduce's factor 2(n-1)/n. Its inputs are small integers chosen so that every
   contribution and every partial sum is exact in the wire type too, so results are
   still compared exactly.
-  Exit status: 0 all results right, 1 wrong results, 2 bad arguments or memory kind
-  not available, 3 a library call or an output file failed.
+  Exit status: 0 all results right, 1 wrong results (--soak: or resources grew), 2 bad
+  arguments or memory kind not available, 3 a library call or an output file failed.
 
 Test hook:
   FERROCCL_BENCH_CORRUPT=1 in the environment makes rank 0 flip one element of its
   result before each check, so tests can prove that wrong results are reported and
   fail the run.
+  FERROCCL_BENCH_LEAK=1 makes rank 0 of a soak open /dev/null at every call after
+  the warm-up and never close it, so tests can prove that resource growth is reported
+  and fails the run.
 ",
         colls = colls.join(" "),
         types = types.join(" "),
@@ -277,6 +329,11 @@ Test hook:
         daxis = DEFAULT_AXIS,
         dnb = DEFAULT_NBUFFERS,
         dreps = DEFAULT_REPS,
+        dsoak = fmt_size(DEFAULT_SOAK_MAX_BYTES),
+        dwarm = crate::soak::WARMUP_CALLS,
+        drss = crate::soak::RSS_BOUND_MIB,
+        dpool = crate::soak::LIBRARY_POOL_MIB,
+        dslack = crate::soak::RSS_SLACK_MIB,
     )
 }
 
@@ -339,6 +396,9 @@ pub fn parse(raw: &[OsString]) -> Result<Parsed, String> {
         compare_coalesced: false,
         compare_wire: false,
         reps: DEFAULT_REPS,
+        soak: None,
+        seed: None,
+        soak_first: 0,
         child_args: Vec::new(),
     };
     let args: Vec<String> = raw
@@ -347,6 +407,8 @@ pub fn parse(raw: &[OsString]) -> Result<Parsed, String> {
         .collect::<Result<_, _>>()?;
     let mut step_factor_set = None;
     let mut step_bytes_set = false;
+    // Every flag given, for refusing those that a soak does not use.
+    let mut given: Vec<String> = Vec::new();
     let mut i = 0;
     while i < args.len() {
         let a = &args[i];
@@ -375,6 +437,9 @@ pub fn parse(raw: &[OsString]) -> Result<Parsed, String> {
             Ok(v)
         };
         let mut keep = true;
+        if flag.starts_with('-') {
+            given.push(flag.clone());
+        }
         match flag.as_str() {
             "-h" | "--help" => return Ok(Parsed::Help),
             "-b" | "--minbytes" => o.min_bytes = parse_size(&value()?).map_err(|e| format!("-b: {e}"))?,
@@ -494,6 +559,23 @@ pub fn parse(raw: &[OsString]) -> Result<Parsed, String> {
                     return Err("--reps needs at least 1 repetition".into());
                 }
             }
+            "--soak" => {
+                let v: u64 = parse_num("--soak", &value()?)?;
+                if v == 0 {
+                    return Err("--soak needs at least 1 call".into());
+                }
+                o.soak = Some(v);
+            }
+            "--seed" => {
+                let v = value()?;
+                let t = v.trim().to_ascii_lowercase();
+                let parsed = match t.strip_prefix("0x") {
+                    Some(h) => u64::from_str_radix(h, 16).ok(),
+                    None => t.parse().ok(),
+                };
+                o.seed = Some(parsed.ok_or_else(|| format!("--seed {v:?}: not a number (decimal or 0x hex)"))?);
+            }
+            "--soak-first" => o.soak_first = parse_num("--soak-first", &value()?)?,
             _ if takes_value => return Err(format!("unknown option {a}")),
             name => {
                 if name == "all" {
@@ -513,6 +595,39 @@ pub fn parse(raw: &[OsString]) -> Result<Parsed, String> {
         if keep {
             o.child_args.extend(raw[start..i].iter().cloned());
         }
+    }
+    if o.soak.is_none() {
+        if let Some(f) = given.iter().find(|f| matches!(f.as_str(), "--seed" | "--soak-first")) {
+            return Err(format!("{f} is an option of --soak"));
+        }
+    } else {
+        if let Some(f) = given.iter().find(|f| !SOAK_FLAGS.contains(&f.as_str())) {
+            return Err(format!(
+                "{f} does not apply to --soak, which draws sizes, types, ops, roots and extension parameters \
+                 itself (it takes -e, --mem, --nranks, --bind, -J, --seed, --soak-first)"
+            ));
+        }
+        if o.soak_first.checked_add(o.soak.unwrap_or(0)).is_none() {
+            return Err(format!("--soak-first {}: too large", o.soak_first));
+        }
+        if !given.iter().any(|f| f == "-e" || f == "--maxbytes") {
+            o.max_bytes = DEFAULT_SOAK_MAX_BYTES;
+        }
+        if o.max_bytes > isize::MAX as u64 / 4 {
+            return Err(format!("-e {}: too large for a soak's buffers", o.max_bytes));
+        }
+        o.min_bytes = 0;
+        if o.colls.is_empty() {
+            o.colls.extend(Collective::ALL);
+            o.colls.extend(Collective::EXT);
+        }
+        let mut seen = Vec::new();
+        o.colls.retain(|c| {
+            let new = !seen.contains(c);
+            seen.push(*c);
+            new
+        });
+        return Ok(Parsed::Run(Box::new(o)));
     }
     let comparing = o.compare_coalesced || o.compare_wire;
     if comparing {
@@ -618,6 +733,19 @@ mod tests {
         assert!(o.child_args.iter().all(|a| a != "--nranks=3"));
         let o = p(&["-b", "1K", "-e", "4K", "-f", "1", "-i", "1K"]);
         assert_eq!(o.sizes(), vec![1024, 2048, 3072, 4096]);
+    }
+
+    #[test]
+    fn soak_flags() {
+        let o = p(&["--soak", "100", "--seed", "0x10", "--nranks", "2"]);
+        assert_eq!((o.soak, o.seed, o.soak_first), (Some(100), Some(16), 0));
+        assert_eq!(o.max_bytes, DEFAULT_SOAK_MAX_BYTES, "the soak's own default -e");
+        assert_eq!(o.colls.len(), Collective::ALL.len() + Collective::EXT.len());
+        let kept: Vec<String> = o.child_args.iter().map(|a| a.to_string_lossy().into_owned()).collect();
+        assert_eq!(kept, ["--soak", "100", "--seed", "0x10"], "the ranks get the soak and its seed");
+        let o = p(&["all_to_allv", "gather", "--soak=5", "-e", "1K", "--soak-first", "7"]);
+        assert_eq!(o.colls, vec![Collective::AlltoAllv, Collective::Gather]);
+        assert_eq!((o.max_bytes, o.soak_first), (1024, 7));
     }
 
     #[test]

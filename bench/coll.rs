@@ -417,6 +417,25 @@ impl<'a> Case<'a> {
         c
     }
 
+    /// Replaces the uneven counts: all_to_allv sends `count(s, d)` elements from rank
+    /// s to rank d, all_gather_v and reduce_scatter_v give rank p `count(p, p)`; each at
+    /// most the count per peer (displacements stay at p * count). The soak's idle ranks
+    /// and zero counts; other collectives are unchanged.
+    pub fn set_v_counts(&mut self, count: impl Fn(usize, usize) -> usize) {
+        let (n, r, per) = (self.comm.nranks, self.comm.rank, self.layout.param);
+        let count = |s, d| count(s, d).min(per);
+        match self.coll {
+            Collective::AlltoAllv => {
+                self.sendcounts = (0..n).map(|d| count(r, d)).collect();
+                self.recvcounts = (0..n).map(|s| count(s, r)).collect();
+            }
+            Collective::AllGatherV | Collective::ReduceScatterV => {
+                self.recvcounts = (0..n).map(|p| count(p, p)).collect()
+            }
+            _ => {}
+        }
+    }
+
     /// The whole tensor of the axis forms: the block with its axis times nranks.
     fn full_shape(&self) -> [usize; 2] {
         let mut f = self.shape;
@@ -771,7 +790,7 @@ impl<'a> Case<'a> {
                 C::AlltoAllv => {
                     let (s, i) = (k / per, k % per);
                     // Past what s sends, the buffer must be untouched (sentinel: None).
-                    (i < v_count(per, s, me, n)).then(|| g.data(s, me * per + i))
+                    (i < self.recvcounts[s]).then(|| g.data(s, me * per + i))
                 }
                 C::SendRecv => Some(g.data((me + n - 1) % n, k)),
                 C::AllGatherV => {

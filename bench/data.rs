@@ -356,8 +356,9 @@ macro_rules! with_elem {
     }};
 }
 
+/// splitmix64's finaliser: the hash behind the generators and the soak's draws.
 #[inline]
-fn mix(mut x: u64) -> u64 {
+pub fn mix(mut x: u64) -> u64 {
     x ^= x >> 30;
     x = x.wrapping_mul(0xbf58_476d_1ce4_e5b9);
     x ^= x >> 27;

@@ -5,7 +5,8 @@
 //! (or a single rank). Every rank times each size out of place and in place, checks
 //! its results outside the timed loop, and rank 0 prints the table and writes the
 //! JSON, CSV and SVG outputs. `--compare-coalesced` and `--compare-wire` replace the
-//! sweep with side-by-side timings (see compare.rs). See `ferroccl-bench --help`.
+//! sweep with side-by-side timings (see compare.rs), `--soak N` with N random checked
+//! calls and resource counts (see soak.rs). See `ferroccl-bench --help`.
 
 mod cli;
 mod coll;
@@ -14,6 +15,7 @@ mod compare;
 mod data;
 mod plot;
 mod report;
+mod soak;
 
 use cli::{Average, Mem, Opts, Parsed};
 use coll::{Case, Collective};
@@ -194,11 +196,16 @@ fn run_rank(o: &Opts) -> Result<i32, Fail> {
     let rank0 = comm.rank == 0;
     let version_code = comm::version();
     let infos = rank_infos(&comm)?;
+    let corrupt = std::env::var(CORRUPT_VAR).is_ok_and(|v| !v.is_empty() && v != "0");
+    let mut ctx = Ctx { o, comm: &comm, corrupt, progress: Progress::new(rank0) };
+    if o.soak.is_some() {
+        let code = soak::run(&mut ctx, version_code, &infos)?;
+        drop(comm);
+        return Ok(code);
+    }
     if rank0 {
         out(&report::header_lines(o, n, version_code, &infos));
     }
-    let corrupt = std::env::var(CORRUPT_VAR).is_ok_and(|v| !v.is_empty() && v != "0");
-    let mut ctx = Ctx { o, comm: &comm, corrupt, progress: Progress::new(rank0) };
     if o.compare_coalesced || o.compare_wire {
         let mut failed = 0;
         if o.compare_coalesced {

@@ -75,17 +75,9 @@ pub fn fmt_g(v: f64) -> String {
 }
 
 pub fn header_lines(o: &Opts, nranks: usize, version_code: i32, ranks: &[RankInfo]) -> String {
-    let mut s = String::new();
+    let mut s = version_line(o, version_code);
     let step =
         if o.step_factor > 1 { format!("{}(factor)", o.step_factor) } else { format!("{}(bytes)", o.step_bytes) };
-    let _ = writeln!(
-        s,
-        "# ferroccl-bench {}: libferroccl {} (fcclGetVersion {}), {} memory",
-        env!("CARGO_PKG_VERSION"),
-        crate::comm::version_string(version_code),
-        version_code,
-        o.mem.name()
-    );
     let _ = writeln!(
         s,
         "# nRanks {nranks} minBytes {} maxBytes {} step: {step} warmup iters: {} iters: {} max time: {} s rotate: {} validation: {} average: {}({})",
@@ -99,6 +91,24 @@ pub fn header_lines(o: &Opts, nranks: usize, version_code: i32, ranks: &[RankInf
         o.average as u8,
         o.average.name()
     );
+    s.push_str(&rank_lines(o, ranks));
+    s
+}
+
+/// The first header line: benchmark, library and memory kind.
+pub fn version_line(o: &Opts, version_code: i32) -> String {
+    format!(
+        "# ferroccl-bench {}: libferroccl {} (fcclGetVersion {}), {} memory\n",
+        env!("CARGO_PKG_VERSION"),
+        crate::comm::version_string(version_code),
+        version_code,
+        o.mem.name()
+    )
+}
+
+/// The "Using ranks" block of the header.
+pub fn rank_lines(o: &Opts, ranks: &[RankInfo]) -> String {
+    let mut s = String::new();
     let _ = writeln!(s, "#");
     let _ = writeln!(s, "# Using ranks");
     for (r, i) in ranks.iter().enumerate() {
@@ -194,7 +204,7 @@ pub fn footer(records: &[Record], peak_rss_kib: u64) -> String {
     s
 }
 
-fn esc(s: &str) -> String {
+pub fn esc(s: &str) -> String {
     let mut o = String::with_capacity(s.len() + 2);
     o.push('"');
     for c in s.chars() {
@@ -215,7 +225,7 @@ fn esc(s: &str) -> String {
 }
 
 /// A JSON number (finite; JSON has no NaN or infinity).
-fn num(v: f64) -> String {
+pub fn num(v: f64) -> String {
     if v.is_finite() {
         format!("{v}")
     } else {

@@ -1,6 +1,7 @@
 //! ferroccl-bench end to end: short sweeps at 2 and 3 local ranks (NCCL's collectives
-//! and the extensions), the corruption test hook, the comparison modes, and the shape
-//! of the JSON, CSV and SVG outputs. No timing assertions.
+//! and the extensions), the corruption test hook, the comparison modes, short soaks
+//! (and the hooks that make them fail), and the shape of the JSON, CSV and SVG
+//! outputs. No timing assertions.
 
 use std::path::PathBuf;
 use std::process::{Command, Output};
@@ -17,6 +18,7 @@ fn bench(args: &[&str], envs: &[(&str, &str)]) -> Output {
         c.env_remove(v);
     }
     c.env_remove("FERROCCL_BENCH_CORRUPT");
+    c.env_remove("FERROCCL_BENCH_LEAK");
     for (k, v) in envs {
         c.env(k, v);
     }
@@ -593,6 +595,118 @@ fn bad_arguments_and_missing_cuda_exit_2() {
     let o = bench(&["--help"], &[]);
     assert_eq!(o.status.code(), Some(0));
     assert!(text(&o).0.contains("FERROCCL_BENCH_CORRUPT"));
+}
+
+/// Runs a soak with a JSON output; returns the process output and the parsed JSON.
+fn soak(args: &[&str], envs: &[(&str, &str)], name: &str) -> (Output, json::V) {
+    let j = tmp(name);
+    let mut a = args.to_vec();
+    a.extend(["-J", j.to_str().unwrap()]);
+    let o = bench(&a, envs);
+    let js = std::fs::read_to_string(&j).unwrap_or_else(|e| panic!("no JSON ({e}): {:?}", text(&o)));
+    let _ = std::fs::remove_file(&j);
+    let v = json::parse(&js).unwrap_or_else(|e| panic!("JSON does not parse: {e}\n{js}"));
+    (o, v)
+}
+
+fn num_at(v: &json::V, path: &[&str]) -> f64 {
+    let mut x = v;
+    for k in path {
+        x = x.get(k).unwrap_or_else(|| panic!("JSON has {path:?}"));
+    }
+    x.num().unwrap_or_else(|| panic!("{path:?} is a number"))
+}
+
+/// The CI soak: random checked calls of every collective and extension (count 0,
+/// in place, idle ranks, malloc and fcclMemAllocHost buffers) at 2 and 3 ranks, with
+/// fixed seeds so a failure replays; no wrong element and no growth of descriptors,
+/// memfds, segments or threads.
+#[test]
+fn soak_is_right_and_grows_nothing_at_2_and_3_ranks() {
+    for (n, calls, seed) in [("2", "400", "1"), ("3", "200", "2")] {
+        let (o, v) = soak(&["--nranks", n, "--soak", calls, "--seed", seed], &[], "soak.json");
+        let (out, err) = text(&o);
+        let ctx = format!("stdout:\n{out}\nstderr:\n{err}");
+        assert_eq!(o.status.code(), Some(0), "{ctx}");
+        assert!(out.contains("# Soak                 : OK"), "{ctx}");
+        assert!(out.contains(&format!("--soak {calls} --seed {seed} --nranks {n}")), "replay line: {ctx}");
+        assert_eq!(v.get("mode").and_then(|m| m.str()), Some("soak"));
+        assert_eq!(num_at(&v, &["nranks"]), n.parse::<f64>().unwrap());
+        assert_eq!(num_at(&v, &["params", "seed"]), seed.parse::<f64>().unwrap());
+        assert_eq!(num_at(&v, &["wrong"]), 0.0, "{ctx}");
+        for k in ["fds", "memfds", "shm_files", "threads"] {
+            assert!(num_at(&v, &["max_growth", k]) <= 0.0, "{k} grew: {ctx}");
+        }
+        assert!(num_at(&v, &["calls_per_s"]) > 0.0);
+        let per: f64 = EXT
+            .iter()
+            .chain(NCCL_SET.iter())
+            .map(|c| {
+                let k = num_at(&v, &["calls_per_collective", c]);
+                assert!(k > 0.0, "{c} ran: {ctx}");
+                k
+            })
+            .sum();
+        assert_eq!(per, calls.parse::<f64>().unwrap(), "every call is counted once");
+        for k in ["in_place", "count_zero", "idle_rank_calls"] {
+            assert!(num_at(&v, &[k]) > 0.0, "{k}: {ctx}");
+        }
+        for k in ["malloc", "fcclMemAllocHost"] {
+            assert!(num_at(&v, &["buffers", k]) > 0.0, "{k} buffers: {ctx}");
+        }
+        assert_eq!(num_at(&v, &["buffers", "fcclMemAlloc"]), 0.0);
+        let ranks = v.get("ranks").and_then(|r| r.arr()).expect("ranks");
+        assert_eq!(ranks.len(), n.parse::<usize>().unwrap());
+        for r in ranks {
+            assert!(num_at(r, &["end", "fds"]) > 0.0 && num_at(r, &["end", "threads"]) >= 1.0, "{r:?}");
+            assert_eq!(r.get("rss_kib_steps").and_then(|s| s.arr()).map(|s| s.len()), Some(10));
+        }
+    }
+}
+
+/// A soak fails on wrong results (the corruption hook flips an element of rank 0's
+/// result at every check) and names the call and its replay; and on a descriptor
+/// leak (the leak hook), with every result right.
+#[test]
+fn soak_fails_on_wrong_results_and_on_growth() {
+    let (o, v) = soak(&["--nranks", "2", "--soak", "60", "--seed", "3"], &[("FERROCCL_BENCH_CORRUPT", "1")], "c.json");
+    let (out, err) = text(&o);
+    assert_eq!(o.status.code(), Some(1), "stdout:\n{out}\nstderr:\n{err}");
+    assert!(num_at(&v, &["wrong"]) > 0.0, "{out}");
+    assert!(num_at(&v, &["wrong_calls"]) > 0.0, "{out}");
+    assert!(out.contains("# Soak                 : FAILED: wrong results"), "{out}");
+    assert!(out.contains("--soak-first"), "replay of the first wrong call: {out}");
+    assert!(err.contains("soak call #") && err.contains("of seed 3") && err.contains("wrong elements"), "{err}");
+
+    let (o, v) = soak(&["--nranks", "2", "--soak", "100", "--seed", "4"], &[("FERROCCL_BENCH_LEAK", "1")], "l.json");
+    let (out, err) = text(&o);
+    assert_eq!(o.status.code(), Some(1), "stdout:\n{out}\nstderr:\n{err}");
+    assert_eq!(num_at(&v, &["wrong"]), 0.0);
+    // Rank 0 leaks one descriptor per call after the 25 warm-up calls.
+    assert_eq!(num_at(&v, &["max_growth", "fds"]), 75.0, "{out}");
+    assert!(out.contains("FAILED: descriptors, threads or shared memory grew"), "{out}");
+}
+
+#[test]
+fn soak_arguments_are_checked() {
+    for args in [
+        &["--soak", "0"][..],
+        &["--soak", "x"],
+        &["--seed", "1"],
+        &["--soak-first", "3"],
+        &["--soak", "10", "--seed", "nope"],
+        &["--soak", "10", "-b", "8"],
+        &["--soak", "10", "-d", "float"],
+        &["--soak", "10", "--wire", "half"],
+        &["--soak", "10", "--compare-wire"],
+    ] {
+        let o = bench(args, &[]);
+        assert_eq!(o.status.code(), Some(2), "{args:?}: {}", text(&o).1);
+    }
+    let (help, _) = text(&bench(&["--help"], &[]));
+    for w in ["--soak N", "--seed S", "--soak-first I", "idle ranks", "FERROCCL_BENCH_LEAK", "calls per"] {
+        assert!(help.contains(w), "--help mentions {w}");
+    }
 }
 
 /// Just enough JSON to check that the output parses and to look inside it.
