@@ -519,7 +519,9 @@ fcclResult_t fcclCommInitAll(fcclComm_t *comms,
  * Creates this process's rank from the environment: FERROCCL_RANK, FERROCCL_WORLD_SIZE
  * and FERROCCL_UNIQUE_ID (set by ferroccl-run) or FERROCCL_ROOT_ADDR (host:port where
  * rank 0 serves the rendezvous); torchrun's RANK, WORLD_SIZE, MASTER_ADDR and
- * MASTER_PORT are used when the FERROCCL ones are absent.
+ * MASTER_PORT are used when the FERROCCL ones are absent. A rendezvous at an address
+ * needs a secret: FERROCCL_SECRET, else one derived from the launcher's job id
+ * (torchrun, mpirun, srun); without either it returns fcclInvalidUsage.
  */
 fcclResult_t fcclCommInitFromEnv(fcclComm_t *comm);
 

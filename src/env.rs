@@ -25,7 +25,7 @@ pub const UNIQUE_ID: Var = Var {
 pub const SECRET: Var = Var {
     name: "FERROCCL_SECRET",
     default: "",
-    doc: "shared secret (any string) for FERROCCL_ROOT_ADDR rendezvous; empty = none",
+    doc: "secret (any string, the same on every rank) that admits a rank to a FERROCCL_ROOT_ADDR or MASTER_ADDR/MASTER_PORT rendezvous and tells jobs apart; never sent, only proved. Unset: derived from TORCHELASTIC_RUN_ID, PMIX_NAMESPACE, OMPI_MCA_orte_ess_jobid or SLURM_JOB_ID/SLURM_STEP_ID (the first set), else fcclCommInitFromEnv refuses (ferroccl-run needs none)",
 };
 pub const TIMEOUT_MS: Var =
     Var { name: "FERROCCL_TIMEOUT_MS", default: "600000", doc: "bound on every blocking wait, in ms" };
@@ -87,6 +87,27 @@ pub const TORCH_RANK: Var = Var { name: "RANK", default: "", doc: "torchrun's ra
 pub const TORCH_WORLD_SIZE: Var = Var { name: "WORLD_SIZE", default: "", doc: "torchrun's world size (fallback)" };
 pub const TORCH_MASTER_ADDR: Var = Var { name: "MASTER_ADDR", default: "", doc: "torchrun's master host (fallback)" };
 pub const TORCH_MASTER_PORT: Var = Var { name: "MASTER_PORT", default: "", doc: "torchrun's master port (fallback)" };
+pub const TORCHELASTIC_RUN_ID: Var = Var {
+    name: "TORCHELASTIC_RUN_ID",
+    default: "",
+    doc: "torchrun's run id: the job's rendezvous secret when FERROCCL_SECRET is unset (not its default, none)",
+};
+pub const PMIX_NAMESPACE: Var = Var {
+    name: "PMIX_NAMESPACE",
+    default: "",
+    doc: "the PMIx job namespace (mpirun, srun --mpi=pmix): the job's rendezvous secret when the above are unset",
+};
+pub const OMPI_JOBID: Var = Var {
+    name: "OMPI_MCA_orte_ess_jobid",
+    default: "",
+    doc: "Open MPI 4's job id: the job's rendezvous secret when the above are unset",
+};
+pub const SLURM_JOB_ID: Var = Var {
+    name: "SLURM_JOB_ID",
+    default: "",
+    doc: "Slurm's job id, with SLURM_STEP_ID: the job's rendezvous secret when the above are unset",
+};
+pub const SLURM_STEP_ID: Var = Var { name: "SLURM_STEP_ID", default: "", doc: "Slurm's step id (see SLURM_JOB_ID)" };
 
 /// All variables, for documentation and `ferroccl-run --help`.
 pub const ALL: &[&Var] = &[
@@ -112,6 +133,11 @@ pub const ALL: &[&Var] = &[
     &TORCH_WORLD_SIZE,
     &TORCH_MASTER_ADDR,
     &TORCH_MASTER_PORT,
+    &TORCHELASTIC_RUN_ID,
+    &PMIX_NAMESPACE,
+    &OMPI_JOBID,
+    &SLURM_JOB_ID,
+    &SLURM_STEP_ID,
 ];
 
 impl Var {

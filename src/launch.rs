@@ -1,16 +1,17 @@
 //! Starting N ranks of a program as local processes (what `ferroccl-run` and
 //! `ferroccl-bench --nranks N` do).
 //!
-//! [`Launch::run`] serves the rendezvous itself, sets FERROCCL_RANK, FERROCCL_WORLD_SIZE,
-//! FERROCCL_LOCAL_RANK, FERROCCL_LOCAL_SIZE, FERROCCL_UNIQUE_ID and FERROCCL_ROOT_ADDR in
-//! each rank's environment, forwards each line of the ranks' output prefixed with the
-//! rank, and returns the exit status: 0 when every rank exits 0, otherwise the first
+//! [`Launch::run`] serves the rendezvous itself (on loopback, with a random key, and told
+//! when a rank's process ends so that a set-up waiting for it fails at once), sets
+//! FERROCCL_RANK, FERROCCL_WORLD_SIZE, FERROCCL_LOCAL_RANK, FERROCCL_LOCAL_SIZE,
+//! FERROCCL_UNIQUE_ID and FERROCCL_ROOT_ADDR in each rank's environment, forwards each
+//! line of the ranks' output prefixed with the rank, and returns the exit status: 0 when every rank exits 0, otherwise the first
 //! failing rank's status (128 + signal for a rank killed by a signal). When one rank
 //! fails the others get a grace period to finish before they are killed. Ranks get
 //! SIGKILL when the launching process dies, however it dies; SIGINT, SIGTERM and SIGHUP
 //! received while ranks run are passed on to them.
 
-use crate::comm::bootstrap::UniqueId;
+use crate::comm::bootstrap::{Server, ServerOptions, UniqueId};
 use std::ffi::OsString;
 use std::io::{BufRead, BufReader, Read, Write};
 use std::os::unix::process::{CommandExt, ExitStatusExt};
@@ -82,8 +83,11 @@ impl Launch {
             eprintln!("{name}: nothing to launch (need at least one rank and a program)");
             return EXIT_SPAWN;
         }
-        let id = match UniqueId::generate(true) {
-            Ok(id) => id,
+        // Every rank runs on this host: the point listens on loopback only. It serves
+        // set-up after set-up (a program may create several communicators from the id).
+        let opts = ServerOptions { reusable: true, loopback: true, ..ServerOptions::default() };
+        let (id, server) = match UniqueId::serve(opts) {
+            Ok(x) => x,
             Err(e) => {
                 eprintln!("{name}: cannot start the rendezvous point: {e}");
                 return EXIT_RENDEZVOUS;
@@ -91,12 +95,13 @@ impl Launch {
         };
         SIGNALLED.store(0, Ordering::SeqCst);
         let handlers = Handlers::install();
-        let code = self.run_ranks(&id);
+        let code = self.run_ranks(&id, &server);
         drop(handlers);
+        server.stop();
         code
     }
 
-    fn run_ranks(&self, id: &UniqueId) -> i32 {
+    fn run_ranks(&self, id: &UniqueId, server: &Server) -> i32 {
         let name = &self.name;
         let root_addr = id.addr().map(|a| a.to_string()).unwrap_or_default();
         let mut children: Vec<Option<Child>> = Vec::new();
@@ -175,6 +180,8 @@ impl Launch {
             for (r, slot) in children.iter_mut().enumerate() {
                 let Some(c) = slot else { continue };
                 if let Ok(Some(st)) = c.try_wait() {
+                    // A set-up waiting for this rank fails now, naming it, not at its timeout.
+                    server.process_ended(r, self.nranks, c.id(), &describe(st));
                     running -= 1;
                     *slot = None;
                     if !st.success() {

@@ -3,7 +3,7 @@
 //! are given. Seeds live in tests/fuzz_seeds; inputs are seeds mutated by a
 //! deterministic generator. Run longer by hand with FERROCCL_FUZZ_ITERS=1000000.
 
-use ferroccl::comm::bootstrap::{decode_round, read_frame, Hello, UniqueId};
+use ferroccl::comm::bootstrap::{decode_round, read_frame, Challenge, Hello, UniqueId};
 use ferroccl::ffi::*;
 use std::ptr::{null, null_mut};
 
@@ -67,7 +67,11 @@ fn rendezvous_decoders_never_panic() {
     for _ in 0..iters(50_000) {
         let seed = &seeds[rng.below(seeds.len() as u64) as usize];
         let input = mutate(&mut rng, seed);
-        let _ = Hello::decode(&input);
+        if let Ok(h) = Hello::decode(&input) {
+            let _ = h.check_ranks();
+            let _ = h.verify(&[1; 32], &[2; 32]);
+        }
+        let _ = Challenge::decode(&input);
         let _ = decode_round(&input);
         let _ = read_frame(&mut std::io::Cursor::new(&input), 1 << 16);
         let hex: String = input.iter().map(|b| format!("{b:02x}")).collect();
@@ -75,7 +79,8 @@ fn rendezvous_decoders_never_panic() {
         let _ = UniqueId::from_hex(&String::from_utf8_lossy(&input));
     }
     // A valid hello still decodes: the fuzzing above is not vacuous.
-    assert!(Hello::decode(&Hello { secret: [1; 32], nranks: 2, rank: 1 }.encode()).is_ok());
+    let h = Hello::new(&[1; 32], &[2; 32], 2, 1, 1000).unwrap();
+    assert!(Hello::decode(&h.encode()).is_ok_and(|d| d.verify(&[1; 32], &[2; 32]) && d.check_ranks().is_ok()));
 }
 
 /// Every exported collective with random arguments on live, destroyed and bogus

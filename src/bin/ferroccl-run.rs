@@ -1,9 +1,10 @@
 //! ferroccl-run: starts N ranks of a program as local processes.
 //!
-//! It serves the rendezvous itself, sets FERROCCL_RANK, FERROCCL_WORLD_SIZE,
-//! FERROCCL_UNIQUE_ID and FERROCCL_ROOT_ADDR in each rank's environment, prefixes each
-//! line of output with the rank, exits non-zero if any rank fails, and takes every
-//! rank down with it when it is killed (ranks get SIGKILL when the launcher dies).
+//! It serves the rendezvous itself (on loopback, with a random key per run), sets
+//! FERROCCL_RANK, FERROCCL_WORLD_SIZE, FERROCCL_UNIQUE_ID and FERROCCL_ROOT_ADDR in
+//! each rank's environment, prefixes each line of output with the rank, exits non-zero
+//! if any rank fails, and takes every rank down with it when it is killed (ranks get
+//! SIGKILL when the launcher dies).
 //!
 //! The work is done by [`ferroccl::launch`]; this is its command line.
 
@@ -29,6 +30,9 @@ fn usage() -> String {
          least N of them (mpirun's default), so that ranks waiting for each other never\n\
          share a CPU; the default, none, leaves placement to the scheduler (right for\n\
          ranks with threads of their own).\n\n\
+         The rendezvous point listens on 127.0.0.1 only and admits only ranks that prove\n\
+         they hold this run's random key (in FERROCCL_UNIQUE_ID); when a rank exits before\n\
+         its communicator is set up, the other ranks' set-up fails at once, naming it.\n\n\
          Environment variables ferroccl reads:\n",
     );
     for v in ferroccl::env::ALL {

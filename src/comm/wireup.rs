@@ -1,13 +1,22 @@
 //! Connecting the ranks of a new communicator: shared memory with peers on this
 //! host, TCP with the others. Runs [`ROUNDS`] rounds of an allgather supplied by the
-//! caller (the rendezvous point for a new communicator, the parent for a split).
+//! caller (the rendezvous point for a new communicator, the parent for a split):
+//! 1. who is where (host, pid, CPUs);
+//! 2. every segment exists, and each rank with peers on other hosts gives the address
+//!    of the port it opened for them (no port at all when every rank is local);
+//! 3. every rank has mapped its local peers' segments and connected to its remote
+//!    peers of higher rank. Only then does a rank accept its lower remote peers: they
+//!    have all connected, so a peer that died earlier failed a round instead, and the
+//!    rendezvous point told everyone at once.
 
 use crate::error::{Error, Result};
 use crate::transport::shm::{ring_bytes_for, Segment, ShmLink};
 use crate::transport::tcp::TcpLink;
 use crate::transport::{Link, Transport};
+use std::collections::VecDeque;
 use std::io::{Read, Write};
-use std::net::{IpAddr, Ipv4Addr, SocketAddr, TcpListener, TcpStream};
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr, TcpListener, TcpStream};
+use std::os::fd::AsRawFd;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -15,6 +24,8 @@ use std::time::{Duration, Instant};
 pub(crate) const ROUNDS: usize = 3;
 /// Size of a rank's description in round one.
 pub(crate) const BLOB_BYTES: usize = 64;
+/// The most accepted connections that have not yet said which peer they are.
+const MAX_UNIDENTIFIED: usize = 64;
 
 /// An allgather of one blob per rank, in rank order of the new communicator.
 pub type Allgather<'a> = dyn FnMut(&[u8]) -> Result<Vec<Vec<u8>>> + 'a;
@@ -22,7 +33,6 @@ pub type Allgather<'a> = dyn FnMut(&[u8]) -> Result<Vec<Vec<u8>>> + 'a;
 struct Info {
     host: u64,
     pid: u32,
-    addr: SocketAddr,
     /// The CPUs below 256 that the rank may run on, as a bit mask, and whether it
     /// may also run on CPUs beyond those.
     cpus: [u8; 32],
@@ -49,17 +59,6 @@ impl Info {
         let mut b = vec![0u8; BLOB_BYTES];
         b[0..8].copy_from_slice(&self.host.to_le_bytes());
         b[8..12].copy_from_slice(&self.pid.to_le_bytes());
-        b[12..14].copy_from_slice(&self.addr.port().to_le_bytes());
-        match self.addr.ip() {
-            IpAddr::V4(ip) => {
-                b[14] = 4;
-                b[16..20].copy_from_slice(&ip.octets());
-            }
-            IpAddr::V6(ip) => {
-                b[14] = 6;
-                b[16..32].copy_from_slice(&ip.octets());
-            }
-        }
         b[15] = u8::from(self.more_cpus);
         b[32..64].copy_from_slice(&self.cpus);
         b
@@ -70,18 +69,45 @@ impl Info {
         }
         let host = u64::from_le_bytes(b[0..8].try_into().unwrap());
         let pid = u32::from_le_bytes(b[8..12].try_into().unwrap());
-        let port = u16::from_le_bytes(b[12..14].try_into().unwrap());
-        let ip = if b[14] == 6 {
-            let mut o = [0u8; 16];
-            o.copy_from_slice(&b[16..32]);
-            IpAddr::from(o)
-        } else {
-            IpAddr::V4(Ipv4Addr::new(b[16], b[17], b[18], b[19]))
-        };
         let mut cpus = [0u8; 32];
         cpus.copy_from_slice(&b[32..64]);
-        Ok(Info { host, pid, addr: SocketAddr::new(ip, port), cpus, more_cpus: b[15] != 0 })
+        Ok(Info { host, pid, cpus, more_cpus: b[15] != 0 })
     }
+}
+
+/// Round two's blob: the address of this rank's port for remote peers, if it has one.
+fn encode_addr(a: Option<SocketAddr>) -> Vec<u8> {
+    let mut b = vec![0u8; 19];
+    match a {
+        None => return Vec::new(),
+        Some(a) => {
+            b[1..3].copy_from_slice(&a.port().to_le_bytes());
+            match a.ip() {
+                IpAddr::V4(ip) => {
+                    b[0] = 4;
+                    b[3..7].copy_from_slice(&ip.octets());
+                }
+                IpAddr::V6(ip) => {
+                    b[0] = 6;
+                    b[3..19].copy_from_slice(&ip.octets());
+                }
+            }
+        }
+    }
+    b
+}
+
+fn decode_addr(b: &[u8]) -> Option<SocketAddr> {
+    if b.len() < 19 {
+        return None;
+    }
+    let port = u16::from_le_bytes([b[1], b[2]]);
+    let ip = match b[0] {
+        4 => IpAddr::V4(Ipv4Addr::new(b[3], b[4], b[5], b[6])),
+        6 => IpAddr::from(<[u8; 16]>::try_from(&b[3..19]).unwrap()),
+        _ => return None,
+    };
+    Some(SocketAddr::new(ip, port))
 }
 
 /// Identity of this host: hostname and boot id, hashed.
@@ -89,6 +115,38 @@ pub(super) fn host_id() -> u64 {
     let mut s = std::fs::read_to_string("/proc/sys/kernel/hostname").unwrap_or_default();
     s += &std::fs::read_to_string("/proc/sys/kernel/random/boot_id").unwrap_or_default();
     s.bytes().fold(0xcbf2_9ce4_8422_2325u64, |h, c| (h ^ c as u64).wrapping_mul(0x100_0000_01b3))
+}
+
+/// A port for peers on other hosts, on the address this rank advertises
+/// (FERROCCL_HOST_ADDR, else loopback), and that address.
+fn open_port(nranks: usize) -> Result<(TcpListener, SocketAddr)> {
+    let adv = crate::env::HOST_ADDR
+        .get()
+        .and_then(|s| s.trim().parse::<IpAddr>().ok())
+        .unwrap_or(IpAddr::V4(Ipv4Addr::LOCALHOST));
+    let listener = match TcpListener::bind(SocketAddr::new(adv, 0)) {
+        Ok(l) => l,
+        // An address this host only receives through NAT: listen on every interface.
+        Err(e) if e.raw_os_error() == Some(libc::EADDRNOTAVAIL) => {
+            let any = if adv.is_ipv4() { IpAddr::V4(Ipv4Addr::UNSPECIFIED) } else { IpAddr::V6(Ipv6Addr::UNSPECIFIED) };
+            crate::log::info(format_args!(
+                "FERROCCL_HOST_ADDR {adv} is not an address of this host; the port for remote peers listens on {any}"
+            ));
+            TcpListener::bind(SocketAddr::new(any, 0))
+                .map_err(|e| Error::system(format!("cannot open a port for peers on other hosts: {e}")))?
+        }
+        Err(e) => {
+            return Err(Error::system(format!(
+                "cannot open a port for peers on other hosts on {adv} (FERROCCL_HOST_ADDR): {e}"
+            )))
+        }
+    };
+    listener.set_nonblocking(true)?;
+    // Every lower remote peer connects before this rank accepts any (round three).
+    // SAFETY: listen on a socket we own; it only raises the accept queue's length.
+    unsafe { libc::listen(listener.as_raw_fd(), nranks.min(i32::MAX as usize) as libc::c_int) };
+    let port = listener.local_addr()?.port();
+    Ok((listener, SocketAddr::new(adv, port)))
 }
 
 /// Wires up rank `rank` of `nranks`. `name` (unique per communicator) names the
@@ -102,20 +160,9 @@ pub fn connect(
     allgather: &mut Allgather<'_>,
 ) -> Result<Transport> {
     let force_tcp = crate::env::TRANSPORT.get_or_default().eq_ignore_ascii_case("tcp");
-    let listener = TcpListener::bind(SocketAddr::new(IpAddr::V4(Ipv4Addr::UNSPECIFIED), 0))
-        .map_err(|e| Error::system(format!("cannot open a port for peers on other hosts: {e}")))?;
-    listener.set_nonblocking(true)?;
-    let adv_ip =
-        crate::env::HOST_ADDR.get().and_then(|s| s.parse::<IpAddr>().ok()).unwrap_or(IpAddr::V4(Ipv4Addr::LOCALHOST));
     let my_host = if force_tcp { host_id() ^ (std::process::id() as u64) << 1 ^ rank as u64 } else { host_id() };
     let (cpus, more_cpus) = cpu_mask();
-    let me = Info {
-        host: my_host,
-        pid: std::process::id(),
-        addr: SocketAddr::new(adv_ip, listener.local_addr()?.port()),
-        cpus,
-        more_cpus,
-    };
+    let me = Info { host: my_host, pid: std::process::id(), cpus, more_cpus };
 
     // Round 1: who is where.
     let infos: Vec<Info> = allgather(&me.encode())?.iter().map(|b| Info::decode(b)).collect::<Result<_>>()?;
@@ -124,22 +171,26 @@ pub fn connect(
     }
     let local: Vec<bool> = infos.iter().map(|i| i.host == me.host).collect();
     let any_local_peer = (0..nranks).any(|p| p != rank && local[p]);
+    let any_remote_peer = (0..nranks).any(|p| p != rank && !local[p]);
     let ring = ring_bytes_for(nranks);
-    // The creator's pid in the name lets a later job remove segments of a job whose
-    // ranks were all killed before they could unlink them.
     // The creator's pid in the name lets a later job remove the segments of a job
     // whose ranks were all killed before they could unlink them.
     let seg_name = |r: usize| format!("/fccl-{name}-{r}-p{}", infos[r].pid);
     let mut my_seg = if any_local_peer {
         crate::transport::shm::remove_stale_segments();
-        crate::transport::shm::allow_peer_reads();
+        let peers: Vec<u32> = (0..nranks).filter(|&p| p != rank && local[p]).map(|p| infos[p].pid).collect();
+        crate::transport::shm::allow_peer_reads(&peers);
         Some(Segment::create_shared(&seg_name(rank), nranks, ring)?)
     } else {
         None
     };
+    // A port only when a peer is on another host; all-local jobs open none.
+    let port = if any_remote_peer { Some(open_port(nranks)?) } else { None };
 
-    // Round 2: every segment exists; map the peers' and connect to remote peers.
-    allgather(&[])?;
+    // Round 2: every segment and port exists; map the peers' segments and connect to
+    // remote peers of higher rank.
+    let addrs: Vec<Option<SocketAddr>> =
+        allgather(&encode_addr(port.as_ref().map(|p| p.1)))?.iter().map(|b| decode_addr(b)).collect();
     let my_seg_arc = my_seg.take().map(Arc::new);
     let mut links: Vec<Option<Box<dyn Link>>> = (0..nranks).map(|_| None).collect();
     let mut segs: Vec<Option<Arc<Segment>>> = (0..nranks).map(|_| None).collect();
@@ -152,50 +203,27 @@ pub fn connect(
         links[p] = Some(Box::new(ShmLink::new(rank, p, mine, peer_seg, other_process)));
     }
     for p in (rank + 1..nranks).filter(|&p| !local[p]) {
-        let mut s = connect_retry(infos[p].addr, deadline, p)?;
+        let addr = addrs.get(p).copied().flatten().ok_or_else(|| {
+            Error::internal(format!("rank {rank}: rank {p} is on another host but gave no address for its port"))
+        })?;
+        let mut s = connect_peer(addr, deadline, rank, p)?;
         let mut hello = [0u8; 16];
         hello[0..8].copy_from_slice(&nonce.to_le_bytes());
         hello[8..16].copy_from_slice(&(rank as u64).to_le_bytes());
         s.write_all(&hello)?;
         links[p] = Some(Box::new(TcpLink::new(p, s)?));
     }
-    let mut waiting: Vec<usize> = (0..rank).filter(|&p| !local[p]).collect();
-    while !waiting.is_empty() {
-        match listener.accept() {
-            Ok((mut s, _)) => {
-                s.set_nonblocking(false)?;
-                s.set_read_timeout(Some(Duration::from_secs(5)))?;
-                let mut hello = [0u8; 16];
-                if s.read_exact(&mut hello).is_err() {
-                    continue;
-                }
-                let their_nonce = u64::from_le_bytes(hello[0..8].try_into().unwrap());
-                let p = u64::from_le_bytes(hello[8..16].try_into().unwrap()) as usize;
-                // Refuse strangers; they do not disturb the set-up.
-                if their_nonce != nonce || !waiting.contains(&p) {
-                    continue;
-                }
-                waiting.retain(|&q| q != p);
-                links[p] = Some(Box::new(TcpLink::new(p, s)?));
-            }
-            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
-                if Instant::now() >= deadline {
-                    let list: Vec<String> = waiting.iter().map(|p| p.to_string()).collect();
-                    return Err(Error::timeout(format!(
-                        "rank {rank}: ranks {} never connected over TCP",
-                        list.join(", ")
-                    )));
-                }
-                std::thread::sleep(Duration::from_millis(2));
-            }
-            Err(e) => return Err(Error::system(format!("accepting peer connections: {e}"))),
-        }
-    }
 
-    // Round 3: everyone has mapped everything; the names can go.
+    // Round 3: everyone has mapped everything and connected; the names can go.
     allgather(&[])?;
     if let Some(s) = &my_seg_arc {
         s.unlink();
+    }
+    if let Some((listener, _)) = port {
+        let lower: Vec<usize> = (0..rank).filter(|&p| !local[p]).collect();
+        for (p, s) in accept_peers(&listener, &lower, nonce, rank, deadline)? {
+            links[p] = Some(Box::new(TcpLink::new(p, s)?));
+        }
     }
     let local_ranks = local.iter().filter(|&&l| l).count();
     // How many CPUs the ranks of this host may use together: ranks pinned one per
@@ -224,15 +252,135 @@ pub fn connect(
     Ok(t)
 }
 
-fn connect_retry(addr: SocketAddr, deadline: Instant, peer: usize) -> Result<TcpStream> {
+/// Connects to rank `peer`'s port. Its port was open before round two, so a refusal
+/// means its process is gone: that fails at once instead of retrying to the deadline.
+fn connect_peer(addr: SocketAddr, deadline: Instant, rank: usize, peer: usize) -> Result<TcpStream> {
+    let mut last = String::new();
     loop {
         let left = deadline.saturating_duration_since(Instant::now());
         if left.is_zero() {
-            return Err(Error::timeout(format!("could not connect to rank {peer} at {addr}")));
+            return Err(Error::timeout(format!(
+                "rank {rank}: timed out connecting to rank {peer} at {addr} ({last}); check that the hosts can reach each other on FERROCCL_HOST_ADDR"
+            )));
         }
         match TcpStream::connect_timeout(&addr, left.min(Duration::from_secs(2))) {
             Ok(s) => return Ok(s),
-            Err(_) => std::thread::sleep(Duration::from_millis(10)),
+            Err(e) if e.kind() == std::io::ErrorKind::ConnectionRefused => {
+                return Err(Error::remote_rank(
+                    peer,
+                    format!("rank {rank}: rank {peer} refused the connection at {addr}: its process has died or closed its port"),
+                ))
+            }
+            Err(e) => {
+                last = e.to_string();
+                std::thread::sleep(Duration::from_millis(10).min(deadline.saturating_duration_since(Instant::now())));
+            }
         }
+    }
+}
+
+/// Accepts the connections of remote peers `lower` (each says the set-up's nonce and
+/// its rank). Strangers on the port are dropped without blocking anything: each
+/// accepted connection is read without waiting, at most [`MAX_UNIDENTIFIED`] at once.
+fn accept_peers(
+    listener: &TcpListener,
+    lower: &[usize],
+    nonce: u64,
+    rank: usize,
+    deadline: Instant,
+) -> Result<Vec<(usize, TcpStream)>> {
+    let mut waiting: Vec<usize> = lower.to_vec();
+    let mut done = Vec::with_capacity(lower.len());
+    let mut unidentified: VecDeque<(TcpStream, [u8; 16], usize)> = VecDeque::new();
+    while !waiting.is_empty() {
+        let mut progress = false;
+        loop {
+            match listener.accept() {
+                Ok((s, _)) => {
+                    s.set_nonblocking(true)?;
+                    if unidentified.len() >= MAX_UNIDENTIFIED {
+                        unidentified.pop_front();
+                    }
+                    unidentified.push_back((s, [0; 16], 0));
+                    progress = true;
+                }
+                Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => break,
+                Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+                Err(e) => return Err(Error::system(format!("rank {rank}: accepting peer connections: {e}"))),
+            }
+        }
+        let mut i = 0;
+        while i < unidentified.len() {
+            let (s, buf, got) = &mut unidentified[i];
+            match s.read(&mut buf[*got..]) {
+                Ok(0) => {
+                    unidentified.remove(i);
+                    continue;
+                }
+                Ok(n) => {
+                    *got += n;
+                    progress = true;
+                }
+                Err(e) if matches!(e.kind(), std::io::ErrorKind::WouldBlock | std::io::ErrorKind::Interrupted) => {}
+                Err(_) => {
+                    unidentified.remove(i);
+                    continue;
+                }
+            }
+            if *got == 16 {
+                let their_nonce = u64::from_le_bytes(buf[0..8].try_into().unwrap());
+                let p = u64::from_le_bytes(buf[8..16].try_into().unwrap());
+                let (s, _, _) = unidentified.remove(i).expect("index in range");
+                // Strangers and repeats are dropped; they do not disturb the set-up.
+                if let Some(k) = waiting.iter().position(|&q| their_nonce == nonce && q as u64 == p) {
+                    done.push((waiting.swap_remove(k), s));
+                }
+                continue;
+            }
+            i += 1;
+        }
+        if waiting.is_empty() {
+            break;
+        }
+        if Instant::now() >= deadline {
+            let list: Vec<String> = waiting.iter().map(|p| p.to_string()).collect();
+            return Err(Error::timeout(format!(
+                "rank {rank}: ranks {} connected over TCP (round three says so) but never identified themselves before the deadline",
+                list.join(", ")
+            )));
+        }
+        if !progress {
+            // They have all connected already (round three): only packets in flight remain.
+            std::thread::sleep(Duration::from_millis(1));
+        }
+    }
+    Ok(done)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_port_for_remote_peers_listens_on_the_advertised_address_only() {
+        if crate::env::HOST_ADDR.get().is_some() {
+            return;
+        }
+        let (l, adv) = open_port(4).unwrap();
+        let bound = l.local_addr().unwrap();
+        assert_eq!(bound.ip(), adv.ip());
+        assert!(!bound.ip().is_unspecified(), "bound to {bound}");
+    }
+
+    #[test]
+    fn round_two_addresses_survive_a_split_s_padding() {
+        let a: SocketAddr = "10.1.2.3:4567".parse().unwrap();
+        let mut padded = encode_addr(Some(a));
+        padded.resize(BLOB_BYTES, 0);
+        assert_eq!(decode_addr(&padded), Some(a));
+        let v6: SocketAddr = "[fe80::1]:9".parse().unwrap();
+        assert_eq!(decode_addr(&encode_addr(Some(v6))), Some(v6));
+        assert_eq!(decode_addr(&encode_addr(None)), None);
+        assert_eq!(decode_addr(&[0u8; BLOB_BYTES]), None);
     }
 }

@@ -3,7 +3,7 @@
 use super::boundary::{call, last_error_ptr, write_out};
 use super::handle;
 use super::*;
-use crate::comm::bootstrap::{UniqueId, UNIQUE_ID_BYTES};
+use crate::comm::bootstrap::{JobKey, UniqueId, UNIQUE_ID_BYTES};
 use crate::comm::{group, Backend, Comm, Options};
 use crate::env;
 use crate::error::{Code, Error, Result};
@@ -126,7 +126,7 @@ pub unsafe extern "C" fn fcclGetVersion(version: *mut c_int) -> fcclResult_t {
 pub unsafe extern "C" fn fcclGetUniqueId(uniqueId: *mut fcclUniqueId) -> fcclResult_t {
     call("fcclGetUniqueId", || {
         check_out(uniqueId, "uniqueId")?;
-        let id = UniqueId::generate(false)?;
+        let id = UniqueId::generate()?;
         // SAFETY: checked non-NULL.
         unsafe { write_out(uniqueId, id_to_c(&id)) };
         Ok(())
@@ -242,7 +242,9 @@ fn env_usize(var: &env::Var, fallback: &env::Var) -> Result<Option<usize>> {
 /// Creates this process's rank from the environment: FERROCCL_RANK, FERROCCL_WORLD_SIZE
 /// and FERROCCL_UNIQUE_ID (set by ferroccl-run) or FERROCCL_ROOT_ADDR (host:port where
 /// rank 0 serves the rendezvous); torchrun's RANK, WORLD_SIZE, MASTER_ADDR and
-/// MASTER_PORT are used when the FERROCCL ones are absent.
+/// MASTER_PORT are used when the FERROCCL ones are absent. A rendezvous at an address
+/// needs a secret: FERROCCL_SECRET, else one derived from the launcher's job id
+/// (torchrun, mpirun, srun); without either it returns fcclInvalidUsage.
 #[no_mangle]
 pub unsafe extern "C" fn fcclCommInitFromEnv(comm: *mut fcclComm_t) -> fcclResult_t {
     call("fcclCommInitFromEnv", || {
@@ -259,8 +261,8 @@ pub unsafe extern "C" fn fcclCommInitFromEnv(comm: *mut fcclComm_t) -> fcclResul
                 "rank {rank} of world size {size} from the environment is out of range"
             )));
         }
-        let id = if let Some(hex) = env::UNIQUE_ID.get() {
-            UniqueId::from_hex(&hex).map_err(|e| e.context(env::UNIQUE_ID.name))?
+        let (id, via) = if let Some(hex) = env::UNIQUE_ID.get() {
+            (UniqueId::from_hex(&hex).map_err(|e| e.context(env::UNIQUE_ID.name))?, None)
         } else {
             let addr = match env::ROOT_ADDR.get() {
                 Some(a) => a,
@@ -276,13 +278,21 @@ pub unsafe extern "C" fn fcclCommInitFromEnv(comm: *mut fcclComm_t) -> fcclResul
             let sock = addr.to_socket_addrs().ok().and_then(|mut a| a.next()).ok_or_else(|| {
                 Error::invalid_arg(format!("rendezvous address {addr:?} is not host:port that resolves"))
             })?;
-            let id = UniqueId::from_addr(sock, &env::SECRET.get().unwrap_or_default());
+            // No default secret: a stranger must not join, nor two jobs on one port merge.
+            let key = JobKey::from_env()?;
+            let id = UniqueId::from_addr(sock, key);
             if rank == 0 {
-                id.serve_here()?;
+                let literal = addr.rsplit_once(':').is_some_and(|(h, _)| {
+                    h.trim_start_matches('[').trim_end_matches(']').parse::<std::net::IpAddr>().is_ok()
+                });
+                id.serve_here(size, literal)?;
             }
-            id
+            (id, Some(format!("rendezvous at {addr} with the secret from {}", key.source.describe())))
         };
-        let c = Comm::init_rank(size, &id, rank, Options::default())?;
+        let c = Comm::init_rank(size, &id, rank, Options::default()).map_err(|e| match via {
+            Some(v) => e.context(v),
+            None => e,
+        })?;
         // SAFETY: checked non-NULL.
         unsafe { write_out(comm, handle::register(c)) };
         Ok(())

@@ -723,14 +723,78 @@ fn probe_map(pid: u32) -> bool {
     std::fs::read_dir(format!("/proc/{pid}/fd")).is_ok()
 }
 
-/// Lets any process of this user read this one's memory where Yama restricts it to
-/// ancestors (ranks are siblings). Harmless elsewhere.
-pub fn allow_peer_reads() {
-    static ONCE: std::sync::Once = std::sync::Once::new();
-    // SAFETY: prctl with these arguments only changes who may ptrace-attach to us.
-    ONCE.call_once(|| unsafe {
-        libc::prctl(libc::PR_SET_PTRACER, libc::PR_SET_PTRACER_ANY, 0, 0, 0);
-    });
+/// Lets this job's peers on this host read this process's memory where Yama needs
+/// it, and no one else. Only cross-memory attach (`process_vm_readv`, used by
+/// FERROCCL_SINGLE_COPY=cma) needs ptrace-attach rights; mapped single copy opens
+/// `/proc/<pid>/fd/<n>`, a read-mode check that Yama leaves alone, and the rings are
+/// shared memory. Yama's ptrace_scope 1 lets a process attach only to descendants and
+/// to processes that declared it (or an ancestor of it) their tracer, one pid each:
+/// the declared pid is the nearest common ancestor of this rank and its `peers`
+/// (ferroccl-run, torchrun's agent, slurmstepd, a test's parent), so that the job's
+/// ranks and that launcher's other descendants qualify, not every process of the user
+/// (PR_SET_PTRACER_ANY). Without such an ancestor nothing is declared and `probe_read`
+/// fails, so peers use the rings. Scope 0 restricts nothing; 2 and 3 ignore declarations.
+/// See docs/robustness.md, "Rendezvous and set-up".
+pub fn allow_peer_reads(peers: &[u32]) {
+    if crate::env::single_copy() != SingleCopy::Cma || peers.is_empty() || yama_scope() != Some(1) {
+        return;
+    }
+    static DECLARED: std::sync::Mutex<Option<u32>> = std::sync::Mutex::new(None);
+    let mut declared = DECLARED.lock().unwrap_or_else(|p| p.into_inner());
+    let mine = ancestors(std::process::id());
+    let chains: Vec<Vec<u32>> = peers.iter().map(|&p| ancestors(p)).collect();
+    let Some(tracer) = tracer_for(&mine, &chains, *declared) else {
+        crate::log::info(format_args!(
+            "ptrace_scope is 1 and this rank's peers (pids {peers:?}) have no close common ancestor to declare as their tracer; cross-memory attach stays off and large messages go through the shared rings"
+        ));
+        return;
+    };
+    if *declared != Some(tracer) {
+        // SAFETY: prctl with these arguments only changes who may ptrace-attach to us.
+        let rc = unsafe { libc::prctl(libc::PR_SET_PTRACER, tracer as libc::c_ulong, 0, 0, 0) };
+        if rc == 0 {
+            *declared = Some(tracer);
+        }
+    }
+}
+
+/// The tracer to declare: the nearest common ancestor of this process (`mine`, its
+/// ancestor chain from itself up), every peer (their chains) and an earlier
+/// declaration, unless that is this process, pid 1, or more than
+/// [`MAX_TRACER_GENERATIONS`] above this process.
+fn tracer_for(mine: &[u32], peers: &[Vec<u32>], declared: Option<u32>) -> Option<u32> {
+    let mut top = declared.map_or(Some(0), |t| mine.iter().position(|&a| a == t))?;
+    for chain in peers {
+        top = top.max(chain.iter().find_map(|a| mine.iter().position(|m| m == a))?);
+    }
+    let tracer = *mine.get(top)?;
+    // pid 1 (or a far ancestor such as a login shell) is every process's ancestor.
+    (top > 0 && top <= MAX_TRACER_GENERATIONS && tracer > 1).then_some(tracer)
+}
+
+/// How far up a declared tracer may be: a launcher, or a launcher's shell wrapper.
+const MAX_TRACER_GENERATIONS: usize = 3;
+
+/// `/proc/sys/kernel/yama/ptrace_scope`, or None without Yama.
+fn yama_scope() -> Option<u8> {
+    std::fs::read_to_string("/proc/sys/kernel/yama/ptrace_scope").ok()?.trim().parse().ok()
+}
+
+/// `pid`, its parent, grandparent, ... up to pid 1 (empty if `pid` is not visible).
+fn ancestors(pid: u32) -> Vec<u32> {
+    let mut out = Vec::new();
+    let mut p = pid;
+    while p > 0 && out.len() < 256 {
+        out.push(p);
+        let Ok(stat) = std::fs::read_to_string(format!("/proc/{p}/stat")) else { break };
+        // "pid (comm) state ppid ...": the command name may hold spaces and parentheses.
+        let ppid = stat.rsplit_once(')').and_then(|(_, rest)| rest.split_whitespace().nth(1)?.parse::<u32>().ok());
+        match ppid {
+            Some(pp) if pp != p => p = pp,
+            _ => break,
+        }
+    }
+    out
 }
 
 impl ShmLink {
@@ -1113,5 +1177,37 @@ impl Mappings {
             }
             Err(e) => Ok(Err(e)),
         }
+    }
+}
+
+#[cfg(test)]
+mod ptracer_tests {
+    use super::*;
+
+    #[test]
+    fn the_declared_tracer_is_the_nearest_common_ancestor() {
+        // Ranks 200, 201 and 202 are children of launcher 100, under shell 50, under init.
+        let me = [200, 100, 50, 1];
+        let sibling = |p| vec![p, 100, 50, 1];
+        assert_eq!(tracer_for(&me, &[sibling(201), sibling(202)], None), Some(100));
+        // A rank behind a shell wrapper: the launcher is two generations up from it.
+        assert_eq!(tracer_for(&me, &[vec![300, 299, 100, 50, 1]], None), Some(100));
+        // An earlier communicator's tracer further up stays declared.
+        assert_eq!(tracer_for(&me, &[sibling(201)], Some(50)), Some(50));
+        // Only init in common, or a peer this process cannot see: nothing is declared.
+        assert_eq!(tracer_for(&me, &[vec![400, 1]], None), None);
+        assert_eq!(tracer_for(&me, &[vec![]], None), None);
+        // A far ancestor (a login session) is not declared.
+        assert_eq!(tracer_for(&[9, 8, 7, 6, 5, 1], &[vec![10, 5, 1]], None), None);
+        // Peers descended from this process: nothing to declare.
+        assert_eq!(tracer_for(&me, &[vec![500, 200, 100, 50, 1]], None), None);
+    }
+
+    #[test]
+    fn ancestors_walk_up_from_this_process() {
+        let a = ancestors(std::process::id());
+        assert_eq!(a[0], std::process::id());
+        // SAFETY: getppid has no preconditions.
+        assert_eq!(a.get(1).copied(), Some(unsafe { libc::getppid() } as u32));
     }
 }
