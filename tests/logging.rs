@@ -45,9 +45,10 @@ fn info_logs_one_line_per_collective_to_a_file_per_process() {
         assert!(lines.len() >= 3, "a line per collective in {name}:\n{text}");
         let l =
             lines.iter().find(|l| l.contains("fcclAllReduce count 16 float")).expect("the timed all_reduce is logged");
-        for field in ["rank ", "comm ", "seq ", "backend host", " us"] {
+        for field in ["rank ", "comm ", "seq ", "backend host algorithm board", " us"] {
             assert!(l.contains(field), "{field:?} missing from {l:?}");
         }
+        assert!(text.contains("backends builtin)"), "the join line names the router's table:\n{text}");
     }
     std::fs::remove_dir_all(&dir).unwrap();
 
@@ -196,4 +197,43 @@ fn assert_one_line_per_rank(lines: &[(String, String)], n: usize) {
     assert_eq!(lines.len(), n, "{lines:?}");
     let files: std::collections::BTreeSet<&String> = lines.iter().map(|(f, _)| f).collect();
     assert_eq!(files.len(), n, "one line per rank: {lines:?}");
+}
+
+/// On device memory (the simulated GPU) each call's line names the backend of the
+/// router that served it: staged through host memory by default, the IPC path when
+/// FERROCCL_CUDA_IPC=1 and both ranks share the GPU.
+#[test]
+fn device_calls_name_the_backend_and_algorithm_that_served_them() {
+    let _one = ONE_AT_A_TIME.lock().unwrap_or_else(|p| p.into_inner());
+    let root = env!("CARGO_MANIFEST_DIR");
+    for (ipc, want_join, want_call) in [
+        ("0", "backends builtin)", "backend staged algorithm board"),
+        ("1", "backends ipc > builtin)", "backend ipc algorithm reduce-scatter + all-gather through IPC mappings"),
+    ] {
+        let dir = std::env::temp_dir().join(format!("fccl-log-dev{ipc}-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let out = Command::new("bash")
+            .arg(format!("{root}/scripts/sim-gpu.sh"))
+            .arg(env!("CARGO_BIN_EXE_ferroccl-bench"))
+            .args(["--mem", "cuda", "--nranks", "2", "all_reduce", "-b", "64", "-e", "64", "-n", "1", "-w", "0"])
+            .env("FERROCCL_DEBUG", "INFO")
+            .env("FERROCCL_DEBUG_FILE", dir.join("log-%p.txt"))
+            .env("FERROCCL_CUDA_IPC", ipc)
+            .env("FERROCCL_SIM_DEVICES", "1")
+            .env_remove("FERROCCL_BACKEND")
+            .output()
+            .expect("scripts/sim-gpu.sh runs");
+        assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+        let files = logs(&dir);
+        assert_eq!(files.len(), 2, "one log per rank: {files:?}");
+        for (name, text) in files {
+            assert!(text.contains(want_join), "FERROCCL_CUDA_IPC={ipc}: {name} lacks {want_join:?}:\n{text}");
+            let l = text
+                .lines()
+                .find(|l| l.contains("fcclAllReduce count 16 float"))
+                .unwrap_or_else(|| panic!("the all_reduce is logged in {name}:\n{text}"));
+            assert!(l.contains(want_call), "FERROCCL_CUDA_IPC={ipc}: {want_call:?} missing from {l:?}");
+        }
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
 }

@@ -10,15 +10,12 @@
 //! then all ranks stage the call through host memory instead.
 
 use super::host::{self, Call};
-use super::staging;
+use super::{staging, Backend, Exec};
 use crate::coll::{Coll, CollKind};
 use crate::error::{Error, Result};
 use crate::log;
 use crate::mem::{cuda, cuda_reduce, Placement};
-use crate::transport::Transport;
 use crate::types::DataType;
-use std::sync::atomic::AtomicBool;
-use std::time::Duration;
 
 /// What one rank shares: can it take part, and its two buffers.
 const BLOB: usize = 1 + 4 + 2 * (64 + 8 + 8);
@@ -40,18 +37,36 @@ pub fn eligible(c: &Coll, nranks: usize) -> bool {
         && (2..=cuda_reduce::MAX_INPUTS).contains(&nranks)
 }
 
-/// Host-side context of one run: the transport and how to run host calls on it.
-pub struct HostRun<'a> {
-    pub t: &'a mut Transport,
-    pub timeout: Duration,
-    pub abort: &'a AtomicBool,
-    pub check: bool,
+/// The IPC path as a router entry: single all_reduces of device memory on a
+/// communicator whose ranks all share one GPU, when FERROCCL_CUDA_IPC=1.
+pub struct Ipc {
+    pub rank: usize,
+    pub nranks: usize,
 }
 
-impl HostRun<'_> {
-    fn exec(&mut self, coll: Coll, seq: u64) -> Result<Option<Error>> {
-        host::execute(self.t, &[Call { coll, seq }], self.timeout, self.abort, self.check)
+impl Backend for Ipc {
+    fn id(&self) -> &'static str {
+        "ipc"
     }
+
+    fn accepts(&self, c: &Coll, alone: bool) -> bool {
+        alone && eligible(c, self.nranks)
+    }
+
+    fn run(&self, x: &mut Exec<'_>, calls: &[Call]) -> Result<Option<Error>> {
+        let [call] = calls else { return Err(Error::internal("the IPC path runs one call at a time")) };
+        x.algo = "reduce-scatter + all-gather through IPC mappings";
+        all_reduce(x, call, self.rank, self.nranks)
+    }
+}
+
+/// Runs a host-memory call of this path's own (handles, barriers) with the next
+/// sequence number.
+fn exchange(x: &mut Exec<'_>, coll: Coll, seq: u64) -> Result<Option<Error>> {
+    let algo = x.algo;
+    let r = host::execute(x, &[Call { coll, seq }]);
+    x.algo = algo;
+    r
 }
 
 fn prepare(c: &Coll, ctx: usize, device: i32) -> Result<[u8; BLOB]> {
@@ -92,13 +107,7 @@ fn map_peer(b: &[u8], ctx: usize) -> Result<(*const u8, *mut u8)> {
 }
 
 /// Runs one eligible all_reduce (`call`'s sequence number and the next two are used).
-pub fn all_reduce(
-    h: &mut HostRun<'_>,
-    call: &Call,
-    next_seq: &mut u64,
-    rank: usize,
-    n: usize,
-) -> Result<Option<Error>> {
+fn all_reduce(x: &mut Exec<'_>, call: &Call, rank: usize, n: usize) -> Result<Option<Error>> {
     let c = &call.coll;
     let Placement::Device { device, ctx } = c.placement else {
         return Err(Error::internal("IPC all_reduce on host memory"));
@@ -115,16 +124,17 @@ pub fn all_reduce(
     };
     let mut all = vec![0u8; BLOB * n];
     let ex = Coll::new(CollKind::AllGather, mine.as_ptr(), all.as_mut_ptr(), BLOB, DataType::Uint8);
-    if let Some(e) = h.exec(ex, call.seq)? {
+    if let Some(e) = exchange(x, ex, call.seq)? {
         return Ok(Some(e));
     }
-    *next_seq += 1;
+    *x.seq += 1;
     if all.chunks(BLOB).any(|b| b[0] != 1) {
         // Somebody cannot: everyone stages this call.
         drop(guard);
         let mut coll = c.clone();
         let st = staging::stage_in(&mut coll, c.placement, rank, n)?;
-        let res = h.exec(coll, *next_seq)?;
+        x.algo = "staged (a rank cannot map device memory through IPC)";
+        let res = exchange(x, coll, *x.seq)?;
         st.stage_out()?;
         return Ok(res);
     }
@@ -144,10 +154,10 @@ pub fn all_reduce(
     }
     cuda::sync(c.stream)?;
     let barrier = || Coll::new(CollKind::Barrier, std::ptr::null(), std::ptr::null_mut(), 0, DataType::Uint8);
-    if let Some(e) = h.exec(barrier(), *next_seq)? {
+    if let Some(e) = exchange(x, barrier(), *x.seq)? {
         return Ok(Some(e));
     }
-    *next_seq += 1;
+    *x.seq += 1;
 
     // All-gather: every other share from the rank that reduced it.
     for (q, &(_, peer_recv)) in peers.iter().enumerate() {
@@ -161,5 +171,5 @@ pub fn all_reduce(
     }
     cuda::sync(c.stream)?;
     // Nobody may reuse its buffers while a peer still reads them.
-    h.exec(barrier(), *next_seq)
+    exchange(x, barrier(), *x.seq)
 }

@@ -1,7 +1,206 @@
-//! Backends execute validated collectives: the built-in backend (`host`, with
-//! `staging` and `ipc` for device memory) and NCCL (`nccl`, loaded at run time).
+//! Backends execute validated collectives. Each communicator holds one [`Router`]: an
+//! ordered table of the backends it can use (NCCL, then the device path, then the
+//! built-in backend), and every call goes to the first that accepts it, as NCCL's
+//! transport table picks the first transport whose `canConnect` holds. Every rank
+//! builds the same table from the same allgathered facts, so they all route a call
+//! the same way.
+//!
+//! - `nccl`: NCCL, loaded at run time, when every rank has its own GPU.
+//! - `ipc`: device memory of ranks that share one GPU, moved GPU to GPU.
+//! - `builtin`: everything else: host memory on the host algorithms, device memory
+//!   staged through host memory.
 
+pub mod builtin;
 pub mod host;
 pub mod ipc;
 pub mod nccl;
 pub mod staging;
+
+use crate::coll::Coll;
+use crate::error::{Error, Result};
+use crate::transport::Transport;
+use host::Call;
+use std::sync::atomic::AtomicBool;
+use std::time::Duration;
+
+/// What a backend needs of its communicator to run calls.
+pub struct Exec<'a> {
+    pub t: &'a mut Transport,
+    /// The communicator's collective counter: a backend that exchanges messages of
+    /// its own numbers them from here, as every rank does the same.
+    pub seq: &'a mut u64,
+    pub timeout: Duration,
+    pub abort: &'a AtomicBool,
+    pub check: bool,
+    /// How the last run was served (for the log line), set by the backend.
+    pub algo: &'static str,
+}
+
+/// One way of executing collectives.
+pub trait Backend: Send + Sync {
+    /// The backend's identity ("nccl", "ipc", "builtin").
+    fn id(&self) -> &'static str;
+    /// The backend's name for a call it accepts, as logs show it.
+    fn name(&self, c: &Coll) -> &'static str {
+        let _ = c;
+        self.id()
+    }
+    /// Whether this backend runs `c`; `alone`: `c` is a whole run, not part of a group.
+    /// Must depend only on facts every rank shares and on `c` itself.
+    fn accepts(&self, c: &Coll, alone: bool) -> bool;
+    /// Runs `calls` (all accepted) as one unit. `Err` is fatal for the communicator;
+    /// `Ok(Some(e))` failed the calls and left the communicator usable.
+    fn run(&self, x: &mut Exec<'_>, calls: &[Call]) -> Result<Option<Error>>;
+    /// Ends this backend's waits from another thread (fcclCommAbort).
+    fn abort(&self) {}
+}
+
+/// A communicator's backends, in order of preference; the last accepts everything.
+pub struct Router {
+    table: Vec<Box<dyn Backend>>,
+}
+
+impl Router {
+    /// `table` in order of preference; its last entry must accept every call.
+    pub fn new(table: Vec<Box<dyn Backend>>) -> Router {
+        assert!(!table.is_empty(), "a router needs a backend that takes every call");
+        Router { table }
+    }
+
+    /// The index of the backend that serves `c`.
+    fn route(&self, c: &Coll, alone: bool) -> usize {
+        let last = self.table.len() - 1;
+        self.table[..last].iter().position(|b| b.accepts(c, alone)).unwrap_or(last)
+    }
+
+    /// The backend serving `c` when it runs alone, for logs.
+    pub fn name_of(&self, c: &Coll) -> &'static str {
+        self.table[self.route(c, true)].name(c)
+    }
+
+    /// The name of each call's backend (in a run of `calls`).
+    pub fn names(&self, calls: &[Call]) -> Vec<&'static str> {
+        let alone = calls.len() == 1;
+        calls.iter().map(|c| self.table[self.route(&c.coll, alone)].name(&c.coll)).collect()
+    }
+
+    /// Runs `calls` as one unit: each backend runs the calls it serves, in table
+    /// order, which every rank follows, so a group split over backends still pairs up.
+    pub fn run(&self, x: &mut Exec<'_>, calls: &[Call]) -> Result<Option<Error>> {
+        if let [c] = calls {
+            return self.table[self.route(&c.coll, true)].run(x, calls);
+        }
+        let routes: Vec<usize> = calls.iter().map(|c| self.route(&c.coll, false)).collect();
+        let mut first_err = None;
+        let mut algos: Vec<&'static str> = Vec::new();
+        for (i, b) in self.table.iter().enumerate() {
+            let mine: Vec<Call> = calls
+                .iter()
+                .zip(&routes)
+                .filter(|(_, &r)| r == i)
+                .map(|(c, _)| Call { coll: c.coll.clone(), seq: c.seq })
+                .collect();
+            if mine.is_empty() {
+                continue;
+            }
+            if let Some(e) = b.run(x, &mine)? {
+                first_err.get_or_insert(e);
+            }
+            algos.push(x.algo);
+        }
+        if algos.len() > 1 {
+            x.algo = "group over several backends";
+        }
+        Ok(first_err)
+    }
+
+    /// Ends every backend's waits (fcclCommAbort).
+    pub fn abort(&self) {
+        for b in &self.table {
+            b.abort();
+        }
+    }
+
+    /// The backends in order of preference, for logs ("nccl > builtin").
+    pub fn describe(&self) -> String {
+        self.table.iter().map(|b| b.id()).collect::<Vec<_>>().join(" > ")
+    }
+
+    /// The backend that serves device memory first: "nccl", "ipc" or "builtin".
+    pub fn device_backend(&self) -> &'static str {
+        self.table[0].id()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::coll::CollKind;
+    use crate::transport::inproc;
+    use crate::types::DataType;
+    use std::sync::{Arc, Mutex};
+
+    type Log = Arc<Mutex<Vec<Vec<u64>>>>;
+
+    /// Takes calls of one kind and records the sequence numbers of each run.
+    struct Takes {
+        kind: CollKind,
+        id: &'static str,
+        runs: Log,
+    }
+
+    impl Backend for Takes {
+        fn id(&self) -> &'static str {
+            self.id
+        }
+        fn accepts(&self, c: &Coll, _: bool) -> bool {
+            c.kind == self.kind
+        }
+        fn run(&self, x: &mut Exec<'_>, calls: &[Call]) -> Result<Option<Error>> {
+            x.algo = self.id;
+            self.runs.lock().unwrap().push(calls.iter().map(|c| c.seq).collect());
+            Ok(None)
+        }
+    }
+
+    fn call(kind: CollKind, seq: u64) -> Call {
+        Call { coll: Coll::new(kind, std::ptr::null(), std::ptr::null_mut(), 0, DataType::Uint8), seq }
+    }
+
+    #[test]
+    fn the_first_backend_that_accepts_serves_and_groups_split_in_table_order() {
+        let logs: Vec<Log> = (0..3).map(|_| Log::default()).collect();
+        let mk = |kind, id, i: usize| -> Box<dyn Backend> { Box::new(Takes { kind, id, runs: logs[i].clone() }) };
+        let router = Router::new(vec![
+            mk(CollKind::Broadcast, "first", 0),
+            mk(CollKind::AllReduce, "second", 1),
+            mk(CollKind::AllReduce, "shadowed", 2),
+        ]);
+        assert_eq!(router.describe(), "first > second > shadowed");
+        assert_eq!(router.device_backend(), "first");
+        // No earlier entry takes a barrier: the last one serves it, whatever it accepts.
+        assert_eq!(router.name_of(&call(CollKind::Barrier, 0).coll), "shadowed");
+        assert_eq!(router.name_of(&call(CollKind::AllReduce, 0).coll), "second");
+
+        let mut t = inproc::build(1).unwrap().pop().unwrap();
+        let (abort, mut seq) = (AtomicBool::new(false), 0);
+        let mut x =
+            Exec { t: &mut t, seq: &mut seq, timeout: Duration::from_secs(1), abort: &abort, check: false, algo: "" };
+        let group = [
+            call(CollKind::AllReduce, 1),
+            call(CollKind::Broadcast, 2),
+            call(CollKind::AllReduce, 3),
+            call(CollKind::Barrier, 4),
+        ];
+        assert!(router.run(&mut x, &group).unwrap().is_none());
+        assert_eq!(x.algo, "group over several backends");
+        assert_eq!(router.names(&group), ["second", "first", "second", "shadowed"]);
+        router.run(&mut x, &group[1..2]).unwrap();
+        assert_eq!(x.algo, "first");
+        let runs = |i: usize| logs[i].lock().unwrap().clone();
+        // Each backend ran its share once, calls in their order; the lone call after.
+        assert_eq!(runs(0), vec![vec![2], vec![2]]);
+        assert_eq!(runs(1), vec![vec![1, 3]]);
+        assert_eq!(runs(2), vec![vec![4]]);
+    }
+}

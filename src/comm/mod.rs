@@ -5,9 +5,11 @@ pub mod device;
 pub mod group;
 mod wireup;
 
+use crate::backend::builtin::Builtin;
 use crate::backend::host::{self, Call};
-use crate::backend::nccl::Nccl;
-use crate::backend::{ipc, staging};
+use crate::backend::ipc::{self, Ipc};
+use crate::backend::nccl::{Nccl, NcclBackend};
+use crate::backend::{Exec, Router};
 use crate::coll::Coll;
 use crate::error::{Code, Error, Result};
 use crate::log;
@@ -78,11 +80,8 @@ pub struct Comm {
     state: Mutex<State>,
     /// CUDA device of the rank (fcclCommCuDevice), -1 for a host rank.
     pub device: i32,
-    /// NCCL for device memory when every rank has its own GPU; else device memory
-    /// goes through the built-in backend with staging.
-    nccl: Option<Nccl>,
-    /// Every rank on one GPU (of one host): device all_reduce may use CUDA IPC.
-    same_gpu: bool,
+    /// The backends that serve this communicator's calls, in order of preference.
+    router: Router,
     /// Set once the first device call on a rank without a device was logged.
     told_no_device: AtomicBool,
 }
@@ -101,28 +100,28 @@ impl Comm {
             waker,
             state: Mutex::new(State { transport, seq: 0, broken: None, finalized: false }),
             device: -1,
-            nccl: None,
-            same_gpu: false,
+            router: Router::new(vec![Box::new(Builtin { rank, nranks })]),
             told_no_device: AtomicBool::new(false),
         }
     }
 
-    /// Which backend runs a call (for logs).
-    fn backend_of(&self, c: &Coll) -> &'static str {
-        match (c.placement, &self.nccl) {
-            (Placement::Host, _) => "host",
-            (_, Some(nc)) if nc.supports(c) => "nccl",
-            _ => "host (staged device memory)",
+    /// The router's table: NCCL when it serves this rank's device memory, the IPC path
+    /// when every rank shares one GPU and it is enabled, the built-in backend last.
+    fn set_backends(&mut self, nccl: Option<Nccl>, one_gpu: bool) {
+        let (rank, nranks) = (self.rank, self.nranks);
+        let mut table: Vec<Box<dyn crate::backend::Backend>> = Vec::new();
+        if let Some(nccl) = nccl {
+            table.push(Box::new(NcclBackend { nccl, rank, nranks }));
+        } else if one_gpu && ipc::enabled() {
+            table.push(Box::new(Ipc { rank, nranks }));
         }
+        table.push(Box::new(Builtin { rank, nranks }));
+        self.router = Router::new(table);
     }
 
     /// The name of the backend serving this communicator's device memory.
     pub fn backend_name(&self) -> &'static str {
-        if self.nccl.is_some() {
-            "nccl"
-        } else {
-            "host"
-        }
+        self.router.device_backend()
     }
 
     /// One rank of a communicator whose ranks meet at `id`'s rendezvous point.
@@ -189,15 +188,16 @@ impl Comm {
         };
         let mut c = Comm::new(rank, nranks, opts, nonce, transport);
         c.device = me.device;
-        c.same_gpu = device::one_gpu(&all);
-        if let Some(id) = nccl_id {
-            c.nccl = Some(Nccl::init_rank(nranks, &id, rank, me.device)?);
-        }
+        let nccl = match nccl_id {
+            Some(id) => Some(Nccl::init_rank(nranks, &id, rank, me.device)?),
+            None => None,
+        };
+        c.set_backends(nccl, device::one_gpu(&all));
         log::info(format_args!(
-            "rank {rank}/{nranks} joined communicator {} (device {}, device memory through the {} backend)",
+            "rank {rank}/{nranks} joined communicator {} (device {}, backends {})",
             c.label(),
             c.device,
-            c.backend_name()
+            c.router.describe()
         ));
         Ok(c)
     }
@@ -232,15 +232,14 @@ impl Comm {
         let mut comms: Vec<Comm> =
             inproc::build(n)?.into_iter().enumerate().map(|(r, t)| Comm::new(r, n, opts.clone(), nonce, t)).collect();
         let one_gpu = device::one_gpu(&infos);
-        for (c, i) in comms.iter_mut().zip(&infos) {
-            c.device = i.device;
-            c.same_gpu = one_gpu;
-        }
+        let mut nccls: Vec<Option<Nccl>> = (0..n).map(|_| None).collect();
         if nccl {
             let devs: Vec<i32> = infos.iter().map(|i| i.device).collect();
-            for (c, nc) in comms.iter_mut().zip(Nccl::init_all(&devs)?) {
-                c.nccl = Some(nc);
-            }
+            nccls = Nccl::init_all(&devs)?.into_iter().map(Some).collect();
+        }
+        for ((c, i), nc) in comms.iter_mut().zip(&infos).zip(nccls) {
+            c.device = i.device;
+            c.set_backends(nc, one_gpu);
         }
         Ok(comms)
     }
@@ -330,24 +329,34 @@ impl Comm {
 
     fn run_calls(&self, st: &mut State, calls: &mut [Call]) -> Result<()> {
         let t0 = log::enabled(log::Level::Info).then(Instant::now);
+        let st = &mut *st;
+        let mut x = Exec {
+            t: &mut st.transport,
+            seq: &mut st.seq,
+            timeout: self.opts.timeout,
+            abort: &self.abort,
+            check: self.opts.check_mode,
+            algo: "",
+        };
         // Without CUDA every buffer is host memory: one relaxed load, then the host path.
         let res = if cuda::active() && calls.iter().any(|c| c.coll.placement != Placement::Host) {
-            self.run_with_devices(st, calls)
+            self.warn_no_device();
+            self.router.run(&mut x, calls)
         } else {
-            host::execute(&mut st.transport, calls, self.opts.timeout, &self.abort, self.opts.check_mode)
+            host::execute(&mut x, calls)
         };
+        let algo = x.algo;
         if let Some(t0) = t0 {
             let us = t0.elapsed().as_secs_f64() * 1e6;
-            for c in calls.iter() {
+            for (c, backend) in calls.iter().zip(self.router.names(calls)) {
                 log::info(format_args!(
-                    "rank {} comm {} seq {} {} count {} {} backend {} {:.1} us",
+                    "rank {} comm {} seq {} {} count {} {} backend {backend} algorithm {algo} {:.1} us",
                     self.rank,
                     self.label(),
                     c.seq,
                     c.coll.kind.c_name(),
                     c.coll.count,
                     c.coll.dtype.short_name(),
-                    self.backend_of(&c.coll),
                     us
                 ));
             }
@@ -365,64 +374,15 @@ impl Comm {
         }
     }
 
-    /// Runs calls that may hold device memory: NCCL takes the device calls it
-    /// supports (enqueued on their streams); the rest run on the built-in backend,
-    /// device buffers staged through host memory on their streams.
-    fn run_with_devices(&self, st: &mut State, calls: &mut [Call]) -> Result<Option<Error>> {
-        let (rank, n) = (self.rank, self.nranks);
+    /// Device memory on a rank created without a current device is staged: say so once.
+    fn warn_no_device(&self) {
         if self.device < 0 && !self.told_no_device.swap(true, Ordering::Relaxed) {
             log::warn(format_args!(
-                "rank {rank} comm {}: device memory on a communicator created with no current CUDA device; its device calls are staged through host memory. Make the device current (cudaSetDevice) before creating the communicator.",
+                "rank {} comm {}: device memory on a communicator created with no current CUDA device; its device calls are staged through host memory. Make the device current (cudaSetDevice) before creating the communicator.",
+                self.rank,
                 self.label()
             ));
         }
-        if self.nccl.is_none()
-            && self.same_gpu
-            && ipc::enabled()
-            && calls.len() == 1
-            && ipc::eligible(&calls[0].coll, n)
-        {
-            let mut h = ipc::HostRun {
-                t: &mut st.transport,
-                timeout: self.opts.timeout,
-                abort: &self.abort,
-                check: self.opts.check_mode,
-            };
-            return ipc::all_reduce(&mut h, &calls[0], &mut st.seq, rank, n);
-        }
-        let t = &mut st.transport;
-        let places: Vec<Placement> = calls.iter().map(|c| c.coll.placement).collect();
-        let on_device = |i: usize| matches!(places[i], Placement::Device { .. });
-        let mut by_nccl = vec![false; calls.len()];
-        if let Some(nc) = &self.nccl {
-            for (i, c) in calls.iter().enumerate() {
-                by_nccl[i] = on_device(i) && nc.supports(&c.coll);
-            }
-            let colls: Vec<&Coll> = calls.iter().zip(&by_nccl).filter(|(_, &b)| b).map(|(c, _)| &c.coll).collect();
-            if !colls.is_empty() {
-                nc.run(&colls, rank, n)?;
-            }
-        }
-        let mut rest: Vec<Call> = Vec::new();
-        let mut staged = Vec::new();
-        for (i, c) in calls.iter().enumerate() {
-            if by_nccl[i] {
-                continue;
-            }
-            let mut coll = c.coll.clone();
-            if on_device(i) && !coll.is_noop() {
-                staged.push(staging::stage_in(&mut coll, places[i], rank, n)?);
-            }
-            rest.push(Call { coll, seq: c.seq });
-        }
-        if rest.is_empty() {
-            return Ok(None);
-        }
-        let res = host::execute(t, &rest, self.opts.timeout, &self.abort, self.opts.check_mode)?;
-        for s in staged {
-            s.stage_out()?;
-        }
-        Ok(res)
     }
 
     /// `fcclCommSplit`: every rank of this communicator calls it; ranks with the
@@ -499,9 +459,7 @@ impl Comm {
     /// `fcclCommAbort` from any thread: blocked calls return, peers are told.
     pub fn abort(&self) {
         self.abort.store(true, Ordering::Release);
-        if let Some(nc) = &self.nccl {
-            nc.abort();
-        }
+        self.router.abort();
         if let Some(w) = &self.waker {
             let _ = w.failed().compare_exchange(0, self.rank as u32 + 1, Ordering::AcqRel, Ordering::Acquire);
             w.ring();

@@ -446,7 +446,16 @@ mod tests {
 
     fn run(t: &mut Transport, calls: &[Call]) -> Option<Error> {
         let abort = AtomicBool::new(false);
-        execute(t, calls, Duration::from_secs(20), &abort, true).expect("no fatal error")
+        let mut seq = 0;
+        let mut x = crate::backend::Exec {
+            t,
+            seq: &mut seq,
+            timeout: Duration::from_secs(20),
+            abort: &abort,
+            check: true,
+            algo: "",
+        };
+        execute(&mut x, calls).expect("no fatal error")
     }
 
     /// Message `k` of rank `r`: bytes that differ per message, rank and position.

@@ -40,6 +40,8 @@ const HANDOFF: u64 = 1;
 pub enum Board1 {
     /// The call ran entirely on the board: its result.
     Done(Option<Error>),
+    /// The call ran between the ranks' buffers (`mapped`): its result.
+    Mapped(Option<Error>),
     /// Fingerprints agree (or are not checked): run the calls on the links. With
     /// per-rank counts compared on the board, their verdicts: (seq, error) per call.
     Continue(Option<Vec<(u64, Option<Error>)>>),
@@ -120,7 +122,7 @@ fn run_mapped(
         }
     }
     match mapped::agree(b, s, mine) {
-        Some(plan) => Ok(Board1::Done(mapped::run(t, mine, plan, timeout, abort, what)?)),
+        Some(plan) => Ok(Board1::Mapped(mapped::run(t, mine, plan, timeout, abort, what)?)),
         // Fingerprints were compared (or are not checked): the links move the data.
         None => Ok(Board1::Continue(None)),
     }

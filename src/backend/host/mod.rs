@@ -12,12 +12,11 @@ pub mod fingerprint;
 pub mod mapped;
 pub mod reuse;
 
+use super::Exec;
 use crate::coll::{Coll, CollKind};
 use crate::error::{Error, Result};
 use crate::transport::Transport;
 use engine::{RunCtl, Schedule};
-use std::sync::atomic::AtomicBool;
-use std::time::Duration;
 
 /// One call to execute, with its sequence number on the communicator.
 pub struct Call {
@@ -30,13 +29,11 @@ pub struct Call {
 /// `Err` is fatal for the communicator (timeout, dead peer, desynchronised
 /// streams); `Ok(Some(e))` is a failed call after which the communicator is fine
 /// (mismatched all_to_allv or send/recv counts detected before data moved).
-pub fn execute(
-    t: &mut Transport,
-    calls: &[Call],
-    timeout: Duration,
-    abort: &AtomicBool,
-    check: bool,
-) -> Result<Option<Error>> {
+/// `x.algo` says which host algorithm served them: "board" (small calls through the
+/// shared announcement board), "mapped" (between the ranks' own buffers), "eager"
+/// (copied ahead), or "schedule" (pieces over the links).
+pub fn execute(x: &mut Exec<'_>, calls: &[Call]) -> Result<Option<Error>> {
+    let (t, timeout, abort, check) = (&mut *x.t, x.timeout, x.abort, x.check);
     // What this run writes, for the next one's choice of stores (see `reuse`).
     let n = t.nranks;
     reuse::begin(calls.iter().filter(|c| c.coll.kind != CollKind::Send && !c.coll.is_noop()).map(|c| {
@@ -50,7 +47,14 @@ pub fn execute(
     if has_collective && t.board.is_some() {
         let rank = t.rank;
         match fast::run(t, calls, timeout, abort, check, &|| describe(calls, rank))? {
-            fast::Board1::Done(r) => return Ok(r),
+            fast::Board1::Done(r) => {
+                x.algo = "board";
+                return Ok(r);
+            }
+            fast::Board1::Mapped(r) => {
+                x.algo = "mapped";
+                return Ok(r);
+            }
             // Fingerprints (and per-rank counts) were compared on the board.
             fast::Board1::Continue(v) => {
                 check = false;
@@ -62,8 +66,10 @@ pub fn execute(
     let what = || describe(calls, rank);
     let ctl = RunCtl { timeout, abort, what: &what };
     if eager::eligible(rank, calls) {
+        x.algo = "eager";
         return eager::run(t, calls, &ctl);
     }
+    x.algo = "schedule";
     if check && t.nranks > 1 {
         if let Some(e) = fingerprint::agree(t, calls, &ctl)? {
             return Ok(Some(e));

@@ -215,3 +215,31 @@ impl Nccl {
         let _ = unsafe { (self.api.comm_abort)(self.comm) };
     }
 }
+
+/// NCCL as a router entry: the device calls it supports, on one communicator's rank.
+pub struct NcclBackend {
+    pub nccl: Nccl,
+    pub rank: usize,
+    pub nranks: usize,
+}
+
+impl super::Backend for NcclBackend {
+    fn id(&self) -> &'static str {
+        "nccl"
+    }
+
+    fn accepts(&self, c: &Coll, _: bool) -> bool {
+        matches!(c.placement, crate::mem::Placement::Device { .. }) && self.nccl.supports(c)
+    }
+
+    fn run(&self, x: &mut super::Exec<'_>, calls: &[super::host::Call]) -> Result<Option<Error>> {
+        x.algo = "enqueued on the caller's stream";
+        let colls: Vec<&Coll> = calls.iter().map(|c| &c.coll).collect();
+        self.nccl.run(&colls, self.rank, self.nranks)?;
+        Ok(None)
+    }
+
+    fn abort(&self) {
+        self.nccl.abort();
+    }
+}
