@@ -44,8 +44,8 @@ pub const NCCL_LIBRARY: Var = Var {
 };
 pub const CUDA_IPC: Var = Var {
     name: "FERROCCL_CUDA_IPC",
-    default: "0",
-    doc: "1: all_reduce of device memory among ranks sharing one GPU (built-in backend) goes through CUDA IPC and an NVRTC kernel instead of host staging; off until validated on a GPU",
+    default: "auto",
+    doc: "device memory of ranks sharing one GPU (built-in backend) moves GPU to GPU through CUDA IPC mappings instead of host staging: auto = calls of at least 256 KiB per buffer, 1 = every size, 0 = never (always staged)",
 };
 pub const TRANSPORT: Var = Var {
     name: "FERROCCL_TRANSPORT",

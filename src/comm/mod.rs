@@ -112,8 +112,8 @@ impl Comm {
         let mut table: Vec<Box<dyn crate::backend::Backend>> = Vec::new();
         if let Some(nccl) = nccl {
             table.push(Box::new(NcclBackend { nccl, rank, nranks }));
-        } else if one_gpu && ipc::enabled() {
-            table.push(Box::new(Ipc { rank, nranks }));
+        } else if let Some(min_bytes) = ipc::min_bytes().filter(|_| one_gpu) {
+            table.push(Box::new(Ipc::new(rank, nranks, min_bytes)));
         }
         table.push(Box::new(Builtin { rank, nranks }));
         self.router = Router::new(table);

@@ -243,6 +243,21 @@ pub fn pointer_info(p: *const u8) -> Result<PtrInfo> {
     Ok(PtrInfo { mem_type, managed: managed != 0, device, ctx: ctx as usize })
 }
 
+/// The driver's identity of the allocation holding `p` (CU_POINTER_ATTRIBUTE_BUFFER_ID:
+/// never reused within a process), or None when `p` is no longer allocated.
+pub fn buffer_id(p: *const u8) -> Option<u64> {
+    let mut id: u64 = 0;
+    // SAFETY: valid out-pointer of the attribute's size (unsigned long long).
+    let rc = unsafe {
+        cu::cuPointerGetAttribute(
+            (&mut id as *mut u64).cast(),
+            cu::CUpointer_attribute::CU_POINTER_ATTRIBUTE_BUFFER_ID,
+            p as u64,
+        )
+    };
+    (rc == cu::CUresult::CUDA_SUCCESS).then_some(id)
+}
+
 /// Pushes a context on this thread for as long as the guard lives.
 pub struct CtxGuard {
     pushed: bool,
@@ -621,20 +636,10 @@ pub fn ipc_handle(p: *const u8) -> Result<([u8; 64], usize)> {
     Ok((h.reserved.map(|c| c as u8), p as usize - base as usize))
 }
 
-/// Mappings of peers' allocations in this process: (context, handle) -> base.
-/// Kept open: opening costs far more than a collective, and a freed and reused
-/// allocation comes with a new handle.
-type IpcKey = (usize, [u8; 64]);
-static IPC_OPEN: std::sync::Mutex<Option<std::collections::HashMap<IpcKey, usize>>> = std::sync::Mutex::new(None);
-
-/// Maps a peer process's allocation into the current context (cached).
-pub fn ipc_open(ctx: usize, handle: &[u8; 64]) -> Result<usize> {
+/// Maps a peer process's allocation (its IPC `handle`) into the current context.
+/// The driver counts opens of one handle in one context: each needs an [`ipc_close`].
+pub fn ipc_open(handle: &[u8; 64]) -> Result<usize> {
     ipc_ready()?;
-    let mut map = IPC_OPEN.lock().unwrap_or_else(|p| p.into_inner());
-    let map = map.get_or_insert_with(Default::default);
-    if let Some(&b) = map.get(&(ctx, *handle)) {
-        return Ok(b);
-    }
     let h = cu::CUipcMemHandle { reserved: handle.map(|b| b as std::os::raw::c_char) };
     let mut base: cu::CUdeviceptr = 0;
     // SAFETY: valid out-pointer; the handle came from a peer's cuIpcGetMemHandle.
@@ -642,8 +647,16 @@ pub fn ipc_open(ctx: usize, handle: &[u8; 64]) -> Result<usize> {
         cu::cuIpcOpenMemHandle_v2(&mut base, h, 1 /* CU_IPC_MEM_LAZY_ENABLE_PEER_ACCESS */)
     };
     check(rc, "cuIpcOpenMemHandle")?;
-    map.insert((ctx, *handle), base as usize);
     Ok(base as usize)
+}
+
+/// Undoes one [`ipc_open`] in the current context.
+///
+/// # Safety
+/// `base` came from `ipc_open` in the current context and no queued work uses it.
+pub unsafe fn ipc_close(base: usize) -> Result<()> {
+    // SAFETY: per the caller.
+    check(unsafe { cu::cuIpcCloseMemHandle(base as cu::CUdeviceptr) }, "cuIpcCloseMemHandle")
 }
 
 /// Waits for everything queued on `stream`.
