@@ -10,8 +10,8 @@
 #   test_device.mixed.np<N>      N processes, rank r on device r % 2 (FCCL_TEST_DEVMAP=0,1)
 #   test_device.threads<N>       N rank threads of one process, fcclCommInitAll(devlist 0,...,0)
 #   test_device.threads_mixed<N> the same with devlist 0,1,0,1,...
-#   test_device.ipc.np3          3 processes on device 0 with FERROCCL_CUDA_IPC=1 (every size
-#                                GPU to GPU through CUDA IPC mappings, copies and NVRTC kernels)
+#   test_device.ipc.np3          3 processes on device 0 with FERROCCL_CUDA_IPC=1 (the default:
+#                                GPU to GPU through CUDA IPC mappings, ordered on the streams)
 # A device the machine lacks (one GPU) is mapped to device 0, and the output says so.
 
 set(_fccl_dev_req ${_core} fcclMemAlloc fcclMemAllocHost fcclMemFree fcclCommCuDevice
@@ -52,7 +52,7 @@ else()
     _fccl_device_test(test_device.mixed.np${_n} ${_n} "${_fccl_env};FCCL_TEST_DEVMAP=0,1"
       "${FERROCCL_RUN}" -n ${_n} $<TARGET_FILE:test_device>)
   endforeach()
-  # every size through CUDA IPC (FERROCCL_CUDA_IPC=1; the default, auto, takes large calls only)
+  # GPU to GPU through CUDA IPC, named explicitly (FERROCCL_CUDA_IPC=1 is the default)
   _fccl_device_test(test_device.ipc.np3 3 "${_fccl_env};FERROCCL_CUDA_IPC=1"
     "${FERROCCL_RUN}" -n 3 $<TARGET_FILE:test_device>)
   # threads: --devlist 0,0,... and (mixed) 0,1,0,1,...

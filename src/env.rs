@@ -44,8 +44,8 @@ pub const NCCL_LIBRARY: Var = Var {
 };
 pub const CUDA_IPC: Var = Var {
     name: "FERROCCL_CUDA_IPC",
-    default: "auto",
-    doc: "device memory of ranks sharing one GPU (built-in backend) moves GPU to GPU through CUDA IPC mappings instead of host staging: auto = calls of at least 256 KiB per buffer, 1 = every size, 0 = never (always staged)",
+    default: "1",
+    doc: "1: device memory of ranks sharing one GPU (built-in backend) moves GPU to GPU through CUDA IPC mappings, ordered on the callers' streams; 0: staged through host memory instead",
 };
 pub const TRANSPORT: Var = Var {
     name: "FERROCCL_TRANSPORT",

@@ -876,9 +876,10 @@ mod json {
 /// goes), so the processes' mappings do not grow with the calls.
 #[test]
 fn device_soak_through_ipc_is_right_and_closes_mappings_of_freed_buffers() {
-    let j = tmp("ipc-soak.json");
-    let logs = tmp("ipc-soak-logs");
-    let _ = std::fs::remove_dir_all(&logs);
+    // A directory of its own: other tests remove tmp()'s when they end.
+    let dir = std::env::temp_dir().join(format!("ferroccl-ipc-soak-{}", std::process::id()));
+    let (j, logs) = (dir.join("soak.json"), dir.join("logs"));
+    let _ = std::fs::remove_dir_all(&dir);
     std::fs::create_dir_all(&logs).unwrap();
     let o = Command::new("bash")
         .arg(concat!(env!("CARGO_MANIFEST_DIR"), "/scripts/sim-gpu.sh"))
@@ -905,5 +906,5 @@ fn device_soak_through_ipc_is_right_and_closes_mappings_of_freed_buffers() {
         .map(|e| std::fs::read_to_string(e.unwrap().path()).unwrap().matches(" backend ipc algorithm ").count())
         .sum();
     assert!(served > 100, "only {served} calls went through the IPC path");
-    let _ = std::fs::remove_dir_all(&logs);
+    let _ = std::fs::remove_dir_all(&dir);
 }

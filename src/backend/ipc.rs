@@ -1,17 +1,27 @@
 //! Device memory of ranks that share one GPU (the built-in backend's case NCCL
-//! refuses), moved GPU to GPU without host staging: peers' buffers are mapped through
-//! CUDA IPC (mapped once per allocation and kept, see `Mappings`), and each rank pulls
-//! what its own receive buffer needs with copies and NVRTC reduction kernels on the
-//! caller's stream. all_reduce reduces this rank's share of every input, then copies
-//! the other shares from the ranks that reduced them.
+//! refuses), moved GPU to GPU and ordered on the callers' streams: the host never
+//! waits for the GPU.
 //!
-//! Host messages only order the phases (they carry the IPC handles and act as
-//! barriers); the data stays on the GPU. Every rank writes only its own receive
-//! buffer, so no two ranks write one byte. Every rank decides to take this path from
-//! the same facts (communicator on one GPU, the call, FERROCCL_CUDA_IPC), and a rank
-//! that cannot (memory IPC cannot share, no NVRTC, an in-place all_to_all) says so in
-//! the first exchange: then all ranks stage the call through host memory instead.
+//! Without MPS a GPU time-slices between processes' contexts, so one executor (rank 0)
+//! does a whole call's data movement, on its caller's stream, through IPC mappings of
+//! every rank's buffers; the others only signal and wait on theirs. Per call `k`:
+//! - every rank sends the others a descriptor of its buffers (host memory, through
+//!   the transport; an IPC handle is made once per allocation);
+//! - rank r > 0 enqueues `ready[r] = k` (its inputs are ready: the work queued before
+//!   is done) and `wait done >= k` (nothing after the call runs before it is done);
+//! - rank 0 enqueues `wait ready[r] >= k` for every r, the copies and reduction
+//!   kernels that fill every rank's receive buffer, then `done = k`.
+//!
+//! The words live on the communicator's control page (`ctl`), host memory that every
+//! rank maps: a watchdog thread per rank reads it to know when the GPU finished a call,
+//! and when a call cannot finish (a rank died, the timeout passed, an abort) it
+//! releases every wait, marks the page failed and fails the communicator, naming the
+//! ranks that did not arrive. Every rank decides to take this path from the same facts
+//! (communicator on one GPU, the call, FERROCCL_CUDA_IPC); a rank that cannot (memory
+//! IPC cannot share, no NVRTC or stream memory operations) says so in the descriptor
+//! exchange, and then every rank stages the call through host memory instead.
 
+use super::ctl::{self, Ctl};
 use super::host::{self, Call};
 use super::{staging, Backend, Exec};
 use crate::coll::{Coll, CollKind};
@@ -19,27 +29,29 @@ use crate::error::{Error, Result};
 use crate::log;
 use crate::mem::{cuda, cuda_reduce, Placement};
 use crate::types::DataType;
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Condvar, Mutex};
+use std::time::{Duration, Instant};
 
-/// What one rank shares: can it take part, its pid, its two buffers (handle, offset
-/// in the allocation, address), and the bases of up to [`DEAD_MAX`] of its allocations
+/// A descriptor: can this rank take part, its pid, its two buffers (handle, offset in
+/// the allocation, address), and the bases of up to [`DEAD_MAX`] of its allocations
 /// that peers mapped and that it has freed since.
 const BLOB: usize = 1 + 4 + 2 * (64 + 8 + 8) + 1 + 8 * DEAD_MAX;
 const DEAD_AT: usize = 1 + 4 + 2 * (64 + 8 + 8);
 /// Freed allocations reported per call (more wait for the next call).
 const DEAD_MAX: usize = 8;
-
-/// Calls of at least this many bytes per rank buffer take the path under
-/// FERROCCL_CUDA_IPC=auto: below it, host staging's lower fixed cost wins.
-pub const AUTO_MIN_BYTES: usize = 256 << 10;
+/// The rank that moves the data.
+const EXECUTOR: usize = 0;
 
 /// FERROCCL_CUDA_IPC: the smallest call (bytes of `count` elements) that takes the
-/// path, or None when it is off (read once).
+/// path, or None when it is off (read once). On by default for every size: stream
+/// ordering costs no host wait, and staging costs two copies and two waits per call.
 pub fn min_bytes() -> Option<usize> {
     static ON: std::sync::OnceLock<Option<usize>> = std::sync::OnceLock::new();
     *ON.get_or_init(|| match crate::env::CUDA_IPC.get_or_default().trim() {
         "0" | "off" => None,
-        "1" | "on" => Some(0),
-        _ => Some(AUTO_MIN_BYTES),
+        _ => Some(0),
     })
 }
 
@@ -48,14 +60,12 @@ pub fn min_bytes() -> Option<usize> {
 /// ranks agree.
 pub fn eligible(c: &Coll, nranks: usize, min: usize) -> bool {
     let kind_ok = match c.kind {
-        CollKind::AllReduce | CollKind::Reduce | CollKind::ReduceScatter => {
-            cuda_reduce::supported(c.dtype) && nranks <= cuda_reduce::MAX_INPUTS
-        }
+        CollKind::AllReduce | CollKind::Reduce | CollKind::ReduceScatter => cuda_reduce::supported(c.dtype),
         CollKind::AllGather | CollKind::Broadcast | CollKind::Gather | CollKind::Scatter | CollKind::AlltoAll => true,
         _ => false,
     };
     kind_ok
-        && nranks >= 2
+        && (2..=ctl::MAX_RANKS).contains(&nranks)
         && matches!(c.placement, Placement::Device { .. })
         && c.wire.is_none()
         && c.strided.is_none()
@@ -64,152 +74,48 @@ pub fn eligible(c: &Coll, nranks: usize, min: usize) -> bool {
         && c.count.saturating_mul(c.dtype.size()) >= min
 }
 
-/// The IPC path as a router entry: single calls of device memory on a communicator
-/// whose ranks all share one GPU, unless FERROCCL_CUDA_IPC=0.
+/// The path as a router entry: single calls of device memory on a communicator whose
+/// ranks all share one GPU, unless FERROCCL_CUDA_IPC=0.
 pub struct Ipc {
     rank: usize,
     nranks: usize,
     min_bytes: usize,
-    maps: std::sync::Mutex<Mappings>,
-    /// This rank's allocations whose handles peers received: base -> the driver's
-    /// identity of the allocation, to notice when it is freed.
-    exported: std::sync::Mutex<std::collections::HashMap<usize, u64>>,
+    /// Names the control page (the communicator's nonce).
+    nonce: u64,
+    timeout: Duration,
+    inner: Mutex<Inner>,
+    watch: Arc<Watch>,
+}
+
+/// What calls keep between them.
+#[derive(Default)]
+struct Inner {
+    /// Executor: mappings of peers' allocations.
+    maps: Mappings,
+    /// This rank's allocations whose handles peers received: base -> (the driver's
+    /// identity of the allocation, its handle).
+    exported: HashMap<usize, (u64, [u8; 64])>,
+    /// How calls run, once the first call decided it.
+    mode: Option<Mode>,
+    /// The last call put on the streams.
+    k: u32,
+    /// Executor: mappings to close once the GPU finished the call numbered with them.
+    closing: Vec<(u32, usize)>,
+    /// The context the mappings and the page belong to.
+    ctx: usize,
+    watchdog: Option<std::thread::JoinHandle<()>>,
 }
 
 impl Ipc {
-    pub fn new(rank: usize, nranks: usize, min_bytes: usize) -> Ipc {
-        Ipc { rank, nranks, min_bytes, maps: std::sync::Mutex::new(Mappings::default()), exported: Default::default() }
-    }
-
-    /// How many peer allocations this rank has mapped now.
-    pub fn mapped(&self) -> usize {
-        self.maps.lock().unwrap_or_else(|p| p.into_inner()).map.len()
-    }
-}
-
-/// A peer's allocation: the owner's pid and the allocation's base address there.
-type Owner = (u32, usize);
-
-/// What one call of the path keeps between calls.
-struct State<'a> {
-    maps: &'a mut Mappings,
-    exported: &'a mut std::collections::HashMap<usize, u64>,
-}
-
-/// Most of this rank's allocations tracked for peers: past it, the oldest-looking is
-/// forgotten (peers close its mapping when they need room).
-const EXPORTED_MAX: usize = 4096;
-
-impl State<'_> {
-    /// Writes into `blob` the bases of allocations that peers mapped and that are freed
-    /// now (or hold another allocation), and forgets them.
-    fn report_dead(&mut self, blob: &mut [u8; BLOB]) {
-        let dead: Vec<usize> = self
-            .exported
-            .iter()
-            .filter(|(&base, &id)| cuda::buffer_id(base as *const u8) != Some(id))
-            .map(|(&base, _)| base)
-            .take(DEAD_MAX)
-            .collect();
-        blob[DEAD_AT] = dead.len() as u8;
-        for (i, base) in dead.iter().enumerate() {
-            self.exported.remove(base);
-            let at = DEAD_AT + 1 + 8 * i;
-            blob[at..at + 8].copy_from_slice(&(*base as u64).to_le_bytes());
-        }
-    }
-
-    /// Records that peers will map the allocation at `base`.
-    fn exported(&mut self, base: usize) {
-        if self.exported.contains_key(&base) {
-            return;
-        }
-        if self.exported.len() >= EXPORTED_MAX {
-            if let Some(&k) = self.exported.keys().next() {
-                self.exported.remove(&k);
-            }
-        }
-        if let Some(id) = cuda::buffer_id(base as *const u8) {
-            self.exported.insert(base, id);
-        }
-    }
-}
-
-/// This communicator's mappings of peers' allocations, one per (context, owner's
-/// allocation): opening costs far more than a collective, so a buffer used again is
-/// not opened again. A new handle for the same owner and base means the old
-/// allocation was freed and another took its place: the stale mapping is closed.
-/// Past [`MAPPINGS_MAX`] the least recently used one is closed. All are closed with
-/// the communicator. Mappings change only inside this communicator's calls, which
-/// synchronise their stream before they return, so none is closed under queued work.
-#[derive(Default)]
-struct Mappings {
-    map: std::collections::HashMap<(usize, Owner), Mapped>,
-    tick: u64,
-}
-
-struct Mapped {
-    handle: [u8; 64],
-    base: usize,
-    used: u64,
-}
-
-/// The most peer allocations one rank keeps mapped.
-pub const MAPPINGS_MAX: usize = 1024;
-
-impl Mappings {
-    /// Closes this process's mappings of `pid`'s allocations that it reported freed.
-    fn forget(&mut self, ctx: usize, pid: u32, blob: &[u8]) {
-        let n = (blob[DEAD_AT] as usize).min(DEAD_MAX);
-        for i in 0..n {
-            let at = DEAD_AT + 1 + 8 * i;
-            let base = u64::from_le_bytes(blob[at..at + 8].try_into().expect("8 bytes")) as usize;
-            if let Some(m) = self.map.remove(&(ctx, (pid, base))) {
-                close(m.base);
-            }
-        }
-    }
-
-    /// `owner`'s allocation (its IPC `handle`) mapped in context `ctx` (current).
-    fn open(&mut self, ctx: usize, owner: Owner, handle: &[u8; 64]) -> Result<usize> {
-        self.tick += 1;
-        let tick = self.tick;
-        if let Some(e) = self.map.get_mut(&(ctx, owner)) {
-            if e.handle == *handle {
-                e.used = tick;
-                return Ok(e.base);
-            }
-            let stale = self.map.remove(&(ctx, owner)).expect("present");
-            close(stale.base);
-        }
-        if self.map.len() >= MAPPINGS_MAX {
-            let oldest = self.map.iter().filter(|(k, _)| k.0 == ctx).min_by_key(|(_, e)| e.used).map(|(&k, _)| k);
-            if let Some(k) = oldest {
-                close(self.map.remove(&k).expect("present").base);
-            }
-        }
-        let base = cuda::ipc_open(handle)?;
-        self.map.insert((ctx, owner), Mapped { handle: *handle, base, used: tick });
-        Ok(base)
-    }
-}
-
-fn close(base: usize) {
-    // SAFETY: base came from ipc_open in the current context; no queued work uses it
-    // (see Mappings).
-    if let Err(e) = unsafe { cuda::ipc_close(base) } {
-        log::warn(format_args!("closing a mapping of a peer's allocation: {}", e.msg));
-    }
-}
-
-impl Drop for Ipc {
-    fn drop(&mut self) {
-        let maps = self.maps.get_mut().unwrap_or_else(|p| p.into_inner());
-        for ((ctx, _), m) in maps.map.drain() {
-            match cuda::CtxGuard::enter(ctx) {
-                Ok(_g) => close(m.base),
-                Err(e) => log::warn(format_args!("a peer's allocation stays mapped: {}", e.msg)),
-            }
+    pub fn new(rank: usize, nranks: usize, min_bytes: usize, nonce: u64, timeout: Duration) -> Ipc {
+        Ipc {
+            rank,
+            nranks,
+            min_bytes,
+            nonce,
+            timeout,
+            inner: Mutex::new(Inner::default()),
+            watch: Arc::new(Watch::default()),
         }
     }
 }
@@ -225,58 +131,438 @@ impl Backend for Ipc {
 
     fn run(&self, x: &mut Exec<'_>, calls: &[Call]) -> Result<Option<Error>> {
         let [call] = calls else { return Err(Error::internal("the IPC path runs one call at a time")) };
-        let mut maps = self.maps.lock().unwrap_or_else(|p| p.into_inner());
-        let mut exported = self.exported.lock().unwrap_or_else(|p| p.into_inner());
-        let mut st = State { maps: &mut maps, exported: &mut exported };
-        run_one(x, call, self.rank, self.nranks, &mut st)
-    }
-}
-
-/// Runs a host-memory exchange of this path's own (handles, barriers) with the
-/// communicator's next sequence number, as every rank does.
-fn exchange(x: &mut Exec<'_>, coll: Coll, seq: u64) -> Result<Option<Error>> {
-    let algo = x.algo;
-    let r = host::execute(x, &[Call { coll, seq }]);
-    x.algo = algo;
-    r
-}
-
-fn barrier(x: &mut Exec<'_>) -> Result<Option<Error>> {
-    *x.seq += 1;
-    let b = Coll::new(CollKind::Barrier, std::ptr::null(), std::ptr::null_mut(), 0, DataType::Uint8);
-    exchange(x, b, *x.seq)
-}
-
-fn prepare(c: &Coll, ctx: usize, device: i32, rank: usize, n: usize, st: &mut State<'_>) -> Result<[u8; BLOB]> {
-    if matches!(c.kind, CollKind::AllReduce | CollKind::Reduce | CollKind::ReduceScatter) {
-        // Compiled now, so a rank without NVRTC says so in the exchange.
-        cuda_reduce::kernel(ctx, device, c.dtype, c.op)?;
-    }
-    if c.kind == CollKind::AlltoAll && std::ptr::eq(c.send, c.recv) {
-        return Err(Error::unavailable("an in-place all_to_all overwrites blocks that peers still read"));
-    }
-    let (sb, rb) = c.extents(rank, n)?;
-    let mut b = [0u8; BLOB];
-    b[0] = 1;
-    b[1..5].copy_from_slice(&std::process::id().to_le_bytes());
-    let mut at = 5;
-    for (p, bytes) in [(c.send, sb), (c.recv as *const u8, rb)] {
-        if bytes > 0 {
-            let (h, off) = cuda::ipc_handle(p)?;
-            st.exported(p as usize - off);
-            b[at..at + 64].copy_from_slice(&h);
-            b[at + 64..at + 72].copy_from_slice(&(off as u64).to_le_bytes());
-            b[at + 72..at + 80].copy_from_slice(&(p as u64).to_le_bytes());
+        if let Some(e) = self.watch.failure.lock().unwrap_or_else(|p| p.into_inner()).clone() {
+            return Err(e);
         }
-        at += 80;
+        let mut inner = self.inner.lock().unwrap_or_else(|p| p.into_inner());
+        self.run_one(x, call, &mut inner)
     }
-    Ok(b)
+
+    fn abort(&self) {
+        self.watch.aborted.store(true, Ordering::Release);
+        self.watch.wake.notify_all();
+    }
+
+    fn async_error(&self) -> Option<Error> {
+        self.watch.failure.lock().unwrap_or_else(|p| p.into_inner()).clone()
+    }
+}
+
+/// How a communicator's calls run on this path (the same on every rank).
+#[derive(Clone)]
+enum Mode {
+    /// Ordered on the streams through the control page: ranks in separate processes.
+    Stream(Arc<Ctl>),
+    /// Ranks that share a process may share a stream (or the legacy default stream,
+    /// which orders every blocking stream of the context), where a wait for a peer
+    /// would sit before the peer's own write: the executor runs the call and the host
+    /// waits for it, as the callers' streams cannot order each other.
+    Synced,
+    /// Every call stages, for this reason.
+    Off(String),
+}
+
+/// A peer's allocation: the owner's pid and the allocation's base address there.
+type Owner = (u32, usize);
+
+/// Most of this rank's allocations tracked for peers: past it, one is forgotten
+/// (peers close its mapping when they need room).
+const EXPORTED_MAX: usize = 4096;
+
+impl Inner {
+    /// Writes into `blob` the bases of allocations that peers mapped and that are freed
+    /// now (or hold another allocation), and forgets them.
+    fn report_dead(&mut self, blob: &mut [u8; BLOB]) {
+        let dead: Vec<usize> = self
+            .exported
+            .iter()
+            .filter(|(&base, &(id, _))| cuda::buffer_id(base as *const u8) != Some(id))
+            .map(|(&base, _)| base)
+            .take(DEAD_MAX)
+            .collect();
+        blob[DEAD_AT] = dead.len() as u8;
+        for (i, base) in dead.iter().enumerate() {
+            self.exported.remove(base);
+            let at = DEAD_AT + 1 + 8 * i;
+            blob[at..at + 8].copy_from_slice(&(*base as u64).to_le_bytes());
+        }
+    }
+
+    /// The IPC handle of the allocation holding `p` and `p`'s offset in it: made once
+    /// per allocation (cuIpcGetMemHandle is slow), remembered to report its freeing.
+    fn handle(&mut self, p: *const u8) -> Result<([u8; 64], usize)> {
+        let (base, _) = cuda::address_range(p)?;
+        let id = cuda::buffer_id(base as *const u8);
+        if let Some(&(known, h)) = self.exported.get(&base) {
+            if Some(known) == id {
+                return Ok((h, p as usize - base));
+            }
+        }
+        let (h, off) = cuda::ipc_handle(p)?;
+        if self.exported.len() >= EXPORTED_MAX {
+            if let Some(&k) = self.exported.keys().next() {
+                self.exported.remove(&k);
+            }
+        }
+        if let Some(id) = id {
+            self.exported.insert(base, (id, h));
+        }
+        Ok((h, off))
+    }
+
+    /// Closes the mappings whose last use the GPU has finished.
+    fn close_finished(&mut self, ctl: &Ctl) {
+        let done = ctl.done().load(Ordering::Acquire);
+        self.closing.retain(|&(k, base)| {
+            if ctl::reached(done, k) {
+                close(base);
+                false
+            } else {
+                true
+            }
+        });
+    }
+}
+
+/// The executor's mappings of peers' allocations, one per (context, owner's
+/// allocation): opening costs far more than a collective, so a buffer used again is
+/// not opened again. A new handle for the same owner and base means the old
+/// allocation was freed and another took its place; an owner also reports the
+/// allocations it freed. Past [`MAPPINGS_MAX`] the least recently used one goes.
+/// Mappings that go are closed once the GPU finished the calls that used them; all
+/// are closed with the communicator.
+#[derive(Default)]
+struct Mappings {
+    map: HashMap<(usize, Owner), Mapped>,
+    tick: u64,
+}
+
+struct Mapped {
+    handle: [u8; 64],
+    base: usize,
+    used: u64,
+}
+
+/// The most peer allocations one rank keeps mapped.
+pub const MAPPINGS_MAX: usize = 1024;
+
+impl Mappings {
+    /// Drops the mappings of `pid`'s allocations that it reported freed; returns them.
+    fn forget(&mut self, ctx: usize, pid: u32, blob: &[u8], gone: &mut Vec<usize>) {
+        let n = (blob[DEAD_AT] as usize).min(DEAD_MAX);
+        for i in 0..n {
+            let at = DEAD_AT + 1 + 8 * i;
+            let base = u64::from_le_bytes(blob[at..at + 8].try_into().expect("8 bytes")) as usize;
+            if let Some(m) = self.map.remove(&(ctx, (pid, base))) {
+                gone.push(m.base);
+            }
+        }
+    }
+
+    /// `owner`'s allocation (its IPC `handle`) mapped in context `ctx` (current).
+    /// Mappings it replaces go to `gone`.
+    fn open(&mut self, ctx: usize, owner: Owner, handle: &[u8; 64], gone: &mut Vec<usize>) -> Result<usize> {
+        self.tick += 1;
+        let tick = self.tick;
+        if let Some(e) = self.map.get_mut(&(ctx, owner)) {
+            if e.handle == *handle {
+                e.used = tick;
+                return Ok(e.base);
+            }
+            gone.push(self.map.remove(&(ctx, owner)).expect("present").base);
+        }
+        if self.map.len() >= MAPPINGS_MAX {
+            let oldest = self.map.iter().filter(|(k, _)| k.0 == ctx).min_by_key(|(_, e)| e.used).map(|(&k, _)| k);
+            if let Some(k) = oldest {
+                gone.push(self.map.remove(&k).expect("present").base);
+            }
+        }
+        let base = cuda::ipc_open(handle)?;
+        self.map.insert((ctx, owner), Mapped { handle: *handle, base, used: tick });
+        Ok(base)
+    }
+}
+
+fn close(base: usize) {
+    // SAFETY: base came from ipc_open in the current context, and the GPU finished
+    // every call that used it (see Mappings).
+    if let Err(e) = unsafe { cuda::ipc_close(base) } {
+        log::warn(format_args!("closing a mapping of a peer's allocation: {}", e.msg));
+    }
+}
+
+/// A descriptor's fields.
+fn pid_of(b: &[u8]) -> u32 {
+    u32::from_le_bytes(b[1..5].try_into().expect("4 bytes"))
+}
+
+impl Ipc {
+    /// Runs a host-memory exchange of this path's own with the communicator's next
+    /// sequence number, as every rank does.
+    fn exchange(x: &mut Exec<'_>, coll: Coll) -> Result<Option<Error>> {
+        *x.seq += 1;
+        let seq = *x.seq;
+        let algo = x.algo;
+        let r = host::execute(x, &[Call { coll, seq }]);
+        x.algo = algo;
+        r
+    }
+
+    /// All ranks' `mine` (BLOB bytes each), at sequence number `seq` (the call's own
+    /// for the first exchange of a call).
+    fn allgather(x: &mut Exec<'_>, mine: &[u8], n: usize, seq: Option<u64>) -> Result<(Vec<u8>, Option<Error>)> {
+        let mut all = vec![0u8; mine.len() * n];
+        let ex = Coll::new(CollKind::AllGather, mine.as_ptr(), all.as_mut_ptr(), mine.len(), DataType::Uint8);
+        let r = match seq {
+            Some(seq) => {
+                let algo = x.algo;
+                let r = host::execute(x, &[Call { coll: ex, seq }]);
+                x.algo = algo;
+                r
+            }
+            None => Self::exchange(x, ex),
+        }?;
+        Ok((all, r))
+    }
+
+    /// Decides at the first call how this communicator's calls run: ranks in separate
+    /// processes set up the control page (rank 0 creates it, the others map it), ranks
+    /// that share a process run synchronised. Every rank reaches the same mode.
+    fn set_up(
+        &self,
+        x: &mut Exec<'_>,
+        call: &Call,
+        ctx: usize,
+        device: i32,
+        inner: &mut Inner,
+    ) -> Result<Option<Error>> {
+        let n = self.nranks;
+        let pid = std::process::id();
+        let (all, err) = Self::allgather(x, &pid.to_le_bytes(), n, Some(call.seq))?;
+        if let Some(e) = err {
+            return Ok(Some(e));
+        }
+        let pids: Vec<u32> = all.chunks(4).map(|b| u32::from_le_bytes(b.try_into().expect("4 bytes"))).collect();
+        let mut sorted = pids.clone();
+        sorted.sort_unstable();
+        sorted.dedup();
+        if sorted.len() < n {
+            inner.mode = Some(Mode::Synced);
+            inner.ctx = ctx;
+            return Ok(None);
+        }
+        // Rank 0 creates the page; everyone learns whether that worked.
+        let made = if self.rank == EXECUTOR {
+            Some(cuda::memops_ready(device).and_then(|_| Ctl::create(&Ctl::name(self.nonce, pid), ctx).map(Arc::new)))
+        } else {
+            None
+        };
+        let ok = [made.as_ref().map_or(true, |m| m.is_ok()) as u8];
+        let (oks, err) = Self::allgather(x, &ok, n, None)?;
+        if let Some(e) = err {
+            return Ok(Some(e));
+        }
+        let opened = match made {
+            Some(m) => m.map_err(|e| e.msg),
+            None if oks[EXECUTOR] == 1 => cuda::memops_ready(device)
+                .and_then(|_| Ctl::open(&Ctl::name(self.nonce, pids[EXECUTOR]), ctx).map(Arc::new))
+                .map_err(|e| e.msg),
+            None => Err("rank 0 could not create the device control page".to_string()),
+        };
+        // Everyone learns whether everyone has the page.
+        let ok = [opened.is_ok() as u8];
+        let (oks, err) = Self::allgather(x, &ok, n, None)?;
+        if let Some(e) = err {
+            return Ok(Some(e));
+        }
+        let mode = match (opened, oks.iter().position(|&o| o != 1)) {
+            (Ok(c), None) => Mode::Stream(c),
+            (Err(m), _) => Mode::Off(m),
+            (Ok(_), Some(r)) => Mode::Off(format!("rank {r} could not map the device control page")),
+        };
+        match &mode {
+            Mode::Off(m) => log::info(format_args!(
+                "rank {}: device calls through host staging: the stream-ordered path is unavailable: {m}",
+                self.rank
+            )),
+            Mode::Stream(c) => {
+                *self.watch.ctl.lock().unwrap_or_else(|p| p.into_inner()) = Some(c.clone());
+                let watch = self.watch.clone();
+                let (rank, nranks) = (self.rank, self.nranks);
+                inner.watchdog = std::thread::Builder::new()
+                    .name("ferroccl-watch".into())
+                    .spawn(move || watch.run(rank, nranks))
+                    .map_err(|e| log::warn(format_args!("no device watchdog thread: {e}")))
+                    .ok();
+            }
+            Mode::Synced => {}
+        }
+        inner.ctx = ctx;
+        inner.mode = Some(mode);
+        Ok(None)
+    }
+
+    fn prepare(&self, c: &Coll, ctx: usize, device: i32, inner: &mut Inner) -> Result<[u8; BLOB]> {
+        if self.rank == EXECUTOR && matches!(c.kind, CollKind::AllReduce | CollKind::Reduce | CollKind::ReduceScatter) {
+            // Compiled now, so an executor without NVRTC says so in the exchange.
+            cuda_reduce::kernel(ctx, device, c.dtype, c.op)?;
+        }
+        if c.kind == CollKind::AlltoAll && std::ptr::eq(c.send, c.recv) {
+            return Err(Error::unavailable("an in-place all_to_all overwrites blocks that peers still read"));
+        }
+        let (sb, rb) = c.extents(self.rank, self.nranks)?;
+        let mut b = [0u8; BLOB];
+        b[0] = 1;
+        b[1..5].copy_from_slice(&std::process::id().to_le_bytes());
+        let mut at = 5;
+        for (p, bytes) in [(c.send, sb), (c.recv as *const u8, rb)] {
+            if bytes > 0 {
+                let (h, off) = inner.handle(p)?;
+                b[at..at + 64].copy_from_slice(&h);
+                b[at + 64..at + 72].copy_from_slice(&(off as u64).to_le_bytes());
+                b[at + 72..at + 80].copy_from_slice(&(p as u64).to_le_bytes());
+            }
+            at += 80;
+        }
+        Ok(b)
+    }
+
+    /// Runs one eligible call: the descriptor exchange on the host, then stream
+    /// operations only.
+    fn run_one(&self, x: &mut Exec<'_>, call: &Call, inner: &mut Inner) -> Result<Option<Error>> {
+        let (rank, n) = (self.rank, self.nranks);
+        let c = &call.coll;
+        let Placement::Device { device, ctx } = c.placement else {
+            return Err(Error::internal("IPC path on host memory"));
+        };
+        let guard = cuda::CtxGuard::enter(ctx)?;
+        let first = inner.mode.is_none();
+        if first {
+            if let Some(e) = self.set_up(x, call, ctx, device, inner)? {
+                return Ok(Some(e));
+            }
+        }
+        // Buffers of another context than the first call's stage: the mappings and the
+        // page belong to that one.
+        let mode = match inner.mode.clone().expect("set up") {
+            Mode::Stream(_) | Mode::Synced if inner.ctx != ctx => {
+                Mode::Off("buffers of another context than the communicator's first device call".to_string())
+            }
+            m => m,
+        };
+        if let Mode::Stream(ctl) = &mode {
+            inner.close_finished(ctl);
+        }
+        if matches!(mode, Mode::Synced) {
+            // Inputs complete before the executor reads them.
+            cuda::sync(c.stream)?;
+        }
+        let prepared = match &mode {
+            Mode::Off(m) => Err(Error::unavailable(m.clone())),
+            _ => self.prepare(c, ctx, device, inner),
+        };
+        let mut mine = match prepared {
+            Ok(b) => b,
+            Err(e) => {
+                if !matches!(mode, Mode::Off(_)) {
+                    log::info(format_args!("rank {rank}: {} through host staging: {}", c.kind.c_name(), e.msg));
+                }
+                let mut b = [0u8; BLOB];
+                b[1..5].copy_from_slice(&std::process::id().to_le_bytes());
+                b
+            }
+        };
+        inner.report_dead(&mut mine);
+        let (all, err) = Self::allgather(x, &mine, n, if first { None } else { Some(call.seq) })?;
+        if let Some(e) = err {
+            return Ok(Some(e));
+        }
+        let mut gone = Vec::new();
+        for b in all.chunks(BLOB) {
+            if pid_of(b) != std::process::id() {
+                inner.maps.forget(ctx, pid_of(b), b, &mut gone);
+            }
+        }
+        if matches!(mode, Mode::Off(_)) || all.chunks(BLOB).any(|b| b[0] != 1) {
+            // Somebody cannot: everyone stages this call (after the calls before it).
+            drop(guard);
+            self.defer_close(inner, gone);
+            let mut coll = c.clone();
+            let st = staging::stage_in(&mut coll, c.placement, rank, n)?;
+            x.algo = "staged (a rank cannot share this call's memory through IPC)";
+            *x.seq += 1;
+            let seq = *x.seq;
+            let algo = x.algo;
+            let res = host::execute(x, &[Call { coll, seq }]);
+            x.algo = algo;
+            let res = res?;
+            st.stage_out()?;
+            return Ok(res);
+        }
+        let s = c.stream;
+        let Mode::Stream(ctl) = mode else {
+            // Synced: the executor moves the data and waits for it; then everyone returns.
+            if rank == EXECUTOR {
+                let mut peers = Vec::with_capacity(n);
+                for b in all.chunks(BLOB) {
+                    peers.push(map_peer(b, ctx, &mut inner.maps, &mut gone)?);
+                }
+                // SAFETY: the peers' buffers are mapped (or this process's own) and held by
+                // their ranks until the barrier below; the stream is synchronised before it.
+                unsafe { move_data(x, c, &peers, ctx, device)? };
+                cuda::sync(s)?;
+            } else {
+                x.algo = "the host waits while rank 0 moves the data";
+            }
+            for base in gone {
+                close(base);
+            }
+            let b = Coll::new(CollKind::Barrier, std::ptr::null(), std::ptr::null_mut(), 0, DataType::Uint8);
+            return Self::exchange(x, b);
+        };
+        let k = inner.k.wrapping_add(1);
+        if rank == EXECUTOR {
+            let mut peers = Vec::with_capacity(n);
+            for b in all.chunks(BLOB) {
+                peers.push(map_peer(b, ctx, &mut inner.maps, &mut gone)?);
+            }
+            // SAFETY: the page is registered in this context and outlives the stream's use
+            // of it (Drop waits for the last call); the peers' buffers are mapped until the
+            // GPU finished this call (closing waits for `done`), and their owners keep
+            // them until their streams passed `done >= k`.
+            unsafe {
+                for q in (0..n).filter(|&q| q != EXECUTOR) {
+                    cuda::stream_wait_geq(s, ctl.dev_ready(q), k)?;
+                }
+                move_data(x, c, &peers, ctx, device)?;
+                cuda::stream_write(s, ctl.dev_done(), k)?;
+            }
+        } else {
+            // SAFETY: as above for the page.
+            unsafe {
+                cuda::stream_write(s, ctl.dev_ready(rank), k)?;
+                cuda::stream_wait_geq(s, ctl.dev_done(), k)?;
+            }
+            x.algo = "signal and wait on the stream; rank 0 moves the data";
+        }
+        inner.k = k;
+        self.defer_close(inner, gone);
+        let pids: Vec<u32> = all.chunks(BLOB).map(pid_of).collect();
+        self.watch.pending(Pending { k, deadline: Instant::now() + self.timeout, pids, seq: call.seq });
+        Ok(None)
+    }
+
+    /// Mappings that went in this call close once the GPU finished the calls so far.
+    fn defer_close(&self, inner: &mut Inner, gone: Vec<usize>) {
+        let k = inner.k;
+        inner.closing.extend(gone.into_iter().map(|b| (k, b)));
+    }
 }
 
 /// A peer's (send, recv) pointers, usable in this process's context `ctx` (null
 /// where the peer's extent is empty).
-fn map_peer(b: &[u8], ctx: usize, maps: &mut Mappings) -> Result<(*const u8, *const u8)> {
-    let pid = u32::from_le_bytes(b[1..5].try_into().expect("4 bytes"));
+fn map_peer(b: &[u8], ctx: usize, maps: &mut Mappings, gone: &mut Vec<usize>) -> Result<(*const u8, *const u8)> {
+    let pid = pid_of(b);
     let mut out = [0usize; 2];
     for (i, o) in out.iter_mut().enumerate() {
         let at = 5 + i * 80;
@@ -289,155 +575,263 @@ fn map_peer(b: &[u8], ctx: usize, maps: &mut Mappings) -> Result<(*const u8, *co
             ptr
         } else {
             let h: [u8; 64] = b[at..at + 64].try_into().expect("64 bytes");
-            maps.open(ctx, (pid, ptr - off), &h)? + off
+            maps.open(ctx, (pid, ptr - off), &h, gone)? + off
         };
     }
     Ok((out[0] as *const u8, out[1] as *const u8))
 }
 
-/// Runs one eligible call (`call`'s sequence number and the next ones are used).
-fn run_one(x: &mut Exec<'_>, call: &Call, rank: usize, n: usize, st: &mut State<'_>) -> Result<Option<Error>> {
-    let c = &call.coll;
-    let Placement::Device { device, ctx } = c.placement else {
-        return Err(Error::internal("IPC path on host memory"));
-    };
-    let guard = cuda::CtxGuard::enter(ctx)?;
-    // Inputs complete before peers may read them.
-    cuda::sync(c.stream)?;
-    let mut mine = match prepare(c, ctx, device, rank, n, st) {
-        Ok(b) => b,
-        Err(e) => {
-            log::info(format_args!("rank {rank}: {} through host staging: {}", c.kind.c_name(), e.msg));
-            let mut b = [0u8; BLOB];
-            b[1..5].copy_from_slice(&std::process::id().to_le_bytes());
-            b
-        }
-    };
-    st.report_dead(&mut mine);
-    let mut all = vec![0u8; BLOB * n];
-    let ex = Coll::new(CollKind::AllGather, mine.as_ptr(), all.as_mut_ptr(), BLOB, DataType::Uint8);
-    if let Some(e) = exchange(x, ex, call.seq)? {
-        return Ok(Some(e));
-    }
-    for b in all.chunks(BLOB) {
-        let pid = u32::from_le_bytes(b[1..5].try_into().expect("4 bytes"));
-        if pid != std::process::id() {
-            st.maps.forget(ctx, pid, b);
-        }
-    }
-    if all.chunks(BLOB).any(|b| b[0] != 1) {
-        // Somebody cannot: everyone stages this call.
-        drop(guard);
-        *x.seq += 1;
-        let mut coll = c.clone();
-        let st = staging::stage_in(&mut coll, c.placement, rank, n)?;
-        x.algo = "staged (a rank cannot share this call's memory through IPC)";
-        let res = exchange(x, coll, *x.seq)?;
-        st.stage_out()?;
-        return Ok(res);
-    }
-    let peers: Vec<(*const u8, *const u8)> =
-        all.chunks(BLOB).map(|b| map_peer(b, ctx, st.maps)).collect::<Result<_>>()?;
-    // SAFETY: every peer pointer is mapped in this context for its extent of this call
-    // (validated on its rank), and held by that rank until the last barrier below.
-    if let Some(e) = unsafe { move_data(x, c, &peers, rank, n, ctx, device)? } {
-        return Ok(Some(e));
-    }
-    cuda::sync(c.stream)?;
-    // Nobody may reuse its buffers while a peer still reads them.
-    barrier(x)
-}
-
-/// The data movement of one call: this rank's receive buffer from the peers' buffers.
-///
-/// Device addresses are offset with `wrapping_add`: the host never dereferences them.
+/// The whole call's data movement, enqueued on the executor's stream: every rank's
+/// receive buffer from every rank's buffers. Device addresses are offset with
+/// `wrapping_add`: the host never dereferences them.
 ///
 /// # Safety
-/// `peers[q]` are rank q's (send, recv) mapped here, valid for q's extents.
+/// `peers[q]` are rank q's (send, recv) mapped in `ctx`, valid for q's extents until
+/// the stream has run the work.
 unsafe fn move_data(
     x: &mut Exec<'_>,
     c: &Coll,
     peers: &[(*const u8, *const u8)],
-    rank: usize,
-    n: usize,
     ctx: usize,
     device: i32,
-) -> Result<Option<Error>> {
-    let es = c.dtype.size();
-    let bytes = c.count * es;
+) -> Result<()> {
+    let n = peers.len();
+    let bytes = c.count * c.dtype.size();
     let s = c.stream;
-    let copy = |dst: *mut u8, src: *const u8, len: usize| -> Result<()> {
-        if std::ptr::eq(dst, src) || len == 0 {
+    let recv = |q: usize| peers[q].1 as *mut u8;
+    let copy = |dst: *mut u8, src: *const u8| -> Result<()> {
+        if std::ptr::eq(dst, src) {
             return Ok(());
         }
         // SAFETY: both ranges lie in mapped buffers of this call (caller).
-        unsafe { cuda::copy_dtod_async(dst, src, len, s) }
+        unsafe { cuda::copy_dtod_async(dst, src, bytes, s) }
     };
-    let reduce = |out: *mut u8, ins: &[*const u8], elems: usize| -> Result<()> {
+    // out = op over ins, in rank order; more inputs than one launch takes continue from
+    // the partial result, which keeps the order.
+    let reduce = |out: *mut u8, ins: &[*const u8]| -> Result<()> {
         let f = cuda_reduce::kernel(ctx, device, c.dtype, c.op)?;
-        // SAFETY: as above; the kernel reads each element before writing it, so an
-        // output equal to one input (in place) is fine.
-        unsafe { cuda_reduce::launch(f, out, ins, elems, s) }
+        let mut first = true;
+        let mut rest = ins;
+        while !rest.is_empty() {
+            let take = if first { cuda_reduce::MAX_INPUTS } else { cuda_reduce::MAX_INPUTS - 1 };
+            let (now, later) = rest.split_at(rest.len().min(take));
+            let mut group: Vec<*const u8> = Vec::with_capacity(cuda_reduce::MAX_INPUTS);
+            if !first {
+                group.push(out);
+            }
+            group.extend_from_slice(now);
+            // SAFETY: as above; the kernel reads each element before writing it, so an
+            // output equal to one input (in place) is fine.
+            unsafe { cuda_reduce::launch(f, out, &group, c.count, s)? };
+            first = false;
+            rest = later;
+        }
+        Ok(())
     };
-    let sends = |off: usize| -> Vec<*const u8> { peers.iter().map(|(p, _)| p.wrapping_add(off)).collect() };
+    let sends_at = |off: usize| -> Vec<*const u8> { peers.iter().map(|(p, _)| p.wrapping_add(off)).collect() };
     match c.kind {
         CollKind::AllReduce => {
-            // This rank's share of every input into its own recv; no rank reads another's
-            // share of a recv buffer in this phase, so in place is safe.
-            let share = |q: usize| (c.count * q / n, c.count * (q + 1) / n);
-            let (lo, hi) = share(rank);
-            reduce(c.recv.wrapping_add(lo * es), &sends(lo * es), hi - lo)?;
-            cuda::sync(s)?;
-            if let Some(e) = barrier(x)? {
-                return Ok(Some(e));
+            // Into rank 0's recv (read in place before anything writes), then copied to
+            // the others.
+            reduce(recv(0), &sends_at(0))?;
+            for q in 1..n {
+                copy(recv(q), recv(0))?;
             }
-            for (q, &(_, peer_recv)) in peers.iter().enumerate() {
-                let (lo, hi) = share(q);
-                if q != rank {
-                    copy(c.recv.wrapping_add(lo * es), peer_recv.wrapping_add(lo * es), (hi - lo) * es)?;
-                }
-            }
-            x.algo = "reduce-scatter + all-gather through IPC mappings";
+            x.algo = "reduce, then copies, on rank 0's stream through IPC mappings";
         }
         CollKind::ReduceScatter => {
-            reduce(c.recv, &sends(rank * bytes), c.count)?;
-            x.algo = "reduce through IPC mappings";
+            for q in 0..n {
+                reduce(recv(q), &sends_at(q * bytes))?;
+            }
+            x.algo = "reductions on rank 0's stream through IPC mappings";
         }
         CollKind::Reduce => {
-            if rank == c.root {
-                reduce(c.recv, &sends(0), c.count)?;
-            }
-            x.algo = "reduce at the root through IPC mappings";
+            reduce(recv(c.root), &sends_at(0))?;
+            x.algo = "reduction on rank 0's stream through IPC mappings";
         }
         CollKind::AllGather => {
-            for (q, &(peer_send, _)) in peers.iter().enumerate() {
-                copy(c.recv.wrapping_add(q * bytes), peer_send, bytes)?;
-            }
-            x.algo = "copies through IPC mappings";
-        }
-        CollKind::Broadcast => {
-            copy(c.recv, peers[c.root].0, bytes)?;
-            x.algo = "copy from the root through IPC mappings";
-        }
-        CollKind::Gather => {
-            if rank == c.root {
-                for (q, &(peer_send, _)) in peers.iter().enumerate() {
-                    copy(c.recv.wrapping_add(q * bytes), peer_send, bytes)?;
+            for q in 0..n {
+                for (p, &(send, _)) in peers.iter().enumerate() {
+                    copy(recv(q).wrapping_add(p * bytes), send)?;
                 }
             }
-            x.algo = "copies to the root through IPC mappings";
+            x.algo = "copies on rank 0's stream through IPC mappings";
+        }
+        CollKind::Broadcast => {
+            for q in 0..n {
+                copy(recv(q), peers[c.root].0)?;
+            }
+            x.algo = "copies on rank 0's stream through IPC mappings";
+        }
+        CollKind::Gather => {
+            for (q, &(send, _)) in peers.iter().enumerate() {
+                copy(recv(c.root).wrapping_add(q * bytes), send)?;
+            }
+            x.algo = "copies on rank 0's stream through IPC mappings";
         }
         CollKind::Scatter => {
-            copy(c.recv, peers[c.root].0.wrapping_add(rank * bytes), bytes)?;
-            x.algo = "copy from the root through IPC mappings";
+            for q in 0..n {
+                copy(recv(q), peers[c.root].0.wrapping_add(q * bytes))?;
+            }
+            x.algo = "copies on rank 0's stream through IPC mappings";
         }
         CollKind::AlltoAll => {
-            for (q, &(peer_send, _)) in peers.iter().enumerate() {
-                copy(c.recv.wrapping_add(q * bytes), peer_send.wrapping_add(rank * bytes), bytes)?;
+            for q in 0..n {
+                for (p, &(send, _)) in peers.iter().enumerate() {
+                    copy(recv(q).wrapping_add(p * bytes), send.wrapping_add(q * bytes))?;
+                }
             }
-            x.algo = "copies through IPC mappings";
+            x.algo = "copies on rank 0's stream through IPC mappings";
         }
         k => return Err(Error::internal(format!("{} on the IPC path", k.c_name()))),
     }
-    Ok(None)
+    Ok(())
+}
+
+/// The last call a rank put on its stream, for the watchdog.
+#[derive(Clone)]
+struct Pending {
+    k: u32,
+    deadline: Instant,
+    /// Every rank's pid, to notice one that died.
+    pids: Vec<u32>,
+    /// The call's sequence number on the communicator, for messages.
+    seq: u64,
+}
+
+/// What a rank's watchdog thread shares with its calls.
+#[derive(Default)]
+struct Watch {
+    ctl: Mutex<Option<Arc<Ctl>>>,
+    pending: Mutex<Option<Pending>>,
+    wake: Condvar,
+    stop: AtomicBool,
+    aborted: AtomicBool,
+    /// Why the communicator failed on the device; every later call returns it.
+    failure: Mutex<Option<Error>>,
+}
+
+/// How often the watchdog looks while a call is on the GPU.
+const WATCH_TICK: Duration = Duration::from_millis(5);
+
+impl Watch {
+    fn pending(&self, p: Pending) {
+        *self.pending.lock().unwrap_or_else(|e| e.into_inner()) = Some(p);
+        self.wake.notify_all();
+    }
+
+    /// Watches the last call on the GPU until it finishes, and releases every wait of a
+    /// call that cannot.
+    fn run(&self, rank: usize, nranks: usize) {
+        let Some(ctl) = self.ctl.lock().unwrap_or_else(|e| e.into_inner()).clone() else { return };
+        let mut pending = self.pending.lock().unwrap_or_else(|e| e.into_inner());
+        loop {
+            if self.stop.load(Ordering::Acquire) {
+                return;
+            }
+            let Some(p) = pending.clone() else {
+                pending =
+                    self.wake.wait_timeout(pending, Duration::from_millis(200)).unwrap_or_else(|e| e.into_inner()).0;
+                continue;
+            };
+            if ctl.finished(p.k) && ctl.failed().load(Ordering::Acquire) == 0 {
+                *pending = None;
+                continue;
+            }
+            if let Some(e) = self.why_stuck(&ctl, &p, rank, nranks) {
+                ctl.release(p.k, nranks);
+                log::warn(format_args!("rank {rank}: {}", e.msg));
+                self.failure.lock().unwrap_or_else(|e| e.into_inner()).get_or_insert(e);
+                *pending = None;
+                continue;
+            }
+            pending = self.wake.wait_timeout(pending, WATCH_TICK).unwrap_or_else(|e| e.into_inner()).0;
+        }
+    }
+
+    /// Why call `p` can never finish, if it cannot.
+    fn why_stuck(&self, ctl: &Ctl, p: &Pending, rank: usize, nranks: usize) -> Option<Error> {
+        let missing = || -> Vec<usize> {
+            (0..nranks).filter(|&q| q != EXECUTOR && !ctl::reached(ctl.ready(q).load(Ordering::Acquire), p.k)).collect()
+        };
+        let what = format!("device call #{} (collective #{})", p.k, p.seq);
+        if ctl.failed().load(Ordering::Acquire) != 0 {
+            return Some(Error::remote(format!("{what}: another rank gave up on this communicator's device calls")));
+        }
+        if self.aborted.load(Ordering::Acquire) {
+            return Some(Error::remote(format!("{what}: the communicator was aborted")));
+        }
+        for (q, &pid) in p.pids.iter().enumerate() {
+            // SAFETY: signal 0 only checks whether the process exists.
+            let gone = pid != std::process::id()
+                && unsafe { libc::kill(pid as i32, 0) } != 0
+                && std::io::Error::last_os_error().raw_os_error() == Some(libc::ESRCH);
+            if gone {
+                return Some(Error::remote_rank(
+                    q,
+                    format!("{what}: rank {q} (pid {pid}) died before the GPU finished the call; its stream operations will never come"),
+                ));
+            }
+        }
+        if Instant::now() >= p.deadline {
+            let m = missing();
+            let who = if m.is_empty() {
+                format!("every rank's stream reached it, but rank {EXECUTOR}'s stream did not finish it")
+            } else {
+                format!("the streams of rank(s) {m:?} did not reach it (their work before the call did not finish, or they stopped)")
+            };
+            let culprit = m.first().copied().or((rank != EXECUTOR).then_some(EXECUTOR));
+            return Some(Error::timeout_blaming(
+                culprit,
+                format!("{what} did not finish on the GPU within the timeout: {who}"),
+            ));
+        }
+        None
+    }
+}
+
+impl Drop for Ipc {
+    fn drop(&mut self) {
+        self.watch.stop.store(true, Ordering::Release);
+        self.watch.wake.notify_all();
+        let inner = self.inner.get_mut().unwrap_or_else(|p| p.into_inner());
+        if let Some(h) = inner.watchdog.take() {
+            let _ = h.join();
+        }
+        let ctl = match inner.mode.take() {
+            Some(Mode::Stream(ctl)) => ctl,
+            Some(Mode::Synced) => {
+                if let Ok(_g) = cuda::CtxGuard::enter(inner.ctx) {
+                    for (_, m) in inner.maps.map.drain() {
+                        close(m.base);
+                    }
+                }
+                return;
+            }
+            _ => return,
+        };
+        // Nothing is unmapped while the GPU may still run a call that uses it.
+        let until = Instant::now() + self.timeout.min(Duration::from_secs(30));
+        while !ctl.finished(inner.k) && ctl.failed().load(Ordering::Acquire) == 0 {
+            if Instant::now() >= until {
+                log::warn(format_args!(
+                    "rank {}: destroying a communicator whose device call #{} has not finished on the GPU; its mappings and control page stay",
+                    self.rank, inner.k
+                ));
+                std::mem::forget(ctl);
+                return;
+            }
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        *self.watch.ctl.lock().unwrap_or_else(|p| p.into_inner()) = None;
+        if let Ok(_g) = cuda::CtxGuard::enter(inner.ctx) {
+            for (_, base) in inner.closing.drain(..) {
+                close(base);
+            }
+            for (_, m) in inner.maps.map.drain() {
+                close(m.base);
+            }
+        }
+        drop(ctl);
+    }
 }

@@ -11,6 +11,7 @@
 //!   staged through host memory.
 
 pub mod builtin;
+pub mod ctl;
 pub mod host;
 pub mod ipc;
 pub mod nccl;
@@ -53,6 +54,11 @@ pub trait Backend: Send + Sync {
     fn run(&self, x: &mut Exec<'_>, calls: &[Call]) -> Result<Option<Error>>;
     /// Ends this backend's waits from another thread (fcclCommAbort).
     fn abort(&self) {}
+    /// An error that broke the communicator outside any call (work left on a stream
+    /// that could not finish), for fcclCommGetAsyncError.
+    fn async_error(&self) -> Option<Error> {
+        None
+    }
 }
 
 /// A communicator's backends, in order of preference; the last accepts everything.
@@ -112,6 +118,11 @@ impl Router {
             x.algo = "group over several backends";
         }
         Ok(first_err)
+    }
+
+    /// The first backend's error that broke the communicator outside any call.
+    pub fn async_error(&self) -> Option<Error> {
+        self.table.iter().find_map(|b| b.async_error())
     }
 
     /// Ends every backend's waits (fcclCommAbort).

@@ -113,7 +113,7 @@ impl Comm {
         if let Some(nccl) = nccl {
             table.push(Box::new(NcclBackend { nccl, rank, nranks }));
         } else if let Some(min_bytes) = ipc::min_bytes().filter(|_| one_gpu) {
-            table.push(Box::new(Ipc::new(rank, nranks, min_bytes)));
+            table.push(Box::new(Ipc::new(rank, nranks, min_bytes, self.nonce, self.opts.timeout)));
         }
         table.push(Box::new(Builtin { rank, nranks }));
         self.router = Router::new(table);
@@ -474,6 +474,9 @@ impl Comm {
     pub fn async_error(&self) -> Code {
         if let Some(c) = *self.async_err.lock().unwrap() {
             return c;
+        }
+        if let Some(e) = self.router.async_error() {
+            return e.code;
         }
         if self.abort.load(Ordering::Acquire) {
             return Code::RemoteError;

@@ -451,6 +451,88 @@ pub unsafe fn copy_dtod_async(dst: *mut u8, src: *const u8, bytes: usize, stream
     check(rc, "cuMemcpyDtoDAsync")
 }
 
+const MEMOP_SYMBOLS: &[&str] = &[
+    "cuStreamWaitValue32_v2",
+    "cuStreamWriteValue32_v2",
+    "cuMemHostRegister_v2",
+    "cuMemHostGetDevicePointer_v2",
+    "cuMemHostUnregister",
+    "cuIpcCloseMemHandle",
+];
+
+/// Ok when the driver and `device` support stream memory operations (waits and
+/// writes of 32-bit words in host-mapped memory, ordered on a stream).
+pub fn memops_ready(device: i32) -> Result<()> {
+    ipc_ready()?;
+    static SYMS: OnceLock<std::result::Result<(), String>> = OnceLock::new();
+    SYMS.get_or_init(|| {
+        // SAFETY: the driver is present (ipc_ready); only addresses are looked up.
+        let lib = unsafe { cu::culib() };
+        for s in MEMOP_SYMBOLS {
+            // SAFETY: as above.
+            if unsafe { lib.get::<*const ()>(s.as_bytes()) }.is_err() {
+                return Err(format!("the CUDA driver lacks {s}"));
+            }
+        }
+        Ok(())
+    })
+    .clone()
+    .map_err(|m| Error::unavailable(format!("stream memory operations are unavailable: {m}")))?;
+    let mut ok = 0;
+    // SAFETY: valid out-pointer; device is an ordinal from the driver.
+    let rc = unsafe {
+        cu::cuDeviceGetAttribute(&mut ok, cu::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_CAN_USE_STREAM_MEM_OPS_V1, device)
+    };
+    if rc != cu::CUresult::CUDA_SUCCESS || ok == 0 {
+        return Err(Error::unavailable(format!(
+            "device {device} does not support stream memory operations (CU_DEVICE_ATTRIBUTE_CAN_USE_STREAM_MEM_OPS_V1)"
+        )));
+    }
+    Ok(())
+}
+
+/// Page-locks `[p, p + bytes)` and maps it for the device; returns its device address.
+///
+/// # Safety
+/// The range is host memory of this process that stays mapped until [`unregister_host`];
+/// `ctx` is current.
+pub unsafe fn register_host_mapped(p: *mut u8, bytes: usize) -> Result<usize> {
+    let flags = cu::CU_MEMHOSTREGISTER_PORTABLE | cu::CU_MEMHOSTREGISTER_DEVICEMAP;
+    // SAFETY: guaranteed by the caller.
+    check(unsafe { cu::cuMemHostRegister_v2(p.cast(), bytes, flags) }, "cuMemHostRegister(DEVICEMAP)")?;
+    let mut d: cu::CUdeviceptr = 0;
+    // SAFETY: p was just registered with DEVICEMAP; valid out-pointer.
+    let rc = unsafe { cu::cuMemHostGetDevicePointer_v2(&mut d, p.cast(), 0) };
+    if let Err(e) = check(rc, "cuMemHostGetDevicePointer") {
+        // SAFETY: registered above.
+        unsafe { cu::cuMemHostUnregister(p.cast()) };
+        return Err(e);
+    }
+    Ok(d as usize)
+}
+
+/// Enqueues on `stream`: wait until the 32-bit word at device address `addr` is at
+/// least `value` (compared cyclically).
+///
+/// # Safety
+/// `addr` is host-mapped or device memory valid until the stream has passed the wait.
+pub unsafe fn stream_wait_geq(stream: usize, addr: usize, value: u32) -> Result<()> {
+    // SAFETY: per the caller; flag 0 is CU_STREAM_WAIT_VALUE_GEQ.
+    let rc = unsafe { cu::cuStreamWaitValue32_v2(stream as cu::CUstream, addr as cu::CUdeviceptr, value, 0) };
+    check(rc, "cuStreamWaitValue32")
+}
+
+/// Enqueues on `stream`: store `value` at device address `addr` once the work queued
+/// before it is done (its writes visible first).
+///
+/// # Safety
+/// As [`stream_wait_geq`].
+pub unsafe fn stream_write(stream: usize, addr: usize, value: u32) -> Result<()> {
+    // SAFETY: per the caller; flag 0 is CU_STREAM_WRITE_VALUE_DEFAULT (with a memory barrier).
+    let rc = unsafe { cu::cuStreamWriteValue32_v2(stream as cu::CUstream, addr as cu::CUdeviceptr, value, 0) };
+    check(rc, "cuStreamWriteValue32")
+}
+
 /// Makes `ctx` the calling thread's current context (cudaSetDevice's effect).
 pub fn set_current(ctx: usize) -> Result<()> {
     driver()?;
@@ -621,6 +703,14 @@ pub fn ipc_ready() -> Result<()> {
     })
     .clone()
     .map_err(|m| Error::unavailable(format!("CUDA IPC is unavailable: {m}")))
+}
+
+/// The base and size of the device allocation holding `p`.
+pub fn address_range(p: *const u8) -> Result<(usize, usize)> {
+    let (mut base, mut size): (cu::CUdeviceptr, usize) = (0, 0);
+    // SAFETY: valid out-pointers; a context is current (caller's guard).
+    check(unsafe { cu::cuMemGetAddressRange_v2(&mut base, &mut size, p as usize as u64) }, "cuMemGetAddressRange")?;
+    Ok((base as usize, size))
 }
 
 /// The IPC handle of the allocation holding `p`, and `p`'s offset in it. Fails for

@@ -39,6 +39,7 @@ def driver():
     cu.cuStreamDestroy_v2.argtypes = [c_void_p]
     cu.cuMemcpyHtoDAsync_v2.argtypes = [ctypes.c_uint64, c_void_p, c_size_t, c_void_p]
     cu.cuMemcpyDtoHAsync_v2.argtypes = [c_void_p, ctypes.c_uint64, c_size_t, c_void_p]
+    cu.cuStreamWaitValue32_v2.argtypes = [c_void_p, ctypes.c_uint64, c_uint, c_uint]
     return cu
 
 
@@ -118,10 +119,56 @@ def body(cu, comm, expect_dev):
     print(f"rank {rank}: {checks} device checks, OK", flush=True)
 
 
+def fault(cu, comm, mode):
+    """Rank 1's stream never gets to its part of an all_reduce (it waits on a word
+    nobody writes), then rank 1 dies (`kill`) or stops (`stop`). Rank 0's call returns
+    at once (stream-ordered); its stream must still end, released by the watchdog, and
+    its next call fail naming rank 1. Prints "rank 0: released after S s: <message>"."""
+    import os
+    import signal
+    import time
+    rank = f.comm_user_rank(comm)
+    make_current(cu, 0)
+    count = 1 << 18  # 1 MiB of float32: the IPC path under its default threshold
+    s, r = dev_alloc(count * 4), dev_alloc(count * 4)
+    st = c_void_p()
+    ok(cu.cuStreamCreate(byref(st), 0), "cuStreamCreate")
+    # Once normally, so the path is set up (and pids exchanged for the stop case).
+    pids = np.zeros(2, np.int32)
+    me = np.array([os.getpid()], np.int32)
+    f.call("fcclAllGather", me.ctypes.data_as(c_void_p), pids.ctypes.data_as(c_void_p), 1, f.fcclInt32, comm, None)
+    f.call("fcclAllReduce", c_void_p(s), c_void_p(r), count, f.fcclFloat32, f.fcclSum, comm, st)
+    ok(cu.cuStreamSynchronize(st), "cuStreamSynchronize")
+    if rank == 1:
+        never = c_void_p()
+        f.call("fcclMemAllocHost", byref(never), 64)
+        ctypes.memset(never, 0, 64)
+        ok(cu.cuStreamWaitValue32_v2(st, never.value, 1, 0), "cuStreamWaitValue32")
+        f.call("fcclAllReduce", c_void_p(s), c_void_p(r), count, f.fcclFloat32, f.fcclSum, comm, st)
+        print("rank 1: enqueued behind a wait that never ends", flush=True)
+        os.kill(os.getpid(), signal.SIGKILL if mode == "kill" else signal.SIGSTOP)
+        return 1
+    t0 = time.monotonic()
+    f.call("fcclAllReduce", c_void_p(s), c_void_p(r), count, f.fcclFloat32, f.fcclSum, comm, st)
+    enqueue = time.monotonic() - t0
+    ok(cu.cuStreamSynchronize(st), "cuStreamSynchronize")
+    took = time.monotonic() - t0
+    rc = load_rc = f.load().fcclAllReduce(c_void_p(s), c_void_p(r), count, f.fcclFloat32, f.fcclSum, comm, st)
+    msg = f.last_error(comm)
+    asyncerr = c_int()
+    f.load().fcclCommGetAsyncError(comm, byref(asyncerr))
+    print(f"rank 0: enqueued in {enqueue:.3f} s; released after {took:.3f} s; next call {f.error_string(load_rc)}; "
+          f"async error {f.error_string(asyncerr.value)}: {msg}", flush=True)
+    if mode == "stop":
+        os.kill(int(pids[1]), signal.SIGKILL)
+    return 0 if rc != 0 else 1
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--threads", type=int, default=0)
     ap.add_argument("--devlist", default="")
+    ap.add_argument("--fault", choices=["kill", "stop"])
     a = ap.parse_args()
     cu = driver()
     if cu is None or cu.cuInit(0) != CUDA_SUCCESS:
@@ -154,6 +201,8 @@ def main():
         return 1 if errs else 0
     make_current(cu, 0)  # as a CUDA program does before it creates its communicator
     comm = f.comm_init_from_env()
+    if a.fault:
+        return fault(cu, comm, a.fault)
     try:
         body(cu, comm, 0)
     except AssertionError as e:

@@ -63,3 +63,34 @@ def test_device_threads(devlist):
 
 
 assert os.path.isfile(WORKER)
+
+
+@needs_lib
+@needs_run
+@needs_driver
+@pytest.mark.parametrize("mode", ["kill", "stop"])
+def test_a_rank_lost_mid_call_releases_the_others_streams(mode):
+    """Ranks on one GPU, stream-ordered: rank 1's stream never gets to the call and rank
+    1 dies (or stops). Rank 0's stream is released (by the watchdog, at once on a death,
+    at the timeout on a stop) instead of hanging, and its communicator fails naming
+    rank 1."""
+    env = _env()
+    env.update(FERROCCL_CUDA_IPC="1", FERROCCL_SIM_DEVICES="1", FERROCCL_TIMEOUT_MS="3000")
+    p = subprocess.run([RUN, "-n", "2", sys.executable, DEVICE_WORKER, "--fault", mode], cwd=HERE, env=env,
+                       stdout=subprocess.PIPE, stderr=subprocess.STDOUT, timeout=TIMEOUT_S, start_new_session=True)
+    out = p.stdout.decode("utf-8", "replace")
+    print(out)
+    if "skipped" in out:
+        pytest.skip(out.strip().splitlines()[-1])
+    line = next((l for l in out.splitlines() if "rank 0: enqueued in" in l), None)
+    assert line is not None, f"rank 0 never reported (its stream hung?):\n{out}"
+    enqueue = float(line.split("enqueued in ")[1].split(" s")[0])
+    took = float(line.split("released after ")[1].split(" s")[0])
+    assert enqueue < 1.0, f"the call waited for the GPU: {line}"
+    if mode == "kill":
+        assert took < 2.5, f"released {took} s after a death: {line}"
+        assert "rank 1" in line and "died" in line, line
+    else:
+        assert 2.9 < took < 3.3 + 1.0, f"released {took} s with a 3 s timeout: {line}"
+        assert "rank(s) [1]" in line and "next call operation timed out" in line, line
+    assert "next call no error" not in line and "async error no error" not in line, line
