@@ -321,7 +321,7 @@ class Comm:
         """Calls `name` now, or on the worker thread for async_op (and while async calls
         are queued, so that calls stay in order); returns result, or a Work."""
         w = self._worker
-        if not async_op and (w is None or not w.busy()):
+        if not async_op and (w is None or not w.busy() or w.is_current()):
             if _in_group():
                 _tls.keep.append(keep)
             rc = getattr(self._L, name)(*args)

@@ -76,6 +76,10 @@ class Worker:
     def busy(self):
         return self._pending > 0
 
+    def is_current(self):
+        """True on the worker thread itself (its calls run directly, in its order)."""
+        return threading.current_thread() is self._thread
+
     def _loop(self):
         while True:
             item = self._q.get()
