@@ -221,6 +221,10 @@ def _config(timeout_ms=None, name=None, blocking=None, check=None):
 # ------------------------------------------------------------------ buffers
 
 _resolve = _buf.resolve
+_ndarray = _buf.np.ndarray
+_NP_CODES = _buf.NP_CODES
+_addressof = ctypes.addressof
+_from_buffer = ctypes.c_char.from_buffer
 
 
 def _resolve_out(out, src, count, what, stream=None):
@@ -306,6 +310,7 @@ class Comm:
         if not self._h.value:
             raise ValueError("Comm needs a non-NULL fcclComm_t")
         self._L = _lib.lib()
+        self._all_reduce = self._L.fcclAllReduce
         self._worker = None
         self._worker_lock = threading.Lock()
         r, n = c_int(), c_int()
@@ -493,6 +498,20 @@ class Comm:
     def all_reduce(self, array, op="sum", out=None, *, stream=None, async_op=False):
         """Reduces `array` across ranks with `op`; every rank gets the result, in place
         in `array` (returned), or in `out` when given."""
+        if type(array) is _ndarray and out is None and not async_op and self._worker is None:
+            # The common case without the general path's objects: 1 us less per call.
+            code = _NP_CODES.get(array.dtype)
+            o = _OPS.get(op)
+            if code is not None and o is not None and array.flags.c_contiguous and not _in_group():
+                try:
+                    p = _addressof(_from_buffer(array))
+                except (TypeError, ValueError):  # read-only or empty: the general path says why
+                    pass
+                else:
+                    rc = self._all_reduce(p, p, array.size, code, o, self._h, None)
+                    if rc:
+                        _lib.check("fcclAllReduce", rc)
+                    return array
         a = _resolve(array, "all_reduce", stream)
         o = _OPS.get(op) if type(op) is str else None
         if o is None:
