@@ -677,9 +677,9 @@ class Comm:
 
     def scatter_v(self, array, counts, root=0, out=None, *, stream=None, async_op=False):
         """The root sends counts[p] elements of `array` (blocks one after another) to rank
-        p; every rank gets its block (new, or `out`). Off the root `array` may be None
-        (then `out` or counts and dtype of `like=` decide) — pass any array of the
-        dtype. One fcclAlltoAllv with every count but the root's zero."""
+        p; every rank gets its block (new, or `out`). Off the root `array` is any array
+        of the dtype (not read), or None with `out=` receiving the block. One
+        fcclAlltoAllv with every count but the root's zero."""
         n, r = self._size, self._rank
         _, vals = _sizes(counts, n, "scatter_v", "counts")
         if array is None:

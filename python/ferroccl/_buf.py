@@ -149,7 +149,14 @@ def _interface(obj, iface, what, device, stream):
         raise _unsupported(what, obj, typestr)
     if not _c_contiguous(shape, iface.get("strides"), ITEMSIZE[code]):
         raise _contig_error(what, obj, "a C-contiguous array")
-    ptr, readonly = iface["data"]
+    data = iface.get("data")
+    if not isinstance(data, tuple):  # the interface's other form: a buffer object (or None: strides into it)
+        if device:
+            raise TypeError(f"{what}: __cuda_array_interface__ 'data' must be (pointer, read_only), got {data!r}")
+        info = _numpy(np.asarray(obj), what)  # a view of the same memory
+        info.obj, info.kind = obj, "array_interface"
+        return info
+    ptr, readonly = data
     count = 1
     for n in shape:
         count *= n

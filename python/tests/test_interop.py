@@ -277,3 +277,18 @@ def test_torch_out_shapes_and_refusals():
         assert torch.equal(d._a, torch.full((3,), 3.0, dtype=torch.bfloat16))
 
     ranks(rank)
+
+
+def test_array_interface_with_a_buffer_as_data():
+    class BufferData:
+        def __init__(self):
+            self.buf = bytearray(np.arange(4, dtype=np.int32).tobytes())
+            self.__array_interface__ = {"shape": (4,), "typestr": "<i4", "data": self.buf, "version": 3}
+
+    def rank(c):
+        x = BufferData()
+        assert c.all_reduce(x) is x
+        return np.frombuffer(x.buf, np.int32).copy()
+
+    for got in ranks(rank):
+        np.testing.assert_array_equal(got, np.arange(4) * 2)
