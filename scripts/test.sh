@@ -69,4 +69,6 @@ step "install: CMake and pkg-config consumers of an installed copy"
 bash tests/install/run.sh
 step "Python: ctypes test and the ferroccl package (pytest; device tests on the simulated GPU)"
 FERROCCL_LIB="$lib/libferroccl.so" FERROCCL_RUN="$lib/ferroccl-run" \
-  sim python -m pytest -q -p no:cacheprovider tests/python python/tests
+  sim python -m pytest -q -rs -p no:cacheprovider tests/python python/tests
+step "Python: pip install ./python in a fresh venv, no FERROCCL_LIB; the package tests against it"
+bash scripts/python-install-test.sh

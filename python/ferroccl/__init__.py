@@ -1,21 +1,29 @@
-"""ferroccl for Python: collectives on numpy arrays through libferroccl's C ABI (ctypes).
+"""ferroccl for Python: collectives on the arrays you have (numpy, torch, DLPack, CUDA
+array interface, buffers) through libferroccl's C ABI (ctypes).
 
     import numpy as np, ferroccl
 
     with ferroccl.Comm.from_env() as comm:        # under `ferroccl-run -n 4 python app.py`
         x = np.arange(8, dtype=np.float32) * (comm.rank + 1)
-        total = comm.all_reduce(x)                 # a new array; out=x for in place
-        parts = comm.all_gather(x)                 # shape (comm.size, 8)
+        comm.all_reduce(x)                         # in place: x holds the sum, and is returned
+        parts = comm.all_gather(x)                 # a new array, shape (comm.size, 8)
+        work = comm.all_reduce(x, async_op=True)   # a Work: wait(), is_completed()
+        work.wait()
 
     comms = ferroccl.Comm.init_all(4)              # 4 ranks as threads of this process
 
-Every failure of the library raises :class:`FcclError`, carrying the result code and the
-library's message. Arrays must be host memory (numpy); any C-contiguous array of a
-supported dtype is sent as is, others are copied into a contiguous one first. Results
-are new arrays unless ``out=`` names one (``out`` may be the input itself: in place).
+Same-shape collectives (all_reduce, broadcast, reduce on the root) work in place on the
+caller's object and return it, unless ``out=`` names another array (of any accepted
+kind). Collectives whose result has another shape return a new array of the input's
+kind (numpy for host buffers, torch for torch, :class:`DeviceArray` for other device
+memory) or fill ``out=``. Nothing is copied: non-contiguous inputs raise ValueError.
+Device memory (torch CUDA tensors, ``__cuda_array_interface__``, DLPack CUDA) runs on
+the producer's stream (torch's current stream, the interface's ``stream``) or
+``stream=``.
 
-Supported dtypes: int8, uint8, int32, uint32, int64, uint64, float16, float32, float64,
-and, when the ``ml_dtypes`` package is installed, bfloat16, float8_e4m3fn, float8_e5m2.
+Every failure of the library raises :class:`FcclError`, carrying the result code and the
+library's message. Dtypes: int8, uint8, int32, uint32, int64, uint64, float16, float32,
+float64, bfloat16, float8_e4m3fn, float8_e5m2 (numpy's bfloat16/fp8 through ml_dtypes).
 Reduction operators: ``"sum"``, ``"prod"``, ``"max"``, ``"min"``, ``"avg"`` (or
 :class:`Op`).
 """
@@ -24,16 +32,18 @@ import contextlib
 import ctypes
 import enum
 import threading
-from ctypes import byref, c_int, c_void_p
+from ctypes import byref, c_int, c_size_t, c_void_p
 
-import numpy as np
-
-from . import _lib
+from . import _buf, _lib, _mem, _work
 from ._lib import FcclError, error_string, last_error, library_path
+from ._mem import DeviceArray, empty
+from ._run import launcher_path
+from ._work import Work
 
 __all__ = [
     "Comm", "FcclError", "Op", "Result", "UniqueId", "group", "get_unique_id", "version",
-    "library_path", "error_string", "last_error", "dtypes", "SPLIT_NOCOLOR",
+    "library_path", "error_string", "last_error", "dtypes", "SPLIT_NOCOLOR", "Work", "DeviceArray", "empty",
+    "launcher_path",
 ]
 
 SPLIT_NOCOLOR = -1
@@ -67,46 +77,26 @@ class Op(enum.IntEnum):
 
 # ------------------------------------------------------------------ dtypes
 
-_DTYPES = {
-    np.dtype(np.int8): 0,
-    np.dtype(np.uint8): 1,
-    np.dtype(np.int32): 2,
-    np.dtype(np.uint32): 3,
-    np.dtype(np.int64): 4,
-    np.dtype(np.uint64): 5,
-    np.dtype(np.float16): 6,
-    np.dtype(np.float32): 7,
-    np.dtype(np.float64): 8,
-}
-try:  # bfloat16 and fp8 come from ml_dtypes (as in JAX); offered only when it is there
-    import ml_dtypes as _ml
-
-    _DTYPES[np.dtype(_ml.bfloat16)] = 9
-    _DTYPES[np.dtype(_ml.float8_e4m3fn)] = 10
-    _DTYPES[np.dtype(_ml.float8_e5m2)] = 11
-except ImportError:  # pragma: no cover - depends on the environment
-    _ml = None
+_DTYPES = _buf.NP_CODES
 
 
 def dtypes():
-    """The numpy dtypes ferroccl accepts here, in fcclDataType_t order."""
+    """The numpy dtypes ferroccl accepts here, in fcclDataType_t order (torch tensors,
+    DLPack and array interfaces have bfloat16 and fp8 without ml_dtypes)."""
     return [d for d, _ in sorted(_DTYPES.items(), key=lambda kv: kv[1])]
 
 
-def _fccl_type(dtype):
-    d = np.dtype(dtype)
-    if not d.isnative:
-        raise TypeError(f"dtype {d} is not in this machine's byte order; convert with "
-                        f"a.astype(a.dtype.newbyteorder('='))")
-    code = _DTYPES.get(d)
-    if code is None:
-        names = ", ".join(str(x) for x in dtypes())
-        hint = "" if _ml is not None else " (bfloat16 and fp8 need the ml_dtypes package)"
-        raise TypeError(f"ferroccl does not support dtype {d}; supported: {names}{hint}")
-    return code
+def _wire_code(dtype):
+    return _mem._code_of(dtype)
+
+
+_OPS = {"sum": 0, "prod": 1, "max": 2, "min": 3, "avg": 4}
 
 
 def _fccl_op(op):
+    code = _OPS.get(op) if isinstance(op, str) else None
+    if code is not None:
+        return code
     if isinstance(op, str):
         try:
             return int(Op[op.upper()])
@@ -119,12 +109,6 @@ def _fccl_op(op):
 # ------------------------------------------------------------------ groups
 
 _tls = threading.local()
-
-
-def _keep(*objs):
-    """Inside a group, buffers must live until the outermost group end."""
-    if getattr(_tls, "depth", 0) > 0:
-        _tls.keep.extend(o for o in objs if o is not None)
 
 
 def group_start():
@@ -236,37 +220,78 @@ def _config(timeout_ms=None, name=None, blocking=None, check=None):
 
 # ------------------------------------------------------------------ buffers
 
-def _src(array):
-    """A C-contiguous array with the data of `array` (no copy when it already is one)."""
-    a = np.asarray(array, order="C")
-    _fccl_type(a.dtype)
-    return a
+_resolve = _buf.resolve
+_ndarray = _buf.np.ndarray
+_NP_CODES = _buf.NP_CODES
+_addressof = ctypes.addressof
+_from_buffer = ctypes.c_char.from_buffer
 
 
-def _ptr(a):
-    return c_void_p(a.ctypes.data) if a is not None else None
+def _resolve_out(out, src, count, what, stream=None):
+    """`out` resolved and checked against the data it receives (dtype, element count)."""
+    o = _resolve(out, f"{what} out", src.stream if stream is None else stream)
+    if o.code != src.code:
+        raise TypeError(f"{what}: out has dtype {_buf.TYPE_NAMES[o.code]}, the data {_buf.TYPE_NAMES[src.code]}")
+    if o.count != count:
+        raise ValueError(f"{what}: out has {o.count} elements, the result {count}")
+    if o.readonly:
+        raise ValueError(f"{what}: out is read-only")
+    return o
 
 
-def _check_out(out, dtype, shape_or_size, what):
-    if not isinstance(out, np.ndarray):
-        raise TypeError(f"{what}: out must be a numpy array, not {type(out).__name__}")
-    if out.dtype != dtype:
-        raise TypeError(f"{what}: out has dtype {out.dtype}, the data {dtype}")
-    size = shape_or_size if isinstance(shape_or_size, int) else int(np.prod(shape_or_size, dtype=np.int64))
-    if out.size != size:
-        raise ValueError(f"{what}: out has {out.size} elements, the result {size}")
-    if not out.flags.c_contiguous or not out.flags.writeable:
-        raise ValueError(f"{what}: out must be C-contiguous and writeable")
-    return out
+def _new_out(src, shape, what):
+    return _resolve(_buf.new_like(src, shape, what), what, src.stream)
 
 
-def _blocks(a, nranks, what):
+def _writable(info, what):
+    if info.readonly:
+        raise ValueError(f"{what}: the {type(info.obj).__name__} is read-only and this call works in place; "
+                         "pass out= (a writeable array) for the result")
+    return info
+
+
+def _blocks(info, nranks, what):
     """Shape of one rank's block of an array holding nranks blocks."""
-    if a.ndim >= 1 and a.shape[0] % nranks == 0:
-        return (a.shape[0] // nranks,) + a.shape[1:]
-    if a.size % nranks == 0:
-        return (a.size // nranks,)
-    raise ValueError(f"{what}: {a.size} elements (shape {a.shape}) do not split into {nranks} equal blocks")
+    shape = info.shape
+    if len(shape) >= 1 and shape[0] % nranks == 0:
+        return (shape[0] // nranks,) + tuple(shape[1:])
+    if info.count % nranks == 0:
+        return (info.count // nranks,)
+    raise ValueError(f"{what}: {info.count} elements (shape {tuple(shape)}) do not split into {nranks} equal blocks")
+
+
+def _sizes(values, n, what, name):
+    vals = [int(v) for v in values]
+    if len(vals) != n:
+        raise ValueError(f"{what}: {name} has {len(vals)} entries, the communicator {n} ranks")
+    if any(v < 0 for v in vals):
+        raise ValueError(f"{what}: {name} has a negative entry: {vals}")
+    return (c_size_t * n)(*vals), vals
+
+
+def _displs(vals):
+    out, acc = [], 0
+    for v in vals:
+        out.append(acc)
+        acc += v
+    return (c_size_t * len(vals))(*out), acc
+
+
+def _stream_arg(stream):
+    """stream= as the library takes it: an int handle, an object with .cuda_stream
+    (torch.cuda.Stream) or .ptr (CuPy), or None (NULL: the legacy default stream)."""
+    if stream is None or isinstance(stream, int):
+        return stream
+    for attr in ("cuda_stream", "ptr", "handle"):
+        v = getattr(stream, attr, None)
+        if isinstance(v, int):
+            return v
+    raise TypeError(f"stream must be an int (a cudaStream_t) or have .cuda_stream / .ptr, "
+                    f"not {type(stream).__name__}")
+
+
+def _in_group():
+    return getattr(_tls, "depth", 0) > 0
 
 
 # ------------------------------------------------------------------ communicators
@@ -275,13 +300,19 @@ class Comm:
     """A communicator (fcclComm_t). Make one with :meth:`from_env`, :meth:`init_rank` or
     :meth:`init_all`; release it with :meth:`close` (or use it as a context manager).
 
-    Collectives take numpy arrays and follow NCCL's semantics; every rank must make the
-    same calls in the same order."""
+    Collectives follow NCCL's semantics; every rank must make the same calls in the same
+    order. Each takes ``stream=`` (device memory: the CUDA stream to run on) and
+    ``async_op=`` (True: returns a :class:`Work`; the calls of one communicator run in
+    order on one worker thread)."""
 
     def __init__(self, handle):
         self._h = c_void_p(handle) if not isinstance(handle, c_void_p) else handle
         if not self._h.value:
             raise ValueError("Comm needs a non-NULL fcclComm_t")
+        self._L = _lib.lib()
+        self._all_reduce = self._L.fcclAllReduce
+        self._worker = None
+        self._worker_lock = threading.Lock()
         r, n = c_int(), c_int()
         self._call("fcclCommUserRank", self._h, byref(r))
         self._call("fcclCommCount", self._h, byref(n))
@@ -291,13 +322,62 @@ class Comm:
     def _call(name, *args):
         _lib.check(name, getattr(_lib.lib(), name)(*args))
 
+    def _run(self, name, args, result, keep, async_op):
+        """Calls `name` now, or on the worker thread for async_op (and while async calls
+        are queued, so that calls stay in order); returns result, or a Work."""
+        w = self._worker
+        if not async_op and (w is None or not w.busy() or w.is_current()):
+            if _in_group():
+                _tls.keep.append(keep)
+            rc = getattr(self._L, name)(*args)
+            if rc:
+                _lib.check(name, rc)
+            return result
+        if _in_group():
+            raise ValueError(f"{name}: async_op=True inside ferroccl.group(); the group runs its calls at its end "
+                             "on this thread: leave async_op out there")
+        fn = getattr(self._L, name)
+
+        def call():
+            _keep_alive = keep  # noqa: F841 - the buffers live until the call is done
+            rc = fn(*args)
+            if rc:
+                _lib.check(name, rc)
+            return result
+
+        work = self._ensure_worker().submit(call, name)
+        return work if async_op else work.wait()
+
+    def _ensure_worker(self):
+        with self._worker_lock:
+            if self._worker is None:
+                self._worker = _work.Worker(f"ferroccl-comm-{self._rank}")
+            return self._worker
+
+    def synchronize(self):
+        """Waits for every call started with async_op=True on this communicator."""
+        w = self._worker
+        if w is not None:
+            w.submit(lambda: None, "synchronize").wait()
+
     # ---------------------------------------------------------------- construction
 
     @classmethod
     def from_env(cls):
-        """fcclCommInitFromEnv: this process's rank of a job started by ``ferroccl-run``
-        (FERROCCL_RANK, FERROCCL_WORLD_SIZE, FERROCCL_UNIQUE_ID / FERROCCL_ROOT_ADDR) or
-        torchrun (RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT)."""
+        """This process's rank of a job started by ``ferroccl-run`` (FERROCCL_RANK,
+        FERROCCL_WORLD_SIZE, FERROCCL_UNIQUE_ID / FERROCCL_ROOT_ADDR) or by torchrun.
+
+        Under torchrun (TORCHELASTIC_USE_AGENT_STORE=True: torchrun's TCPStore already
+        listens on MASTER_PORT) and with torch importable, the unique id travels
+        through that store (rank 0 makes it, the others read it); otherwise
+        fcclCommInitFromEnv reads RANK, WORLD_SIZE, MASTER_ADDR and MASTER_PORT."""
+        import os
+
+        if "FERROCCL_RANK" not in os.environ and os.environ.get("TORCHELASTIC_USE_AGENT_STORE") == "True":
+            from . import _torchstore
+
+            uid, rank, size = _torchstore.unique_id_from_torchrun()
+            return cls.init_rank(size, uid, rank)
         h = c_void_p()
         cls._call("fcclCommInitFromEnv", byref(h))
         return cls(h)
@@ -316,18 +396,20 @@ class Comm:
         return cls(h)
 
     @classmethod
-    def init_all(cls, n):
-        """fcclCommInitAll(comms, n, NULL): `n` host-memory ranks in this process, returned
-        as a list (rank r at index r). Drive them from one thread per rank, or from one
-        thread inside :func:`group`."""
+    def init_all(cls, n, devices=None):
+        """fcclCommInitAll: `n` ranks in this process, returned as a list (rank r at index
+        r); host-memory ranks, or with `devices` (n CUDA device ids) device ranks. Drive
+        them from one thread per rank, or from one thread inside :func:`group`."""
         arr = (c_void_p * int(n))()
-        cls._call("fcclCommInitAll", arr, int(n), None)
+        devs = None if devices is None else (c_int * int(n))(*[int(d) for d in devices])
+        cls._call("fcclCommInitAll", arr, int(n), devs)
         return [cls(c_void_p(arr[i])) for i in range(int(n))]
 
     def split(self, color, key=None, *, timeout_ms=None, name=None, blocking=None, check=None):
         """fcclCommSplit: every rank calls it; ranks with the same color form a new
         communicator ordered by key (default: this rank). Returns None for
         color=SPLIT_NOCOLOR."""
+        self.synchronize()
         h = c_void_p()
         cfg, _keepalive = _config(timeout_ms, name, blocking, check)
         self._call("fcclCommSplit", self._h, int(color), self._rank if key is None else int(key), byref(h),
@@ -375,19 +457,27 @@ class Comm:
 
     def finalize(self):
         """fcclCommFinalize: finish outstanding work (then only close() is allowed)."""
+        self.synchronize()
         self._call("fcclCommFinalize", self._h)
 
     def close(self):
-        """fcclCommDestroy. Idempotent."""
+        """Waits for async calls, then fcclCommDestroy. Idempotent."""
         if self._h is not None:
+            w, self._worker = self._worker, None
+            if w is not None:
+                w.stop()
             h, self._h = self._h, None
             self._call("fcclCommDestroy", h)
 
     def abort(self):
-        """fcclCommAbort: from any thread; every blocked call on this comm returns."""
+        """fcclCommAbort: from any thread; every blocked call on this comm returns (async
+        calls still queued then fail with the library's error)."""
         if self._h is not None:
             h, self._h = self._h, None
             self._call("fcclCommAbort", h)
+            w, self._worker = self._worker, None
+            if w is not None:
+                w.stop()
 
     def __enter__(self):
         return self
@@ -405,151 +495,302 @@ class Comm:
 
     # ---------------------------------------------------------------- collectives
 
-    def all_reduce(self, array, op="sum", out=None):
-        """Reduces `array` across ranks with `op`; every rank gets the result (a new array
-        of the same shape, or `out`; ``out=array`` reduces in place)."""
-        a = _src(array)
-        t, o = _fccl_type(a.dtype), _fccl_op(op)
-        if out is None:
-            out = np.empty_like(a)
-        else:  # out=array reduces in place
-            _check_out(out, a.dtype, a.size, "all_reduce")
-        _keep(a, out)
-        self._call("fcclAllReduce", _ptr(a), _ptr(out), a.size, t, o, self._h, None)
-        return out
+    def all_reduce(self, array, op="sum", out=None, *, stream=None, async_op=False):
+        """Reduces `array` across ranks with `op`; every rank gets the result, in place
+        in `array` (returned), or in `out` when given."""
+        if type(array) is _ndarray and out is None and not async_op and self._worker is None:
+            # The common case without the general path's objects: 1 us less per call.
+            code = _NP_CODES.get(array.dtype)
+            o = _OPS.get(op)
+            if code is not None and o is not None and array.flags.c_contiguous and not _in_group():
+                try:
+                    p = _addressof(_from_buffer(array))
+                except (TypeError, ValueError):  # read-only or empty: the general path says why
+                    pass
+                else:
+                    rc = self._all_reduce(p, p, array.size, code, o, self._h, None)
+                    if rc:
+                        _lib.check("fcclAllReduce", rc)
+                    return array
+        a = _resolve(array, "all_reduce", stream)
+        o = _OPS.get(op) if type(op) is str else None
+        if o is None:
+            o = _fccl_op(op)
+        d = _writable(a, "all_reduce") if out is None else _resolve_out(out, a, a.count, "all_reduce")
+        return self._run("fcclAllReduce", (a.ptr, d.ptr, a.count, a.code, o, self._h, a.stream), d.obj, (a, d),
+                         async_op)
 
-    def broadcast(self, array, root=0, out=None):
-        """Copies the root's `array` to every rank: returns a new array of the same shape
-        (or `out`; ``out=array`` in place). Every rank passes an array of the root's shape
-        and dtype; only the root's contents are read."""
-        a = _src(array)
-        t = _fccl_type(a.dtype)
-        if out is None:
-            out = np.empty_like(a)
-        else:
-            _check_out(out, a.dtype, a.size, "broadcast")
-        _keep(a, out)
-        self._call("fcclBroadcast", _ptr(a), _ptr(out), a.size, t, int(root), self._h, None)
-        return out
+    def broadcast(self, array, root=0, out=None, *, stream=None, async_op=False):
+        """Copies the root's `array` to every rank, in place (returned) or into `out`.
+        Every rank passes an array of the root's size and dtype."""
+        a = _resolve(array, "broadcast", stream)
+        d = _writable(a, "broadcast") if out is None else _resolve_out(out, a, a.count, "broadcast")
+        return self._run("fcclBroadcast", (a.ptr, d.ptr, a.count, a.code, int(root), self._h, a.stream), d.obj,
+                         (a, d), async_op)
 
-    def reduce(self, array, op="sum", root=0, out=None):
-        """Reduces `array` across ranks into the root: returns the result on the root (a
-        new array or `out`), None on the other ranks."""
-        a = _src(array)
-        t, o = _fccl_type(a.dtype), _fccl_op(op)
+    def reduce(self, array, op="sum", root=0, out=None, *, stream=None, async_op=False):
+        """Reduces `array` across ranks into the root, in place (or into `out`); returns
+        the result on the root, None elsewhere (whose arrays are left as they were)."""
+        a = _resolve(array, "reduce", stream)
+        o = _fccl_op(op)
         if self._rank == root:
-            if out is None:
-                out = np.empty_like(a)
-            else:
-                _check_out(out, a.dtype, a.size, "reduce")
+            d = _writable(a, "reduce") if out is None else _resolve_out(out, a, a.count, "reduce")
+            dptr, res = d.ptr, d.obj
         else:
-            out = None
-        _keep(a, out)
-        self._call("fcclReduce", _ptr(a), _ptr(out), a.size, t, o, int(root), self._h, None)
-        return out
+            d, dptr, res = None, None, None
+        return self._run("fcclReduce", (a.ptr, dptr, a.count, a.code, o, int(root), self._h, a.stream), res,
+                         (a, d), async_op)
 
-    def all_gather(self, array, out=None):
-        """Gathers every rank's `array` (all of one shape): returns shape
-        ``(size,) + array.shape``, rank r's at index r (or fills `out`)."""
-        a = _src(array)
-        t = _fccl_type(a.dtype)
-        if out is None:
-            out = np.empty((self._size,) + a.shape, dtype=a.dtype)
-        else:
-            _check_out(out, a.dtype, a.size * self._size, "all_gather")
-        _keep(a, out)
-        self._call("fcclAllGather", _ptr(a), _ptr(out), a.size, t, self._h, None)
-        return out
+    def all_gather(self, array, out=None, *, stream=None, async_op=False):
+        """Gathers every rank's `array` (all of one size): returns shape
+        ``(size,) + array.shape`` of the input's kind, rank r's at index r (or fills
+        `out`)."""
+        a = _resolve(array, "all_gather", stream)
+        n = self._size
+        d = _new_out(a, (n,) + tuple(a.shape), "all_gather") if out is None else \
+            _resolve_out(out, a, a.count * n, "all_gather")
+        return self._run("fcclAllGather", (a.ptr, d.ptr, a.count, a.code, self._h, a.stream), d.obj, (a, d),
+                         async_op)
 
-    def reduce_scatter(self, array, op="sum", out=None):
+    def all_gather_v(self, array, counts, out=None, *, stream=None, async_op=False):
+        """fcclAllGatherV: rank p contributes counts[p] elements (its whole `array`);
+        every rank gets them one after another in rank order (a flat array of
+        sum(counts) elements, or `out`)."""
+        a = _resolve(array, "all_gather_v", stream)
+        cc, vals = _sizes(counts, self._size, "all_gather_v", "counts")
+        dd, total = _displs(vals)
+        d = _new_out(a, (total,), "all_gather_v") if out is None else _resolve_out(out, a, total, "all_gather_v")
+        return self._run("fcclAllGatherV", (a.ptr, a.count, d.ptr, cc, dd, a.code, self._h, a.stream), d.obj,
+                         (a, d, cc, dd), async_op)
+
+    def all_gather_axis(self, array, axis, out=None, *, stream=None, async_op=False):
+        """fcclAllGatherAxis: concatenates every rank's `array` (one shape) along `axis`."""
+        a = _resolve(array, "all_gather_axis", stream)
+        shape = tuple(a.shape)
+        ax = _axis(axis, len(shape), "all_gather_axis")
+        res = shape[:ax] + (shape[ax] * self._size,) + shape[ax + 1:]
+        d = _new_out(a, res, "all_gather_axis") if out is None else \
+            _resolve_out(out, a, a.count * self._size, "all_gather_axis")
+        cshape = (c_size_t * max(len(shape), 1))(*shape)
+        return self._run("fcclAllGatherAxis", (a.ptr, d.ptr, len(shape), cshape, ax, a.code, self._h, a.stream),
+                         d.obj, (a, d, cshape), async_op)
+
+    def reduce_scatter(self, array, op="sum", out=None, *, stream=None, async_op=False):
         """Reduces `array` (size equal blocks along axis 0, or of the flat data) across
-        ranks; rank r gets block r of the result."""
-        a = _src(array)
-        t, o = _fccl_type(a.dtype), _fccl_op(op)
+        ranks; rank r gets block r of the result (new, or `out`)."""
+        a = _resolve(array, "reduce_scatter", stream)
+        o = _fccl_op(op)
         shape = _blocks(a, self._size, "reduce_scatter")
-        count = a.size // self._size
-        if out is None:
-            out = np.empty(shape, dtype=a.dtype)
-        else:
-            _check_out(out, a.dtype, count, "reduce_scatter")
-        _keep(a, out)
-        self._call("fcclReduceScatter", _ptr(a), _ptr(out), count, t, o, self._h, None)
-        return out
+        count = a.count // self._size
+        d = _new_out(a, shape, "reduce_scatter") if out is None else _resolve_out(out, a, count, "reduce_scatter")
+        return self._run("fcclReduceScatter", (a.ptr, d.ptr, count, a.code, o, self._h, a.stream), d.obj, (a, d),
+                         async_op)
 
-    def all_to_all(self, array, out=None):
+    def reduce_scatter_v(self, array, counts, op="sum", out=None, *, stream=None, async_op=False):
+        """fcclReduceScatterV: `array` holds counts[0], counts[1], ... elements one after
+        another; rank r gets the reduction of block r (counts[r] elements)."""
+        a = _resolve(array, "reduce_scatter_v", stream)
+        o = _fccl_op(op)
+        cc, vals = _sizes(counts, self._size, "reduce_scatter_v", "counts")
+        dd, total = _displs(vals)
+        if total > a.count:
+            raise ValueError(f"reduce_scatter_v: counts add up to {total} elements, the array has {a.count}")
+        mine = vals[self._rank]
+        d = _new_out(a, (mine,), "reduce_scatter_v") if out is None else \
+            _resolve_out(out, a, mine, "reduce_scatter_v")
+        return self._run("fcclReduceScatterV", (a.ptr, cc, dd, d.ptr, a.code, o, self._h, a.stream), d.obj,
+                         (a, d, cc, dd), async_op)
+
+    def reduce_scatter_axis(self, array, axis, op="sum", out=None, *, stream=None, async_op=False):
+        """fcclReduceScatterAxis: reduces `array` across ranks; rank r gets block r along
+        `axis` (which must divide by the number of ranks)."""
+        a = _resolve(array, "reduce_scatter_axis", stream)
+        o = _fccl_op(op)
+        shape = tuple(a.shape)
+        ax = _axis(axis, len(shape), "reduce_scatter_axis")
+        if shape[ax] % self._size:
+            raise ValueError(f"reduce_scatter_axis: axis {ax} has {shape[ax]} entries, not a multiple of "
+                             f"{self._size} ranks")
+        res = shape[:ax] + (shape[ax] // self._size,) + shape[ax + 1:]
+        d = _new_out(a, res, "reduce_scatter_axis") if out is None else \
+            _resolve_out(out, a, a.count // self._size, "reduce_scatter_axis")
+        cshape = (c_size_t * max(len(shape), 1))(*shape)
+        return self._run("fcclReduceScatterAxis",
+                         (a.ptr, d.ptr, len(shape), cshape, ax, a.code, o, self._h, a.stream), d.obj,
+                         (a, d, cshape), async_op)
+
+    def all_to_all(self, array, out=None, *, stream=None, async_op=False):
         """Sends block p of `array` (size equal blocks along axis 0) to rank p; block q of
-        the result comes from rank q. Returns an array of `array`'s shape (or `out`)."""
-        a = _src(array)
-        t = _fccl_type(a.dtype)
+        the result comes from rank q. Returns a new array of `array`'s shape (or `out`)."""
+        a = _resolve(array, "all_to_all", stream)
         _blocks(a, self._size, "all_to_all")
-        count = a.size // self._size
-        if out is None:
-            out = np.empty_like(a)
-        else:
-            _check_out(out, a.dtype, a.size, "all_to_all")
-        _keep(a, out)
-        self._call("fcclAlltoAll", _ptr(a), _ptr(out), count, t, self._h, None)
-        return out
+        count = a.count // self._size
+        d = _new_out(a, tuple(a.shape), "all_to_all") if out is None else \
+            _resolve_out(out, a, a.count, "all_to_all")
+        return self._run("fcclAlltoAll", (a.ptr, d.ptr, count, a.code, self._h, a.stream), d.obj, (a, d),
+                         async_op)
 
-    def gather(self, array, root=0, out=None):
+    def all_to_allv(self, array, send_counts, recv_counts, out=None, *, stream=None, async_op=False):
+        """fcclAlltoAllv: sends send_counts[p] elements (blocks one after another in
+        `array`) to rank p and receives recv_counts[p] from rank p, one after another in
+        the result (a flat array of sum(recv_counts), or `out`)."""
+        a = _resolve(array, "all_to_allv", stream)
+        sc, svals = _sizes(send_counts, self._size, "all_to_allv", "send_counts")
+        rc, rvals = _sizes(recv_counts, self._size, "all_to_allv", "recv_counts")
+        sd, stotal = _displs(svals)
+        rd, rtotal = _displs(rvals)
+        if stotal > a.count:
+            raise ValueError(f"all_to_allv: send_counts add up to {stotal} elements, the array has {a.count}")
+        d = _new_out(a, (rtotal,), "all_to_allv") if out is None else _resolve_out(out, a, rtotal, "all_to_allv")
+        return self._run("fcclAlltoAllv", (a.ptr, sc, sd, d.ptr, rc, rd, a.code, self._h, a.stream), d.obj,
+                         (a, d, sc, sd, rc, rd), async_op)
+
+    def gather(self, array, root=0, out=None, *, stream=None, async_op=False):
         """Gathers every rank's `array` into the root: shape ``(size,) + array.shape`` on
         the root (or `out`), None elsewhere."""
-        a = _src(array)
-        t = _fccl_type(a.dtype)
+        a = _resolve(array, "gather", stream)
         if self._rank == root:
-            if out is None:
-                out = np.empty((self._size,) + a.shape, dtype=a.dtype)
-            else:
-                _check_out(out, a.dtype, a.size * self._size, "gather")
+            d = _new_out(a, (self._size,) + tuple(a.shape), "gather") if out is None else \
+                _resolve_out(out, a, a.count * self._size, "gather")
+            dptr, res = d.ptr, d.obj
         else:
-            out = None
-        _keep(a, out)
-        self._call("fcclGather", _ptr(a), _ptr(out), a.size, t, int(root), self._h, None)
-        return out
+            d, dptr, res = None, None, None
+        return self._run("fcclGather", (a.ptr, dptr, a.count, a.code, int(root), self._h, a.stream), res, (a, d),
+                         async_op)
 
-    def scatter(self, array, root=0, out=None):
+    def gather_v(self, array, counts, root=0, out=None, *, stream=None, async_op=False):
+        """Rank p sends its `array` (counts[p] elements) to the root, which gets them one
+        after another in rank order (a flat array of sum(counts), or `out`); None
+        elsewhere. One fcclAlltoAllv with every count but the root's zero."""
+        a = _resolve(array, "gather_v", stream)
+        n, r = self._size, self._rank
+        _, vals = _sizes(counts, n, "gather_v", "counts")
+        if vals[r] != a.count:
+            raise ValueError(f"gather_v: counts[{r}] is {vals[r]}, this rank's array has {a.count} elements")
+        send = [a.count if p == root else 0 for p in range(n)]
+        recv = vals if r == root else [0] * n
+        if r != root:
+            return self._v_call("gather_v", a, send, recv, None, None, async_op)
+        total = sum(vals)
+        d = _new_out(a, (total,), "gather_v") if out is None else _resolve_out(out, a, total, "gather_v")
+        return self._v_call("gather_v", a, send, recv, d, d.obj, async_op)
+
+    def scatter_v(self, array, counts, root=0, out=None, *, stream=None, async_op=False):
+        """The root sends counts[p] elements of `array` (blocks one after another) to rank
+        p; every rank gets its block (new, or `out`). Off the root `array` is any array
+        of the dtype (not read), or None with `out=` receiving the block. One
+        fcclAlltoAllv with every count but the root's zero."""
+        n, r = self._size, self._rank
+        _, vals = _sizes(counts, n, "scatter_v", "counts")
+        if array is None:
+            if out is None:
+                raise ValueError("scatter_v: off the root pass an array of the dtype (its contents are not read) "
+                                 "or out=")
+            d = _writable(_resolve(out, "scatter_v out", stream), "scatter_v")
+            a = d
+        else:
+            a = _resolve(array, "scatter_v", stream)
+            d = _new_out(a, (vals[r],), "scatter_v") if out is None else _resolve_out(out, a, vals[r], "scatter_v")
+        if d.count != vals[r]:
+            raise ValueError(f"scatter_v: out has {d.count} elements, counts[{r}] is {vals[r]}")
+        send = vals if r == root else [0] * n
+        if r == root and sum(vals) > a.count:
+            raise ValueError(f"scatter_v: counts add up to {sum(vals)} elements, the array has {a.count}")
+        recv = [vals[r] if p == root else 0 for p in range(n)]
+        return self._v_call("scatter_v", a if r == root else None, send, recv, d, d.obj, async_op, code=d.code,
+                            stream=d.stream)
+
+    def _v_call(self, what, a, send, recv, d, result, async_op, code=None, stream=None):
+        n = self._size
+        sc, sd = (c_size_t * n)(*send), _displs(send)[0]
+        rc, rd = (c_size_t * n)(*recv), _displs(recv)[0]
+        code = a.code if code is None else code
+        stream = a.stream if stream is None and a is not None else stream
+        return self._run("fcclAlltoAllv", (a.ptr if a else None, sc, sd, d.ptr if d else None, rc, rd, code, self._h,
+                                           stream), result, (a, d, sc, sd, rc, rd), async_op)
+
+    def scatter(self, array, root=0, out=None, *, stream=None, async_op=False):
         """Sends block r of the root's `array` (size equal blocks along axis 0) to rank r.
         Every rank passes an array of the root's shape and dtype (only the root's is
         read), or None with `out` giving the block's size and dtype."""
         if array is None:
             if out is None:
                 raise ValueError("scatter: pass the array (any contents off the root) or out=")
-            a = None
-            dtype, count = out.dtype, out.size
-            _check_out(out, dtype, count, "scatter")
+            d = _writable(_resolve(out, "scatter out", stream), "scatter")
+            a, aptr, count = None, None, d.count
         else:
-            a = _src(array)
-            dtype = a.dtype
+            a = _resolve(array, "scatter", stream)
             shape = _blocks(a, self._size, "scatter")
-            count = a.size // self._size
-            if out is None:
-                out = np.empty(shape, dtype=dtype)
-            else:
-                _check_out(out, dtype, count, "scatter")
-        t = _fccl_type(dtype)
-        _keep(a, out)
-        self._call("fcclScatter", _ptr(a), _ptr(out), count, t, int(root), self._h, None)
-        return out
+            count = a.count // self._size
+            d = _new_out(a, shape, "scatter") if out is None else _resolve_out(out, a, count, "scatter")
+            aptr = a.ptr
+        return self._run("fcclScatter", (aptr, d.ptr, count, d.code, int(root), self._h, d.stream), d.obj, (a, d),
+                         async_op)
 
-    def send(self, array, peer):
+    def send(self, array, peer, *, stream=None, async_op=False):
         """Sends `array` to rank `peer`, which posts a matching recv (same size and dtype).
         Outside a group it returns once the peer has received it."""
-        a = _src(array)
-        t = _fccl_type(a.dtype)
-        _keep(a)
-        self._call("fcclSend", _ptr(a), a.size, t, int(peer), self._h, None)
+        a = _resolve(array, "send", stream)
+        return self._run("fcclSend", (a.ptr, a.count, a.code, int(peer), self._h, a.stream), None, (a,), async_op)
 
-    def recv(self, out, peer):
+    def recv(self, out, peer, *, stream=None, async_op=False):
         """Receives from rank `peer` into `out` (a C-contiguous writeable array of the
         sent size and dtype) and returns it."""
-        if not isinstance(out, np.ndarray):
-            raise TypeError("recv: out must be a numpy array")
-        t = _fccl_type(out.dtype)
-        _check_out(out, out.dtype, out.size, "recv")
-        _keep(out)
-        self._call("fcclRecv", _ptr(out), out.size, t, int(peer), self._h, None)
-        return out
+        d = _writable(_resolve(out, "recv", stream), "recv")
+        return self._run("fcclRecv", (d.ptr, d.count, d.code, int(peer), self._h, d.stream), d.obj, (d,), async_op)
 
-    def barrier(self):
+    def barrier(self, *, stream=None, async_op=False):
         """Returns once every rank has called barrier."""
-        self._call("fcclBarrier", self._h, None)
+        return self._run("fcclBarrier", (self._h, _stream_arg(stream)), None, None, async_op)
+
+    def all_reduce_coalesced(self, arrays, op="sum", bucket_bytes=0, *, stream=None, async_op=False):
+        """fcclAllReduceCoalesced: all-reduces every array of the list (one dtype) in
+        place, packed into buckets of at most `bucket_bytes` (0: 25 MiB). Returns the
+        list."""
+        infos = [_writable(_resolve(x, "all_reduce_coalesced", stream), "all_reduce_coalesced") for x in arrays]
+        o = _fccl_op(op)
+        code, strm = _one_type(infos, "all_reduce_coalesced")
+        n = len(infos)
+        ptrs = (c_void_p * max(n, 1))(*[i.ptr for i in infos])
+        counts = (c_size_t * max(n, 1))(*[i.count for i in infos])
+        return self._run("fcclAllReduceCoalesced", (ptrs, ptrs, counts, n, code, o, int(bucket_bytes), self._h, strm),
+                         list(arrays), (infos, ptrs, counts), async_op)
+
+    def broadcast_coalesced(self, arrays, root=0, bucket_bytes=0, *, stream=None, async_op=False):
+        """fcclBroadcastCoalesced: broadcasts every array of the list (one dtype) from
+        `root` in place, packed into buckets. Returns the list."""
+        infos = [_writable(_resolve(x, "broadcast_coalesced", stream), "broadcast_coalesced") for x in arrays]
+        code, strm = _one_type(infos, "broadcast_coalesced")
+        n = len(infos)
+        ptrs = (c_void_p * max(n, 1))(*[i.ptr for i in infos])
+        counts = (c_size_t * max(n, 1))(*[i.count for i in infos])
+        return self._run("fcclBroadcastCoalesced", (ptrs, counts, n, code, int(root), int(bucket_bytes), self._h,
+                                                    strm), list(arrays), (infos, ptrs, counts), async_op)
+
+    def all_reduce_wire(self, array, wire_dtype, op="sum", out=None, *, stream=None, async_op=False):
+        """fcclAllReduceWire: all_reduce whose partial results travel in `wire_dtype`
+        (e.g. float32 data over a "bfloat16" wire); in place unless `out`."""
+        a = _resolve(array, "all_reduce_wire", stream)
+        o, w = _fccl_op(op), _wire_code(wire_dtype)
+        d = _writable(a, "all_reduce_wire") if out is None else _resolve_out(out, a, a.count, "all_reduce_wire")
+        return self._run("fcclAllReduceWire", (a.ptr, d.ptr, a.count, a.code, o, w, self._h, a.stream), d.obj,
+                         (a, d), async_op)
+
+
+def _axis(axis, ndim, what):
+    ax = int(axis)
+    if ax < 0:
+        ax += ndim
+    if not 0 <= ax < max(ndim, 1):
+        raise ValueError(f"{what}: axis {axis} is out of range for {ndim} dimensions")
+    return ax
+
+
+def _one_type(infos, what):
+    if not infos:
+        return 0, None
+    codes = {i.code for i in infos}
+    if len(codes) > 1:
+        raise TypeError(f"{what}: the arrays have dtypes {sorted(_buf.TYPE_NAMES[c] for c in codes)}; "
+                        "one call takes one dtype")
+    return infos[0].code, infos[0].stream

@@ -97,6 +97,8 @@ _res = c_int
 _comm = c_void_p
 _stream = c_void_p
 _buf = c_void_p
+_sizes = POINTER(c_size_t)
+_ptrs = POINTER(c_void_p)
 _PROTOTYPES = {
     "fcclGetVersion": (_res, [POINTER(c_int)]),
     "fcclGetUniqueId": (_res, [POINTER(UniqueIdStruct)]),
@@ -127,6 +129,17 @@ _PROTOTYPES = {
     "fcclBarrier": (_res, [_comm, _stream]),
     "fcclGroupStart": (_res, []),
     "fcclGroupEnd": (_res, []),
+    "fcclAlltoAllv": (_res, [_buf, _sizes, _sizes, _buf, _sizes, _sizes, c_int, _comm, _stream]),
+    "fcclAllGatherV": (_res, [_buf, c_size_t, _buf, _sizes, _sizes, c_int, _comm, _stream]),
+    "fcclReduceScatterV": (_res, [_buf, _sizes, _sizes, _buf, c_int, c_int, _comm, _stream]),
+    "fcclAllGatherAxis": (_res, [_buf, _buf, c_int, _sizes, c_int, c_int, _comm, _stream]),
+    "fcclReduceScatterAxis": (_res, [_buf, _buf, c_int, _sizes, c_int, c_int, c_int, _comm, _stream]),
+    "fcclAllReduceCoalesced": (_res, [_ptrs, _ptrs, _sizes, c_int, c_int, c_int, c_size_t, _comm, _stream]),
+    "fcclBroadcastCoalesced": (_res, [_ptrs, _sizes, c_int, c_int, c_int, c_size_t, _comm, _stream]),
+    "fcclAllReduceWire": (_res, [_buf, _buf, c_size_t, c_int, c_int, c_int, _comm, _stream]),
+    "fcclMemAlloc": (_res, [POINTER(c_void_p), c_size_t]),
+    "fcclMemAllocHost": (_res, [POINTER(c_void_p), c_size_t]),
+    "fcclMemFree": (_res, [c_void_p]),
 }
 
 _lock = threading.Lock()

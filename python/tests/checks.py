@@ -61,10 +61,19 @@ def run_all(comm):
     x = data(r, (9,), np.int64)
     expect("all_reduce avg int64", comm.all_reduce(x, op="avg"), reference("avg", [data(p, (9,), np.int64)
                                                                                    for p in range(n)]))
-    # a non-contiguous input is copied first
+    # a non-contiguous input is refused before anything is sent (nothing is ever copied)
     x = data(r, (6, 4), np.float64)[:, ::2]
-    expect("all_reduce strided input", comm.all_reduce(x),
-           reference("sum", [data(p, (6, 4), np.float64)[:, ::2] for p in range(n)]))
+    try:
+        comm.all_reduce(x)
+        fails.append(f"rank {r}/{n} all_reduce strided input: no error")
+    except ValueError as e:
+        if "C-contiguous" not in str(e):
+            fails.append(f"rank {r}/{n} all_reduce strided input: {e}")
+    # in place: the caller's array holds the result and is the one returned
+    x = data(r, (5,), np.int32)
+    if comm.all_reduce(x) is not x:
+        fails.append(f"rank {r}/{n} all_reduce did not return its input")
+    expect("all_reduce in place by default", x, reference("sum", [data(p, (5,), np.int32) for p in range(n)]))
 
     # broadcast / reduce
     for root in sorted({0, n - 1}):

@@ -1,6 +1,9 @@
 """pytest setup for python/tests: the package is imported from this checkout
 (python/ferroccl) and finds the library in ../../target/release unless FERROCCL_LIB is
-set; the multi-process tests use FERROCCL_RUN (default: next to the library)."""
+set; the multi-process tests use FERROCCL_RUN (default: the package's launcher).
+
+With FERROCCL_TEST_INSTALLED=1 the tests use the package installed in this Python
+(`pip install ./python`) as a user would: no checkout on the path, no FERROCCL_LIB."""
 
 import os
 import sys
@@ -10,7 +13,10 @@ import pytest
 HERE = os.path.dirname(os.path.abspath(__file__))
 PYDIR = os.path.dirname(HERE)
 ROOT = os.path.dirname(PYDIR)
-if PYDIR not in sys.path:
+INSTALLED = os.environ.get("FERROCCL_TEST_INSTALLED") == "1"
+if INSTALLED:
+    sys.path[:] = [p for p in sys.path if os.path.abspath(p or ".") != PYDIR]
+elif PYDIR not in sys.path:
     sys.path.insert(0, PYDIR)
 if HERE not in sys.path:
     sys.path.insert(0, HERE)
@@ -29,12 +35,9 @@ def _lib_available():
 
 
 def launcher_path():
-    env = os.environ.get("FERROCCL_RUN")
-    if env:
-        return env
     import ferroccl
 
-    return os.path.join(os.path.dirname(os.path.abspath(ferroccl.library_path())), "ferroccl-run")
+    return ferroccl.launcher_path()
 
 
 def pytest_collection_modifyitems(config, items):
@@ -60,7 +63,8 @@ def subprocess_env():
     import ferroccl
 
     env = dict(os.environ)
-    env["PYTHONPATH"] = PYDIR + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
-    env["FERROCCL_LIB"] = os.path.abspath(ferroccl.library_path())
+    if not INSTALLED:
+        env["PYTHONPATH"] = PYDIR + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
+        env["FERROCCL_LIB"] = os.path.abspath(ferroccl.library_path())
     env.setdefault("FERROCCL_TIMEOUT_MS", "20000")
     return env

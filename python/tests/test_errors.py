@@ -54,8 +54,12 @@ def test_python_side_checks(comm):
         comm.all_reduce(np.ones(3, np.float32), out=np.empty(3, np.float64))
     with pytest.raises(ValueError, match="C-contiguous"):
         comm.all_reduce(np.ones(3, np.float32), out=np.empty(6, np.float32)[::2])
-    with pytest.raises(TypeError, match="numpy array"):
+    with pytest.raises(TypeError, match="a list is not an array"):
         comm.recv([0, 0], 0)
+    with pytest.raises(ValueError, match="read-only"):
+        x = np.ones(3, np.float32)
+        x.flags.writeable = False
+        comm.all_reduce(x)
 
 
 def test_uneven_blocks_are_refused_before_any_call():
