@@ -24,7 +24,8 @@
 use super::ctl::{self, Ctl};
 use super::host::{self, Call};
 use super::{staging, Backend, Exec};
-use crate::coll::{Coll, CollKind};
+use crate::backend::host::algorithms as algo;
+use crate::coll::{Coll, CollKind, VCounts};
 use crate::error::{Error, Result};
 use crate::log;
 use crate::mem::{cuda, cuda_reduce, Placement};
@@ -44,6 +45,35 @@ const DEAD_MAX: usize = 8;
 /// The rank that moves the data.
 const EXECUTOR: usize = 0;
 
+/// Bytes of a descriptor for `c`: the fixed part, then for calls with per-rank counts
+/// the rank's four arrays (sendcounts, sdispls, recvcounts, rdispls), `n` u64 each.
+fn desc_bytes(c: &Coll, n: usize) -> usize {
+    BLOB + if c.v.is_some() { 32 * n } else { 0 }
+}
+
+/// Writes `v`'s arrays after the fixed part (missing entries as 0).
+fn put_counts(v: &VCounts, n: usize, b: &mut [u8]) {
+    for (i, a) in [v.sendcounts(), v.sdispls(), v.recvcounts(), v.rdispls()].iter().enumerate() {
+        for r in 0..n {
+            let at = BLOB + 8 * (i * n + r);
+            b[at..at + 8].copy_from_slice(&(a.get(r).copied().unwrap_or(0) as u64).to_le_bytes());
+        }
+    }
+}
+
+/// A peer's four arrays from its descriptor.
+fn get_counts(b: &[u8], n: usize) -> VCounts {
+    let a = |i: usize| -> Vec<usize> {
+        (0..n)
+            .map(|r| {
+                let at = BLOB + 8 * (i * n + r);
+                u64::from_le_bytes(b[at..at + 8].try_into().expect("8 bytes")) as usize
+            })
+            .collect()
+    };
+    VCounts::new(&a(0), &a(1), &a(2), &a(3))
+}
+
 /// FERROCCL_CUDA_IPC: the smallest call (bytes of `count` elements) that takes the
 /// path, or None when it is off (read once). On by default for every size: stream
 /// ordering costs no host wait, and staging costs two copies and two waits per call.
@@ -55,23 +85,34 @@ pub fn min_bytes() -> Option<usize> {
     })
 }
 
-/// True when this call can take the path on a communicator whose ranks share one
-/// GPU: decided from what every rank passes alike (kind, count, type, op), so all
-/// ranks agree.
+/// True when this call takes the path on a communicator whose ranks share one GPU:
+/// decided from what every rank passes alike (kind, count, type, op), so all ranks
+/// agree. Calls with per-rank counts come whatever their memory: a rank with nothing
+/// to send or receive passes no device buffer, yet must meet the others here; the
+/// descriptors then tell whether every rank with data has it on the device.
 pub fn eligible(c: &Coll, nranks: usize, min: usize) -> bool {
     let kind_ok = match c.kind {
-        CollKind::AllReduce | CollKind::Reduce | CollKind::ReduceScatter => cuda_reduce::supported(c.dtype),
-        CollKind::AllGather | CollKind::Broadcast | CollKind::Gather | CollKind::Scatter | CollKind::AlltoAll => true,
+        // One launch reduces every rank's input (the kernel takes up to MAX_INPUTS), so
+        // results are those of the host's rank order, Avg included.
+        CollKind::AllReduce | CollKind::Reduce | CollKind::ReduceScatter | CollKind::ReduceScatterV => {
+            cuda_reduce::supported(c.dtype) && nranks <= cuda_reduce::MAX_INPUTS
+        }
+        CollKind::AllGather
+        | CollKind::AllGatherV
+        | CollKind::Broadcast
+        | CollKind::Gather
+        | CollKind::Scatter
+        | CollKind::AlltoAll
+        | CollKind::AlltoAllv => true,
         _ => false,
     };
     kind_ok
         && (2..=ctl::MAX_RANKS).contains(&nranks)
-        && matches!(c.placement, Placement::Device { .. })
+        && (c.v.is_some() || matches!(c.placement, Placement::Device { .. }))
         && c.wire.is_none()
         && c.strided.is_none()
-        && c.v.is_none()
         && !c.is_noop()
-        && c.count.saturating_mul(c.dtype.size()) >= min
+        && (c.v.is_some() || c.count.saturating_mul(c.dtype.size()) >= min)
 }
 
 /// The path as a router entry: single calls of device memory on a communicator whose
@@ -79,6 +120,7 @@ pub fn eligible(c: &Coll, nranks: usize, min: usize) -> bool {
 pub struct Ipc {
     rank: usize,
     nranks: usize,
+    device: i32,
     min_bytes: usize,
     /// Names the control page (the communicator's nonce).
     nonce: u64,
@@ -107,10 +149,13 @@ struct Inner {
 }
 
 impl Ipc {
-    pub fn new(rank: usize, nranks: usize, min_bytes: usize, nonce: u64, timeout: Duration) -> Ipc {
+    /// `device`: the rank's device, whose primary context serves calls without device
+    /// buffers on this rank.
+    pub fn new(rank: usize, nranks: usize, device: i32, min_bytes: usize, nonce: u64, timeout: Duration) -> Ipc {
         Ipc {
             rank,
             nranks,
+            device,
             min_bytes,
             nonce,
             timeout,
@@ -172,7 +217,7 @@ const EXPORTED_MAX: usize = 4096;
 impl Inner {
     /// Writes into `blob` the bases of allocations that peers mapped and that are freed
     /// now (or hold another allocation), and forgets them.
-    fn report_dead(&mut self, blob: &mut [u8; BLOB]) {
+    fn report_dead(&mut self, blob: &mut [u8]) {
         let dead: Vec<usize> = self
             .exported
             .iter()
@@ -402,16 +447,26 @@ impl Ipc {
         Ok(None)
     }
 
-    fn prepare(&self, c: &Coll, ctx: usize, device: i32, inner: &mut Inner) -> Result<[u8; BLOB]> {
-        if self.rank == EXECUTOR && matches!(c.kind, CollKind::AllReduce | CollKind::Reduce | CollKind::ReduceScatter) {
+    fn prepare(&self, c: &Coll, ctx: usize, device: i32, inner: &mut Inner) -> Result<Vec<u8>> {
+        let reduces = matches!(
+            c.kind,
+            CollKind::AllReduce | CollKind::Reduce | CollKind::ReduceScatter | CollKind::ReduceScatterV
+        );
+        if self.rank == EXECUTOR && reduces {
             // Compiled now, so an executor without NVRTC says so in the exchange.
             cuda_reduce::kernel(ctx, device, c.dtype, c.op)?;
         }
-        if c.kind == CollKind::AlltoAll && std::ptr::eq(c.send, c.recv) {
+        if matches!(c.kind, CollKind::AlltoAll | CollKind::AlltoAllv) && std::ptr::eq(c.send, c.recv) {
             return Err(Error::unavailable("an in-place all_to_all overwrites blocks that peers still read"));
         }
         let (sb, rb) = c.extents(self.rank, self.nranks)?;
-        let mut b = [0u8; BLOB];
+        if c.placement == Placement::Host && sb + rb > 0 {
+            return Err(Error::unavailable("this rank's buffers are host memory"));
+        }
+        let mut b = vec![0u8; desc_bytes(c, self.nranks)];
+        if let Some(v) = &c.v {
+            put_counts(v, self.nranks, &mut b);
+        }
         b[0] = 1;
         b[1..5].copy_from_slice(&std::process::id().to_le_bytes());
         let mut at = 5;
@@ -432,8 +487,9 @@ impl Ipc {
     fn run_one(&self, x: &mut Exec<'_>, call: &Call, inner: &mut Inner) -> Result<Option<Error>> {
         let (rank, n) = (self.rank, self.nranks);
         let c = &call.coll;
-        let Placement::Device { device, ctx } = c.placement else {
-            return Err(Error::internal("IPC path on host memory"));
+        let (device, ctx) = match c.placement {
+            Placement::Device { device, ctx } => (device, ctx),
+            Placement::Host => (self.device, cuda::primary_context(self.device)?),
         };
         let guard = cuda::CtxGuard::enter(ctx)?;
         let first = inner.mode.is_none();
@@ -467,26 +523,37 @@ impl Ipc {
                 if !matches!(mode, Mode::Off(_)) {
                     log::info(format_args!("rank {rank}: {} through host staging: {}", c.kind.c_name(), e.msg));
                 }
-                let mut b = [0u8; BLOB];
+                let mut b = vec![0u8; desc_bytes(c, n)];
                 b[1..5].copy_from_slice(&std::process::id().to_le_bytes());
                 b
             }
         };
         inner.report_dead(&mut mine);
+        let db = mine.len();
         let (all, err) = Self::allgather(x, &mine, n, if first { None } else { Some(call.seq) })?;
         if let Some(e) = err {
             return Ok(Some(e));
         }
         let mut gone = Vec::new();
-        for b in all.chunks(BLOB) {
+        for b in all.chunks(db) {
             if pid_of(b) != std::process::id() {
                 inner.maps.forget(ctx, pid_of(b), b, &mut gone);
             }
         }
-        if matches!(mode, Mode::Off(_)) || all.chunks(BLOB).any(|b| b[0] != 1) {
-            // Somebody cannot: everyone stages this call (after the calls before it).
+        if matches!(mode, Mode::Off(_)) || all.chunks(db).any(|b| b[0] != 1) {
+            // Somebody cannot: everyone runs the call on the built-in backend, device
+            // buffers staged (after the calls before it on the stream).
             drop(guard);
             self.defer_close(inner, gone);
+            if c.placement == Placement::Host {
+                x.algo = "host (a rank's buffers are not all on the device)";
+                *x.seq += 1;
+                let seq = *x.seq;
+                let algo = x.algo;
+                let res = host::execute(x, &[Call { coll: c.clone(), seq }]);
+                x.algo = algo;
+                return res;
+            }
             let mut coll = c.clone();
             let st = staging::stage_in(&mut coll, c.placement, rank, n)?;
             x.algo = "staged (a rank cannot share this call's memory through IPC)";
@@ -499,17 +566,25 @@ impl Ipc {
             st.stage_out()?;
             return Ok(res);
         }
+        // Per-rank counts: every rank checks every pair from the same descriptors, so all
+        // return the same verdict, and nothing is enqueued on a mismatch.
+        let counts: Vec<VCounts> =
+            if c.v.is_some() { all.chunks(db).map(|b| get_counts(b, n)).collect() } else { Vec::new() };
+        if let Some(e) = counts_verdict(c, rank, &counts) {
+            self.defer_close(inner, gone);
+            return Ok(Some(e));
+        }
         let s = c.stream;
         let Mode::Stream(ctl) = mode else {
             // Synced: the executor moves the data and waits for it; then everyone returns.
             if rank == EXECUTOR {
                 let mut peers = Vec::with_capacity(n);
-                for b in all.chunks(BLOB) {
+                for b in all.chunks(db) {
                     peers.push(map_peer(b, ctx, &mut inner.maps, &mut gone)?);
                 }
                 // SAFETY: the peers' buffers are mapped (or this process's own) and held by
                 // their ranks until the barrier below; the stream is synchronised before it.
-                unsafe { move_data(x, c, &peers, ctx, device)? };
+                unsafe { move_data(x, c, &peers, &counts, ctx, device)? };
                 cuda::sync(s)?;
             } else {
                 x.algo = "the host waits while rank 0 moves the data";
@@ -523,7 +598,7 @@ impl Ipc {
         let k = inner.k.wrapping_add(1);
         if rank == EXECUTOR {
             let mut peers = Vec::with_capacity(n);
-            for b in all.chunks(BLOB) {
+            for b in all.chunks(db) {
                 peers.push(map_peer(b, ctx, &mut inner.maps, &mut gone)?);
             }
             // SAFETY: the page is registered in this context and outlives the stream's use
@@ -534,7 +609,7 @@ impl Ipc {
                 for q in (0..n).filter(|&q| q != EXECUTOR) {
                     cuda::stream_wait_geq(s, ctl.dev_ready(q), k)?;
                 }
-                move_data(x, c, &peers, ctx, device)?;
+                move_data(x, c, &peers, &counts, ctx, device)?;
                 cuda::stream_write(s, ctl.dev_done(), k)?;
             }
         } else {
@@ -547,7 +622,7 @@ impl Ipc {
         }
         inner.k = k;
         self.defer_close(inner, gone);
-        let pids: Vec<u32> = all.chunks(BLOB).map(pid_of).collect();
+        let pids: Vec<u32> = all.chunks(db).map(pid_of).collect();
         self.watch.pending(Pending { k, deadline: Instant::now() + self.timeout, pids, seq: call.seq });
         Ok(None)
     }
@@ -581,9 +656,31 @@ fn map_peer(b: &[u8], ctx: usize, maps: &mut Mappings, gone: &mut Vec<usize>) ->
     Ok((out[0] as *const u8, out[1] as *const u8))
 }
 
+/// The error of a call with per-rank counts that do not pair up, the same on every
+/// rank (and worded as the host backend's check words it); None when they agree.
+fn counts_verdict(c: &Coll, me: usize, counts: &[VCounts]) -> Option<Error> {
+    if counts.is_empty() {
+        return None;
+    }
+    let n = counts.len();
+    let as_rank = |r: usize| Coll { v: Some(counts[r].clone()), ..c.clone() };
+    let colls: Vec<Coll> = (0..n).map(as_rank).collect();
+    let finding = |r: usize| -> Option<String> {
+        let mine = &colls[r];
+        (0..n)
+            .filter(|&p| p != r)
+            .find_map(|p| algo::describe_pair(mine, r, p, algo::pair_values(mine, p), algo::pair_values(&colls[p], r)))
+            .or_else(|| algo::describe_self(mine, r, algo::pair_values(mine, r)))
+    };
+    let findings: Vec<Option<String>> = (0..n).map(finding).collect();
+    let reporters: Vec<usize> = (0..n).filter(|&r| findings[r].is_some()).collect();
+    algo::counts_error(findings[me].clone(), &reporters)
+}
+
 /// The whole call's data movement, enqueued on the executor's stream: every rank's
-/// receive buffer from every rank's buffers. Device addresses are offset with
-/// `wrapping_add`: the host never dereferences them.
+/// receive buffer from every rank's buffers. `counts[r]`: rank r's per-rank counts
+/// (calls that have them). Device addresses are offset with `wrapping_add`: the host
+/// never dereferences them.
 ///
 /// # Safety
 /// `peers[q]` are rank q's (send, recv) mapped in `ctx`, valid for q's extents until
@@ -592,96 +689,105 @@ unsafe fn move_data(
     x: &mut Exec<'_>,
     c: &Coll,
     peers: &[(*const u8, *const u8)],
+    counts: &[VCounts],
     ctx: usize,
     device: i32,
 ) -> Result<()> {
     let n = peers.len();
-    let bytes = c.count * c.dtype.size();
+    let es = c.dtype.size();
+    let bytes = c.count * es;
     let s = c.stream;
     let recv = |q: usize| peers[q].1 as *mut u8;
-    let copy = |dst: *mut u8, src: *const u8| -> Result<()> {
-        if std::ptr::eq(dst, src) {
+    let send = |q: usize| peers[q].0;
+    let copy = |dst: *mut u8, src: *const u8, len: usize| -> Result<()> {
+        if std::ptr::eq(dst, src) || len == 0 {
             return Ok(());
         }
         // SAFETY: both ranges lie in mapped buffers of this call (caller).
-        unsafe { cuda::copy_dtod_async(dst, src, bytes, s) }
+        unsafe { cuda::copy_dtod_async(dst, src, len, s) }
     };
-    // out = op over ins, in rank order; more inputs than one launch takes continue from
-    // the partial result, which keeps the order.
-    let reduce = |out: *mut u8, ins: &[*const u8]| -> Result<()> {
+    // out = op over ins, in rank order, in one launch (eligible() bounds the ranks).
+    let reduce = |out: *mut u8, ins: &[*const u8], elems: usize| -> Result<()> {
         let f = cuda_reduce::kernel(ctx, device, c.dtype, c.op)?;
-        let mut first = true;
-        let mut rest = ins;
-        while !rest.is_empty() {
-            let take = if first { cuda_reduce::MAX_INPUTS } else { cuda_reduce::MAX_INPUTS - 1 };
-            let (now, later) = rest.split_at(rest.len().min(take));
-            let mut group: Vec<*const u8> = Vec::with_capacity(cuda_reduce::MAX_INPUTS);
-            if !first {
-                group.push(out);
-            }
-            group.extend_from_slice(now);
-            // SAFETY: as above; the kernel reads each element before writing it, so an
-            // output equal to one input (in place) is fine.
-            unsafe { cuda_reduce::launch(f, out, &group, c.count, s)? };
-            first = false;
-            rest = later;
-        }
-        Ok(())
+        // SAFETY: as above; the kernel reads each element before writing it, so an
+        // output equal to one input (in place) is fine.
+        unsafe { cuda_reduce::launch(f, out, ins, elems, s) }
     };
-    let sends_at = |off: usize| -> Vec<*const u8> { peers.iter().map(|(p, _)| p.wrapping_add(off)).collect() };
+    let sends_at =
+        |off: &dyn Fn(usize) -> usize| -> Vec<*const u8> { (0..n).map(|p| send(p).wrapping_add(off(p))).collect() };
+    x.algo = "copies on rank 0's stream through IPC mappings";
     match c.kind {
         CollKind::AllReduce => {
             // Into rank 0's recv (read in place before anything writes), then copied to
             // the others.
-            reduce(recv(0), &sends_at(0))?;
+            reduce(recv(0), &sends_at(&|_| 0), c.count)?;
             for q in 1..n {
-                copy(recv(q), recv(0))?;
+                copy(recv(q), recv(0), bytes)?;
             }
             x.algo = "reduce, then copies, on rank 0's stream through IPC mappings";
         }
         CollKind::ReduceScatter => {
             for q in 0..n {
-                reduce(recv(q), &sends_at(q * bytes))?;
+                reduce(recv(q), &sends_at(&|_| q * bytes), c.count)?;
+            }
+            x.algo = "reductions on rank 0's stream through IPC mappings";
+        }
+        CollKind::ReduceScatterV => {
+            for q in 0..n {
+                let elems = counts[q].recvcounts()[q];
+                if elems > 0 {
+                    reduce(recv(q), &sends_at(&|p| counts[p].sdispls()[q] * es), elems)?;
+                }
             }
             x.algo = "reductions on rank 0's stream through IPC mappings";
         }
         CollKind::Reduce => {
-            reduce(recv(c.root), &sends_at(0))?;
+            reduce(recv(c.root), &sends_at(&|_| 0), c.count)?;
             x.algo = "reduction on rank 0's stream through IPC mappings";
         }
         CollKind::AllGather => {
             for q in 0..n {
-                for (p, &(send, _)) in peers.iter().enumerate() {
-                    copy(recv(q).wrapping_add(p * bytes), send)?;
+                for p in 0..n {
+                    copy(recv(q).wrapping_add(p * bytes), send(p), bytes)?;
                 }
             }
-            x.algo = "copies on rank 0's stream through IPC mappings";
+        }
+        CollKind::AllGatherV => {
+            for (q, v) in counts.iter().enumerate() {
+                for p in 0..n {
+                    copy(recv(q).wrapping_add(v.rdispls()[p] * es), send(p), v.recvcounts()[p] * es)?;
+                }
+            }
         }
         CollKind::Broadcast => {
             for q in 0..n {
-                copy(recv(q), peers[c.root].0)?;
+                copy(recv(q), send(c.root), bytes)?;
             }
-            x.algo = "copies on rank 0's stream through IPC mappings";
         }
         CollKind::Gather => {
-            for (q, &(send, _)) in peers.iter().enumerate() {
-                copy(recv(c.root).wrapping_add(q * bytes), send)?;
+            for p in 0..n {
+                copy(recv(c.root).wrapping_add(p * bytes), send(p), bytes)?;
             }
-            x.algo = "copies on rank 0's stream through IPC mappings";
         }
         CollKind::Scatter => {
             for q in 0..n {
-                copy(recv(q), peers[c.root].0.wrapping_add(q * bytes))?;
+                copy(recv(q), send(c.root).wrapping_add(q * bytes), bytes)?;
             }
-            x.algo = "copies on rank 0's stream through IPC mappings";
         }
         CollKind::AlltoAll => {
             for q in 0..n {
-                for (p, &(send, _)) in peers.iter().enumerate() {
-                    copy(recv(q).wrapping_add(p * bytes), send.wrapping_add(q * bytes))?;
+                for p in 0..n {
+                    copy(recv(q).wrapping_add(p * bytes), send(p).wrapping_add(q * bytes), bytes)?;
                 }
             }
-            x.algo = "copies on rank 0's stream through IPC mappings";
+        }
+        CollKind::AlltoAllv => {
+            for (q, v) in counts.iter().enumerate() {
+                for (p, theirs) in counts.iter().enumerate() {
+                    let from = send(p).wrapping_add(theirs.sdispls()[q] * es);
+                    copy(recv(q).wrapping_add(v.rdispls()[p] * es), from, v.recvcounts()[p] * es)?;
+                }
+            }
         }
         k => return Err(Error::internal(format!("{} on the IPC path", k.c_name()))),
     }

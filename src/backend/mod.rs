@@ -79,6 +79,13 @@ impl Router {
         self.table[..last].iter().position(|b| b.accepts(c, alone)).unwrap_or(last)
     }
 
+    /// Whether a backend before the last takes `calls` (host memory included).
+    pub fn claims(&self, calls: &[Call]) -> bool {
+        let last = self.table.len() - 1;
+        let alone = calls.len() == 1;
+        calls.iter().any(|c| self.route(&c.coll, alone) < last)
+    }
+
     /// The backend serving `c` when it runs alone, for logs.
     pub fn name_of(&self, c: &Coll) -> &'static str {
         self.table[self.route(c, true)].name(c)

@@ -113,7 +113,7 @@ impl Comm {
         if let Some(nccl) = nccl {
             table.push(Box::new(NcclBackend { nccl, rank, nranks }));
         } else if let Some(min_bytes) = ipc::min_bytes().filter(|_| one_gpu) {
-            table.push(Box::new(Ipc::new(rank, nranks, min_bytes, self.nonce, self.opts.timeout)));
+            table.push(Box::new(Ipc::new(rank, nranks, self.device, min_bytes, self.nonce, self.opts.timeout)));
         }
         table.push(Box::new(Builtin { rank, nranks }));
         self.router = Router::new(table);
@@ -339,7 +339,11 @@ impl Comm {
             algo: "",
         };
         // Without CUDA every buffer is host memory: one relaxed load, then the host path.
-        let res = if cuda::active() && calls.iter().any(|c| c.coll.placement != Placement::Host) {
+        // A call that a device backend claims whatever its memory (per-rank counts on one
+        // GPU) goes through the router too.
+        let res = if cuda::active()
+            && (calls.iter().any(|c| c.coll.placement != Placement::Host) || self.router.claims(calls))
+        {
             self.warn_no_device();
             self.router.run(&mut x, calls)
         } else {

@@ -807,7 +807,7 @@ fn wire_window(
 /// both sides can check each other: (what I send you, what I expect from you).
 /// reduce_scatter_v's counts must be identical everywhere, so it sends a digest of
 /// the whole array both ways.
-pub(super) fn pair_values(co: &Coll, p: usize) -> (u64, u64) {
+pub(crate) fn pair_values(co: &Coll, p: usize) -> (u64, u64) {
     let v = co.v.as_ref().expect("v-call has counts");
     match co.kind {
         CollKind::ReduceScatterV => {
@@ -822,7 +822,7 @@ pub(super) fn pair_values(co: &Coll, p: usize) -> (u64, u64) {
 }
 
 /// Describes a disagreement between this rank `me` and `p` for a v-call.
-pub(super) fn describe_pair(co: &Coll, me: usize, p: usize, mine: (u64, u64), theirs: (u64, u64)) -> Option<String> {
+pub(crate) fn describe_pair(co: &Coll, me: usize, p: usize, mine: (u64, u64), theirs: (u64, u64)) -> Option<String> {
     let v = co.v.as_ref().expect("v-call has counts");
     match co.kind {
         CollKind::ReduceScatterV => (mine.0 != theirs.0).then(|| {
@@ -866,7 +866,7 @@ pub(super) fn describe_pair(co: &Coll, me: usize, p: usize, mine: (u64, u64), th
 
 /// Describes a rank whose own counts disagree: it sends itself a different number
 /// of elements than it expects from itself (`mine` = its pair values for itself).
-pub(super) fn describe_self(co: &Coll, me: usize, mine: (u64, u64)) -> Option<String> {
+pub(crate) fn describe_self(co: &Coll, me: usize, mine: (u64, u64)) -> Option<String> {
     (matches!(co.kind, CollKind::AlltoAllv | CollKind::AllGatherV) && mine.0 != mine.1)
         .then(|| format!("rank {me} sends {} elements to itself but expects recvcounts[{me}] = {}", mine.0, mine.1))
 }
@@ -874,7 +874,7 @@ pub(super) fn describe_self(co: &Coll, me: usize, mine: (u64, u64)) -> Option<St
 /// The error of a call with per-rank counts once every rank knows who found a
 /// mismatch: this rank's own finding if it has one, else the names of the ranks
 /// that did; None when nobody did.
-pub(super) fn counts_error(found: Option<String>, reporters: &[usize]) -> Option<Error> {
+pub(crate) fn counts_error(found: Option<String>, reporters: &[usize]) -> Option<Error> {
     if reporters.is_empty() {
         return None;
     }
