@@ -28,11 +28,13 @@ pub const WARMUP_CALLS: u64 = 300;
 /// Freed buffers the library's scratch pool keeps (docs/performance.md: "at most
 /// 128 MiB"); reductions of varied sizes fill it over thousands of calls.
 pub const LIBRARY_POOL_MIB: u64 = 128;
-/// Resident memory may grow this much beyond that pool (allocators keep freed memory,
+/// Page-locked buffers the library keeps for staging device memory (with --mem cuda).
+pub const STAGING_POOL_MIB: u64 = (ferroccl::backend::staging::POOL_MAX_BYTES >> 20) as u64;
+/// Resident memory may grow this much beyond those pools (allocators keep freed memory,
 /// shared rings are touched lazily).
 pub const RSS_SLACK_MIB: u64 = 64;
 /// The judged bound on resident memory growth.
-pub const RSS_BOUND_MIB: u64 = LIBRARY_POOL_MIB + RSS_SLACK_MIB;
+pub const RSS_BOUND_MIB: u64 = LIBRARY_POOL_MIB + STAGING_POOL_MIB + RSS_SLACK_MIB;
 /// Calls between the sums of wrong elements over ranks (a small all_reduce each).
 const AGREE_EVERY: u64 = 256;
 /// Wrong calls a rank describes on stderr (the rest are only counted).
@@ -873,7 +875,7 @@ impl Summary<'_> {
             s,
             "# Max growth           : fds {:+}, memfds {:+}, shm files {:+}, threads {:+}, maps {:+} (not judged), \
              RSS {:+.1} MiB (bound {RSS_BOUND_MIB} MiB: the library's scratch pool may keep \
-             {LIBRARY_POOL_MIB}, plus {RSS_SLACK_MIB})",
+             {LIBRARY_POOL_MIB}, its staging pool {STAGING_POOL_MIB}, plus {RSS_SLACK_MIB})",
             self.max_growth(|r| r.fds),
             self.max_growth(|r| r.memfds),
             self.max_growth(|r| r.shm),
