@@ -5,9 +5,11 @@
 #
 # PHASE: suite (the whole C contract suite on the real driver: host tests, then the
 # same as programs that use CUDA, then the device tests), bench (ferroccl-bench
-# --mem cuda at 1, 2 and 4 ranks, every collective), startup (what the first call
-# of a host-memory program costs with and without a CUDA context), report (writes
-# the record). Default: all of them. Each phase leaves its raw output in
+# --mem cuda at 1, 2 and 4 ranks, every collective), pingpong (bench/memop_pingpong.c:
+# a round trip of stream memory operations between two processes on device 0, the
+# floor of the one-GPU data plane's small calls; again under MPS when the script may
+# start it), startup (what the first call of a host-memory program costs with and
+# without a CUDA context), report (writes the record). Default: all of them. Each phase leaves its raw output in
 # build/gpu-validation/; `report` turns whatever is there into FILE (default
 # docs/gpu-validation.md) with the date, GPU, driver, CUDA and NCCL versions, the
 # commands, pass counts and figures. Nothing is written that was not measured.
@@ -28,12 +30,12 @@ while [ $# -gt 0 ]; do
     --out) out_md="$(realpath -m "$2")"; shift 2 ;;
     --bin) bin="$2"; shift 2 ;;
     --quick) quick=1; shift ;;
-    suite|bench|startup|report) phases+=("$1"); shift ;;
+    suite|bench|pingpong|startup|report) phases+=("$1"); shift ;;
     -h|--help) sed -n '2,22p' "$0"; exit 0 ;;
     *) echo "gpu-validate: unknown argument $1 (see --help)" >&2; exit 2 ;;
   esac
 done
-[ ${#phases[@]} -gt 0 ] || phases=(suite bench startup report)
+[ ${#phases[@]} -gt 0 ] || phases=(suite bench pingpong startup report)
 res="$root/build/gpu-validation"
 mkdir -p "$res"
 lib="$root/target/release"
@@ -124,6 +126,24 @@ run_bench() {
     FERROCCL_DEBUG=INFO "${cmd[@]}" >"$res/bench-np$n.txt" 2>"$res/bench-np$n.log" || echo "exit $?" >>"$res/bench-np$n.txt"
     grep -v '^#' "$res/bench-np$n.txt" | tail -4 >&2 || true
   done
+}
+
+# Stream memory operations between two processes on device 0, without MPS and (when
+# this script may start it: root and nvidia-cuda-mps-control present, none running) with.
+run_pingpong() {
+  log "stream write/wait round trips between two processes on device 0"
+  cc -O2 bench/memop_pingpong.c -o "$res/memop_pingpong" -ldl
+  cmdlog "cc -O2 bench/memop_pingpong.c -o memop_pingpong -ldl && ./memop_pingpong --rounds 2000"
+  "$res/memop_pingpong" --rounds 2000 >"$res/pingpong.txt" 2>&1 || echo "exit $?" >>"$res/pingpong.txt"
+  rm -f "$res/pingpong-mps.txt"
+  if [ "$(id -u)" = 0 ] && command -v nvidia-cuda-mps-control >/dev/null && ! pgrep -x nvidia-cuda-mps >/dev/null; then
+    cmdlog "nvidia-cuda-mps-control -d; ./memop_pingpong --rounds 2000; echo quit | nvidia-cuda-mps-control"
+    if nvidia-cuda-mps-control -d; then
+      "$res/memop_pingpong" --rounds 2000 >"$res/pingpong-mps.txt" 2>&1 || echo "exit $?" >>"$res/pingpong-mps.txt"
+      echo quit | nvidia-cuda-mps-control || true
+    fi
+  fi
+  cat "$res/pingpong.txt" >&2
 }
 
 # Wall time of a one-rank program that makes one 8-byte all_reduce of host memory:
@@ -244,6 +264,23 @@ if any(b for _, b in benches):
         lines.append(f"{n} rank(s): devices {devs}; out of bounds (sizes with wrong results): {j['out_of_bounds']}; "
                      f"{j['duration_s']:.0f} s")
         lines.append("")
+pp = read("pingpong.txt")
+if pp:
+    lines.append("## Stream memory operations: a round trip between two processes on device 0")
+    lines.append("")
+    lines.append("bench/memop_pingpong.c, all rounds queued up front (the GPU's time, not the host's):")
+    lines.append("")
+    mps = read("pingpong-mps.txt")
+    lines.append("| case | without MPS | with MPS |")
+    lines.append("|---|---|---|")
+    def cases(t):
+        return {l.split(":")[0]: l.split(":", 1)[1].strip() for l in (t or "").splitlines() if " us per round trip" in l}
+    a, b = cases(pp), cases(mps)
+    for k in a:
+        lines.append(f"| {k} | {a[k]} | {b.get(k, 'not measured')} |")
+    if not a:
+        lines.append(f"| (no result) | {pp.strip().splitlines()[-1] if pp.strip() else ''} | |")
+    lines.append("")
 startup = read("startup.txt")
 if startup:
     t = {}
@@ -266,7 +303,7 @@ if startup:
 lines.append("## Commands")
 lines.append("")
 lines.append("```")
-for ph in ("suite", "bench", "startup"):
+for ph in ("suite", "bench", "pingpong", "startup"):
     lines += [l for l in (read(f"commands-{ph}.txt") or "").splitlines() if l.strip()]
 lines.append("```")
 open(out, "w").write("\n".join(lines) + "\n")
@@ -280,6 +317,7 @@ for phase in "${phases[@]}"; do
   case "$phase" in
     suite) run_suite ;;
     bench) run_bench ;;
+    pingpong) run_pingpong ;;
     startup) run_startup ;;
     report) report ;;
   esac

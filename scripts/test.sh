@@ -58,6 +58,9 @@ sim ctest --test-dir build/c_tests_cuda_user -j "$jobs" --output-on-failure --ti
 step "ferroccl-bench --mem cuda --nranks 4 all on the simulated GPU (exit 0: no wrong results)"
 sim "$lib/ferroccl-bench" --mem cuda --nranks 4 all >build/bench-sim.txt
 grep -E '^# Out of bounds' build/bench-sim.txt  # simulated: bandwidths mean nothing
+step "bench/memop_pingpong.c on the simulated GPU (builds and completes; times mean nothing here)"
+cc -O2 -Wall -Werror bench/memop_pingpong.c -o build/memop_pingpong -ldl
+sim build/memop_pingpong --rounds 200
 step "ferroccl-bench --soak on the simulated GPU (random verified calls, host and device memory)"
 FERROCCL_TIMEOUT_MS=60000 sim "$lib/ferroccl-bench" --soak 300 --mem cuda --nranks 2 --seed 11
 
