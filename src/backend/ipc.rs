@@ -115,8 +115,8 @@ pub fn eligible(c: &Coll, nranks: usize, min: usize) -> bool {
         && (c.v.is_some() || c.count.saturating_mul(c.dtype.size()) >= min)
 }
 
-/// The path as a router entry: single calls of device memory on a communicator whose
-/// ranks all share one GPU, unless FERROCCL_CUDA_IPC=0.
+/// The path as a router entry: calls of device memory (alone or in a group) on a
+/// communicator whose ranks all share one GPU, unless FERROCCL_CUDA_IPC=0.
 pub struct Ipc {
     rank: usize,
     nranks: usize,
@@ -170,17 +170,24 @@ impl Backend for Ipc {
         "ipc"
     }
 
-    fn accepts(&self, c: &Coll, alone: bool) -> bool {
-        alone && eligible(c, self.nranks, self.min_bytes)
+    fn accepts(&self, c: &Coll, _alone: bool) -> bool {
+        eligible(c, self.nranks, self.min_bytes)
     }
 
     fn run(&self, x: &mut Exec<'_>, calls: &[Call]) -> Result<Option<Error>> {
-        let [call] = calls else { return Err(Error::internal("the IPC path runs one call at a time")) };
-        if let Some(e) = self.watch.failure.lock().unwrap_or_else(|p| p.into_inner()).clone() {
-            return Err(e);
+        // A group's collectives run one after the other, in the order every rank gave
+        // them (its send/recv and other calls go to the built-in backend).
+        let mut first_err = None;
+        for call in calls {
+            if let Some(e) = self.watch.failure.lock().unwrap_or_else(|p| p.into_inner()).clone() {
+                return Err(e);
+            }
+            let mut inner = self.inner.lock().unwrap_or_else(|p| p.into_inner());
+            if let Some(e) = self.run_one(x, call, &mut inner)? {
+                first_err.get_or_insert(e);
+            }
         }
-        let mut inner = self.inner.lock().unwrap_or_else(|p| p.into_inner());
-        self.run_one(x, call, &mut inner)
+        Ok(first_err)
     }
 
     fn abort(&self) {
@@ -336,6 +343,13 @@ fn close(base: usize) {
     }
 }
 
+/// The sequence number a call's first exchange may use: its own when it is the
+/// communicator's latest (a call alone); in a group, whose calls took numbers before
+/// any ran, a fresh one (None), so that no number is used twice.
+fn own_seq(x: &Exec<'_>, call: &Call) -> Option<u64> {
+    (call.seq == *x.seq).then_some(call.seq)
+}
+
 /// A descriptor's fields.
 fn pid_of(b: &[u8]) -> u32 {
     u32::from_le_bytes(b[1..5].try_into().expect("4 bytes"))
@@ -383,7 +397,7 @@ impl Ipc {
     ) -> Result<Option<Error>> {
         let n = self.nranks;
         let pid = std::process::id();
-        let (all, err) = Self::allgather(x, &pid.to_le_bytes(), n, Some(call.seq))?;
+        let (all, err) = Self::allgather(x, &pid.to_le_bytes(), n, own_seq(x, call))?;
         if let Some(e) = err {
             return Ok(Some(e));
         }
@@ -530,7 +544,7 @@ impl Ipc {
         };
         inner.report_dead(&mut mine);
         let db = mine.len();
-        let (all, err) = Self::allgather(x, &mine, n, if first { None } else { Some(call.seq) })?;
+        let (all, err) = Self::allgather(x, &mine, n, if first { None } else { own_seq(x, call) })?;
         if let Some(e) = err {
             return Ok(Some(e));
         }
