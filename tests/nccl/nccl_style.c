@@ -7,6 +7,7 @@
  *   nccl_style                  one rank
  *   nccl_style --threads N      N threads, ncclGetUniqueId + ncclCommInitRank(Config) each
  *   nccl_style --initall N      ncclCommInitAll, one thread driving N ranks in groups
+ *   nccl_style --group N        the same with ncclCommInitRank inside a group (nccl-tests)
  *   ferroccl-run -n N nccl_style   N processes; the id comes from FERROCCL_UNIQUE_ID
  *
  * Checks every collective (AllReduce with every operator on several types, Broadcast,
@@ -387,13 +388,28 @@ static int threads(int n) {
   return failures_total == 0 ? 0 : 1;
 }
 
-/* One thread, n ranks of ncclCommInitAll: every call for all ranks inside a group. */
-static int initall(int n) {
+/* One thread, n ranks of ncclCommInitAll (or, with `group`, of ncclCommInitRank inside
+ * a group, as nccl-tests creates several ranks per process): every call for all ranks
+ * inside a group. */
+static int initall(int n, int group) {
   ncclComm_t* comms = calloc((size_t)n, sizeof *comms);
   float** bufs = calloc((size_t)n, sizeof *bufs);
   int i, j, total = 0;
   int* checks = &total;
-  NCCLOK(-1, ncclCommInitAll(comms, n, NULL));
+  if (group) {
+    ncclUniqueId id;
+    NCCLOK(-1, ncclGetUniqueId(&id));
+    NCCLOK(-1, ncclGroupStart());
+    for (i = 0; i < n; i++) NCCLOK(i, ncclCommInitRank(&comms[i], n, id, i));
+    NCCLOK(-1, ncclGroupEnd());
+    for (i = 0; i < n; i++) {
+      int r = -1;
+      NCCLOK(i, ncclCommUserRank(comms[i], &r));
+      CHECK(i, r == i, "rank %d of the group's init reports %d", i, r);
+    }
+  } else {
+    NCCLOK(-1, ncclCommInitAll(comms, n, NULL));
+  }
   for (i = 0; i < n; i++) {
     bufs[i] = malloc(N * sizeof(float));
     for (j = 0; j < N; j++) bufs[i][j] = (float)(i + j);
@@ -412,7 +428,7 @@ static int initall(int n) {
     NCCLOK(i, ncclCommDestroy(comms[i]));
     free(bufs[i]);
   }
-  printf("nccl_style --initall %d: %d checks, %d failed\n", n, total, failures_total);
+  printf("nccl_style --%s %d: %d checks, %d failed\n", group ? "group" : "initall", n, total, failures_total);
   free(comms);
   free(bufs);
   return failures_total == 0 ? 0 : 1;
@@ -451,7 +467,8 @@ int main(int argc, char** argv) {
   NCCLOK(-1, ncclGetVersion(&version));
   CHECK(-1, version == NCCL_VERSION_CODE && version == 22809, "ncclGetVersion %d", version);
   if (argc == 3 && strcmp(argv[1], "--threads") == 0) return threads(atoi(argv[2]));
-  if (argc == 3 && strcmp(argv[1], "--initall") == 0) return initall(atoi(argv[2]));
+  if (argc == 3 && strcmp(argv[1], "--initall") == 0) return initall(atoi(argv[2]), 0);
+  if (argc == 3 && strcmp(argv[1], "--group") == 0) return initall(atoi(argv[2]), 1);
   if (getenv("FERROCCL_UNIQUE_ID") != NULL) return from_env();
   return threads(1);
 }

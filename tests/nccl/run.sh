@@ -9,8 +9,10 @@
 #   2. make install into a temporary prefix; tests/nccl/nccl_style.c (nccl-tests' style:
 #      weak declarations, a weak ncclGetLastError fallback, dlsym probes) is built against
 #      the installed header with -L<prefix>/lib/ferroccl -lnccl and run on host memory:
-#      1 rank, 2-4 threads (ncclCommInitRank), ncclCommInitAll with 4 ranks, and 2-4
-#      processes (ferroccl-run -n N).
+#      1 rank, 2-4 threads (ncclCommInitRank), one thread driving 4 ranks of
+#      ncclCommInitAll and 3 of ncclCommInitRank inside a group, and 2-4 processes
+#      (ferroccl-run -n N).
+#      NCCL_DEBUG and NCCL_DEBUG_FILE set ferroccl's log when FERROCCL_DEBUG is unset.
 #   3. The same program linked against a stand-in libnccl.so.2 whose functions all fail:
 #      it fails alone, and passes with LD_PRELOAD=libferroccl_nccl.so and nothing else.
 # Usage: tests/nccl/run.sh [LIBDIR]   (default $CARGO_TARGET_DIR/release or target/release)
@@ -139,7 +141,21 @@ if run "nccl_style.c: cc -I<prefix>/include/ferroccl -L<prefix>/lib/ferroccl -ln
   run "nccl_style: 1 rank" "$tmp/r1.log" "$exe"
   for n in 2 3 4; do run "nccl_style: $n ranks as threads (ncclCommInitRank)" "$tmp/t$n.log" "$exe" --threads $n; done
   run "nccl_style: 4 ranks of ncclCommInitAll, one thread, groups" "$tmp/a4.log" "$exe" --initall 4
+  run "nccl_style: 3 ranks of ncclCommInitRank in a group, one thread" "$tmp/g3.log" "$exe" --group 3
   for n in 2 3 4; do run "nccl_style: ferroccl-run -n $n (processes)" "$tmp/p$n.log" "$run_bin" -n $n "$exe"; done
+  # NCCL's logging variables stand in for ferroccl's, which win when set.
+  if NCCL_DEBUG=INFO NCCL_DEBUG_FILE="$tmp/nccl-debug.%p" timeout 60 "$exe" --threads 2 >"$tmp/dbg.log" 2>&1 &&
+     grep -qs 'Info: rank 1/2 joined' "$tmp"/nccl-debug.*; then
+    ok "NCCL_DEBUG=INFO NCCL_DEBUG_FILE=<file>.%p: ferroccl's INFO log in that file"
+  else
+    bad "NCCL_DEBUG=INFO NCCL_DEBUG_FILE=<file>.%p left no INFO log ($tmp/dbg.log)"
+  fi
+  if FERROCCL_DEBUG=WARN NCCL_DEBUG=INFO NCCL_DEBUG_FILE="$tmp/warn-debug.%p" timeout 60 "$exe" --threads 2 \
+       >"$tmp/dbg2.log" 2>&1 && ! grep -qs 'Info:' "$tmp"/warn-debug.*; then
+    ok "FERROCCL_DEBUG=WARN wins over NCCL_DEBUG=INFO"
+  else
+    bad "FERROCCL_DEBUG=WARN did not win over NCCL_DEBUG=INFO ($tmp/dbg2.log)"
+  fi
 fi
 
 # ------------------------------------------------------------------ 3. a binary built for another libnccl.so.2
