@@ -1,7 +1,9 @@
 # ferroccl: build and install.
 #
-#   make                               cargo build --release
-#   make install PREFIX=/opt/ferroccl  libraries, headers, launcher, CMake package, pkg-config
+#   make                               cargo build --release (libferroccl and its NCCL library)
+#   make install PREFIX=/opt/ferroccl  libraries, headers, launcher, CMake package, pkg-config;
+#                                      NCCL's ABI as <LIBDIR>/ferroccl/libnccl.so.2 (+ libnccl.so)
+#                                      with <INCLUDEDIR>/ferroccl/nccl.h (docs/nccl.md)
 #   make uninstall PREFIX=...          removes what install put there
 #   make clean                         cargo clean, generated API docs
 #   make doc                           API reference into docs/api/ (needs doxygen)
@@ -32,6 +34,8 @@ OUT        := $(TARGET_DIR)/release
 HEADER     := $(ROOT)/include/ferroccl.h
 NCCL_HDR   := $(ROOT)/include/ferroccl/nccl.h
 LIBS       := $(OUT)/libferroccl.so $(OUT)/libferroccl.a
+NCCL_LIB   := $(OUT)/libferroccl_nccl.so
+NCCLDIR    := $(LIBDIR)/ferroccl
 LAUNCHER   := $(OUT)/ferroccl-run
 
 HASH := \#
@@ -71,11 +75,13 @@ BUILD_FIRST := $(if $(shell command -v $(CARGO) 2>/dev/null),build,)
 
 install: $(BUILD_FIRST)
 	@test -n "$(VERSION)" || { echo "install: no FCCL_MAJOR/MINOR/PATCH in $(HEADER)" >&2; exit 1; }
-	@for f in $(LIBS) $(LAUNCHER); do test -f "$$f" || { echo "install: $$f missing; run make first" >&2; exit 1; }; done
+	@for f in $(LIBS) $(NCCL_LIB) $(LAUNCHER); do test -f "$$f" || { echo "install: $$f missing; run make first" >&2; exit 1; }; done
 	$(INSTALL) -d '$(DESTDIR)$(LIBDIR)' '$(DESTDIR)$(INCLUDEDIR)/ferroccl' '$(DESTDIR)$(BINDIR)' \
-	  '$(DESTDIR)$(CMAKEDIR)' '$(DESTDIR)$(PCDIR)'
+	  '$(DESTDIR)$(CMAKEDIR)' '$(DESTDIR)$(PCDIR)' '$(DESTDIR)$(NCCLDIR)'
 	$(INSTALL) -m 755 $(OUT)/libferroccl.so '$(DESTDIR)$(LIBDIR)/libferroccl.so'
 	$(INSTALL) -m 644 $(OUT)/libferroccl.a '$(DESTDIR)$(LIBDIR)/libferroccl.a'
+	$(INSTALL) -m 755 $(NCCL_LIB) '$(DESTDIR)$(NCCLDIR)/libnccl.so.2'
+	ln -sfn libnccl.so.2 '$(DESTDIR)$(NCCLDIR)/libnccl.so'
 	$(INSTALL) -m 644 $(HEADER) '$(DESTDIR)$(INCLUDEDIR)/ferroccl.h'
 	$(INSTALL) -m 644 $(NCCL_HDR) '$(DESTDIR)$(INCLUDEDIR)/ferroccl/nccl.h'
 	$(INSTALL) -m 755 $(LAUNCHER) '$(DESTDIR)$(BINDIR)/ferroccl-run'
@@ -83,6 +89,7 @@ install: $(BUILD_FIRST)
 	    -e 's|@FERROCCL_LIBDIR_REL@|$(call relpath,$(LIBDIR),$(PREFIX))|g' \
 	    -e 's|@FERROCCL_INCLUDEDIR_REL@|$(call relpath,$(INCLUDEDIR),$(PREFIX))|g' \
 	    -e 's|@FERROCCL_BINDIR_REL@|$(call relpath,$(BINDIR),$(PREFIX))|g' \
+	    -e 's|@FERROCCL_NCCLDIR_REL@|$(call relpath,$(NCCLDIR),$(PREFIX))|g' \
 	    -e 's|@FERROCCL_STATIC_DEPS@|$(STATIC_DEPS)|g' \
 	    '$(ROOT)/cmake/ferrocclConfig.cmake.in' > '$(DESTDIR)$(CMAKEDIR)/ferrocclConfig.cmake'
 	sed -e 's|@FERROCCL_VERSION@|$(VERSION)|g' \
@@ -90,6 +97,7 @@ install: $(BUILD_FIRST)
 	for pc in ferroccl ferroccl-nccl; do \
 	  sed -e 's|@FERROCCL_VERSION@|$(VERSION)|g' -e 's|@PREFIX@|$(PREFIX)|g' \
 	      -e 's|@LIBDIR@|$(LIBDIR)|g' -e 's|@INCLUDEDIR@|$(INCLUDEDIR)|g' -e 's|@BINDIR@|$(BINDIR)|g' \
+	      -e 's|@NCCLDIR@|$(NCCLDIR)|g' \
 	      -e 's|@FERROCCL_STATIC_LIBS@|$(addprefix -l,$(STATIC_DEPS))|g' \
 	      '$(ROOT)/cmake/'$$pc.pc.in > '$(DESTDIR)$(PCDIR)/'$$pc.pc || exit 1; \
 	done
@@ -97,11 +105,12 @@ install: $(BUILD_FIRST)
 
 uninstall:
 	rm -f '$(DESTDIR)$(LIBDIR)/libferroccl.so' '$(DESTDIR)$(LIBDIR)/libferroccl.a' \
+	  '$(DESTDIR)$(NCCLDIR)/libnccl.so.2' '$(DESTDIR)$(NCCLDIR)/libnccl.so' \
 	  '$(DESTDIR)$(INCLUDEDIR)/ferroccl.h' '$(DESTDIR)$(INCLUDEDIR)/ferroccl/nccl.h' \
 	  '$(DESTDIR)$(BINDIR)/ferroccl-run' \
 	  '$(DESTDIR)$(CMAKEDIR)/ferrocclConfig.cmake' '$(DESTDIR)$(CMAKEDIR)/ferrocclConfigVersion.cmake' \
 	  '$(DESTDIR)$(PCDIR)/ferroccl.pc' '$(DESTDIR)$(PCDIR)/ferroccl-nccl.pc'
-	-rmdir '$(DESTDIR)$(INCLUDEDIR)/ferroccl' '$(DESTDIR)$(CMAKEDIR)' 2>/dev/null
+	-rmdir '$(DESTDIR)$(INCLUDEDIR)/ferroccl' '$(DESTDIR)$(CMAKEDIR)' '$(DESTDIR)$(NCCLDIR)' 2>/dev/null
 
 clean:
 	$(CARGO) clean --manifest-path '$(ROOT)/Cargo.toml'

@@ -9,13 +9,16 @@
 # a round trip of stream memory operations between two processes on device 0, the
 # floor of the one-GPU data plane's small calls; again under MPS when the script may
 # start it), startup (what the first call of a host-memory program costs with and
-# without a CUDA context), report (writes the record). Default: all of them. Each phase leaves its raw output in
+# without a CUDA context), nccl (nccl-tests' *_perf binaries from NCCL_TESTS_DIR and
+# PyTorch's backend="nccl", unchanged, on ferroccl's libnccl.so.2 through LD_PRELOAD;
+# skipped where missing), report (writes the record). Default: all of them. Each
+# phase leaves its raw output in
 # build/gpu-validation/; `report` turns whatever is there into FILE (default
 # docs/gpu-validation.md) with the date, GPU, driver, CUDA and NCCL versions, the
 # commands, pass counts and figures. Nothing is written that was not measured.
 #
 # GPU machines may have no Rust toolchain: build on a machine that has one
-# (`cargo build --release`), copy libferroccl.so, ferroccl-run and ferroccl-bench
+# (`cargo build --release`), copy libferroccl.so, ferroccl-run, ferroccl-bench (and libferroccl_nccl.so)
 # into a folder that travels with the repo, and pass it with --bin (the script
 # copies them to target/release). cmake and a C compiler are needed here.
 set -euo pipefail
@@ -30,12 +33,12 @@ while [ $# -gt 0 ]; do
     --out) out_md="$(realpath -m "$2")"; shift 2 ;;
     --bin) bin="$2"; shift 2 ;;
     --quick) quick=1; shift ;;
-    suite|bench|pingpong|startup|report) phases+=("$1"); shift ;;
-    -h|--help) sed -n '2,22p' "$0"; exit 0 ;;
+    suite|bench|pingpong|startup|nccl|report) phases+=("$1"); shift ;;
+    -h|--help) sed -n '2,25p' "$0"; exit 0 ;;
     *) echo "gpu-validate: unknown argument $1 (see --help)" >&2; exit 2 ;;
   esac
 done
-[ ${#phases[@]} -gt 0 ] || phases=(suite bench pingpong startup report)
+[ ${#phases[@]} -gt 0 ] || phases=(suite bench pingpong startup nccl report)
 res="$root/build/gpu-validation"
 mkdir -p "$res"
 lib="$root/target/release"
@@ -51,6 +54,7 @@ fi
 if [ -n "$bin" ]; then
   mkdir -p "$lib"
   for f in libferroccl.so ferroccl-run ferroccl-bench; do cp -f "$bin/$f" "$lib/$f"; done
+  if [ -f "$bin/libferroccl_nccl.so" ]; then cp -f "$bin/libferroccl_nccl.so" "$lib/"; fi
 elif command -v cargo >/dev/null; then
   cargo build --release --quiet
 fi
@@ -182,6 +186,58 @@ EOF
   done
 }
 
+# NCCL programs on ferroccl's libnccl.so.2 (LD_PRELOAD, nothing rebuilt): nccl-tests'
+# *_perf binaries from NCCL_TESTS_DIR (a built nccl-tests' build/ folder) on every GPU
+# of this machine, and PyTorch's backend="nccl" when torch imports. Skipped, saying
+# so in the record, where either is missing.
+run_nccl() {
+  local shim="$lib/libferroccl_nccl.so" ngpu
+  ngpu="$(nvidia-smi -L 2>/dev/null | wc -l)"
+  [ "$ngpu" -gt 0 ] || ngpu=1
+  if [ ! -f "$shim" ]; then
+    echo "skipped: $shim missing (cargo build --release, or --bin with it)" >"$res/nccl-tests.txt"
+    return
+  fi
+  if [ -z "${NCCL_TESTS_DIR:-}" ]; then
+    echo "skipped: NCCL_TESTS_DIR (a built nccl-tests' build/ folder) is not set" >"$res/nccl-tests.txt"
+  else
+    : >"$res/nccl-tests.txt"
+    for t in all_reduce broadcast reduce all_gather reduce_scatter alltoall sendrecv; do
+      local exe="$NCCL_TESTS_DIR/${t}_perf"
+      [ -x "$exe" ] || { echo "$t: $exe missing" >>"$res/nccl-tests.txt"; continue; }
+      log "nccl-tests ${t}_perf -g $ngpu on ferroccl's libnccl.so.2"
+      cmdlog "LD_PRELOAD=target/release/libferroccl_nccl.so $exe -b 8 -e 64M -f 4 -g $ngpu -c 1"
+      {
+        echo "## $t"
+        LD_PRELOAD="$shim" FERROCCL_DEBUG=INFO timeout 600 "$exe" -b 8 -e 64M -f 4 -g "$ngpu" -c 1 2>&1 || echo "exit $?"
+      } >>"$res/nccl-tests.txt"
+    done
+  fi
+  if ! python3 -c 'import torch, torch.distributed' 2>/dev/null; then
+    echo "skipped: python3 cannot import torch" >"$res/nccl-torch.txt"
+    return
+  fi
+  log "PyTorch backend=nccl, $ngpu rank(s), on ferroccl's libnccl.so.2"
+  cmdlog "LD_PRELOAD=target/release/libferroccl_nccl.so python3 <all_reduce with backend nccl, $ngpu ranks>"
+  LD_PRELOAD="$shim" timeout 600 python3 - "$ngpu" >"$res/nccl-torch.txt" 2>&1 <<'EOF' || echo "exit $?" >>"$res/nccl-torch.txt"
+import os, sys
+import torch, torch.distributed as dist, torch.multiprocessing as mp
+def rank_main(rank, n):
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT="29533")
+    torch.cuda.set_device(rank)
+    dist.init_process_group("nccl", rank=rank, world_size=n)
+    x = torch.full((1 << 20,), float(rank + 1), device="cuda")
+    dist.all_reduce(x)
+    ok = bool((x == n * (n + 1) / 2).all())
+    print(f"rank {rank}: nccl version {torch.cuda.nccl.version()}, all_reduce {'ok' if ok else 'WRONG'}", flush=True)
+    dist.destroy_process_group()
+    if not ok:
+        sys.exit(1)
+n = int(sys.argv[1])
+mp.spawn(rank_main, args=(n,), nprocs=n)
+EOF
+}
+
 report() {
   log "report -> ${out_md#$root/}"
   python3 - "$res" "$out_md" <<'EOF'
@@ -300,10 +356,21 @@ if startup:
         lines.append(f"- the same program with a CUDA context made before main: {med(t['cuda_user']) / 1000:.1f} ms "
                      f"(libcuda {said('cuda_user')})")
     lines.append("")
+nt, tt = read("nccl-tests.txt"), read("nccl-torch.txt")
+if nt is not None or tt is not None:
+    lines.append("## NCCL programs on ferroccl's libnccl.so.2 (LD_PRELOAD)")
+    lines.append("")
+    lines.append("```")
+    for l in (nt or "").splitlines():
+        if l.startswith(("## ", "skipped", "exit ")) or "Out of bounds" in l or "Avg bus bandwidth" in l or "missing" in l:
+            lines.append(l)
+    lines += [l for l in (tt or "").splitlines() if l.startswith(("rank ", "skipped", "exit "))]
+    lines.append("```")
+    lines.append("")
 lines.append("## Commands")
 lines.append("")
 lines.append("```")
-for ph in ("suite", "bench", "pingpong", "startup"):
+for ph in ("suite", "bench", "pingpong", "startup", "nccl"):
     lines += [l for l in (read(f"commands-{ph}.txt") or "").splitlines() if l.strip()]
 lines.append("```")
 open(out, "w").write("\n".join(lines) + "\n")
@@ -319,6 +386,7 @@ for phase in "${phases[@]}"; do
     bench) run_bench ;;
     pingpong) run_pingpong ;;
     startup) run_startup ;;
+    nccl) run_nccl ;;
     report) report ;;
   esac
 done

@@ -3,7 +3,7 @@
 # header is regenerated and diffed there; the simulated GPU's own tests too), the C
 # contract suite under ctest at several world sizes (plain and ASan/UBSan builds),
 # the device suite and a GPU host's view of the host suite on the simulated GPU
-# (tools/simgpu, scripts/sim-gpu.sh), and the Python tests.
+# (tools/simgpu, scripts/sim-gpu.sh), NCCL's ABI (tests/nccl/run.sh), and the Python tests.
 # Installs what is missing (scripts/setup.sh). Usage: scripts/test.sh
 set -euo pipefail
 root="$(cd "$(dirname "$0")/.." && pwd)"
@@ -18,7 +18,7 @@ step "rustfmt"
 cargo fmt --all --check
 step "clippy"
 cargo clippy --workspace --release --all-targets --quiet -- -D warnings
-step "build (the library, and the simulated CUDA driver)"
+step "build (the library, its NCCL library, and the simulated CUDA driver)"
 cargo build --workspace --release --quiet
 step "cargo test (unit, integration, header; the simulated GPU's own tests)"
 cargo test --workspace --release --quiet
@@ -66,6 +66,8 @@ FERROCCL_TIMEOUT_MS=60000 sim "$lib/ferroccl-bench" --soak 300 --mem cuda --nran
 
 step "symbol hygiene"
 bash tests/symbols.sh "$lib"
+step "NCCL's ABI: libnccl.so.2 against NVIDIA's 2.28, and programs written for NCCL on it"
+bash tests/nccl/run.sh "$lib"
 step "bench/compare scripts (no installs, no timing)"
 bash bench/compare/smoke.sh
 step "install: CMake and pkg-config consumers of an installed copy"

@@ -1,5 +1,6 @@
 //! Every environment variable ferroccl reads, in one place, with its default and meaning.
 
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 /// One documented environment variable.
@@ -138,12 +139,62 @@ pub const ALL: &[&Var] = &[
     &OMPI_JOBID,
     &SLURM_JOB_ID,
     &SLURM_STEP_ID,
+    &NCCL_DEBUG,
+    &NCCL_DEBUG_FILE,
+    &NCCL_SOCKET_IFNAME,
 ];
 
+/// NCCL's variables that stand in for ferroccl's when ferroccl runs as libnccl.so.2
+/// (the ferroccl-nccl shim), each read only where ferroccl's own is unset.
+pub const NCCL_DEBUG: Var = Var {
+    name: "NCCL_DEBUG",
+    default: "",
+    doc: "as libnccl.so.2: FERROCCL_DEBUG when that is unset (VERSION, WARN, ABORT: WARN; INFO; TRACE)",
+};
+pub const NCCL_DEBUG_FILE: Var =
+    Var { name: "NCCL_DEBUG_FILE", default: "", doc: "as libnccl.so.2: FERROCCL_DEBUG_FILE when that is unset" };
+pub const NCCL_SOCKET_IFNAME: Var = Var {
+    name: "NCCL_SOCKET_IFNAME",
+    default: "",
+    doc: "as libnccl.so.2, when FERROCCL_HOST_ADDR is unset: the interfaces whose first IPv4 address is advertised (prefixes, comma-separated; ^ excludes, = matches names exactly)",
+};
+
+/// Whether NCCL's variables stand in for ferroccl's (set by the ferroccl-nccl shim).
+static NCCL_ALIASES: AtomicBool = AtomicBool::new(false);
+
+/// Makes NCCL_DEBUG, NCCL_DEBUG_FILE and NCCL_SOCKET_IFNAME stand in for FERROCCL_DEBUG,
+/// FERROCCL_DEBUG_FILE and FERROCCL_HOST_ADDR where those are unset: called by the
+/// library that serves NCCL's API, never by ferroccl's own (a real NCCL may read them).
+pub fn enable_nccl_aliases() {
+    NCCL_ALIASES.store(true, Ordering::Relaxed);
+}
+
+/// NCCL_DEBUG's levels as FERROCCL_DEBUG's.
+fn nccl_debug_level(v: &str) -> String {
+    match v.trim().to_ascii_uppercase().as_str() {
+        "INFO" => "INFO".into(),
+        "TRACE" => "TRACE".into(),
+        _ => "WARN".into(),
+    }
+}
+
 impl Var {
-    /// The value if set and non-empty.
+    /// The value if set and non-empty (for three variables, NCCL's stand-in when enabled,
+    /// see [`enable_nccl_aliases`]).
     pub fn get(&self) -> Option<String> {
-        std::env::var(self.name).ok().filter(|v| !v.trim().is_empty())
+        let own = std::env::var(self.name).ok().filter(|v| !v.trim().is_empty());
+        if own.is_some() || !NCCL_ALIASES.load(Ordering::Relaxed) {
+            return own;
+        }
+        match self.name {
+            n if n == DEBUG.name => NCCL_DEBUG.get().map(|v| nccl_debug_level(&v)),
+            n if n == DEBUG_FILE.name => NCCL_DEBUG_FILE.get(),
+            n if n == HOST_ADDR.name => NCCL_SOCKET_IFNAME
+                .get()
+                .and_then(|spec| crate::comm::bootstrap::interface_ipv4(Some(&spec)))
+                .map(|ip| ip.to_string()),
+            _ => None,
+        }
     }
     /// The value, or the default.
     pub fn get_or_default(&self) -> String {

@@ -7,8 +7,9 @@
 #      visibility, not Rust- or C++-mangled) are fccl*, apart from Rust's runtime hook
 #      rust_eh_personality that every Rust static library carries, and it defines every
 #      function the header declares;
-#   4. the NCCL compatibility header adds no symbol: an object built from
-#      c_tests/test_nccl_api.c defines no global nccl* symbol;
+#   4. libferroccl_nccl.so (NCCL's ABI) has SONAME libnccl.so.2 and exports exactly the
+#      names of nccl/nccl-2.28.symbols and its marker ferroccl_nccl_shim (tests/nccl/run.sh
+#      compares that list with NVIDIA's library);
 #   5. the version is one number: the header's FCCL_MAJOR.MINOR.PATCH, Cargo.toml's
 #      version and fcclGetVersion() agree.
 # Usage: tests/symbols.sh [LIBDIR]   (default $FERROCCL_LIB_DIR, $CARGO_TARGET_DIR/release
@@ -120,19 +121,26 @@ if ! command -v "$cc" >/dev/null; then
   skip "compat-header and version checks: no C compiler ($cc)"
   finish
 fi
-if [ -f "$root/include/ferroccl/nccl.h" ] && [ -f "$root/c_tests/test_nccl_api.c" ]; then
-  if "$cc" -std=c99 -O0 -c -I"$root/include" "$root/c_tests/test_nccl_api.c" -o "$tmp/nccl.o" 2>"$tmp/cc.err"; then
-    nm -g --defined-only "$tmp/nccl.o" | awk '$3 ~ /nccl/ { print }' >"$tmp/nccl.syms"
-    if [ -s "$tmp/nccl.syms" ]; then
-      bad "ferroccl/nccl.h gives a program global nccl* symbols:"; show <"$tmp/nccl.syms"
-    else
-      ok "ferroccl/nccl.h adds no global symbol to a program that uses it"
-    fi
-  else
-    bad "c_tests/test_nccl_api.c does not compile:"; show <"$tmp/cc.err"
-  fi
+# ferroccl's NCCL library exports NCCL 2.28's names (nccl/nccl-2.28.symbols, taken
+# from NVIDIA's library) and its marker, nothing of ferroccl's or Rust's.
+nso="$libdir/libferroccl_nccl.so"
+list="$root/nccl/nccl-2.28.symbols"
+if [ ! -f "$nso" ]; then
+  bad "$nso not found (run cargo build --release)"
 else
-  skip "include/ferroccl/nccl.h or c_tests/test_nccl_api.c absent"
+  grep -v '^#' "$list" | sed '/^$/d' | LC_ALL=C sort >"$tmp/nccl.want"
+  nm -D --defined-only "$nso" | awk 'NF >= 3 && $2 != "A" { n = $3; sub(/@.*/, "", n);
+      if (n ~ /^(_init|_fini|_edata|_end|__bss_start)$/) next; print n }' | LC_ALL=C sort >"$tmp/nccl.have"
+  echo ferroccl_nccl_shim | cat - "$tmp/nccl.want" | LC_ALL=C sort >"$tmp/nccl.want+marker"
+  if cmp -s "$tmp/nccl.want+marker" "$tmp/nccl.have"; then
+    ok "libferroccl_nccl.so exports exactly NCCL 2.28's $(wc -l <"$tmp/nccl.want") symbols and ferroccl_nccl_shim"
+  else
+    bad "libferroccl_nccl.so's exports differ from nccl/nccl-2.28.symbols (+ ferroccl_nccl_shim): < missing, > extra"
+    diff "$tmp/nccl.want+marker" "$tmp/nccl.have" | grep '^[<>]' | show
+  fi
+  soname="$(readelf -d "$nso" | sed -n 's/.*(SONAME).*\[\(.*\)\]/\1/p')"
+  if [ "$soname" = libnccl.so.2 ]; then ok "libferroccl_nccl.so's SONAME is libnccl.so.2"
+  else bad "libferroccl_nccl.so's SONAME is '$soname', not libnccl.so.2"; fi
 fi
 
 hv="$(awk '$1 == "#define" && $2 ~ /^FCCL_(MAJOR|MINOR|PATCH)$/ { v[$2] = $3 }

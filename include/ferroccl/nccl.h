@@ -1,70 +1,58 @@
 /*
- * ferroccl/nccl.h: NCCL source compatibility for ferroccl.
+ * ferroccl/nccl.h: NCCL 2.28's API, served by ferroccl's libnccl.so.2.
  *
- * Hand-written (not generated): a program written against NCCL's host API compiles
- * unchanged against ferroccl with this header in place of NCCL's nccl.h, and links with
- * -lferroccl instead of -lnccl.
+ * Hand-written (not generated) from NCCL 2.28's published API: the same types, values,
+ * struct layouts and function prototypes, so that a program written for NCCL compiles
+ * against it unchanged and links ferroccl's NCCL library (libferroccl_nccl.so, installed
+ * as <prefix>/lib/ferroccl/libnccl.so.2 with a libnccl.so link):
+ *
+ *   cc app.c -I<prefix>/include/ferroccl -L<prefix>/lib/ferroccl -lnccl
+ *
+ * Binaries built against NVIDIA's nccl.h run on the same library unchanged (LD_PRELOAD
+ * or LD_LIBRARY_PATH). See docs/nccl.md.
  */
 
 /**
  * @file nccl.h
- * @brief NCCL's API mapped onto ferroccl: compile NCCL programs unchanged.
+ * @brief NCCL 2.28's API (types, values, prototypes) for ferroccl's libnccl.so.2.
  *
- * Use it in either of two ways:
- *   - `#include <ferroccl/nccl.h>`, or
- *   - leave the program's `#include <nccl.h>` as it is and put
- *     `<prefix>/include/ferroccl` on the include path (CMake: link
- *     `ferroccl::nccl`; pkg-config: `ferroccl-nccl`).
+ * Every function declared here is exported by ferroccl's libnccl.so.2 under its own
+ * name and its `pnccl` profiling name, as NCCL's library does. Functions that have a
+ * meaning on ferroccl call it; the others return ncclInvalidUsage and say why in
+ * ncclGetLastError(). docs/nccl.md lists which is which.
  *
- * Every NCCL function is a `static inline` wrapper with NCCL's exact signature that
- * calls the `fccl` function of the same meaning, so the library exports no `nccl*`
- * symbol and cannot collide with a real libnccl in the same process. Values of
- * ncclResult_t, ncclDataType_t and ncclRedOp_t are NCCL's, which are also ferroccl's.
+ * **Version.** NCCL_MAJOR/MINOR/PATCH give the NCCL version whose ABI the library
+ * provides (2.28.9), and ncclGetVersion() reports NCCL_VERSION_CODE (22809).
+ * FERROCCL_NCCL_COMPAT tells a program it is compiled against this header.
  *
- * **Version.** The `NCCL_*` version macros describe the NCCL API this header mirrors,
- * **NCCL 2.28**: NCCL_MAJOR 2, NCCL_MINOR 28, NCCL_PATCH 0, NCCL_VERSION_CODE 22800,
- * and ncclGetVersion() reports the same number, so version checks such as
- * `#if NCCL_VERSION_CODE >= NCCL_VERSION(2, 19, 0)` select the code paths whose
- * functions this header provides. ferroccl's own version is FCCL_MAJOR, FCCL_MINOR,
- * FCCL_PATCH and FCCL_VERSION_CODE (from ferroccl.h) and fcclGetVersion(); the
- * compatibility layer itself is identified by FERROCCL_NCCL_COMPAT.
+ * **Results** are NCCL 2.28's codes only. ferroccl's own conditions map onto them: a
+ * timeout waiting for peers is ncclRemoteError, ranks calling mismatched collectives
+ * is ncclInvalidUsage, a missing CUDA is ncclUnhandledCudaError; the message of
+ * ncclGetLastError() names the exact cause.
  *
- * **Differences from NCCL** (see docs/api.md for the full list):
- *   - ncclComm_t handles and fcclComm_t handles are the same objects;
- *     fcclCommFromNccl() / ncclCommFromFccl() convert, so ferroccl's extensions
- *     (fcclAllGatherV, ...) can be used on a communicator made through this header.
- *   - ncclResult_t may hold ferroccl's own codes: fcclCollectiveMismatch (100) and
- *     fcclUnavailable (101, also returned by the NCCL features ferroccl does not have:
- *     ncclRedOpCreatePreMulSum, ncclCommShrink, ncclGroupSimulateEnd). ncclTimeout (8)
- *     is NCCL >= 2.29's value for the same condition. In C++ the enum has `int` as its
- *     fixed underlying type so these values are valid.
- *   - Of ncclConfig_t, `blocking` and `commName` are honoured; the other fields are
- *     tuning knobs of NCCL's GPU kernels and are accepted and ignored.
- *   - ncclCommRegister and ncclCommWindowRegister succeed without doing anything
- *     (registration is an optimisation in NCCL; ferroccl needs none).
- *   - cudaStream_t: CUDA's `struct CUstream_st*`, the same type as fcclStream_t. When
- *     `<cuda_runtime.h>` is available it is included, as NCCL's header does (define
- *     FERROCCL_NCCL_NO_CUDA_RUNTIME to prevent that); otherwise cudaStream_t is declared
- *     here so host-memory programs build with no CUDA installed. (With that macro, in
- *     C99, include <cuda_runtime.h> before this header: C99 forbids repeating a typedef.)
+ * **Communicators** are ferroccl communicators: ncclCommInitAll() with `devlist` NULL
+ * makes host-memory ranks, and any buffer may be host memory or CUDA device memory.
+ * Of ncclConfig_t, `blocking` and `commName` are honoured; the other fields tune NCCL's
+ * GPU kernels and are accepted and ignored.
+ *
+ * **cudaStream_t** is CUDA's `struct CUstream_st*`. When `<cuda_runtime.h>` is
+ * available it is included, as NCCL's header does (define FERROCCL_NCCL_NO_CUDA_RUNTIME
+ * to prevent that); otherwise the type is declared here so that host-memory programs
+ * build with no CUDA installed. (With that macro, in C99, include <cuda_runtime.h> before
+ * this header: C99 forbids repeating a typedef.)
  */
 
 #ifndef FERROCCL_NCCL_H
 #define FERROCCL_NCCL_H
 
 #if defined(NCCL_H_)
-#error "ferroccl/nccl.h: NCCL's own nccl.h was included first; include only one of them"
+#error "ferroccl/nccl.h: another nccl.h was included first; include only one of them"
 #endif
-/* NCCL's include guard: a later #include of a real nccl.h becomes a no-op. */
+/* NCCL's include guard: a later #include of another nccl.h becomes a no-op. */
 #define NCCL_H_
 
 #include <limits.h>
 #include <stddef.h>
-#include <stdint.h>
-
-/* Relative to this file, so both `-I<prefix>/include` and `-I<prefix>/include/ferroccl`
- * work. */
-#include "../ferroccl.h"
 
 /* ------------------------------------------------------------------ CUDA types */
 
@@ -78,61 +66,51 @@
  * this guard; declare the identical type only when it has not. */
 #if !defined(__DRIVER_TYPES_H__) && !defined(FERROCCL_CUDA_STREAM_T_DEFINED)
 #define FERROCCL_CUDA_STREAM_T_DEFINED
-/** CUDA's stream type (`struct CUstream_st*`), the same type as fcclStream_t. */
+/** CUDA's stream type (`struct CUstream_st*`); host-memory calls take NULL. */
 typedef struct CUstream_st* cudaStream_t;
 #endif
 
 /* ------------------------------------------------------------------ versions */
 
-/** Set by this header: the program is compiled against ferroccl's NCCL layer. */
-#define FERROCCL_NCCL_COMPAT 1
+/** Set by this header (2: the library form, exporting NCCL's functions). */
+#define FERROCCL_NCCL_COMPAT 2
 
-/** Major version of the NCCL API mirrored (2.28). */
+/** Major version of the NCCL ABI provided. */
 #define NCCL_MAJOR 2
-/** Minor version of the NCCL API mirrored (2.28). */
+/** Minor version of the NCCL ABI provided. */
 #define NCCL_MINOR 28
-/** Patch level of the NCCL API mirrored. */
-#define NCCL_PATCH 0
-/** NCCL's version suffix; names ferroccl so printed versions are not mistaken for NCCL. */
+/** Patch level of the NCCL ABI provided. */
+#define NCCL_PATCH 9
+/** NCCL's version suffix; names ferroccl so that printed versions are not mistaken for NVIDIA's. */
 #define NCCL_SUFFIX "+ferroccl"
 
-/** NCCL's version encoding (for X.Y.Z after 2.8: X*10000 + Y*100 + Z). */
+/** NCCL's version encoding: X*1000 + Y*100 + Z up to 2.8, X*10000 + Y*100 + Z after. */
 #define NCCL_VERSION(X, Y, Z) \
   (((X) <= 2 && (Y) <= 8) ? (X) * 1000 + (Y) * 100 + (Z) : (X) * 10000 + (Y) * 100 + (Z))
-/** The mirrored NCCL version, 22800; also what ncclGetVersion() reports. */
+/** 22809: what ncclGetVersion() reports. */
 #define NCCL_VERSION_CODE NCCL_VERSION(NCCL_MAJOR, NCCL_MINOR, NCCL_PATCH)
-
-/* ------------------------------------------------------------------ types */
 
 #ifdef __cplusplus
 extern "C" {
 #endif
 
-/**
- * Opaque communicator handle (NCCL's `struct ncclComm*`). The object behind it is a
- * ferroccl communicator: see fcclCommFromNccl().
- */
+/* ------------------------------------------------------------------ types */
+
+/** Opaque communicator handle. */
 typedef struct ncclComm* ncclComm_t;
-/** NCCL's null communicator. */
+/** Opaque memory-window handle (ncclCommWindowRegister). */
+typedef struct ncclWindow_vidmem* ncclWindow_t;
+/** The null communicator. */
 #define NCCL_COMM_NULL NULL
 
-/** NCCL's memory-window handle (ncclCommWindowRegister); not dereferenced by ferroccl. */
-typedef struct ncclWindow_vidmem* ncclWindow_t;
-
-/** Bytes in a ncclUniqueId (128, as NCCL and ferroccl). */
+/** Bytes in an ncclUniqueId. */
 #define NCCL_UNIQUE_ID_BYTES 128
-/** The rendezvous handle: ferroccl's fcclUniqueId (`struct { char internal[128]; }`). */
-typedef fcclUniqueId ncclUniqueId;
+/** The rendezvous handle from ncclGetUniqueId(): opaque, safe to copy between processes. */
+typedef struct { char internal[NCCL_UNIQUE_ID_BYTES]; } ncclUniqueId;
 
-/**
- * Result codes: NCCL's values. Calls may also return ferroccl's fcclCollectiveMismatch
- * (100) and fcclUnavailable (101); ncclGetErrorString() describes every value.
- */
-typedef enum
-#if defined(__cplusplus)
-    : int
-#endif
-{ ncclSuccess = 0,
+/** Result codes (NCCL 2.28's). */
+typedef enum {
+  ncclSuccess = 0,
   ncclUnhandledCudaError = 1,
   ncclSystemError = 2,
   ncclInternalError = 3,
@@ -140,23 +118,24 @@ typedef enum
   ncclInvalidUsage = 5,
   ncclRemoteError = 6,
   ncclInProgress = 7,
-  ncclTimeout = 8, /**< a wait exceeded the communicator's timeout (NCCL >= 2.29's value) */
-  ncclNumResults = 9 } ncclResult_t;
+  ncclNumResults = 8
+} ncclResult_t;
 
 /** An int field of ncclConfig_t left at its default. */
 #define NCCL_CONFIG_UNDEF_INT INT_MIN
 /** A pointer field of ncclConfig_t left at its default. */
 #define NCCL_CONFIG_UNDEF_PTR NULL
-/** Colour for ncclCommSplit: this rank joins no new communicator. */
-#define NCCL_SPLIT_NOCOLOR FCCL_SPLIT_NOCOLOR
+/** Colour for ncclCommSplit(): this rank joins no new communicator. */
+#define NCCL_SPLIT_NOCOLOR -1
 /** A float left undefined (ncclSimInfo_t). */
 #define NCCL_UNDEF_FLOAT -1.0f
-/** Magic of ncclConfig_t (NCCL internal use). */
+/** The value of the `magic` field that NCCL_CONFIG_INITIALIZER writes. */
 #define NCCL_API_MAGIC 0xcafebeef
 
-/** ncclCommWindowRegister flags (accepted, ignored). */
+/** ncclCommWindowRegister() flags. */
 #define NCCL_WIN_DEFAULT 0x00
 #define NCCL_WIN_COLL_SYMMETRIC 0x01
+/** Alignment NCCL asks of window buffers. */
 #define NCCL_WIN_REQUIRED_ALIGNMENT 4096
 
 /** ncclConfig_t.CTAPolicy values (accepted, ignored). */
@@ -164,39 +143,42 @@ typedef enum
 #define NCCL_CTA_POLICY_EFFICIENCY 0x01
 #define NCCL_CTA_POLICY_ZERO 0x02
 
-/** ncclCommShrink flags. */
+/** ncclCommShrink() flags. */
 #define NCCL_SHRINK_DEFAULT 0x00
 #define NCCL_SHRINK_ABORT 0x01
 
+/** ncclCommRevoke() flags. */
+#define NCCL_REVOKE_DEFAULT 0x00
+
 /**
- * Communicator options, NCCL 2.28's layout. ferroccl honours `blocking` and `commName`;
- * every other field is accepted and ignored. Initialise with NCCL_CONFIG_INITIALIZER.
+ * Communicator options, NCCL 2.28's layout (80 bytes on LP64). Initialise with
+ * NCCL_CONFIG_INITIALIZER, then set fields. ferroccl honours `blocking` and `commName`.
  */
 typedef struct ncclConfig_v22800 {
-  size_t size;           /**< sizeof(ncclConfig_t), set by NCCL_CONFIG_INITIALIZER */
-  unsigned int magic;    /**< NCCL_API_MAGIC, set by NCCL_CONFIG_INITIALIZER */
-  unsigned int version;  /**< NCCL_VERSION_CODE, set by NCCL_CONFIG_INITIALIZER */
-  int blocking;          /**< 1 (default) or 0; passed to fcclConfig_t.blocking */
-  int cgaClusterSize;    /**< ignored */
-  int minCTAs;           /**< ignored */
-  int maxCTAs;           /**< ignored */
-  const char* netName;   /**< ignored */
-  int splitShare;        /**< ignored */
-  int trafficClass;      /**< ignored */
-  const char* commName;  /**< passed to fcclConfig_t.commName (names the comm in logs) */
-  int collnetEnable;     /**< ignored */
-  int CTAPolicy;         /**< ignored */
-  int shrinkShare;       /**< ignored */
-  int nvlsCTAs;          /**< ignored */
+  size_t size;             /**< sizeof(ncclConfig_t), set by the initialiser */
+  unsigned int magic;      /**< NCCL_API_MAGIC, set by the initialiser */
+  unsigned int version;    /**< NCCL_VERSION_CODE, set by the initialiser */
+  int blocking;            /**< 1 (default): calls return when done; 0: non-blocking */
+  int cgaClusterSize;      /**< ignored */
+  int minCTAs;             /**< ignored */
+  int maxCTAs;             /**< ignored */
+  const char* netName;     /**< ignored */
+  int splitShare;          /**< ignored */
+  int trafficClass;        /**< ignored */
+  const char* commName;    /**< names the communicator in logs and messages */
+  int collnetEnable;       /**< ignored */
+  int CTAPolicy;           /**< ignored */
+  int shrinkShare;         /**< ignored */
+  int nvlsCTAs;            /**< ignored */
   int nChannelsPerNetPeer; /**< ignored */
   int nvlinkCentricSched;  /**< ignored */
 } ncclConfig_t;
 
-/** Initialiser for ncclConfig_t: every field at its default (NCCL's macro). */
+/** Initialiser for ncclConfig_t: every option at its default. */
 #define NCCL_CONFIG_INITIALIZER {                                       \
   sizeof(ncclConfig_t),                     /* size */                  \
   NCCL_API_MAGIC,                           /* magic */                 \
-  NCCL_VERSION_CODE,                        /* version */               \
+  NCCL_VERSION(NCCL_MAJOR, NCCL_MINOR, NCCL_PATCH), /* version */       \
   NCCL_CONFIG_UNDEF_INT,                    /* blocking */              \
   NCCL_CONFIG_UNDEF_INT,                    /* cgaClusterSize */        \
   NCCL_CONFIG_UNDEF_INT,                    /* minCTAs */               \
@@ -213,7 +195,7 @@ typedef struct ncclConfig_v22800 {
   NCCL_CONFIG_UNDEF_INT                     /* nvlinkCentricSched */    \
 }
 
-/** ncclGroupSimulateEnd's result (NCCL's layout). */
+/** ncclGroupSimulateEnd()'s result (NCCL's layout). */
 typedef struct ncclSimInfo_v22200 {
   size_t size;
   unsigned int magic;
@@ -221,367 +203,252 @@ typedef struct ncclSimInfo_v22200 {
   float estimatedTime;
 } ncclSimInfo_t;
 
-/** Initialiser for ncclSimInfo_t (NCCL's macro). */
-#define NCCL_SIM_INFO_INITIALIZER {                                  \
-  sizeof(ncclSimInfo_t),                     /* size */              \
-  0x74685283,                                /* magic */             \
-  NCCL_VERSION_CODE,                         /* version */           \
-  NCCL_UNDEF_FLOAT                           /* estimated time */    \
+/** Initialiser for ncclSimInfo_t. */
+#define NCCL_SIM_INFO_INITIALIZER {                                      \
+  sizeof(ncclSimInfo_t),                            /* size */           \
+  0x74685283,                                       /* magic */          \
+  NCCL_VERSION(NCCL_MAJOR, NCCL_MINOR, NCCL_PATCH), /* version */        \
+  NCCL_UNDEF_FLOAT                                  /* estimated time */ \
 }
 
-/** Reduction operators: NCCL's (and ferroccl's) values. */
+/** Reduction operators. */
 typedef enum { ncclNumOps_dummy = 5 } ncclRedOp_dummy_t;
-typedef enum { ncclSum = 0,
-               ncclProd = 1,
-               ncclMax = 2,
-               ncclMin = 3,
-               ncclAvg = 4, /**< sum / nranks (integer division for integer types) */
-               ncclNumOps = 5,
-               ncclMaxRedOp = 0x7fffffff >> (32 - 8 * sizeof(ncclRedOp_dummy_t))
+typedef enum {
+  ncclSum = 0,
+  ncclProd = 1,
+  ncclMax = 2,
+  ncclMin = 3,
+  ncclAvg = 4, /**< sum / nranks (integer division for integer types) */
+  ncclNumOps = 5,
+  /** The largest value an operator handle can take (the enum's width). */
+  ncclMaxRedOp = 0x7fffffff >> (32 - 8 * sizeof(ncclRedOp_dummy_t))
 } ncclRedOp_t;
 
-/** Element types: NCCL's (and ferroccl's) values. */
-typedef enum { ncclInt8 = 0, ncclChar = 0,
-               ncclUint8 = 1,
-               ncclInt32 = 2, ncclInt = 2,
-               ncclUint32 = 3,
-               ncclInt64 = 4,
-               ncclUint64 = 5,
-               ncclFloat16 = 6, ncclHalf = 6,
-               ncclFloat32 = 7, ncclFloat = 7,
-               ncclFloat64 = 8, ncclDouble = 8,
-               ncclBfloat16 = 9,
-               ncclFloat8e4m3 = 10,
-               ncclFloat8e5m2 = 11,
-               ncclNumTypes = 12
+/** Element types. */
+typedef enum {
+  ncclInt8 = 0, ncclChar = 0,
+  ncclUint8 = 1,
+  ncclInt32 = 2, ncclInt = 2,
+  ncclUint32 = 3,
+  ncclInt64 = 4,
+  ncclUint64 = 5,
+  ncclFloat16 = 6, ncclHalf = 6,
+  ncclFloat32 = 7, ncclFloat = 7,
+  ncclFloat64 = 8, ncclDouble = 8,
+  ncclBfloat16 = 9,
+  ncclFloat8e4m3 = 10,
+  ncclFloat8e5m2 = 11,
+  ncclNumTypes = 12
 } ncclDataType_t;
 
-/** Where ncclRedOpCreatePreMulSum's scalar lives (NCCL's values). */
+/** Where ncclRedOpCreatePreMulSum()'s scalar lives. */
 typedef enum { ncclScalarDevice = 0, ncclScalarHostImmediate = 1 } ncclScalarResidence_t;
 
-/* ------------------------------------------------------------------ helpers */
-
-/* The wrappers are static inline: no symbol of this header reaches any object file
- * unless it is used, and none is ever exported. */
 #if defined(__GNUC__) || defined(__clang__)
-#define FERROCCL_NCCL_API static inline __attribute__((unused))
+#define FERROCCL_NCCL_DEPRECATED(msg) __attribute__((deprecated(msg)))
 #else
-#define FERROCCL_NCCL_API static inline
+#define FERROCCL_NCCL_DEPRECATED(msg)
 #endif
-/* Casts that stay quiet under C++'s -Wold-style-cast. */
-#ifdef __cplusplus
-#define FERROCCL_NCCL_CAST(T, x) static_cast<T>(x)
-#define FERROCCL_NCCL_PCAST(T, x) reinterpret_cast<T>(x)
-#else
-#define FERROCCL_NCCL_CAST(T, x) ((T)(x))
-#define FERROCCL_NCCL_PCAST(T, x) ((T)(void*)(x))
-#endif
-
-/** The ferroccl communicator behind an NCCL handle (same object, no copy). */
-FERROCCL_NCCL_API fcclComm_t fcclCommFromNccl(ncclComm_t comm) { return FERROCCL_NCCL_PCAST(fcclComm_t, comm); }
-/** The NCCL handle of a ferroccl communicator (same object, no copy). */
-FERROCCL_NCCL_API ncclComm_t ncclCommFromFccl(fcclComm_t comm) { return FERROCCL_NCCL_PCAST(ncclComm_t, comm); }
-
-/* fcclResult_t -> ncclResult_t: the same values (a function, not a cast of a call, so
- * -Wbad-function-cast stays quiet). */
-FERROCCL_NCCL_API ncclResult_t ferroccl_nccl_res(fcclResult_t r) { return FERROCCL_NCCL_CAST(ncclResult_t, r); }
-#define FERROCCL_NCCL_RES(x) ferroccl_nccl_res(x)
-
-/* ncclConfig_t -> fcclConfig_t: blocking and commName; NULL stays NULL. magic is passed
- * through (NCCL_API_MAGIC == FCCL_CONFIG_MAGIC) and a config too small to be an
- * ncclConfig_t is passed on with its size, so the library rejects a config that was
- * not made by NCCL_CONFIG_INITIALIZER with a message, as NCCL rejects it. */
-FERROCCL_NCCL_API fcclConfig_t* ferroccl_nccl_config(const ncclConfig_t* in, fcclConfig_t* out) {
-  fcclConfig_t def = FCCL_CONFIG_INITIALIZER;
-  if (in == NULL) return NULL;
-  *out = def;
-  out->magic = in->magic;
-  if (in->size < offsetof(ncclConfig_t, commName) + sizeof(const char*)) {
-    out->size = in->size;
-    return out;
-  }
-  out->blocking = in->blocking;
-  out->commName = in->commName;
-  return out;
-}
 
 /* ------------------------------------------------------------------ memory */
 
-/** fcclMemAlloc: CUDA device memory (fcclUnavailable without CUDA). */
-FERROCCL_NCCL_API ncclResult_t ncclMemAlloc(void** ptr, size_t size) {
-  return FERROCCL_NCCL_RES(fcclMemAlloc(ptr, size));
-}
-/** fcclMemFree: frees ncclMemAlloc's (or fcclMemAllocHost's) memory; NULL is a no-op. */
-FERROCCL_NCCL_API ncclResult_t ncclMemFree(void* ptr) { return FERROCCL_NCCL_RES(fcclMemFree(ptr)); }
+/** CUDA device memory on the current device (an error without CUDA). */
+ncclResult_t ncclMemAlloc(void** ptr, size_t size);
+ncclResult_t pncclMemAlloc(void** ptr, size_t size);
+/** Frees ncclMemAlloc()'s memory; NULL is a no-op. */
+ncclResult_t ncclMemFree(void* ptr);
+ncclResult_t pncclMemFree(void* ptr);
 
 /* ------------------------------------------------------------------ communicators */
 
-/**
- * Writes NCCL_VERSION_CODE (the mirrored NCCL API, 22800) to `*version`, after checking
- * that libferroccl answers. ferroccl's own version: fcclGetVersion().
- */
-FERROCCL_NCCL_API ncclResult_t ncclGetVersion(int* version) {
-  int v = 0;
-  fcclResult_t r;
-  if (version == NULL) return FERROCCL_NCCL_RES(fcclGetVersion(NULL));
-  r = fcclGetVersion(&v);
-  if (r == fcclSuccess) *version = NCCL_VERSION_CODE;
-  return FERROCCL_NCCL_RES(r);
-}
+/** Writes NCCL_VERSION_CODE of the ABI provided (22809) to `*version`. */
+ncclResult_t ncclGetVersion(int* version);
+ncclResult_t pncclGetVersion(int* version);
 
-/** fcclGetUniqueId: the rendezvous point lives in the calling process. */
-FERROCCL_NCCL_API ncclResult_t ncclGetUniqueId(ncclUniqueId* uniqueId) {
-  return FERROCCL_NCCL_RES(fcclGetUniqueId(uniqueId));
-}
+/** Makes a unique id; its rendezvous point lives in the calling process until every rank joined. */
+ncclResult_t ncclGetUniqueId(ncclUniqueId* uniqueId);
+ncclResult_t pncclGetUniqueId(ncclUniqueId* uniqueId);
 
-/** fcclCommInitRankConfig with ncclConfig_t's blocking and commName. */
-FERROCCL_NCCL_API ncclResult_t ncclCommInitRankConfig(ncclComm_t* comm, int nranks, ncclUniqueId commId,
-                                                      int rank, ncclConfig_t* config) {
-  fcclConfig_t fc;
-  fcclConfig_t* p = ferroccl_nccl_config(config, &fc);
-  return FERROCCL_NCCL_RES(
-      fcclCommInitRankConfig(FERROCCL_NCCL_PCAST(fcclComm_t*, comm), nranks, commId, rank, p));
-}
+/** Joins rank `rank` of `nranks` to the communicator of `commId`, with options (NULL: defaults). */
+ncclResult_t ncclCommInitRankConfig(ncclComm_t* comm, int nranks, ncclUniqueId commId, int rank,
+                                    ncclConfig_t* config);
+ncclResult_t pncclCommInitRankConfig(ncclComm_t* comm, int nranks, ncclUniqueId commId, int rank,
+                                     ncclConfig_t* config);
 
-/** fcclCommInitRank. */
-FERROCCL_NCCL_API ncclResult_t ncclCommInitRank(ncclComm_t* comm, int nranks, ncclUniqueId commId, int rank) {
-  return FERROCCL_NCCL_RES(fcclCommInitRank(FERROCCL_NCCL_PCAST(fcclComm_t*, comm), nranks, commId, rank));
-}
+/** Joins rank `rank` of `nranks` to the communicator of `commId`. */
+ncclResult_t ncclCommInitRank(ncclComm_t* comm, int nranks, ncclUniqueId commId, int rank);
+ncclResult_t pncclCommInitRank(ncclComm_t* comm, int nranks, ncclUniqueId commId, int rank);
 
-/**
- * NCCL's scalable init with nId ids: every rank passes the same list, so the first id
- * names the one rendezvous ferroccl needs.
- */
-FERROCCL_NCCL_API ncclResult_t ncclCommInitRankScalable(ncclComm_t* newcomm, int nranks, int myrank, int nId,
-                                                        ncclUniqueId* commIds, ncclConfig_t* config) {
-  if (nId < 1 || commIds == NULL) return ncclInvalidArgument;
-  return ncclCommInitRankConfig(newcomm, nranks, commIds[0], myrank, config);
-}
+/** `ndev` ranks in this process; `devlist` NULL makes host-memory ranks. */
+ncclResult_t ncclCommInitAll(ncclComm_t* comm, int ndev, const int* devlist);
+ncclResult_t pncclCommInitAll(ncclComm_t* comm, int ndev, const int* devlist);
 
-/**
- * fcclCommInitAll: `ndev` ranks in this process. `devlist` NULL makes host-memory
- * ranks (NCCL would take the first ndev GPUs); a device list needs CUDA.
- */
-FERROCCL_NCCL_API ncclResult_t ncclCommInitAll(ncclComm_t* comm, int ndev, const int* devlist) {
-  return FERROCCL_NCCL_RES(fcclCommInitAll(FERROCCL_NCCL_PCAST(fcclComm_t*, comm), ndev, devlist));
-}
+/** Waits for the communicator's outstanding work. */
+ncclResult_t ncclCommFinalize(ncclComm_t comm);
+ncclResult_t pncclCommFinalize(ncclComm_t comm);
 
-/** fcclCommFinalize. */
-FERROCCL_NCCL_API ncclResult_t ncclCommFinalize(ncclComm_t comm) {
-  return FERROCCL_NCCL_RES(fcclCommFinalize(fcclCommFromNccl(comm)));
-}
-/** fcclCommDestroy. */
-FERROCCL_NCCL_API ncclResult_t ncclCommDestroy(ncclComm_t comm) {
-  return FERROCCL_NCCL_RES(fcclCommDestroy(fcclCommFromNccl(comm)));
-}
-/** fcclCommAbort. */
-FERROCCL_NCCL_API ncclResult_t ncclCommAbort(ncclComm_t comm) {
-  return FERROCCL_NCCL_RES(fcclCommAbort(fcclCommFromNccl(comm)));
-}
+/** Releases the communicator. */
+ncclResult_t ncclCommDestroy(ncclComm_t comm);
+ncclResult_t pncclCommDestroy(ncclComm_t comm);
 
-/** fcclCommSplit; `config` NULL inherits the parent's options. */
-FERROCCL_NCCL_API ncclResult_t ncclCommSplit(ncclComm_t comm, int color, int key, ncclComm_t* newcomm,
-                                             ncclConfig_t* config) {
-  fcclConfig_t fc;
-  fcclConfig_t* p = ferroccl_nccl_config(config, &fc);
-  return FERROCCL_NCCL_RES(
-      fcclCommSplit(fcclCommFromNccl(comm), color, key, FERROCCL_NCCL_PCAST(fcclComm_t*, newcomm), p));
-}
+/** Ends the communicator from any thread; every blocked call on it returns. */
+ncclResult_t ncclCommAbort(ncclComm_t comm);
+ncclResult_t pncclCommAbort(ncclComm_t comm);
 
-/**
- * Not available in ferroccl (the excluded ranks would have to take part): returns
- * fcclUnavailable. Use ncclCommSplit with NCCL_SPLIT_NOCOLOR on the excluded ranks.
- */
-FERROCCL_NCCL_API ncclResult_t ncclCommShrink(ncclComm_t comm, int* excludeRanksList, int excludeRanksCount,
-                                              ncclComm_t* newcomm, ncclConfig_t* config, int shrinkFlags) {
-  (void)comm; (void)excludeRanksList; (void)excludeRanksCount; (void)config; (void)shrinkFlags;
-  if (newcomm != NULL) *newcomm = NULL;
-  return FERROCCL_NCCL_RES(fcclUnavailable);
-}
+/** Not supported by ferroccl (ncclInvalidUsage): use ncclCommAbort(). */
+ncclResult_t ncclCommRevoke(ncclComm_t comm, int revokeFlags);
+ncclResult_t pncclCommRevoke(ncclComm_t comm, int revokeFlags);
 
-/** fcclGetErrorString: a fixed description of any result value. */
-FERROCCL_NCCL_API const char* ncclGetErrorString(ncclResult_t result) {
-  return fcclGetErrorString(FERROCCL_NCCL_CAST(fcclResult_t, result));
-}
+/** Splits by `color` (NCCL_SPLIT_NOCOLOR: none), ranked by `key`; `config` NULL inherits. */
+ncclResult_t ncclCommSplit(ncclComm_t comm, int color, int key, ncclComm_t* newcomm, ncclConfig_t* config);
+ncclResult_t pncclCommSplit(ncclComm_t comm, int color, int key, ncclComm_t* newcomm, ncclConfig_t* config);
 
-/** fcclGetLastError: this thread's last error message (the call, the values, the cause). */
-FERROCCL_NCCL_API const char* ncclGetLastError(ncclComm_t comm) {
-  return fcclGetLastError(fcclCommFromNccl(comm));
-}
+/** Not supported by ferroccl (ncclInvalidUsage): use ncclCommSplit() with NCCL_SPLIT_NOCOLOR. */
+ncclResult_t ncclCommShrink(ncclComm_t comm, int* excludeRanksList, int excludeRanksCount,
+                            ncclComm_t* newcomm, ncclConfig_t* config, int shrinkFlags);
+ncclResult_t pncclCommShrink(ncclComm_t comm, int* excludeRanksList, int excludeRanksCount,
+                             ncclComm_t* newcomm, ncclConfig_t* config, int shrinkFlags);
 
-/** No-op: ferroccl reads FERROCCL_DEBUG when a communicator is created. */
-FERROCCL_NCCL_API void ncclResetDebugInit(void) {}
+/** Initialisation from `nId` ids, the same on every rank (ferroccl uses the first). */
+ncclResult_t ncclCommInitRankScalable(ncclComm_t* newcomm, int nranks, int myrank, int nId,
+                                      ncclUniqueId* commIds, ncclConfig_t* config);
+ncclResult_t pncclCommInitRankScalable(ncclComm_t* newcomm, int nranks, int myrank, int nId,
+                                       ncclUniqueId* commIds, ncclConfig_t* config);
 
-/** fcclCommGetAsyncError. */
-FERROCCL_NCCL_API ncclResult_t ncclCommGetAsyncError(ncclComm_t comm, ncclResult_t* asyncError) {
-  fcclResult_t e = fcclSuccess;
-  fcclResult_t r = fcclCommGetAsyncError(fcclCommFromNccl(comm), asyncError == NULL ? NULL : &e);
-  if (r == fcclSuccess && asyncError != NULL) *asyncError = FERROCCL_NCCL_RES(e);
-  return FERROCCL_NCCL_RES(r);
-}
+/** A fixed description of any result value. */
+const char* ncclGetErrorString(ncclResult_t result);
+const char* pncclGetErrorString(ncclResult_t result);
 
-/** fcclCommCount. */
-FERROCCL_NCCL_API ncclResult_t ncclCommCount(const ncclComm_t comm, int* count) {
-  return FERROCCL_NCCL_RES(fcclCommCount(fcclCommFromNccl(comm), count));
-}
-/** fcclCommCuDevice: -1 for host-memory ranks. */
-FERROCCL_NCCL_API ncclResult_t ncclCommCuDevice(const ncclComm_t comm, int* device) {
-  return FERROCCL_NCCL_RES(fcclCommCuDevice(fcclCommFromNccl(comm), device));
-}
-/** fcclCommUserRank. */
-FERROCCL_NCCL_API ncclResult_t ncclCommUserRank(const ncclComm_t comm, int* rank) {
-  return FERROCCL_NCCL_RES(fcclCommUserRank(fcclCommFromNccl(comm), rank));
-}
+/** This thread's last error message: the call, the values, the cause (`comm` may be NULL). */
+const char* ncclGetLastError(ncclComm_t comm);
+const char* pncclGetLastError(ncclComm_t comm);
 
-/**
- * Buffer registration is an optimisation in NCCL that ferroccl does not need: checks
- * `comm` and the arguments, sets `*handle` to `buff` and returns ncclSuccess.
- */
-FERROCCL_NCCL_API ncclResult_t ncclCommRegister(const ncclComm_t comm, void* buff, size_t size, void** handle) {
-  int n = 0;
-  fcclResult_t r = fcclCommCount(fcclCommFromNccl(comm), &n);
-  (void)size;
-  if (r != fcclSuccess) return FERROCCL_NCCL_RES(r);
-  if (handle == NULL) return ncclInvalidArgument;
-  *handle = buff;
-  return ncclSuccess;
-}
-/** Releases a ncclCommRegister handle (nothing to do). */
-FERROCCL_NCCL_API ncclResult_t ncclCommDeregister(const ncclComm_t comm, void* handle) {
-  int n = 0;
-  (void)handle;
-  return FERROCCL_NCCL_RES(fcclCommCount(fcclCommFromNccl(comm), &n));
-}
+/** Has no effect on ferroccl (log settings are read once per process). */
+FERROCCL_NCCL_DEPRECATED("ncclResetDebugInit is not part of NCCL's supported API")
+void ncclResetDebugInit(void);
+FERROCCL_NCCL_DEPRECATED("pncclResetDebugInit is not part of NCCL's supported API")
+void pncclResetDebugInit(void);
 
-/** Like ncclCommRegister: accepted, nothing to do; `*win` is an opaque non-NULL value. */
-FERROCCL_NCCL_API ncclResult_t ncclCommWindowRegister(ncclComm_t comm, void* buff, size_t size,
-                                                      ncclWindow_t* win, int winFlags) {
-  int n = 0;
-  fcclResult_t r = fcclCommCount(fcclCommFromNccl(comm), &n);
-  (void)size; (void)winFlags;
-  if (r != fcclSuccess) return FERROCCL_NCCL_RES(r);
-  if (win == NULL) return ncclInvalidArgument;
-  *win = FERROCCL_NCCL_CAST(ncclWindow_t, buff);
-  return ncclSuccess;
-}
-/** Releases a ncclCommWindowRegister window (nothing to do). */
-FERROCCL_NCCL_API ncclResult_t ncclCommWindowDeregister(ncclComm_t comm, ncclWindow_t win) {
-  int n = 0;
-  (void)win;
-  return FERROCCL_NCCL_RES(fcclCommCount(fcclCommFromNccl(comm), &n));
-}
+/** The communicator's asynchronous error (ncclSuccess, ncclInProgress or the failure). */
+ncclResult_t ncclCommGetAsyncError(ncclComm_t comm, ncclResult_t* asyncError);
+ncclResult_t pncclCommGetAsyncError(ncclComm_t comm, ncclResult_t* asyncError);
 
-/** Custom reduction operators are not available in ferroccl: returns fcclUnavailable. */
-FERROCCL_NCCL_API ncclResult_t ncclRedOpCreatePreMulSum(ncclRedOp_t* op, void* scalar, ncclDataType_t datatype,
-                                                        ncclScalarResidence_t residence, ncclComm_t comm) {
-  (void)op; (void)scalar; (void)datatype; (void)residence; (void)comm;
-  return FERROCCL_NCCL_RES(fcclUnavailable);
-}
-/** No operator can have been created: returns ncclInvalidArgument. */
-FERROCCL_NCCL_API ncclResult_t ncclRedOpDestroy(ncclRedOp_t op, ncclComm_t comm) {
-  (void)op; (void)comm;
-  return ncclInvalidArgument;
-}
+/** Number of ranks. */
+ncclResult_t ncclCommCount(const ncclComm_t comm, int* count);
+ncclResult_t pncclCommCount(const ncclComm_t comm, int* count);
+
+/** The rank's CUDA device (-1 for host-memory ranks). */
+ncclResult_t ncclCommCuDevice(const ncclComm_t comm, int* device);
+ncclResult_t pncclCommCuDevice(const ncclComm_t comm, int* device);
+
+/** This rank's index. */
+ncclResult_t ncclCommUserRank(const ncclComm_t comm, int* rank);
+ncclResult_t pncclCommUserRank(const ncclComm_t comm, int* rank);
+
+/** Accepted: ferroccl needs no registration; `*handle` is set for ncclCommDeregister(). */
+ncclResult_t ncclCommRegister(const ncclComm_t comm, void* buff, size_t size, void** handle);
+ncclResult_t pncclCommRegister(const ncclComm_t comm, void* buff, size_t size, void** handle);
+/** Releases an ncclCommRegister() handle. */
+ncclResult_t ncclCommDeregister(const ncclComm_t comm, void* handle);
+ncclResult_t pncclCommDeregister(const ncclComm_t comm, void* handle);
+
+/** Accepted: collectives on the buffer work as on any other; `*win` is an opaque handle. */
+ncclResult_t ncclCommWindowRegister(ncclComm_t comm, void* buff, size_t size, ncclWindow_t* win, int winFlags);
+ncclResult_t pncclCommWindowRegister(ncclComm_t comm, void* buff, size_t size, ncclWindow_t* win, int winFlags);
+/** Releases an ncclCommWindowRegister() window. */
+ncclResult_t ncclCommWindowDeregister(ncclComm_t comm, ncclWindow_t win);
+ncclResult_t pncclCommWindowDeregister(ncclComm_t comm, ncclWindow_t win);
+
+/** Not supported by ferroccl (ncclInvalidUsage): reduce with ncclSum and scale, or use ncclAvg. */
+ncclResult_t ncclRedOpCreatePreMulSum(ncclRedOp_t* op, void* scalar, ncclDataType_t datatype,
+                                      ncclScalarResidence_t residence, ncclComm_t comm);
+ncclResult_t pncclRedOpCreatePreMulSum(ncclRedOp_t* op, void* scalar, ncclDataType_t datatype,
+                                       ncclScalarResidence_t residence, ncclComm_t comm);
+/** Destroys an operator of ncclRedOpCreatePreMulSum() (none can exist: ncclInvalidArgument). */
+ncclResult_t ncclRedOpDestroy(ncclRedOp_t op, ncclComm_t comm);
+ncclResult_t pncclRedOpDestroy(ncclRedOp_t op, ncclComm_t comm);
 
 /* ------------------------------------------------------------------ collectives */
 
-#define FERROCCL_NCCL_DT(t) FERROCCL_NCCL_CAST(fcclDataType_t, t)
-#define FERROCCL_NCCL_OP(o) FERROCCL_NCCL_CAST(fcclRedOp_t, o)
+/** Reduces every rank's `sendbuff` into `recvbuff` of rank `root`. */
+ncclResult_t ncclReduce(const void* sendbuff, void* recvbuff, size_t count, ncclDataType_t datatype,
+                        ncclRedOp_t op, int root, ncclComm_t comm, cudaStream_t stream);
+ncclResult_t pncclReduce(const void* sendbuff, void* recvbuff, size_t count, ncclDataType_t datatype,
+                         ncclRedOp_t op, int root, ncclComm_t comm, cudaStream_t stream);
 
-/** fcclReduce. */
-FERROCCL_NCCL_API ncclResult_t ncclReduce(const void* sendbuff, void* recvbuff, size_t count,
-                                          ncclDataType_t datatype, ncclRedOp_t op, int root,
-                                          ncclComm_t comm, cudaStream_t stream) {
-  return FERROCCL_NCCL_RES(fcclReduce(sendbuff, recvbuff, count, FERROCCL_NCCL_DT(datatype),
-                                      FERROCCL_NCCL_OP(op), root, fcclCommFromNccl(comm), stream));
-}
+/** In-place broadcast of `root`'s `buff` (NCCL's legacy form of ncclBroadcast()). */
+ncclResult_t ncclBcast(void* buff, size_t count, ncclDataType_t datatype, int root, ncclComm_t comm,
+                       cudaStream_t stream);
+ncclResult_t pncclBcast(void* buff, size_t count, ncclDataType_t datatype, int root, ncclComm_t comm,
+                        cudaStream_t stream);
 
-/** In-place broadcast (deprecated in NCCL): fcclBroadcast(buff, buff, ...). */
-FERROCCL_NCCL_API ncclResult_t ncclBcast(void* buff, size_t count, ncclDataType_t datatype, int root,
-                                         ncclComm_t comm, cudaStream_t stream) {
-  return FERROCCL_NCCL_RES(fcclBroadcast(buff, buff, count, FERROCCL_NCCL_DT(datatype), root,
-                                         fcclCommFromNccl(comm), stream));
-}
+/** Copies `root`'s `sendbuff` into every rank's `recvbuff`. */
+ncclResult_t ncclBroadcast(const void* sendbuff, void* recvbuff, size_t count, ncclDataType_t datatype,
+                           int root, ncclComm_t comm, cudaStream_t stream);
+ncclResult_t pncclBroadcast(const void* sendbuff, void* recvbuff, size_t count, ncclDataType_t datatype,
+                            int root, ncclComm_t comm, cudaStream_t stream);
 
-/** fcclBroadcast. */
-FERROCCL_NCCL_API ncclResult_t ncclBroadcast(const void* sendbuff, void* recvbuff, size_t count,
-                                             ncclDataType_t datatype, int root, ncclComm_t comm,
-                                             cudaStream_t stream) {
-  return FERROCCL_NCCL_RES(fcclBroadcast(sendbuff, recvbuff, count, FERROCCL_NCCL_DT(datatype), root,
-                                         fcclCommFromNccl(comm), stream));
-}
+/** Reduces every rank's `sendbuff` into every rank's `recvbuff`. */
+ncclResult_t ncclAllReduce(const void* sendbuff, void* recvbuff, size_t count, ncclDataType_t datatype,
+                           ncclRedOp_t op, ncclComm_t comm, cudaStream_t stream);
+ncclResult_t pncclAllReduce(const void* sendbuff, void* recvbuff, size_t count, ncclDataType_t datatype,
+                            ncclRedOp_t op, ncclComm_t comm, cudaStream_t stream);
 
-/** fcclAllReduce. */
-FERROCCL_NCCL_API ncclResult_t ncclAllReduce(const void* sendbuff, void* recvbuff, size_t count,
-                                             ncclDataType_t datatype, ncclRedOp_t op, ncclComm_t comm,
-                                             cudaStream_t stream) {
-  return FERROCCL_NCCL_RES(fcclAllReduce(sendbuff, recvbuff, count, FERROCCL_NCCL_DT(datatype),
-                                         FERROCCL_NCCL_OP(op), fcclCommFromNccl(comm), stream));
-}
+/** Reduces, and rank r receives block r (`recvcount` elements). */
+ncclResult_t ncclReduceScatter(const void* sendbuff, void* recvbuff, size_t recvcount,
+                               ncclDataType_t datatype, ncclRedOp_t op, ncclComm_t comm,
+                               cudaStream_t stream);
+ncclResult_t pncclReduceScatter(const void* sendbuff, void* recvbuff, size_t recvcount,
+                                ncclDataType_t datatype, ncclRedOp_t op, ncclComm_t comm,
+                                cudaStream_t stream);
 
-/** fcclReduceScatter. */
-FERROCCL_NCCL_API ncclResult_t ncclReduceScatter(const void* sendbuff, void* recvbuff, size_t recvcount,
-                                                 ncclDataType_t datatype, ncclRedOp_t op, ncclComm_t comm,
-                                                 cudaStream_t stream) {
-  return FERROCCL_NCCL_RES(fcclReduceScatter(sendbuff, recvbuff, recvcount, FERROCCL_NCCL_DT(datatype),
-                                             FERROCCL_NCCL_OP(op), fcclCommFromNccl(comm), stream));
-}
+/** Every rank receives rank r's `sendcount` elements at offset r*sendcount. */
+ncclResult_t ncclAllGather(const void* sendbuff, void* recvbuff, size_t sendcount,
+                           ncclDataType_t datatype, ncclComm_t comm, cudaStream_t stream);
+ncclResult_t pncclAllGather(const void* sendbuff, void* recvbuff, size_t sendcount,
+                            ncclDataType_t datatype, ncclComm_t comm, cudaStream_t stream);
 
-/** fcclAllGather. */
-FERROCCL_NCCL_API ncclResult_t ncclAllGather(const void* sendbuff, void* recvbuff, size_t sendcount,
-                                             ncclDataType_t datatype, ncclComm_t comm, cudaStream_t stream) {
-  return FERROCCL_NCCL_RES(fcclAllGather(sendbuff, recvbuff, sendcount, FERROCCL_NCCL_DT(datatype),
-                                         fcclCommFromNccl(comm), stream));
-}
+/** Block p of rank r's `sendbuff` goes to block r of rank p's `recvbuff` (`count` per block). */
+ncclResult_t ncclAlltoAll(const void* sendbuff, void* recvbuff, size_t count, ncclDataType_t datatype,
+                          ncclComm_t comm, cudaStream_t stream);
+ncclResult_t pncclAlltoAll(const void* sendbuff, void* recvbuff, size_t count, ncclDataType_t datatype,
+                           ncclComm_t comm, cudaStream_t stream);
 
-/** fcclAlltoAll. */
-FERROCCL_NCCL_API ncclResult_t ncclAlltoAll(const void* sendbuff, void* recvbuff, size_t count,
-                                            ncclDataType_t datatype, ncclComm_t comm, cudaStream_t stream) {
-  return FERROCCL_NCCL_RES(fcclAlltoAll(sendbuff, recvbuff, count, FERROCCL_NCCL_DT(datatype),
-                                        fcclCommFromNccl(comm), stream));
-}
+/** `root` receives rank r's `count` elements at offset r*count. */
+ncclResult_t ncclGather(const void* sendbuff, void* recvbuff, size_t count, ncclDataType_t datatype,
+                        int root, ncclComm_t comm, cudaStream_t stream);
+ncclResult_t pncclGather(const void* sendbuff, void* recvbuff, size_t count, ncclDataType_t datatype,
+                         int root, ncclComm_t comm, cudaStream_t stream);
 
-/** fcclGather. */
-FERROCCL_NCCL_API ncclResult_t ncclGather(const void* sendbuff, void* recvbuff, size_t count,
-                                          ncclDataType_t datatype, int root, ncclComm_t comm,
-                                          cudaStream_t stream) {
-  return FERROCCL_NCCL_RES(fcclGather(sendbuff, recvbuff, count, FERROCCL_NCCL_DT(datatype), root,
-                                      fcclCommFromNccl(comm), stream));
-}
+/** Rank r receives block r of `root`'s `sendbuff` (`count` per block). */
+ncclResult_t ncclScatter(const void* sendbuff, void* recvbuff, size_t count, ncclDataType_t datatype,
+                         int root, ncclComm_t comm, cudaStream_t stream);
+ncclResult_t pncclScatter(const void* sendbuff, void* recvbuff, size_t count, ncclDataType_t datatype,
+                          int root, ncclComm_t comm, cudaStream_t stream);
 
-/** fcclScatter. */
-FERROCCL_NCCL_API ncclResult_t ncclScatter(const void* sendbuff, void* recvbuff, size_t count,
-                                           ncclDataType_t datatype, int root, ncclComm_t comm,
-                                           cudaStream_t stream) {
-  return FERROCCL_NCCL_RES(fcclScatter(sendbuff, recvbuff, count, FERROCCL_NCCL_DT(datatype), root,
-                                       fcclCommFromNccl(comm), stream));
-}
+/** Sends `count` elements to `peer` (matched by its ncclRecv()). */
+ncclResult_t ncclSend(const void* sendbuff, size_t count, ncclDataType_t datatype, int peer,
+                      ncclComm_t comm, cudaStream_t stream);
+ncclResult_t pncclSend(const void* sendbuff, size_t count, ncclDataType_t datatype, int peer,
+                       ncclComm_t comm, cudaStream_t stream);
 
-/** fcclSend. */
-FERROCCL_NCCL_API ncclResult_t ncclSend(const void* sendbuff, size_t count, ncclDataType_t datatype,
-                                        int peer, ncclComm_t comm, cudaStream_t stream) {
-  return FERROCCL_NCCL_RES(fcclSend(sendbuff, count, FERROCCL_NCCL_DT(datatype), peer,
-                                    fcclCommFromNccl(comm), stream));
-}
-
-/** fcclRecv. */
-FERROCCL_NCCL_API ncclResult_t ncclRecv(void* recvbuff, size_t count, ncclDataType_t datatype, int peer,
-                                        ncclComm_t comm, cudaStream_t stream) {
-  return FERROCCL_NCCL_RES(fcclRecv(recvbuff, count, FERROCCL_NCCL_DT(datatype), peer,
-                                    fcclCommFromNccl(comm), stream));
-}
+/** Receives `count` elements from `peer` (matched by its ncclSend()). */
+ncclResult_t ncclRecv(void* recvbuff, size_t count, ncclDataType_t datatype, int peer, ncclComm_t comm,
+                      cudaStream_t stream);
+ncclResult_t pncclRecv(void* recvbuff, size_t count, ncclDataType_t datatype, int peer, ncclComm_t comm,
+                       cudaStream_t stream);
 
 /* ------------------------------------------------------------------ groups */
 
-/** fcclGroupStart. */
-FERROCCL_NCCL_API ncclResult_t ncclGroupStart(void) { return FERROCCL_NCCL_RES(fcclGroupStart()); }
-/** fcclGroupEnd. */
-FERROCCL_NCCL_API ncclResult_t ncclGroupEnd(void) { return FERROCCL_NCCL_RES(fcclGroupEnd()); }
-/** Not available in ferroccl: returns fcclUnavailable and leaves the group open. */
-FERROCCL_NCCL_API ncclResult_t ncclGroupSimulateEnd(ncclSimInfo_t* simInfo) {
-  (void)simInfo;
-  return FERROCCL_NCCL_RES(fcclUnavailable);
-}
+/** Starts a group: calls are queued until ncclGroupEnd(). */
+ncclResult_t ncclGroupStart(void);
+ncclResult_t pncclGroupStart(void);
+/** Ends a group and runs its calls together. */
+ncclResult_t ncclGroupEnd(void);
+ncclResult_t pncclGroupEnd(void);
+/** Not supported by ferroccl (ncclInvalidUsage; the group stays open). */
+ncclResult_t ncclGroupSimulateEnd(ncclSimInfo_t* simInfo);
+ncclResult_t pncclGroupSimulateEnd(ncclSimInfo_t* simInfo);
 
 #ifdef __cplusplus
 } /* extern "C" */

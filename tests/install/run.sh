@@ -2,7 +2,8 @@
 # Installs ferroccl into a temporary prefix (`make install PREFIX=...`) and builds and
 # runs small C++ consumers against the installed copy:
 #   - CMake: find_package(ferroccl CONFIG REQUIRED) with ferroccl::ferroccl (shared),
-#     ferroccl::ferroccl_static and ferroccl::nccl (an unchanged NCCL program); the
+#     ferroccl::ferroccl_static and ferroccl::nccl (an unchanged NCCL program, linked
+#     against the installed lib/ferroccl/libnccl.so.2); the
 #     package's version must be the header's; the prefix still works after being moved;
 #     a version the package does not satisfy is refused;
 #   - pkg-config: `pkg-config --cflags --libs ferroccl` (and ferroccl-nccl);
@@ -47,6 +48,7 @@ if ! run "make install PREFIX=$prefix" "$tmp/make-install.log" make -C "$root" i
 fi
 missing=""
 for f in lib/libferroccl.so lib/libferroccl.a include/ferroccl.h include/ferroccl/nccl.h bin/ferroccl-run \
+         lib/ferroccl/libnccl.so.2 lib/ferroccl/libnccl.so \
          lib/cmake/ferroccl/ferrocclConfig.cmake lib/cmake/ferroccl/ferrocclConfigVersion.cmake \
          lib/pkgconfig/ferroccl.pc lib/pkgconfig/ferroccl-nccl.pc; do
   [ -f "$prefix/$f" ] || missing="$missing $f"
@@ -80,6 +82,12 @@ else
     fi
     run "cmake: ferroccl::nccl, unchanged NCCL program (#include <nccl.h>)" "$tmp/run-cmake-nccl.log" \
         "$b/consumer_nccl" 4
+    needed="$(readelf -d "$b/consumer_nccl" 2>/dev/null | sed -n 's/.*(NEEDED).*\[\(.*\)\]/\1/p' | tr '\n' ' ')"
+    case " $needed" in
+      *" libnccl.so.2 "*) case "$needed" in *libferroccl*) bad "cmake: consumer_nccl also needs libferroccl: $needed" ;;
+                          *) ok "cmake: consumer_nccl needs libnccl.so.2 (ferroccl's), not libferroccl" ;; esac ;;
+      *) bad "cmake: consumer_nccl does not need libnccl.so.2: $needed" ;;
+    esac
     run "installed ferroccl-run -n 2 consumer --env" "$tmp/run-launcher.log" \
         "$prefix/bin/ferroccl-run" -n 2 "$b/consumer" --env
   fi
@@ -136,7 +144,8 @@ else
   if run "pkg-config: unchanged NCCL program with \$(pkg-config --cflags --libs ferroccl-nccl)" \
          "$tmp/pc-nccl.log" "$cxx" -std=c++11 -Wall -Wextra -Wpedantic -Werror \
          "$here/consumer/nccl_main.cpp" -o "$p/consumer_nccl" \
-         $("$pc_bin" --cflags --libs ferroccl-nccl) -pthread -Wl,-rpath,"$libdir"; then
+         $("$pc_bin" --cflags --libs ferroccl-nccl) -pthread \
+         -Wl,-rpath,"$("$pc_bin" --variable=nccllibdir ferroccl-nccl)"; then
     run "pkg-config: NCCL program, 2 ranks" "$tmp/run-pc-nccl.log" "$p/consumer_nccl" 2
   fi
   unset PKG_CONFIG_PATH
@@ -144,7 +153,7 @@ fi
 
 # ------------------------------------------------------------------ uninstall
 if run "make uninstall PREFIX=$prefix" "$tmp/make-uninstall.log" make -C "$root" uninstall PREFIX="$prefix"; then
-  left="$(find "$prefix" -type f 2>/dev/null | sed "s|^$prefix/||" | tr '\n' ' ')"
+  left="$(find "$prefix" \( -type f -o -type l \) 2>/dev/null | sed "s|^$prefix/||" | tr '\n' ' ')"
   if [ -z "$left" ]; then ok "uninstall leaves no file"; else bad "uninstall left: $left"; fi
 fi
 

@@ -2,7 +2,9 @@
 //!
 //! Where the library comes from, in order: `FERROCCL_NCCL_LIBRARY`, a `libnccl.so.2`
 //! the process has already loaded (e.g. by PyTorch), then `libnccl.so.2` and
-//! `libnccl.so` on the loader's search path. Every symbol is resolved up front;
+//! `libnccl.so` on the loader's search path; a library that turns out to be ferroccl's
+//! own NCCL shim is skipped, and then the search path's directories are searched for
+//! one that is not (see [`load_from`]). Every symbol is resolved up front;
 //! collectives that only NCCL 2.28 has are optional. NCCL's enums stay integers
 //! (their values are ours, see ABI.md).
 
@@ -166,17 +168,62 @@ pub fn candidates(env_path: Option<String>) -> Vec<Candidate> {
     v
 }
 
-/// Opens the first candidate that loads and resolves; the error names every attempt.
-pub fn load_from(cands: &[Candidate]) -> Result<(libloading::os::unix::Library, Api)> {
+/// The symbol by which ferroccl's own NCCL shim (libferroccl_nccl.so, SONAME
+/// libnccl.so.2) is told apart from NCCL: a library that exports it is skipped.
+pub const SHIM_MARKER: &str = "ferroccl_nccl_shim";
+
+/// Directories searched for the real libnccl.so.2 when the name led to the shim:
+/// LD_LIBRARY_PATH's, then the usual system and CUDA places.
+pub fn search_dirs() -> Vec<String> {
+    let mut v: Vec<String> = std::env::var("LD_LIBRARY_PATH")
+        .unwrap_or_default()
+        .split(':')
+        .filter(|d| !d.is_empty())
+        .map(String::from)
+        .collect();
+    for d in [
+        "/usr/local/nccl/lib",
+        "/usr/local/cuda/lib64",
+        "/usr/lib/x86_64-linux-gnu",
+        "/usr/lib/aarch64-linux-gnu",
+        "/usr/lib64",
+        "/usr/lib",
+        "/lib/x86_64-linux-gnu",
+        "/lib64",
+    ] {
+        v.push(d.to_string());
+    }
+    v
+}
+
+/// True when the process has the shim loaded where every later library can see its
+/// symbols: NCCL must then bind its own calls inside itself (RTLD_DEEPBIND).
+fn shim_is_global() -> bool {
+    let name = std::ffi::CString::new(SHIM_MARKER).expect("no NUL");
+    // SAFETY: dlsym with RTLD_DEFAULT and a NUL-terminated name only looks the name up.
+    !unsafe { libc::dlsym(libc::RTLD_DEFAULT, name.as_ptr()) }.is_null()
+}
+
+/// Opens the first candidate that loads, is not ferroccl's shim and resolves; when a
+/// name led to the shim, `dirs` are searched for a libnccl.so.2 that is not. The error
+/// names every attempt.
+pub fn load_from(cands: &[Candidate], dirs: &[String]) -> Result<(libloading::os::unix::Library, Api)> {
     use libloading::os::unix::{Library, RTLD_LOCAL, RTLD_NOW};
+    // Neither library resolves into the other when both are called libnccl.so.2.
+    let deep = if shim_is_global() { libc::RTLD_DEEPBIND } else { 0 };
     let mut tried = Vec::new();
-    for c in cands {
+    let mut shim_seen = false;
+    let mut extra = Vec::new();
+    let mut i = 0;
+    while i < cands.len() + extra.len() {
+        let c = if i < cands.len() { &cands[i] } else { &extra[i - cands.len()] };
+        i += 1;
         let (name, flags, how) = match c {
-            Candidate::Open(n) => (n, RTLD_NOW | RTLD_LOCAL, ""),
-            Candidate::Loaded(n) => (n, RTLD_NOW | RTLD_LOCAL | libc::RTLD_NOLOAD, " (already loaded)"),
+            Candidate::Open(n) => (n.clone(), RTLD_NOW | RTLD_LOCAL | deep, ""),
+            Candidate::Loaded(n) => (n.clone(), RTLD_NOW | RTLD_LOCAL | libc::RTLD_NOLOAD, " (already loaded)"),
         };
         // SAFETY: loading NCCL runs its initialisers, which have no preconditions.
-        let lib = match unsafe { Library::open(Some(name), flags) } {
+        let lib = match unsafe { Library::open(Some(&name), flags) } {
             Ok(l) => l,
             Err(e) => {
                 if how.is_empty() {
@@ -187,12 +234,28 @@ pub fn load_from(cands: &[Candidate]) -> Result<(libloading::os::unix::Library, 
                 continue;
             }
         };
+        // SAFETY: only the address is read, to see whether the symbol is there.
+        if unsafe { lib.get::<*const c_void>(SHIM_MARKER.as_bytes()) }.is_ok() {
+            tried.push(format!("{name}{how}: ferroccl's own NCCL shim (libferroccl_nccl.so), not NCCL"));
+            if !shim_seen {
+                shim_seen = true;
+                for d in dirs {
+                    for f in ["libnccl.so.2", "libnccl.so"] {
+                        let p = std::path::Path::new(d).join(f);
+                        if p.exists() {
+                            extra.push(Candidate::Open(p.to_string_lossy().into_owned()));
+                        }
+                    }
+                }
+            }
+            continue;
+        }
         let lookup = |s: &str| -> Option<*const c_void> {
             // SAFETY: only the address is read; it is cast to NCCL's signature in resolve.
             unsafe { lib.get::<*const c_void>(s.as_bytes()) }.ok().map(|sym| *sym)
         };
-        // SAFETY: a library that exports these NCCL names is NCCL.
-        match unsafe { resolve(name, &lookup) } {
+        // SAFETY: a library that exports these NCCL names (and not the shim's marker) is NCCL.
+        match unsafe { resolve(&name, &lookup) } {
             Ok(api) => return Ok((lib, api)),
             Err(e) => tried.push(e.msg),
         }
@@ -208,7 +271,7 @@ static NCCL: OnceLock<std::result::Result<(libloading::os::unix::Library, Api), 
 
 /// NCCL, loaded once per process (fcclUnavailable saying what was tried if not).
 pub fn nccl() -> Result<&'static Api> {
-    match NCCL.get_or_init(|| load_from(&candidates(env::NCCL_LIBRARY.get()))) {
+    match NCCL.get_or_init(|| load_from(&candidates(env::NCCL_LIBRARY.get()), &search_dirs())) {
         Ok((_, api)) => Ok(api),
         Err(e) => Err(e.clone()),
     }
@@ -259,10 +322,10 @@ mod tests {
 
     #[test]
     fn missing_library_is_unavailable_and_names_what_was_tried() {
-        let e = load_from(&[
-            Candidate::Open("/nonexistent/libnccl.so.2".into()),
-            Candidate::Loaded("libnccl-not-loaded.so.2".into()),
-        ])
+        let e = load_from(
+            &[Candidate::Open("/nonexistent/libnccl.so.2".into()), Candidate::Loaded("libnccl-not-loaded.so.2".into())],
+            &[],
+        )
         .err()
         .expect("cannot load");
         assert_eq!(e.code, Code::Unavailable);
@@ -274,7 +337,7 @@ mod tests {
     #[test]
     fn a_library_without_nccl_symbols_is_refused() {
         // libc loads everywhere and is certainly not NCCL.
-        let e = load_from(&[Candidate::Open("libc.so.6".into())]).err().expect("not NCCL");
+        let e = load_from(&[Candidate::Open("libc.so.6".into())], &[]).err().expect("not NCCL");
         assert_eq!(e.code, Code::Unavailable);
         assert!(e.msg.contains("lacks ncclGetVersion"), "{}", e.msg);
     }

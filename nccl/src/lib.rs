@@ -1,0 +1,1068 @@
+//! NCCL 2.28's C ABI on ferroccl: built as libferroccl_nccl.so with SONAME
+//! libnccl.so.2, so NCCL programs link it (`-lnccl`) and NCCL binaries load it
+//! (LD_PRELOAD or LD_LIBRARY_PATH) in place of NVIDIA's library.
+//!
+//! Each function converts its arguments and calls ferroccl's C functions (the same
+//! code as libferroccl.so, linked in); ncclComm_t handles are ferroccl communicators.
+//! Functions without a ferroccl meaning return ncclInvalidUsage with a message for
+//! ncclGetLastError. Results are NCCL 2.28's codes: ferroccl's own are mapped
+//! ([`nccl_code`]). Every function also has its `pnccl*` name, as NCCL's library has.
+//! build.rs keeps everything else (ferroccl's `fccl*` names) out of the export table.
+#![deny(unsafe_op_in_unsafe_fn)]
+#![allow(non_camel_case_types, non_upper_case_globals, non_snake_case)]
+// The safety contract of every exported function is NCCL's C API: pointers are NULL
+// (checked where NCCL checks) or valid for the sizes the arguments imply.
+#![allow(clippy::missing_safety_doc)]
+
+use ferroccl::ffi::{self as f, boundary, fcclComm_t, fcclConfig_t, fcclResult_t, fcclStream_t, fcclUniqueId};
+use std::ffi::{c_void, CStr};
+use std::os::raw::{c_char, c_int};
+use std::panic::{catch_unwind, AssertUnwindSafe};
+
+/// NCCL's result code.
+pub type ncclResult_t = c_int;
+/// A communicator: the object behind it is a ferroccl communicator.
+pub type ncclComm_t = fcclComm_t;
+/// NCCL's element type (its values, see [`dtype`]).
+pub type ncclDataType_t = c_int;
+/// NCCL's reduction operator (its values, see [`redop`]).
+pub type ncclRedOp_t = c_int;
+/// CUDA's stream, the same type as ferroccl's.
+pub type cudaStream_t = fcclStream_t;
+/// NCCL's unique id: 128 opaque bytes, the layout of ferroccl's.
+pub type ncclUniqueId = fcclUniqueId;
+/// NCCL's memory-window handle (ncclCommWindowRegister).
+pub type ncclWindow_t = *mut c_void;
+
+pub const ncclSuccess: ncclResult_t = 0;
+pub const ncclUnhandledCudaError: ncclResult_t = 1;
+pub const ncclSystemError: ncclResult_t = 2;
+pub const ncclInternalError: ncclResult_t = 3;
+pub const ncclInvalidArgument: ncclResult_t = 4;
+pub const ncclInvalidUsage: ncclResult_t = 5;
+pub const ncclRemoteError: ncclResult_t = 6;
+pub const ncclInProgress: ncclResult_t = 7;
+/// NCCL 2.28's ncclNumResults: codes from here up are not NCCL 2.28's.
+pub const ncclNumResults: ncclResult_t = 8;
+
+/// The NCCL version this library's ABI is (ncclGetVersion): 2.28.9.
+pub const NCCL_VERSION_CODE: c_int = 22809;
+/// ncclConfig_t.magic as NCCL_CONFIG_INITIALIZER sets it.
+pub const NCCL_API_MAGIC: u32 = 0xcafe_beef;
+/// ncclCommWindowRegister's flags (NCCL_WIN_DEFAULT, NCCL_WIN_COLL_SYMMETRIC).
+const NCCL_WIN_FLAGS: c_int = 0x01;
+
+/// The marker by which ferroccl's NCCL backend recognises (and skips) this library
+/// when it looks for the real libnccl.so.2.
+#[no_mangle]
+pub static ferroccl_nccl_shim: [u8; 9] = *b"ferroccl\0";
+
+/// NCCL 2.28's ncclConfig_t (`struct ncclConfig_v22800`), field for field.
+#[repr(C)]
+pub struct ncclConfig_t {
+    pub size: usize,
+    pub magic: u32,
+    pub version: u32,
+    pub blocking: c_int,
+    pub cgaClusterSize: c_int,
+    pub minCTAs: c_int,
+    pub maxCTAs: c_int,
+    pub netName: *const c_char,
+    pub splitShare: c_int,
+    pub trafficClass: c_int,
+    pub commName: *const c_char,
+    pub collnetEnable: c_int,
+    pub CTAPolicy: c_int,
+    pub shrinkShare: c_int,
+    pub nvlsCTAs: c_int,
+    pub nChannelsPerNetPeer: c_int,
+    pub nvlinkCentricSched: c_int,
+}
+
+/// NCCL's ncclSimInfo_t (ncclGroupSimulateEnd); only passed through.
+#[repr(C)]
+pub struct ncclSimInfo_t {
+    pub size: usize,
+    pub magic: u32,
+    pub version: u32,
+    pub estimatedTime: f32,
+}
+
+/// The device API's team (`struct ncclTeam`), returned by value.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ncclTeam_t {
+    pub nRanks: c_int,
+    pub rank: c_int,
+    pub stride: c_int,
+}
+
+// ---------------------------------------------------------------- the boundary
+
+/// ferroccl's result as NCCL 2.28's: its own codes become the nearest NCCL code
+/// (the message keeps the exact cause).
+pub fn nccl_code(r: fcclResult_t) -> ncclResult_t {
+    match r {
+        0..=7 => r,
+        f::fcclTimeout => ncclRemoteError,
+        f::fcclCollectiveMismatch => ncclInvalidUsage,
+        f::fcclUnavailable => ncclUnhandledCudaError,
+        _ => ncclInternalError,
+    }
+}
+
+fn code_name(r: c_int) -> &'static str {
+    match r {
+        f::fcclTimeout => "fcclTimeout",
+        f::fcclCollectiveMismatch => "fcclCollectiveMismatch",
+        f::fcclUnavailable => "fcclUnavailable",
+        ncclUnhandledCudaError => "ncclUnhandledCudaError",
+        ncclRemoteError => "ncclRemoteError",
+        ncclInvalidUsage => "ncclInvalidUsage",
+        _ => "ncclInternalError",
+    }
+}
+
+fn last_error() -> String {
+    // SAFETY: the pointer is this thread's NUL-terminated message, alive until its next failing call.
+    unsafe { CStr::from_ptr(boundary::last_error_ptr()) }.to_string_lossy().into_owned()
+}
+
+/// Sets `name`'s message and returns `code`.
+fn fail(name: &str, code: ncclResult_t, msg: impl std::fmt::Display) -> ncclResult_t {
+    boundary::set_last_error(format!("{name}: {msg}"));
+    code
+}
+
+/// What a function without a ferroccl meaning returns: ncclInvalidUsage and why.
+fn unsupported(name: &str, why: &str) -> ncclResult_t {
+    fail(name, ncclInvalidUsage, format_args!("not supported by ferroccl's NCCL library: {why}"))
+}
+
+/// A ferroccl call's result as `name`'s: the message names the NCCL function, and
+/// says so when the code had to be mapped.
+fn ret(name: &str, r: fcclResult_t) -> ncclResult_t {
+    if r == f::fcclSuccess {
+        return ncclSuccess;
+    }
+    let code = nccl_code(r);
+    let msg = last_error();
+    let body = match msg.split_once(": ") {
+        Some((call, rest)) if call.starts_with("fccl") => rest.to_string(),
+        _ => msg,
+    };
+    if code == r {
+        boundary::set_last_error(format!("{name}: {body}"));
+    } else {
+        boundary::set_last_error(format!(
+            "{name}: {body} (ferroccl's {}, reported as {}: NCCL 2.28 has no such code)",
+            code_name(r),
+            code_name(code)
+        ));
+    }
+    code
+}
+
+/// Runs an exported function's body: NCCL's variables are honoured, and a panic
+/// becomes ncclInternalError with a message instead of crossing into C.
+fn guard(name: &str, body: impl FnOnce() -> ncclResult_t) -> ncclResult_t {
+    ferroccl::env::enable_nccl_aliases();
+    match catch_unwind(AssertUnwindSafe(body)) {
+        Ok(r) => r,
+        Err(p) => {
+            let what = p
+                .downcast_ref::<&str>()
+                .map(|s| s.to_string())
+                .or_else(|| p.downcast_ref::<String>().cloned())
+                .unwrap_or_else(|| "unknown panic".into());
+            fail(
+                name,
+                ncclInternalError,
+                format_args!("internal error ({what}); please report this to the ferroccl developers"),
+            )
+        }
+    }
+}
+
+/// NCCL's element types as ferroccl's (the same numbers, listed so that a change on
+/// either side is a compile-time decision); unknown values pass on for ferroccl to refuse.
+pub fn dtype(d: ncclDataType_t) -> f::fcclDataType_t {
+    match d {
+        0 => f::fcclInt8,
+        1 => f::fcclUint8,
+        2 => f::fcclInt32,
+        3 => f::fcclUint32,
+        4 => f::fcclInt64,
+        5 => f::fcclUint64,
+        6 => f::fcclFloat16,
+        7 => f::fcclFloat32,
+        8 => f::fcclFloat64,
+        9 => f::fcclBfloat16,
+        10 => f::fcclFloat8e4m3,
+        11 => f::fcclFloat8e5m2,
+        other => other,
+    }
+}
+
+/// NCCL's built-in operators as ferroccl's (as [`dtype`]).
+pub fn redop(o: ncclRedOp_t) -> f::fcclRedOp_t {
+    match o {
+        0 => f::fcclSum,
+        1 => f::fcclProd,
+        2 => f::fcclMax,
+        3 => f::fcclMin,
+        4 => f::fcclAvg,
+        other => other,
+    }
+}
+
+/// ncclConfig_t as fcclConfig_t: `blocking` and `commName` carry over, NCCL's GPU
+/// kernel knobs have no meaning here. NULL stays NULL (defaults, or the parent's).
+///
+/// # Safety
+/// `cfg` is NULL or points to at least `cfg->size` readable bytes of an ncclConfig_t.
+unsafe fn config(name: &str, cfg: *const ncclConfig_t) -> Result<Option<fcclConfig_t>, ncclResult_t> {
+    if cfg.is_null() {
+        return Ok(None);
+    }
+    // SAFETY: non-NULL; size and magic are the first fields of every ncclConfig_t version.
+    let (size, magic) = unsafe { ((*cfg).size, (*cfg).magic) };
+    if magic != NCCL_API_MAGIC {
+        return Err(fail(
+            name,
+            ncclInvalidArgument,
+            format_args!("config->magic is {magic:#x}, not {NCCL_API_MAGIC:#x}: initialise the ncclConfig_t with NCCL_CONFIG_INITIALIZER"),
+        ));
+    }
+    let end_of = |off: usize, len: usize| size >= off + len;
+    if !end_of(std::mem::offset_of!(ncclConfig_t, blocking), 4) {
+        return Err(fail(
+            name,
+            ncclInvalidArgument,
+            format_args!(
+                "config->size is {size}, too small for an ncclConfig_t: initialise it with NCCL_CONFIG_INITIALIZER"
+            ),
+        ));
+    }
+    let mut out = fcclConfig_t {
+        size: std::mem::size_of::<fcclConfig_t>(),
+        magic: f::FCCL_CONFIG_MAGIC,
+        version: f::FCCL_CONFIG_VERSION,
+        blocking: f::FCCL_CONFIG_UNDEF_INT,
+        timeoutMs: f::FCCL_CONFIG_UNDEF_INT,
+        backend: f::FCCL_CONFIG_UNDEF_INT,
+        commName: std::ptr::null(),
+        checkMode: f::FCCL_CONFIG_UNDEF_INT,
+    };
+    // SAFETY: within `size` (checked).
+    out.blocking = unsafe { (*cfg).blocking };
+    if end_of(std::mem::offset_of!(ncclConfig_t, commName), std::mem::size_of::<*const c_char>()) {
+        // SAFETY: within `size` (checked).
+        out.commName = unsafe { (*cfg).commName };
+    }
+    Ok(Some(out))
+}
+
+/// `comm` is a live communicator (for the functions that only accept a handle).
+fn check_comm(name: &str, comm: ncclComm_t) -> ncclResult_t {
+    let mut n: c_int = 0;
+    // SAFETY: n is a valid int; ferroccl checks the handle.
+    ret(name, unsafe { f::fcclCommCount(comm, &mut n) })
+}
+
+/// Defines an exported NCCL function and its `pnccl*` alias (NCCL's profiling name).
+macro_rules! nccl_api {
+    ($(#[$doc:meta])* fn $name:ident($($arg:ident : $ty:ty),* $(,)?) -> $ret:ty $body:block) => {
+        $(#[$doc])*
+        #[no_mangle]
+        pub unsafe extern "C" fn $name($($arg: $ty),*) -> $ret $body
+
+        const _: () = {
+            /// NCCL's profiling name of the function of the same name without the `p`.
+            #[export_name = concat!("p", stringify!($name))]
+            pub unsafe extern "C" fn alias($($arg: $ty),*) -> $ret {
+                // SAFETY: the same function, called with the caller's arguments.
+                unsafe { $name($($arg),*) }
+            }
+        };
+    };
+}
+
+// ---------------------------------------------------------------- memory
+
+nccl_api! {
+    /// fcclMemAlloc: CUDA device memory on the current device (an error without CUDA).
+    fn ncclMemAlloc(ptr: *mut *mut c_void, size: usize) -> ncclResult_t {
+        // SAFETY: forwarded under the same contract.
+        guard("ncclMemAlloc", || ret("ncclMemAlloc", unsafe { f::fcclMemAlloc(ptr, size) }))
+    }
+}
+
+nccl_api! {
+    /// fcclMemFree: frees ncclMemAlloc's memory; NULL is a no-op.
+    fn ncclMemFree(ptr: *mut c_void) -> ncclResult_t {
+        // SAFETY: forwarded under the same contract.
+        guard("ncclMemFree", || ret("ncclMemFree", unsafe { f::fcclMemFree(ptr) }))
+    }
+}
+
+// ---------------------------------------------------------------- communicators
+
+nccl_api! {
+    /// Writes 22809 (NCCL 2.28.9, the ABI this library provides) to `*version`.
+    fn ncclGetVersion(version: *mut c_int) -> ncclResult_t {
+        guard("ncclGetVersion", || {
+            if version.is_null() {
+                return fail("ncclGetVersion", ncclInvalidArgument, "version is NULL; pass the address of an int");
+            }
+            // SAFETY: checked non-NULL.
+            unsafe { version.write(NCCL_VERSION_CODE) };
+            ncclSuccess
+        })
+    }
+}
+
+nccl_api! {
+    /// fcclGetUniqueId: the rendezvous point lives in the calling process until every rank joined.
+    fn ncclGetUniqueId(uniqueId: *mut ncclUniqueId) -> ncclResult_t {
+        // SAFETY: forwarded under the same contract.
+        guard("ncclGetUniqueId", || ret("ncclGetUniqueId", unsafe { f::fcclGetUniqueId(uniqueId) }))
+    }
+}
+
+nccl_api! {
+    /// fcclCommInitRankConfig with ncclConfig_t's `blocking` and `commName` (NULL: defaults).
+    fn ncclCommInitRankConfig(
+        comm: *mut ncclComm_t,
+        nranks: c_int,
+        commId: ncclUniqueId,
+        rank: c_int,
+        config: *mut ncclConfig_t,
+    ) -> ncclResult_t {
+        let name = "ncclCommInitRankConfig";
+        guard(name, || {
+            // SAFETY: NULL or an ncclConfig_t (NCCL's contract).
+            let mut fc = match unsafe { self::config(name, config) } {
+                Ok(c) => c,
+                Err(r) => return r,
+            };
+            let p = fc.as_mut().map_or(std::ptr::null_mut(), |c| c as *mut fcclConfig_t);
+            // SAFETY: forwarded under the same contract; p is NULL or a local config.
+            ret(name, unsafe { f::fcclCommInitRankConfig(comm, nranks, commId, rank, p) })
+        })
+    }
+}
+
+nccl_api! {
+    /// fcclCommInitRank.
+    fn ncclCommInitRank(comm: *mut ncclComm_t, nranks: c_int, commId: ncclUniqueId, rank: c_int) -> ncclResult_t {
+        // SAFETY: forwarded under the same contract.
+        guard("ncclCommInitRank", || ret("ncclCommInitRank", unsafe { f::fcclCommInitRank(comm, nranks, commId, rank) }))
+    }
+}
+
+nccl_api! {
+    /// fcclCommInitAll: `ndev` ranks in this process; `devlist` NULL gives host-memory
+    /// ranks (NCCL would take GPUs 0..ndev-1), a device list needs CUDA.
+    fn ncclCommInitAll(comm: *mut ncclComm_t, ndev: c_int, devlist: *const c_int) -> ncclResult_t {
+        // SAFETY: forwarded under the same contract.
+        guard("ncclCommInitAll", || ret("ncclCommInitAll", unsafe { f::fcclCommInitAll(comm, ndev, devlist) }))
+    }
+}
+
+nccl_api! {
+    /// NCCL's scalable init: every rank passes the same `nId` ids; ferroccl needs one
+    /// rendezvous, the first id's.
+    fn ncclCommInitRankScalable(
+        newcomm: *mut ncclComm_t,
+        nranks: c_int,
+        myrank: c_int,
+        nId: c_int,
+        commIds: *mut ncclUniqueId,
+        config: *mut ncclConfig_t,
+    ) -> ncclResult_t {
+        let name = "ncclCommInitRankScalable";
+        guard(name, || {
+            if nId < 1 || commIds.is_null() {
+                return fail(
+                    name,
+                    ncclInvalidArgument,
+                    format_args!("nId is {nId} and commIds is {commIds:?}; pass at least one id from ncclGetUniqueId"),
+                );
+            }
+            // SAFETY: commIds has nId >= 1 ids (NCCL's contract).
+            let id = unsafe { *commIds };
+            // SAFETY: NULL or an ncclConfig_t (NCCL's contract).
+            let mut fc = match unsafe { self::config(name, config) } {
+                Ok(c) => c,
+                Err(r) => return r,
+            };
+            let p = fc.as_mut().map_or(std::ptr::null_mut(), |c| c as *mut fcclConfig_t);
+            // SAFETY: forwarded under the same contract; p is NULL or a local config.
+            ret(name, unsafe { f::fcclCommInitRankConfig(newcomm, nranks, id, myrank, p) })
+        })
+    }
+}
+
+nccl_api! {
+    /// fcclCommFinalize.
+    fn ncclCommFinalize(comm: ncclComm_t) -> ncclResult_t {
+        // SAFETY: ferroccl checks the handle.
+        guard("ncclCommFinalize", || ret("ncclCommFinalize", unsafe { f::fcclCommFinalize(comm) }))
+    }
+}
+
+nccl_api! {
+    /// fcclCommDestroy.
+    fn ncclCommDestroy(comm: ncclComm_t) -> ncclResult_t {
+        // SAFETY: ferroccl checks the handle.
+        guard("ncclCommDestroy", || ret("ncclCommDestroy", unsafe { f::fcclCommDestroy(comm) }))
+    }
+}
+
+nccl_api! {
+    /// fcclCommAbort: callable from any thread; every blocked call on `comm` returns.
+    fn ncclCommAbort(comm: ncclComm_t) -> ncclResult_t {
+        // SAFETY: ferroccl checks the handle.
+        guard("ncclCommAbort", || ret("ncclCommAbort", unsafe { f::fcclCommAbort(comm) }))
+    }
+}
+
+nccl_api! {
+    /// Not supported (ncclInvalidUsage): ferroccl cannot cancel a communicator's
+    /// operations and keep it; ncclCommAbort ends them and the communicator.
+    fn ncclCommRevoke(comm: ncclComm_t, revokeFlags: c_int) -> ncclResult_t {
+        let _ = (comm, revokeFlags);
+        guard("ncclCommRevoke", || {
+            unsupported("ncclCommRevoke", "a communicator's operations cannot be revoked while it stays usable; call ncclCommAbort, which returns every blocked call")
+        })
+    }
+}
+
+nccl_api! {
+    /// fcclCommSplit; `config` NULL inherits the parent's options.
+    fn ncclCommSplit(
+        comm: ncclComm_t,
+        color: c_int,
+        key: c_int,
+        newcomm: *mut ncclComm_t,
+        config: *mut ncclConfig_t,
+    ) -> ncclResult_t {
+        let name = "ncclCommSplit";
+        guard(name, || {
+            // SAFETY: NULL or an ncclConfig_t (NCCL's contract).
+            let mut fc = match unsafe { self::config(name, config) } {
+                Ok(c) => c,
+                Err(r) => return r,
+            };
+            let p = fc.as_mut().map_or(std::ptr::null_mut(), |c| c as *mut fcclConfig_t);
+            // SAFETY: forwarded under the same contract; p is NULL or a local config.
+            ret(name, unsafe { f::fcclCommSplit(comm, color, key, newcomm, p) })
+        })
+    }
+}
+
+nccl_api! {
+    /// Not supported (ncclInvalidUsage; `*newcomm` becomes NULL): in ferroccl every
+    /// rank takes part in creating a communicator, the excluded ones too.
+    fn ncclCommShrink(
+        comm: ncclComm_t,
+        excludeRanksList: *mut c_int,
+        excludeRanksCount: c_int,
+        newcomm: *mut ncclComm_t,
+        config: *mut ncclConfig_t,
+        shrinkFlags: c_int,
+    ) -> ncclResult_t {
+        let _ = (comm, excludeRanksList, excludeRanksCount, config, shrinkFlags);
+        guard("ncclCommShrink", || {
+            if !newcomm.is_null() {
+                // SAFETY: non-NULL out-pointer (NCCL's contract).
+                unsafe { newcomm.write(std::ptr::null_mut()) };
+            }
+            unsupported(
+                "ncclCommShrink",
+                "the excluded ranks would have to take part; have every rank call ncclCommSplit, the excluded ones with color NCCL_SPLIT_NOCOLOR",
+            )
+        })
+    }
+}
+
+/// Texts of NCCL 2.28's result codes, then one for any other value.
+static ERROR_STRINGS: [&CStr; 9] = [
+    c"no error",
+    c"unhandled cuda error (run with NCCL_DEBUG=INFO for details)",
+    c"unhandled system error (run with NCCL_DEBUG=INFO for details)",
+    c"internal error - please report this issue to the ferroccl developers",
+    c"invalid argument (run with NCCL_DEBUG=WARN for details)",
+    c"invalid usage (run with NCCL_DEBUG=WARN for details)",
+    c"remote process exited or there was a network error",
+    c"NCCL operation in progress",
+    c"unknown result code",
+];
+
+nccl_api! {
+    /// A fixed description of any result value (static; never NULL).
+    fn ncclGetErrorString(result: ncclResult_t) -> *const c_char {
+        let i = if (0..ncclNumResults).contains(&result) { result as usize } else { ERROR_STRINGS.len() - 1 };
+        ERROR_STRINGS[i].as_ptr()
+    }
+}
+
+nccl_api! {
+    /// This thread's last error message: the call, the values, the cause (`comm` may be NULL).
+    fn ncclGetLastError(comm: ncclComm_t) -> *const c_char {
+        f::fcclGetLastError(comm)
+    }
+}
+
+nccl_api! {
+    /// Has no effect (and says so in ncclGetLastError): ferroccl reads its log settings
+    /// (FERROCCL_DEBUG, or NCCL_DEBUG here) once per process.
+    fn ncclResetDebugInit() -> () {
+        let _ = unsupported("ncclResetDebugInit", "log settings are read once per process");
+    }
+}
+
+/// NCCL's internal entry behind ncclResetDebugInit, exported by its library; as that.
+#[no_mangle]
+pub extern "C" fn ncclResetDebugInitInternal() {
+    let _ = unsupported("ncclResetDebugInitInternal", "log settings are read once per process");
+}
+
+nccl_api! {
+    /// fcclCommGetAsyncError, the error as NCCL's code.
+    fn ncclCommGetAsyncError(comm: ncclComm_t, asyncError: *mut ncclResult_t) -> ncclResult_t {
+        let name = "ncclCommGetAsyncError";
+        guard(name, || {
+            // SAFETY: forwarded under the same contract (ferroccl checks NULL).
+            let r = ret(name, unsafe { f::fcclCommGetAsyncError(comm, asyncError) });
+            if r == ncclSuccess {
+                // SAFETY: ferroccl succeeded, so asyncError is non-NULL and written.
+                unsafe { asyncError.write(nccl_code(asyncError.read())) };
+            }
+            r
+        })
+    }
+}
+
+nccl_api! {
+    /// fcclCommCount.
+    fn ncclCommCount(comm: ncclComm_t, count: *mut c_int) -> ncclResult_t {
+        // SAFETY: forwarded under the same contract.
+        guard("ncclCommCount", || ret("ncclCommCount", unsafe { f::fcclCommCount(comm, count) }))
+    }
+}
+
+nccl_api! {
+    /// fcclCommCuDevice: -1 for host-memory ranks.
+    fn ncclCommCuDevice(comm: ncclComm_t, device: *mut c_int) -> ncclResult_t {
+        // SAFETY: forwarded under the same contract.
+        guard("ncclCommCuDevice", || ret("ncclCommCuDevice", unsafe { f::fcclCommCuDevice(comm, device) }))
+    }
+}
+
+nccl_api! {
+    /// fcclCommUserRank.
+    fn ncclCommUserRank(comm: ncclComm_t, rank: *mut c_int) -> ncclResult_t {
+        // SAFETY: forwarded under the same contract.
+        guard("ncclCommUserRank", || ret("ncclCommUserRank", unsafe { f::fcclCommUserRank(comm, rank) }))
+    }
+}
+
+nccl_api! {
+    /// Buffer registration speeds NCCL up and changes no result; ferroccl needs none:
+    /// checks `comm`, sets `*handle` to `buff` and succeeds.
+    fn ncclCommRegister(comm: ncclComm_t, buff: *mut c_void, size: usize, handle: *mut *mut c_void) -> ncclResult_t {
+        let name = "ncclCommRegister";
+        let _ = size;
+        guard(name, || {
+            let r = check_comm(name, comm);
+            if r != ncclSuccess {
+                return r;
+            }
+            if handle.is_null() {
+                return fail(name, ncclInvalidArgument, "handle is NULL; pass the address of a void*");
+            }
+            // SAFETY: checked non-NULL.
+            unsafe { handle.write(buff) };
+            ncclSuccess
+        })
+    }
+}
+
+nccl_api! {
+    /// Releases a ncclCommRegister handle: checks `comm`, nothing else to do.
+    fn ncclCommDeregister(comm: ncclComm_t, handle: *mut c_void) -> ncclResult_t {
+        let _ = handle;
+        guard("ncclCommDeregister", || check_comm("ncclCommDeregister", comm))
+    }
+}
+
+nccl_api! {
+    /// Like ncclCommRegister: collectives on the buffer work as on any other; `*win`
+    /// is an opaque handle (the device API that would use it is not supported).
+    fn ncclCommWindowRegister(
+        comm: ncclComm_t,
+        buff: *mut c_void,
+        size: usize,
+        win: *mut ncclWindow_t,
+        winFlags: c_int,
+    ) -> ncclResult_t {
+        let name = "ncclCommWindowRegister";
+        let _ = size;
+        guard(name, || {
+            let r = check_comm(name, comm);
+            if r != ncclSuccess {
+                return r;
+            }
+            if win.is_null() {
+                return fail(name, ncclInvalidArgument, "win is NULL; pass the address of an ncclWindow_t");
+            }
+            if winFlags & !NCCL_WIN_FLAGS != 0 {
+                return fail(
+                    name,
+                    ncclInvalidArgument,
+                    format_args!("winFlags is {winFlags:#x}; use NCCL_WIN_DEFAULT or NCCL_WIN_COLL_SYMMETRIC"),
+                );
+            }
+            // SAFETY: checked non-NULL.
+            unsafe { win.write(buff) };
+            ncclSuccess
+        })
+    }
+}
+
+nccl_api! {
+    /// Releases a ncclCommWindowRegister window: checks `comm`, nothing else to do.
+    fn ncclCommWindowDeregister(comm: ncclComm_t, win: ncclWindow_t) -> ncclResult_t {
+        let _ = win;
+        guard("ncclCommWindowDeregister", || check_comm("ncclCommWindowDeregister", comm))
+    }
+}
+
+nccl_api! {
+    /// Not supported (ncclInvalidUsage): ferroccl has no scaled-sum operator; reduce
+    /// with ncclSum and scale the result (ncclAvg divides by the number of ranks).
+    fn ncclRedOpCreatePreMulSum(
+        op: *mut ncclRedOp_t,
+        scalar: *mut c_void,
+        datatype: ncclDataType_t,
+        residence: c_int,
+        comm: ncclComm_t,
+    ) -> ncclResult_t {
+        let _ = (op, scalar, datatype, residence, comm);
+        guard("ncclRedOpCreatePreMulSum", || {
+            unsupported(
+                "ncclRedOpCreatePreMulSum",
+                "no scaled-sum operator; reduce with ncclSum and scale the result, or use ncclAvg for a mean",
+            )
+        })
+    }
+}
+
+nccl_api! {
+    /// No operator can have been created (ncclRedOpCreatePreMulSum is not supported):
+    /// ncclInvalidArgument.
+    fn ncclRedOpDestroy(op: ncclRedOp_t, comm: ncclComm_t) -> ncclResult_t {
+        let _ = comm;
+        guard("ncclRedOpDestroy", || {
+            fail(
+                "ncclRedOpDestroy",
+                ncclInvalidArgument,
+                format_args!("op {op} was not made by ncclRedOpCreatePreMulSum (built-in operators are never destroyed)"),
+            )
+        })
+    }
+}
+
+// ---------------------------------------------------------------- collectives
+
+nccl_api! {
+    /// fcclReduce.
+    fn ncclReduce(
+        sendbuff: *const c_void,
+        recvbuff: *mut c_void,
+        count: usize,
+        datatype: ncclDataType_t,
+        op: ncclRedOp_t,
+        root: c_int,
+        comm: ncclComm_t,
+        stream: cudaStream_t,
+    ) -> ncclResult_t {
+        guard("ncclReduce", || {
+            // SAFETY: forwarded under the same contract.
+            ret("ncclReduce", unsafe { f::fcclReduce(sendbuff, recvbuff, count, dtype(datatype), redop(op), root, comm, stream) })
+        })
+    }
+}
+
+nccl_api! {
+    /// In-place broadcast (NCCL's legacy form): fcclBroadcast(buff, buff, ...).
+    fn ncclBcast(
+        buff: *mut c_void,
+        count: usize,
+        datatype: ncclDataType_t,
+        root: c_int,
+        comm: ncclComm_t,
+        stream: cudaStream_t,
+    ) -> ncclResult_t {
+        guard("ncclBcast", || {
+            // SAFETY: forwarded under the same contract.
+            ret("ncclBcast", unsafe { f::fcclBroadcast(buff, buff, count, dtype(datatype), root, comm, stream) })
+        })
+    }
+}
+
+nccl_api! {
+    /// fcclBroadcast.
+    fn ncclBroadcast(
+        sendbuff: *const c_void,
+        recvbuff: *mut c_void,
+        count: usize,
+        datatype: ncclDataType_t,
+        root: c_int,
+        comm: ncclComm_t,
+        stream: cudaStream_t,
+    ) -> ncclResult_t {
+        guard("ncclBroadcast", || {
+            // SAFETY: forwarded under the same contract.
+            ret("ncclBroadcast", unsafe { f::fcclBroadcast(sendbuff, recvbuff, count, dtype(datatype), root, comm, stream) })
+        })
+    }
+}
+
+nccl_api! {
+    /// fcclAllReduce.
+    fn ncclAllReduce(
+        sendbuff: *const c_void,
+        recvbuff: *mut c_void,
+        count: usize,
+        datatype: ncclDataType_t,
+        op: ncclRedOp_t,
+        comm: ncclComm_t,
+        stream: cudaStream_t,
+    ) -> ncclResult_t {
+        guard("ncclAllReduce", || {
+            // SAFETY: forwarded under the same contract.
+            ret("ncclAllReduce", unsafe { f::fcclAllReduce(sendbuff, recvbuff, count, dtype(datatype), redop(op), comm, stream) })
+        })
+    }
+}
+
+nccl_api! {
+    /// fcclReduceScatter.
+    fn ncclReduceScatter(
+        sendbuff: *const c_void,
+        recvbuff: *mut c_void,
+        recvcount: usize,
+        datatype: ncclDataType_t,
+        op: ncclRedOp_t,
+        comm: ncclComm_t,
+        stream: cudaStream_t,
+    ) -> ncclResult_t {
+        guard("ncclReduceScatter", || {
+            ret("ncclReduceScatter", {
+                // SAFETY: forwarded under the same contract.
+                unsafe { f::fcclReduceScatter(sendbuff, recvbuff, recvcount, dtype(datatype), redop(op), comm, stream) }
+            })
+        })
+    }
+}
+
+nccl_api! {
+    /// fcclAllGather.
+    fn ncclAllGather(
+        sendbuff: *const c_void,
+        recvbuff: *mut c_void,
+        sendcount: usize,
+        datatype: ncclDataType_t,
+        comm: ncclComm_t,
+        stream: cudaStream_t,
+    ) -> ncclResult_t {
+        guard("ncclAllGather", || {
+            // SAFETY: forwarded under the same contract.
+            ret("ncclAllGather", unsafe { f::fcclAllGather(sendbuff, recvbuff, sendcount, dtype(datatype), comm, stream) })
+        })
+    }
+}
+
+nccl_api! {
+    /// fcclAlltoAll (`count` elements per peer).
+    fn ncclAlltoAll(
+        sendbuff: *const c_void,
+        recvbuff: *mut c_void,
+        count: usize,
+        datatype: ncclDataType_t,
+        comm: ncclComm_t,
+        stream: cudaStream_t,
+    ) -> ncclResult_t {
+        guard("ncclAlltoAll", || {
+            // SAFETY: forwarded under the same contract.
+            ret("ncclAlltoAll", unsafe { f::fcclAlltoAll(sendbuff, recvbuff, count, dtype(datatype), comm, stream) })
+        })
+    }
+}
+
+nccl_api! {
+    /// fcclGather (`count` elements per rank).
+    fn ncclGather(
+        sendbuff: *const c_void,
+        recvbuff: *mut c_void,
+        count: usize,
+        datatype: ncclDataType_t,
+        root: c_int,
+        comm: ncclComm_t,
+        stream: cudaStream_t,
+    ) -> ncclResult_t {
+        guard("ncclGather", || {
+            // SAFETY: forwarded under the same contract.
+            ret("ncclGather", unsafe { f::fcclGather(sendbuff, recvbuff, count, dtype(datatype), root, comm, stream) })
+        })
+    }
+}
+
+nccl_api! {
+    /// fcclScatter (`count` elements per rank).
+    fn ncclScatter(
+        sendbuff: *const c_void,
+        recvbuff: *mut c_void,
+        count: usize,
+        datatype: ncclDataType_t,
+        root: c_int,
+        comm: ncclComm_t,
+        stream: cudaStream_t,
+    ) -> ncclResult_t {
+        guard("ncclScatter", || {
+            // SAFETY: forwarded under the same contract.
+            ret("ncclScatter", unsafe { f::fcclScatter(sendbuff, recvbuff, count, dtype(datatype), root, comm, stream) })
+        })
+    }
+}
+
+nccl_api! {
+    /// fcclSend.
+    fn ncclSend(
+        sendbuff: *const c_void,
+        count: usize,
+        datatype: ncclDataType_t,
+        peer: c_int,
+        comm: ncclComm_t,
+        stream: cudaStream_t,
+    ) -> ncclResult_t {
+        guard("ncclSend", || {
+            // SAFETY: forwarded under the same contract.
+            ret("ncclSend", unsafe { f::fcclSend(sendbuff, count, dtype(datatype), peer, comm, stream) })
+        })
+    }
+}
+
+nccl_api! {
+    /// fcclRecv.
+    fn ncclRecv(
+        recvbuff: *mut c_void,
+        count: usize,
+        datatype: ncclDataType_t,
+        peer: c_int,
+        comm: ncclComm_t,
+        stream: cudaStream_t,
+    ) -> ncclResult_t {
+        guard("ncclRecv", || {
+            // SAFETY: forwarded under the same contract.
+            ret("ncclRecv", unsafe { f::fcclRecv(recvbuff, count, dtype(datatype), peer, comm, stream) })
+        })
+    }
+}
+
+// ---------------------------------------------------------------- groups
+
+nccl_api! {
+    /// fcclGroupStart.
+    fn ncclGroupStart() -> ncclResult_t {
+        guard("ncclGroupStart", || ret("ncclGroupStart", f::fcclGroupStart()))
+    }
+}
+
+nccl_api! {
+    /// fcclGroupEnd.
+    fn ncclGroupEnd() -> ncclResult_t {
+        guard("ncclGroupEnd", || ret("ncclGroupEnd", f::fcclGroupEnd()))
+    }
+}
+
+nccl_api! {
+    /// Not supported (ncclInvalidUsage; the group stays open): ferroccl has no cost
+    /// model to estimate a group's time with.
+    fn ncclGroupSimulateEnd(simInfo: *mut ncclSimInfo_t) -> ncclResult_t {
+        let _ = simInfo;
+        guard("ncclGroupSimulateEnd", || {
+            unsupported("ncclGroupSimulateEnd", "no cost model to simulate a group with; the group stays open, end it with ncclGroupEnd")
+        })
+    }
+}
+
+// ---------------------------------------------------------------- device API (host side)
+
+/// Why the device API's functions are not supported.
+const NO_DEVICE_API: &str =
+    "ferroccl has no device-side API (ncclDevComm, symmetric windows, GIN); use the host collectives";
+
+nccl_api! {
+    /// Not supported (ncclInvalidUsage): no device-side API.
+    fn ncclDevCommCreate(comm: ncclComm_t, reqs: *const c_void, outDevComm: *mut c_void) -> ncclResult_t {
+        let _ = (comm, reqs, outDevComm);
+        guard("ncclDevCommCreate", || unsupported("ncclDevCommCreate", NO_DEVICE_API))
+    }
+}
+
+nccl_api! {
+    /// Not supported (ncclInvalidUsage): no device communicator can have been created.
+    fn ncclDevCommDestroy(comm: ncclComm_t, devComm: *const c_void) -> ncclResult_t {
+        let _ = (comm, devComm);
+        guard("ncclDevCommDestroy", || unsupported("ncclDevCommDestroy", NO_DEVICE_API))
+    }
+}
+
+nccl_api! {
+    /// Not supported (ncclInvalidUsage): no device-side barriers.
+    fn ncclLsaBarrierCreateRequirement(team: ncclTeam_t, nBarriers: c_int, outHandle: *mut c_void, outReq: *mut c_void) -> ncclResult_t {
+        let _ = (team, nBarriers, outHandle, outReq);
+        guard("ncclLsaBarrierCreateRequirement", || unsupported("ncclLsaBarrierCreateRequirement", NO_DEVICE_API))
+    }
+}
+
+nccl_api! {
+    /// Not supported (ncclInvalidUsage): no device-side barriers.
+    fn ncclGinBarrierCreateRequirement(
+        comm: ncclComm_t,
+        team: ncclTeam_t,
+        nBarriers: c_int,
+        outHandle: *mut c_void,
+        outReq: *mut c_void,
+    ) -> ncclResult_t {
+        let _ = (comm, team, nBarriers, outHandle, outReq);
+        guard("ncclGinBarrierCreateRequirement", || unsupported("ncclGinBarrierCreateRequirement", NO_DEVICE_API))
+    }
+}
+
+nccl_api! {
+    /// Not supported (ncclInvalidUsage): no device-side all-to-all.
+    fn ncclLLA2ACreateRequirement(nBlocks: c_int, nSlots: c_int, outHandle: *mut c_void, outReq: *mut c_void) -> ncclResult_t {
+        let _ = (nBlocks, nSlots, outHandle, outReq);
+        guard("ncclLLA2ACreateRequirement", || unsupported("ncclLLA2ACreateRequirement", NO_DEVICE_API))
+    }
+}
+
+nccl_api! {
+    /// NCCL's slot arithmetic for its low-latency all-to-all: one slot per 8 bytes of each element.
+    fn ncclLLA2ACalcSlots(maxElts: c_int, maxEltSize: c_int) -> c_int {
+        maxElts.saturating_mul((maxEltSize.max(0) + 7) / 8)
+    }
+}
+
+/// This rank and the number of ranks of `comm`, or None (message set) if it is not one.
+fn rank_and_size(name: &str, comm: ncclComm_t) -> Option<(c_int, c_int)> {
+    let (mut n, mut r) = (0, 0);
+    // SAFETY: valid ints; ferroccl checks the handle.
+    let ok = unsafe { f::fcclCommCount(comm, &mut n) == 0 && f::fcclCommUserRank(comm, &mut r) == 0 };
+    if ok {
+        Some((r, n))
+    } else {
+        let _ = ret(name, f::fcclInvalidArgument);
+        None
+    }
+}
+
+nccl_api! {
+    /// All ranks of `comm` (an invalid comm gives a team of 0 ranks).
+    fn ncclTeamWorld(comm: ncclComm_t) -> ncclTeam_t {
+        let t = rank_and_size("ncclTeamWorld", comm).map(|(r, n)| ncclTeam_t { nRanks: n, rank: r, stride: 1 });
+        t.unwrap_or(ncclTeam_t { nRanks: 0, rank: 0, stride: 1 })
+    }
+}
+
+nccl_api! {
+    /// The ranks whose memory this rank can address directly through NCCL windows:
+    /// only itself, as ferroccl has no device-side API.
+    fn ncclTeamLsa(comm: ncclComm_t) -> ncclTeam_t {
+        let t = rank_and_size("ncclTeamLsa", comm).map(|_| ncclTeam_t { nRanks: 1, rank: 0, stride: 1 });
+        t.unwrap_or(ncclTeam_t { nRanks: 0, rank: 0, stride: 1 })
+    }
+}
+
+nccl_api! {
+    /// The ranks with this rank's place in every load/store team: with one-rank teams
+    /// (ncclTeamLsa), all ranks.
+    fn ncclTeamRail(comm: ncclComm_t) -> ncclTeam_t {
+        let t = rank_and_size("ncclTeamRail", comm).map(|(r, n)| ncclTeam_t { nRanks: n, rank: r, stride: 1 });
+        t.unwrap_or(ncclTeam_t { nRanks: 0, rank: 0, stride: 1 })
+    }
+}
+
+nccl_api! {
+    /// The world rank of rank `rank` of `team` (a team that contains this rank).
+    fn ncclTeamRankToWorld(comm: ncclComm_t, team: ncclTeam_t, rank: c_int) -> c_int {
+        match rank_and_size("ncclTeamRankToWorld", comm) {
+            Some((me, _)) => me + (rank - team.rank) * team.stride,
+            None => -1,
+        }
+    }
+}
+
+nccl_api! {
+    /// The rank in this rank's load/store team (ncclTeamLsa: itself alone) of rank
+    /// `rank` of `team`: 0 for this rank.
+    fn ncclTeamRankToLsa(comm: ncclComm_t, team: ncclTeam_t, rank: c_int) -> c_int {
+        match rank_and_size("ncclTeamRankToLsa", comm) {
+            Some((me, _)) => me + (rank - team.rank) * team.stride - me,
+            None => -1,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn ferroccl_codes_map_onto_nccl_2_28s() {
+        for r in 0..8 {
+            assert_eq!(nccl_code(r), r);
+        }
+        assert_eq!(nccl_code(f::fcclTimeout), ncclRemoteError);
+        assert_eq!(nccl_code(f::fcclCollectiveMismatch), ncclInvalidUsage);
+        assert_eq!(nccl_code(f::fcclUnavailable), ncclUnhandledCudaError);
+        assert_eq!(nccl_code(-1), ncclInternalError);
+    }
+
+    #[test]
+    fn config_layout_is_nccl_2_28s() {
+        assert_eq!(std::mem::size_of::<ncclConfig_t>(), 80);
+        assert_eq!(std::mem::offset_of!(ncclConfig_t, blocking), 16);
+        assert_eq!(std::mem::offset_of!(ncclConfig_t, netName), 32);
+        assert_eq!(std::mem::offset_of!(ncclConfig_t, commName), 48);
+        assert_eq!(std::mem::offset_of!(ncclConfig_t, nvlinkCentricSched), 76);
+        assert_eq!(std::mem::size_of::<ncclUniqueId>(), 128);
+    }
+
+    #[test]
+    fn error_strings_cover_every_value() {
+        // SAFETY: returns static NUL-terminated strings for any value.
+        let s = |r| unsafe { CStr::from_ptr(ncclGetErrorString(r)) }.to_string_lossy().into_owned();
+        assert_eq!(s(0), "no error");
+        assert!(s(5).starts_with("invalid usage"));
+        assert_eq!(s(8), "unknown result code");
+        assert_eq!(s(-3), "unknown result code");
+    }
+
+    #[test]
+    fn unsupported_calls_say_why() {
+        // SAFETY: NULL arguments are never dereferenced by these functions.
+        let r =
+            unsafe { ncclRedOpCreatePreMulSum(std::ptr::null_mut(), std::ptr::null_mut(), 7, 1, std::ptr::null_mut()) };
+        assert_eq!(r, ncclInvalidUsage);
+        let msg = last_error();
+        assert!(msg.starts_with("ncclRedOpCreatePreMulSum: not supported"), "{msg}");
+        // SAFETY: plain arithmetic on its arguments.
+        assert_eq!(unsafe { ncclLLA2ACalcSlots(10, 12) }, 20);
+    }
+}
