@@ -99,20 +99,25 @@ def body(cu, comm, expect_dev):
     # all_gather, stream-ordered: upload, collective and download queued on one stream, one sync
     st = c_void_p()
     ok(cu.cuStreamCreate(byref(st), 0), "cuStreamCreate")
-    pinned = c_void_p()
-    f.call("fcclMemAllocHost", byref(pinned), x.nbytes * n)
-    host = np.frombuffer((ctypes.c_char * (x.nbytes * n)).from_address(pinned.value), dtype=np.float32)
-    host[:count] = x
-    ok(cu.cuMemcpyHtoDAsync_v2(s, pinned, x.nbytes, st), "cuMemcpyHtoDAsync")
-    f.call("fcclAllGather", c_void_p(s), c_void_p(r), count, f.fcclFloat32, comm, st)
+    # Separate pinned buffers up and down: the call returns before the stream has run
+    # the upload (as with NCCL), so its source must stay untouched until the sync.
+    pin_up, pin_down = c_void_p(), c_void_p()
+    f.call("fcclMemAllocHost", byref(pin_up), x.nbytes)
+    f.call("fcclMemAllocHost", byref(pin_down), x.nbytes * n)
+    up = np.frombuffer((ctypes.c_char * x.nbytes).from_address(pin_up.value), dtype=np.float32)
+    host = np.frombuffer((ctypes.c_char * (x.nbytes * n)).from_address(pin_down.value), dtype=np.float32)
+    up[:] = x
     host[:] = -1
-    ok(cu.cuMemcpyDtoHAsync_v2(pinned, r, x.nbytes * n, st), "cuMemcpyDtoHAsync")
+    ok(cu.cuMemcpyHtoDAsync_v2(s, pin_up, x.nbytes, st), "cuMemcpyHtoDAsync")
+    f.call("fcclAllGather", c_void_p(s), c_void_p(r), count, f.fcclFloat32, comm, st)
+    ok(cu.cuMemcpyDtoHAsync_v2(pin_down, r, x.nbytes * n, st), "cuMemcpyDtoHAsync")
     ok(cu.cuStreamSynchronize(st), "cuStreamSynchronize")
     want = np.concatenate([np.arange(count, dtype=np.float32) + 1000 * p for p in range(n)])
     assert np.array_equal(host, want), f"rank {rank}: stream-ordered all_gather mismatch"
     checks += 1
-    del host
-    f.call("fcclMemFree", pinned)
+    del host, up
+    f.call("fcclMemFree", pin_up)
+    f.call("fcclMemFree", pin_down)
     ok(cu.cuStreamDestroy_v2(st), "cuStreamDestroy")
     f.call("fcclMemFree", c_void_p(s))
     f.call("fcclMemFree", c_void_p(r))
