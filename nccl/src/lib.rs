@@ -216,6 +216,24 @@ pub fn redop(o: ncclRedOp_t) -> f::fcclRedOp_t {
     }
 }
 
+/// Runs `call` with `cfg` converted to ferroccl's config (NULL stays NULL) and maps its
+/// result; a config NCCL would refuse fails here, naming `name`.
+///
+/// # Safety
+/// `cfg` is NULL or points to an ncclConfig_t of the size it states.
+unsafe fn with_config(
+    name: &str,
+    cfg: *const ncclConfig_t,
+    call: impl FnOnce(*mut fcclConfig_t) -> fcclResult_t,
+) -> ncclResult_t {
+    // SAFETY: per the caller.
+    let mut fc = match unsafe { config(name, cfg) } {
+        Ok(c) => c,
+        Err(r) => return r,
+    };
+    ret(name, call(fc.as_mut().map_or(std::ptr::null_mut(), |c| c as *mut fcclConfig_t)))
+}
+
 /// ncclConfig_t as fcclConfig_t: `blocking` and `commName` carry over, NCCL's GPU
 /// kernel knobs have no meaning here. NULL stays NULL (defaults, or the parent's).
 ///
@@ -341,14 +359,9 @@ nccl_api! {
     ) -> ncclResult_t {
         let name = "ncclCommInitRankConfig";
         guard(name, || {
-            // SAFETY: NULL or an ncclConfig_t (NCCL's contract).
-            let mut fc = match unsafe { self::config(name, config) } {
-                Ok(c) => c,
-                Err(r) => return r,
-            };
-            let p = fc.as_mut().map_or(std::ptr::null_mut(), |c| c as *mut fcclConfig_t);
-            // SAFETY: forwarded under the same contract; p is NULL or a local config.
-            ret(name, unsafe { f::fcclCommInitRankConfig(comm, nranks, commId, rank, p) })
+            // SAFETY: NULL or an ncclConfig_t (NCCL's contract); the call is forwarded under
+            // the same contract with p NULL or a local config.
+            unsafe { with_config(name, config, |p| f::fcclCommInitRankConfig(comm, nranks, commId, rank, p)) }
         })
     }
 }
@@ -392,14 +405,9 @@ nccl_api! {
             }
             // SAFETY: commIds has nId >= 1 ids (NCCL's contract).
             let id = unsafe { *commIds };
-            // SAFETY: NULL or an ncclConfig_t (NCCL's contract).
-            let mut fc = match unsafe { self::config(name, config) } {
-                Ok(c) => c,
-                Err(r) => return r,
-            };
-            let p = fc.as_mut().map_or(std::ptr::null_mut(), |c| c as *mut fcclConfig_t);
-            // SAFETY: forwarded under the same contract; p is NULL or a local config.
-            ret(name, unsafe { f::fcclCommInitRankConfig(newcomm, nranks, id, myrank, p) })
+            // SAFETY: NULL or an ncclConfig_t (NCCL's contract); the call is forwarded under
+            // the same contract with p NULL or a local config.
+            unsafe { with_config(name, config, |p| f::fcclCommInitRankConfig(newcomm, nranks, id, myrank, p)) }
         })
     }
 }
@@ -450,14 +458,9 @@ nccl_api! {
     ) -> ncclResult_t {
         let name = "ncclCommSplit";
         guard(name, || {
-            // SAFETY: NULL or an ncclConfig_t (NCCL's contract).
-            let mut fc = match unsafe { self::config(name, config) } {
-                Ok(c) => c,
-                Err(r) => return r,
-            };
-            let p = fc.as_mut().map_or(std::ptr::null_mut(), |c| c as *mut fcclConfig_t);
-            // SAFETY: forwarded under the same contract; p is NULL or a local config.
-            ret(name, unsafe { f::fcclCommSplit(comm, color, key, newcomm, p) })
+            // SAFETY: NULL or an ncclConfig_t (NCCL's contract); the call is forwarded under
+            // the same contract with p NULL or a local config.
+            unsafe { with_config(name, config, |p| f::fcclCommSplit(comm, color, key, newcomm, p)) }
         })
     }
 }
