@@ -764,6 +764,17 @@ struct Summary<'a> {
 }
 
 impl Summary<'_> {
+    /// The names the per-category counts are listed by: collectives in this run's
+    /// order, types, ops, buffer kinds.
+    fn names(&self) -> [Vec<&'static str>; 4] {
+        [
+            self.order.iter().map(|c| c.name()).collect(),
+            Ty::ALL.iter().map(|t| t.name()).collect(),
+            Op::ALL.iter().map(|o| o.name()).collect(),
+            Kind::ALL.iter().map(|k| k.name()).collect(),
+        ]
+    }
+
     /// Buffers the calls used, by kind, summed over ranks.
     fn kinds(&self) -> [u64; 3] {
         std::array::from_fn(|k| self.recs.iter().map(|r| r.kinds[k]).sum())
@@ -816,10 +827,7 @@ impl Summary<'_> {
                 v.join(", ")
             }
         };
-        let cn: Vec<&str> = self.order.iter().map(|c| c.name()).collect();
-        let tn: Vec<&str> = Ty::ALL.iter().map(|t| t.name()).collect();
-        let on: Vec<&str> = Op::ALL.iter().map(|o| o.name()).collect();
-        let kn: Vec<&str> = Kind::ALL.iter().map(|k| k.name()).collect();
+        let [cn, tn, on, kn] = self.names();
         let kinds = self.kinds();
         let wrong = self.wrong();
         let _ = writeln!(s, "#");
@@ -947,10 +955,7 @@ impl Summary<'_> {
                 grow(a.heap_kib, b.heap_kib)
             )
         };
-        let cn: Vec<&str> = self.order.iter().map(|c| c.name()).collect();
-        let tn: Vec<&str> = Ty::ALL.iter().map(|t| t.name()).collect();
-        let on: Vec<&str> = Op::ALL.iter().map(|o| o.name()).collect();
-        let kn: Vec<&str> = Kind::ALL.iter().map(|k| k.name()).collect();
+        let [cn, tn, on, kn] = self.names();
         let kinds = self.kinds();
         let wrong = self.wrong();
         let wrong_calls: u64 = recs.iter().map(|r| r.wrong_calls).sum();
