@@ -356,15 +356,24 @@ fn pid_of(b: &[u8]) -> u32 {
 }
 
 impl Ipc {
-    /// Runs a host-memory exchange of this path's own with the communicator's next
-    /// sequence number, as every rank does.
-    fn exchange(x: &mut Exec<'_>, coll: Coll) -> Result<Option<Error>> {
-        *x.seq += 1;
-        let seq = *x.seq;
+    /// Runs `coll` on the host backend at sequence number `seq`, or at the
+    /// communicator's next one (None), as every rank does; `x.algo` keeps what this path
+    /// set.
+    fn on_host(x: &mut Exec<'_>, coll: Coll, seq: Option<u64>) -> Result<Option<Error>> {
+        let seq = seq.unwrap_or_else(|| {
+            *x.seq += 1;
+            *x.seq
+        });
         let algo = x.algo;
         let r = host::execute(x, &[Call { coll, seq }]);
         x.algo = algo;
         r
+    }
+
+    /// A host-memory exchange of this path's own, at the communicator's next sequence
+    /// number.
+    fn exchange(x: &mut Exec<'_>, coll: Coll) -> Result<Option<Error>> {
+        Self::on_host(x, coll, None)
     }
 
     /// All ranks' `mine` (BLOB bytes each), at sequence number `seq` (the call's own
@@ -372,15 +381,7 @@ impl Ipc {
     fn allgather(x: &mut Exec<'_>, mine: &[u8], n: usize, seq: Option<u64>) -> Result<(Vec<u8>, Option<Error>)> {
         let mut all = vec![0u8; mine.len() * n];
         let ex = Coll::new(CollKind::AllGather, mine.as_ptr(), all.as_mut_ptr(), mine.len(), DataType::Uint8);
-        let r = match seq {
-            Some(seq) => {
-                let algo = x.algo;
-                let r = host::execute(x, &[Call { coll: ex, seq }]);
-                x.algo = algo;
-                r
-            }
-            None => Self::exchange(x, ex),
-        }?;
+        let r = Self::on_host(x, ex, seq)?;
         Ok((all, r))
     }
 
@@ -561,22 +562,12 @@ impl Ipc {
             self.defer_close(inner, gone);
             if c.placement == Placement::Host {
                 x.algo = "host (a rank's buffers are not all on the device)";
-                *x.seq += 1;
-                let seq = *x.seq;
-                let algo = x.algo;
-                let res = host::execute(x, &[Call { coll: c.clone(), seq }]);
-                x.algo = algo;
-                return res;
+                return Self::on_host(x, c.clone(), None);
             }
             let mut coll = c.clone();
             let st = staging::stage_in(&mut coll, c.placement, rank, n)?;
             x.algo = "staged (a rank cannot share this call's memory through IPC)";
-            *x.seq += 1;
-            let seq = *x.seq;
-            let algo = x.algo;
-            let res = host::execute(x, &[Call { coll, seq }]);
-            x.algo = algo;
-            let res = res?;
+            let res = Self::on_host(x, coll, None)?;
             st.stage_out()?;
             return Ok(res);
         }
@@ -592,10 +583,7 @@ impl Ipc {
         let Mode::Stream(ctl) = mode else {
             // Synced: the executor moves the data and waits for it; then everyone returns.
             if rank == EXECUTOR {
-                let mut peers = Vec::with_capacity(n);
-                for b in all.chunks(db) {
-                    peers.push(map_peer(b, ctx, &mut inner.maps, &mut gone)?);
-                }
+                let peers = map_peers(&all, db, ctx, &mut inner.maps, &mut gone)?;
                 // SAFETY: the peers' buffers are mapped (or this process's own) and held by
                 // their ranks until the barrier below; the stream is synchronised before it.
                 unsafe { move_data(x, c, &peers, &counts, ctx, device)? };
@@ -611,10 +599,7 @@ impl Ipc {
         };
         let k = inner.k.wrapping_add(1);
         if rank == EXECUTOR {
-            let mut peers = Vec::with_capacity(n);
-            for b in all.chunks(db) {
-                peers.push(map_peer(b, ctx, &mut inner.maps, &mut gone)?);
-            }
+            let peers = map_peers(&all, db, ctx, &mut inner.maps, &mut gone)?;
             // SAFETY: the page is registered in this context and outlives the stream's use
             // of it (Drop waits for the last call); the peers' buffers are mapped until the
             // GPU finished this call (closing waits for `done`), and their owners keep
@@ -646,6 +631,17 @@ impl Ipc {
         let k = inner.k;
         inner.closing.extend(gone.into_iter().map(|b| (k, b)));
     }
+}
+
+/// Every rank's (send, recv) pointers from the descriptors (`db` bytes each).
+fn map_peers(
+    all: &[u8],
+    db: usize,
+    ctx: usize,
+    maps: &mut Mappings,
+    gone: &mut Vec<usize>,
+) -> Result<Vec<(*const u8, *const u8)>> {
+    all.chunks(db).map(|b| map_peer(b, ctx, maps, gone)).collect()
 }
 
 /// A peer's (send, recv) pointers, usable in this process's context `ctx` (null
