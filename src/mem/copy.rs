@@ -64,7 +64,7 @@ pub unsafe fn copy_stores(dst: *mut u8, src: *const u8, n: usize, streaming: boo
 /// the writer times its copies (one clock read each, against microseconds of
 /// copying) and streams while ordinary stores are more than [`Self::MARGIN`] times
 /// slower; every 16th copy goes the other way, so both estimates stay current.
-/// See docs/performance.md ("Ring stores").
+/// See docs/results/2026-11-24-host-performance.md ("Ring stores").
 #[derive(Default)]
 pub struct StoreChoice {
     /// Recent cost of ordinary and streaming copies, ns per KiB (0: not measured yet).

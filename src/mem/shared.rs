@@ -9,7 +9,7 @@
 //! byte then crosses memory once, at user-space copy speed, where moving it through
 //! the shared rings costs two copies and the kernel's cross-memory attach runs at
 //! half the speed of a user-space copy on the machines measured
-//! (docs/performance.md).
+//! (docs/results/2026-11-24-host-performance.md).
 //!
 //! Serial numbers are never reused within a process, so a receiver's cached mapping
 //! can never stand for a different buffer; the free counter ([`Desc::epoch`]) tells
@@ -143,7 +143,7 @@ fn map_aligned(fd: i32, len: usize, align: usize, prot: i32) -> Option<*mut u8> 
 /// transparent_hugepage/shmem_enabled says so, which it often does not ("never"
 /// on the machines measured), while private memory gets them on request; without
 /// them every 4 KiB of a buffer is a TLB miss, which cost steps that stream
-/// through user buffers 10-20% (docs/performance.md). MADV_COLLAPSE (Linux 6.1)
+/// through user buffers 10-20% (docs/results/2026-11-24-host-performance.md). MADV_COLLAPSE (Linux 6.1)
 /// builds them regardless of that setting from pages that exist, so the memfd is
 /// filled first: about 1 ms per MiB, once, at allocation. Best effort: on older
 /// kernels the buffer keeps 4 KiB pages.

@@ -121,7 +121,7 @@ const SHARE_PIECE: usize = 64 << 10;
 /// stores while those stay fast ([`copy::StoreChoice`]): the writer runs far
 /// enough ahead that lines reach the shared cache before they are read, and
 /// streaming them through memory would double the traffic. Measured per size in
-/// docs/performance.md ("Ring stores").
+/// docs/results/2026-11-24-host-performance.md ("Ring stores").
 const RING_STREAM: std::ops::Range<usize> = (32 << 10)..(512 << 10);
 /// Skips the rest of the ring, unread and unwritten: the next message starts at the
 /// ring's beginning (see `Link::rewind_gap`). Its length field is the gap after the header.

@@ -57,7 +57,7 @@ fn board_bytes(co: &Coll, n: usize) -> Option<usize> {
     let need = match co.kind {
         // A contribution of BY_LINKS_MIN bytes can go by address on the links, for the
         // peers to read it in place (one copy), rather than through a slot (two
-        // copies): 2.2-4.4x at 64 KiB a rank (docs/performance.md, "Board or links").
+        // copies): 2.2-4.4x at 64 KiB a rank (docs/results/2026-11-24-host-performance.md, "Board or links").
         // Smaller broadcasts go there too when the root decides so (see HANDOFF).
         CollKind::AllGather | CollKind::Gather | CollKind::Broadcast if b >= BY_LINKS_MIN => return None,
         CollKind::AllReduce | CollKind::Reduce | CollKind::AllGather | CollKind::Gather | CollKind::Broadcast => b,

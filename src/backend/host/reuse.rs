@@ -6,7 +6,7 @@
 //! sees them. A program that calls collectives again and again on the same tensor
 //! finds that tensor's lines in the caches instead, where ordinary stores hit them
 //! and streaming stores push every byte out to memory: 2-3.5x slower there at
-//! 512 KiB-8 MiB (docs/performance.md, *Buffers that stay in the caches*).
+//! 512 KiB-8 MiB (docs/results/2026-11-24-host-performance.md, *Buffers that stay in the caches*).
 //!
 //! So each host run notes the recvbuffs its calls write, and the next run on the
 //! same thread writes with ordinary stores into any of them that is at most
