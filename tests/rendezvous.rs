@@ -605,6 +605,45 @@ fn a_wrong_world_size_fails_every_rank_at_once() {
     eprintln!("wrong world size: every rank failed {:?} after it arrived (timeout 20 s)", t0.elapsed());
 }
 
+/// A rank whose own set-up fails after it joined reports why, and every other rank fails
+/// at once with that reason (rank 0 may serve the point and be the one that failed).
+#[test]
+fn a_rank_that_fails_its_set_up_tells_every_rank_why() {
+    let _g = serial();
+    let id = UniqueId::generate().unwrap();
+    let job = init_threads(id, 3, &[0, 1], 20_000);
+    let mut failing = Raw::connect(id.addr().unwrap());
+    let (st, msg) = failing.hello(&id.secret(), 3, 2, None);
+    assert_eq!(st, 0, "{msg}");
+    let mut info = vec![0u8; 64];
+    info[0..8].copy_from_slice(&ferroccl::comm::bootstrap::host_id().to_le_bytes());
+    info[8..12].copy_from_slice(&std::process::id().to_le_bytes());
+    info[15] = 1;
+    let mut f = 0u32.to_le_bytes().to_vec();
+    f.extend_from_slice(&20_000u32.to_le_bytes());
+    f.extend_from_slice(&info);
+    failing.s.write_all(&frame(&f)).unwrap();
+    let reply = read_frame(&mut failing.s, 1 << 20).unwrap();
+    assert_eq!(reply[0], 0, "{}", String::from_utf8_lossy(&reply[1..]));
+    let t0 = Instant::now();
+    let mut f = (u32::MAX - 1).to_le_bytes().to_vec();
+    f.extend_from_slice(&0u32.to_le_bytes());
+    f.extend_from_slice(b"cannot reach rank 0 at 192.0.2.1 port 9");
+    failing.s.write_all(&frame(&f)).unwrap();
+    let confirm = read_frame(&mut failing.s, 1 << 20).unwrap();
+    assert_eq!(confirm[0], 1, "the reporter is told the set-up failed");
+    for (r, (res, _)) in join_all(job).into_iter().enumerate() {
+        let e = res.unwrap_err();
+        assert_eq!(e.code, Code::RemoteError, "rank {r}: {}", e.msg);
+        assert!(
+            e.msg.contains("rank 2 failed its set-up: cannot reach rank 0 at 192.0.2.1 port 9"),
+            "rank {r}: {}",
+            e.msg
+        );
+    }
+    assert!(t0.elapsed() < Duration::from_secs(2), "the others learnt of it after {:?}", t0.elapsed());
+}
+
 /// Ranks 0 and 1 (threads here) with a hand-played rank 2 on `host` that sends its
 /// description in round 0 and then stalls in round 1. Returns the TCP ports the
 /// ranks opened meanwhile (local addresses as /proc/net/tcp gives them, hex) and

@@ -60,6 +60,8 @@ const MAX_TEXT: usize = 4 << 10;
 /// The most rounds one set-up may have.
 const MAX_ROUNDS: u32 = 64;
 const BYE_ROUND: u32 = u32::MAX;
+/// A rank's report that its set-up failed; the blob is its error, told to every rank.
+const FAIL_ROUND: u32 = u32::MAX - 1;
 /// Domain separation of the handshake's HMACs.
 const HELLO_LABEL: &[u8] = b"ferroccl rendezvous v2 hello";
 const WELCOME_LABEL: &[u8] = b"ferroccl rendezvous v2 welcome";
@@ -867,6 +869,22 @@ impl Client {
                 text(&reply[1..])
             ))),
             _ => Err(Error::remote("the rendezvous point sent a malformed reply")),
+        }
+    }
+
+    /// Tells the point why this rank's set-up failed, so that every other rank fails
+    /// with that reason at once, and waits briefly for the point to confirm: rank 0's
+    /// process may serve the point and exit right after.
+    pub fn fail(mut self, why: &str) {
+        let why = &why.as_bytes()[..why.len().min(MAX_TEXT)];
+        let mut f = Vec::with_capacity(12 + why.len());
+        f.extend_from_slice(&((8 + why.len()) as u32).to_le_bytes());
+        f.extend_from_slice(&FAIL_ROUND.to_le_bytes());
+        f.extend_from_slice(&0u32.to_le_bytes());
+        f.extend_from_slice(why);
+        let by = Instant::now() + Duration::from_secs(2);
+        if write_all_by(&mut self.conn, &f, by).is_ok() {
+            let _ = read_frame_by(&mut self.conn, 1 + MAX_TEXT, by);
         }
     }
 

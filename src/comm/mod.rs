@@ -145,9 +145,17 @@ impl Comm {
         let mut client = Client::join(id, nranks, rank, deadline)?;
         let nonce = client.nonce;
         let route = client.local_ip();
-        let transport = wireup::connect(rank, nranks, &format!("{nonce:016x}"), nonce, deadline, route, &mut |blob| {
+        let wired = wireup::connect(rank, nranks, &format!("{nonce:016x}"), nonce, deadline, route, &mut |blob| {
             client.allgather(blob, deadline)
-        })?;
+        });
+        let transport = match wired {
+            Ok(t) => t,
+            Err(e) => {
+                // The others learn why at once (this rank's process may serve the point).
+                client.fail(&e.msg);
+                return Err(e);
+            }
+        };
         // One more round: every rank's device, so all choose the same backend.
         let me = device::RankInfo::local(wireup::host_id(), opts.device);
         let blobs = client.allgather(&me.encode(), deadline)?;

@@ -345,9 +345,15 @@ impl Transport {
         unsafe { libc::poll(fds.as_mut_ptr(), fds.len() as libc::nfds_t, ms) };
     }
 
-    /// First error among peers that died or failed.
-    pub fn check_peers(&self) -> Result<()> {
-        PeerChecks { links: &self.links }.alive()
+    /// First error among `peers` that died or failed: a call checks only the peers it
+    /// still waits for, since one that finished its part may exit before this rank does.
+    pub fn check_peers_of(&self, peers: &[usize]) -> Result<()> {
+        for &p in peers {
+            if let Some(l) = self.links.get(p).and_then(Option::as_ref) {
+                l.check_alive()?;
+            }
+        }
+        Ok(())
     }
 
     /// Cheap check of the peers' failure flags (no system calls).

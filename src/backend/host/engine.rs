@@ -1399,7 +1399,8 @@ impl Idle {
         }
         if now - *last_peer_check > Duration::from_millis(100) {
             *last_peer_check = now;
-            t.check_peers().map_err(|e| e.context((ctl.what)()))?;
+            let w = waiting();
+            t.check_peers_of(&w.from).and_then(|()| t.check_peers_of(&w.to)).map_err(|e| e.context((ctl.what)()))?;
         }
         if idle < t.policy.yield_until {
             std::thread::yield_now();

@@ -950,6 +950,10 @@ impl Loop {
         if !s.members.get(rank).is_some_and(ours) {
             return self.close(slot);
         }
+        if round == FAIL_ROUND {
+            let msg = format!("rank {rank} failed its set-up: {}", text(blob));
+            return self.fail_session_reported_by(ST_FAILED, &msg, Some(slot));
+        }
         if round == BYE_ROUND {
             let m = s.members[rank].as_mut().expect("a member");
             if !m.finished {
@@ -1037,6 +1041,12 @@ impl Loop {
 
     /// Tells every rank of the set-up in progress that it failed (`msg`), at once.
     fn fail_session(&mut self, status: u8, msg: &str) {
+        self.fail_session_reported_by(status, msg, None)
+    }
+
+    /// Fails the set-up; the rank on `reporter` (which reported the failure) is told
+    /// last, so its confirmation means every other rank's notice was written.
+    fn fail_session_reported_by(&mut self, status: u8, msg: &str, reporter: Option<usize>) {
         let Some(s) = self.session.take() else {
             if !self.opts.reusable && self.tombstone.is_none() {
                 self.tombstone = Some((status, msg.to_string(), Instant::now() + self.opts.hello_deadline));
@@ -1044,7 +1054,8 @@ impl Loop {
             return;
         };
         log::warn(format_args!("rendezvous point {}: the set-up of {} ranks failed: {msg}", self.local, s.nranks));
-        for m in s.members.iter().flatten() {
+        let last = reporter.and_then(|r| s.members.iter().flatten().find(|m| m.slot == r));
+        for m in s.members.iter().flatten().filter(|m| Some(m.slot) != reporter).chain(last) {
             let closing = self.conns.get(m.slot).and_then(|c| c.as_ref()).is_some_and(|c| matches!(c.st, St::Closing));
             if !m.finished && !closing && self.alive(m.slot, m.serial) {
                 self.send_last(m.slot, status, msg);
