@@ -56,7 +56,17 @@ pub const TRANSPORT: Var = Var {
 pub const HOST_ADDR: Var = Var {
     name: "FERROCCL_HOST_ADDR",
     default: "",
-    doc: "IP address this process advertises to peers (rendezvous point, TCP transport)",
+    doc: "IP address this rank advertises to peers on other hosts (and fcclGetUniqueId's rendezvous point); unset: the address this host reaches the rendezvous point from",
+};
+pub const SOCKET_IFNAME: Var = Var {
+    name: "FERROCCL_SOCKET_IFNAME",
+    default: "",
+    doc: "interfaces whose address is advertised when FERROCCL_HOST_ADDR is unset, as NCCL_SOCKET_IFNAME: name prefixes, comma-separated; ^ excludes, = matches names exactly (IPv4 and IPv6)",
+};
+pub const CONNECT_TIMEOUT_MS: Var = Var {
+    name: "FERROCCL_CONNECT_TIMEOUT_MS",
+    default: "10000",
+    doc: "how long a rank keeps trying to reach a peer on another host during set-up before it fails, naming the peer and its address, in ms",
 };
 pub const CHECK: Var = Var {
     name: "FERROCCL_CHECK",
@@ -125,6 +135,8 @@ pub const ALL: &[&Var] = &[
     &CUDA_IPC,
     &TRANSPORT,
     &HOST_ADDR,
+    &SOCKET_IFNAME,
+    &CONNECT_TIMEOUT_MS,
     &CHECK,
     &SINGLE_COPY,
     &STREAM_MIN,
@@ -156,14 +168,14 @@ pub const NCCL_DEBUG_FILE: Var =
 pub const NCCL_SOCKET_IFNAME: Var = Var {
     name: "NCCL_SOCKET_IFNAME",
     default: "",
-    doc: "as libnccl.so.2, when FERROCCL_HOST_ADDR is unset: the interfaces whose first IPv4 address is advertised (prefixes, comma-separated; ^ excludes, = matches names exactly)",
+    doc: "as libnccl.so.2: FERROCCL_SOCKET_IFNAME when that is unset (read by libferroccl too)",
 };
 
 /// Whether NCCL's variables stand in for ferroccl's (set by the ferroccl-nccl shim).
 static NCCL_ALIASES: AtomicBool = AtomicBool::new(false);
 
-/// Makes NCCL_DEBUG, NCCL_DEBUG_FILE and NCCL_SOCKET_IFNAME stand in for FERROCCL_DEBUG,
-/// FERROCCL_DEBUG_FILE and FERROCCL_HOST_ADDR where those are unset: called by the
+/// Makes NCCL_DEBUG and NCCL_DEBUG_FILE stand in for FERROCCL_DEBUG and
+/// FERROCCL_DEBUG_FILE where those are unset: called by the
 /// library that serves NCCL's API, never by ferroccl's own (a real NCCL may read them).
 pub fn enable_nccl_aliases() {
     NCCL_ALIASES.store(true, Ordering::Relaxed);
@@ -179,7 +191,7 @@ fn nccl_debug_level(v: &str) -> String {
 }
 
 impl Var {
-    /// The value if set and non-empty (for three variables, NCCL's stand-in when enabled,
+    /// The value if set and non-empty (for two variables, NCCL's stand-in when enabled,
     /// see [`enable_nccl_aliases`]).
     pub fn get(&self) -> Option<String> {
         let own = std::env::var(self.name).ok().filter(|v| !v.trim().is_empty());
@@ -189,10 +201,6 @@ impl Var {
         match self.name {
             n if n == DEBUG.name => NCCL_DEBUG.get().map(|v| nccl_debug_level(&v)),
             n if n == DEBUG_FILE.name => NCCL_DEBUG_FILE.get(),
-            n if n == HOST_ADDR.name => NCCL_SOCKET_IFNAME
-                .get()
-                .and_then(|spec| crate::comm::bootstrap::interface_ipv4(Some(&spec)))
-                .map(|ip| ip.to_string()),
             _ => None,
         }
     }

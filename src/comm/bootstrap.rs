@@ -353,69 +353,11 @@ pub fn host_id() -> u64 {
     super::wireup::host_id()
 }
 
-/// The address this process advertises for its listening sockets: FERROCCL_HOST_ADDR,
-/// else the first up, non-loopback IPv4 address, else loopback.
-pub(crate) fn advertised_ip() -> IpAddr {
-    if let Some(ip) = crate::env::HOST_ADDR.get().and_then(|s| s.trim().parse::<IpAddr>().ok()) {
-        return ip;
-    }
-    interface_ipv4(None).map(IpAddr::V4).unwrap_or(IpAddr::V4(Ipv4Addr::LOCALHOST))
-}
-
-/// Whether interface `name` passes an NCCL_SOCKET_IFNAME-style `spec`: comma-separated
-/// name prefixes, `=` first for exact names, `^` first to exclude the listed ones.
-pub fn interface_matches(spec: &str, name: &str) -> bool {
-    let spec = spec.trim();
-    let (exclude, spec) = match spec.strip_prefix('^') {
-        Some(rest) => (true, rest),
-        None => (false, spec),
-    };
-    let (exact, spec) = match spec.strip_prefix('=') {
-        Some(rest) => (true, rest),
-        None => (false, spec),
-    };
-    let listed = spec.split(',').map(str::trim).filter(|p| !p.is_empty()).any(|p| {
-        if exact {
-            name == p
-        } else {
-            name.starts_with(p)
-        }
-    });
-    listed != exclude
-}
-
-/// The first up IPv4 address of this host, if any: of an interface that `spec` selects
-/// (interface_matches, loopback included), or without a spec of any non-loopback one.
-pub fn interface_ipv4(spec: Option<&str>) -> Option<Ipv4Addr> {
-    let mut ifap: *mut libc::ifaddrs = std::ptr::null_mut();
-    // SAFETY: getifaddrs fills ifap with a list we free below.
-    if unsafe { libc::getifaddrs(&mut ifap) } != 0 {
-        return None;
-    }
-    let mut found = None;
-    let mut cur = ifap;
-    while !cur.is_null() {
-        // SAFETY: cur is a node of the list getifaddrs returned.
-        let ifa = unsafe { &*cur };
-        let up = ifa.ifa_flags & (libc::IFF_UP as u32) != 0;
-        let lo = ifa.ifa_flags & (libc::IFF_LOOPBACK as u32) != 0;
-        let wanted = match spec {
-            None => !lo,
-            // SAFETY: ifa_name is the interface's NUL-terminated name.
-            Some(s) => interface_matches(s, &unsafe { std::ffi::CStr::from_ptr(ifa.ifa_name) }.to_string_lossy()),
-        };
-        // SAFETY: ifa_addr, when non-null, points to a sockaddr of the family it names.
-        if up && wanted && !ifa.ifa_addr.is_null() && unsafe { (*ifa.ifa_addr).sa_family } as i32 == libc::AF_INET {
-            // SAFETY: family is AF_INET, so the sockaddr is a sockaddr_in.
-            let sin = unsafe { &*(ifa.ifa_addr as *const libc::sockaddr_in) };
-            found = Some(Ipv4Addr::from(u32::from_be(sin.sin_addr.s_addr)));
-            break;
-        }
-        cur = ifa.ifa_next;
-    }
-    // SAFETY: ifap came from getifaddrs.
-    unsafe { libc::freeifaddrs(ifap) };
-    found
+/// The address fcclGetUniqueId's rendezvous point listens on and puts in the id:
+/// FERROCCL_HOST_ADDR, else the interface selection, else this host's first interface
+/// other than loopback (see [`super::addr::choose`]).
+pub(crate) fn advertised_ip() -> Result<IpAddr> {
+    super::addr::choose(None, true).map(|(ip, _)| ip)
 }
 
 // ---------------------------------------------------------------- framing
@@ -752,6 +694,12 @@ enum Attempt {
 }
 
 impl Client {
+    /// The local address of the connection to the point: the kernel routed it over the
+    /// interface that reaches the point's host, which peers elsewhere can likely reach too.
+    pub fn local_ip(&self) -> Option<IpAddr> {
+        self.conn.local_addr().ok().map(|a| a.ip())
+    }
+
     /// Connects (retrying until `deadline`, the point may not be up yet) and joins.
     pub fn join(id: &UniqueId, nranks: usize, rank: usize, deadline: Instant) -> Result<Client> {
         let addr = id.addr()?;
@@ -938,21 +886,6 @@ mod tests {
 
     fn key(s: &str) -> JobKey {
         JobKey::derive(KeySource::Secret, s)
-    }
-
-    #[test]
-    fn interface_spec_is_ncclish() {
-        assert!(interface_matches("eth", "eth0"));
-        assert!(!interface_matches("eth", "ib0"));
-        assert!(interface_matches("ib,eth", "eth1"));
-        assert!(!interface_matches("=eth", "eth0"));
-        assert!(interface_matches("=eth0", "eth0"));
-        assert!(!interface_matches("^docker,lo", "docker0"));
-        assert!(interface_matches("^docker,lo", "eth0"));
-        assert!(!interface_matches("^=eth0", "eth0"));
-        assert!(interface_matches("^=eth0", "eth01"));
-        // The loopback interface is chosen when named (single-host runs).
-        assert_eq!(interface_ipv4(Some("=lo")), Some(Ipv4Addr::LOCALHOST));
     }
 
     #[test]

@@ -1,5 +1,6 @@
 //! Communicators: creation (rendezvous, threads, split), execution of calls, abort.
 
+pub mod addr;
 pub mod bootstrap;
 pub mod device;
 pub mod group;
@@ -84,6 +85,8 @@ pub struct Comm {
     router: Router,
     /// Set once the first device call on a rank without a device was logged.
     told_no_device: AtomicBool,
+    /// The local address of the connection to the rendezvous point, for splits' wire-up.
+    route: Option<std::net::IpAddr>,
 }
 
 impl Comm {
@@ -102,6 +105,7 @@ impl Comm {
             device: -1,
             router: Router::new(vec![Box::new(Builtin { rank, nranks })]),
             told_no_device: AtomicBool::new(false),
+            route: None,
         }
     }
 
@@ -140,7 +144,8 @@ impl Comm {
         let deadline = Instant::now() + opts.timeout;
         let mut client = Client::join(id, nranks, rank, deadline)?;
         let nonce = client.nonce;
-        let transport = wireup::connect(rank, nranks, &format!("{nonce:016x}"), nonce, deadline, &mut |blob| {
+        let route = client.local_ip();
+        let transport = wireup::connect(rank, nranks, &format!("{nonce:016x}"), nonce, deadline, route, &mut |blob| {
             client.allgather(blob, deadline)
         })?;
         // One more round: every rank's device, so all choose the same backend.
@@ -187,6 +192,7 @@ impl Comm {
             }
         };
         let mut c = Comm::new(rank, nranks, opts, nonce, transport);
+        c.route = route;
         c.device = me.device;
         let nccl = match nccl_id {
             Some(id) => Some(Nccl::init_rank(nranks, &id, rank, me.device)?),
@@ -427,13 +433,14 @@ impl Comm {
         let new_rank = members.iter().position(|&r| r == self.rank).expect("a rank is a member of its colour");
         let nonce = self.nonce ^ (k + 1).wrapping_mul(0x9e37_79b9_7f4a_7c15) ^ (color as u64).rotate_left(32);
         let name = format!("{:016x}-s{k}-c{color}", self.nonce);
-        let t = wireup::connect(new_rank, members.len(), &name, nonce, deadline, &mut rounds)?;
+        let t = wireup::connect(new_rank, members.len(), &name, nonce, deadline, self.route, &mut rounds)?;
         let mut opts = opts;
         if opts.name.is_empty() && !self.opts.name.is_empty() {
             opts.name = format!("{}.{color}", self.opts.name);
         }
         // The child keeps the parent's device; its device memory uses the built-in backend.
         let mut child = Comm::new(new_rank, members.len(), opts, nonce, t);
+        child.route = self.route;
         child.device = self.device;
         Ok(Some(child))
     }

@@ -9,6 +9,7 @@
 //!    have all connected, so a peer that died earlier failed a round instead, and the
 //!    rendezvous point told everyone at once.
 
+use super::addr::{self, Source};
 use crate::error::{Error, Result};
 use crate::transport::shm::{ring_bytes_for, Segment, ShmLink};
 use crate::transport::tcp::TcpLink;
@@ -75,30 +76,44 @@ impl Info {
     }
 }
 
-/// Round two's blob: the address of this rank's port for remote peers, if it has one.
-fn encode_addr(a: Option<SocketAddr>) -> Vec<u8> {
-    let mut b = vec![0u8; 19];
-    match a {
-        None => return Vec::new(),
-        Some(a) => {
-            b[1..3].copy_from_slice(&a.port().to_le_bytes());
-            match a.ip() {
-                IpAddr::V4(ip) => {
-                    b[0] = 4;
-                    b[3..7].copy_from_slice(&ip.octets());
-                }
-                IpAddr::V6(ip) => {
-                    b[0] = 6;
-                    b[3..19].copy_from_slice(&ip.octets());
-                }
-            }
+/// What a rank tells the others in round two about its port for peers on other hosts.
+#[derive(Clone, Debug, PartialEq)]
+struct Remote {
+    addr: SocketAddr,
+    /// How the rank chose the address (for the messages of peers that cannot reach it).
+    source: Source,
+    /// The rank's hostname, shortened to fit the blob.
+    host: String,
+}
+
+/// The most bytes of a hostname round two carries.
+const HOST_BYTES: usize = BLOB_BYTES - 21;
+
+/// Round two's blob: family, port, address, source, hostname; empty without a port.
+fn encode_addr(r: Option<&Remote>) -> Vec<u8> {
+    let Some(r) = r else { return Vec::new() };
+    let mut b = vec![0u8; 21];
+    b[1..3].copy_from_slice(&r.addr.port().to_le_bytes());
+    match r.addr.ip() {
+        IpAddr::V4(ip) => {
+            b[0] = 4;
+            b[3..7].copy_from_slice(&ip.octets());
+        }
+        IpAddr::V6(ip) => {
+            b[0] = 6;
+            b[3..19].copy_from_slice(&ip.octets());
         }
     }
+    b[19] = r.source.code();
+    let mut host = r.host.as_bytes();
+    host = &host[..host.len().min(HOST_BYTES)];
+    b[20] = host.len() as u8;
+    b.extend_from_slice(host);
     b
 }
 
-fn decode_addr(b: &[u8]) -> Option<SocketAddr> {
-    if b.len() < 19 {
+fn decode_addr(b: &[u8]) -> Option<Remote> {
+    if b.len() < 21 {
         return None;
     }
     let port = u16::from_le_bytes([b[1], b[2]]);
@@ -107,7 +122,17 @@ fn decode_addr(b: &[u8]) -> Option<SocketAddr> {
         6 => IpAddr::from(<[u8; 16]>::try_from(&b[3..19]).unwrap()),
         _ => return None,
     };
-    Some(SocketAddr::new(ip, port))
+    let n = (b[20] as usize).min(HOST_BYTES).min(b.len() - 21);
+    Some(Remote {
+        addr: SocketAddr::new(ip, port),
+        source: Source::from_code(b[19]),
+        host: String::from_utf8_lossy(&b[21..21 + n]).into_owned(),
+    })
+}
+
+/// This host's name, for peers' messages.
+fn hostname() -> String {
+    std::fs::read_to_string("/proc/sys/kernel/hostname").map(|s| s.trim().to_string()).unwrap_or_default()
 }
 
 /// Identity of this host: hostname and boot id, hashed.
@@ -117,17 +142,14 @@ pub(super) fn host_id() -> u64 {
     s.bytes().fold(0xcbf2_9ce4_8422_2325u64, |h, c| (h ^ c as u64).wrapping_mul(0x100_0000_01b3))
 }
 
-/// A port for peers on other hosts, on the address this rank advertises
-/// (FERROCCL_HOST_ADDR, else loopback), and that address.
-fn open_port(nranks: usize) -> Result<(TcpListener, SocketAddr)> {
-    let adv = crate::env::HOST_ADDR
-        .get()
-        .and_then(|s| s.trim().parse::<IpAddr>().ok())
-        .unwrap_or(IpAddr::V4(Ipv4Addr::LOCALHOST));
+/// A port for peers on other hosts, on the address this rank advertises (see
+/// [`addr::choose`]), and that address.
+fn open_port(nranks: usize, route: Option<IpAddr>, other_hosts: bool) -> Result<(TcpListener, Remote)> {
+    let (adv, source) = addr::choose(route, other_hosts)?;
     let listener = match TcpListener::bind(SocketAddr::new(adv, 0)) {
         Ok(l) => l,
         // An address this host only receives through NAT: listen on every interface.
-        Err(e) if e.raw_os_error() == Some(libc::EADDRNOTAVAIL) => {
+        Err(e) if e.raw_os_error() == Some(libc::EADDRNOTAVAIL) && source == Source::HostAddr => {
             let any = if adv.is_ipv4() { IpAddr::V4(Ipv4Addr::UNSPECIFIED) } else { IpAddr::V6(Ipv6Addr::UNSPECIFIED) };
             crate::log::info(format_args!(
                 "FERROCCL_HOST_ADDR {adv} is not an address of this host; the port for remote peers listens on {any}"
@@ -137,16 +159,20 @@ fn open_port(nranks: usize) -> Result<(TcpListener, SocketAddr)> {
         }
         Err(e) => {
             return Err(Error::system(format!(
-                "cannot open a port for peers on other hosts on {adv} (FERROCCL_HOST_ADDR): {e}"
+                "cannot open a port for peers on other hosts on {adv} ({}): {e}",
+                source.describe()
             )))
         }
     };
     listener.set_nonblocking(true)?;
-    // Every lower remote peer connects before this rank accepts any (round three).
+    // Every lower remote peer connects before this rank accepts any (round three),
+    // with up to 16 sockets each.
+    let backlog = nranks.saturating_mul(16).min(i32::MAX as usize) as libc::c_int;
     // SAFETY: listen on a socket we own; it only raises the accept queue's length.
-    unsafe { libc::listen(listener.as_raw_fd(), nranks.min(i32::MAX as usize) as libc::c_int) };
+    unsafe { libc::listen(listener.as_raw_fd(), backlog) };
     let port = listener.local_addr()?.port();
-    Ok((listener, SocketAddr::new(adv, port)))
+    crate::log::info(format_args!("peers on other hosts reach this rank at {adv} port {port} ({})", source.describe()));
+    Ok((listener, Remote { addr: SocketAddr::new(adv, port), source, host: hostname() }))
 }
 
 /// Wires up rank `rank` of `nranks`. `name` (unique per communicator) names the
@@ -157,6 +183,7 @@ pub fn connect(
     name: &str,
     nonce: u64,
     deadline: Instant,
+    route: Option<IpAddr>,
     allgather: &mut Allgather<'_>,
 ) -> Result<Transport> {
     let force_tcp = crate::env::TRANSPORT.get_or_default().eq_ignore_ascii_case("tcp");
@@ -185,12 +212,12 @@ pub fn connect(
         None
     };
     // A port only when a peer is on another host; all-local jobs open none.
-    let port = if any_remote_peer { Some(open_port(nranks)?) } else { None };
+    let port = if any_remote_peer { Some(open_port(nranks, route, !force_tcp)?) } else { None };
 
     // Round 2: every segment and port exists; map the peers' segments and connect to
     // remote peers of higher rank.
-    let addrs: Vec<Option<SocketAddr>> =
-        allgather(&encode_addr(port.as_ref().map(|p| p.1)))?.iter().map(|b| decode_addr(b)).collect();
+    let addrs: Vec<Option<Remote>> =
+        allgather(&encode_addr(port.as_ref().map(|p| &p.1)))?.iter().map(|b| decode_addr(b)).collect();
     let my_seg_arc = my_seg.take().map(Arc::new);
     let mut links: Vec<Option<Box<dyn Link>>> = (0..nranks).map(|_| None).collect();
     let mut segs: Vec<Option<Arc<Segment>>> = (0..nranks).map(|_| None).collect();
@@ -203,10 +230,10 @@ pub fn connect(
         links[p] = Some(Box::new(ShmLink::new(rank, p, mine, peer_seg, other_process)));
     }
     for p in (rank + 1..nranks).filter(|&p| !local[p]) {
-        let addr = addrs.get(p).copied().flatten().ok_or_else(|| {
+        let remote = addrs.get(p).and_then(Option::as_ref).ok_or_else(|| {
             Error::internal(format!("rank {rank}: rank {p} is on another host but gave no address for its port"))
         })?;
-        let mut s = connect_peer(addr, deadline, rank, p)?;
+        let mut s = connect_peer(remote, deadline, rank, p)?;
         let mut hello = [0u8; 16];
         hello[0..8].copy_from_slice(&nonce.to_le_bytes());
         hello[8..16].copy_from_slice(&(rank as u64).to_le_bytes());
@@ -252,28 +279,64 @@ pub fn connect(
     Ok(t)
 }
 
+/// How long a rank keeps trying to reach a peer on another host (FERROCCL_CONNECT_TIMEOUT_MS).
+fn connect_timeout() -> Result<Duration> {
+    let var = &crate::env::CONNECT_TIMEOUT_MS;
+    let v = var.get_or_default();
+    match v.trim().parse::<u64>() {
+        Ok(ms) if ms > 0 => Ok(Duration::from_millis(ms)),
+        _ => Err(Error::invalid_arg(format!("{} is {v:?}; give a positive number of milliseconds", var.name))),
+    }
+}
+
 /// Connects to rank `peer`'s port. Its port was open before round two, so a refusal
-/// means its process is gone: that fails at once instead of retrying to the deadline.
-fn connect_peer(addr: SocketAddr, deadline: Instant, rank: usize, peer: usize) -> Result<TcpStream> {
-    let mut last = String::new();
+/// means its process is gone, and an unreachable network or silence for
+/// FERROCCL_CONNECT_TIMEOUT_MS means this host cannot reach that address: both fail
+/// now, naming the peer, its host and address and what to set, not at the deadline.
+fn connect_peer(remote: &Remote, deadline: Instant, rank: usize, peer: usize) -> Result<TcpStream> {
+    let addr = remote.addr;
+    let started = Instant::now();
+    let give_up = deadline.min(started + connect_timeout()?);
+    let host = if remote.host.is_empty() { String::from("its host") } else { format!("host {}", remote.host) };
+    let advice = format!(
+        "rank {peer} advertised that address as {}. Make the hosts' addresses reachable from each other, or choose the interface they share with FERROCCL_SOCKET_IFNAME (or NCCL_SOCKET_IFNAME) on every rank, or set FERROCCL_HOST_ADDR on rank {peer}'s host to an address this host can reach",
+        remote.source.describe()
+    );
+    let unreachable = |why: &str| {
+        Error::remote_rank(
+            peer,
+            format!(
+                "rank {rank}: cannot reach rank {peer} on {host} at {} port {} after {} ms ({why}); {advice}",
+                addr.ip(),
+                addr.port(),
+                started.elapsed().as_millis(),
+            ),
+        )
+    };
+    let mut last = String::from("no answer");
     loop {
-        let left = deadline.saturating_duration_since(Instant::now());
+        let left = give_up.saturating_duration_since(Instant::now());
         if left.is_zero() {
-            return Err(Error::timeout(format!(
-                "rank {rank}: timed out connecting to rank {peer} at {addr} ({last}); check that the hosts can reach each other on FERROCCL_HOST_ADDR"
-            )));
+            return Err(unreachable(&last));
         }
         match TcpStream::connect_timeout(&addr, left.min(Duration::from_secs(2))) {
             Ok(s) => return Ok(s),
             Err(e) if e.kind() == std::io::ErrorKind::ConnectionRefused => {
                 return Err(Error::remote_rank(
                     peer,
-                    format!("rank {rank}: rank {peer} refused the connection at {addr}: its process has died or closed its port"),
+                    format!(
+                        "rank {rank}: the connection to rank {peer} on {host} at {} port {} was refused: its process has died, or that address is not its host's; {advice}",
+                        addr.ip(),
+                        addr.port()
+                    ),
                 ))
+            }
+            Err(e) if matches!(e.raw_os_error(), Some(libc::ENETUNREACH) | Some(libc::EHOSTUNREACH) | Some(libc::EADDRNOTAVAIL) | Some(libc::EAFNOSUPPORT)) => {
+                return Err(unreachable(&e.to_string()))
             }
             Err(e) => {
                 last = e.to_string();
-                std::thread::sleep(Duration::from_millis(10).min(deadline.saturating_duration_since(Instant::now())));
+                std::thread::sleep(Duration::from_millis(10).min(give_up.saturating_duration_since(Instant::now())));
             }
         }
     }
@@ -366,21 +429,42 @@ mod tests {
         if crate::env::HOST_ADDR.get().is_some() {
             return;
         }
-        let (l, adv) = open_port(4).unwrap();
+        let (l, adv) = open_port(4, Some(IpAddr::V4(Ipv4Addr::LOCALHOST)), false).unwrap();
         let bound = l.local_addr().unwrap();
-        assert_eq!(bound.ip(), adv.ip());
+        assert_eq!(bound.ip(), adv.addr.ip());
+        assert_eq!(adv.source, Source::Route);
         assert!(!bound.ip().is_unspecified(), "bound to {bound}");
     }
 
     #[test]
     fn round_two_addresses_survive_a_split_s_padding() {
-        let a: SocketAddr = "10.1.2.3:4567".parse().unwrap();
-        let mut padded = encode_addr(Some(a));
+        let r = |a: &str, host: &str| Remote { addr: a.parse().unwrap(), source: Source::Ifname, host: host.into() };
+        let a = r("10.1.2.3:4567", "node-17");
+        let mut padded = encode_addr(Some(&a));
         padded.resize(BLOB_BYTES, 0);
         assert_eq!(decode_addr(&padded), Some(a));
-        let v6: SocketAddr = "[fe80::1]:9".parse().unwrap();
-        assert_eq!(decode_addr(&encode_addr(Some(v6))), Some(v6));
+        let v6 = r("[fd00::1]:9", &"h".repeat(200));
+        let got = decode_addr(&encode_addr(Some(&v6))).unwrap();
+        assert_eq!((got.addr, got.host.len()), (v6.addr, HOST_BYTES));
+        assert!(encode_addr(Some(&v6)).len() <= BLOB_BYTES);
         assert_eq!(decode_addr(&encode_addr(None)), None);
         assert_eq!(decode_addr(&[0u8; BLOB_BYTES]), None);
+    }
+
+    #[test]
+    fn an_unreachable_peer_fails_within_the_connect_bound_naming_it() {
+        // TEST-NET-1 (RFC 5737) is never routed: the connection times out or is refused by
+        // the network at once; either way well before the set-up's deadline.
+        if crate::env::CONNECT_TIMEOUT_MS.get().is_some() {
+            return;
+        }
+        let remote = Remote { addr: "192.0.2.1:9".parse().unwrap(), source: Source::Route, host: "far".into() };
+        let t = Instant::now();
+        let e = connect_peer(&remote, Instant::now() + Duration::from_secs(600), 0, 3).unwrap_err();
+        assert!(t.elapsed() < Duration::from_secs(15), "took {:?}", t.elapsed());
+        let m = e.to_string();
+        for want in ["rank 3", "host far", "at 192.0.2.1 port 9", "FERROCCL_SOCKET_IFNAME", "FERROCCL_HOST_ADDR"] {
+            assert!(m.contains(want), "{want:?} missing from: {m}");
+        }
     }
 }

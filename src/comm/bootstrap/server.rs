@@ -92,7 +92,7 @@ impl Server {
             Some(k) => k,
             None => JobKey { key: random_secret()?, source: KeySource::Random },
         };
-        let ip = if opts.loopback { IpAddr::V4(Ipv4Addr::LOCALHOST) } else { advertised_ip() };
+        let ip = if opts.loopback { IpAddr::V4(Ipv4Addr::LOCALHOST) } else { advertised_ip()? };
         let listener = match TcpListener::bind(SocketAddr::new(ip, 0)) {
             Ok(l) => l,
             // FERROCCL_HOST_ADDR may name an address this host only receives through NAT.
