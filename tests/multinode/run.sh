@@ -48,8 +48,8 @@ summary() { echo "multinode: $passed passed, $failed failed, $skipped skipped"; 
 skip_all() { skip "multinode: $*"; summary; exit 0; }
 
 [ "$(id -u)" = 0 ] || skip_all "needs root to create network namespaces (run as root, or in a container with CAP_SYS_ADMIN and CAP_NET_ADMIN)"
-for c in ip unshare env od; do
-  command -v "$c" >/dev/null 2>&1 || skip_all "'$c' is not installed (iproute2, util-linux and coreutils provide them)"
+for c in ip:iproute2 unshare:util-linux env:coreutils od:coreutils; do
+  command -v "${c%%:*}" >/dev/null 2>&1 || skip_all "'${c%%:*}' is not installed (package ${c#*:})"
 done
 
 tag="fccl$$"            # namespace names unique to this run
@@ -90,7 +90,8 @@ pick_subnets() {
     if ! grep -q "[^0-9]10\.$a\.$b\." <<<"$used"; then v4net="10.$a.$b"; break; fi
   done
   for i in $(seq 1 100); do
-    a=$(printf 'fd%02x:%04x:%04x' $((RANDOM % 256)) $RANDOM $RANDOM)
+    # as the library prints addresses (RFC 5952: no leading zeros, no zero group)
+    a=$(printf 'fd%02x:%x:%x' $((RANDOM % 256)) $((RANDOM + 1)) $((RANDOM + 1)))
     if ! grep -qi "$a:" <<<"$used"; then v6net="$a"; break; fi
   done
   [ -n "$v4net" ] && [ -n "$v6net" ]
@@ -213,9 +214,12 @@ contract_case() {
     # the rest elsewhere (TCP). Anything else means hosts were not told apart.
     got=$(grep -m1 -oE "Info: rank $r: [0-9]+ ranks on this host" "$dir/rank$r.log" | awk '{print $4}')
     [ "$got" = "$ph" ] || bad+=" rank $r saw ${got:-no wire-up log of} ranks on its host, not $ph;"
+    # ...and it gave the peers on other hosts its host's address on the bridge.
+    got=$(grep -m1 -oE "peers on other hosts reach this rank at [^ ]+" "$dir/rank$r.log" | awk '{print $NF}')
+    [ "$got" = "${addr[r / ph]}" ] || bad+=" rank $r advertised ${got:-nothing}, not ${addr[r / ph]};"
   done
   if [ -z "$bad" ]; then
-    pass "$name: $n ranks in $ms ms, $ph per host over shared memory, TCP between hosts"
+    pass "$name: $n ranks in $ms ms, $ph per host over shared memory, TCP between hosts at their own addresses"
   else
     fail "$name:$bad"
     show_logs "$dir"/rank*.log
