@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
 # The whole test suite: formatting and lints, Rust unit and integration tests (the
 # header is regenerated and diffed there; the simulated GPU's own tests too), the C
-# contract suite under ctest at several world sizes (plain and ASan/UBSan builds),
-# the device suite and a GPU host's view of the host suite on the simulated GPU
-# (tools/simgpu, scripts/sim-gpu.sh), NCCL's ABI (tests/nccl/run.sh), and the Python tests.
+# contract suite under ctest at several world sizes (plain and ASan/UBSan builds) and on
+# 2 and 3 hosts as network namespaces (tests/multinode), the device suite and a GPU
+# host's view of the host suite on the simulated GPU (tools/simgpu, scripts/sim-gpu.sh),
+# NCCL's ABI (tests/nccl/run.sh), and the Python tests.
 # Installs what is missing (scripts/setup.sh). Usage: scripts/test.sh
 set -euo pipefail
 root="$(cd "$(dirname "$0")/.." && pwd)"
@@ -42,6 +43,8 @@ ctest_run build/c_tests
 step "C contract suite under ASan/UBSan (ctest)"
 ctest_build build/c_tests_asan -DFERROCCL_SANITIZE=ON
 env "${asan_env[@]}" ctest --test-dir build/c_tests_asan -j "$jobs" --output-on-failure --timeout 300
+step "cross-host: the contract suite, a killed host and an unreachable address on 2 and 3 hosts as network namespaces (tests/multinode; skips without root)"
+bash tests/multinode/run.sh
 
 step "device suite on the simulated GPU (ctest -L 'device|cuda')"
 sim ctest --test-dir build/c_tests -j "$jobs" --output-on-failure --timeout 300 -L 'device|cuda'
