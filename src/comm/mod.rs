@@ -2,7 +2,9 @@
 
 pub mod bootstrap;
 pub mod device;
+pub mod from_env;
 pub mod group;
+pub mod torchstore;
 mod wireup;
 
 use crate::backend::builtin::Builtin;
