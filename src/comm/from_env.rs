@@ -32,11 +32,11 @@ impl Launcher {
     /// A name for messages.
     pub fn describe(self) -> &'static str {
         match self {
-            Launcher::Ferroccl => "ferroccl-run (or set by hand)",
+            Launcher::Ferroccl => "ferroccl-run",
             Launcher::Torchrun => "torchrun",
             Launcher::OpenMpi => "Open MPI's mpirun",
             Launcher::Pmix => "a PMIx launcher",
-            Launcher::Pmi => "a PMI launcher (MPICH's or Intel MPI's mpiexec)",
+            Launcher::Pmi => "a PMI launcher such as MPICH's or Intel MPI's mpiexec",
             Launcher::Slurm => "Slurm's srun",
         }
     }
@@ -182,11 +182,6 @@ pub fn place(get: &dyn Fn(&Var) -> Option<String>) -> Result<Place> {
     Err(Error::invalid_usage(msg))
 }
 
-/// How a rendezvous was found, for error context.
-fn via_addr(addr: &str, key: &JobKey) -> String {
-    format!("rendezvous at {addr} with the secret from {}", key.source.describe())
-}
-
 /// A rendezvous at a fixed `host:port`; rank 0 serves it.
 fn at_addr(addr: &str, place: &Place) -> Result<(UniqueId, String)> {
     let sock = addr
@@ -203,7 +198,7 @@ fn at_addr(addr: &str, place: &Place) -> Result<(UniqueId, String)> {
             .is_some_and(|(h, _)| h.trim_start_matches('[').trim_end_matches(']').parse::<std::net::IpAddr>().is_ok());
         id.serve_here(place.size, literal)?;
     }
-    Ok((id, via_addr(addr, &key)))
+    Ok((id, format!("the rendezvous at {addr} with the secret from {}", key.source.describe())))
 }
 
 /// The n-th fcclCommInitFromEnv of this process under torchrun; every rank calls it
@@ -243,13 +238,14 @@ fn through_torch_store(place: &Place, host: &str, port: &str) -> Result<(UniqueI
         id.addr()?;
         id
     };
-    Ok((id, format!("unique id passed through torchrun's store at {host}:{port} under {key}")))
+    Ok((id, format!("a unique id passed through torchrun's store at {host}:{port} under {key}")))
 }
 
 /// Says how to give the rendezvous address with this launcher.
 fn how_to_give_addr(l: Launcher) -> &'static str {
     match l {
-        Launcher::OpenMpi | Launcher::Pmix => "mpirun -x FERROCCL_ROOT_ADDR=host:port -x FERROCCL_SECRET=...",
+        Launcher::OpenMpi => "mpirun -x FERROCCL_ROOT_ADDR=host:port",
+        Launcher::Pmix => "mpirun -x FERROCCL_ROOT_ADDR=host:port, or export it before srun",
         Launcher::Pmi => "mpiexec -genv FERROCCL_ROOT_ADDR host:port -genv FERROCCL_SECRET ...",
         Launcher::Slurm => "export FERROCCL_ROOT_ADDR=host:port before srun (srun passes the environment on)",
         Launcher::Ferroccl | Launcher::Torchrun => "export FERROCCL_ROOT_ADDR=host:port on every rank",
@@ -257,30 +253,29 @@ fn how_to_give_addr(l: Launcher) -> &'static str {
 }
 
 /// The unique id of this process's job and how it was found.
-fn rendezvous(place: &Place) -> Result<(UniqueId, Option<String>)> {
+fn rendezvous(place: &Place) -> Result<(UniqueId, String)> {
     if let Some(hex) = env::UNIQUE_ID.get() {
-        return Ok((UniqueId::from_hex(&hex).map_err(|e| e.context(env::UNIQUE_ID.name))?, None));
+        let id = UniqueId::from_hex(&hex).map_err(|e| e.context(env::UNIQUE_ID.name))?;
+        return Ok((id, "FERROCCL_UNIQUE_ID".into()));
     }
     if let Some(addr) = env::ROOT_ADDR.get() {
-        let (id, via) = at_addr(addr.trim(), place)?;
-        return Ok((id, Some(via)));
+        return at_addr(addr.trim(), place);
     }
     if place.size == 1 {
         // A job of one rank meets no one: a private point on loopback.
         let opts = ServerOptions { loopback: true, nranks: Some(1), ..ServerOptions::default() };
-        return Ok((UniqueId::serve(opts)?.0, None));
+        return Ok((UniqueId::serve(opts)?.0, "none (a job of one rank)".into()));
     }
     let master = (env::TORCH_MASTER_ADDR.get(), env::TORCH_MASTER_PORT.get());
     let agent_store = place.launcher == Launcher::Torchrun
         && env::TORCHELASTIC_USE_AGENT_STORE.get().is_some_and(|v| v.trim() == "True");
     match master {
-        (Some(h), Some(p)) if agent_store => {
-            let (id, via) = through_torch_store(place, h.trim(), &p)?;
-            Ok((id, Some(via)))
-        }
+        (Some(h), Some(p)) if agent_store => through_torch_store(place, h.trim(), &p),
         (Some(h), Some(p)) => {
-            let (id, via) = at_addr(&format!("{}:{}", h.trim(), p.trim()), place)?;
-            Ok((id, Some(via)))
+            let h = h.trim();
+            // An IPv6 literal needs brackets before a port.
+            let host = if h.contains(':') && !h.starts_with('[') { format!("[{h}]") } else { h.to_string() };
+            at_addr(&format!("{host}:{}", p.trim()), place)
         }
         (Some(_), None) | (None, Some(_)) => Err(Error::invalid_usage(format!(
             "only one of MASTER_ADDR and MASTER_PORT is set ({}); set both, or FERROCCL_ROOT_ADDR=host:port",
@@ -313,10 +308,8 @@ pub fn init() -> Result<Comm> {
     ));
     let who = format!("rank {} of {} from {} ({})", place.rank, place.size, place.launcher.describe(), place.vars);
     let (id, via) = rendezvous(&place).map_err(|e| e.context(&who))?;
-    Comm::init_rank(place.size, &id, place.rank, Options::default()).map_err(|e| match via {
-        Some(v) => e.context(format!("{who}, {v}")),
-        None => e.context(who),
-    })
+    crate::log::info(format_args!("fcclCommInitFromEnv: rank {}'s rendezvous: {via}", place.rank));
+    Comm::init_rank(place.size, &id, place.rank, Options::default()).map_err(|e| e.context(format!("{who}, {via}")))
 }
 
 #[cfg(test)]
