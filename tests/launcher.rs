@@ -249,39 +249,6 @@ fn help_is_the_full_text_on_stdout() {
 
 // ------------------------------------------------ other launchers, by hand
 
-/// Every variable of a launcher, removed from a child so that only the test's count.
-const LAUNCHER_VARS: &[&str] = &[
-    "FERROCCL_RANK",
-    "FERROCCL_WORLD_SIZE",
-    "FERROCCL_LOCAL_RANK",
-    "FERROCCL_UNIQUE_ID",
-    "FERROCCL_ROOT_ADDR",
-    "FERROCCL_SECRET",
-    "RANK",
-    "WORLD_SIZE",
-    "LOCAL_RANK",
-    "MASTER_ADDR",
-    "MASTER_PORT",
-    "TORCHELASTIC_RUN_ID",
-    "TORCHELASTIC_USE_AGENT_STORE",
-    "OMPI_COMM_WORLD_RANK",
-    "OMPI_COMM_WORLD_SIZE",
-    "OMPI_COMM_WORLD_LOCAL_RANK",
-    "OMPI_MCA_orte_ess_jobid",
-    "PMIX_RANK",
-    "PMIX_NAMESPACE",
-    "PMI_RANK",
-    "PMI_SIZE",
-    "MPI_LOCALRANKID",
-    "PMI_LOCAL_RANK",
-    "SLURM_PROCID",
-    "SLURM_STEP_NUM_TASKS",
-    "SLURM_NTASKS",
-    "SLURM_LOCALID",
-    "SLURM_JOB_ID",
-    "SLURM_STEP_ID",
-];
-
 fn free_port() -> u16 {
     TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
 }
@@ -291,8 +258,9 @@ fn free_port() -> u16 {
 fn rank(r: usize, vars: &[(&str, &str)]) -> Command {
     let mut c = Command::new(std::env::current_exe().unwrap());
     c.args(["--exact", "rank_entry", "--nocapture", "--test-threads=1", "-q"]);
-    for v in LAUNCHER_VARS {
-        c.env_remove(v);
+    // Only the test's variables count: none of the registry's come from this process.
+    for v in ferroccl::env::ALL {
+        c.env_remove(v.name);
     }
     for (k, v) in vars {
         c.env(k, v.replace("{r}", &r.to_string()));
