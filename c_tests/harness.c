@@ -243,6 +243,48 @@ static int parse_int_env(const char* name, int* out) {
   return 1;
 }
 
+/* The launchers fcclCommInitFromEnv understands, in its order (src/comm/from_env.rs):
+ * the first whose rank variable is set gives the rank and the size. SLURM_PROCID alone
+ * is a Slurm batch script, not a task of srun: it counts only with SLURM_STEP_NUM_TASKS. */
+static const struct {
+  const char* rank;
+  const char* sizes[3];
+  int needs_size;
+} k_launchers[] = {
+    {"FERROCCL_RANK", {"FERROCCL_WORLD_SIZE", NULL, NULL}, 0},
+    {"RANK", {"WORLD_SIZE", NULL, NULL}, 0},
+    {"OMPI_COMM_WORLD_RANK", {"OMPI_COMM_WORLD_SIZE", NULL, NULL}, 0},
+    {"PMIX_RANK", {"OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "SLURM_STEP_NUM_TASKS"}, 0},
+    {"PMI_RANK", {"PMI_SIZE", NULL, NULL}, 0},
+    {"SLURM_PROCID", {"SLURM_STEP_NUM_TASKS", NULL, NULL}, 1},
+};
+
+static int env_nonblank(const char* name) {
+  const char* s = getenv(name);
+  if (!s) return 0;
+  while (*s == ' ' || *s == '\t' || *s == '\n') s++;
+  return *s != 0;
+}
+
+/* Whether a launcher started this process, and the rank and size it says (-1 where
+ * unset or unreadable: fcclCommInitFromEnv then reports the problem). */
+static int launched_by(int* rank, int* size) {
+  size_t i, j;
+  *rank = -1;
+  *size = -1;
+  for (i = 0; i < sizeof k_launchers / sizeof k_launchers[0]; i++) {
+    const char* size_var = NULL;
+    if (!env_nonblank(k_launchers[i].rank)) continue;
+    for (j = 0; j < 3 && k_launchers[i].sizes[j] && !size_var; j++)
+      if (env_nonblank(k_launchers[i].sizes[j])) size_var = k_launchers[i].sizes[j];
+    if (!size_var && k_launchers[i].needs_size) continue;
+    (void)parse_int_env(k_launchers[i].rank, rank);
+    if (size_var) (void)parse_int_env(size_var, size);
+    return 1;
+  }
+  return 0;
+}
+
 static int run_threads(int n, fccl_body_fn body, fccl_multi_fn multi) {
   fcclComm_t* comms = (fcclComm_t*)calloc((size_t)n, sizeof(fcclComm_t));
   rank_job* jobs = (rank_job*)calloc((size_t)n, sizeof(rank_job));
@@ -310,9 +352,7 @@ static int run_process(fccl_body_fn body) {
   int rank = -1, n = -1, env_rank = -1, env_n = -1;
   memset(&job, 0, sizeof job);
   if (g_launched) {
-    (void)parse_int_env("FERROCCL_RANK", &env_rank);
-    if (!parse_int_env("FERROCCL_WORLD_SIZE", &env_n)) (void)parse_int_env("WORLD_SIZE", &env_n);
-    if (env_rank < 0) (void)parse_int_env("RANK", &env_rank);
+    (void)launched_by(&env_rank, &env_n);
     g_main_ctx.rank = env_rank;
     if (g_pre_init) {
       int pre = pre_init(env_rank, env_n);
@@ -402,7 +442,8 @@ int fccl_main_ex(int argc, char** argv, fccl_body_fn body, fccl_multi_fn multi) 
         return 2;
       }
     } else {
-      printf("usage: %s [--threads N]   (or under ferroccl-run -n N)\n", g_prog);
+      printf("usage: %s [--threads N]   (or under ferroccl-run -n N, torchrun, mpirun or srun)\n",
+             g_prog);
       return 2;
     }
   }
@@ -417,8 +458,10 @@ int fccl_main_ex(int argc, char** argv, fccl_body_fn body, fccl_multi_fn multi) 
     g_nranks = nthreads;
     return run_threads(nthreads, body, multi);
   }
-  g_launched = getenv("FERROCCL_RANK") != NULL ||
-               (getenv("RANK") != NULL && getenv("WORLD_SIZE") != NULL);
+  {
+    int r, n;
+    g_launched = launched_by(&r, &n);
+  }
   return run_process(body);
 }
 

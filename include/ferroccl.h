@@ -516,12 +516,18 @@ fcclResult_t fcclCommInitAll(fcclComm_t *comms,
                              const int *devlist);
 
 /**
- * Creates this process's rank from the environment: FERROCCL_RANK, FERROCCL_WORLD_SIZE
- * and FERROCCL_UNIQUE_ID (set by ferroccl-run) or FERROCCL_ROOT_ADDR (host:port where
- * rank 0 serves the rendezvous); torchrun's RANK, WORLD_SIZE, MASTER_ADDR and
- * MASTER_PORT are used when the FERROCCL ones are absent. A rendezvous at an address
- * needs a secret: FERROCCL_SECRET, else one derived from the launcher's job id
- * (torchrun, mpirun, srun); without either it returns fcclInvalidUsage.
+ * Creates this process's rank from the environment of the launcher that started it.
+ * Rank and world size come from one launcher, the first of: FERROCCL_RANK and
+ * FERROCCL_WORLD_SIZE (ferroccl-run, or by hand); torchrun's RANK and WORLD_SIZE; Open
+ * MPI's OMPI_COMM_WORLD_RANK and _SIZE; PMIX_RANK (with the size of Open MPI, PMI or
+ * srun); PMI_RANK and PMI_SIZE (MPICH's or Intel MPI's mpiexec); Slurm's SLURM_PROCID
+ * and SLURM_STEP_NUM_TASKS (a task of srun). The ranks meet at FERROCCL_UNIQUE_ID
+ * (set by ferroccl-run), else at FERROCCL_ROOT_ADDR (host:port where rank 0 serves
+ * the rendezvous); a job of one rank needs neither; under torchrun rank 0 passes a
+ * fresh id through the agent's store on MASTER_PORT; else MASTER_ADDR:MASTER_PORT. A
+ * rendezvous at an address needs a secret: FERROCCL_SECRET, else one derived from the
+ * launcher's job id (torchrun, mpirun, srun); without either it returns
+ * fcclInvalidUsage. See docs/launchers.md for each launcher's command line.
  */
 fcclResult_t fcclCommInitFromEnv(fcclComm_t *comm);
 

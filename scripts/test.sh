@@ -80,3 +80,5 @@ FERROCCL_LIB="$lib/libferroccl.so" FERROCCL_RUN="$lib/ferroccl-run" \
   sim python -m pytest -q -rs -p no:cacheprovider tests/python python/tests
 step "Python: pip install ./python in a fresh venv, no FERROCCL_LIB; the package tests against it"
 bash scripts/python-install-test.sh
+step "launchers: mpirun, torchrun, and ferroccl-run under torch.distributed (tests/launchers/run.sh)"
+bash tests/launchers/run.sh "$lib" build/c_tests

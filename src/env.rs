@@ -94,10 +94,66 @@ pub const SPLIT_COPY: Var = Var {
     default: "1",
     doc: "1: a single-copy message of 256 KiB and more whose destination the sender can write too (a buffer from fcclMemAllocHost, or any buffer of ranks that are threads of one process) is copied by the sender and the receiver together, in 64 KiB pieces that both take from a shared counter, so two cores share a copy that one did (broadcast, whose root's own copy out of place goes with the pieces, gather, scatter, send/recv); and the blocks of an in-place all_to_all of 64 KiB and more are swapped between the two ranks' buffers by both ranks where each can write the other's (every byte read and written once), as are an fcclSend and an fcclRecv with one peer over the same buffer in a group; and a 2-rank all_reduce of 256 KiB and more in place (one rank out of place: from 512 KiB to 16 MiB) has both ranks reduce pieces of the whole vector and write each result into both recvbuffs; and all_reduce, reduce and reduce_scatter of 64 KiB and more at 3 ranks and more (at 2 ranks: reduce, and all_reduce with both ranks out of place, from 512 KiB), and broadcast of 256 KiB and more with the root in place at 3 ranks and more, where every rank's buffers can be mapped by every other, have all ranks take pieces of the vector, reduce each from every rank's input (or read it from the root's) and write it straight into the recvbuffs that take it; 0: the receiver copies alone, those blocks go through the shared rings, and the reductions take their pipelined path",
 };
-pub const TORCH_RANK: Var = Var { name: "RANK", default: "", doc: "torchrun's rank (fallback)" };
-pub const TORCH_WORLD_SIZE: Var = Var { name: "WORLD_SIZE", default: "", doc: "torchrun's world size (fallback)" };
-pub const TORCH_MASTER_ADDR: Var = Var { name: "MASTER_ADDR", default: "", doc: "torchrun's master host (fallback)" };
-pub const TORCH_MASTER_PORT: Var = Var { name: "MASTER_PORT", default: "", doc: "torchrun's master port (fallback)" };
+pub const TORCH_RANK: Var = Var {
+    name: "RANK",
+    default: "",
+    doc: "torchrun's rank (ferroccl-run sets it too), read when FERROCCL_RANK is unset",
+};
+pub const TORCH_WORLD_SIZE: Var =
+    Var { name: "WORLD_SIZE", default: "", doc: "torchrun's world size, read with RANK (ferroccl-run sets it too)" };
+pub const TORCH_MASTER_ADDR: Var = Var {
+    name: "MASTER_ADDR",
+    default: "",
+    doc: "host of the rendezvous when FERROCCL_ROOT_ADDR is unset (torchrun's agent store there: see TORCHELASTIC_USE_AGENT_STORE)",
+};
+pub const TORCH_MASTER_PORT: Var =
+    Var { name: "MASTER_PORT", default: "", doc: "port of the rendezvous at MASTER_ADDR (see MASTER_ADDR)" };
+// Launchers' own variables, read by fcclCommInitFromEnv in this order (docs/launchers.md).
+pub const LOCAL_RANK: Var = Var {
+    name: "FERROCCL_LOCAL_RANK",
+    default: "",
+    doc: "rank of this process among the job's ranks on its host, with FERROCCL_RANK (set by ferroccl-run; logged)",
+};
+pub const TORCH_LOCAL_RANK: Var =
+    Var { name: "LOCAL_RANK", default: "", doc: "torchrun's local rank, with RANK (ferroccl-run sets it too)" };
+pub const TORCHELASTIC_USE_AGENT_STORE: Var = Var {
+    name: "TORCHELASTIC_USE_AGENT_STORE",
+    default: "",
+    doc: "True (torchrun): the agent's TCPStore listens on MASTER_PORT, so rank 0 passes a fresh unique id through it instead of listening there",
+};
+pub const TORCHELASTIC_RESTART_COUNT: Var = Var {
+    name: "TORCHELASTIC_RESTART_COUNT",
+    default: "0",
+    doc: "torchrun's restart count: part of the store key, so restarted workers never read an old id",
+};
+pub const OMPI_RANK: Var =
+    Var { name: "OMPI_COMM_WORLD_RANK", default: "", doc: "Open MPI's rank (mpirun), with OMPI_COMM_WORLD_SIZE" };
+pub const OMPI_SIZE: Var = Var { name: "OMPI_COMM_WORLD_SIZE", default: "", doc: "Open MPI's world size" };
+pub const OMPI_LOCAL_RANK: Var = Var { name: "OMPI_COMM_WORLD_LOCAL_RANK", default: "", doc: "Open MPI's local rank" };
+pub const PMIX_RANK: Var = Var {
+    name: "PMIX_RANK",
+    default: "",
+    doc: "PMIx rank (PRRTE, srun --mpi=pmix); PMIx sets no size, so it is taken from OMPI_COMM_WORLD_SIZE, PMI_SIZE or SLURM_STEP_NUM_TASKS",
+};
+pub const PMI_RANK: Var =
+    Var { name: "PMI_RANK", default: "", doc: "PMI rank (MPICH's and Intel MPI's mpiexec, Cray PALS), with PMI_SIZE" };
+pub const PMI_SIZE: Var = Var { name: "PMI_SIZE", default: "", doc: "PMI world size" };
+pub const MPI_LOCALRANKID: Var =
+    Var { name: "MPI_LOCALRANKID", default: "", doc: "local rank under MPICH's and Intel MPI's mpiexec (Hydra)" };
+pub const PMI_LOCAL_RANK: Var = Var { name: "PMI_LOCAL_RANK", default: "", doc: "local rank under Cray PALS" };
+pub const SLURM_PROCID: Var =
+    Var { name: "SLURM_PROCID", default: "", doc: "Slurm's rank of a task of srun, with SLURM_STEP_NUM_TASKS" };
+pub const SLURM_STEP_NUM_TASKS: Var = Var {
+    name: "SLURM_STEP_NUM_TASKS",
+    default: "",
+    doc: "number of tasks of the srun step: Slurm's world size (set by srun only, never in a batch script)",
+};
+pub const SLURM_LOCALID: Var = Var { name: "SLURM_LOCALID", default: "", doc: "Slurm's local rank of a task" };
+pub const SLURM_NTASKS: Var = Var {
+    name: "SLURM_NTASKS",
+    default: "",
+    doc: "not a world size here: a batch script has it with SLURM_PROCID=0 and srun --preserve-env keeps the allocation's; only named in messages",
+};
 pub const TORCHELASTIC_RUN_ID: Var = Var {
     name: "TORCHELASTIC_RUN_ID",
     default: "",
@@ -146,6 +202,22 @@ pub const ALL: &[&Var] = &[
     &TORCH_WORLD_SIZE,
     &TORCH_MASTER_ADDR,
     &TORCH_MASTER_PORT,
+    &LOCAL_RANK,
+    &TORCH_LOCAL_RANK,
+    &TORCHELASTIC_USE_AGENT_STORE,
+    &TORCHELASTIC_RESTART_COUNT,
+    &OMPI_RANK,
+    &OMPI_SIZE,
+    &OMPI_LOCAL_RANK,
+    &PMIX_RANK,
+    &PMI_RANK,
+    &PMI_SIZE,
+    &MPI_LOCALRANKID,
+    &PMI_LOCAL_RANK,
+    &SLURM_PROCID,
+    &SLURM_STEP_NUM_TASKS,
+    &SLURM_LOCALID,
+    &SLURM_NTASKS,
     &TORCHELASTIC_RUN_ID,
     &PMIX_NAMESPACE,
     &OMPI_JOBID,

@@ -4,16 +4,20 @@
 //! [`Launch::run`] serves the rendezvous itself (on loopback, with a random key, and told
 //! when a rank's process ends so that a set-up waiting for it fails at once), sets
 //! FERROCCL_RANK, FERROCCL_WORLD_SIZE, FERROCCL_LOCAL_RANK, FERROCCL_LOCAL_SIZE,
-//! FERROCCL_UNIQUE_ID and FERROCCL_ROOT_ADDR in each rank's environment, forwards each
-//! line of the ranks' output prefixed with the rank, and returns the exit status: 0 when every rank exits 0, otherwise the first
-//! failing rank's status (128 + signal for a rank killed by a signal). When one rank
-//! fails the others get a grace period to finish before they are killed. Ranks get
-//! SIGKILL when the launching process dies, however it dies; SIGINT, SIGTERM and SIGHUP
-//! received while ranks run are passed on to them.
+//! FERROCCL_UNIQUE_ID and FERROCCL_ROOT_ADDR in each rank's environment, and torchrun's
+//! RANK, WORLD_SIZE, LOCAL_RANK and LOCAL_WORLD_SIZE (plus MASTER_ADDR and MASTER_PORT,
+//! see [`Launch::run`]) so that programs written for torchrun run unchanged, forwards
+//! each line of the ranks' output prefixed with the rank, and returns the exit status: 0
+//! when every rank exits 0, otherwise the first failing rank's status (128 + signal for
+//! a rank killed by a signal). When one rank fails the others get a grace period to
+//! finish before they are killed. Ranks get SIGKILL when the launching process dies,
+//! however it dies; SIGINT, SIGTERM and SIGHUP received while ranks run are passed on
+//! to them.
 
 use crate::comm::bootstrap::{Server, ServerOptions, UniqueId};
-use std::ffi::OsString;
+use std::ffi::{OsStr, OsString};
 use std::io::{BufRead, BufReader, Read, Write};
+use std::os::fd::{FromRawFd, OwnedFd};
 use std::os::unix::process::{CommandExt, ExitStatusExt};
 use std::process::{Child, Command, ExitStatus, Stdio};
 use std::sync::atomic::{AtomicI32, Ordering};
@@ -23,6 +27,21 @@ use std::time::{Duration, Instant};
 pub const EXIT_RENDEZVOUS: i32 = 2;
 /// Exit status when a rank's program cannot be started.
 pub const EXIT_SPAWN: i32 = 127;
+
+/// Variables set in every rank by the launcher itself, one value per rank: an extra
+/// variable given for the ranks ([`Launch::env`]) must not name one of these.
+pub const PER_RANK_VARS: &[&str] = &[
+    "FERROCCL_RANK",
+    "FERROCCL_WORLD_SIZE",
+    "FERROCCL_LOCAL_RANK",
+    "FERROCCL_LOCAL_SIZE",
+    "FERROCCL_UNIQUE_ID",
+    "FERROCCL_ROOT_ADDR",
+    "RANK",
+    "WORLD_SIZE",
+    "LOCAL_RANK",
+    "LOCAL_WORLD_SIZE",
+];
 
 /// Last SIGINT/SIGTERM/SIGHUP received while ranks run (0 = none).
 static SIGNALLED: AtomicI32 = AtomicI32::new(0);
@@ -55,6 +74,10 @@ pub struct Launch {
     /// Off by default: a multi-threaded rank (PyTorch's intra-op threads) would be
     /// confined to one CPU.
     pub bind: bool,
+    /// Variables set in every rank, on top of the environment the ranks inherit from
+    /// this process (ferroccl-run's `-x VAR=VALUE`). Names in [`PER_RANK_VARS`] are
+    /// the launcher's own: it sets them after these.
+    pub env: Vec<(OsString, OsString)>,
 }
 
 impl Launch {
@@ -68,6 +91,16 @@ impl Launch {
             inherit_rank0: false,
             name: "ferroccl-run".into(),
             bind: false,
+            env: Vec::new(),
+        }
+    }
+
+    /// The value rank processes get for `name` before the launcher sets its own: from
+    /// [`Launch::env`] (last one wins), else inherited from this process.
+    fn given(&self, name: &str) -> Option<OsString> {
+        match self.env.iter().rev().find(|(k, _)| k == OsStr::new(name)) {
+            Some((_, v)) => Some(v.clone()),
+            None => std::env::var_os(name),
         }
     }
 
@@ -77,6 +110,13 @@ impl Launch {
     ///
     /// While it runs, SIGINT, SIGTERM and SIGHUP are caught (and passed on to the
     /// ranks); the previous handlers are restored before it returns.
+    ///
+    /// Where neither MASTER_ADDR nor MASTER_PORT is given (inherited or in
+    /// [`Launch::env`]), ranks get MASTER_ADDR=127.0.0.1 and a MASTER_PORT that this
+    /// process keeps bound (not listening) until the ranks end, so torch.distributed's
+    /// env:// works under it: rank 0's TCPStore can listen there (it sets
+    /// SO_REUSEADDR), no other program is given the port meanwhile, and it is not the
+    /// rendezvous point's port.
     pub fn run(&self) -> i32 {
         let name = &self.name;
         if self.nranks == 0 || self.argv.is_empty() {
@@ -93,15 +133,28 @@ impl Launch {
                 return EXIT_RENDEZVOUS;
             }
         };
+        let master = if self.given("MASTER_ADDR").is_none() && self.given("MASTER_PORT").is_none() {
+            match reserve_loopback_port() {
+                Ok(x) => Some(x),
+                Err(e) => {
+                    eprintln!("{name}: cannot reserve a loopback port for MASTER_PORT: {e}");
+                    server.stop();
+                    return EXIT_RENDEZVOUS;
+                }
+            }
+        } else {
+            None
+        };
         SIGNALLED.store(0, Ordering::SeqCst);
         let handlers = Handlers::install();
-        let code = self.run_ranks(&id, &server);
+        let code = self.run_ranks(&id, &server, master.as_ref().map(|m| m.1));
         drop(handlers);
+        drop(master);
         server.stop();
         code
     }
 
-    fn run_ranks(&self, id: &UniqueId, server: &Server) -> i32 {
+    fn run_ranks(&self, id: &UniqueId, server: &Server, master_port: Option<u16>) -> i32 {
         let name = &self.name;
         let root_addr = id.addr().map(|a| a.to_string()).unwrap_or_default();
         let mut children: Vec<Option<Child>> = Vec::new();
@@ -111,12 +164,24 @@ impl Launch {
         for r in 0..self.nranks {
             let direct = self.inherit_rank0 && r == 0;
             let mut cmd = Command::new(&self.argv[0]);
-            cmd.args(&self.argv[1..])
-                .env("FERROCCL_RANK", r.to_string())
-                .env("FERROCCL_WORLD_SIZE", self.nranks.to_string())
-                .env("FERROCCL_LOCAL_RANK", r.to_string())
-                .env("FERROCCL_LOCAL_SIZE", self.nranks.to_string())
-                .env("FERROCCL_UNIQUE_ID", id.to_hex())
+            cmd.args(&self.argv[1..]).envs(self.env.iter().map(|(k, v)| (k, v)));
+            if let Some(p) = master_port {
+                cmd.env("MASTER_ADDR", "127.0.0.1").env("MASTER_PORT", p.to_string());
+            }
+            // Every rank runs on this host: local rank and size are the rank and size.
+            for (k, v) in [
+                ("FERROCCL_RANK", r),
+                ("FERROCCL_WORLD_SIZE", self.nranks),
+                ("FERROCCL_LOCAL_RANK", r),
+                ("FERROCCL_LOCAL_SIZE", self.nranks),
+                ("RANK", r),
+                ("WORLD_SIZE", self.nranks),
+                ("LOCAL_RANK", r),
+                ("LOCAL_WORLD_SIZE", self.nranks),
+            ] {
+                cmd.env(k, v.to_string());
+            }
+            cmd.env("FERROCCL_UNIQUE_ID", id.to_hex())
                 .env("FERROCCL_ROOT_ADDR", &root_addr)
                 .stdin(if r == 0 { Stdio::inherit() } else { Stdio::null() })
                 .stdout(if direct { Stdio::inherit() } else { Stdio::piped() })
@@ -209,6 +274,47 @@ impl Launch {
         }
         first_failure.map_or(0, |f| f.1)
     }
+}
+
+/// A TCP socket bound to a free loopback port with SO_REUSEADDR and not listening, and
+/// its port: while it stays open the kernel gives the port to no other bind or connect,
+/// yet a program that sets SO_REUSEADDR (torch's TCPStore does) may listen on it.
+fn reserve_loopback_port() -> std::io::Result<(OwnedFd, u16)> {
+    // SAFETY: socket() returns a new descriptor or -1.
+    let fd = unsafe { libc::socket(libc::AF_INET, libc::SOCK_STREAM | libc::SOCK_CLOEXEC, 0) };
+    if fd < 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    // SAFETY: fd is a fresh descriptor that nothing else owns.
+    let sock = unsafe { OwnedFd::from_raw_fd(fd) };
+    let one: libc::c_int = 1;
+    // SAFETY: setsockopt reads one c_int from a live local.
+    let rc = unsafe {
+        libc::setsockopt(
+            fd,
+            libc::SOL_SOCKET,
+            libc::SO_REUSEADDR,
+            &one as *const libc::c_int as *const libc::c_void,
+            std::mem::size_of::<libc::c_int>() as libc::socklen_t,
+        )
+    };
+    if rc != 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    // SAFETY: a plain value; zeroed is a valid sockaddr_in.
+    let mut addr: libc::sockaddr_in = unsafe { std::mem::zeroed() };
+    addr.sin_family = libc::AF_INET as libc::sa_family_t;
+    addr.sin_addr.s_addr = u32::from(std::net::Ipv4Addr::LOCALHOST).to_be();
+    let mut len = std::mem::size_of::<libc::sockaddr_in>() as libc::socklen_t;
+    // SAFETY: bind and getsockname read/write a sockaddr_in of `len` bytes that outlives the calls.
+    unsafe {
+        if libc::bind(fd, &addr as *const libc::sockaddr_in as *const libc::sockaddr, len) != 0
+            || libc::getsockname(fd, &mut addr as *mut libc::sockaddr_in as *mut libc::sockaddr, &mut len) != 0
+        {
+            return Err(std::io::Error::last_os_error());
+        }
+    }
+    Ok((sock, u16::from_be(addr.sin_port)))
 }
 
 /// The signal handlers installed while ranks run; dropping restores the previous ones.

@@ -1,27 +1,40 @@
 //! ferroccl-run: starts N ranks of a program as local processes.
 //!
 //! It serves the rendezvous itself (on loopback, with a random key per run), sets
-//! FERROCCL_RANK, FERROCCL_WORLD_SIZE, FERROCCL_UNIQUE_ID and FERROCCL_ROOT_ADDR in
-//! each rank's environment, prefixes each line of output with the rank, exits non-zero
-//! if any rank fails, and takes every rank down with it when it is killed (ranks get
-//! SIGKILL when the launcher dies).
+//! FERROCCL_RANK, FERROCCL_WORLD_SIZE, FERROCCL_UNIQUE_ID and FERROCCL_ROOT_ADDR (and
+//! torchrun's RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE) in each rank's
+//! environment, prefixes each line of output with the rank, exits non-zero if any rank
+//! fails, and takes every rank down with it when it is killed (ranks get SIGKILL when
+//! the launcher dies). It is a launcher for one host; across hosts use mpirun, srun or
+//! torchrun (docs/launchers.md).
 //!
 //! The work is done by [`ferroccl::launch`]; this is its command line.
 
-use ferroccl::launch::Launch;
+use ferroccl::launch::{Launch, PER_RANK_VARS};
+use std::ffi::OsString;
 use std::time::Duration;
+
+const USAGE: &str = "usage: ferroccl-run -n N [-x VAR[=VALUE]]... [--bind core|none] [--grace SECONDS] [--no-prefix] [--] program [args...]";
 
 struct Args {
     n: usize,
     prefix: bool,
     bind: bool,
     grace: Duration,
-    prog: Vec<String>,
+    env: Vec<(OsString, OsString)>,
+    prog: Vec<OsString>,
 }
 
-fn usage() -> String {
-    let mut s = String::from(
-        "usage: ferroccl-run -n N [--no-prefix] [--grace SECONDS] [--bind core|none] [--] program [args...]\n\n\
+/// What the command line asks for.
+enum Cmd {
+    Run(Args),
+    Help,
+    Version,
+}
+
+fn help() -> String {
+    let mut s = format!(
+        "{USAGE}\n\n\
          Starts N ranks of `program` as local processes that find each other through\n\
          fcclCommInitFromEnv. Output lines are prefixed with [rank]. The exit status is\n\
          0 when every rank exits 0, otherwise the first failing rank's status; when one\n\
@@ -30,10 +43,21 @@ fn usage() -> String {
          least N of them (mpirun's default), so that ranks waiting for each other never\n\
          share a CPU; the default, none, leaves placement to the scheduler (right for\n\
          ranks with threads of their own).\n\n\
+         Ranks inherit this environment. -x VAR=VALUE sets VAR in every rank; -x VAR\n\
+         passes this process's VAR on (as mpirun's -x; here a check that it is set).\n\
+         Each rank gets FERROCCL_RANK, FERROCCL_WORLD_SIZE, FERROCCL_LOCAL_RANK,\n\
+         FERROCCL_LOCAL_SIZE, FERROCCL_UNIQUE_ID and FERROCCL_ROOT_ADDR, and torchrun's\n\
+         RANK, WORLD_SIZE, LOCAL_RANK and LOCAL_WORLD_SIZE; unless MASTER_ADDR or\n\
+         MASTER_PORT is given, also MASTER_ADDR=127.0.0.1 and a MASTER_PORT kept free for\n\
+         rank 0 (torch.distributed's env:// then works unchanged).\n\n\
          The rendezvous point listens on 127.0.0.1 only and admits only ranks that prove\n\
          they hold this run's random key (in FERROCCL_UNIQUE_ID); when a rank exits before\n\
-         its communicator is set up, the other ranks' set-up fails at once, naming it.\n\n\
-         Environment variables ferroccl reads:\n",
+         its communicator is set up, the other ranks' set-up fails at once, naming it.\n\
+         ferroccl-run starts ranks on this host only; for several hosts use mpirun, srun or\n\
+         torchrun, which fcclCommInitFromEnv understands too (docs/launchers.md).\n\n\
+         Options: -n/-np N, -x VAR[=VALUE] (repeatable), --bind core|none, --grace SECONDS,\n\
+         --no-prefix, -h/--help, -V/--version.\n\n\
+         Environment variables ferroccl reads:\n"
     );
     for v in ferroccl::env::ALL {
         s += &format!(
@@ -46,35 +70,65 @@ fn usage() -> String {
     s
 }
 
-fn parse() -> Result<Args, String> {
-    let mut it = std::env::args().skip(1);
-    let mut a = Args { n: 0, prefix: true, bind: false, grace: Duration::from_secs(5), prog: Vec::new() };
+/// `-x` with its argument: `VAR=VALUE` sets VALUE; `VAR` passes this process's value on.
+fn export(spec: &str, env: &mut Vec<(OsString, OsString)>) -> Result<(), String> {
+    let (name, value) = match spec.split_once('=') {
+        Some((n, v)) => (n, Some(v)),
+        None => (spec, None),
+    };
+    if name.is_empty() {
+        return Err(format!("-x {spec}: give a variable name, as -x VAR or -x VAR=VALUE"));
+    }
+    if PER_RANK_VARS.contains(&name) {
+        return Err(format!("-x {spec}: ferroccl-run sets {name} itself, to each rank's own value"));
+    }
+    match value {
+        Some(v) => env.push((name.into(), v.into())),
+        None => match std::env::var_os(name) {
+            Some(v) => env.push((name.into(), v)),
+            None => eprintln!("ferroccl-run: warning: -x {name}: {name} is not set here, so the ranks do not get it"),
+        },
+    }
+    Ok(())
+}
+
+fn parse(mut it: impl Iterator<Item = OsString>) -> Result<Cmd, String> {
+    let mut a =
+        Args { n: 0, prefix: true, bind: false, grace: Duration::from_secs(5), env: Vec::new(), prog: Vec::new() };
+    let text = |x: OsString, what: &str| x.into_string().map_err(|x| format!("{what} {x:?}: not valid UTF-8"));
     while let Some(x) = it.next() {
-        match x.as_str() {
+        let xs = x.to_string_lossy().into_owned();
+        match xs.as_str() {
             "-n" | "-np" | "--np" | "--nranks" => {
-                let v = it.next().ok_or("-n needs a number of ranks")?;
-                a.n = v.parse().map_err(|_| format!("-n {v}: not a number of ranks"))?;
+                let v = text(it.next().ok_or(format!("{xs} needs a number of ranks"))?, &xs)?;
+                a.n = match v.parse() {
+                    Ok(n) if n > 0 => n,
+                    _ => return Err(format!("{xs} {v}: give a number of ranks of at least 1")),
+                };
+            }
+            "-x" => {
+                let v = text(it.next().ok_or("-x needs VAR or VAR=VALUE")?, "-x")?;
+                export(&v, &mut a.env)?;
             }
             "--no-prefix" => a.prefix = false,
             "--bind" => {
-                a.bind = match it.next().as_deref() {
+                a.bind = match it.next().map(|v| v.to_string_lossy().into_owned()).as_deref() {
                     Some("core") => true,
                     Some("none") => false,
                     v => return Err(format!("--bind {}: use core or none", v.unwrap_or(""))),
                 };
             }
             "--grace" => {
-                let v = it.next().ok_or("--grace needs seconds")?;
-                a.grace = Duration::from_secs_f64(v.parse().map_err(|_| format!("--grace {v}: not a number"))?);
+                let v = text(it.next().ok_or("--grace needs seconds")?, "--grace")?;
+                a.grace = match v.parse::<f64>() {
+                    Ok(s) if s.is_finite() && (0.0..=1e9).contains(&s) => Duration::from_secs_f64(s),
+                    _ => return Err(format!("--grace {v}: give seconds, a number from 0")),
+                };
             }
-            "-h" | "--help" => {
-                print!("{}", usage());
-                std::process::exit(0);
-            }
-            "--" => {
-                a.prog.extend(it.by_ref());
-            }
-            _ if x.starts_with('-') && a.prog.is_empty() => return Err(format!("unknown option {x}")),
+            "-h" | "--help" => return Ok(Cmd::Help),
+            "-V" | "--version" => return Ok(Cmd::Version),
+            "--" => a.prog.extend(it.by_ref()),
+            _ if xs.starts_with('-') => return Err(format!("unknown option {xs}")),
             _ => {
                 a.prog.push(x);
                 a.prog.extend(it.by_ref());
@@ -82,25 +136,34 @@ fn parse() -> Result<Args, String> {
         }
     }
     if a.n == 0 {
-        return Err("give the number of ranks with -n N (N >= 1)".into());
+        return Err("give the number of ranks with -n N".into());
     }
     if a.prog.is_empty() {
         return Err("give the program to run".into());
     }
-    Ok(a)
+    Ok(Cmd::Run(a))
 }
 
 fn main() {
-    let args = match parse() {
-        Ok(a) => a,
+    let args = match parse(std::env::args_os().skip(1)) {
+        Ok(Cmd::Run(a)) => a,
+        Ok(Cmd::Help) => {
+            print!("{}", help());
+            return;
+        }
+        Ok(Cmd::Version) => {
+            println!("ferroccl-run {}", env!("CARGO_PKG_VERSION"));
+            return;
+        }
         Err(e) => {
-            eprintln!("ferroccl-run: {e}\n\n{}", usage());
+            eprintln!("ferroccl-run: {e}\n{USAGE}\nrun ferroccl-run --help for more");
             std::process::exit(2);
         }
     };
-    let mut l = Launch::new(args.n, args.prog.into_iter().map(Into::into).collect());
+    let mut l = Launch::new(args.n, args.prog);
     l.prefix = args.prefix;
     l.grace = args.grace;
     l.bind = args.bind;
+    l.env = args.env;
     std::process::exit(l.run());
 }

@@ -3,7 +3,9 @@
 pub mod addr;
 pub mod bootstrap;
 pub mod device;
+pub mod from_env;
 pub mod group;
+pub mod torchstore;
 mod wireup;
 
 use crate::backend::builtin::Builtin;

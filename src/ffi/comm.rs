@@ -3,12 +3,10 @@
 use super::boundary::{call, last_error_ptr, write_out};
 use super::handle;
 use super::*;
-use crate::comm::bootstrap::{JobKey, UniqueId, UNIQUE_ID_BYTES};
+use crate::comm::bootstrap::{UniqueId, UNIQUE_ID_BYTES};
 use crate::comm::{group, Backend, Comm, Options};
-use crate::env;
 use crate::error::{Code, Error, Result};
 use std::ffi::{CStr, CString};
-use std::net::ToSocketAddrs;
 use std::os::raw::{c_char, c_int};
 use std::sync::OnceLock;
 use std::time::Duration;
@@ -230,69 +228,23 @@ pub unsafe extern "C" fn fcclCommInitAll(comms: *mut fcclComm_t, ndev: c_int, de
     })
 }
 
-fn env_usize(var: &env::Var, fallback: &env::Var) -> Result<Option<usize>> {
-    match var.get().or_else(|| fallback.get()) {
-        None => Ok(None),
-        Some(v) => v.trim().parse::<usize>().map(Some).map_err(|_| {
-            Error::invalid_arg(format!("{} (or {}) is {v:?}, not a non-negative integer", var.name, fallback.name))
-        }),
-    }
-}
-
-/// Creates this process's rank from the environment: FERROCCL_RANK, FERROCCL_WORLD_SIZE
-/// and FERROCCL_UNIQUE_ID (set by ferroccl-run) or FERROCCL_ROOT_ADDR (host:port where
-/// rank 0 serves the rendezvous); torchrun's RANK, WORLD_SIZE, MASTER_ADDR and
-/// MASTER_PORT are used when the FERROCCL ones are absent. A rendezvous at an address
-/// needs a secret: FERROCCL_SECRET, else one derived from the launcher's job id
-/// (torchrun, mpirun, srun); without either it returns fcclInvalidUsage.
+/// Creates this process's rank from the environment of the launcher that started it.
+/// Rank and world size come from one launcher, the first of: FERROCCL_RANK and
+/// FERROCCL_WORLD_SIZE (ferroccl-run, or by hand); torchrun's RANK and WORLD_SIZE; Open
+/// MPI's OMPI_COMM_WORLD_RANK and _SIZE; PMIX_RANK (with the size of Open MPI, PMI or
+/// srun); PMI_RANK and PMI_SIZE (MPICH's or Intel MPI's mpiexec); Slurm's SLURM_PROCID
+/// and SLURM_STEP_NUM_TASKS (a task of srun). The ranks meet at FERROCCL_UNIQUE_ID
+/// (set by ferroccl-run), else at FERROCCL_ROOT_ADDR (host:port where rank 0 serves
+/// the rendezvous); a job of one rank needs neither; under torchrun rank 0 passes a
+/// fresh id through the agent's store on MASTER_PORT; else MASTER_ADDR:MASTER_PORT. A
+/// rendezvous at an address needs a secret: FERROCCL_SECRET, else one derived from the
+/// launcher's job id (torchrun, mpirun, srun); without either it returns
+/// fcclInvalidUsage. See docs/launchers.md for each launcher's command line.
 #[no_mangle]
 pub unsafe extern "C" fn fcclCommInitFromEnv(comm: *mut fcclComm_t) -> fcclResult_t {
     call("fcclCommInitFromEnv", || {
         check_out(comm, "comm")?;
-        let rank = env_usize(&env::RANK, &env::TORCH_RANK)?;
-        let size = env_usize(&env::WORLD_SIZE, &env::TORCH_WORLD_SIZE)?;
-        let (Some(rank), Some(size)) = (rank, size) else {
-            return Err(Error::invalid_usage(
-                "FERROCCL_RANK and FERROCCL_WORLD_SIZE (or RANK and WORLD_SIZE) must be set; start the program with ferroccl-run -n N",
-            ));
-        };
-        if size == 0 || rank >= size || size > c_int::MAX as usize {
-            return Err(Error::invalid_arg(format!(
-                "rank {rank} of world size {size} from the environment is out of range"
-            )));
-        }
-        let (id, via) = if let Some(hex) = env::UNIQUE_ID.get() {
-            (UniqueId::from_hex(&hex).map_err(|e| e.context(env::UNIQUE_ID.name))?, None)
-        } else {
-            let addr = match env::ROOT_ADDR.get() {
-                Some(a) => a,
-                None => match (env::TORCH_MASTER_ADDR.get(), env::TORCH_MASTER_PORT.get()) {
-                    (Some(h), Some(p)) => format!("{h}:{p}"),
-                    _ => {
-                        return Err(Error::invalid_usage(
-                            "no rendezvous given: set FERROCCL_UNIQUE_ID or FERROCCL_ROOT_ADDR (or MASTER_ADDR and MASTER_PORT)",
-                        ))
-                    }
-                },
-            };
-            let sock = addr.to_socket_addrs().ok().and_then(|mut a| a.next()).ok_or_else(|| {
-                Error::invalid_arg(format!("rendezvous address {addr:?} is not host:port that resolves"))
-            })?;
-            // No default secret: a stranger must not join, nor two jobs on one port merge.
-            let key = JobKey::from_env()?;
-            let id = UniqueId::from_addr(sock, key);
-            if rank == 0 {
-                let literal = addr.rsplit_once(':').is_some_and(|(h, _)| {
-                    h.trim_start_matches('[').trim_end_matches(']').parse::<std::net::IpAddr>().is_ok()
-                });
-                id.serve_here(size, literal)?;
-            }
-            (id, Some(format!("rendezvous at {addr} with the secret from {}", key.source.describe())))
-        };
-        let c = Comm::init_rank(size, &id, rank, Options::default()).map_err(|e| match via {
-            Some(v) => e.context(v),
-            None => e,
-        })?;
+        let c = crate::comm::from_env::init()?;
         // SAFETY: checked non-NULL.
         unsafe { write_out(comm, handle::register(c)) };
         Ok(())
