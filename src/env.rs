@@ -53,6 +53,11 @@ pub const TRANSPORT: Var = Var {
     default: "auto",
     doc: "auto (shared memory on one host, TCP between hosts) or tcp (TCP everywhere)",
 };
+pub const NSOCKS: Var = Var {
+    name: "FERROCCL_NSOCKS",
+    default: "4",
+    doc: "sockets per TCP link, 1 to 16: the stream is dealt to them in 256 KiB chunks, round robin. The lower rank of each pair (the one that connects) chooses, so ranks need not agree. As libnccl.so.2, when unset: NCCL_NSOCKS_PERTHREAD x NCCL_SOCKET_NTHREADS (at most 16)",
+};
 pub const HOST_ADDR: Var = Var {
     name: "FERROCCL_HOST_ADDR",
     default: "",
@@ -190,6 +195,7 @@ pub const ALL: &[&Var] = &[
     &NCCL_LIBRARY,
     &CUDA_IPC,
     &TRANSPORT,
+    &NSOCKS,
     &HOST_ADDR,
     &SOCKET_IFNAME,
     &CONNECT_TIMEOUT_MS,
@@ -226,6 +232,8 @@ pub const ALL: &[&Var] = &[
     &NCCL_DEBUG,
     &NCCL_DEBUG_FILE,
     &NCCL_SOCKET_IFNAME,
+    &NCCL_NSOCKS_PERTHREAD,
+    &NCCL_SOCKET_NTHREADS,
 ];
 
 /// NCCL's variables that stand in for ferroccl's when ferroccl runs as libnccl.so.2
@@ -241,6 +249,16 @@ pub const NCCL_SOCKET_IFNAME: Var = Var {
     name: "NCCL_SOCKET_IFNAME",
     default: "",
     doc: "as libnccl.so.2: FERROCCL_SOCKET_IFNAME when that is unset (read by libferroccl too)",
+};
+pub const NCCL_NSOCKS_PERTHREAD: Var = Var {
+    name: "NCCL_NSOCKS_PERTHREAD",
+    default: "",
+    doc: "as libnccl.so.2, when FERROCCL_NSOCKS is unset: sockets per thread; times NCCL_SOCKET_NTHREADS (unset: 1) gives FERROCCL_NSOCKS, at most 16",
+};
+pub const NCCL_SOCKET_NTHREADS: Var = Var {
+    name: "NCCL_SOCKET_NTHREADS",
+    default: "",
+    doc: "as libnccl.so.2, when FERROCCL_NSOCKS is unset: threads per link; ferroccl drives every socket from its one progress thread and takes the product with NCCL_NSOCKS_PERTHREAD (unset: 1) as its number of sockets",
 };
 
 /// Whether NCCL's variables stand in for ferroccl's (set by the ferroccl-nccl shim).
@@ -286,6 +304,43 @@ impl Var {
 pub fn default_timeout() -> Duration {
     let ms = TIMEOUT_MS.get().and_then(|v| v.trim().parse::<u64>().ok()).filter(|&v| v > 0).unwrap_or(600_000);
     Duration::from_millis(ms)
+}
+
+/// Sockets per TCP link: `FERROCCL_NSOCKS`, else (as libnccl.so.2) NCCL_NSOCKS_PERTHREAD
+/// x NCCL_SOCKET_NTHREADS capped at the most a link may have, else the default. An
+/// error naming the variable when a value is not a number in range.
+pub fn nsocks() -> crate::error::Result<usize> {
+    let own = std::env::var(NSOCKS.name).ok().filter(|v| !v.trim().is_empty());
+    let nccl = NCCL_ALIASES.load(Ordering::Relaxed);
+    let nccl_var = |v: &Var| if nccl { v.get() } else { None };
+    nsocks_from(own, nccl_var(&NCCL_NSOCKS_PERTHREAD), nccl_var(&NCCL_SOCKET_NTHREADS))
+}
+
+/// [`nsocks`] from the values of FERROCCL_NSOCKS, NCCL_NSOCKS_PERTHREAD and NCCL_SOCKET_NTHREADS.
+fn nsocks_from(
+    own: Option<String>,
+    per_thread: Option<String>,
+    threads: Option<String>,
+) -> crate::error::Result<usize> {
+    let max = crate::transport::tcp::MAX_SOCKS;
+    let parse = |var: &Var, v: &str, hi: usize| {
+        v.trim().parse::<usize>().ok().filter(|n| (1..=hi).contains(n)).ok_or_else(|| {
+            crate::error::Error::invalid_arg(format!(
+                "{}={v:?} is not a number of sockets from 1 to {hi}; set it to one (default {}) or unset it",
+                var.name, NSOCKS.default
+            ))
+        })
+    };
+    if let Some(v) = own {
+        return parse(&NSOCKS, &v, max);
+    }
+    // NCCL allows up to 64 sockets per link in all; ferroccl's links take at most MAX_SOCKS.
+    let per = per_thread.map(|v| parse(&NCCL_NSOCKS_PERTHREAD, &v, 64)).transpose()?;
+    let threads = threads.map(|v| parse(&NCCL_SOCKET_NTHREADS, &v, 16)).transpose()?;
+    if per.is_some() || threads.is_some() {
+        return Ok((per.unwrap_or(1) * threads.unwrap_or(1)).min(max));
+    }
+    Ok(NSOCKS.default.parse().expect("the default is a number"))
 }
 
 /// A byte count with an optional suffix K, M or G (powers of 1024).
@@ -368,6 +423,26 @@ mod tests {
         assert_eq!(parse_single_copy("1"), Some(SingleCopy::Cma));
         assert_eq!(parse_single_copy("cma"), Some(SingleCopy::Cma));
         assert_eq!(parse_single_copy("sometimes"), None);
+    }
+
+    #[test]
+    fn socket_counts_are_checked_and_nccl_s_stand_in() {
+        let s = |v: &str| Some(v.to_string());
+        let default: usize = NSOCKS.default.parse().unwrap();
+        assert_eq!(nsocks_from(None, None, None).unwrap(), default);
+        assert_eq!(nsocks_from(s(" 3 "), s("8"), None).unwrap(), 3);
+        assert_eq!(nsocks_from(s("16"), None, None).unwrap(), 16);
+        for bad in ["0", "17", "two", "-1"] {
+            let e = nsocks_from(s(bad), None, None).unwrap_err();
+            assert!(e.msg.contains("FERROCCL_NSOCKS") && e.msg.contains("1 to 16"), "{e}");
+        }
+        assert_eq!(nsocks_from(None, s("2"), s("3")).unwrap(), 6);
+        assert_eq!(nsocks_from(None, s("4"), None).unwrap(), 4);
+        assert_eq!(nsocks_from(None, s("8"), s("4")).unwrap(), 16);
+        let e = nsocks_from(None, s("0"), s("2")).unwrap_err();
+        assert!(e.msg.contains("NCCL_NSOCKS_PERTHREAD"), "{e}");
+        let e = nsocks_from(None, None, s("x")).unwrap_err();
+        assert!(e.msg.contains("NCCL_SOCKET_NTHREADS"), "{e}");
     }
 
     #[test]

@@ -6,7 +6,7 @@
 # movement), how close ferroccl comes to it (see bench/compare/README.md).
 #
 #   bench/compare/run.sh [--peer ompi|gloo|ideal|both|all] [--nranks N[,N...]] [-b MIN] [-e MAX]
-#                        [--reps R] [--rotate 0|1] [--out DIR] [collectives...]
+#                        [--reps R] [--rotate 0|1] [--transport auto|tcp] [--out DIR] [collectives...]
 set -euo pipefail
 
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
@@ -15,7 +15,8 @@ root="$(cd "$here/../.." && pwd)"
 usage() {
     cat <<EOF
 usage: bench/compare/run.sh [--peer ompi|gloo|ideal|both|all] [--nranks N[,N...]] [-b MIN] [-e MAX]
-                            [--reps R] [--max-time S] [--rotate 0|1] [--out DIR] [collectives...]
+                            [--reps R] [--max-time S] [--rotate 0|1] [--transport auto|tcp]
+                            [--out DIR] [collectives...]
 
 Runs ferroccl-bench and a peer alternately, R times each, over the same collectives
 and sizes (MIN, MIN*4, MIN*16, ... up to MAX, plus MAX itself when the factor 4 does
@@ -50,6 +51,12 @@ bench/compare/out).
                           in the caches up to their size, as in a program that calls
                           a collective again and again on one tensor. Both sides run
                           alike; PERF.md's targets are for 1
+  --transport auto|tcp    ferroccl's transport (FERROCCL_TRANSPORT, for the ferroccl
+                          side only): auto (default) uses shared memory between the
+                          ranks of this host; tcp makes every rank a host of its own,
+                          so ferroccl's TCP path is measured over loopback (against
+                          Gloo, which always uses TCP). FERROCCL_NSOCKS, when set,
+                          goes with it
   --out DIR               output directory (default bench/compare/out)
   collectives             any of ferroccl-bench's: all_reduce broadcast reduce
                           all_gather reduce_scatter all_to_all all_to_allv gather
@@ -61,7 +68,7 @@ dependencies: PyPI has no CPU-only torch for Linux x86_64).
 EOF
 }
 
-peer=ompi nranks=2 minb=8 maxb=64M reps=3 max_time=0.25 rotate=1 out="$here/out"
+peer=ompi nranks=2 minb=8 maxb=64M reps=3 max_time=0.25 rotate=1 transport=auto out="$here/out"
 colls=()
 while [ $# -gt 0 ]; do
     case "$1" in
@@ -77,6 +84,8 @@ while [ $# -gt 0 ]; do
     --max-time) max_time="$2"; shift 2 ;;
     --rotate) rotate="$2"; shift 2 ;;
     --rotate=*) rotate="${1#*=}"; shift ;;
+    --transport) transport="$2"; shift 2 ;;
+    --transport=*) transport="${1#*=}"; shift ;;
     --out) out="$2"; shift 2 ;;
     -*) echo "run.sh: unknown option $1 (--help lists them)" >&2; exit 2 ;;
     *) colls+=("$1"); shift ;;
@@ -93,6 +102,7 @@ esac
 IFS=, read -r -a nlist <<<"$nranks"
 [[ "$reps" =~ ^[1-9][0-9]*$ ]] || { echo "run.sh: --reps needs a number >= 1" >&2; exit 2; }
 [[ "$rotate" =~ ^[01]$ ]] || { echo "run.sh: --rotate needs 0 or 1, not $rotate" >&2; exit 2; }
+[[ "$transport" =~ ^(auto|tcp)$ ]] || { echo "run.sh: --transport needs auto or tcp, not $transport" >&2; exit 2; }
 [ ${#colls[@]} -gt 0 ] || colls=(all)
 # "all" is nccl-tests' set; each collective is run on its own (see the loop below).
 expanded=()
@@ -165,6 +175,7 @@ if [[ " ${peers[*]} " == *" gloo "* ]]; then
 fi
 
 # ---- run, alternating
+log "ferroccl's side: FERROCCL_TRANSPORT=$transport${FERROCCL_NSOCKS:+ FERROCCL_NSOCKS=$FERROCCL_NSOCKS}"
 for n in "${nlist[@]}"; do
     dir="$out/n$n"
     mkdir -p "$dir"
@@ -182,7 +193,7 @@ run_side() { # side rep coll nranks: appends every sweep's rows of one collectiv
     for sw in "${sweeps[@]}"; do
         # shellcheck disable=SC2086
         case "$side" in
-        ferroccl) "$fbench" --nranks "$n" $sw "${common[@]}" --csv "$tmp" "$coll" ;;
+        ferroccl) FERROCCL_TRANSPORT="$transport" "$fbench" --nranks "$n" $sw "${common[@]}" --csv "$tmp" "$coll" ;;
         ompi) mpirun --allow-run-as-root --oversubscribe -np "$n" "$ompi_bin" $sw "${common[@]}" --csv "$tmp" "$coll" ;;
         gloo) "$venv/bin/python" "$here/gloo_bench.py" --nranks "$n" $sw "${common[@]}" --csv "$tmp" "$coll" ;;
         ideal) "$ideal_bin" --np "$n" $sw "${common[@]}" --csv "$tmp" "$coll" ;;

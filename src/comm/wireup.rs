@@ -165,11 +165,10 @@ fn open_port(nranks: usize, route: Option<IpAddr>, other_hosts: bool) -> Result<
         }
     };
     listener.set_nonblocking(true)?;
-    // Every lower remote peer connects before this rank accepts any (round three),
-    // with up to 16 sockets each.
-    let backlog = nranks.saturating_mul(16).min(i32::MAX as usize) as libc::c_int;
+    // Every lower remote peer connects all its sockets before this rank accepts any (round three).
+    let backlog = nranks.saturating_mul(crate::transport::tcp::MAX_SOCKS).min(i32::MAX as usize);
     // SAFETY: listen on a socket we own; it only raises the accept queue's length.
-    unsafe { libc::listen(listener.as_raw_fd(), backlog) };
+    unsafe { libc::listen(listener.as_raw_fd(), backlog as libc::c_int) };
     let port = listener.local_addr()?.port();
     crate::log::info(format_args!("peers on other hosts reach this rank at {adv} port {port} ({})", source.describe()));
     Ok((listener, Remote { addr: SocketAddr::new(adv, port), source, host: hostname() }))
@@ -233,12 +232,15 @@ pub fn connect(
         let remote = addrs.get(p).and_then(Option::as_ref).ok_or_else(|| {
             Error::internal(format!("rank {rank}: rank {p} is on another host but gave no address for its port"))
         })?;
-        let mut s = connect_peer(remote, deadline, rank, p)?;
-        let mut hello = [0u8; 16];
-        hello[0..8].copy_from_slice(&nonce.to_le_bytes());
-        hello[8..16].copy_from_slice(&(rank as u64).to_le_bytes());
-        s.write_all(&hello)?;
-        links[p] = Some(Box::new(TcpLink::new(p, s)?));
+        // This rank, the lower of the pair, chooses how many sockets the pair uses.
+        let k = crate::env::nsocks()?;
+        let mut socks = Vec::with_capacity(k);
+        for i in 0..k {
+            let mut s = connect_peer(remote, deadline, rank, p)?;
+            s.write_all(&Hello { nonce, rank: rank as u64, index: i as u32, count: k as u32 }.encode())?;
+            socks.push(s);
+        }
+        links[p] = Some(Box::new(TcpLink::new(p, socks)?));
     }
 
     // Round 3: everyone has mapped everything and connected; the names can go.
@@ -342,19 +344,104 @@ fn connect_peer(remote: &Remote, deadline: Instant, rank: usize, peer: usize) ->
     }
 }
 
-/// Accepts the connections of remote peers `lower` (each says the set-up's nonce and
-/// its rank). Strangers on the port are dropped without blocking anything: each
-/// accepted connection is read without waiting, at most [`MAX_UNIDENTIFIED`] at once.
+/// Bytes of the hello that opens every TCP connection between ranks.
+const HELLO_BYTES: usize = 24;
+
+/// What the connecting rank says first on each of its sockets to a peer: the
+/// set-up's nonce, its rank, and which of how many sockets of the pair this is.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+struct Hello {
+    nonce: u64,
+    rank: u64,
+    index: u32,
+    count: u32,
+}
+
+impl Hello {
+    fn encode(&self) -> [u8; HELLO_BYTES] {
+        let mut b = [0u8; HELLO_BYTES];
+        b[0..8].copy_from_slice(&self.nonce.to_le_bytes());
+        b[8..16].copy_from_slice(&self.rank.to_le_bytes());
+        b[16..20].copy_from_slice(&self.index.to_le_bytes());
+        b[20..24].copy_from_slice(&self.count.to_le_bytes());
+        b
+    }
+    fn decode(b: &[u8; HELLO_BYTES]) -> Hello {
+        Hello {
+            nonce: u64::from_le_bytes(b[0..8].try_into().unwrap()),
+            rank: u64::from_le_bytes(b[8..16].try_into().unwrap()),
+            index: u32::from_le_bytes(b[16..20].try_into().unwrap()),
+            count: u32::from_le_bytes(b[20..24].try_into().unwrap()),
+        }
+    }
+}
+
+/// The sockets of one lower peer accepted so far, by index.
+struct Arriving {
+    peer: usize,
+    socks: Vec<Option<TcpStream>>,
+}
+
+impl Arriving {
+    /// Files socket `h.index` of `h.count`; an error when the peer's hellos disagree.
+    fn add(&mut self, rank: usize, h: Hello, s: TcpStream) -> Result<()> {
+        let (i, k, p) = (h.index as usize, h.count as usize, self.peer);
+        if k == 0 || k > crate::transport::tcp::MAX_SOCKS || i >= k {
+            return Err(Error::remote_rank(
+                p,
+                format!(
+                    "rank {rank}: rank {p} opened TCP socket {i} of {k} (1 to {} sockets per peer); do all ranks run the same ferroccl?",
+                    crate::transport::tcp::MAX_SOCKS
+                ),
+            ));
+        }
+        if self.socks.is_empty() {
+            self.socks.resize_with(k, || None);
+        } else if self.socks.len() != k {
+            return Err(Error::remote_rank(
+                p,
+                format!(
+                    "rank {rank}: rank {p} opened TCP sockets of {} and of {k} sockets for one link; do all ranks run the same ferroccl?",
+                    self.socks.len()
+                ),
+            ));
+        }
+        if self.socks[i].is_some() {
+            return Err(Error::remote_rank(
+                p,
+                format!(
+                    "rank {rank}: rank {p} opened TCP socket {i} of {k} twice; do all ranks run the same ferroccl?"
+                ),
+            ));
+        }
+        self.socks[i] = Some(s);
+        Ok(())
+    }
+
+    fn complete(&self) -> bool {
+        !self.socks.is_empty() && self.socks.iter().all(Option::is_some)
+    }
+
+    fn got(&self) -> usize {
+        self.socks.iter().filter(|s| s.is_some()).count()
+    }
+}
+
+/// Accepts the connections of remote peers `lower`: each opens the number of sockets
+/// it chose (FERROCCL_NSOCKS) and says on each the set-up's nonce, its rank, the
+/// socket's index and their number; a peer's sockets are returned in index order.
+/// Strangers on the port are dropped without blocking anything: each accepted
+/// connection is read without waiting, at most [`MAX_UNIDENTIFIED`] at once.
 fn accept_peers(
     listener: &TcpListener,
     lower: &[usize],
     nonce: u64,
     rank: usize,
     deadline: Instant,
-) -> Result<Vec<(usize, TcpStream)>> {
-    let mut waiting: Vec<usize> = lower.to_vec();
+) -> Result<Vec<(usize, Vec<TcpStream>)>> {
+    let mut waiting: Vec<Arriving> = lower.iter().map(|&peer| Arriving { peer, socks: Vec::new() }).collect();
     let mut done = Vec::with_capacity(lower.len());
-    let mut unidentified: VecDeque<(TcpStream, [u8; 16], usize)> = VecDeque::new();
+    let mut unidentified: VecDeque<(TcpStream, [u8; HELLO_BYTES], usize)> = VecDeque::new();
     while !waiting.is_empty() {
         let mut progress = false;
         loop {
@@ -364,7 +451,7 @@ fn accept_peers(
                     if unidentified.len() >= MAX_UNIDENTIFIED {
                         unidentified.pop_front();
                     }
-                    unidentified.push_back((s, [0; 16], 0));
+                    unidentified.push_back((s, [0; HELLO_BYTES], 0));
                     progress = true;
                 }
                 Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => break,
@@ -390,13 +477,16 @@ fn accept_peers(
                     continue;
                 }
             }
-            if *got == 16 {
-                let their_nonce = u64::from_le_bytes(buf[0..8].try_into().unwrap());
-                let p = u64::from_le_bytes(buf[8..16].try_into().unwrap());
+            if *got == HELLO_BYTES {
+                let h = Hello::decode(buf);
                 let (s, _, _) = unidentified.remove(i).expect("index in range");
-                // Strangers and repeats are dropped; they do not disturb the set-up.
-                if let Some(k) = waiting.iter().position(|&q| their_nonce == nonce && q as u64 == p) {
-                    done.push((waiting.swap_remove(k), s));
+                // Strangers and peers already connected are dropped; they do not disturb the set-up.
+                if let Some(k) = waiting.iter().position(|a| h.nonce == nonce && a.peer as u64 == h.rank) {
+                    waiting[k].add(rank, h, s)?;
+                    if waiting[k].complete() {
+                        let a = waiting.swap_remove(k);
+                        done.push((a.peer, a.socks.into_iter().map(|s| s.expect("complete")).collect()));
+                    }
                 }
                 continue;
             }
@@ -406,7 +496,13 @@ fn accept_peers(
             break;
         }
         if Instant::now() >= deadline {
-            let list: Vec<String> = waiting.iter().map(|p| p.to_string()).collect();
+            let list: Vec<String> = waiting
+                .iter()
+                .map(|a| match a.socks.len() {
+                    0 => a.peer.to_string(),
+                    k => format!("{} ({} of its {k} sockets)", a.peer, a.got()),
+                })
+                .collect();
             return Err(Error::timeout(format!(
                 "rank {rank}: ranks {} connected over TCP (round three says so) but never identified themselves before the deadline",
                 list.join(", ")
@@ -465,6 +561,70 @@ mod tests {
         let m = e.to_string();
         for want in ["rank 3", "host far", "at 192.0.2.1 port 9", "FERROCCL_SOCKET_IFNAME", "FERROCCL_HOST_ADDR"] {
             assert!(m.contains(want), "{want:?} missing from: {m}");
+        }
+    }
+
+    /// Connects to `l` and says `h`, then one byte naming the socket.
+    fn say(addr: SocketAddr, h: Hello, tag: u8) -> TcpStream {
+        let mut s = TcpStream::connect(addr).unwrap();
+        s.write_all(&h.encode()).unwrap();
+        s.write_all(&[tag]).unwrap();
+        s
+    }
+
+    fn port() -> (TcpListener, SocketAddr) {
+        let l = TcpListener::bind("127.0.0.1:0").unwrap();
+        l.set_nonblocking(true).unwrap();
+        let a = l.local_addr().unwrap();
+        (l, a)
+    }
+
+    #[test]
+    fn a_peer_s_sockets_are_accepted_in_index_order_and_strangers_dropped() {
+        let (l, addr) = port();
+        let nonce = 0x1234;
+        let deadline = Instant::now() + Duration::from_secs(10);
+        let _keep = [
+            say(addr, Hello { nonce, rank: 1, index: 2, count: 3 }, 12),
+            say(addr, Hello { nonce: 99, rank: 1, index: 0, count: 3 }, 99),
+            say(addr, Hello { nonce, rank: 0, index: 0, count: 1 }, 0),
+            say(addr, Hello { nonce, rank: 1, index: 0, count: 3 }, 10),
+            say(addr, Hello { nonce, rank: 1, index: 1, count: 3 }, 11),
+        ];
+        let mut got = accept_peers(&l, &[0, 1], nonce, 2, deadline).unwrap();
+        got.sort_by_key(|(p, _)| *p);
+        let tags: Vec<Vec<u8>> = got
+            .iter_mut()
+            .map(|(_, socks)| {
+                socks
+                    .iter_mut()
+                    .map(|s| {
+                        s.set_nonblocking(false).unwrap();
+                        let mut b = [0u8];
+                        s.read_exact(&mut b).unwrap();
+                        b[0]
+                    })
+                    .collect()
+            })
+            .collect();
+        assert_eq!(tags, vec![vec![0], vec![10, 11, 12]]);
+    }
+
+    #[test]
+    fn inconsistent_socket_counts_and_repeated_indexes_are_errors() {
+        let nonce = 7;
+        let cases: [(&[(u32, u32)], &str); 3] = [
+            (&[(0, 2), (1, 3)], "TCP sockets of"),
+            (&[(1, 3), (1, 3)], "socket 1 of 3 twice"),
+            (&[(4, 4), (0, 17)], "sockets per peer"),
+        ];
+        for (hellos, want) in cases {
+            let (l, addr) = port();
+            let _keep: Vec<TcpStream> =
+                hellos.iter().map(|&(index, count)| say(addr, Hello { nonce, rank: 0, index, count }, 0)).collect();
+            let e = accept_peers(&l, &[0], nonce, 1, Instant::now() + Duration::from_secs(10)).unwrap_err();
+            assert!(e.msg.contains(want) && e.msg.contains("rank 0"), "{e}");
+            assert_eq!(e.culprit, Some(0));
         }
     }
 }

@@ -61,6 +61,12 @@ pub trait Link: Send {
     }
     /// Tells the peer we are gone (TCP: shut the socket down).
     fn shutdown(&mut self) {}
+    /// Whether committed bytes still wait in this process for the OS to take them
+    /// (TCP): a run is not over until they are gone, or a peer waiting for them could
+    /// wait for as long as this rank makes no further call.
+    fn unsent(&self) -> bool {
+        false
+    }
     /// When the outgoing stream is empty (the peer has read everything) and its write
     /// position is at least `min` bytes into a ring, the number of bytes up to the
     /// ring's start. Skipping them makes the next message reuse the ring's first
@@ -298,6 +304,11 @@ impl Transport {
             moved |= l.progress()?;
         }
         Ok(moved)
+    }
+
+    /// Whether a link holds committed bytes the OS has not taken yet ([`Link::unsent`]).
+    pub fn unsent(&self) -> bool {
+        self.links.iter().flatten().any(|l| l.unsent())
     }
 
     /// What to pass to [`Transport::sleep`], read before checking for work: the

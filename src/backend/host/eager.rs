@@ -169,7 +169,7 @@ fn run_with(t: &mut Transport, calls: &[Call], ctl: &RunCtl<'_>, slots: &mut Vec
             moved |= read(t, calls, s, &mut bits, &mut err, ctl)?;
         }
         let sent = slots.iter().all(|s| s.tx_msg == s.nmsgs());
-        if sent && bits.received == recv_mask && bits.replied == send_mask {
+        if sent && bits.received == recv_mask && bits.replied == send_mask && !t.unsent() {
             idle.unpublish(t);
             return Ok(err);
         }

@@ -1280,8 +1280,9 @@ fn run_with(
             }
         }
 
-        // Done when every step is, and replies owed to peers have been written.
-        if remaining == 0 && peers.iter().all(|st| st.cur_tx.is_none() && st.urgent.is_empty()) {
+        // Done when every step is, and replies owed to peers have been written (and,
+        // over TCP, handed to the OS).
+        if remaining == 0 && peers.iter().all(|st| st.cur_tx.is_none() && st.urgent.is_empty()) && !t.unsent() {
             idle.unpublish(t);
             return Ok(step_err);
         }
