@@ -55,8 +55,8 @@ pub const TRANSPORT: Var = Var {
 };
 pub const NSOCKS: Var = Var {
     name: "FERROCCL_NSOCKS",
-    default: "4",
-    doc: "sockets per TCP link, 1 to 16: the stream is dealt to them in 256 KiB chunks, round robin. The lower rank of each pair (the one that connects) chooses, so ranks need not agree. As libnccl.so.2, when unset: NCCL_NSOCKS_PERTHREAD x NCCL_SOCKET_NTHREADS (at most 16)",
+    default: "1",
+    doc: "sockets per TCP link, 1 to 16: the stream is dealt to them in 256 KiB chunks, round robin (more than one pays where one TCP flow gets less than the path's bandwidth, as between cloud hosts; over loopback it does not, see docs/results/2026-11-25-tcp-vs-gloo.md). The lower rank of each pair (the one that connects) chooses, so ranks need not agree. As libnccl.so.2, when unset: NCCL_NSOCKS_PERTHREAD x NCCL_SOCKET_NTHREADS (at most 16)",
 };
 pub const HOST_ADDR: Var = Var {
     name: "FERROCCL_HOST_ADDR",
