@@ -232,15 +232,16 @@ pub fn connect(
         let remote = addrs.get(p).and_then(Option::as_ref).ok_or_else(|| {
             Error::internal(format!("rank {rank}: rank {p} is on another host but gave no address for its port"))
         })?;
-        // This rank, the lower of the pair, chooses how many sockets the pair uses.
-        let k = crate::env::nsocks()?;
+        // This rank, the lower of the pair, chooses how many sockets the pair uses: k
+        // for the data and one more, the last, for failure notices.
+        let k = crate::env::nsocks()? + 1;
         let mut socks = Vec::with_capacity(k);
         for i in 0..k {
             let mut s = connect_peer(remote, deadline, rank, p)?;
             s.write_all(&Hello { nonce, rank: rank as u64, index: i as u32, count: k as u32 }.encode())?;
             socks.push(s);
         }
-        links[p] = Some(Box::new(TcpLink::new(p, socks)?));
+        links[p] = Some(Box::new(tcp_link(p, socks)?));
     }
 
     // Round 3: everyone has mapped everything and connected; the names can go.
@@ -251,7 +252,7 @@ pub fn connect(
     if let Some((listener, _)) = port {
         let lower: Vec<usize> = (0..rank).filter(|&p| !local[p]).collect();
         for (p, s) in accept_peers(&listener, &lower, nonce, rank, deadline)? {
-            links[p] = Some(Box::new(TcpLink::new(p, s)?));
+            links[p] = Some(Box::new(tcp_link(p, s)?));
         }
     }
     let local_ranks = local.iter().filter(|&&l| l).count();
@@ -289,6 +290,15 @@ fn connect_timeout() -> Result<Duration> {
         Ok(ms) if ms > 0 => Ok(Duration::from_millis(ms)),
         _ => Err(Error::invalid_arg(format!("{} is {v:?}; give a positive number of milliseconds", var.name))),
     }
+}
+
+/// A TCP link to `peer` over a pair's sockets in hello order: the data sockets, then
+/// the one that carries failure notices.
+fn tcp_link(peer: usize, mut socks: Vec<TcpStream>) -> Result<TcpLink> {
+    let notices = socks.pop().filter(|_| !socks.is_empty()).ok_or_else(|| {
+        Error::remote_rank(peer, format!("rank {peer} opened one TCP socket; a pair needs two or more"))
+    })?;
+    TcpLink::new(peer, socks)?.with_notices(notices)
 }
 
 /// Connects to rank `peer`'s port. Its port was open before round two, so a refusal
@@ -386,12 +396,12 @@ impl Arriving {
     /// Files socket `h.index` of `h.count`; an error when the peer's hellos disagree.
     fn add(&mut self, rank: usize, h: Hello, s: TcpStream) -> Result<()> {
         let (i, k, p) = (h.index as usize, h.count as usize, self.peer);
-        if k == 0 || k > crate::transport::tcp::MAX_SOCKS || i >= k {
+        if !(2..=crate::transport::tcp::MAX_SOCKS + 1).contains(&k) || i >= k {
             return Err(Error::remote_rank(
                 p,
                 format!(
-                    "rank {rank}: rank {p} opened TCP socket {i} of {k} (1 to {} sockets per peer); do all ranks run the same ferroccl?",
-                    crate::transport::tcp::MAX_SOCKS
+                    "rank {rank}: rank {p} opened TCP socket {i} of {k} (2 to {} sockets per peer); do all ranks run the same ferroccl?",
+                    crate::transport::tcp::MAX_SOCKS + 1
                 ),
             ));
         }
@@ -587,7 +597,8 @@ mod tests {
         let _keep = [
             say(addr, Hello { nonce, rank: 1, index: 2, count: 3 }, 12),
             say(addr, Hello { nonce: 99, rank: 1, index: 0, count: 3 }, 99),
-            say(addr, Hello { nonce, rank: 0, index: 0, count: 1 }, 0),
+            say(addr, Hello { nonce, rank: 0, index: 1, count: 2 }, 1),
+            say(addr, Hello { nonce, rank: 0, index: 0, count: 2 }, 0),
             say(addr, Hello { nonce, rank: 1, index: 0, count: 3 }, 10),
             say(addr, Hello { nonce, rank: 1, index: 1, count: 3 }, 11),
         ];
@@ -607,7 +618,7 @@ mod tests {
                     .collect()
             })
             .collect();
-        assert_eq!(tags, vec![vec![0], vec![10, 11, 12]]);
+        assert_eq!(tags, vec![vec![0, 1], vec![10, 11, 12]]);
     }
 
     #[test]
@@ -616,7 +627,7 @@ mod tests {
         let cases: [(&[(u32, u32)], &str); 3] = [
             (&[(0, 2), (1, 3)], "TCP sockets of"),
             (&[(1, 3), (1, 3)], "socket 1 of 3 twice"),
-            (&[(4, 4), (0, 17)], "sockets per peer"),
+            (&[(4, 4), (0, 18)], "sockets per peer"),
         ];
         for (hellos, want) in cases {
             let (l, addr) = port();

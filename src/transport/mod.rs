@@ -61,6 +61,9 @@ pub trait Link: Send {
     }
     /// Tells the peer we are gone (TCP: shut the socket down).
     fn shutdown(&mut self) {}
+    /// Tells the peer this rank failed, with its failure word's value `v` (see
+    /// [`shm::FAILED_TIMEOUT`]), where the peer cannot read that word (TCP).
+    fn tell_failed(&mut self, _v: u32) {}
     /// Whether committed bytes still wait in this process for the OS to take them
     /// (TCP): a run is not over until they are gone, or a peer waiting for them could
     /// wait for as long as this rank makes no further call.
@@ -410,14 +413,15 @@ impl Transport {
     /// `culprit` is the rank the failure started with (this rank if None);
     /// `timed_out`: this rank timed out waiting for it (peers then say so).
     pub fn mark_failed(&mut self, culprit: Option<usize>, timed_out: bool) {
+        let mut v = culprit.unwrap_or(self.rank) as u32 + 1;
+        if timed_out && culprit.is_some_and(|c| c != self.rank) {
+            v |= shm::FAILED_TIMEOUT;
+        }
         if let Some(s) = &self.my_seg {
-            let mut v = culprit.unwrap_or(self.rank) as u32 + 1;
-            if timed_out && culprit.is_some_and(|c| c != self.rank) {
-                v |= shm::FAILED_TIMEOUT;
-            }
             let _ = s.failed().compare_exchange(0, v, Ordering::AcqRel, Ordering::Acquire);
         }
         for l in self.links.iter_mut().flatten() {
+            l.tell_failed(v);
             l.wake_peer();
             l.shutdown();
         }

@@ -567,7 +567,7 @@ const FAILED_RANK: u32 = FAILED_TIMEOUT - 1;
 
 /// The error for a peer whose failure flag holds `v` (see [`FAILED_TIMEOUT`]).
 #[cold]
-fn failure(peer: usize, v: u32) -> Error {
+pub(crate) fn failure(peer: usize, v: u32) -> Error {
     let culprit = ((v & FAILED_RANK) - 1) as usize;
     if v == u32::MAX {
         Error::remote_rank(peer, format!("rank {peer} failed or aborted its communicator"))

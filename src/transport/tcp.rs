@@ -12,9 +12,11 @@
 
 use super::Link;
 use crate::error::{Error, Result};
+use std::cell::RefCell;
 use std::io::{ErrorKind, Read, Write};
 use std::net::TcpStream;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+use std::time::{Duration, Instant};
 
 /// The most sockets one link may have (FERROCCL_NSOCKS's upper bound).
 pub const MAX_SOCKS: usize = 16;
@@ -52,6 +54,61 @@ pub struct TcpLink {
     consumed: u64,
     /// A send error seen where it could not be returned (`send_commit`).
     failed: Option<String>,
+    /// The socket that carries failure notices (see [`Notices`]), if the pair has one.
+    notices: Option<RefCell<Notices>>,
+}
+
+/// Magic of a failure notice.
+const NOTICE_MAGIC: u32 = 0x4c49_4146;
+
+/// A pair's last socket: a rank that fails writes one notice there (magic and the
+/// value its shared-memory failure word would hold) before it closes its sockets, so
+/// a peer that sees them close can name the rank the failure started with, as peers
+/// on one host read it from the failure word.
+struct Notices {
+    sock: TcpStream,
+    got: [u8; 8],
+    len: usize,
+    eof: bool,
+    told: bool,
+}
+
+impl Notices {
+    /// Reads what has arrived; the notice's value once all of it has.
+    fn poll(&mut self) -> Option<u32> {
+        while !self.eof && self.len < 8 {
+            match self.sock.read(&mut self.got[self.len..]) {
+                Ok(0) => self.eof = true,
+                Ok(n) => self.len += n,
+                Err(e) if e.kind() == ErrorKind::Interrupted => {}
+                // WouldBlock: nothing yet; any other error: the peer is gone without a word.
+                Err(e) => {
+                    self.eof = e.kind() != ErrorKind::WouldBlock;
+                    break;
+                }
+            }
+        }
+        let magic = u32::from_le_bytes(self.got[0..4].try_into().unwrap());
+        (self.len == 8 && magic == NOTICE_MAGIC).then(|| u32::from_le_bytes(self.got[4..8].try_into().unwrap()))
+    }
+
+    /// [`Notices::poll`], waiting up to `wait` for the notice or the socket's end: a
+    /// failing peer writes it before it closes the other sockets, but it travels apart.
+    fn poll_until(&mut self, wait: Duration) -> Option<u32> {
+        let until = Instant::now() + wait;
+        loop {
+            if let Some(v) = self.poll() {
+                return Some(v);
+            }
+            let left = until.saturating_duration_since(Instant::now());
+            if self.eof || left.is_zero() {
+                return None;
+            }
+            let mut pfd = libc::pollfd { fd: self.sock.as_raw_fd(), events: libc::POLLIN, revents: 0 };
+            // SAFETY: pfd is one valid pollfd for the duration of the call.
+            unsafe { libc::poll(&mut pfd, 1, left.as_millis().clamp(1, 1000) as i32) };
+        }
+    }
 }
 
 const IN_EVENTS: u32 = (libc::EPOLLIN | libc::EPOLLRDHUP) as u32;
@@ -99,11 +156,29 @@ impl TcpLink {
             rx: vec![0; ring],
             consumed: 0,
             failed: None,
+            notices: None,
         };
         for i in 0..link.socks.len() {
             link.epoll_ctl(libc::EPOLL_CTL_ADD, i, IN_EVENTS)?;
         }
         Ok(link)
+    }
+
+    /// Adds the pair's socket for failure notices (see [`Notices`]).
+    pub fn with_notices(mut self, sock: TcpStream) -> Result<TcpLink> {
+        sock.set_nonblocking(true)?;
+        self.notices = Some(RefCell::new(Notices { sock, got: [0; 8], len: 0, eof: false, told: false }));
+        Ok(self)
+    }
+
+    /// The failure the peer reported, waiting up to `wait` for its notice.
+    fn reported(&self, wait: Duration) -> Result<()> {
+        let Some(n) = &self.notices else { return Ok(()) };
+        let mut n = n.borrow_mut();
+        match if wait.is_zero() { n.poll() } else { n.poll_until(wait) } {
+            Some(v) => Err(super::shm::failure(self.peer, v)),
+            None => Ok(()),
+        }
     }
 
     /// How many sockets the link has.
@@ -288,6 +363,8 @@ impl Link for TcpLink {
         let next = self.received();
         let i = self.socks.iter().position(|s| s.rx == next).expect("the lowest position is a socket's");
         if self.socks[i].eof && next - self.consumed < 8 {
+            // A peer that failed because of another rank said so before it closed.
+            self.reported(Duration::from_millis(50))?;
             let why = if self.socks.len() == 1 {
                 "the peer closed the connection (process exited or aborted)".to_string()
             } else {
@@ -299,7 +376,24 @@ impl Link for TcpLink {
     }
 
     fn check_flag(&self) -> Result<()> {
-        self.check_alive()
+        if let Some(why) = &self.failed {
+            return Err(Error::remote_rank(self.peer, why.clone()));
+        }
+        self.reported(Duration::ZERO)
+    }
+
+    fn tell_failed(&mut self, v: u32) {
+        if let Some(n) = &self.notices {
+            let mut n = n.borrow_mut();
+            if !n.told {
+                n.told = true;
+                let mut b = [0u8; 8];
+                b[0..4].copy_from_slice(&NOTICE_MAGIC.to_le_bytes());
+                b[4..8].copy_from_slice(&v.to_le_bytes());
+                // Eight bytes always fit in an unused socket's buffer; a dead peer is no loss.
+                let _ = n.sock.write_all(&b);
+            }
+        }
     }
 
     fn poll_fd(&self) -> Option<i32> {
@@ -313,6 +407,9 @@ impl Link for TcpLink {
     fn shutdown(&mut self) {
         for s in &self.socks {
             let _ = s.stream.shutdown(std::net::Shutdown::Both);
+        }
+        if let Some(n) = &self.notices {
+            let _ = n.borrow().sock.shutdown(std::net::Shutdown::Write);
         }
     }
 }
@@ -484,6 +581,38 @@ mod tests {
         let e = failure(&mut a, Duration::from_secs(10)).expect("the closed socket went unnoticed");
         assert_eq!(e.culprit, Some(5), "{e}");
         assert!(e.msg.contains("rank 5") && e.msg.contains("socket 0 of 3"), "{e}");
+    }
+
+    /// Links over `k` data sockets and a notice socket each.
+    fn noticed(k: usize) -> (TcpLink, TcpLink) {
+        let (mut a, mut b) = pairs(k + 1);
+        let (na, nb) = (a.pop().unwrap(), b.pop().unwrap());
+        (TcpLink::new(1, a).unwrap().with_notices(na).unwrap(), TcpLink::new(0, b).unwrap().with_notices(nb).unwrap())
+    }
+
+    #[test]
+    fn a_peer_that_failed_because_of_another_rank_is_not_blamed() {
+        let (mut a, mut b) = noticed(2);
+        assert!(a.check_flag().is_ok());
+        // Rank 0 (b) stops because of rank 7, tells rank 1 (a), and closes everything.
+        b.tell_failed(7 + 1);
+        b.shutdown();
+        drop(b);
+        let e = failure(&mut a, Duration::from_secs(10)).expect("the closed link went unnoticed");
+        assert_eq!(e.culprit, Some(7), "{e}");
+        assert!(e.msg.contains("rank 7") && e.msg.contains("reported by rank 1"), "{e}");
+        let f = a.check_flag().expect_err("the notice is a flag too");
+        assert_eq!(f.culprit, Some(7), "{f}");
+    }
+
+    #[test]
+    fn a_peer_that_exits_without_a_notice_is_the_one_named() {
+        let (mut a, b) = noticed(2);
+        drop(b);
+        let e = failure(&mut a, Duration::from_secs(10)).expect("the closed link went unnoticed");
+        assert_eq!(e.culprit, Some(1), "{e}");
+        assert!(e.msg.contains("lost the TCP connection to rank 1"), "{e}");
+        assert!(a.check_flag().is_ok(), "an exit without a notice is no failure flag");
     }
 
     #[test]
