@@ -287,6 +287,46 @@ impl TcpLink {
     fn lost(&self, why: &str) -> Error {
         Error::remote_rank(self.peer, format!("lost the TCP connection to rank {}: {why}", self.peer))
     }
+
+    fn progress_sockets(&mut self) -> Result<bool> {
+        if let Some(why) = &self.failed {
+            return Err(Error::remote_rank(self.peer, why.clone()));
+        }
+        let mut events = [libc::epoll_event { events: 0, u64: 0 }; MAX_SOCKS];
+        // SAFETY: events has room for MAX_SOCKS entries, the most epoll_wait writes here.
+        let n = unsafe { libc::epoll_wait(self.epoll.as_raw_fd(), events.as_mut_ptr(), MAX_SOCKS as i32, 0) };
+        let mut moved = false;
+        for ev in events.iter().take(n.max(0) as usize) {
+            let (bits, i) = (ev.events, ev.u64 as usize);
+            if bits & libc::EPOLLOUT as u32 != 0 || bits & libc::EPOLLERR as u32 != 0 {
+                moved |= self.flush(i)?;
+            }
+            if bits & !(libc::EPOLLOUT as u32) != 0 {
+                moved |= self.fill(i)?;
+            }
+        }
+        Ok(moved)
+    }
+
+    fn check_stream(&self) -> Result<()> {
+        if let Some(why) = &self.failed {
+            return Err(Error::remote_rank(self.peer, why.clone()));
+        }
+        // The socket that carries the next byte of the stream: once it has ended, the
+        // stream cannot go on. (Another one's end proves nothing yet: a peer that
+        // exits closes them all, and the others' last bytes may still be on the way.)
+        let next = self.received();
+        let i = self.socks.iter().position(|s| s.rx == next).expect("the lowest position is a socket's");
+        if self.socks[i].eof && next - self.consumed < 8 {
+            let why = if self.socks.len() == 1 {
+                "the peer closed the connection (process exited or aborted)".to_string()
+            } else {
+                format!("the peer closed socket {i} of {} (process exited or aborted)", self.socks.len())
+            };
+            return Err(self.lost(&why));
+        }
+        Ok(())
+    }
 }
 
 impl Link for TcpLink {
@@ -334,45 +374,12 @@ impl Link for TcpLink {
     }
 
     fn progress(&mut self) -> Result<bool> {
-        if let Some(why) = &self.failed {
-            return Err(Error::remote_rank(self.peer, why.clone()));
-        }
-        let mut events = [libc::epoll_event { events: 0, u64: 0 }; MAX_SOCKS];
-        // SAFETY: events has room for MAX_SOCKS entries, the most epoll_wait writes here.
-        let n = unsafe { libc::epoll_wait(self.epoll.as_raw_fd(), events.as_mut_ptr(), MAX_SOCKS as i32, 0) };
-        let mut moved = false;
-        for ev in events.iter().take(n.max(0) as usize) {
-            let (bits, i) = (ev.events, ev.u64 as usize);
-            if bits & libc::EPOLLOUT as u32 != 0 || bits & libc::EPOLLERR as u32 != 0 {
-                moved |= self.flush(i)?;
-            }
-            if bits & !(libc::EPOLLOUT as u32) != 0 {
-                moved |= self.fill(i)?;
-            }
-        }
-        Ok(moved)
+        // A connection reset by a peer that failed because of another rank is that rank's story.
+        self.progress_sockets().map_err(|e| self.reported(Duration::from_millis(50)).err().unwrap_or(e))
     }
 
     fn check_alive(&self) -> Result<()> {
-        if let Some(why) = &self.failed {
-            return Err(Error::remote_rank(self.peer, why.clone()));
-        }
-        // The socket that carries the next byte of the stream: once it has ended, the
-        // stream cannot go on. (Another one's end proves nothing yet: a peer that
-        // exits closes them all, and the others' last bytes may still be on the way.)
-        let next = self.received();
-        let i = self.socks.iter().position(|s| s.rx == next).expect("the lowest position is a socket's");
-        if self.socks[i].eof && next - self.consumed < 8 {
-            // A peer that failed because of another rank said so before it closed.
-            self.reported(Duration::from_millis(50))?;
-            let why = if self.socks.len() == 1 {
-                "the peer closed the connection (process exited or aborted)".to_string()
-            } else {
-                format!("the peer closed socket {i} of {} (process exited or aborted)", self.socks.len())
-            };
-            return Err(self.lost(&why));
-        }
-        Ok(())
+        self.check_stream().map_err(|e| self.reported(Duration::from_millis(50)).err().unwrap_or(e))
     }
 
     fn check_flag(&self) -> Result<()> {
