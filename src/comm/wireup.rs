@@ -574,6 +574,25 @@ mod tests {
         }
     }
 
+    #[test]
+    fn a_peer_that_never_answers_fails_at_the_bound_naming_it() {
+        // A port whose accept queue is full drops further SYNs without a word, as a
+        // firewall or a vanished host does.
+        let l = TcpListener::bind("127.0.0.1:0").unwrap();
+        // SAFETY: listen on a socket we own, with the shortest queue.
+        unsafe { libc::listen(l.as_raw_fd(), 0) };
+        let addr = l.local_addr().unwrap();
+        let _queued: Vec<TcpStream> =
+            (0..2).filter_map(|_| TcpStream::connect_timeout(&addr, Duration::from_millis(300)).ok()).collect();
+        let remote = Remote { addr, source: Source::Ifname, host: "quiet".into() };
+        let t = Instant::now();
+        let e = connect_peer(&remote, Instant::now() + Duration::from_millis(1500), 0, 1).unwrap_err();
+        let took = t.elapsed();
+        assert!(took >= Duration::from_millis(1400) && took < Duration::from_secs(5), "took {took:?}: {e}");
+        assert!(e.msg.contains("cannot reach rank 1 on host quiet") && e.msg.contains("FERROCCL_SOCKET_IFNAME"), "{e}");
+        assert_eq!(e.culprit, Some(1));
+    }
+
     /// Connects to `l` and says `h`, then one byte naming the socket.
     fn say(addr: SocketAddr, h: Hello, tag: u8) -> TcpStream {
         let mut s = TcpStream::connect(addr).unwrap();
