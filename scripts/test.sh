@@ -43,8 +43,6 @@ ctest_run build/c_tests
 step "C contract suite under ASan/UBSan (ctest)"
 ctest_build build/c_tests_asan -DFERROCCL_SANITIZE=ON
 env "${asan_env[@]}" ctest --test-dir build/c_tests_asan -j "$jobs" --output-on-failure --timeout 300
-step "cross-host: the contract suite, a killed host and an unreachable address on 2 and 3 hosts as network namespaces (tests/multinode; skips without root)"
-bash tests/multinode/run.sh
 
 step "device suite on the simulated GPU (ctest -L 'device|cuda')"
 sim ctest --test-dir build/c_tests -j "$jobs" --output-on-failure --timeout 300 -L 'device|cuda'
@@ -80,5 +78,7 @@ FERROCCL_LIB="$lib/libferroccl.so" FERROCCL_RUN="$lib/ferroccl-run" \
   sim python -m pytest -q -rs -p no:cacheprovider tests/python python/tests
 step "Python: pip install ./python in a fresh venv, no FERROCCL_LIB; the package tests against it"
 bash scripts/python-install-test.sh
+step "cross-host: the contract suite, a killed host, an unreachable address and torchrun on 2 and 3 hosts as network namespaces (tests/multinode; skips without root)"
+bash tests/multinode/run.sh
 step "launchers: mpirun, torchrun, and ferroccl-run under torch.distributed (tests/launchers/run.sh)"
 bash tests/launchers/run.sh "$lib" build/c_tests

@@ -18,7 +18,7 @@ pub enum Source {
     Ifname,
     /// The local end of the connection to the rendezvous point.
     Route,
-    /// The first up interface other than loopback (the route was loopback).
+    /// The first up interface other than loopback, docker* last (the route was loopback).
     FirstInterface,
     /// Loopback: this host has no other interface.
     Loopback,
@@ -53,7 +53,7 @@ impl Source {
             Source::HostAddr => "set by FERROCCL_HOST_ADDR",
             Source::Ifname => "of the interface FERROCCL_SOCKET_IFNAME/NCCL_SOCKET_IFNAME selects",
             Source::Route => "the one its host reached the rendezvous point from",
-            Source::FirstInterface => "its host's first interface other than loopback",
+            Source::FirstInterface => "its host's first interface other than loopback (docker* last)",
             Source::Loopback => "loopback: its host has no other interface",
         }
     }
@@ -186,7 +186,11 @@ fn choose_from(route: Option<IpAddr>, other_hosts: bool, ifaces: &[Iface]) -> Re
         Some(ip) if usable(&ip) && !(other_hosts && ip.is_loopback()) => return Ok((ip, Source::Route)),
         _ => {}
     }
-    if let Some(ip) = pick(ifaces.iter().filter(|i| !i.loopback), route) {
+    // As NCCL without NCCL_SOCKET_IFNAME: a container bridge only when nothing else is up.
+    let others = ifaces.iter().filter(|i| !i.loopback);
+    if let Some(ip) =
+        pick(others.clone().filter(|i| !i.name.starts_with("docker")), route).or_else(|| pick(others, route))
+    {
         return Ok((ip, Source::FirstInterface));
     }
     Ok((route.filter(|r| r.is_loopback()).unwrap_or(IpAddr::V4(Ipv4Addr::LOCALHOST)), Source::Loopback))
@@ -232,7 +236,12 @@ mod tests {
         if env::HOST_ADDR.get().is_some() || ifname_spec().is_some() {
             return;
         }
-        let ifs = vec![iface("lo", "127.0.0.1"), iface("eth0", "fd00::2"), iface("eth1", "10.0.0.2")];
+        let ifs = vec![
+            iface("lo", "127.0.0.1"),
+            iface("docker0", "172.17.0.1"),
+            iface("eth0", "fd00::2"),
+            iface("eth1", "10.0.0.2"),
+        ];
         let r = choose_from(Some("10.1.1.1".parse().unwrap()), true, &ifs).unwrap();
         assert_eq!(r, ("10.1.1.1".parse().unwrap(), Source::Route));
         // Loopback to the point is fine when every peer is on this host.
@@ -243,6 +252,8 @@ mod tests {
         assert_eq!(r, ("10.0.0.2".parse().unwrap(), Source::FirstInterface));
         let r = choose_from(Some("::1".parse().unwrap()), true, &ifs).unwrap();
         assert_eq!(r, ("fd00::2".parse().unwrap(), Source::FirstInterface));
+        let r = choose_from(None, true, &ifs[..2]).unwrap();
+        assert_eq!(r, ("172.17.0.1".parse().unwrap(), Source::FirstInterface));
         let r = choose_from(None, true, &ifs[..1]).unwrap();
         assert_eq!(r, ("127.0.0.1".parse().unwrap(), Source::Loopback));
     }

@@ -219,7 +219,9 @@ fn through_torch_store(place: &Place, host: &str, port: &str) -> Result<(UniqueI
     let deadline = Instant::now() + env::default_timeout();
     let mut store = Store::connect(host, port, deadline)?;
     let id = if place.rank == 0 {
-        let id = UniqueId::generate()?;
+        // Serve where the other hosts reach this one: the route to the store's host.
+        let (ip, _) = super::addr::choose(store.local_ip(), true)?;
+        let id = UniqueId::serve(ServerOptions { ip: Some(ip), ..ServerOptions::default() })?.0;
         store.set(&key, &id.0)?;
         id
     } else {

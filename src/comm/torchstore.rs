@@ -59,6 +59,11 @@ fn get_frame(key: &str) -> Vec<u8> {
 }
 
 impl Store {
+    /// The local address of the connection to the store: the interface that reaches its host.
+    pub fn local_ip(&self) -> Option<std::net::IpAddr> {
+        self.sock.local_addr().ok().map(|a| a.ip())
+    }
+
     /// Connects to the store at `host:port` and validates, retrying refused
     /// connections until `deadline` (every operation of this store ends by then).
     pub fn connect(host: &str, port: u16, deadline: Instant) -> Result<Store> {

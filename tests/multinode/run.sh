@@ -5,14 +5,17 @@
 # plus FERROCCL_RANK, FERROCCL_WORLD_SIZE, FERROCCL_ROOT_ADDR and FERROCCL_SECRET (and
 # the contract tests' FERROCCL_DEBUG=INFO and FERROCCL_TIMEOUT_MS). Cases: the C
 # contract suite's collectives at 2x2 and 3x2 ranks (IPv4) and 2x2 (IPv6), a killed
-# host, an unreachable advertised address. Everything created (namespaces, bridge, a
-# private subnet picked at random and checked unused) is removed on exit.
+# host, an unreachable advertised address, and 2x2 under torchrun with no ferroccl
+# variable (when the torch venv's torchrun exists). Everything created (namespaces,
+# bridge, a private subnet picked at random and checked unused, per-namespace hosts
+# files under /etc/netns) is removed on exit.
 #
 # Usage (root; after `cargo build --release` and the c_tests build, see README.md):
 #   tests/multinode/run.sh [--host-addr] [--keep-logs]
 #     --host-addr   also give every rank FERROCCL_HOST_ADDR=<its host's address>
 #     --keep-logs   keep every rank's output (the directory is printed at the end)
-# Environment: FERROCCL_LIB_DIR (target/release), FERROCCL_C_TESTS_DIR (build/c_tests).
+# Environment: FERROCCL_LIB_DIR (target/release), FERROCCL_C_TESTS_DIR (build/c_tests),
+# FERROCCL_TORCH_VENV (~/.cache/ferroccl/torch-venv).
 # Prints one PASS/FAIL/SKIP line per case and "multinode: N passed, M failed, K skipped";
 # exits 1 if any case failed, 0 otherwise (also when namespaces cannot be made: SKIP).
 set -uo pipefail
@@ -21,6 +24,8 @@ root=$(cd "$(dirname "$0")/../.." && pwd)
 lib=${FERROCCL_LIB_DIR:-$root/target/release}
 ctests=${FERROCCL_C_TESTS_DIR:-$root/build/c_tests}
 host_addr=0 keep=0
+# torchrun of the torch venv (scripts/python-install-test.sh makes it), for the 2x2 torchrun case.
+torchrun="${FERROCCL_TORCH_VENV:-$HOME/.cache/ferroccl/torch-venv}/bin/torchrun"
 for a in "$@"; do
   case "$a" in
     --host-addr) host_addr=1 ;;
@@ -60,7 +65,10 @@ tmp=$(mktemp -d "${TMPDIR:-/tmp}/fccl-multinode.XXXXXX")
 
 net_down() {
   local ns
-  for ns in "${made_ns[@]}"; do ip netns del "$ns" 2>/dev/null; done
+  for ns in "${made_ns[@]}"; do
+    ip netns del "$ns" 2>/dev/null
+    rm -rf "/etc/netns/$ns"   # the hosts file torchrun's case gives each host
+  done
   made_ns=()
 }
 cleanup() {
@@ -328,6 +336,47 @@ cc -std=c99 -O2 -Wall -Wextra -Wpedantic -Werror -I"$root/include" "$root/tests/
   -o "$root/build/multinode/hostloss" -L"$lib" -lferroccl -Wl,-rpath,"$lib" ||
   { echo "run.sh: cannot build tests/multinode/hostloss.c" >&2; exit 2; }
 
+# 2 hosts x 2 ranks started by torchrun on each host (c10d rendezvous at host 0), no
+# ferroccl variable at all: rank 0 passes the unique id through torchrun's store, and
+# each host's ranks must advertise that host's address. torchrun looks up its own
+# hostname, so each host gets a hosts file (ip netns exec mounts /etc/netns/NS/hosts).
+torchrun_case() {
+  local name="2x2 ipv4 torchrun" dir="$tmp/torchrun" h r bad="" ok
+  if [ ! -x "$torchrun" ]; then
+    skip "$name: no torchrun at $torchrun (scripts/python-install-test.sh makes the torch venv)"
+    return
+  fi
+  mkdir -p "$dir"
+  port=$((port + 1))
+  for h in 0 1; do
+    mkdir -p "/etc/netns/${tag}h$h"
+    printf '127.0.0.1 localhost\n%s fccl-host0-%s\n%s fccl-host1-%s\n' "${addr[0]}" $$ "${addr[1]}" $$ >"/etc/netns/${tag}h$h/hosts"
+  done
+  job_start=$SECONDS
+  for h in 0 1; do
+    ip netns exec "${tag}h$h" unshare --uts sh -c 'printf %s "$1" >/proc/sys/kernel/hostname && shift && exec "$@"' \
+      sh "fccl-host$h-$$" env -i PATH="$PATH" HOME="$HOME" FERROCCL_DEBUG=INFO FERROCCL_TIMEOUT_MS="$contract_timeout_ms" \
+      "$torchrun" --nnodes 2 --nproc-per-node 2 --rdzv-backend c10d --rdzv-endpoint "${addr[0]}:$port" \
+      --rdzv-id "fccl$$" --no-python "$ctests/test_allreduce" >"$dir/host$h.log" 2>&1 &
+    pids+=($!)
+  done
+  wait_all
+  for h in 0 1; do
+    [ "${rc[h]}" = 0 ] || bad+=" host $h's torchrun exit ${rc[h]}${hung[h]:+ (hung: killed after ${proc_timeout} s)};"
+    ok=$(grep -c 'test_allreduce: process, 4 rank(s): passed' "$dir/host$h.log")
+    [ "$ok" = 2 ] || bad+=" host $h: $ok of its 2 ranks passed;"
+    r=$(grep -c "reach this rank at ${addr[h]} " "$dir/host$h.log")
+    [ "$r" = 2 ] || bad+=" host $h: $r of its 2 ranks advertised ${addr[h]};"
+    grep -q "2 ranks on this host" "$dir/host$h.log" || bad+=" host $h: its ranks did not find each other on one host;"
+  done
+  if [ -z "$bad" ]; then
+    pass "$name: 4 ranks, no ferroccl variable, each host advertising its own address"
+  else
+    fail "$name:$bad"
+    show_logs "$dir"/host*.log
+  fi
+}
+
 pick_subnets || skip_all "found no unused private subnet (10.x.y.0/24 and fdxx:xxxx:xxxx::/64) in 100 tries"
 if ! net_up 4 3 2>"$tmp/net.err"; then
   skip_all "cannot create network namespaces, veth pairs or a bridge: $(head -n1 "$tmp/net.err")"
@@ -337,6 +386,7 @@ for t in "${contract_tests[@]}"; do contract_case 4 2 2 "$t"; done
 for t in "${contract_tests[@]}"; do contract_case 4 3 2 "$t"; done
 kill_case
 unreachable_case
+torchrun_case
 net_down
 
 if [ ! -d /proc/sys/net/ipv6 ]; then

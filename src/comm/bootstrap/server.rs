@@ -31,6 +31,9 @@ pub struct ServerOptions {
     pub max_pending: usize,
     /// The job's key (None: a random one).
     pub key: Option<JobKey>,
+    /// The address to listen on and put in the id (None: loopback when `loopback`,
+    /// else the one [`advertised_ip`] gives).
+    pub ip: Option<IpAddr>,
 }
 
 impl Default for ServerOptions {
@@ -42,6 +45,7 @@ impl Default for ServerOptions {
             hello_deadline: Duration::from_secs(5),
             max_pending: 0,
             key: None,
+            ip: None,
         }
     }
 }
@@ -92,7 +96,11 @@ impl Server {
             Some(k) => k,
             None => JobKey { key: random_secret()?, source: KeySource::Random },
         };
-        let ip = if opts.loopback { IpAddr::V4(Ipv4Addr::LOCALHOST) } else { advertised_ip()? };
+        let ip = match opts.ip {
+            Some(ip) => ip,
+            None if opts.loopback => IpAddr::V4(Ipv4Addr::LOCALHOST),
+            None => advertised_ip()?,
+        };
         let listener = match TcpListener::bind(SocketAddr::new(ip, 0)) {
             Ok(l) => l,
             // FERROCCL_HOST_ADDR may name an address this host only receives through NAT.
