@@ -605,6 +605,25 @@ fn a_wrong_world_size_fails_every_rank_at_once() {
     eprintln!("wrong world size: every rank failed {:?} after it arrived (timeout 20 s)", t0.elapsed());
 }
 
+/// A hand-played rank 2 of 3 on `host` that joins and completes round 0 (a wire-up
+/// description: host, pid, CPUs: any).
+fn rank_2_through_round_0(id: &UniqueId, host: u64) -> Raw {
+    let mut r = Raw::connect(id.addr().unwrap());
+    let (st, msg) = r.hello(&id.secret(), 3, 2, None);
+    assert_eq!(st, 0, "{msg}");
+    let mut info = vec![0u8; 64];
+    info[0..8].copy_from_slice(&host.to_le_bytes());
+    info[8..12].copy_from_slice(&std::process::id().to_le_bytes());
+    info[15] = 1;
+    let mut f = 0u32.to_le_bytes().to_vec();
+    f.extend_from_slice(&20_000u32.to_le_bytes());
+    f.extend_from_slice(&info);
+    r.s.write_all(&frame(&f)).unwrap();
+    let reply = read_frame(&mut r.s, 1 << 20).unwrap();
+    assert_eq!(reply[0], 0, "{}", String::from_utf8_lossy(&reply[1..]));
+    r
+}
+
 /// A rank whose own set-up fails after it joined reports why, and every other rank fails
 /// at once with that reason (rank 0 may serve the point and be the one that failed).
 #[test]
@@ -612,19 +631,7 @@ fn a_rank_that_fails_its_set_up_tells_every_rank_why() {
     let _g = serial();
     let id = UniqueId::generate().unwrap();
     let job = init_threads(id, 3, &[0, 1], 20_000);
-    let mut failing = Raw::connect(id.addr().unwrap());
-    let (st, msg) = failing.hello(&id.secret(), 3, 2, None);
-    assert_eq!(st, 0, "{msg}");
-    let mut info = vec![0u8; 64];
-    info[0..8].copy_from_slice(&ferroccl::comm::bootstrap::host_id().to_le_bytes());
-    info[8..12].copy_from_slice(&std::process::id().to_le_bytes());
-    info[15] = 1;
-    let mut f = 0u32.to_le_bytes().to_vec();
-    f.extend_from_slice(&20_000u32.to_le_bytes());
-    f.extend_from_slice(&info);
-    failing.s.write_all(&frame(&f)).unwrap();
-    let reply = read_frame(&mut failing.s, 1 << 20).unwrap();
-    assert_eq!(reply[0], 0, "{}", String::from_utf8_lossy(&reply[1..]));
+    let mut failing = rank_2_through_round_0(&id, ferroccl::comm::bootstrap::host_id());
     let t0 = Instant::now();
     let mut f = (u32::MAX - 1).to_le_bytes().to_vec();
     f.extend_from_slice(&0u32.to_le_bytes());
@@ -652,20 +659,7 @@ fn ports_opened_while_a_peer_stalls(host: u64) -> Vec<String> {
     let id = UniqueId::generate().unwrap();
     let before = listeners();
     let job = init_threads(id, 3, &[0, 1], 20_000);
-    let mut stalled = Raw::connect(id.addr().unwrap());
-    let (st, msg) = stalled.hello(&id.secret(), 3, 2, None);
-    assert_eq!(st, 0, "{msg}");
-    // Round 0: a wire-up description (host, pid, CPUs: any).
-    let mut info = vec![0u8; 64];
-    info[0..8].copy_from_slice(&host.to_le_bytes());
-    info[8..12].copy_from_slice(&std::process::id().to_le_bytes());
-    info[15] = 1;
-    let mut f = 0u32.to_le_bytes().to_vec();
-    f.extend_from_slice(&20_000u32.to_le_bytes());
-    f.extend_from_slice(&info);
-    stalled.s.write_all(&frame(&f)).unwrap();
-    let reply = read_frame(&mut stalled.s, 1 << 20).unwrap();
-    assert_eq!(reply[0], 0, "{}", String::from_utf8_lossy(&reply[1..]));
+    let stalled = rank_2_through_round_0(&id, host);
     std::thread::sleep(Duration::from_millis(500));
     let opened: Vec<String> = listeners().into_iter().filter(|l| !before.contains(l)).collect();
     let t0 = Instant::now();
