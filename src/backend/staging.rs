@@ -54,7 +54,7 @@ pub fn run(x: &mut Exec<'_>, call: &Call, rank: usize, n: usize) -> Result<Optio
     let stream = c.stream;
     if plan.chunks == 1 {
         let p = piece(c, rank, n, &plan, 0)?;
-        let slot = Pinned::take(p.bytes.max(1))?;
+        let slot = Pinned::take(p.bytes.max(1), true)?;
         // SAFETY: the spans lie in the call's validated device buffers and in the slot
         // (p.bytes); the slot lives until the stream is synchronised below.
         unsafe { p.copy_in(slot.ptr, stream)? };
@@ -72,7 +72,7 @@ pub fn run(x: &mut Exec<'_>, call: &Call, rank: usize, n: usize) -> Result<Optio
         rank,
         n,
         plan,
-        slots: [Pinned::take(plan.slot)?, Pinned::take(plan.slot)?],
+        slots: [Pinned::take(plan.slot, true)?, Pinned::take(plan.slot, true)?],
         events: [cuda::Event::new()?, cuda::Event::new()?],
     };
     // The plan was agreed above (and fingerprinted in checkMode): the chunks are not.
@@ -521,7 +521,7 @@ pub fn stage_in(c: &mut Coll, place: Placement, rank: usize, nranks: usize) -> R
         (0, sb + rb)
     };
     let _g = cuda::CtxGuard::enter(ctx)?;
-    let buf = Pinned::take(span.max(1))?;
+    let buf = Pinned::take(span.max(1), false)?;
     let base = buf.ptr;
     let (send_off, recv_off) = if overlap { (s0 - lo, r0 - lo) } else { (0, sb) };
     // The receive buffer is copied in too: parts of it that the call does not write
@@ -573,6 +573,9 @@ impl Staged {
 struct Pinned {
     ptr: *mut u8,
     len: usize,
+    /// From `mem::alloc_host` (page-locked by it, and shared memory that peers on this
+    /// host read in place, as fcclMemAllocHost's), else a private mapping.
+    shared: bool,
     registered: bool,
 }
 
@@ -584,17 +587,26 @@ pub const POOL_MAX_BYTES: usize = 64 << 20;
 static POOL: std::sync::Mutex<Vec<Pinned>> = std::sync::Mutex::new(Vec::new());
 
 impl Pinned {
-    /// A buffer of at least `len` bytes: the smallest kept one that fits, else a new one.
-    fn take(len: usize) -> Result<Pinned> {
+    /// A buffer of at least `len` bytes: the smallest kept one of its kind that fits,
+    /// else a new one. Chunks take shared buffers: the host algorithms then move
+    /// their bytes once, peer to peer, instead of through the shared rings. A call
+    /// staged whole takes a private one (a shared buffer costs more to make, and one
+    /// larger than the pool is made again on every call).
+    fn take(len: usize, shared: bool) -> Result<Pinned> {
         {
             let mut pool = POOL.lock().unwrap_or_else(|p| p.into_inner());
-            let best = pool.iter().enumerate().filter(|(_, b)| b.len >= len).min_by_key(|(_, b)| b.len).map(|(i, _)| i);
+            let fits = |b: &&Pinned| b.shared == shared && b.len >= len;
+            let best = pool.iter().enumerate().filter(|(_, b)| fits(b)).min_by_key(|(_, b)| b.len).map(|(i, _)| i);
             if let Some(i) = best {
                 return Ok(pool.swap_remove(i));
             }
         }
         // Rounded up so that slightly larger calls reuse it.
         let len = len.next_power_of_two().max(64 << 10);
+        if shared {
+            let ptr = crate::mem::alloc_host(len)?;
+            return Ok(Pinned { ptr, len, shared, registered: false });
+        }
         // SAFETY: a fresh anonymous private mapping; unmapped in free().
         let p = unsafe {
             libc::mmap(
@@ -612,23 +624,29 @@ impl Pinned {
         let ptr = p as *mut u8;
         // SAFETY: the range is this mapping, which stays until free() unregisters it.
         let registered = unsafe { cuda::register_host(ptr, len) }.is_ok();
-        Ok(Pinned { ptr, len, registered })
+        Ok(Pinned { ptr, len, shared, registered })
     }
 
     fn free(self) {
-        if self.registered {
-            // SAFETY: registered in take(); no copy uses it any more (the stream was synchronised).
-            let _ = unsafe { cuda::unregister_host(self.ptr as usize) };
+        if self.shared {
+            if let Err(e) = crate::mem::free(self.ptr) {
+                crate::log::warn(format_args!("freeing a staging buffer: {}", e.msg));
+            }
+        } else {
+            if self.registered {
+                // SAFETY: registered in take(); no copy uses it any more (the stream was synchronised).
+                let _ = unsafe { cuda::unregister_host(self.ptr as usize) };
+            }
+            // SAFETY: mapped in take(), unmapped once.
+            unsafe { libc::munmap(self.ptr.cast(), self.len) };
         }
-        // SAFETY: mapped in take(), unmapped once.
-        unsafe { libc::munmap(self.ptr.cast(), self.len) };
         std::mem::forget(self);
     }
 }
 
 impl Drop for Pinned {
     fn drop(&mut self) {
-        let mine = Pinned { ptr: self.ptr, len: self.len, registered: self.registered };
+        let mine = Pinned { ptr: self.ptr, len: self.len, shared: self.shared, registered: self.registered };
         let mut pool = POOL.lock().unwrap_or_else(|p| p.into_inner());
         let kept: usize = pool.iter().map(|b| b.len).sum();
         if kept + mine.len <= POOL_MAX_BYTES {
