@@ -703,18 +703,10 @@ mod tests {
         assert_eq!(Plan::new(&call(AllReduce, 10, DataType::Int8), 2, 0), None);
     }
 
-    /// xorshift64*: data and layouts for the simulation below.
-    struct Rng(u64);
-    impl Rng {
-        fn next(&mut self) -> u64 {
-            self.0 ^= self.0 >> 12;
-            self.0 ^= self.0 << 25;
-            self.0 ^= self.0 >> 27;
-            self.0.wrapping_mul(0x2545_f491_4f6c_dd1d)
-        }
-        fn below(&mut self, n: usize) -> usize {
-            (self.next() % n as u64) as usize
-        }
+    use crate::testing::Rng;
+
+    fn below(rng: &mut Rng, n: usize) -> usize {
+        rng.below(n as u64) as usize
     }
 
     /// What each collective computes, over every rank's host buffers at once (elements
@@ -862,21 +854,21 @@ mod tests {
                         for cnt in [1, 7, 37] {
                             for chunk in [1, 24, 100, 4096] {
                                 let root = if matches!(kind, Reduce | Broadcast | Gather | Scatter) {
-                                    rng.below(n)
+                                    below(&mut rng, n)
                                 } else {
                                     0
                                 };
                                 // v-calls: counts up to 2*cnt (some 0), receive displacements in
                                 // reverse order with gaps, each rank's send displacements likewise.
                                 let rc: Vec<usize> = (0..n)
-                                    .map(|_| if rng.below(4) == 0 { 0 } else { rng.below(2 * cnt + 1) })
+                                    .map(|_| if below(&mut rng, 4) == 0 { 0 } else { below(&mut rng, 2 * cnt + 1) })
                                     .collect();
                                 let layout = |rng: &mut Rng| {
                                     let mut d = vec![0; n];
                                     let mut at = 0;
                                     for q in (0..n).rev() {
                                         d[q] = at;
-                                        at += rc[q] + rng.below(3);
+                                        at += rc[q] + below(rng, 3);
                                     }
                                     d
                                 };
