@@ -16,9 +16,12 @@
  *   abort       (2+ ranks) rank 0 aborts with a receive pending: abort returns before
  *               the timeout, the others' next call fails with fcclRemoteError
  *   destroy     destroy right after issuing: it waits for the call
+ * The library's creation and progress threads ("ferroccl-init", "ferroccl-progress")
+ * are there while the communicators are, and gone once every one is destroyed.
  * Every rank makes the same calls on every communicator, whatever its checks found. */
 #include "harness.h"
 
+#include <dirent.h>
 #include <time.h>
 
 #define NB_TIMEOUT_MS 60000
@@ -50,6 +53,28 @@ static fcclConfig_t nb_config(const char* name) {
   cfg.checkMode = FCCL_CHECK_FINGERPRINT;
   cfg.commName = name;
   return cfg;
+}
+
+/* Threads of this process named like the library's non-blocking machinery (Linux keeps
+ * 15 characters of a name). */
+static int count_ours(void) {
+  int n = 0;
+  DIR* d = opendir("/proc/self/task");
+  struct dirent* e;
+  if (!d) return -1;
+  while ((e = readdir(d)) != NULL) {
+    char path[300], name[32] = "";
+    FILE* f;
+    if (e->d_name[0] == '.') continue;
+    snprintf(path, sizeof path, "/proc/self/task/%s/comm", e->d_name);
+    if ((f = fopen(path, "r")) == NULL) continue;
+    if (fgets(name, sizeof name, f) &&
+        (strncmp(name, "ferroccl-progre", 15) == 0 || strncmp(name, "ferroccl-init", 13) == 0))
+      n++;
+    fclose(f);
+  }
+  closedir(d);
+  return n;
 }
 
 static double now_s(void) {
@@ -344,6 +369,7 @@ static int body(fcclComm_t comm, int rank, int nranks) {
   fccl_sync(comm);
   if (nb) {
     part_queue(nb, rank, nranks);
+    CHECK(count_ours() >= 1, "no progress thread after calls on a non-blocking communicator");
     part_group(nb, rank, nranks);
     part_args(nb);
     part_mix(comm, nb, nranks);
@@ -356,6 +382,15 @@ static int body(fcclComm_t comm, int rank, int nranks) {
     part_abort(comm, rank);
   }
   part_destroy(comm, rank, nranks);
+  fccl_sync(comm); /* threads mode: every rank's communicators are gone */
+  {
+    /* the harness communicator's split thread ends right after its last job: let it */
+    struct timespec pause = {0, 1000000};
+    int k;
+    for (k = 0; k < 2000 && count_ours() != 0; k++) nanosleep(&pause, NULL);
+  }
+  CHECK(count_ours() == 0, "%d creation or progress thread(s) left after every non-blocking communicator "
+        "was destroyed", count_ours());
   return fccl_failures();
 }
 

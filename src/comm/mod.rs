@@ -103,6 +103,8 @@ pub struct Comm {
 impl Comm {
     fn new(rank: usize, nranks: usize, opts: Options, nonce: u64, transport: Transport) -> Comm {
         let waker = transport.waker();
+        // A blocking communicator's only jobs are its non-blocking splits: no thread idles.
+        let progress = Progress::new(!opts.blocking);
         Comm {
             rank,
             nranks,
@@ -111,7 +113,7 @@ impl Comm {
             splits: AtomicU64::new(0),
             abort: AtomicBool::new(false),
             async_err: Mutex::new(None),
-            progress: Progress::new(),
+            progress,
             waker,
             state: Mutex::new(State { transport, seq: 0, broken: None, finalized: false }),
             device: -1,

@@ -2,7 +2,8 @@
 //! (`blocking = 0`, NCCL's model) runs here, one job after another in the order the
 //! calls were made, while the caller polls `fcclCommGetAsyncError`. A job is one call,
 //! one communicator's share of a group, a split or a finalize; it owns what it needs.
-//! The thread starts with the first job and ends with the communicator.
+//! The thread starts with the first job and ends with the communicator, or, for a
+//! blocking communicator (whose only jobs are non-blocking splits), when it runs idle.
 //! docs/api.md, "Non-blocking communicators", says what callers may do meanwhile.
 
 use crate::error::{Error, Result};
@@ -34,9 +35,13 @@ struct Queue {
     /// Why new work is refused (set by finalize).
     sealed: Option<&'static str>,
     closed: bool,
+    /// A thread serves the queue (set when one is started, cleared when it ends).
+    alive: bool,
 }
 
 struct Shared {
+    /// The thread ends when the queue runs empty instead of waiting for more.
+    transient: bool,
     q: Mutex<Queue>,
     /// Wakes the worker: a job was queued, or the communicator is going away.
     wake: Condvar,
@@ -57,17 +62,19 @@ pub struct Progress {
     worker: Mutex<Option<JoinHandle<()>>>,
 }
 
-impl Default for Progress {
-    fn default() -> Self {
-        Progress::new()
-    }
-}
-
 impl Progress {
-    pub fn new() -> Progress {
-        let q = Queue { jobs: VecDeque::new(), running: false, failed: None, sealed: None, closed: false };
+    /// `persistent`: the thread waits for more work once the queue is empty (a
+    /// non-blocking communicator's calls); else it ends and the next job starts another.
+    pub fn new(persistent: bool) -> Progress {
+        let q =
+            Queue { jobs: VecDeque::new(), running: false, failed: None, sealed: None, closed: false, alive: false };
         Progress {
-            shared: Arc::new(Shared { q: Mutex::new(q), wake: Condvar::new(), idle: Condvar::new() }),
+            shared: Arc::new(Shared {
+                transient: !persistent,
+                q: Mutex::new(q),
+                wake: Condvar::new(),
+                idle: Condvar::new(),
+            }),
             worker: Mutex::new(None),
         }
     }
@@ -75,15 +82,23 @@ impl Progress {
     /// Queues `job` behind the work queued before it. Refused, with nothing queued,
     /// after an earlier job failed or after [`Progress::seal`].
     pub fn push(&self, what: impl Into<Cow<'static, str>>, job: Job) -> Result<()> {
-        self.check()?;
-        self.start()?;
         let mut q = self.shared.lock();
-        // Checked again: a job may have failed meanwhile.
         refusal(&q).map_or(Ok(()), Err)?;
         q.jobs.push_back((what.into(), job));
+        let start = !q.alive;
+        q.alive = true;
         drop(q);
-        self.shared.wake.notify_one();
-        Ok(())
+        if !start {
+            self.shared.wake.notify_one();
+            return Ok(());
+        }
+        self.start().inspect_err(|_| {
+            let mut q = self.shared.lock();
+            let job = q.jobs.pop_back();
+            q.alive = false;
+            drop(q);
+            drop(job);
+        })
     }
 
     /// Whether [`Progress::push`] would accept work now.
@@ -139,17 +154,18 @@ impl Progress {
         w.as_ref().is_some_and(|h| h.thread().id() == std::thread::current().id())
     }
 
-    /// Starts the thread if it is not running yet.
+    /// Starts the thread (the one before it, if any, has ended or is ending).
     fn start(&self) -> Result<()> {
         let mut w = self.worker.lock().unwrap_or_else(|p| p.into_inner());
-        if w.is_none() {
-            let shared = Arc::clone(&self.shared);
-            let h = std::thread::Builder::new()
-                .name("ferroccl-progress".into())
-                .spawn(move || work(&shared))
-                .map_err(|e| Error::system(format!("cannot start the communicator's progress thread: {e}")))?;
-            *w = Some(h);
+        if let Some(old) = w.take() {
+            let _ = old.join();
         }
+        let shared = Arc::clone(&self.shared);
+        let h = std::thread::Builder::new()
+            .name("ferroccl-progress".into())
+            .spawn(move || work(&shared))
+            .map_err(|e| Error::system(format!("cannot start the communicator's progress thread: {e}")))?;
+        *w = Some(h);
         Ok(())
     }
 }
@@ -169,7 +185,8 @@ fn work(shared: &Shared) {
     let mut q = shared.lock();
     loop {
         let Some((what, job)) = q.jobs.pop_front() else {
-            if q.closed {
+            if q.closed || shared.transient {
+                q.alive = false;
                 return;
             }
             q = shared.wake.wait(q).unwrap_or_else(|p| p.into_inner());
@@ -237,7 +254,7 @@ mod tests {
 
     #[test]
     fn jobs_run_in_order_on_one_other_thread_and_the_status_follows() {
-        let p = Progress::new();
+        let p = Progress::new(true);
         assert_eq!(p.status(), Status::Idle);
         let (gate_tx, gate_rx) = mpsc::channel::<()>();
         let log = Arc::new(Mutex::new(Vec::new()));
@@ -277,7 +294,7 @@ mod tests {
 
     #[test]
     fn the_first_error_sticks_names_its_call_and_drops_what_was_queued_behind_it() {
-        let p = Progress::new();
+        let p = Progress::new(true);
         let (gate_tx, gate_rx) = mpsc::channel::<()>();
         let ran = Arc::new(Mutex::new(Vec::new()));
         let r = Arc::clone(&ran);
@@ -316,7 +333,7 @@ mod tests {
 
     #[test]
     fn a_panicking_job_becomes_an_internal_error_and_the_thread_lives_on() {
-        let p = Progress::new();
+        let p = Progress::new(true);
         p.push("fcclGather", job(|| panic!("boom"))).unwrap();
         p.wait_idle();
         match p.status() {
@@ -330,7 +347,7 @@ mod tests {
 
     #[test]
     fn seal_refuses_new_work_but_runs_what_was_queued() {
-        let p = Progress::new();
+        let p = Progress::new(true);
         let (tx, rx) = mpsc::channel();
         p.push("fcclAllReduce", job(move || tx.send(1).map_err(|_| Error::internal("send")))).unwrap();
         p.seal("the communicator was finalized; only fcclCommDestroy may follow");
@@ -343,7 +360,7 @@ mod tests {
 
     #[test]
     fn cancel_drops_queued_jobs_and_waits_for_the_running_one() {
-        let p = Progress::new();
+        let p = Progress::new(true);
         let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
         let (started_tx, started_rx) = mpsc::channel();
         let s = Arc::clone(&stop);
@@ -378,15 +395,59 @@ mod tests {
             s => panic!("status {s:?}"),
         }
         // Nothing pending: cancel leaves the status alone.
-        let idle = Progress::new();
+        let idle = Progress::new(true);
         idle.cancel(Error::remote("aborted"));
         assert_eq!(idle.status(), Status::Idle);
     }
 
     #[test]
+    fn a_transient_thread_ends_when_idle_and_the_next_job_starts_another() {
+        let ids = |p: &Progress| {
+            let (tx, rx) = mpsc::channel();
+            let (gate_tx, gate_rx) = mpsc::channel::<()>();
+            let t = tx.clone();
+            p.push(
+                "fcclCommSplit",
+                job(move || {
+                    gate_rx.recv().map_err(|_| Error::internal("gate"))?;
+                    t.send(std::thread::current().id()).map_err(|_| Error::internal("send"))
+                }),
+            )
+            .unwrap();
+            p.push(
+                "fcclCommSplit",
+                job(move || tx.send(std::thread::current().id()).map_err(|_| Error::internal("send"))),
+            )
+            .unwrap();
+            gate_tx.send(()).unwrap();
+            p.wait_idle();
+            let got: Vec<_> = rx.try_iter().collect();
+            assert_eq!(got.len(), 2);
+            assert_eq!(got[0], got[1], "two jobs queued together ran on different threads");
+            got[0]
+        };
+        let transient = Progress::new(false);
+        let first = ids(&transient);
+        // Let the idle thread end; the next job needs a thread of its own.
+        for _ in 0..1000 {
+            if !transient.shared.lock().alive {
+                break;
+            }
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        assert!(!transient.shared.lock().alive, "the transient thread did not end when idle");
+        assert_ne!(ids(&transient), first);
+        let persistent = Progress::new(true);
+        let first = ids(&persistent);
+        std::thread::sleep(Duration::from_millis(20));
+        assert!(persistent.shared.lock().alive);
+        assert_eq!(ids(&persistent), first, "a persistent thread was replaced");
+    }
+
+    #[test]
     fn dropping_ends_the_thread_even_from_the_thread_itself() {
         // Dropped by its owner: queued work finishes, then the thread is joined.
-        let p = Progress::new();
+        let p = Progress::new(true);
         let (tx, rx) = mpsc::channel();
         p.push(
             "fcclBarrier",
@@ -400,7 +461,7 @@ mod tests {
         rx.try_recv().expect("drop returned before the queued job ran");
 
         // Dropped by its own job (the job held the last reference): no self-join.
-        let p = Arc::new(Progress::new());
+        let p = Arc::new(Progress::new(true));
         let slot = Arc::new(Mutex::new(Some(Arc::clone(&p))));
         let s = Arc::clone(&slot);
         let (tx, rx) = mpsc::channel();
