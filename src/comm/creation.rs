@@ -10,7 +10,7 @@ use std::thread::JoinHandle;
 /// What one handle of a creation holds.
 enum Slot {
     Waiting,
-    Ready(Comm),
+    Ready(Box<Comm>),
     Failed(Error),
     /// Its handle took the communicator.
     Taken,
@@ -21,7 +21,7 @@ enum Slot {
 /// Where one handle's communicator stands.
 pub enum Poll {
     Pending,
-    Ready(Comm),
+    Ready(Box<Comm>),
     Failed(Error),
 }
 
@@ -81,7 +81,7 @@ impl Creation {
                 match (&*slot, r) {
                     (Slot::Abandoned, Ok(c)) => orphans.push(c),
                     (Slot::Abandoned, Err(_)) => {}
-                    (_, Ok(c)) => *slot = Slot::Ready(c),
+                    (_, Ok(c)) => *slot = Slot::Ready(Box::new(c)),
                     (_, Err(e)) => *slot = Slot::Failed(e),
                 }
             }

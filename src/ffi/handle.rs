@@ -179,7 +179,7 @@ fn promote(h: fcclComm_t) -> Result<State> {
     let made = match e {
         Entry::Ready(c) => return Ok(State::Ready(Arc::clone(c))),
         Entry::Creating(cr, i) => match cr.poll(*i) {
-            Poll::Ready(c) => Arc::new(c),
+            Poll::Ready(c) => Arc::from(c),
             Poll::Pending => return Ok(State::Creating),
             Poll::Failed(e) => return Ok(State::Failed(e)),
         },
