@@ -10,36 +10,22 @@ import numpy as np
 import pytest
 
 import ferroccl
-from checks import run_all
-
-TIMEOUT_S = 60
+from checks import TIMEOUT_S, run_all, run_threads
 
 
 def ranks(fn, n, **kw):
     """fn(comm) on n thread ranks of a non-blocking communicator; results by rank."""
     uid = ferroccl.get_unique_id()
-    results, errors = [None] * n, []
 
     def body(r):
+        c = ferroccl.Comm.init_rank(n, uid, r, blocking=False, timeout_ms=20000, **kw)
         try:
-            c = ferroccl.Comm.init_rank(n, uid, r, blocking=False, timeout_ms=20000, **kw)
-            try:
-                results[r] = fn(c)
-            finally:
-                if not c.closed:
-                    c.close()
-        except BaseException as e:  # noqa: BLE001 - re-raised below
-            errors.append(e)
+            return fn(c)
+        finally:
+            if not c.closed:
+                c.close()
 
-    threads = [threading.Thread(target=body, args=(r,), daemon=True) for r in range(n)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(TIMEOUT_S)
-        assert not t.is_alive(), "a rank thread did not finish"
-    if errors:
-        raise errors[0]
-    return results
+    return run_threads(body, n)
 
 
 @pytest.mark.parametrize("n", [1, 2, 3])
@@ -77,11 +63,11 @@ def test_creation_returns_at_once_and_calls_wait_for_it():
 
 def test_async_work_uses_no_python_thread_and_completes_in_order():
     def rank(c):
-        before = threading.active_count()
+        before = set(threading.enumerate())
         xs = [np.full(50_000, c.rank + k, np.float64) for k in range(6)]
         works = [c.all_reduce(x, async_op=True) for x in xs]
-        assert threading.active_count() == before, "a Python thread was started"
-        assert c._worker is None
+        started = [t.name for t in set(threading.enumerate()) - before if t.name.startswith("ferroccl")]
+        assert started == [] and c._worker is None, f"Python threads started: {started}"
         for k, (w, x) in enumerate(zip(works, xs)):
             assert w.wait(30) is x
             assert w.is_completed() and w.is_success() and w.exception() is None
