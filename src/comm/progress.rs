@@ -10,6 +10,7 @@ use crate::error::{Error, Result};
 use std::borrow::Cow;
 use std::collections::VecDeque;
 use std::panic::{catch_unwind, AssertUnwindSafe};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::thread::JoinHandle;
 
@@ -42,6 +43,10 @@ struct Queue {
 struct Shared {
     /// The thread ends when the queue runs empty instead of waiting for more.
     transient: bool,
+    /// Jobs queued or running, and whether one failed: what a poll reads without
+    /// taking the lock the progress thread needs between jobs.
+    pending: AtomicUsize,
+    failed: AtomicBool,
     q: Mutex<Queue>,
     /// Wakes the worker: a job was queued, or the communicator is going away.
     wake: Condvar,
@@ -71,6 +76,8 @@ impl Progress {
         Progress {
             shared: Arc::new(Shared {
                 transient: !persistent,
+                pending: AtomicUsize::new(0),
+                failed: AtomicBool::new(false),
                 q: Mutex::new(q),
                 wake: Condvar::new(),
                 idle: Condvar::new(),
@@ -85,6 +92,7 @@ impl Progress {
         let mut q = self.shared.lock();
         refusal(&q).map_or(Ok(()), Err)?;
         q.jobs.push_back((what.into(), job));
+        self.shared.pending.fetch_add(1, Ordering::AcqRel);
         let start = !q.alive;
         q.alive = true;
         drop(q);
@@ -95,6 +103,7 @@ impl Progress {
         self.start().inspect_err(|_| {
             let mut q = self.shared.lock();
             let job = q.jobs.pop_back();
+            self.shared.pending.fetch_sub(1, Ordering::AcqRel);
             q.alive = false;
             drop(q);
             drop(job);
@@ -113,6 +122,12 @@ impl Progress {
 
     /// Where the queued work stands.
     pub fn status(&self) -> Status {
+        // Pending first: a job's failure is marked before its end, so a poll that sees
+        // the end sees the failure; Acquire: and the job's writes.
+        let pending = self.shared.pending.load(Ordering::Acquire);
+        if !self.shared.failed.load(Ordering::Acquire) {
+            return if pending == 0 { Status::Idle } else { Status::Busy };
+        }
         let q = self.shared.lock();
         match &q.failed {
             Some(e) => Status::Failed(e.clone()),
@@ -141,7 +156,9 @@ impl Progress {
             let mut q = self.shared.lock();
             if q.failed.is_none() && (q.running || !q.jobs.is_empty()) {
                 q.failed = Some(why);
+                self.shared.failed.store(true, Ordering::Release);
             }
+            self.shared.pending.fetch_sub(q.jobs.len(), Ordering::AcqRel);
             std::mem::take(&mut q.jobs)
         };
         // Outside the lock: a job may hold the last reference to its communicator.
@@ -210,11 +227,15 @@ fn work(shared: &Shared) {
         if let Err(e) = res {
             if q.failed.is_none() {
                 q.failed = Some(Error { msg: format!("{what}: {}", e.msg), ..e });
+                shared.failed.store(true, Ordering::Release);
             }
             // What was queued behind a failed call does not run: every rank stops at
             // the same call, and NCCL's communicator is unusable after an error too.
             dropped = std::mem::take(&mut q.jobs);
+            shared.pending.fetch_sub(dropped.len(), Ordering::AcqRel);
         }
+        // Release, after the failure if any: a poll that sees the job gone sees both.
+        shared.pending.fetch_sub(1, Ordering::AcqRel);
         if q.jobs.is_empty() {
             shared.idle.notify_all();
         }
@@ -329,6 +350,23 @@ mod tests {
         let e = p.push("fcclBarrier", job(|| Ok(()))).unwrap_err();
         assert_eq!(e.code, Code::InvalidUsage);
         assert!(e.msg.contains("unusable after an earlier error (fcclAllReduce: rank 1"), "{}", e.msg);
+    }
+
+    #[test]
+    fn a_poll_never_sees_a_failed_job_as_done() {
+        // The lock-free poll reads the end of a job and its failure in the right order.
+        for k in 0..300 {
+            let p = Progress::new(true);
+            p.push("fcclAllReduce", job(|| Ok(()))).unwrap();
+            p.push("fcclAllReduce", job(|| Err(Error::mismatch("counts differ")))).unwrap();
+            let st = loop {
+                match p.status() {
+                    Status::Busy => std::hint::spin_loop(),
+                    st => break st,
+                }
+            };
+            assert!(matches!(st, Status::Failed(_)), "poll {k}: a failed job looked done: {st:?}");
+        }
     }
 
     #[test]
