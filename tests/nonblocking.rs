@@ -433,3 +433,48 @@ fn a_non_blocking_split_of_a_blocking_communicator() {
         ck(unsafe { fcclCommDestroy(c) });
     }
 }
+
+#[test]
+fn a_blocking_parent_refuses_calls_while_its_non_blocking_split_runs() {
+    let mut comms = vec![null_mut(); 2];
+    ck(unsafe { fcclCommInitAll(comms.as_mut_ptr(), 2, null()) });
+    let (tx, rx) = std::sync::mpsc::channel::<()>();
+    let rx = std::sync::Mutex::new(rx);
+    std::thread::scope(|s| {
+        for (r, &c) in comms.iter().enumerate() {
+            let (c, tx) = (c as usize, tx.clone());
+            let rx = &rx;
+            s.spawn(move || {
+                let c = c as fcclComm_t;
+                let mut cfg = config(0, 30_000);
+                let mut sub: fcclComm_t = null_mut();
+                if r == 1 {
+                    // Splits only once rank 0 has seen its own split pending.
+                    rx.lock().unwrap().recv_timeout(Duration::from_secs(60)).unwrap();
+                }
+                assert_eq!(unsafe { fcclCommSplit(c, 0, 0, &mut sub, &mut cfg) }, fcclInProgress);
+                let mut x = [1i64];
+                if r == 0 {
+                    assert_eq!(status(sub), fcclInProgress);
+                    let res = unsafe {
+                        fcclAllReduce(x.as_ptr() as _, x.as_mut_ptr() as _, 1, fcclInt64, fcclSum, c, null_mut())
+                    };
+                    assert_eq!(res, fcclInvalidUsage, "a blocking call ran beside the pending split");
+                    assert!(last_error().contains("is still pending"), "{}", last_error());
+                    tx.send(()).unwrap();
+                }
+                assert_eq!(wait(sub), fcclSuccess, "{}", last_error());
+                assert_eq!(wait(c), fcclSuccess);
+                // Both ranks' parents go on in step.
+                ck(unsafe {
+                    fcclAllReduce(x.as_ptr() as _, x.as_mut_ptr() as _, 1, fcclInt64, fcclSum, c, null_mut())
+                });
+                assert_eq!(x, [2]);
+                ck(unsafe { fcclCommDestroy(sub) });
+            });
+        }
+    });
+    for c in comms {
+        ck(unsafe { fcclCommDestroy(c) });
+    }
+}

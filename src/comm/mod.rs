@@ -337,19 +337,23 @@ impl Comm {
     /// calls would pair up differently on different ranks and mix data silently, so the
     /// later one is refused instead (nothing counted, nothing sent). An abort from
     /// another thread holds it briefly too; then the call reports the abort.
+    /// Work queued on the progress thread (a non-blocking split of a blocking
+    /// communicator) is refused from any other thread in the same way, whether or not
+    /// it holds the state at this instant: the two would pair up differently on
+    /// different ranks.
     fn enter(&self, what: impl FnOnce() -> String) -> Result<std::sync::MutexGuard<'_, State>> {
+        if self.progress.busy_elsewhere() {
+            return Err(Error::invalid_usage(format!(
+                "{} on communicator {} while work issued on it without blocking (fcclInProgress) is still pending; poll fcclCommGetAsyncError (on the new communicator of a non-blocking fcclCommSplit) until it returns fcclSuccess first",
+                what(),
+                self.label()
+            )));
+        }
         match self.state.try_lock() {
             Ok(st) => Ok(st),
             Err(std::sync::TryLockError::Poisoned(p)) => Ok(p.into_inner()),
             Err(std::sync::TryLockError::WouldBlock) if self.abort.load(Ordering::Acquire) => {
                 Err(Error::invalid_usage("the communicator was aborted; destroy it"))
-            }
-            Err(std::sync::TryLockError::WouldBlock) if self.progress.status() != Status::Idle => {
-                Err(Error::invalid_usage(format!(
-                    "{} on communicator {} while work issued without blocking (fcclInProgress) still runs on it; poll fcclCommGetAsyncError until it returns fcclSuccess first",
-                    what(),
-                    self.label()
-                )))
             }
             Err(std::sync::TryLockError::WouldBlock) => Err(Error::invalid_usage(format!(
                 "{} on communicator {} while another thread is in the middle of a call on it; a communicator serves one thread at a time (as in NCCL): give each thread its own communicator (fcclCommSplit) or serialise the calls",
