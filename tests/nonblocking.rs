@@ -478,3 +478,30 @@ fn a_blocking_parent_refuses_calls_while_its_non_blocking_split_runs() {
         ck(unsafe { fcclCommDestroy(c) });
     }
 }
+
+#[test]
+fn a_split_queued_behind_a_failure_fails_its_new_communicator() {
+    let (tx, rx) = std::sync::mpsc::channel::<()>();
+    let rx = std::sync::Mutex::new(rx);
+    nonblocking_ranks(2, 30_000, |r, c| {
+        let x = [1u8; 16];
+        let mut y = [0u8; 16];
+        if r == 1 {
+            rx.lock().unwrap().recv_timeout(Duration::from_secs(60)).unwrap();
+        }
+        let res =
+            unsafe { fcclAllReduce(x.as_ptr() as _, y.as_mut_ptr() as _, 10 + r, fcclUint8, fcclSum, c, null_mut()) };
+        assert_eq!(res, fcclInProgress);
+        if r == 0 {
+            // Queued behind the all_reduce that will fail.
+            let mut sub: fcclComm_t = null_mut();
+            assert_eq!(unsafe { fcclCommSplit(c, 0, 0, &mut sub, null_mut()) }, fcclInProgress);
+            tx.send(()).unwrap();
+            assert_eq!(wait(sub), fcclInvalidUsage);
+            assert!(last_error().contains("the split never ran"), "{}", last_error());
+            ck(unsafe { fcclCommDestroy(sub) });
+        }
+        assert_eq!(wait(c), fcclCollectiveMismatch, "{}", last_error());
+        ck(unsafe { fcclCommDestroy(c) });
+    });
+}

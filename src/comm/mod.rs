@@ -24,7 +24,7 @@ use crate::transport::{inproc, Transport};
 use bootstrap::{Client, UniqueId};
 use progress::{Progress, Status};
 use std::borrow::Cow;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -87,6 +87,9 @@ pub struct Comm {
     async_err: Mutex<Option<Error>>,
     /// Work of a non-blocking communicator (and a non-blocking split of any), in order.
     progress: Progress,
+    /// Non-blocking splits of this communicator not done with it yet: calls from other
+    /// threads than the progress thread are refused meanwhile.
+    splitting: AtomicUsize,
     /// Wakes this rank's waits from another thread (abort).
     waker: Option<Arc<Segment>>,
     state: Mutex<State>,
@@ -114,6 +117,7 @@ impl Comm {
             abort: AtomicBool::new(false),
             async_err: Mutex::new(None),
             progress,
+            splitting: AtomicUsize::new(0),
             waker,
             state: Mutex::new(State { transport, seq: 0, broken: None, finalized: false }),
             device: -1,
@@ -342,7 +346,7 @@ impl Comm {
     /// it holds the state at this instant: the two would pair up differently on
     /// different ranks.
     fn enter(&self, what: impl FnOnce() -> String) -> Result<std::sync::MutexGuard<'_, State>> {
-        if self.progress.busy_elsewhere() {
+        if self.splitting.load(Ordering::Acquire) > 0 && !self.progress.on_worker() {
             return Err(Error::invalid_usage(format!(
                 "{} on communicator {} while work issued on it without blocking (fcclInProgress) is still pending; poll fcclCommGetAsyncError (on the new communicator of a non-blocking fcclCommSplit) until it returns fcclSuccess first",
                 what(),
@@ -504,6 +508,34 @@ impl Comm {
         Ok(all)
     }
 
+    /// fcclCommSplit into a non-blocking communicator: runs on the progress thread
+    /// after the queued calls and fills `made` (None: this rank's colour is NOCOLOR).
+    /// Calls on this communicator from other threads are refused until the split is
+    /// done with it, which is before the new communicator is ready.
+    pub fn split_later(
+        self: &Arc<Self>,
+        color: i32,
+        key: i32,
+        opts: Options,
+        made: Option<Arc<creation::Creation>>,
+    ) -> Result<Issued> {
+        self.splitting.fetch_add(1, Ordering::AcqRel);
+        let mut hold = SplitHold { parent: Arc::clone(self), made, released: false };
+        self.enqueue("fcclCommSplit", move |p| {
+            let res = p.split(color, key, opts);
+            hold.release();
+            match (res, hold.made.take()) {
+                (Ok(child), Some(cr)) => cr.finish(Ok(child.into_iter().collect())),
+                (Err(e), Some(cr)) => {
+                    cr.finish(Err(e.clone().context("fcclCommSplit")));
+                    return Err(e);
+                }
+                (res, None) => return res.map(drop),
+            }
+            Ok(())
+        })
+    }
+
     /// `fcclCommFinalize`: no more calls; queued work finishes first (on host memory
     /// a call is complete when it has run).
     pub fn finalize(&self) -> Result<()> {
@@ -584,6 +616,34 @@ impl Comm {
         let me = Arc::clone(self);
         self.progress.push(what, Box::new(move || job(&me)))?;
         Ok(if self.progress.status() == Status::Idle { Issued::Done } else { Issued::InProgress })
+    }
+}
+
+/// A queued non-blocking split's hold on its parent (see [`Comm::split_later`]). If
+/// the split never runs (dropped behind an earlier error, or by an abort), dropping
+/// the hold lets the parent go and fails the new communicator's creation.
+struct SplitHold {
+    parent: Arc<Comm>,
+    made: Option<Arc<creation::Creation>>,
+    released: bool,
+}
+
+impl SplitHold {
+    fn release(&mut self) {
+        if !std::mem::replace(&mut self.released, true) {
+            self.parent.splitting.fetch_sub(1, Ordering::AcqRel);
+        }
+    }
+}
+
+impl Drop for SplitHold {
+    fn drop(&mut self) {
+        self.release();
+        if let Some(cr) = self.made.take() {
+            cr.finish(Err(Error::invalid_usage(
+                "fcclCommSplit: the split never ran: a call queued before it on the parent failed, or the parent was aborted",
+            )));
+        }
     }
 }
 

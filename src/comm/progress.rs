@@ -166,13 +166,8 @@ impl Progress {
         self.wait_idle();
     }
 
-    /// Work is queued or running and the caller is not the progress thread (one load
-    /// when nothing is pending).
-    pub fn busy_elsewhere(&self) -> bool {
-        self.shared.pending.load(Ordering::Acquire) > 0 && !self.on_worker()
-    }
-
-    fn on_worker(&self) -> bool {
+    /// Whether the caller is the progress thread.
+    pub fn on_worker(&self) -> bool {
         let w = self.worker.lock().unwrap_or_else(|p| p.into_inner());
         w.as_ref().is_some_and(|h| h.thread().id() == std::thread::current().id())
     }

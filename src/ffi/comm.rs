@@ -325,18 +325,7 @@ pub unsafe extern "C" fn fcclCommSplit(
         if !opts.blocking {
             Comm::check_color(color)?;
             let cr = (color >= 0).then(|| Creation::new(1));
-            let made = cr.clone();
-            let issued = parent.enqueue("fcclCommSplit", move |p| {
-                match (p.split(color, key, opts), &made) {
-                    (Ok(child), Some(cr)) => cr.finish(Ok(child.into_iter().collect())),
-                    (Err(e), Some(cr)) => {
-                        cr.finish(Err(e.clone().context("fcclCommSplit")));
-                        return Err(e);
-                    }
-                    (res, None) => return res.map(drop),
-                }
-                Ok(())
-            })?;
+            let issued = parent.split_later(color, key, opts, cr.clone())?;
             let h = cr.map_or(std::ptr::null_mut(), |cr| handle::register_creating(&cr, 0));
             // SAFETY: checked non-NULL.
             unsafe { write_out(newcomm, h) };
