@@ -48,19 +48,27 @@ impl Creation {
     }
 
     /// Runs `make` on a thread of its own; its communicators fill the slots in order.
+    /// If no thread can start, the slots fail with that error too (their handles may
+    /// exist already: a group's creations start at its end).
     pub fn start(self: &Arc<Self>, make: impl FnOnce() -> Result<Vec<Comm>> + Send + 'static) -> Result<()> {
         let me = Arc::clone(self);
-        let h = std::thread::Builder::new()
-            .name("ferroccl-init".into())
-            .spawn(move || {
-                // A panic must not leave the handles pending for ever.
-                let res = std::panic::catch_unwind(std::panic::AssertUnwindSafe(make))
-                    .unwrap_or_else(|_| Err(Error::internal("communicator creation panicked; please report this")));
-                me.finish(res);
-            })
-            .map_err(|e| Error::system(format!("cannot start a thread to create the communicator: {e}")))?;
-        *self.thread.lock().unwrap_or_else(|p| p.into_inner()) = Some(h);
-        Ok(())
+        let spawned = std::thread::Builder::new().name("ferroccl-init".into()).spawn(move || {
+            // A panic must not leave the handles pending for ever.
+            let res = std::panic::catch_unwind(std::panic::AssertUnwindSafe(make))
+                .unwrap_or_else(|_| Err(Error::internal("communicator creation panicked; please report this")));
+            me.finish(res);
+        });
+        match spawned {
+            Ok(h) => {
+                *self.thread.lock().unwrap_or_else(|p| p.into_inner()) = Some(h);
+                Ok(())
+            }
+            Err(e) => {
+                let e = Error::system(format!("cannot start a thread to create the communicator: {e}"));
+                self.finish(Err(e.clone()));
+                Err(e)
+            }
+        }
     }
 
     /// Fills the slots: one communicator each, or the same error for all.
