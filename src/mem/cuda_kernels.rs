@@ -86,6 +86,30 @@ impl Reduction {
         }
     }
 
+    /// The reductions compiled with this one into one program (one NVRTC run, one
+    /// module): those of its data type, plain or over a wire.
+    pub fn group(&self) -> Vec<Reduction> {
+        let wire = self.wire.is_some();
+        Reduction::all().into_iter().filter(|r| r.dtype == self.dtype && r.wire.is_some() == wire).collect()
+    }
+
+    /// The name of its group's program: `fccl_reduce_<type>.cu`, `fccl_reduce_wire_<type>.cu`.
+    pub fn program_name(&self) -> String {
+        let wire = if self.wire.is_some() { "wire_" } else { "" };
+        format!("fccl_reduce_{wire}{}.cu", self.dtype.kernel_token())
+    }
+
+    /// Every program the library compiles: (name, source).
+    pub fn programs() -> Vec<(String, String)> {
+        let mut v: Vec<(String, String)> = Vec::new();
+        for r in Reduction::all() {
+            if !v.iter().any(|(n, _)| *n == r.program_name()) {
+                v.push((r.program_name(), Reduction::program(&r.group())));
+            }
+        }
+        v
+    }
+
     /// One program with the kernels of `rs` (each kernel's names are its own).
     pub fn program(rs: &[Reduction]) -> String {
         let mut s = String::from(HELPERS);
@@ -402,6 +426,13 @@ mod tests {
         assert!(!Reduction::wire(DataType::Int32, DataType::Bfloat16, RedOp::Sum).supported());
         assert!(!Reduction::wire(DataType::Float32, DataType::Float64, RedOp::Sum).supported());
         assert!(Reduction::wire(DataType::Float16, DataType::Float8e4m3, RedOp::Sum).source().is_none());
+        let progs = Reduction::programs();
+        assert_eq!(progs.len(), 12 + 2, "one per type, and the wire forms of float32 and float64");
+        let f64w = Reduction::wire(DataType::Float64, DataType::Float16, RedOp::Min);
+        assert_eq!(f64w.group().len(), 25);
+        let (_, src) = progs.iter().find(|(n, _)| *n == f64w.program_name()).unwrap();
+        assert_eq!(src.matches("__global__").count(), 25);
+        assert!(src.contains(&format!("void {}(", f64w.entry())));
         let s = Reduction::new(DataType::Int32, RedOp::Avg).source().unwrap();
         assert!(s.contains("#define T int\n") && s.contains("#define U unsigned int\n"), "{s}");
         let s = Reduction::new(DataType::Bfloat16, RedOp::Avg).source().unwrap();

@@ -1,5 +1,5 @@
-//! Device reductions, compiled with NVRTC at first use and cached per (context,
-//! reduction): `out[i] = op(ins[0][i], ..., ins[n-1][i])` over up to [`MAX_INPUTS`]
+//! Device reductions, compiled with NVRTC at first use (one program per data type and
+//! per data type's wire forms) and cached per context: `out[i] = op(ins[0][i], ..., ins[n-1][i])` over up to [`MAX_INPUTS`]
 //! device pointers (peers' buffers mapped through CUDA IPC), and all_reduce over a
 //! wire type. The sources and their semantics (the host's, bit for bit, narrow floats
 //! included) are in `mem::cuda_kernels`.
@@ -135,7 +135,7 @@ pub fn compile_for(src: &str, name: &str, arch: &str) -> Result<Compiled> {
     }
 }
 
-/// PTX of `r`'s kernel for the device `device`.
+/// PTX of the program of `r`'s group (`Reduction::group`) for the device `device`.
 fn compile(r: &Reduction, device: i32) -> Result<Vec<u8>> {
     let (mut major, mut minor) = (0, 0);
     // SAFETY: valid out-pointers; the driver is loaded.
@@ -157,35 +157,49 @@ fn compile(r: &Reduction, device: i32) -> Result<Vec<u8>> {
             "cuDeviceGetAttribute",
         )?;
     }
-    let src = r.source().ok_or_else(|| Error::internal(format!("no device kernel for {r:?}")))?;
-    Ok(compile_for(&src, &format!("{}.cu", r.entry()), &format!("compute_{major}{minor}"))?.image)
+    if !r.supported() {
+        return Err(Error::internal(format!("no device kernel for {r:?}")));
+    }
+    let src = Reduction::program(&r.group());
+    Ok(compile_for(&src, &r.program_name(), &format!("compute_{major}{minor}"))?.image)
 }
 
-/// The reduction a call of `c`'s type, operation and wire type needs.
+/// The reduction of `c`'s type, operation and wire type.
 pub fn of(c: &crate::coll::Coll) -> Reduction {
     Reduction { dtype: c.dtype, op: c.op, wire: c.wire }
 }
 
-/// Compiled kernels: (context, reduction) -> CUfunction (as an integer).
-type KernelKey = (usize, Reduction);
-static CACHE: Mutex<Option<HashMap<KernelKey, usize>>> = Mutex::new(None);
+/// Loaded programs: (context, data type, wire forms) -> CUmodule; and their kernels:
+/// (context, reduction) -> CUfunction (as integers).
+type ModuleKey = (usize, crate::types::DataType, bool);
+static MODULES: Mutex<Option<HashMap<ModuleKey, usize>>> = Mutex::new(None);
+static CACHE: Mutex<Option<HashMap<(usize, Reduction), usize>>> = Mutex::new(None);
 
-/// The kernel for `r` in context `ctx` on `device`, compiled at first use.
+/// The kernel for `r` in context `ctx` on `device`: its group's program is compiled and
+/// loaded at the first use of any of them.
 pub fn kernel(ctx: usize, device: i32, r: Reduction) -> Result<usize> {
     nvrtc_ready()?;
     if let Some(&f) = CACHE.lock().unwrap().get_or_insert_with(HashMap::new).get(&(ctx, r)) {
         return Ok(f);
     }
     let _g = cuda::CtxGuard::enter(ctx)?;
-    let ptx = compile(&r, device)?;
-    let mut module: cu::CUmodule = std::ptr::null_mut();
+    let mkey = (ctx, r.dtype, r.wire.is_some());
+    let known = MODULES.lock().unwrap().get_or_insert_with(HashMap::new).get(&mkey).copied();
+    let module = match known {
+        Some(m) => m as cu::CUmodule,
+        None => {
+            let ptx = compile(&r, device)?;
+            let mut module: cu::CUmodule = std::ptr::null_mut();
+            // SAFETY: ptx is NUL-terminated PTX; the module stays loaded for the process's life.
+            cu_check(unsafe { cu::cuModuleLoadData(&mut module, ptx.as_ptr() as *const c_void) }, "cuModuleLoadData")?;
+            MODULES.lock().unwrap().get_or_insert_with(HashMap::new).insert(mkey, module as usize);
+            module
+        }
+    };
     let mut f: cu::CUfunction = std::ptr::null_mut();
     let fname = CString::new(r.entry()).expect("no NUL");
-    // SAFETY: ptx is NUL-terminated PTX; the module stays loaded for the process's life.
-    unsafe {
-        cu_check(cu::cuModuleLoadData(&mut module, ptx.as_ptr() as *const c_void), "cuModuleLoadData")?;
-        cu_check(cu::cuModuleGetFunction(&mut f, module, fname.as_ptr()), "cuModuleGetFunction")?;
-    }
+    // SAFETY: a loaded module and a NUL-terminated name.
+    cu_check(unsafe { cu::cuModuleGetFunction(&mut f, module, fname.as_ptr()) }, "cuModuleGetFunction")?;
     CACHE.lock().unwrap().get_or_insert_with(HashMap::new).insert((ctx, r), f as usize);
     Ok(f as usize)
 }

@@ -352,3 +352,41 @@ fn a_kernel_touching_memory_it_may_not_fails_the_context_for_good() {
     htod(d, &[1; 16]);
     assert_eq!(dtoh(d, 16), vec![1; 16]);
 }
+
+fn maps_lines() -> usize {
+    std::fs::read_to_string("/proc/self/maps").unwrap().lines().count()
+}
+
+#[test]
+fn launches_leave_no_mappings_behind() {
+    if !is_child("launches_leave_no_mappings_behind") {
+        assert_child_ok(&run_child("launches_leave_no_mappings_behind", &[]));
+        return;
+    }
+    let _c = Ctx::new(0);
+    let f = function(load(&compile(SRC, &[]).unwrap()), "read_at");
+    let out = alloc(4);
+    let mut po = out;
+    let run = |bufs: &[CUdeviceptr], po: &mut u64| {
+        for &a in bufs {
+            let mut pair = [a, 3u64];
+            ok(launch(f, [1, 1, 1], [1, 1, 1], std::ptr::null_mut(), &mut [arg(&mut pair), arg(po)]));
+        }
+        // SAFETY: no arguments.
+        ok(unsafe { cuCtxSynchronize() });
+    };
+    let warm: Vec<CUdeviceptr> = (0..4).map(|_| alloc(4096)).collect();
+    run(&warm, &mut po);
+    let before = maps_lines();
+    for round in 0..50 {
+        let bufs: Vec<CUdeviceptr> = (0..4).map(|k| alloc(100 + 1000 * k + round)).collect();
+        run(&bufs, &mut po);
+        for b in bufs {
+            // SAFETY: allocations of the test.
+            ok(unsafe { cuMemFree_v2(b) });
+        }
+    }
+    let after = maps_lines();
+    eprintln!("maps before {before} after {after}");
+    assert!(after <= before + 4, "200 launches on fresh allocations left {} more mappings", after - before);
+}
