@@ -390,3 +390,26 @@ fn launches_leave_no_mappings_behind() {
     eprintln!("maps before {before} after {after}");
     assert!(after <= before + 4, "200 launches on fresh allocations left {} more mappings", after - before);
 }
+
+#[test]
+fn after_kernels_ran_the_host_still_faults_on_device_memory() {
+    let t = "after_kernels_ran_the_host_still_faults_on_device_memory";
+    if !is_child(t) {
+        let out = run_child(t, &[]);
+        use std::os::unix::process::ExitStatusExt;
+        assert_eq!(out.status.signal(), Some(libc::SIGSEGV), "{out:?}");
+        assert!(String::from_utf8_lossy(&out.stderr).contains("kernel ran"), "{out:?}");
+        return;
+    }
+    let _c = Ctx::new(0);
+    let f = function(load(&compile(SRC, &[]).unwrap()), "read_at");
+    let (a, out) = (alloc(64), alloc(4));
+    let (mut pair, mut po) = ([a, 1u64], out);
+    ok(launch(f, [1, 1, 1], [1, 1, 1], std::ptr::null_mut(), &mut [arg(&mut pair), arg(&mut po)]));
+    // SAFETY: no arguments.
+    ok(unsafe { cuCtxSynchronize() });
+    eprintln!("kernel ran");
+    // SAFETY: not sound on purpose: the read must fault (this child process dies of it).
+    let v = unsafe { std::ptr::read_volatile(a as *const u32) };
+    eprintln!("read {v} through a device pointer");
+}
