@@ -1861,8 +1861,9 @@ static void vh_fill(fcclDataType_t dt, unsigned char* buf, size_t count, int r, 
 /* One call on device buffers (served by the device backend where ranks share a GPU) and the
  * same call on host buffers (the host backend), on the same inputs: the results must be the
  * same bytes. wire: fcclAllReduceWire's wire type (or -1); scatter: fcclReduceScatter. */
-static void vh_case(dctx* D, fcclDataType_t dt, fcclRedOp_t op, int wire, int scatter, uint64_t salt) {
-  size_t count = 1001, esz = fccl_dt_size(dt), in = scatter ? count * (size_t)D->nranks : count;
+static void vh_case(dctx* D, fcclDataType_t dt, fcclRedOp_t op, int wire, int scatter, uint64_t salt,
+                    size_t count) {
+  size_t esz = fccl_dt_size(dt), in = scatter ? count * (size_t)D->nranks : count;
   unsigned char *hs = (unsigned char*)fccl_xmalloc(in * esz), *hr, *dr;
   void *ds = NULL, *dd = NULL;
   int ok = 1;
@@ -1916,12 +1917,14 @@ static void part_vs_host(dctx* D) {
   int t, o, w;
   for (t = 0; t < FCCL_NTYPES; t++)
     for (o = 0; o < FCCL_NOPS; o++) {
-      vh_case(D, fccl_types[t], fccl_ops[o], -1, 0, (uint64_t)(t * 8 + o));
-      if (o % 2 == t % 2) vh_case(D, fccl_types[t], fccl_ops[o], -1, 1, (uint64_t)(t * 8 + o + 100));
+      vh_case(D, fccl_types[t], fccl_ops[o], -1, 0, (uint64_t)(t * 8 + o), 1001);
+      if (o % 2 == t % 2) vh_case(D, fccl_types[t], fccl_ops[o], -1, 1, (uint64_t)(t * 8 + o + 100), 1001);
     }
   for (w = 0; w < 5; w++)
     for (o = 0; o < FCCL_NOPS; o++)
-      vh_case(D, (fcclDataType_t)wires[w][0], fccl_ops[o], wires[w][1], 0, (uint64_t)(w * 8 + o + 200));
+      vh_case(D, (fcclDataType_t)wires[w][0], fccl_ops[o], wires[w][1], 0, (uint64_t)(w * 8 + o + 200), 1001);
+  /* the host's wire windows are 8 MiB of wire bytes: two of them, each split among owners */
+  if (D->big) vh_case(D, fcclFloat32, fcclSum, fcclBfloat16, 0, 300, ((size_t)4 << 20) + 1001);
 }
 
 /* >= 16 MiB per call */

@@ -92,10 +92,9 @@ pub fn min_bytes() -> Option<usize> {
 /// descriptors then tell whether every rank with data has it on the device.
 pub fn eligible(c: &Coll, nranks: usize, min: usize) -> bool {
     let kind_ok = match c.kind {
-        // One launch reduces every rank's input, so results are those of the host's
-        // rank order (its owner order for wire forms), Avg included.
-        // Every type, every rank count the control page serves (MAX_INPUTS covers
-        // them), and all_reduce over a wire type.
+        // Every type, and all_reduce over a wire type: one launch reduces every rank's
+        // input, so results are those of the host's rank order (owner order for wire
+        // forms), Avg included.
         CollKind::AllReduce | CollKind::Reduce | CollKind::ReduceScatter | CollKind::ReduceScatterV => {
             cuda_reduce::of(c).supported() && (c.wire.is_none() || c.kind == CollKind::AllReduce)
         }
