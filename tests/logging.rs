@@ -237,3 +237,47 @@ fn device_calls_name_the_backend_and_algorithm_that_served_them() {
         std::fs::remove_dir_all(&dir).unwrap();
     }
 }
+
+/// Ranks that share one GPU reduce narrow floats, over more than 8 ranks, and over a wire
+/// type on the device path: each such call's line names the ipc backend on every rank.
+#[test]
+fn narrow_float_wire_and_many_rank_reductions_are_served_by_the_ipc_backend() {
+    let _one = ONE_AT_A_TIME.lock().unwrap_or_else(|p| p.into_inner());
+    let root = env!("CARGO_MANIFEST_DIR");
+    let n = 10;
+    for (args, needle) in [
+        (&["all_reduce", "-d", "bfloat16"][..], "fcclAllReduce count 32 bfloat16 backend "),
+        (&["all_reduce", "-d", "f8e5m2", "-o", "max"][..], "fcclAllReduce count 64 f8e5m2 backend "),
+        (&["reduce_scatter", "-d", "half", "-o", "avg"][..], "fcclReduceScatter count 3 half backend "),
+        (
+            &["all_reduce_wire", "-d", "float", "--wire", "bfloat16"][..],
+            "fcclAllReduce count 16 float wire bfloat16 backend ",
+        ),
+    ] {
+        let dir = std::env::temp_dir().join(format!("fccl-log-narrow-{}-{}", args[2], std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let out = Command::new("bash")
+            .arg(format!("{root}/scripts/sim-gpu.sh"))
+            .arg(env!("CARGO_BIN_EXE_ferroccl-bench"))
+            .args(["--mem", "cuda", "--nranks", &n.to_string(), "-b", "64", "-e", "64", "-n", "1", "-w", "0"])
+            .args(args)
+            .env("FERROCCL_DEBUG", "INFO")
+            .env("FERROCCL_DEBUG_FILE", dir.join("log-%p.txt"))
+            .env("FERROCCL_SIM_DEVICES", "1")
+            .env_remove("FERROCCL_BACKEND")
+            .env_remove("FERROCCL_CUDA_IPC")
+            .output()
+            .expect("scripts/sim-gpu.sh runs");
+        assert!(out.status.success(), "{args:?}: {}", String::from_utf8_lossy(&out.stderr));
+        let files = logs(&dir);
+        assert_eq!(files.len(), n, "one log per rank: {files:?}");
+        for (name, text) in files {
+            let lines: Vec<&str> = text.lines().filter(|l| l.contains(needle)).collect();
+            assert!(!lines.is_empty(), "{args:?}: no {needle:?} in {name}:\n{text}");
+            for l in lines {
+                assert!(l.contains(&format!("{needle}ipc algorithm ")), "{args:?}: not served by ipc: {l}");
+            }
+        }
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+}

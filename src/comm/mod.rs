@@ -403,13 +403,14 @@ impl Comm {
             let us = t0.elapsed().as_secs_f64() * 1e6;
             for (c, backend) in calls.iter().zip(self.router.names(calls)) {
                 log::info(format_args!(
-                    "rank {} comm {} seq {} {} count {} {} backend {backend} algorithm {algo} {:.1} us",
+                    "rank {} comm {} seq {} {} count {} {}{} backend {backend} algorithm {algo} {:.1} us",
                     self.rank,
                     self.label(),
                     c.seq,
                     c.coll.kind.c_name(),
                     c.coll.count,
                     c.coll.dtype.short_name(),
+                    c.coll.wire.map_or(String::new(), |w| format!(" wire {}", w.short_name())),
                     us
                 ));
             }
