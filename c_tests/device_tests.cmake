@@ -18,7 +18,8 @@
 # A device the machine lacks (one GPU) is mapped to device 0, and the output says so.
 
 set(_fccl_dev_req ${_core} fcclMemAlloc fcclMemAllocHost fcclMemFree fcclCommCuDevice
-    fcclCommSplit fcclGetLastError fcclBroadcast fcclReduce fcclAllGather fcclReduceScatter
+    fcclCommSplit fcclCommFinalize fcclCommGetAsyncError fcclGetLastError fcclBroadcast
+    fcclReduce fcclAllGather fcclReduceScatter
     fcclAlltoAll fcclGather fcclScatter fcclAlltoAllv fcclSend fcclRecv fcclGroupStart
     fcclGroupEnd fcclAllGatherV fcclReduceScatterV fcclAllGatherAxis fcclReduceScatterAxis
     fcclAllReduceCoalesced fcclBroadcastCoalesced fcclAllReduceWire fcclLocalBroadcast

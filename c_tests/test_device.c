@@ -34,9 +34,11 @@
  * call: float32 sum, bfloat16 sum and int8 max for the reducing calls, float32 and int8 for
  * the others, at 1 and 2 ranks; a few at more ranks (FCCL_TEST_DEVICE_BIG=0 none, =all
  * everything at every size).  Then fcclBarrier, groups mixing collectives, fcclCommSplit,
- * the local calls (1 rank), and refused calls mixing host and device memory.  Last, every
- * type and op and the wire forms on random significands, against the same call on host
- * memory (the host backend): the bytes must be the same.
+ * a non-blocking communicator (config.blocking = 0: calls polled with
+ * fcclCommGetAsyncError before the results are downloaded), the local calls (1 rank), and
+ * refused calls mixing host and device memory.  Last, every type and op and the wire
+ * forms on random significands, against the same call on host memory (the host backend):
+ * the bytes must be the same.
  *
  * Every rank makes the same sequence of collective calls whatever its checks found.  A
  * failure names the case (call, type, op, count, root, placement, memory and stream
@@ -1427,6 +1429,97 @@ static void t_split(dctx* D) {
   CHECK_OK(fcclCommDestroy(nc));
 }
 
+/* ---- a non-blocking communicator (config.blocking = 0) on device memory, made by
+ * fcclCommInitRankConfig (so it picks its backend as any communicator does: the IPC path
+ * for processes on one GPU) and by fcclCommSplit (a split child stages): an all_reduce
+ * and an all_gather issued back to back return fcclInProgress (or fcclSuccess);
+ * fcclCommGetAsyncError is polled until fcclSuccess, which means the work is enqueued on
+ * the stream, as NCCL's; only then are the results downloaded (NCCL's rule: nothing on
+ * the stream before that).  Then finalize, polled, and destroy. */
+static void t_nonblocking(dctx* D, int by_split) {
+  static const int modes[2] = {MODE(MEM_ARENA, ST_ASYNC), MODE(MEM_ALLOC, ST_NULL)};
+  fcclConfig_t cfg = FCCL_CONFIG_INITIALIZER;
+  fcclComm_t nb = NULL, parent = D->comm;
+  fcclResult_t res, st;
+  fcclUniqueId id;
+  int m, q;
+  cfg.blocking = 0;
+  fccl_phase("non-blocking %s on rank %d", by_split ? "fcclCommSplit" : "fcclCommInitRankConfig", D->rank);
+  if (by_split) {
+    res = fcclCommSplit(D->comm, 0, D->rank, &nb, &cfg);
+  } else {
+    memset(&id, 0, sizeof id);
+    if (fccl_shared_id()) {
+      id = *fccl_shared_id();
+    } else {
+      if (D->rank == 0) CHECK_OK(fcclGetUniqueId(&id));
+      if (D->nranks > 1) CHECK_OK(fcclBroadcast(&id, &id, sizeof id, fcclUint8, 0, D->comm, NULL));
+    }
+    res = fcclCommInitRankConfig(&nb, D->nranks, id, D->rank, &cfg);
+  }
+  CHECK(res == fcclInProgress && nb != NULL, "non-blocking %s returned %d (%s), comm %p; fcclGetLastError: "
+        "\"%s\"", by_split ? "fcclCommSplit" : "fcclCommInitRankConfig", (int)res, fccl_res_name(res),
+        (void*)nb, fcclGetLastError(NULL));
+  if (!nb) return;
+  st = fccl_wait_comm(nb);
+  CHECK(st == fcclSuccess, "non-blocking creation ended with %d (%s): \"%s\"", (int)st, fccl_res_name(st),
+        fcclGetLastError(NULL));
+  for (m = 0; m < 2 && st == fcclSuccess; m++) {
+    const size_t n1 = 1001, n2 = 37;
+    fccl_pattern pf, pl;
+    fccl_ref rf;
+    region *s1, *r1, *s2, *r2;
+    fcclResult_t a, b;
+    size_t base2;
+    fccl_pattern_init(&pf, fcclFloat32, FCCL_SCHEME_SUM);
+    fccl_pattern_init(&pl, fcclInt64, FCCL_SCHEME_FULL);
+    fccl_ref_init(&rf, &pf, fcclSum, D->nranks);
+    D->comm = nb;
+    case_begin(D, modes[m], "non-blocking fcclAllReduce Float32 Sum count=%zu, then fcclAllGather Int64 "
+               "sendcount=%zu, one poll (communicator of %s)", n1, n2,
+               by_split ? "fcclCommSplit" : "fcclCommInitRankConfig");
+    base2 = (D->base + 5003) % FCCL_PERIOD;
+    s1 = reg_new(D, "all_reduce sendbuff", n1 * 4, FCCL_SENT_GAP, 4);
+    r1 = reg_new(D, "all_reduce recvbuff", n1 * 4, FCCL_SENT_RECV, 4);
+    s2 = reg_new(D, "all_gather sendbuff", n2 * 8, FCCL_SENT_GAP, 8);
+    r2 = reg_new(D, "all_gather recvbuff", n2 * 8 * (size_t)D->nranks, FCCL_SENT_RECV, 8);
+    fccl_pattern_fill(&pf, put(s1), n1, fccl_rank_off(D->base, D->rank));
+    fccl_pattern_fill(&pl, put(s2), n2, fccl_rank_off(base2, D->rank));
+    case_upload(D);
+    a = fcclAllReduce(s1->dev, r1->dev, n1, fcclFloat32, fcclSum, nb, STREAM(D));
+    b = fcclAllGather(s2->dev, r2->dev, n2, fcclInt64, nb, STREAM(D));
+    D->calls += 2;
+    CHECK((a == fcclInProgress || a == fcclSuccess) && (b == fcclInProgress || b == fcclSuccess),
+          "%s: the calls returned %d (%s) and %d (%s); fcclGetLastError: \"%s\"", D->what, (int)a,
+          fccl_res_name(a), (int)b, fccl_res_name(b), fcclGetLastError(NULL));
+    st = fccl_wait_comm(nb);
+    CHECK(st == fcclSuccess, "%s: fcclCommGetAsyncError ended with %d (%s): \"%s\"", D->what, (int)st,
+          fccl_res_name(st), fcclGetLastError(NULL));
+    case_download(D);
+    if (st == fcclSuccess) {
+      REF_CHECK(&rf, got(r1), n1, D->base, sub(D, "the all_reduce"));
+      for (q = 0; q < D->nranks; q++)
+        PATTERN_CHECK(&pl, got(r2) + (size_t)q * n2 * 8, n2, fccl_rank_off(base2, q),
+                      sub(D, "the all_gather's block of rank %d", q));
+    }
+    chk_guards(D, r1);
+    chk_guards(D, r2);
+    chk_unchanged(D, s1, "was modified");
+    chk_unchanged(D, s2, "was modified");
+    case_end(D);
+    D->comm = parent;
+    fccl_ref_free(&rf);
+    fccl_pattern_free(&pf);
+    fccl_pattern_free(&pl);
+  }
+  res = fcclCommFinalize(nb);
+  CHECK(res == fcclInProgress || res == fcclSuccess, "fcclCommFinalize (non-blocking) returned %d (%s)",
+        (int)res, fccl_res_name(res));
+  st = fccl_wait_comm(nb);
+  CHECK(st == fcclSuccess, "non-blocking finalize ended with %d (%s)", (int)st, fccl_res_name(st));
+  CHECK_OK(fcclCommDestroy(nb));
+}
+
 /* ---- local calls (one rank): devices 0 and 1 (or 0 twice with one device) and host */
 
 static void t_local(dctx* D) {
@@ -2038,7 +2131,8 @@ static void catch_fatal(void) {
 }
 
 /* FCCL_TEST_DEVICE_SKIP=name,name (for debugging; the same on every rank): parts not run,
- * of reducing, roots, moving, axis, coalesced, wire, vs_host, groups, split, bad, local, big, and
+ * of reducing, roots, moving, axis, coalesced, wire, vs_host, groups, split, nonblocking, bad, local,
+ * big, and
  * the calls fcclReduceScatterAxis, fcclAllReduceCoalesced, fcclBroadcastCoalesced. */
 static int part_on(const char* name) {
   const char* e = getenv("FCCL_TEST_DEVICE_SKIP");
@@ -2101,6 +2195,10 @@ static int body(fcclComm_t comm, int rank, int nranks) {
     t_mixed_group(D, MODE(MEM_ALLOC, ST_NULL));
   }
   if (part_on("split")) t_split(D);
+  if (part_on("nonblocking")) {
+    t_nonblocking(D, 0);
+    t_nonblocking(D, 1);
+  }
   if (part_on("bad")) {
     pr_t p;
     t_bad_inputs(D);
