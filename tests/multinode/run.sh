@@ -11,9 +11,11 @@
 # files under /etc/netns) is removed on exit.
 #
 # Usage (root; after `cargo build --release` and the c_tests build, see README.md):
-#   tests/multinode/run.sh [--host-addr] [--keep-logs]
+#   tests/multinode/run.sh [--host-addr] [--keep-logs] [--only REGEX] [--repeat N]
 #     --host-addr   also give every rank FERROCCL_HOST_ADDR=<its host's address>
 #     --keep-logs   keep every rank's output (the directory is printed at the end)
+#     --only REGEX  run only the cases whose name matches (grep -E), e.g. '2x2 ipv4 test_alltoallv'
+#     --repeat N    run the chosen cases N times (an intermittent failure, counted per run)
 # Environment: FERROCCL_LIB_DIR (target/release), FERROCCL_C_TESTS_DIR (build/c_tests),
 # FERROCCL_TORCH_VENV (~/.cache/ferroccl/torch-venv).
 # Prints one PASS/FAIL/SKIP line per case and "multinode: N passed, M failed, K skipped";
@@ -23,16 +25,21 @@ set -uo pipefail
 root=$(cd "$(dirname "$0")/../.." && pwd)
 lib=${FERROCCL_LIB_DIR:-$root/target/release}
 ctests=${FERROCCL_C_TESTS_DIR:-$root/build/c_tests}
-host_addr=0 keep=0
+host_addr=0 keep=0 only="" repeat=1
 # torchrun of the torch venv (scripts/python-install-test.sh makes it), for the 2x2 torchrun case.
 torchrun="${FERROCCL_TORCH_VENV:-$HOME/.cache/ferroccl/torch-venv}/bin/torchrun"
-for a in "$@"; do
-  case "$a" in
+while [ $# -gt 0 ]; do
+  case "$1" in
     --host-addr) host_addr=1 ;;
     --keep-logs) keep=1 ;;
-    -h | --help) sed -n '2,18p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
-    *) echo "run.sh: unknown argument '$a' (known: --host-addr, --keep-logs, --help)" >&2; exit 64 ;;
+    --only) [ $# -ge 2 ] || { echo "run.sh: --only needs a regular expression" >&2; exit 64; }; only=$2; shift ;;
+    --repeat)
+      [[ "${2:-}" =~ ^[1-9][0-9]*$ ]] || { echo "run.sh: --repeat needs a positive count" >&2; exit 64; }
+      repeat=$2; shift ;;
+    -h | --help) sed -n '2,20p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    *) echo "run.sh: unknown argument '$1' (known: --host-addr, --keep-logs, --only, --repeat, --help)" >&2; exit 64 ;;
   esac
+  shift
 done
 
 # Contract binaries run per host layout; each must pass as a rank started from the environment.
@@ -50,6 +57,9 @@ pass() { passed=$((passed + 1)); echo "PASS $*"; }
 fail() { failed=$((failed + 1)); echo "FAIL $*"; }
 skip() { skipped=$((skipped + 1)); echo "SKIP $*"; }
 summary() { echo "multinode: $passed passed, $failed failed, $skipped skipped"; }
+# wanted NAME: whether --only lets case NAME run. round: the --repeat round (logs in $tmp/<round>/).
+wanted() { [ -z "$only" ] || grep -qE -- "$only" <<<"$1"; }
+round=1
 skip_all() { skip "multinode: $*"; summary; exit 0; }
 
 [ "$(id -u)" = 0 ] || skip_all "needs root to create network namespaces (run as root, or in a container with CAP_SYS_ADMIN and CAP_NET_ADMIN)"
@@ -196,11 +206,12 @@ show_logs() {           # the ends of the given logs, indented, for a failed cas
 contract_case() {
   local fam=$1 nh=$2 ph=$3 t=$4 n=$(($2 * $3)) r bad="" name dir t0 ms got
   name="${nh}x${ph} ipv$fam $t"
+  wanted "$name" || return
   if [ ! -x "$ctests/$t" ]; then
     fail "$name: $ctests/$t not built (build the C contract suite first, see README.md)"
     return
   fi
-  dir="$tmp/$fam-$nh-$t"
+  dir="$tmp/$round/$fam-$nh-$t"
   mkdir -p "$dir"
   job_env "$n"
   t0=$(date +%s%N)
@@ -239,7 +250,8 @@ contract_case() {
 # fail with fcclRemoteError naming rank 2 or 3 within kill_bound_ms (second-hand over
 # TCP too: a survivor that stopped because of them says so before it closes).
 kill_case() {
-  local name="3x2 ipv4 killed host" dir="$tmp/kill" n=6 r i t_kill ms victims=() bad="" times=() line at code
+  local name="3x2 ipv4 killed host" dir="$tmp/$round/kill" n=6 r i t_kill ms victims=() bad="" times=() line at code
+  wanted "$name" || return
   mkdir -p "$dir/ready"
   job_env "$n"
   for ((r = 0; r < n; r++)); do
@@ -294,7 +306,8 @@ kill_case() {
 # Host 1's ranks of a 2x2 job advertise an address no namespace holds; every rank must
 # fail within unreachable_bound_ms (FERROCCL_TIMEOUT_MS at its default) naming it.
 unreachable_case() {
-  local name="2x2 ipv4 unreachable address" dir="$tmp/unreach" n=4 r t0 ms line bad="" worst=0 el
+  local name="2x2 ipv4 unreachable address" dir="$tmp/$round/unreach" n=4 r t0 ms line bad="" worst=0 el
+  wanted "$name" || return
   local nowhere="$v4net.250"
   mkdir -p "$dir"
   job_env "$n"
@@ -341,7 +354,8 @@ cc -std=c99 -O2 -Wall -Wextra -Wpedantic -Werror -I"$root/include" "$root/tests/
 # each host's ranks must advertise that host's address. torchrun looks up its own
 # hostname, so each host gets a hosts file (ip netns exec mounts /etc/netns/NS/hosts).
 torchrun_case() {
-  local name="2x2 ipv4 torchrun" dir="$tmp/torchrun" h r bad="" ok
+  local name="2x2 ipv4 torchrun" dir="$tmp/$round/torchrun" h r bad="" ok
+  wanted "$name" || return
   if [ ! -x "$torchrun" ]; then
     skip "$name: no torchrun at $torchrun (scripts/python-install-test.sh makes the torch venv)"
     return
@@ -382,11 +396,13 @@ if ! net_up 4 3 2>"$tmp/net.err"; then
   skip_all "cannot create network namespaces, veth pairs or a bridge: $(head -n1 "$tmp/net.err")"
 fi
 echo "multinode: hosts ${addr[*]} (namespaces ${tag}h*, bridge in $brns)$([ "$host_addr" = 1 ] && echo ", FERROCCL_HOST_ADDR set")"
-for t in "${contract_tests[@]}"; do contract_case 4 2 2 "$t"; done
-for t in "${contract_tests[@]}"; do contract_case 4 3 2 "$t"; done
-kill_case
-unreachable_case
-torchrun_case
+for ((round = 1; round <= repeat; round++)); do
+  for t in "${contract_tests[@]}"; do contract_case 4 2 2 "$t"; done
+  for t in "${contract_tests[@]}"; do contract_case 4 3 2 "$t"; done
+  kill_case
+  unreachable_case
+  torchrun_case
+done
 net_down
 
 if [ ! -d /proc/sys/net/ipv6 ]; then
@@ -395,7 +411,9 @@ elif ! net_up 6 2 2>"$tmp/net6.err"; then
   fail "2x2 ipv6: cannot set up IPv6 namespaces: $(head -n1 "$tmp/net6.err")"
 else
   echo "multinode: hosts ${addr[*]}"
-  for t in "${contract_tests[@]}"; do contract_case 6 2 2 "$t"; done
+  for ((round = 1; round <= repeat; round++)); do
+    for t in "${contract_tests[@]}"; do contract_case 6 2 2 "$t"; done
+  done
 fi
 net_down
 
