@@ -75,8 +75,14 @@ fn pinned_ranks_are_not_counted_as_oversubscribed() {
             .output()
             .expect("ferroccl-bench runs");
         assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
-        for (name, text) in logs(&dir) {
-            let line = text.lines().find(|l| l.contains("ranks on this host share")).expect("policy logged");
+        let files = logs(&dir);
+        // Only the ranks log: the launcher's rendezvous point is silent when all goes well.
+        assert_eq!(files.len(), 2, "--bind {bind}: one file per rank, none from the launcher: {files:?}");
+        for (name, text) in files {
+            let line = text
+                .lines()
+                .find(|l| l.contains("ranks on this host share"))
+                .unwrap_or_else(|| panic!("--bind {bind}: no policy line in {name}:\n{text}"));
             let want =
                 if cpus >= 2 { format!("share {cpus} CPUs; waits spin 20 us") } else { "waits spin 2 us".into() };
             assert!(line.contains(&want), "--bind {bind}, {name}: {line}");
