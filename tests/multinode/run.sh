@@ -5,8 +5,8 @@
 # plus FERROCCL_RANK, FERROCCL_WORLD_SIZE, FERROCCL_ROOT_ADDR and FERROCCL_SECRET (and
 # the contract tests' FERROCCL_DEBUG=INFO and FERROCCL_TIMEOUT_MS). Cases: the C
 # contract suite's collectives at 2x2 and 3x2 ranks (IPv4) and 2x2 (IPv6), a killed
-# host, an unreachable advertised address, and 2x2 under torchrun with no ferroccl
-# variable (when the torch venv's torchrun exists). Everything created (namespaces,
+# host, a cut host, an unreachable advertised address, and 2x2 under torchrun with no
+# ferroccl variable (when the torch venv's torchrun exists). Everything created (namespaces,
 # bridge, a private subnet picked at random and checked unused, per-namespace hosts
 # files under /etc/netns) is removed on exit.
 #
@@ -49,6 +49,8 @@ contract_tests=(test_allreduce test_broadcast test_reduce test_allgather test_re
 proc_timeout=60         # seconds any rank process may live (a hang fails the case, not CI)
 contract_timeout_ms=30000
 kill_bound_ms=5000      # docs/robustness.md "Dead peers": checked every 100 ms
+cut_lost_ms=3000        # FERROCCL_PEER_LOST_MS of the cut-host case
+cut_bound_ms=7000       # ...which the kernel's keepalive and retransmission timers keep to within a second or so
 unreachable_bound_ms=30000
 fcclRemoteError=6
 
@@ -246,16 +248,15 @@ contract_case() {
   fi
 }
 
-# Kills both ranks of host 1 of 3x2 during a loop of all_reduces; the survivors must
-# fail with fcclRemoteError naming rank 2 or 3 within kill_bound_ms (second-hand over
-# TCP too: a survivor that stopped because of them says so before it closes).
-kill_case() {
-  local name="3x2 ipv4 killed host" dir="$tmp/$round/kill" n=6 r i t_kill ms victims=() bad="" times=() line at code
-  wanted "$name" || return
+# loop_job NAME DIR ENV...: 3x2 ranks running hostloss (a loop of checked 1 MiB
+# all_reduces, each rank with ENV) until every rank is 20 calls in; fails NAME and
+# returns 1 if that does not happen within 30 s or ranks 2 and 3 are not the launched pids.
+loop_job() {
+  local name=$1 dir=$2 n=6 r i; shift 2
   mkdir -p "$dir/ready"
   job_env "$n"
   for ((r = 0; r < n; r++)); do
-    start_rank $((r / 2)) "$r" "$dir/rank$r.log" "${jenv[@]}" FCCL_MN_READY_DIR="$dir/ready" \
+    start_rank $((r / 2)) "$r" "$dir/rank$r.log" "${jenv[@]}" FCCL_MN_READY_DIR="$dir/ready" "$@" \
       -- "$root/build/multinode/hostloss" 40 262144 20
   done
   for i in $(seq 1 300); do       # every rank 20 calls in: at most 30 s
@@ -268,39 +269,72 @@ kill_case() {
     wait_all
     fail "$name: not every rank got 20 all_reduces in (ready: $(ls "$dir/ready" | tr '\n' ' '))"
     show_logs "$dir"/rank*.log
-    return
+    return 1
   fi
-  victims=("$(cat "$dir/ready/rank2")" "$(cat "$dir/ready/rank3")")
-  if [ "${victims[*]}" != "${pids[2]} ${pids[3]}" ]; then  # wait_all's hard timeout relies on this
+  if [ "$(cat "$dir/ready/rank2") $(cat "$dir/ready/rank3")" != "${pids[2]} ${pids[3]}" ]; then  # wait_all's hard timeout relies on this
     kill -KILL "${pids[@]}" 2>/dev/null
     wait_all
-    fail "$name: ranks 2 and 3 run as pids ${victims[*]}, not as the launched ${pids[2]} ${pids[3]} (ip netns exec or unshare forked)"
-    return
+    fail "$name: ranks 2 and 3 run as pids $(cat "$dir/ready/rank2") $(cat "$dir/ready/rank3"), not as the launched ${pids[2]} ${pids[3]} (ip netns exec or unshare forked)"
+    return 1
   fi
-  sleep 0.3
-  t_kill=$(date +%s%N)
-  kill -KILL "${victims[@]}"
-  wait_all
-  for v in "${victims[@]}"; do rm -f /dev/shm/fccl-*-p"$v"; done   # what a SIGKILL leaves behind
+}
+
+# survivors NAME DIR T0 BOUND_MS: after loop_job and wait_all, ranks 0, 1, 4 and 5 must
+# each have failed with fcclRemoteError naming rank 2 or 3 within BOUND_MS of T0 (ns).
+survivors() {
+  local name=$1 dir=$2 t0=$3 bound=$4 r line code at ms bad="" times=()
   for r in 0 1 4 5; do
     line=$(grep -m1 '^hostloss rank' "$dir/rank$r.log")
     if [[ "$line" =~ error\ code\ ([0-9]+)\ .*at_ns\ ([0-9]+) ]]; then
       code=${BASH_REMATCH[1]} at=${BASH_REMATCH[2]}
-      ms=$(((at - t_kill) / 1000000))
+      ms=$(((at - t0) / 1000000))
       times+=("$ms")
       [ "$code" = "$fcclRemoteError" ] || bad+=" rank $r: code $code, not fcclRemoteError;"
-      [ "$ms" -le "$kill_bound_ms" ] || bad+=" rank $r: detected after $ms ms (bound $kill_bound_ms);"
+      [ "$ms" -le "$bound" ] || bad+=" rank $r: detected after $ms ms (bound $bound);"
       grep -qE 'rank (2|3)([^0-9]|$)' <<<"${line#*: }" || bad+=" rank $r: message does not name rank 2 or 3;"
     else
-      bad+=" rank $r (exit ${rc[r]}): ${line:-no result line};"
+      bad+=" rank $r (exit ${rc[r]}${hung[r]:+, hung: killed after ${proc_timeout} s}): ${line:-no result line};"
     fi
   done
   if [ -z "$bad" ]; then
-    pass "$name: ranks 0,1,4,5 failed with fcclRemoteError after $(IFS=,; echo "${times[*]}") ms (bound $kill_bound_ms); rank 0 said: $(grep -m1 -o 'calls (async.*' "$dir/rank0.log")"
+    pass "$name: ranks 0,1,4,5 failed with fcclRemoteError after $(IFS=,; echo "${times[*]}") ms (bound $bound); rank 0 said: $(grep -m1 -o 'calls (async.*' "$dir/rank0.log")"
   else
     fail "$name:$bad"
     show_logs "$dir"/rank*.log
   fi
+}
+
+# Kills both ranks of host 1 of 3x2 during a loop of all_reduces; the survivors must
+# fail with fcclRemoteError naming rank 2 or 3 within kill_bound_ms (second-hand over
+# TCP too: a survivor that stopped because of them says so before it closes).
+kill_case() {
+  local name="3x2 ipv4 killed host" dir="$tmp/$round/kill" t_kill v
+  wanted "$name" || return
+  loop_job "$name" "$dir" || return
+  sleep 0.3
+  t_kill=$(date +%s%N)
+  kill -KILL "${pids[2]}" "${pids[3]}"
+  local victims=("${pids[2]}" "${pids[3]}")
+  wait_all
+  for v in "${victims[@]}"; do rm -f /dev/shm/fccl-*-p"$v"; done   # what a SIGKILL leaves behind
+  survivors "$name" "$dir" "$t_kill" "$kill_bound_ms"
+}
+
+# Cuts host 1's cable (its port on the bridge goes down) during a loop of all_reduces
+# at 3x2 with FERROCCL_PEER_LOST_MS=cut_lost_ms: host 1's ranks live on but say
+# nothing, not even that their sockets closed. The survivors must fail with
+# fcclRemoteError naming rank 2 or 3 within cut_bound_ms, long before
+# FERROCCL_TIMEOUT_MS (left at its default, 10 minutes).
+cut_case() {
+  local name="3x2 ipv4 cut host" dir="$tmp/$round/cut" t_cut
+  wanted "$name" || return
+  loop_job "$name" "$dir" FERROCCL_PEER_LOST_MS="$cut_lost_ms" || return
+  sleep 0.3
+  t_cut=$(date +%s%N)
+  ip -n "$brns" link set h1 down
+  wait_all
+  ip -n "$brns" link set h1 up
+  survivors "$name" "$dir" "$t_cut" "$cut_bound_ms"
 }
 
 # Host 1's ranks of a 2x2 job advertise an address no namespace holds; every rank must
@@ -400,6 +434,7 @@ for ((round = 1; round <= repeat; round++)); do
   for t in "${contract_tests[@]}"; do contract_case 4 2 2 "$t"; done
   for t in "${contract_tests[@]}"; do contract_case 4 3 2 "$t"; done
   kill_case
+  cut_case
   unreachable_case
   torchrun_case
 done
