@@ -17,7 +17,5 @@ pub mod ffi;
 pub mod launch;
 pub mod log;
 pub mod mem;
-#[cfg(test)]
-mod testing;
 pub mod transport;
 pub mod types;

@@ -14,7 +14,8 @@
 //! v-calls); the host algorithms reduce each element in rank order whatever the
 //! call's size, so results are bitwise those of the whole call. Everything else
 //! (all_to_allv, whose counts no rank knows in full; send/recv; gathers along an
-//! axis; groups, whose calls run as one host schedule) is staged whole.
+//! axis; all_reduce over a wire type, whose rounding follows the host algorithm's cut
+//! of the whole vector; groups, whose calls run as one host schedule) is staged whole.
 
 use super::host::{self, algorithms, engine::RunCtl, Call};
 use super::Exec;
@@ -181,7 +182,9 @@ impl Plan {
     /// None for calls staged whole (see the module's documentation).
     pub fn new(c: &Coll, n: usize, chunk: usize) -> Option<Plan> {
         use CollKind::*;
-        if chunk == 0 || c.strided.is_some() {
+        // A wire all_reduce rounds partial results where the host algorithm's windows
+        // and owners cut the vector, so its bits depend on the call's size: whole.
+        if chunk == 0 || c.strided.is_some() || c.wire.is_some() {
             return None;
         }
         // Host elements per column of a chunk on the rank that holds the most:
@@ -694,19 +697,34 @@ mod tests {
         other.op = crate::types::RedOp::Max;
         other.send = other.recv;
         assert_eq!(Plan::new(&base, 2, 1000), Plan::new(&other, 2, 1000));
-        // Staged whole: per-pair counts no rank knows in full, p2p, axis gathers, or 0.
+        // Staged whole: per-pair counts no rank knows in full, p2p, axis gathers, wire
+        // all_reduce, or chunks of 0.
         assert_eq!(Plan::new(&call(AlltoAllv, 10, DataType::Int8), 2, 64), None);
         assert_eq!(Plan::new(&call(Send, 10, DataType::Int8), 2, 64), None);
         let mut axis = call(AllGather, 10, DataType::Int8);
         axis.strided = Some(Strided { outer: 2, block: 5 });
         assert_eq!(Plan::new(&axis, 2, 64), None);
+        let mut wire = call(AllReduce, 10, DataType::Float32);
+        wire.wire = Some(DataType::Bfloat16);
+        assert_eq!(Plan::new(&wire, 2, 64), None);
         assert_eq!(Plan::new(&call(AllReduce, 10, DataType::Int8), 2, 0), None);
     }
 
-    use crate::testing::Rng;
+    /// xorshift64* (as reduce.rs's tests, which tools/simgpu also compiles alone, so
+    /// they cannot share a module of this crate).
+    struct Rng(u64);
+
+    impl Rng {
+        fn next(&mut self) -> u64 {
+            self.0 ^= self.0 >> 12;
+            self.0 ^= self.0 << 25;
+            self.0 ^= self.0 >> 27;
+            self.0.wrapping_mul(0x2545_f491_4f6c_dd1d)
+        }
+    }
 
     fn below(rng: &mut Rng, n: usize) -> usize {
-        rng.below(n as u64) as usize
+        (rng.next() % n as u64) as usize
     }
 
     /// What each collective computes, over every rank's host buffers at once (elements

@@ -1019,7 +1019,21 @@ mod tests {
     use super::*;
     use half::{bf16, f16};
 
-    use crate::testing::Rng;
+    // ---- deterministic random numbers (no extra dependency) ----
+
+    struct Rng(u64);
+    impl Rng {
+        fn next(&mut self) -> u64 {
+            // xorshift64*
+            self.0 ^= self.0 >> 12;
+            self.0 ^= self.0 << 25;
+            self.0 ^= self.0 >> 27;
+            self.0.wrapping_mul(0x2545_f491_4f6c_dd1d)
+        }
+        fn below(&mut self, n: u64) -> u64 {
+            self.next() % n
+        }
+    }
 
     // ---- reference formats ----
 
