@@ -1748,6 +1748,101 @@ static void t_bad_inputs(dctx* D) {
   fccl_pattern_free(&pat);
 }
 
+/* ================================================================== rank order */
+
+/* Inexact float data: mixed signs and magnitudes, element i of rank r (sums depend on
+ * the order of their operands). */
+static double order_val(int r, size_t i, unsigned long salt) {
+  uint64_t m = mix64(((uint64_t)salt << 40) ^ ((uint64_t)r << 32) ^ (uint64_t)i);
+  double u = (double)(m >> 11) / 9007199254740992.0 - 0.5;
+  return u * (double)(1u << (m & 15u)) / 256.0;
+}
+
+/* Element i of the sum over ranks in rank order, accumulated in float32 and rounded once
+ * to dt: what every backend must give, bit for bit (ABI.md), whatever the call's size and
+ * however it is cut. */
+static void order_sum(fcclDataType_t dt, int n, size_t i, unsigned long salt, void* out, size_t k) {
+  unsigned char in[8];
+  float acc = 0.0f;
+  int r;
+  for (r = 0; r < n; r++) {
+    float x;
+    fccl_store_f(dt, in, 0, order_val(r, i, salt));
+    x = (float)fccl_load_f(dt, in, 0);
+    acc = r ? acc + x : x;
+  }
+  fccl_store_f(dt, out, k, (double)acc);
+}
+
+/* fcclAllReduce (rs = 0) or fcclReduceScatter (rs = 1) sum of inexact values on host or
+ * device memory: every element equals the rank-order sum bit for bit. */
+static void t_rank_order(dctx* D, fcclDataType_t dt, int rs, size_t count, int on_host) {
+  size_t esz = fccl_dt_size(dt), n = (size_t)D->nranks, total = rs ? count * n : count, i, bad = 0;
+  size_t first = 0, off = rs ? (size_t)D->rank * count : 0;
+  unsigned long salt;
+  unsigned char *in, *out, want[8];
+  region *s = NULL, *r = NULL;
+  int ok;
+  case_begin(D, ROTATE, "%s %s sum count=%zu of inexact values on %s memory", rs ? "fcclReduceScatter" :
+             "fcclAllReduce", dtn(dt), count, on_host ? "host" : "device");
+  salt = D->seq;
+  if (on_host) {
+    in = (unsigned char*)fccl_xmalloc(total * esz);
+    out = (unsigned char*)fccl_xmalloc(count * esz);
+  } else {
+    s = reg_new(D, "sendbuff", total * esz, FCCL_SENT_GAP, esz);
+    r = reg_new(D, "recvbuff", count * esz, FCCL_SENT_RECV, esz);
+    in = put(s);
+    out = got(r);
+  }
+  for (i = 0; i < total; i++) fccl_store_f(dt, in, i, order_val(D->rank, i, salt));
+  if (on_host) {
+    ok = rs ? DOK(fcclReduceScatter(in, out, count, dt, fcclSum, D->comm, NULL))
+            : DOK(fcclAllReduce(in, out, count, dt, fcclSum, D->comm, NULL));
+  } else {
+    case_upload(D);
+    ok = rs ? DOK(fcclReduceScatter(s->dev, r->dev, count, dt, fcclSum, D->comm, STREAM(D)))
+            : DOK(fcclAllReduce(s->dev, r->dev, count, dt, fcclSum, D->comm, STREAM(D)));
+    case_download(D);
+  }
+  for (i = 0; ok && i < count; i++) {
+    order_sum(dt, D->nranks, off + i, salt, want, 0);
+    if (memcmp(out + i * esz, want, esz) != 0 && !bad++) first = i;
+  }
+  if (bad) {
+    char g[64], w[64];
+    order_sum(dt, D->nranks, off + first, salt, want, 0);
+    fccl_format_elem(dt, out, first, g, sizeof g);
+    fccl_format_elem(dt, want, 0, w, sizeof w);
+    CHECK(0, "%s: %zu of %zu elements are not the rank-order sum; the first, element %zu: %s, "
+             "expected %s", D->what, bad, count, first, g, w);
+  }
+  if (on_host) {
+    free(in);
+    free(out);
+  } else {
+    chk_guards(D, r);
+    chk_unchanged(D, s, "was modified");
+  }
+  case_end(D);
+}
+
+/* Rank-order sums on host and device memory: 1001 elements (several chunks when staging
+ * is cut small, FERROCCL_STAGING_CHUNK) and, with the big cases, 6 MiB (several chunks
+ * at the default size, with a remainder). */
+static void part_order(dctx* D) {
+  static const fcclDataType_t dts[2] = {fcclFloat32, fcclBfloat16};
+  size_t counts[2] = {1001, ((size_t)6 << 20) / 4 + 3};
+  int t, c, rs, h;
+  for (c = 0; c < (D->big ? 2 : 1); c++)
+    for (t = 0; t < 2; t++)
+      for (rs = 0; rs < 2; rs++)
+        for (h = 0; h < 2; h++) {
+          size_t cnt = rs ? counts[c] / (size_t)D->nranks + 1 : counts[c];
+          t_rank_order(D, dts[t], rs, cnt, h);
+        }
+}
+
 /* ================================================================== the body */
 
 /* >= 16 MiB cases: 2 = all of part_big, 1 = a few (all_reduce, reduce_scatter, all_gather,
@@ -2131,7 +2226,7 @@ static void catch_fatal(void) {
 }
 
 /* FCCL_TEST_DEVICE_SKIP=name,name (for debugging; the same on every rank): parts not run,
- * of reducing, roots, moving, axis, coalesced, wire, vs_host, groups, split, nonblocking, bad, local,
+ * of reducing, roots, order, moving, axis, coalesced, wire, vs_host, groups, split, nonblocking, bad, local,
  * big, and
  * the calls fcclReduceScatterAxis, fcclAllReduceCoalesced, fcclBroadcastCoalesced. */
 static int part_on(const char* name) {
@@ -2185,6 +2280,7 @@ static int body(fcclComm_t comm, int rank, int nranks) {
    * that breaks the context or the process leaves the rest of the report intact */
   if (part_on("reducing")) part_reducing(D);
   if (part_on("roots")) part_reduce_roots(D);
+  if (part_on("order")) part_order(D);
   if (part_on("moving")) part_moving(D);
   if (part_on("wire")) part_wire(D);
   if (part_on("vs_host")) part_vs_host(D);

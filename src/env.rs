@@ -48,6 +48,11 @@ pub const CUDA_IPC: Var = Var {
     default: "1",
     doc: "1: device memory of ranks sharing one GPU (built-in backend) moves GPU to GPU through CUDA IPC mappings, ordered on the callers' streams; 0: staged through host memory instead",
 };
+pub const STAGING_CHUNK: Var = Var {
+    name: "FERROCCL_STAGING_CHUNK",
+    default: "4M",
+    doc: "device calls staged through host memory (no NCCL, no CUDA IPC between the ranks' buffers) run in chunks of about this many bytes of host buffer (suffixes K, M, G; at most 32M), two chunks in flight: the stream copies one in and one out while the host runs the collective on a third; 0: every call staged whole. Must be the same on every rank",
+};
 pub const TRANSPORT: Var = Var {
     name: "FERROCCL_TRANSPORT",
     default: "auto",
@@ -199,6 +204,7 @@ pub const ALL: &[&Var] = &[
     &BACKEND,
     &NCCL_LIBRARY,
     &CUDA_IPC,
+    &STAGING_CHUNK,
     &TRANSPORT,
     &NSOCKS,
     &HOST_ADDR,

@@ -169,11 +169,46 @@ def fault(cu, comm, mode):
     return 0 if rc != 0 else 1
 
 
+def staged_fault(cu, comm):
+    """Every call staged through host memory in many chunks (the test sets
+    FERROCCL_CUDA_IPC=0, a small FERROCCL_STAGING_CHUNK and a slow simulated stream):
+    rank 1 dies in the middle of a pipelined all_reduce. Rank 0's call must return the
+    host's error naming rank 1, with nothing of the call left on its stream (it
+    synchronises, and a copy on it still runs). Prints "rank 0: staged call ..."."""
+    import os
+    import signal
+    import time
+    rank = f.comm_user_rank(comm)
+    make_current(cu, 0)
+    count = 1 << 20
+    s, r = dev_alloc(count * 4), dev_alloc(count * 4)
+    st = c_void_p()
+    ok(cu.cuStreamCreate(byref(st), 0), "cuStreamCreate")
+    f.call("fcclAllReduce", c_void_p(s), c_void_p(r), 1024, f.fcclFloat32, f.fcclSum, comm, st)
+    ok(cu.cuStreamSynchronize(st), "cuStreamSynchronize")
+    if rank == 1:
+        threading.Timer(0.3, lambda: os.kill(os.getpid(), signal.SIGKILL)).start()
+        f.load().fcclAllReduce(c_void_p(s), c_void_p(r), count, f.fcclFloat32, f.fcclSum, comm, st)
+        print("rank 1: the call ended before the kill (make it longer)", flush=True)
+        return 1
+    t0 = time.monotonic()
+    rc = f.load().fcclAllReduce(c_void_p(s), c_void_p(r), count, f.fcclFloat32, f.fcclSum, comm, st)
+    took = time.monotonic() - t0
+    msg = f.last_error(comm)
+    sync = cu.cuStreamSynchronize(st)
+    back = np.zeros(count, np.float32)
+    copy = cu.cuMemcpyDtoHAsync_v2(back.ctypes.data_as(c_void_p), r, count * 4, st)
+    copy_sync = cu.cuStreamSynchronize(st)
+    print(f"rank 0: staged call returned {f.error_string(rc)} after {took:.3f} s; stream sync {sync}; "
+          f"copy after it {copy}/{copy_sync}: {msg}", flush=True)
+    return 0 if rc != 0 else 1
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--threads", type=int, default=0)
     ap.add_argument("--devlist", default="")
-    ap.add_argument("--fault", choices=["kill", "stop"])
+    ap.add_argument("--fault", choices=["kill", "stop", "staged-kill"])
     a = ap.parse_args()
     cu = driver()
     if cu is None or cu.cuInit(0) != CUDA_SUCCESS:
@@ -206,6 +241,8 @@ def main():
         return 1 if errs else 0
     make_current(cu, 0)  # as a CUDA program does before it creates its communicator
     comm = f.comm_init_from_env()
+    if a.fault == "staged-kill":
+        return staged_fault(cu, comm)
     if a.fault:
         return fault(cu, comm, a.fault)
     try:
