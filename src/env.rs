@@ -48,6 +48,11 @@ pub const CUDA_IPC: Var = Var {
     default: "1",
     doc: "1: device memory of ranks sharing one GPU (built-in backend) moves GPU to GPU through CUDA IPC mappings, ordered on the callers' streams; 0: staged through host memory instead",
 };
+pub const CUDA_MPS: Var = Var {
+    name: "FERROCCL_CUDA_MPS",
+    default: "auto",
+    doc: "ranks sharing one GPU through MPS (nvidia-cuda-mps-control -d): auto (the driver's CU_DEVICE_ATTRIBUTE_MPS_ENABLED; off where the driver does not know it), 1 (every rank moves its share of each call at once), 0 (one rank moves each call's data, the others signal and wait: right without MPS, where the GPU time-slices between processes). Every rank must say yes for every rank to work",
+};
 pub const TRANSPORT: Var = Var {
     name: "FERROCCL_TRANSPORT",
     default: "auto",
@@ -194,6 +199,7 @@ pub const ALL: &[&Var] = &[
     &BACKEND,
     &NCCL_LIBRARY,
     &CUDA_IPC,
+    &CUDA_MPS,
     &TRANSPORT,
     &NSOCKS,
     &HOST_ADDR,
