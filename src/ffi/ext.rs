@@ -189,6 +189,15 @@ pub unsafe extern "C" fn fcclReduceScatterAxis(
             } else {
                 mem::Placement::Host
             };
+            // Unless the device path of ranks on one GPU takes it unpacked (2D copies there).
+            let mut c = cx::reduce_scatter_axis_strided(sendbuff as _, recvbuff as _, l, dt, op, cm.nranks)?;
+            let (sb, rb) = (l.total() * dt.size(), l.total() / cm.nranks * dt.size());
+            let (s0, r0) = (sendbuff as usize, recvbuff as usize);
+            let apart = s0.saturating_add(sb) <= r0 || r0.saturating_add(rb) <= s0;
+            c.placement = place;
+            if c.strided.is_some() && apart && matches!(place, mem::Placement::Device { .. }) && cm.ipc_takes(&c) {
+                return Ok(c);
+            }
             // SAFETY: sendbuff holds the tensor in memory of `place` (API contract; NULL refused above).
             unsafe {
                 cx::reduce_scatter_axis(sendbuff as _, recvbuff as _, l, dt, op, cm.nranks, place, stream as usize)
