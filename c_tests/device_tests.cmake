@@ -12,6 +12,8 @@
 #   test_device.threads_mixed<N> the same with devlist 0,1,0,1,...
 #   test_device.ipc.np3          3 processes on device 0 with FERROCCL_CUDA_IPC=1 (the default:
 #                                GPU to GPU through CUDA IPC mappings, ordered on the streams)
+#   test_device.mps.np<N>        N processes on device 0 with FERROCCL_CUDA_MPS=1: every rank
+#                                moves its share of each call, as under MPS
 # A device the machine lacks (one GPU) is mapped to device 0, and the output says so.
 
 set(_fccl_dev_req ${_core} fcclMemAlloc fcclMemAllocHost fcclMemFree fcclCommCuDevice
@@ -24,7 +26,8 @@ set(_fccl_dev_tests
     test_device.np1 test_device.np2 test_device.np3 test_device.np4
     test_device.mixed.np2 test_device.mixed.np4
     test_device.threads1 test_device.threads2 test_device.threads3 test_device.threads4
-    test_device.threads_mixed2 test_device.threads_mixed4 test_device.ipc.np3)
+    test_device.threads_mixed2 test_device.threads_mixed4 test_device.ipc.np3
+    test_device.mps.np2 test_device.mps.np3 test_device.mps.np4)
 
 _fccl_missing_of(_fccl_dev_miss ${_fccl_dev_req})
 if(_fccl_dev_miss)
@@ -55,6 +58,11 @@ else()
   # GPU to GPU through CUDA IPC, named explicitly (FERROCCL_CUDA_IPC=1 is the default)
   _fccl_device_test(test_device.ipc.np3 3 "${_fccl_env};FERROCCL_CUDA_IPC=1"
     "${FERROCCL_RUN}" -n 3 $<TARGET_FILE:test_device>)
+  # MPS forced on (the simulated GPU reports none): every rank moves its share
+  foreach(_n 2 3 4)
+    _fccl_device_test(test_device.mps.np${_n} ${_n} "${_fccl_env};FERROCCL_CUDA_MPS=1"
+      "${FERROCCL_RUN}" -n ${_n} $<TARGET_FILE:test_device>)
+  endforeach()
   # threads: --devlist 0,0,... and (mixed) 0,1,0,1,...
   foreach(_n 1 2 3 4)
     set(_fccl_same "")

@@ -69,14 +69,16 @@ assert os.path.isfile(WORKER)
 @needs_run
 @needs_driver
 @pytest.mark.parametrize("mode", ["kill", "stop"])
-def test_a_rank_lost_mid_call_releases_the_others_streams(mode):
-    """Ranks on one GPU, stream-ordered: rank 1's stream never gets to the call and rank
-    1 dies (or stops). Rank 0's stream is released (by the watchdog, at once on a death,
-    at the timeout on a stop) instead of hanging, and its communicator fails naming
-    rank 1."""
+@pytest.mark.parametrize("op", ["all_reduce", "send_recv"])
+def test_a_rank_lost_mid_call_releases_the_others_streams(mode, op):
+    """Ranks on one GPU, stream-ordered: rank 1's stream never gets to the call (an
+    all_reduce, or a send from rank 0 to rank 1) and rank 1 dies (or stops). Rank 0's
+    stream is released (by the watchdog, at once on a death, at the timeout on a stop)
+    instead of hanging, and its communicator fails naming rank 1."""
     env = _env()
     env.update(FERROCCL_CUDA_IPC="1", FERROCCL_SIM_DEVICES="1", FERROCCL_TIMEOUT_MS="3000")
-    p = subprocess.run([RUN, "-n", "2", sys.executable, DEVICE_WORKER, "--fault", mode], cwd=HERE, env=env,
+    cmd = [RUN, "-n", "2", sys.executable, DEVICE_WORKER, "--fault", mode, "--op", op]
+    p = subprocess.run(cmd, cwd=HERE, env=env,
                        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, timeout=TIMEOUT_S, start_new_session=True)
     out = p.stdout.decode("utf-8", "replace")
     print(out)
@@ -94,3 +96,27 @@ def test_a_rank_lost_mid_call_releases_the_others_streams(mode):
         assert 2.9 < took < 3.3 + 1.0, f"released {took} s with a 3 s timeout: {line}"
         assert "rank(s) [1]" in line and "next call operation timed out" in line, line
     assert "next call no error" not in line and "async error no error" not in line, line
+
+
+@needs_lib
+@needs_run
+@needs_driver
+def test_a_rank_lost_before_its_recv_fails_the_send():
+    """Ranks on one GPU: rank 1 dies before it posts the fcclRecv that rank 0's fcclSend
+    waits for (the pair's mailbox). The send fails at once, naming rank 1, instead of
+    waiting for the timeout."""
+    env = _env()
+    env.update(FERROCCL_CUDA_IPC="1", FERROCCL_SIM_DEVICES="1", FERROCCL_TIMEOUT_MS="60000")
+    cmd = [RUN, "-n", "2", sys.executable, DEVICE_WORKER, "--fault", "vanish", "--op", "send_recv"]
+    p = subprocess.run(cmd, cwd=HERE, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, timeout=TIMEOUT_S,
+                       start_new_session=True)
+    out = p.stdout.decode("utf-8", "replace")
+    print(out)
+    if "skipped" in out:
+        pytest.skip(out.strip().splitlines()[-1])
+    line = next((l for l in out.splitlines() if "rank 0: send returned" in l), None)
+    assert line is not None, f"rank 0 never reported (its send hung?):\n{out}"
+    took = float(line.split(" after ")[1].split(" s")[0])
+    assert "no error" not in line, line
+    assert took < 10.0, f"the send waited {took} s for a dead peer (timeout 60 s): {line}"
+    assert "rank 1" in line, line

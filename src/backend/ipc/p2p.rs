@@ -129,10 +129,10 @@ impl Ipc {
     /// Whether this side of `c` can go GPU to GPU with `peer` (Err: why not), and the
     /// sender's record fields.
     fn p2p_side(&self, c: &Coll, peer: usize, ctx: usize, inner: &mut Inner) -> std::result::Result<SendRec, String> {
-        if !matches!(c.placement, Placement::Device { .. }) {
+        let Placement::Device { device, .. } = c.placement else {
             return Err("host memory".into());
-        }
-        match self.stream_mode(inner, ctx, self.device) {
+        };
+        match self.stream_mode(inner, ctx, device) {
             super::Mode::Off(m) => return Err(m),
             super::Mode::Synced | super::Mode::Stream(_) => {}
         }
@@ -168,7 +168,7 @@ impl Ipc {
             let ctx = self.ctx_of(c)?;
             let _g = cuda::CtxGuard::enter(ctx)?;
             let side = self.p2p_side(c, c.root, ctx, inner);
-            if send && side.is_ok() && matches!(self.stream_mode(inner, ctx, self.device), super::Mode::Synced) {
+            if send && side.is_ok() && self.synced {
                 // Ranks that share a process copy from this buffer whenever they see the
                 // record: the work before the call must be done first.
                 cuda::sync(c.stream)?;
@@ -229,7 +229,7 @@ impl Ipc {
             let res = self.progress(x, &mut run, ctl, inner).and_then(|_| self.enqueue(&run, inner));
             if let Err(e) = res {
                 // Peers may already wait on the streams for this rank's part.
-                ctl.fail();
+                self.watch.fail(ctl, &e);
                 return Err(e);
             }
             x.algo = algo_of(&run);
@@ -374,8 +374,7 @@ impl Ipc {
                     if let Some(s) = theirs {
                         op.src = self.map_source(&s, op.ctx, inner)?;
                     }
-                    let synced = matches!(self.stream_mode(inner, op.ctx, self.device), super::Mode::Synced);
-                    match (op.send, synced) {
+                    match (op.send, self.synced) {
                         (true, true) => op.st = St::Ack,
                         (false, true) => {
                             let _g = cuda::CtxGuard::enter(op.ctx)?;
@@ -522,7 +521,10 @@ impl Ipc {
                 targets.push(Target { w: ctl.recvd(me, o.peer), v: v(o), writer: o.peer });
             }
         }
-        let what = format!("device {} (and the run's others)", describe(device[0].c));
+        let what = match device.len() {
+            1 => format!("device {}", describe(device[0].c)),
+            n => format!("device {} and {} more send/recv", describe(device[0].c), n - 1),
+        };
         self.watch.pending(&targets, Instant::now() + self.timeout, what);
         Ok(())
     }

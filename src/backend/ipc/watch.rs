@@ -82,6 +82,14 @@ impl Watch {
         lock(&self.failure).clone()
     }
 
+    /// Ends the communicator's device calls with `e` (a call failed here), and tells
+    /// every rank, so that streams waiting for this rank's part are released.
+    pub fn fail(&self, ctl: &Ctl, e: &Error) {
+        lock(&self.failure).get_or_insert_with(|| e.clone());
+        ctl.fail();
+        self.wake.notify_all();
+    }
+
     /// Watches this rank's work on the GPU until it finishes, and releases every wait
     /// of work that cannot. `pids`: every rank's process, to notice one that died.
     pub fn run(&self, rank: usize, pids: &[u32]) {
@@ -105,8 +113,12 @@ impl Watch {
                     ctl.raise(w, v);
                 }
                 ctl.fail();
-                log::warn(format_args!("rank {rank}: {}", e.msg));
-                lock(&self.failure).get_or_insert(e);
+                let mut failure = lock(&self.failure);
+                if failure.is_none() {
+                    log::warn(format_args!("rank {rank}: {}", e.msg));
+                    *failure = Some(e);
+                }
+                drop(failure);
                 out.targets.clear();
                 continue;
             }
