@@ -233,11 +233,22 @@ impl Backend for Ipc {
         let pending = if p2p.is_empty() { None } else { Some(self.p2p_start(&p2p, &mut inner)?) };
         let mut first_err = None;
         for call in calls.iter().filter(|c| !c.coll.kind.is_p2p()) {
-            if let Some(e) = self.watch.failure() {
-                return Err(e);
-            }
-            if let Some(e) = self.run_one(x, call, &mut inner)? {
-                first_err.get_or_insert(e);
+            let res = match self.watch.failure() {
+                Some(e) => Err(e),
+                None => self.run_one(x, call, &mut inner),
+            };
+            match res {
+                Ok(Some(e)) => {
+                    first_err.get_or_insert(e);
+                }
+                Ok(None) => {}
+                Err(e) => {
+                    if let (Some(_), Ok(ctl)) = (&pending, &self.ctl) {
+                        // Peers may have paired this run's send/recv records already.
+                        self.watch.fail(ctl, &e);
+                    }
+                    return Err(e);
+                }
             }
         }
         if let Some(run) = pending {
