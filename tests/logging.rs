@@ -199,31 +199,39 @@ fn assert_one_line_per_rank(lines: &[(String, String)], n: usize) {
     assert_eq!(files.len(), n, "one line per rank: {lines:?}");
 }
 
+/// Runs `ferroccl-bench --mem cuda --nranks 2 ARGS` on one simulated GPU at INFO, logs
+/// in `dir`, with `env` set, and asserts it succeeded (every result checked).
+fn sim_bench_logged(dir: &std::path::Path, args: &[&str], env: &[(&str, &str)]) {
+    std::fs::create_dir_all(dir).unwrap();
+    let mut cmd = Command::new("bash");
+    cmd.arg(concat!(env!("CARGO_MANIFEST_DIR"), "/scripts/sim-gpu.sh"))
+        .arg(env!("CARGO_BIN_EXE_ferroccl-bench"))
+        .args(["--mem", "cuda", "--nranks", "2"])
+        .args(args)
+        .env("FERROCCL_DEBUG", "INFO")
+        .env("FERROCCL_DEBUG_FILE", dir.join("log-%p.txt"))
+        .env("FERROCCL_SIM_DEVICES", "1")
+        .env_remove("FERROCCL_BACKEND");
+    for (k, v) in env {
+        cmd.env(k, v);
+    }
+    let out = cmd.output().expect("scripts/sim-gpu.sh runs");
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+}
+
 /// On device memory (the simulated GPU) each call's line names the backend of the
 /// router that served it: the IPC path when both ranks share the GPU, staged through
 /// host memory with FERROCCL_CUDA_IPC=0.
 #[test]
 fn device_calls_name_the_backend_and_algorithm_that_served_them() {
     let _one = ONE_AT_A_TIME.lock().unwrap_or_else(|p| p.into_inner());
-    let root = env!("CARGO_MANIFEST_DIR");
     for (ipc, want_join, want_call) in [
         ("0", "backends builtin)", "backend staged algorithm board"),
         ("1", "backends ipc > builtin)", "backend ipc algorithm "),
     ] {
         let dir = std::env::temp_dir().join(format!("fccl-log-dev{ipc}-{}", std::process::id()));
-        std::fs::create_dir_all(&dir).unwrap();
-        let out = Command::new("bash")
-            .arg(format!("{root}/scripts/sim-gpu.sh"))
-            .arg(env!("CARGO_BIN_EXE_ferroccl-bench"))
-            .args(["--mem", "cuda", "--nranks", "2", "all_reduce", "-b", "64", "-e", "64", "-n", "1", "-w", "0"])
-            .env("FERROCCL_DEBUG", "INFO")
-            .env("FERROCCL_DEBUG_FILE", dir.join("log-%p.txt"))
-            .env("FERROCCL_CUDA_IPC", ipc)
-            .env("FERROCCL_SIM_DEVICES", "1")
-            .env_remove("FERROCCL_BACKEND")
-            .output()
-            .expect("scripts/sim-gpu.sh runs");
-        assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+        let args = ["all_reduce", "-b", "64", "-e", "64", "-n", "1", "-w", "0"];
+        sim_bench_logged(&dir, &args, &[("FERROCCL_CUDA_IPC", ipc)]);
         let files = logs(&dir);
         assert_eq!(files.len(), 2, "one log per rank: {files:?}");
         for (name, text) in files {
@@ -245,27 +253,14 @@ fn device_calls_name_the_backend_and_algorithm_that_served_them() {
 #[test]
 fn device_send_recv_and_axis_forms_are_served_by_the_ipc_path() {
     let _one = ONE_AT_A_TIME.lock().unwrap_or_else(|p| p.into_inner());
-    let root = env!("CARGO_MANIFEST_DIR");
     for (mps, gather, scatter) in [
         ("0", "2D copies on rank 0's stream", "2D copies and reductions on rank 0's stream"),
         ("1", "every rank moves its share on its stream (MPS)", "every rank moves its share on its stream (MPS)"),
     ] {
         let dir = std::env::temp_dir().join(format!("fccl-log-p2p-mps{mps}-{}", std::process::id()));
-        std::fs::create_dir_all(&dir).unwrap();
-        let out = Command::new("bash")
-            .arg(format!("{root}/scripts/sim-gpu.sh"))
-            .arg(env!("CARGO_BIN_EXE_ferroccl-bench"))
-            .args(["--mem", "cuda", "--nranks", "2", "send_recv", "all_gather_axis", "reduce_scatter_axis"])
-            .args(["-b", "64K", "-e", "64K", "-n", "1", "-w", "0"])
-            .env("FERROCCL_DEBUG", "INFO")
-            .env("FERROCCL_DEBUG_FILE", dir.join("log-%p.txt"))
-            .env("FERROCCL_CUDA_IPC", "1")
-            .env("FERROCCL_CUDA_MPS", mps)
-            .env("FERROCCL_SIM_DEVICES", "1")
-            .env_remove("FERROCCL_BACKEND")
-            .output()
-            .expect("scripts/sim-gpu.sh runs");
-        assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+        let args =
+            ["send_recv", "all_gather_axis", "reduce_scatter_axis", "-b", "64K", "-e", "64K", "-n", "1", "-w", "0"];
+        sim_bench_logged(&dir, &args, &[("FERROCCL_CUDA_IPC", "1"), ("FERROCCL_CUDA_MPS", mps)]);
         let files = logs(&dir);
         assert_eq!(files.len(), 2, "one log per rank: {files:?}");
         let all: Vec<&str> = files.iter().flat_map(|(_, t)| t.lines()).collect();

@@ -65,6 +65,20 @@ def test_device_threads(devlist):
 assert os.path.isfile(WORKER)
 
 
+def _run_fault(mode, op, timeout_ms):
+    """Two ranks of device_worker.py --fault MODE --op OP on one simulated device; its output."""
+    env = _env()
+    env.update(FERROCCL_CUDA_IPC="1", FERROCCL_SIM_DEVICES="1", FERROCCL_TIMEOUT_MS=str(timeout_ms))
+    cmd = [RUN, "-n", "2", sys.executable, DEVICE_WORKER, "--fault", mode, "--op", op]
+    p = subprocess.run(cmd, cwd=HERE, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, timeout=TIMEOUT_S,
+                       start_new_session=True)
+    out = p.stdout.decode("utf-8", "replace")
+    print(out)
+    if "skipped" in out:
+        pytest.skip(out.strip().splitlines()[-1])
+    return out
+
+
 @needs_lib
 @needs_run
 @needs_driver
@@ -75,15 +89,7 @@ def test_a_rank_lost_mid_call_releases_the_others_streams(mode, op):
     all_reduce, or a send from rank 0 to rank 1) and rank 1 dies (or stops). Rank 0's
     stream is released (by the watchdog, at once on a death, at the timeout on a stop)
     instead of hanging, and its communicator fails naming rank 1."""
-    env = _env()
-    env.update(FERROCCL_CUDA_IPC="1", FERROCCL_SIM_DEVICES="1", FERROCCL_TIMEOUT_MS="3000")
-    cmd = [RUN, "-n", "2", sys.executable, DEVICE_WORKER, "--fault", mode, "--op", op]
-    p = subprocess.run(cmd, cwd=HERE, env=env,
-                       stdout=subprocess.PIPE, stderr=subprocess.STDOUT, timeout=TIMEOUT_S, start_new_session=True)
-    out = p.stdout.decode("utf-8", "replace")
-    print(out)
-    if "skipped" in out:
-        pytest.skip(out.strip().splitlines()[-1])
+    out = _run_fault(mode, op, timeout_ms=3000)
     line = next((l for l in out.splitlines() if "rank 0: enqueued in" in l), None)
     assert line is not None, f"rank 0 never reported (its stream hung?):\n{out}"
     enqueue = float(line.split("enqueued in ")[1].split(" s")[0])
@@ -105,15 +111,7 @@ def test_a_rank_lost_before_its_recv_fails_the_send():
     """Ranks on one GPU: rank 1 dies before it posts the fcclRecv that rank 0's fcclSend
     waits for (the pair's mailbox). The send fails at once, naming rank 1, instead of
     waiting for the timeout."""
-    env = _env()
-    env.update(FERROCCL_CUDA_IPC="1", FERROCCL_SIM_DEVICES="1", FERROCCL_TIMEOUT_MS="60000")
-    cmd = [RUN, "-n", "2", sys.executable, DEVICE_WORKER, "--fault", "vanish", "--op", "send_recv"]
-    p = subprocess.run(cmd, cwd=HERE, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, timeout=TIMEOUT_S,
-                       start_new_session=True)
-    out = p.stdout.decode("utf-8", "replace")
-    print(out)
-    if "skipped" in out:
-        pytest.skip(out.strip().splitlines()[-1])
+    out = _run_fault("vanish", "send_recv", timeout_ms=60000)
     line = next((l for l in out.splitlines() if "rank 0: send returned" in l), None)
     assert line is not None, f"rank 0 never reported (its send hung?):\n{out}"
     took = float(line.split(" after ")[1].split(" s")[0])
