@@ -161,7 +161,8 @@ pub unsafe extern "C" fn fcclAllGatherAxis(
 /// Reduces a row-major tensor of `shape` (the input's) across ranks; rank r gets block
 /// r along `axis` (shape[axis]/nranks wide; shape[axis] must divide by nranks). Along
 /// an axis > 0 the input is first packed into a copy owned by the call (on `stream`
-/// for device memory).
+/// for device memory), except where the ranks share one GPU: that path reads the
+/// blocks where they lie.
 #[no_mangle]
 pub unsafe extern "C" fn fcclReduceScatterAxis(
     sendbuff: *const c_void,
