@@ -273,14 +273,15 @@ impl Ipc {
         let start = Instant::now();
         let mut idle = 0u32;
         let mut last_check = start;
+        // Each ordered pair's calls advance in slot order: an op waits for the one before
+        // it with the same peer and direction.
+        let mut last: std::collections::HashMap<(usize, bool), usize> = std::collections::HashMap::new();
+        let before: Vec<Option<usize>> =
+            run.ops.iter().enumerate().map(|(i, o)| last.insert((o.peer, o.send), i)).collect();
         loop {
             let mut moved = false;
-            for i in 0..run.ops.len() {
-                // Each ordered pair's calls advance in slot order.
-                let earlier_busy = run.ops[..i]
-                    .iter()
-                    .any(|o| o.peer == run.ops[i].peer && o.send == run.ops[i].send && o.st != St::Done);
-                if earlier_busy {
+            for (i, b) in before.iter().enumerate() {
+                if b.is_some_and(|j| run.ops[j].st != St::Done) {
                     if run.ops[i].st == St::Post {
                         moved |= run.ops[i].post(ctl, me);
                     }
