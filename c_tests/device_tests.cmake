@@ -14,10 +14,14 @@
 #                                GPU to GPU through CUDA IPC mappings, ordered on the streams)
 #   test_device.mps.np<N>        N processes on device 0 with FERROCCL_CUDA_MPS=1: every rank
 #                                moves its share of each call, as under MPS
+#   test_device.ipc.np10         10 processes on device 0: the reducing calls (every type and
+#                                op, one launch over more than 8 ranks' buffers) and the wire
+#                                all_reduce, and the refused calls
 # A device the machine lacks (one GPU) is mapped to device 0, and the output says so.
 
 set(_fccl_dev_req ${_core} fcclMemAlloc fcclMemAllocHost fcclMemFree fcclCommCuDevice
-    fcclCommSplit fcclGetLastError fcclBroadcast fcclReduce fcclAllGather fcclReduceScatter
+    fcclCommSplit fcclCommFinalize fcclCommGetAsyncError fcclGetLastError fcclBroadcast
+    fcclReduce fcclAllGather fcclReduceScatter
     fcclAlltoAll fcclGather fcclScatter fcclAlltoAllv fcclSend fcclRecv fcclGroupStart
     fcclGroupEnd fcclAllGatherV fcclReduceScatterV fcclAllGatherAxis fcclReduceScatterAxis
     fcclAllReduceCoalesced fcclBroadcastCoalesced fcclAllReduceWire fcclLocalBroadcast
@@ -27,7 +31,8 @@ set(_fccl_dev_tests
     test_device.mixed.np2 test_device.mixed.np4
     test_device.threads1 test_device.threads2 test_device.threads3 test_device.threads4
     test_device.threads_mixed2 test_device.threads_mixed4 test_device.ipc.np3
-    test_device.mps.np2 test_device.mps.np3 test_device.mps.np4)
+    test_device.mps.np2 test_device.mps.np3 test_device.mps.np4
+    test_device.ipc.np10)
 
 _fccl_missing_of(_fccl_dev_miss ${_fccl_dev_req})
 if(_fccl_dev_miss)
@@ -63,6 +68,10 @@ else()
     _fccl_device_test(test_device.mps.np${_n} ${_n} "${_fccl_env};FERROCCL_CUDA_MPS=1"
       "${FERROCCL_RUN}" -n ${_n} $<TARGET_FILE:test_device>)
   endforeach()
+  # More ranks than a launch took pointers before (8): the reductions and wire forms only
+  _fccl_device_test(test_device.ipc.np10 10
+    "${_fccl_env};FCCL_TEST_DEVICE_SKIP=roots,moving,p2p,groups,split,big,axis,coalesced"
+    "${FERROCCL_RUN}" -n 10 $<TARGET_FILE:test_device>)
   # threads: --devlist 0,0,... and (mixed) 0,1,0,1,...
   foreach(_n 1 2 3 4)
     set(_fccl_same "")

@@ -180,6 +180,17 @@ void fccl_sync(fcclComm_t comm) {
   }
 }
 
+fcclResult_t fccl_wait_comm(fcclComm_t comm) {
+  fcclResult_t st = fcclInProgress;
+  struct timespec pause = {0, 50000};
+  for (;;) {
+    fcclResult_t r = fcclCommGetAsyncError(comm, &st);
+    if (r != fcclSuccess) return r;
+    if (st != fcclInProgress) return st;
+    nanosleep(&pause, NULL);
+  }
+}
+
 typedef struct {
   fccl_body_fn body;
   fcclComm_t comm;

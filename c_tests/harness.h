@@ -79,6 +79,11 @@ const fcclUniqueId* fccl_shared_id(void);
  * the given comm.  Used to order local-only steps (not a test of fcclBarrier). */
 void fccl_sync(fcclComm_t comm);
 
+/* Non-blocking communicators: polls fcclCommGetAsyncError(comm) as NCCL's documentation
+ * shows until it no longer reports fcclInProgress; returns what it then reports (or the
+ * failing fcclCommGetAsyncError's own result).  The watchdog names the phase on a hang. */
+fcclResult_t fccl_wait_comm(fcclComm_t comm);
+
 /* Name of the current step, shown by the watchdog if the test hangs and with
  * FCCL_TEST_VERBOSE=1 in the environment. */
 void fccl_phase(const char* fmt, ...)

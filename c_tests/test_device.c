@@ -35,8 +35,12 @@
  * the others, at 1 and 2 ranks; a few at more ranks (FCCL_TEST_DEVICE_BIG=0 none, =all
  * everything at every size).  Then send/recv beyond the matrix (sizes that differ, reported
  * on both sides; sends and receives matched across calls; a ring shift in place; host to
- * device memory and back), fcclBarrier, groups mixing collectives, fcclCommSplit, the local
- * calls (1 rank), and refused calls mixing host and device memory.
+ * device memory and back), fcclBarrier, groups mixing collectives, fcclCommSplit,
+ * a non-blocking communicator (config.blocking = 0: calls polled with
+ * fcclCommGetAsyncError before the results are downloaded), the local calls (1 rank), and
+ * refused calls mixing host and device memory.  Last, every type and op and the wire
+ * forms on random significands, against the same call on host memory (the host backend):
+ * the bytes must be the same.
  *
  * Every rank makes the same sequence of collective calls whatever its checks found.  A
  * failure names the case (call, type, op, count, root, placement, memory and stream
@@ -46,6 +50,7 @@
 #define _POSIX_C_SOURCE 200809L
 #endif
 #include <dlfcn.h>
+#include <math.h>
 #include <pthread.h>
 #include <signal.h>
 #include <stdarg.h>
@@ -1583,6 +1588,97 @@ static void t_split(dctx* D) {
   CHECK_OK(fcclCommDestroy(nc));
 }
 
+/* ---- a non-blocking communicator (config.blocking = 0) on device memory, made by
+ * fcclCommInitRankConfig (so it picks its backend as any communicator does: the IPC path
+ * for processes on one GPU) and by fcclCommSplit (a split child stages): an all_reduce
+ * and an all_gather issued back to back return fcclInProgress (or fcclSuccess);
+ * fcclCommGetAsyncError is polled until fcclSuccess, which means the work is enqueued on
+ * the stream, as NCCL's; only then are the results downloaded (NCCL's rule: nothing on
+ * the stream before that).  Then finalize, polled, and destroy. */
+static void t_nonblocking(dctx* D, int by_split) {
+  static const int modes[2] = {MODE(MEM_ARENA, ST_ASYNC), MODE(MEM_ALLOC, ST_NULL)};
+  fcclConfig_t cfg = FCCL_CONFIG_INITIALIZER;
+  fcclComm_t nb = NULL, parent = D->comm;
+  fcclResult_t res, st;
+  fcclUniqueId id;
+  int m, q;
+  cfg.blocking = 0;
+  fccl_phase("non-blocking %s on rank %d", by_split ? "fcclCommSplit" : "fcclCommInitRankConfig", D->rank);
+  if (by_split) {
+    res = fcclCommSplit(D->comm, 0, D->rank, &nb, &cfg);
+  } else {
+    memset(&id, 0, sizeof id);
+    if (fccl_shared_id()) {
+      id = *fccl_shared_id();
+    } else {
+      if (D->rank == 0) CHECK_OK(fcclGetUniqueId(&id));
+      if (D->nranks > 1) CHECK_OK(fcclBroadcast(&id, &id, sizeof id, fcclUint8, 0, D->comm, NULL));
+    }
+    res = fcclCommInitRankConfig(&nb, D->nranks, id, D->rank, &cfg);
+  }
+  CHECK(res == fcclInProgress && nb != NULL, "non-blocking %s returned %d (%s), comm %p; fcclGetLastError: "
+        "\"%s\"", by_split ? "fcclCommSplit" : "fcclCommInitRankConfig", (int)res, fccl_res_name(res),
+        (void*)nb, fcclGetLastError(NULL));
+  if (!nb) return;
+  st = fccl_wait_comm(nb);
+  CHECK(st == fcclSuccess, "non-blocking creation ended with %d (%s): \"%s\"", (int)st, fccl_res_name(st),
+        fcclGetLastError(NULL));
+  for (m = 0; m < 2 && st == fcclSuccess; m++) {
+    const size_t n1 = 1001, n2 = 37;
+    fccl_pattern pf, pl;
+    fccl_ref rf;
+    region *s1, *r1, *s2, *r2;
+    fcclResult_t a, b;
+    size_t base2;
+    fccl_pattern_init(&pf, fcclFloat32, FCCL_SCHEME_SUM);
+    fccl_pattern_init(&pl, fcclInt64, FCCL_SCHEME_FULL);
+    fccl_ref_init(&rf, &pf, fcclSum, D->nranks);
+    D->comm = nb;
+    case_begin(D, modes[m], "non-blocking fcclAllReduce Float32 Sum count=%zu, then fcclAllGather Int64 "
+               "sendcount=%zu, one poll (communicator of %s)", n1, n2,
+               by_split ? "fcclCommSplit" : "fcclCommInitRankConfig");
+    base2 = (D->base + 5003) % FCCL_PERIOD;
+    s1 = reg_new(D, "all_reduce sendbuff", n1 * 4, FCCL_SENT_GAP, 4);
+    r1 = reg_new(D, "all_reduce recvbuff", n1 * 4, FCCL_SENT_RECV, 4);
+    s2 = reg_new(D, "all_gather sendbuff", n2 * 8, FCCL_SENT_GAP, 8);
+    r2 = reg_new(D, "all_gather recvbuff", n2 * 8 * (size_t)D->nranks, FCCL_SENT_RECV, 8);
+    fccl_pattern_fill(&pf, put(s1), n1, fccl_rank_off(D->base, D->rank));
+    fccl_pattern_fill(&pl, put(s2), n2, fccl_rank_off(base2, D->rank));
+    case_upload(D);
+    a = fcclAllReduce(s1->dev, r1->dev, n1, fcclFloat32, fcclSum, nb, STREAM(D));
+    b = fcclAllGather(s2->dev, r2->dev, n2, fcclInt64, nb, STREAM(D));
+    D->calls += 2;
+    CHECK((a == fcclInProgress || a == fcclSuccess) && (b == fcclInProgress || b == fcclSuccess),
+          "%s: the calls returned %d (%s) and %d (%s); fcclGetLastError: \"%s\"", D->what, (int)a,
+          fccl_res_name(a), (int)b, fccl_res_name(b), fcclGetLastError(NULL));
+    st = fccl_wait_comm(nb);
+    CHECK(st == fcclSuccess, "%s: fcclCommGetAsyncError ended with %d (%s): \"%s\"", D->what, (int)st,
+          fccl_res_name(st), fcclGetLastError(NULL));
+    case_download(D);
+    if (st == fcclSuccess) {
+      REF_CHECK(&rf, got(r1), n1, D->base, sub(D, "the all_reduce"));
+      for (q = 0; q < D->nranks; q++)
+        PATTERN_CHECK(&pl, got(r2) + (size_t)q * n2 * 8, n2, fccl_rank_off(base2, q),
+                      sub(D, "the all_gather's block of rank %d", q));
+    }
+    chk_guards(D, r1);
+    chk_guards(D, r2);
+    chk_unchanged(D, s1, "was modified");
+    chk_unchanged(D, s2, "was modified");
+    case_end(D);
+    D->comm = parent;
+    fccl_ref_free(&rf);
+    fccl_pattern_free(&pf);
+    fccl_pattern_free(&pl);
+  }
+  res = fcclCommFinalize(nb);
+  CHECK(res == fcclInProgress || res == fcclSuccess, "fcclCommFinalize (non-blocking) returned %d (%s)",
+        (int)res, fccl_res_name(res));
+  st = fccl_wait_comm(nb);
+  CHECK(st == fcclSuccess, "non-blocking finalize ended with %d (%s)", (int)st, fccl_res_name(st));
+  CHECK_OK(fcclCommDestroy(nb));
+}
+
 /* ---- local calls (one rank): devices 0 and 1 (or 0 twice with one device) and host */
 
 static void t_local(dctx* D) {
@@ -1999,6 +2095,8 @@ static void part_wire(dctx* D) {
   pr_t p;
   for (o = 0; o < FCCL_NOPS; o++) {
     if (fccl_ops[o] == fcclAvg && (n & (n - 1)) != 0) continue; /* avg exact only for 2^k ranks */
+    /* sums of more than 4 inputs are not exact in bfloat16: part_vs_host checks them */
+    if ((fccl_ops[o] == fcclSum || fccl_ops[o] == fcclAvg) && n > 4) continue;
     /* sum-scheme inputs are k/4, |k| <= 40: exact in bfloat16, and so are sums of <= 4 */
     pr_init(&p, fcclFloat32, fccl_ops[o],
             fccl_ops[o] == fcclProd ? FCCL_SCHEME_PROD : FCCL_SCHEME_SUM, n);
@@ -2006,6 +2104,102 @@ static void part_wire(dctx* D) {
       for (ip = 0; ip < 2; ip++) EACH_MODE(D) t_wire(D, &p.pat, &p.ref, COUNTS[c], ip);
     pr_free(&p);
   }
+}
+
+/* ---- the host backend's bits */
+
+/* splitmix64 of (salt, rank, element) */
+static uint64_t vh_bits(uint64_t salt, int r, size_t i) {
+  uint64_t z = salt * 0x9e3779b97f4a7c15ull + (uint64_t)r * 0xbf58476d1ce4e5b9ull + i;
+  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+  z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+  return z ^ (z >> 31);
+}
+
+/* Element i of rank r: random bits for integers; for floats nonzero finite values with a
+ * random sign and significand, magnitude 2^-3 .. 2^4, so that no NaN arises and max/min do not
+ * depend on the order the host combines them in (it starts from each owner's own data). */
+static void vh_fill(fcclDataType_t dt, unsigned char* buf, size_t count, int r, uint64_t salt) {
+  size_t i;
+  for (i = 0; i < count; i++) {
+    uint64_t x = vh_bits(salt, r, i);
+    if (dt == fcclInt8 || dt == fcclUint8 || dt == fcclInt32 || dt == fcclUint32 ||
+        dt == fcclInt64 || dt == fcclUint64) {
+      fccl_store_i(dt, buf, i, x);
+    } else {
+      double v = ldexp(1.0 + (double)(x >> 12) * ldexp(1.0, -52), (int)(x % 8) - 3);
+      fccl_store_f(dt, buf, i, (x >> 3) & 1 ? -v : v);
+    }
+  }
+}
+
+/* One call on device buffers (served by the device backend where ranks share a GPU) and the
+ * same call on host buffers (the host backend), on the same inputs: the results must be the
+ * same bytes. wire: fcclAllReduceWire's wire type (or -1); scatter: fcclReduceScatter. */
+static void vh_case(dctx* D, fcclDataType_t dt, fcclRedOp_t op, int wire, int scatter, uint64_t salt,
+                    size_t count) {
+  size_t esz = fccl_dt_size(dt), in = scatter ? count * (size_t)D->nranks : count;
+  unsigned char *hs = (unsigned char*)fccl_xmalloc(in * esz), *hr, *dr;
+  void *ds = NULL, *dd = NULL;
+  int ok = 1;
+  fcclComm_t c = D->comm;
+  hr = (unsigned char*)fccl_xmalloc(count * esz);
+  dr = (unsigned char*)fccl_xmalloc(count * esz);
+  snprintf(D->what, sizeof D->what, "%s %s %s%s%s count=%zu: device memory against host memory "
+           "[device %d, rank %d of %d]", wire >= 0 ? "fcclAllReduceWire" : scatter ?
+           "fcclReduceScatter" : "fcclAllReduce", dtn(dt), opn(op), wire >= 0 ? " over " : "",
+           wire >= 0 ? dtn((fcclDataType_t)wire) : "", count, D->dev, D->rank, D->nranks);
+  fccl_phase("%s", D->what);
+  vh_fill(dt, hs, in, D->rank, salt);
+  ok &= CHECK_OK(fcclMemAlloc(&ds, in * esz));
+  ok &= CHECK_OK(fcclMemAlloc(&dd, count * esz));
+  if (ok) ok &= CU(cu.MemcpyHtoD((CUdeviceptr)(uintptr_t)ds, hs, in * esz));
+  /* every rank makes both calls whatever happened before */
+  if (wire >= 0) {
+    ok &= DOK(fcclAllReduceWire(ds, dd, count, dt, op, (fcclDataType_t)wire, c, NULL));
+    ok &= DOK(fcclAllReduceWire(hs, hr, count, dt, op, (fcclDataType_t)wire, c, NULL));
+  } else if (scatter) {
+    ok &= DOK(fcclReduceScatter(ds, dd, count, dt, op, c, NULL));
+    ok &= DOK(fcclReduceScatter(hs, hr, count, dt, op, c, NULL));
+  } else {
+    ok &= DOK(fcclAllReduce(ds, dd, count, dt, op, c, NULL));
+    ok &= DOK(fcclAllReduce(hs, hr, count, dt, op, c, NULL));
+  }
+  if (ok && CU(cu.MemcpyDtoH(dr, (CUdeviceptr)(uintptr_t)dd, count * esz)) &&
+      memcmp(dr, hr, count * esz) != 0) {
+    size_t i = 0;
+    char a[64], b[64];
+    while (memcmp(dr + i * esz, hr + i * esz, esz) == 0) i++;
+    fccl_format_elem(dt, dr, i, a, sizeof a);
+    fccl_format_elem(dt, hr, i, b, sizeof b);
+    CHECK(0, "%s: element %zu: device %s, host %s", D->what, i, a, b);
+  }
+  if (ds) CHECK_OK(fcclMemFree(ds));
+  if (dd) CHECK_OK(fcclMemFree(dd));
+  free(hs);
+  free(hr);
+  free(dr);
+  D->cases++;
+}
+
+/* Every type and op, and the wire forms, with random significands: the device's results are
+ * the host backend's, bit for bit (narrow floats accumulated in float32 and rounded once, the
+ * wire's owner order and roundings). */
+static void part_vs_host(dctx* D) {
+  static const int wires[5][2] = {{fcclFloat32, fcclBfloat16}, {fcclFloat32, fcclFloat16},
+                                  {fcclFloat32, fcclFloat8e4m3}, {fcclFloat64, fcclFloat32},
+                                  {fcclFloat64, fcclFloat8e5m2}};
+  int t, o, w;
+  for (t = 0; t < FCCL_NTYPES; t++)
+    for (o = 0; o < FCCL_NOPS; o++) {
+      vh_case(D, fccl_types[t], fccl_ops[o], -1, 0, (uint64_t)(t * 8 + o), 1001);
+      if (o % 2 == t % 2) vh_case(D, fccl_types[t], fccl_ops[o], -1, 1, (uint64_t)(t * 8 + o + 100), 1001);
+    }
+  for (w = 0; w < 5; w++)
+    for (o = 0; o < FCCL_NOPS; o++)
+      vh_case(D, (fcclDataType_t)wires[w][0], fccl_ops[o], wires[w][1], 0, (uint64_t)(w * 8 + o + 200), 1001);
+  /* the host's wire windows are 8 MiB of wire bytes: two of them, each split among owners */
+  if (D->big) vh_case(D, fcclFloat32, fcclSum, fcclBfloat16, 0, 300, ((size_t)4 << 20) + 1001);
 }
 
 /* >= 16 MiB per call */
@@ -2119,7 +2313,8 @@ static void catch_fatal(void) {
 }
 
 /* FCCL_TEST_DEVICE_SKIP=name,name (for debugging; the same on every rank): parts not run,
- * of reducing, roots, moving, p2p, axis, coalesced, wire, groups, split, bad, local, big, and
+ * of reducing, roots, moving, p2p, axis, coalesced, wire, vs_host, groups, split, nonblocking,
+ * bad, local, big, and
  * the calls fcclReduceScatterAxis, fcclAllReduceCoalesced, fcclBroadcastCoalesced. */
 static int part_on(const char* name) {
   const char* e = getenv("FCCL_TEST_DEVICE_SKIP");
@@ -2174,6 +2369,7 @@ static int body(fcclComm_t comm, int rank, int nranks) {
   if (part_on("roots")) part_reduce_roots(D);
   if (part_on("moving")) part_moving(D);
   if (part_on("wire")) part_wire(D);
+  if (part_on("vs_host")) part_vs_host(D);
   t_barrier(D, MODE(MEM_ALLOC, ST_NULL));
   t_barrier(D, MODE(MEM_ALLOC, ST_ASYNC));
   if (part_on("groups")) {
@@ -2182,6 +2378,10 @@ static int body(fcclComm_t comm, int rank, int nranks) {
   }
   if (part_on("p2p")) part_p2p(D);
   if (part_on("split")) t_split(D);
+  if (part_on("nonblocking")) {
+    t_nonblocking(D, 0);
+    t_nonblocking(D, 1);
+  }
   if (part_on("bad")) {
     pr_t p;
     t_bad_inputs(D);

@@ -147,7 +147,9 @@ typedef struct {
    */
   uint32_t version;
   /**
-   * 1 (default): calls return when complete. 0: accepted; host-memory calls still complete before returning.
+   * 1 (default): calls return when complete. 0: non-blocking, as NCCL's: creation and
+   * calls return fcclInProgress and finish on the communicator's progress thread;
+   * poll fcclCommGetAsyncError (see there). fcclCommSplit's children inherit it.
    */
   int blocking;
   /**
@@ -467,7 +469,11 @@ fcclResult_t fcclGroupStart(void);
 /**
  * Ends a group; the outermost end runs the queued calls together (one thread may
  * drive several communicators; matched sends and receives never deadlock) and
- * returns the first error.
+ * returns the first error. A group of non-blocking communicators hands each one's
+ * calls to its progress thread and returns fcclInProgress: poll
+ * fcclCommGetAsyncError on each. As in NCCL, one group holds calls of one kind:
+ * a call on a blocking communicator in a group of non-blocking ones (or the other
+ * way round) is refused with fcclInvalidUsage.
  */
 fcclResult_t fcclGroupEnd(void);
 
@@ -488,7 +494,8 @@ fcclResult_t fcclGetUniqueId(fcclUniqueId *uniqueId);
  * rendezvous point. Blocks until every rank has joined, or returns fcclTimeout
  * naming the ranks that never arrived. Inside fcclGroupStart/End (one thread
  * creating several ranks), it returns at once and the ranks are created together
- * at fcclGroupEnd; the handle is usable after that.
+ * at fcclGroupEnd; the handle is usable after that. (fcclCommInitRankConfig with
+ * `config->blocking = 0` returns at once instead.)
  */
 fcclResult_t fcclCommInitRank(fcclComm_t *comm,
                               int nranks,
@@ -497,6 +504,18 @@ fcclResult_t fcclCommInitRank(fcclComm_t *comm,
 
 /**
  * Like fcclCommInitRank, with options (`config` NULL = defaults).
+ *
+ * With `config->blocking = 0` the communicator is non-blocking, as NCCL's: this call
+ * checks its arguments (errors are returned here, nothing is created), writes
+ * `*comm` and returns fcclInProgress while the rendezvous and wire-up go on in the
+ * background; poll fcclCommGetAsyncError(*comm) until it returns something else:
+ * fcclSuccess (the communicator is ready) or the error that ended its creation (the
+ * message, naming this function, is then fcclGetLastError's; destroy the handle).
+ * Until then only fcclCommGetAsyncError, fcclCommDestroy (waits for the creation)
+ * and fcclCommAbort (gives it up at once) take the handle; other calls return
+ * fcclInvalidUsage. Inside a group this call returns fcclSuccess and the creation
+ * starts at fcclGroupEnd, which returns fcclInProgress. The calls on a non-blocking communicator are
+ * non-blocking too: see fcclCommGetAsyncError.
  */
 fcclResult_t fcclCommInitRankConfig(fcclComm_t *comm,
                                     int nranks,
@@ -535,6 +554,13 @@ fcclResult_t fcclCommInitFromEnv(fcclComm_t *comm);
  * Splits `comm`: every rank calls it; ranks with the same `color` form a new
  * communicator, ordered by `key` then by rank in `comm`. color FCCL_SPLIT_NOCOLOR
  * makes `*newcomm` NULL. `config` NULL inherits the parent's options.
+ *
+ * When the new communicator is non-blocking (`config->blocking = 0`, or inherited),
+ * the split is too, as in NCCL: it is checked here, `*newcomm` is written at once and
+ * fcclInProgress returned; the split runs on `comm`'s progress thread after the
+ * calls queued there. Poll fcclCommGetAsyncError(*newcomm) until it returns
+ * fcclSuccess (or the error, which then also stops `comm`). Make no blocking call on
+ * a blocking `comm` meanwhile: it would be refused.
  */
 fcclResult_t fcclCommSplit(fcclComm_t comm,
                            int color,
@@ -544,22 +570,48 @@ fcclResult_t fcclCommSplit(fcclComm_t comm,
 
 /**
  * Finishes outstanding work; afterwards only fcclCommDestroy may be called on `comm`.
+ * On a non-blocking communicator it returns fcclInProgress and finishes after the
+ * calls queued before it: poll fcclCommGetAsyncError until fcclSuccess, then destroy.
  */
 fcclResult_t fcclCommFinalize(fcclComm_t comm);
 
 /**
- * Releases `comm` and everything it holds. NULL is a no-op; a destroyed handle returns fcclInvalidArgument.
+ * Releases `comm` and everything it holds. NULL is a no-op; a destroyed handle
+ * returns fcclInvalidArgument. Work still queued on a non-blocking communicator (or
+ * its creation) is waited for first, as a blocking call would have; to end it at
+ * once, call fcclCommAbort instead.
  */
 fcclResult_t fcclCommDestroy(fcclComm_t comm);
 
 /**
  * Aborts `comm` from any thread: every blocked call on it returns, peers are told,
- * and the handle is released. NULL is a no-op.
+ * and the handle is released. On a non-blocking communicator the calls still queued
+ * are dropped unrun and the running one ends; when this returns, no call of `comm`
+ * touches its buffers any more. A communicator still being created is given up:
+ * its creation ends in the background and the new rank leaves at once. NULL is a no-op.
  */
 fcclResult_t fcclCommAbort(fcclComm_t comm);
 
 /**
- * Writes the error that broke `comm` (fcclSuccess if none) to `*asyncError`.
+ * Writes where `comm` stands to `*asyncError`: fcclSuccess when nothing is pending
+ * and nothing failed; fcclInProgress while a non-blocking creation, call, group,
+ * split or finalize of it is queued or running; else the error that broke it (then
+ * fcclGetLastError on this thread gives its message, naming the call that failed).
+ *
+ * Non-blocking communicators (`config->blocking = 0`), as NCCL's: a call checks its
+ * arguments on the calling thread (errors are returned at once, nothing is queued),
+ * then returns fcclInProgress (fcclSuccess if it already finished) and runs on the
+ * communicator's progress thread, in call order, without the caller waiting for
+ * peers. fcclGroupEnd over non-blocking communicators hands each one's calls over
+ * the same way. Calls may be issued back to back: each is queued behind the one
+ * before (NCCL asks to poll for fcclSuccess between them; doing so works the same
+ * here). Until this returns fcclSuccess, keep every buffer of the pending calls
+ * alive and untouched (receive buffers are written, send buffers may still be
+ * read); on device memory, fcclSuccess means the work is enqueued on its streams,
+ * in call order, as NCCL's. The first error stops the communicator: the calls
+ * queued after it are dropped, later calls return fcclInvalidUsage, and this
+ * function keeps returning the error; abort or destroy the communicator.
+ * fcclCommAbort drops the queued calls and ends the running one.
  */
 fcclResult_t fcclCommGetAsyncError(fcclComm_t comm,
                                    fcclResult_t *asyncError);

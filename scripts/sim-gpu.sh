@@ -39,6 +39,8 @@ if [ -z "${FERROCCL_BACKEND:-}" ] && { ldconfig -p 2>/dev/null | grep -q 'libncc
   export FERROCCL_BACKEND=host
 fi
 
+# Kernels the simulated NVRTC compiled (one shared object per source), kept between runs.
+export FERROCCL_SIM_KERNEL_CACHE="${FERROCCL_SIM_KERNEL_CACHE:-$dir/kernels}"
 export LD_LIBRARY_PATH="$dir${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
 export FERROCCL_SIMGPU=1
 exec "$@"

@@ -4,7 +4,8 @@
 # contract suite under ctest at several world sizes (plain and ASan/UBSan builds) and on
 # 2 and 3 hosts as network namespaces (tests/multinode), the device suite and a GPU
 # host's view of the host suite on the simulated GPU (tools/simgpu, scripts/sim-gpu.sh),
-# NCCL's ABI (tests/nccl/run.sh), and the Python tests.
+# the device kernels through the real NVRTC (scripts/nvrtc-check.sh), NCCL's ABI
+# (tests/nccl/run.sh), and the Python tests.
 # Installs what is missing (scripts/setup.sh). Usage: scripts/test.sh
 set -euo pipefail
 root="$(cd "$(dirname "$0")/.." && pwd)"
@@ -23,6 +24,8 @@ step "build (the library, its NCCL library, and the simulated CUDA driver)"
 cargo build --workspace --release --quiet
 step "cargo test (unit, integration, header; the simulated GPU's own tests)"
 cargo test --workspace --release --quiet
+step "device kernels through the real NVRTC for sm_90 (PyPI's wheel, no GPU; skips without it)"
+bash scripts/nvrtc-check.sh
 
 lib="$root/target/release"
 ctest_build() {

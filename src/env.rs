@@ -78,6 +78,11 @@ pub const CONNECT_TIMEOUT_MS: Var = Var {
     default: "10000",
     doc: "how long a rank keeps trying to reach a peer on another host during set-up before it fails, naming the peer and its address, in ms",
 };
+pub const PEER_LOST_MS: Var = Var {
+    name: "FERROCCL_PEER_LOST_MS",
+    default: "30000",
+    doc: "how long a peer on another host may go without a sign of life from its host (TCP acknowledgements of what this rank sent it; while the link is idle, answers to keepalive probes) before this rank reports it lost, naming it and its host, in ms (at least 1000): a host that vanished without closing its connections (power loss, a cut cable) is otherwise noticed only at FERROCCL_TIMEOUT_MS. A peer that is merely slow still answers. 0: the kernel's own bounds (about 15 minutes with data in flight, never while idle)",
+};
 pub const CHECK: Var = Var {
     name: "FERROCCL_CHECK",
     default: "1",
@@ -205,6 +210,7 @@ pub const ALL: &[&Var] = &[
     &HOST_ADDR,
     &SOCKET_IFNAME,
     &CONNECT_TIMEOUT_MS,
+    &PEER_LOST_MS,
     &CHECK,
     &SINGLE_COPY,
     &STREAM_MIN,

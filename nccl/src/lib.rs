@@ -140,17 +140,23 @@ fn unsupported(name: &str, why: &str) -> ncclResult_t {
 }
 
 /// A ferroccl call's result as `name`'s: the message names the NCCL function, and
-/// says so when the code had to be mapped.
+/// says so when the code had to be mapped. fcclInProgress (a non-blocking
+/// communicator's call still running) is no error: it passes as ncclInProgress.
 fn ret(name: &str, r: fcclResult_t) -> ncclResult_t {
-    if r == f::fcclSuccess {
-        return ncclSuccess;
+    if r == f::fcclSuccess || r == f::fcclInProgress {
+        return r;
     }
-    let code = nccl_code(r);
     let msg = last_error();
     let body = match msg.split_once(": ") {
         Some((call, rest)) if call.starts_with("fccl") => rest.to_string(),
         _ => msg,
     };
+    renamed(name, &body, r)
+}
+
+/// Sets `name: body` as the last error, noting a code NCCL 2.28 lacks; returns NCCL's code.
+fn renamed(name: &str, body: &str, r: fcclResult_t) -> ncclResult_t {
+    let code = nccl_code(r);
     if code == r {
         boundary::set_last_error(format!("{name}: {body}"));
     } else {
@@ -533,7 +539,9 @@ pub extern "C" fn ncclResetDebugInitInternal() {
 }
 
 nccl_api! {
-    /// fcclCommGetAsyncError, the error as NCCL's code.
+    /// fcclCommGetAsyncError, the error as NCCL's code: ncclInProgress while a
+    /// non-blocking communicator's work runs; an error's message (ncclGetLastError)
+    /// names the NCCL call that failed.
     fn ncclCommGetAsyncError(comm: ncclComm_t, asyncError: *mut ncclResult_t) -> ncclResult_t {
         let name = "ncclCommGetAsyncError";
         guard(name, || {
@@ -541,7 +549,21 @@ nccl_api! {
             let r = ret(name, unsafe { f::fcclCommGetAsyncError(comm, asyncError) });
             if r == ncclSuccess {
                 // SAFETY: ferroccl succeeded, so asyncError is non-NULL and written.
-                unsafe { asyncError.write(nccl_code(asyncError.read())) };
+                let e = unsafe { asyncError.read() };
+                let code = if e == f::fcclSuccess || e == f::fcclInProgress {
+                    e
+                } else {
+                    // "fcclAllReduce: why" is ncclAllReduce's error here.
+                    let msg = last_error();
+                    match msg.split_once(": ") {
+                        Some((call, rest)) if call.starts_with("fccl") => {
+                            renamed(&format!("nccl{}", &call[4..]), rest, e)
+                        }
+                        _ => renamed(name, &msg, e),
+                    }
+                };
+                // SAFETY: as above.
+                unsafe { asyncError.write(code) };
             }
             r
         })
@@ -1045,6 +1067,83 @@ mod tests {
         assert_eq!(std::mem::offset_of!(ncclConfig_t, commName), 48);
         assert_eq!(std::mem::offset_of!(ncclConfig_t, nvlinkCentricSched), 76);
         assert_eq!(std::mem::size_of::<ncclUniqueId>(), 128);
+    }
+
+    #[test]
+    fn non_blocking_calls_pass_in_progress_and_async_errors_name_the_nccl_call() {
+        let mut id = ncclUniqueId { internal: [0; 128] };
+        // SAFETY: a valid out-pointer.
+        assert_eq!(unsafe { ncclGetUniqueId(&mut id) }, ncclSuccess);
+        let msgs: Vec<(ncclResult_t, ncclResult_t, String)> = std::thread::scope(|s| {
+            let hs: Vec<_> = (0..2)
+                .map(|rank| {
+                    s.spawn(move || {
+                        let mut cfg = ncclConfig_t {
+                            size: std::mem::size_of::<ncclConfig_t>(),
+                            magic: NCCL_API_MAGIC,
+                            version: 22800,
+                            blocking: 0,
+                            cgaClusterSize: f::FCCL_CONFIG_UNDEF_INT,
+                            minCTAs: f::FCCL_CONFIG_UNDEF_INT,
+                            maxCTAs: f::FCCL_CONFIG_UNDEF_INT,
+                            netName: std::ptr::null(),
+                            splitShare: f::FCCL_CONFIG_UNDEF_INT,
+                            trafficClass: f::FCCL_CONFIG_UNDEF_INT,
+                            commName: std::ptr::null(),
+                            collnetEnable: f::FCCL_CONFIG_UNDEF_INT,
+                            CTAPolicy: f::FCCL_CONFIG_UNDEF_INT,
+                            shrinkShare: f::FCCL_CONFIG_UNDEF_INT,
+                            nvlsCTAs: f::FCCL_CONFIG_UNDEF_INT,
+                            nChannelsPerNetPeer: f::FCCL_CONFIG_UNDEF_INT,
+                            nvlinkCentricSched: f::FCCL_CONFIG_UNDEF_INT,
+                        };
+                        let mut comm: ncclComm_t = std::ptr::null_mut();
+                        // SAFETY: valid pointers; the config is NCCL 2.28's layout.
+                        let init = unsafe { ncclCommInitRankConfig(&mut comm, 2, id, rank, &mut cfg) };
+                        let poll = |comm| {
+                            let mut st = ncclInProgress;
+                            while st == ncclInProgress {
+                                // SAFETY: a live communicator and a valid out-pointer.
+                                assert_eq!(unsafe { ncclCommGetAsyncError(comm, &mut st) }, ncclSuccess);
+                            }
+                            st
+                        };
+                        assert_eq!(poll(comm), ncclSuccess, "{}", last_error());
+                        // Counts differ by rank: found on the progress thread, on both.
+                        let x = [1.0f32; 4];
+                        let mut y = [0.0f32; 4];
+                        // SAFETY: buffers of at least 3 floats.
+                        let r = unsafe {
+                            ncclAllReduce(
+                                x.as_ptr().cast(),
+                                y.as_mut_ptr().cast(),
+                                2 + rank as usize,
+                                7,
+                                0,
+                                comm,
+                                std::ptr::null_mut(),
+                            )
+                        };
+                        let st = poll(comm);
+                        let msg = last_error();
+                        // SAFETY: a live communicator.
+                        assert_eq!(unsafe { ncclCommAbort(comm) }, ncclSuccess);
+                        (init, r, format!("{st} {msg}"))
+                    })
+                })
+                .collect();
+            hs.into_iter().map(|h| h.join().unwrap()).collect()
+        });
+        for (init, r, msg) in msgs {
+            assert_eq!((init, r), (ncclInProgress, ncclInProgress), "{msg}");
+            assert!(msg.starts_with("5 ncclAllReduce: ranks called different collectives"), "{msg}");
+            assert!(
+                msg.ends_with(
+                    "(ferroccl's fcclCollectiveMismatch, reported as ncclInvalidUsage: NCCL 2.28 has no such code)"
+                ),
+                "{msg}"
+            );
+        }
     }
 
     #[test]

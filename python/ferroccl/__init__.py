@@ -116,17 +116,25 @@ def group_start():
     _lib.check("fcclGroupStart", _lib.lib().fcclGroupStart())
     if getattr(_tls, "depth", 0) == 0:
         _tls.keep = []
+        _tls.nonblocking = []
     _tls.depth = getattr(_tls, "depth", 0) + 1
 
 
 def group_end():
-    """fcclGroupEnd: the outermost one runs the queued calls (results are then in place)."""
+    """fcclGroupEnd: the outermost one runs the queued calls (results are then in place;
+    a group of non-blocking communicators is waited for here, as their calls are)."""
     try:
-        _lib.check("fcclGroupEnd", _lib.lib().fcclGroupEnd())
+        rc = _lib.lib().fcclGroupEnd()
+        if rc and rc != _lib.IN_PROGRESS:
+            _lib.check("fcclGroupEnd", rc)
+        if _tls.depth == 1:
+            for c in _tls.nonblocking:
+                c._settle("fcclGroupEnd")
     finally:
         _tls.depth = max(getattr(_tls, "depth", 1) - 1, 0)
         if _tls.depth == 0:
             _tls.keep = []
+            _tls.nonblocking = []
 
 
 @contextlib.contextmanager
@@ -303,9 +311,17 @@ class Comm:
     Collectives follow NCCL's semantics; every rank must make the same calls in the same
     order. Each takes ``stream=`` (device memory: the CUDA stream to run on) and
     ``async_op=`` (True: returns a :class:`Work`; the calls of one communicator run in
-    order on one worker thread)."""
+    order on one worker thread).
 
-    def __init__(self, handle):
+    ``blocking=False`` (:meth:`init_rank`, :meth:`split`) makes a non-blocking
+    communicator, NCCL's kind: its creation returns at once, and its calls run in order
+    on the library's progress thread for the communicator (fcclInProgress), so
+    ``async_op=True`` needs no Python thread; :class:`Work` objects poll
+    fcclCommGetAsyncError. A call without ``async_op`` still returns its finished
+    result. Calls made before the creation has finished wait for it. After an error
+    the communicator only takes close() and abort()."""
+
+    def __init__(self, handle, *, nonblocking=False, rank=None, size=None):
         self._h = c_void_p(handle) if not isinstance(handle, c_void_p) else handle
         if not self._h.value:
             raise ValueError("Comm needs a non-NULL fcclComm_t")
@@ -313,18 +329,128 @@ class Comm:
         self._all_reduce = self._L.fcclAllReduce
         self._worker = None
         self._worker_lock = threading.Lock()
+        self._nb = bool(nonblocking)
+        # Non-blocking: whether the creation is known to have finished; the calls issued,
+        # and how many of them are known to have finished (with their buffers until then).
+        self._ready = not self._nb
+        self._issued = 0
+        self._settled = 0
+        self._inflight = []
+        self._aborted = False
+        if rank is not None and size is not None:
+            self._rank, self._size = int(rank), int(size)
+        elif self._ready:
+            self._query()
+        # else: rank and size are read once the creation has finished (__getattr__)
+
+    def _query(self):
         r, n = c_int(), c_int()
         self._call("fcclCommUserRank", self._h, byref(r))
         self._call("fcclCommCount", self._h, byref(n))
         self._rank, self._size = r.value, n.value
 
+    def __getattr__(self, name):
+        # Only for attributes not set: the rank and size of a non-blocking split's
+        # communicator, known once its creation has finished.
+        if name in ("_rank", "_size") and "_h" in self.__dict__:
+            self._wait_ready()
+            self._query()
+            return self.__dict__[name]
+        raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
+
     @staticmethod
     def _call(name, *args):
         _lib.check(name, getattr(_lib.lib(), name)(*args))
 
+    # ---------------------------------------------------------------- non-blocking
+
+    @property
+    def blocking(self):
+        """False for a non-blocking communicator (``blocking=False``)."""
+        return not self._nb
+
+    def _status(self):
+        """fcclCommGetAsyncError's code; an error's message is then this thread's last_error()."""
+        e = c_int()
+        self._call("fcclCommGetAsyncError", self._h, byref(e))
+        return e.value
+
+    def _wait_ready(self):
+        """Waits for a non-blocking creation; raises its error."""
+        if not self._ready:
+            self._settle("fcclCommInitRankConfig")
+            self._ready = True
+
+    def _poll(self):
+        """One poll of a non-blocking communicator: True once the calls issued before it
+        have finished (their buffers are then let go); raises the communicator's error."""
+        if self._h is None:
+            raise ValueError("the communicator is closed")
+        issued = self._issued
+        st = self._status()
+        if st == _lib.IN_PROGRESS:
+            return False
+        if st != 0:
+            raise _lib.async_error(st)
+        self._ready = True
+        if issued > self._settled:
+            self._settled = issued
+            self._inflight = [w for w in self._inflight if w[0] > issued]
+        return True
+
+    def _settle(self, what, timeout=None):
+        """Polls until the pending work has finished; raises its error."""
+        _work.poll_until(self._poll, what, timeout)
+
+    def in_progress(self):
+        """True while work of this non-blocking communicator (its creation, a call, a
+        group, a split, finalize) is queued or running; raises its error, if any."""
+        if not self._nb:
+            return False
+        return not self._poll()
+
+    def wait(self, timeout=None):
+        """Waits until nothing is pending on this communicator (the creation of a
+        non-blocking one included) and raises the error that stopped it, if any. With
+        `timeout` (seconds): TimeoutError if still pending then. Returns self."""
+        if self._nb:
+            self._settle("wait", timeout)
+        else:
+            self.synchronize()
+        return self
+
+    def _issue(self, name, args, result, keep, async_op):
+        """A call on a non-blocking communicator: the library queues it (fcclInProgress)
+        and a Work polls for it; without async_op it is waited for here."""
+        self._wait_ready()
+        if _in_group():
+            if async_op:
+                raise ValueError(f"{name}: async_op=True inside ferroccl.group(); the group runs its calls at its "
+                                 "end: leave async_op out there")
+            _tls.keep.append(keep)
+            if self not in _tls.nonblocking:
+                _tls.nonblocking.append(self)
+            rc = getattr(self._L, name)(*args)
+            if rc:
+                _lib.check(name, rc)
+            return result
+        rc = getattr(self._L, name)(*args)
+        if rc and rc != _lib.IN_PROGRESS:
+            err = _lib.FcclError(name, rc, _lib.last_error() or _lib.error_string(rc))
+            if async_op:
+                return _work.Work.failed(name, err)
+            raise err
+        self._issued += 1
+        self._inflight.append((self._issued, keep))
+        work = _work.Issued(self, self._issued, name, result)
+        return work if async_op else work.wait()
+
     def _run(self, name, args, result, keep, async_op):
         """Calls `name` now, or on the worker thread for async_op (and while async calls
-        are queued, so that calls stay in order); returns result, or a Work."""
+        are queued, so that calls stay in order); returns result, or a Work. Non-blocking
+        communicators need no worker: see _issue."""
+        if self._nb:
+            return self._issue(name, args, result, keep, async_op)
         w = self._worker
         if not async_op and (w is None or not w.busy() or w.is_current()):
             if _in_group():
@@ -355,7 +481,12 @@ class Comm:
             return self._worker
 
     def synchronize(self):
-        """Waits for every call started with async_op=True on this communicator."""
+        """Waits for every call started with async_op=True on this communicator (their
+        errors come out of their Work objects)."""
+        if self._nb:
+            if self._h is not None:
+                _work.poll_until(lambda: self._status() != _lib.IN_PROGRESS, "synchronize", None)
+            return
         w = self._worker
         if w is not None:
             w.submit(lambda: None, "synchronize").wait()
@@ -391,8 +522,11 @@ class Comm:
             unique_id = UniqueId(unique_id)
         h = c_void_p()
         cfg, _keepalive = _config(timeout_ms, name, blocking, check)
-        cls._call("fcclCommInitRankConfig", byref(h), int(nranks), unique_id._struct(), int(rank),
-                  byref(cfg) if cfg is not None else None)
+        rc = _lib.lib().fcclCommInitRankConfig(byref(h), int(nranks), unique_id._struct(), int(rank),
+                                               byref(cfg) if cfg is not None else None)
+        if rc == _lib.IN_PROGRESS:  # blocking=False: the rendezvous goes on in the background
+            return cls(h, nonblocking=True, rank=rank, size=nranks)
+        _lib.check("fcclCommInitRankConfig", rc)
         return cls(h)
 
     @classmethod
@@ -408,13 +542,21 @@ class Comm:
     def split(self, color, key=None, *, timeout_ms=None, name=None, blocking=None, check=None):
         """fcclCommSplit: every rank calls it; ranks with the same color form a new
         communicator ordered by key (default: this rank). Returns None for
-        color=SPLIT_NOCOLOR."""
+        color=SPLIT_NOCOLOR. A non-blocking new communicator (blocking=False, or
+        inherited) is returned at once; its calls wait for the split to finish."""
         self.synchronize()
         h = c_void_p()
         cfg, _keepalive = _config(timeout_ms, name, blocking, check)
-        self._call("fcclCommSplit", self._h, int(color), self._rank if key is None else int(key), byref(h),
-                   byref(cfg) if cfg is not None else None)
-        return Comm(h) if h.value else None
+        rc = self._L.fcclCommSplit(self._h, int(color), self._rank if key is None else int(key), byref(h),
+                                   byref(cfg) if cfg is not None else None)
+        if rc and rc != _lib.IN_PROGRESS:
+            _lib.check("fcclCommSplit", rc)
+        nb = self._nb if blocking is None else not blocking
+        if not h.value:
+            if rc == _lib.IN_PROGRESS:  # this rank took part only; its parent finishes the split
+                self.synchronize()
+            return None
+        return Comm(h, nonblocking=True) if nb else Comm(h)
 
     # ---------------------------------------------------------------- lifetime
 
@@ -445,19 +587,26 @@ class Comm:
         return self._h.value if self._h is not None else None
 
     def async_error(self):
-        """fcclCommGetAsyncError: the error that broke this communicator, or None."""
-        e = c_int()
-        self._call("fcclCommGetAsyncError", self._h, byref(e))
-        if e.value == 0:
+        """fcclCommGetAsyncError: the error that broke this communicator, or None;
+        Result.IN_PROGRESS while a non-blocking communicator has work pending."""
+        e = self._status()
+        if e == 0:
             return None
         try:
-            return Result(e.value)
+            return Result(e)
         except ValueError:
-            return e.value
+            return e
 
     def finalize(self):
         """fcclCommFinalize: finish outstanding work (then only close() is allowed)."""
         self.synchronize()
+        if self._nb:
+            self._wait_ready()
+            rc = self._L.fcclCommFinalize(self._h)
+            if rc and rc != _lib.IN_PROGRESS:
+                _lib.check("fcclCommFinalize", rc)
+            self._settle("fcclCommFinalize")
+            return
         self._call("fcclCommFinalize", self._h)
 
     def close(self):
@@ -467,14 +616,17 @@ class Comm:
             if w is not None:
                 w.stop()
             h, self._h = self._h, None
-            self._call("fcclCommDestroy", h)
+            self._call("fcclCommDestroy", h)  # waits for a non-blocking communicator's work
+            self._settled, self._inflight = self._issued, []
 
     def abort(self):
         """fcclCommAbort: from any thread; every blocked call on this comm returns (async
         calls still queued then fail with the library's error)."""
         if self._h is not None:
             h, self._h = self._h, None
+            self._aborted = True
             self._call("fcclCommAbort", h)
+            self._inflight = []  # the library has let go of every buffer
             w, self._worker = self._worker, None
             if w is not None:
                 w.stop()
@@ -490,7 +642,12 @@ class Comm:
         return False
 
     def __repr__(self):
-        state = "closed" if self._h is None else f"rank {self._rank} of {self._size}"
+        if self._h is None:
+            state = "closed"
+        elif "_rank" not in self.__dict__:
+            state = "being created (non-blocking)"
+        else:
+            state = f"rank {self._rank} of {self._size}" + ("" if self.blocking else ", non-blocking")
         return f"<ferroccl.Comm {state}>"
 
     # ---------------------------------------------------------------- collectives
@@ -498,7 +655,7 @@ class Comm:
     def all_reduce(self, array, op="sum", out=None, *, stream=None, async_op=False):
         """Reduces `array` across ranks with `op`; every rank gets the result, in place
         in `array` (returned), or in `out` when given."""
-        if type(array) is _ndarray and out is None and not async_op and self._worker is None:
+        if type(array) is _ndarray and out is None and not async_op and self._worker is None and not self._nb:
             # The common case without the general path's objects: 1 us less per call.
             code = _NP_CODES.get(array.dtype)
             o = _OPS.get(op)

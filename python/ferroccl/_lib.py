@@ -36,6 +36,7 @@ RESULT_NAMES = {
     101: "fcclUnavailable",
 }
 
+IN_PROGRESS = 7  # fcclInProgress: a non-blocking communicator's work is still running
 UNIQUE_ID_BYTES = 128
 CONFIG_MAGIC = 0xCAFEBEEF
 CONFIG_VERSION = 1
@@ -218,3 +219,11 @@ def check(call, code):
     if code != 0:
         msg = last_error() or error_string(code)
         raise FcclError(call, code, msg)
+
+
+def async_error(code):
+    """The FcclError for the error fcclCommGetAsyncError just reported on this thread:
+    its message (last_error()) starts with the call that failed."""
+    msg = last_error() or error_string(code)
+    head = msg.split(":", 1)[0]
+    return FcclError(head if head.startswith("fccl") and " " not in head else "fcclCommGetAsyncError", code, msg)

@@ -1,9 +1,13 @@
-"""async_op=True: calls run in order on one worker thread per communicator (the library
-refuses two threads in one communicator at once, so they are serialised there, with
-the communicator's blocking calls)."""
+"""async_op=True: on a blocking communicator, calls run in order on one worker thread
+per communicator (the library refuses two threads in one communicator at once, so they
+are serialised there, with the communicator's blocking calls); on a non-blocking one the
+library runs them on its own progress thread and a Work polls fcclCommGetAsyncError."""
 
 import queue
 import threading
+import time
+
+from ._lib import FcclError
 
 
 class Work:
@@ -48,9 +52,81 @@ class Work:
     def result(self):
         return self.wait()
 
+    @classmethod
+    def failed(cls, what, error):
+        """A Work of a call refused at once (its error comes out of wait())."""
+        w = cls(what)
+        w._finish(None, error)
+        return w
+
     def __repr__(self):
-        state = "running" if not self._done.is_set() else ("failed" if self._error else "done")
+        state = "running" if not self.is_completed() else ("failed" if self._error else "done")
         return f"<ferroccl.Work {self._what} {state}>"
+
+
+def poll_until(check, what, timeout):
+    """Calls check() until it returns true: at once, then with sleeps that grow to 1 ms
+    (the library's progress thread does the work meanwhile). TimeoutError after
+    `timeout` seconds (None: no limit)."""
+    deadline = None if timeout is None else time.monotonic() + timeout
+    delay = 0.0
+    while not check():
+        if deadline is not None and time.monotonic() >= deadline:
+            raise TimeoutError(f"{what}: not finished after {timeout} s (it is still running)")
+        if delay:
+            time.sleep(delay)
+        delay = min(max(delay * 2, 20e-6), 1e-3)
+
+
+class Issued(Work):
+    """A call on a non-blocking communicator, queued by the library in call order. The
+    library reports completion per communicator (fcclCommGetAsyncError), so this Work
+    completes when a poll finds the communicator with nothing pending that was issued
+    before the poll began: waiting for one call may wait for calls issued after it. An
+    error stops the communicator: every call not yet known to be complete gets it."""
+
+    __slots__ = ("_comm", "_seq")
+
+    def __init__(self, comm, seq, what, result):
+        super().__init__(what)
+        self._comm, self._seq, self._result = comm, seq, result
+
+    def _check(self):
+        if self._done.is_set():
+            return True
+        c = self._comm
+        if self._seq > c._settled:
+            if c._h is None:
+                if c._aborted:
+                    self._finish(None, FcclError(self._what, 6, f"{self._what}: the communicator was aborted "
+                                                               "(fcclCommAbort) with this call pending"))
+                    return True
+                c._settled = c._issued  # fcclCommDestroy waited for every call
+            else:
+                try:
+                    if not c._poll():
+                        return False
+                except FcclError as e:
+                    self._finish(None, e)
+                    return True
+        self._finish(self._result, None)
+        return True
+
+    def is_completed(self):
+        return self._check()
+
+    def is_success(self):
+        return self._check() and self._error is None
+
+    def exception(self):
+        self._check()
+        return self._error
+
+    def wait(self, timeout=None):
+        poll_until(self._check, self._what, timeout)
+        if self._error is not None:
+            raise self._error
+        return self._result
 
 
 _STOP = object()

@@ -2,11 +2,38 @@
 
 run_all(comm) makes the same sequence of calls on every rank whatever it finds, and
 returns a list of failure messages (empty when everything matched numpy's reference).
-Inputs are small integers so every float sum is exact whatever the order."""
+Inputs are small integers so every float sum is exact whatever the order.
+run_threads(fn, n) runs ranks as threads of this process."""
+
+import threading
 
 import numpy as np
 
 import ferroccl
+
+TIMEOUT_S = 60
+
+
+def run_threads(fn, n):
+    """fn(r) on one thread per rank r < n; their results by rank; raises the first error
+    (after every thread has ended, or fails if one has not within TIMEOUT_S)."""
+    results, errors = [None] * n, []
+
+    def body(r):
+        try:
+            results[r] = fn(r)
+        except BaseException as e:  # noqa: BLE001 - reported below
+            errors.append((r, e))
+
+    threads = [threading.Thread(target=body, args=(r,), daemon=True) for r in range(n)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(TIMEOUT_S)
+        assert not t.is_alive(), "a rank thread did not finish"
+    if errors:
+        raise errors[0][1]
+    return results
 
 INT_TYPES = [np.int8, np.uint8, np.int32, np.uint32, np.int64, np.uint64]
 FLOAT_TYPES = [np.float16, np.float32, np.float64]

@@ -73,7 +73,8 @@ def to_host(arr, dtype):
     return out
 
 
-def test_cuda_array_interface_takes_the_device_path_on_its_stream():
+@pytest.mark.parametrize("blocking", [True, False], ids=["blocking", "non-blocking"])
+def test_cuda_array_interface_takes_the_device_path_on_its_stream(blocking):
     n = 2
     comms = ferroccl.Comm.init_all(n, devices=[0] * n)
     results, errors = [None] * n, []
@@ -81,17 +82,27 @@ def test_cuda_array_interface_takes_the_device_path_on_its_stream():
     def rank(r):
         try:
             make_current(0)
+            # Non-blocking: a split with blocking=False; its Works finish once the
+            # library has enqueued the work on x's stream (then the stream is synced).
+            c = comms[r] if blocking else comms[r].split(0, blocking=False)
             s = c_void_p()
             ok(CU.cuStreamCreate(byref(s), 0), "cuStreamCreate")
             x = to_device(np.arange(6, dtype=np.float32) + 10 * r, s.value)
             info = _buf.resolve(x, "test")
             assert info.device and info.stream == s.value
-            assert comms[r].all_reduce(x) is x  # in place, queued on x's stream
-            g = comms[r].all_gather(x)          # a new DeviceArray
+            if blocking:
+                assert c.all_reduce(x) is x  # in place, queued on x's stream
+                g = c.all_gather(x)          # a new DeviceArray
+            else:
+                w1, w2 = c.all_reduce(x, async_op=True), c.all_gather(x, async_op=True)
+                assert w1.wait(60) is x
+                g = w2.wait(60)
             assert isinstance(g, ferroccl.DeviceArray) and g.shape == (n, 6)
             ok(CU.cuStreamSynchronize(s), "cuStreamSynchronize")
             results[r] = (to_host(x, np.float32), to_host(CudaArray(g, None), np.float32))
             ok(CU.cuStreamDestroy_v2(s), "cuStreamDestroy")
+            if not blocking:
+                c.close()
         except BaseException as e:  # noqa: BLE001 - re-raised below
             errors.append(e)
             comms[r].abort()

@@ -4,40 +4,32 @@ C API (V, axis, coalesced, wire, empty); async Work. Ranks are threads
 (Comm.init_all), each rank checks its own results."""
 
 import array
-import threading
 
 import numpy as np
 import pytest
 
 import ferroccl
+from checks import run_threads
 
 N = 2
-TIMEOUT_S = 60
 
 
 def ranks(fn, n=N):
     """Runs fn(comm) on n thread ranks; returns their results, raises the first error."""
     comms = ferroccl.Comm.init_all(n)
-    results, errors = [None] * n, []
 
     def body(r):
         try:
-            results[r] = fn(comms[r])
-        except BaseException as e:  # noqa: BLE001 - re-raised below
-            errors.append(e)
-            comms[r].abort()
+            return fn(comms[r])
+        except BaseException:
+            comms[r].abort()  # the others' calls with this rank return
+            raise
 
-    threads = [threading.Thread(target=body, args=(r,), daemon=True) for r in range(n)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(TIMEOUT_S)
-        assert not t.is_alive(), "a rank thread did not finish"
-    for c in comms:
-        c.close()
-    if errors:
-        raise errors[0]
-    return results
+    try:
+        return run_threads(body, n)
+    finally:
+        for c in comms:
+            c.close()
 
 
 class ArrayInterfaceOnly:

@@ -2,35 +2,11 @@
 one Python thread per rank running checks.run_all; one thread driving every rank inside
 ferroccl.group()."""
 
-import threading
-
 import numpy as np
 import pytest
 
 import ferroccl
-from checks import run_all
-
-TIMEOUT_S = 60
-
-
-def run_threads(fn, n):
-    results, errors = [None] * n, []
-
-    def body(r):
-        try:
-            results[r] = fn(r)
-        except BaseException as e:  # noqa: BLE001 - reported below
-            errors.append((r, e))
-
-    threads = [threading.Thread(target=body, args=(r,), daemon=True) for r in range(n)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(TIMEOUT_S)
-        assert not t.is_alive(), "a rank thread did not finish"
-    if errors:
-        raise errors[0][1]
-    return results
+from checks import run_all, run_threads
 
 
 @pytest.mark.parametrize("n", [1, 2, 3])

@@ -208,6 +208,12 @@ pub struct Coalesced<'a> {
 }
 
 impl Coalesced<'_> {
+    /// The checks every rank's call passes before anything moves (a non-blocking
+    /// communicator makes them before queueing the call).
+    pub fn check(&self) -> Result<()> {
+        self.validate(true, true).map(drop)
+    }
+
     fn validate(&self, send_used: bool, recv_used: bool) -> Result<Vec<usize>> {
         let es = self.dtype.size();
         let mut sizes = Vec::with_capacity(self.counts.len());
@@ -391,7 +397,7 @@ fn run_buckets(
             if bytes > 0 {
                 let c = per_buffer(i);
                 c.validate(comm.rank, comm.nranks)?;
-                group::enqueue(comm, c);
+                group::enqueue(comm, c)?;
             }
         }
         return Ok(());

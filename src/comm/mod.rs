@@ -2,9 +2,11 @@
 
 pub mod addr;
 pub mod bootstrap;
+pub mod creation;
 pub mod device;
 pub mod from_env;
 pub mod group;
+pub mod progress;
 pub mod torchstore;
 mod wireup;
 
@@ -21,7 +23,9 @@ use crate::mem::{cuda, Placement};
 use crate::transport::shm::Segment;
 use crate::transport::{inproc, Transport};
 use bootstrap::{Client, UniqueId};
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use progress::{Progress, Status};
+use std::borrow::Cow;
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -36,6 +40,8 @@ pub enum Backend {
 /// Communicator options (the core's view of `fcclConfig_t`).
 #[derive(Clone, Debug)]
 pub struct Options {
+    /// false: the C calls on the communicator return fcclInProgress and run on its
+    /// progress thread (see [`progress`]); the core runs calls the same either way.
     pub blocking: bool,
     pub timeout: Duration,
     pub backend: Backend,
@@ -78,7 +84,13 @@ pub struct Comm {
     nonce: u64,
     splits: AtomicU64,
     abort: AtomicBool,
-    async_err: Mutex<Option<Code>>,
+    /// The error that broke the communicator (fcclCommGetAsyncError).
+    async_err: Mutex<Option<Error>>,
+    /// Work of a non-blocking communicator (and a non-blocking split of any), in order.
+    progress: Progress,
+    /// Non-blocking splits of this communicator not done with it yet: calls from other
+    /// threads than the progress thread are refused meanwhile.
+    splitting: AtomicUsize,
     /// Wakes this rank's waits from another thread (abort).
     waker: Option<Arc<Segment>>,
     state: Mutex<State>,
@@ -95,6 +107,8 @@ pub struct Comm {
 impl Comm {
     fn new(rank: usize, nranks: usize, opts: Options, nonce: u64, transport: Transport) -> Comm {
         let waker = transport.waker();
+        // A blocking communicator's only jobs are its non-blocking splits: no thread idles.
+        let progress = Progress::new(!opts.blocking);
         Comm {
             rank,
             nranks,
@@ -103,6 +117,8 @@ impl Comm {
             splits: AtomicU64::new(0),
             abort: AtomicBool::new(false),
             async_err: Mutex::new(None),
+            progress,
+            splitting: AtomicUsize::new(0),
             waker,
             state: Mutex::new(State { transport, seq: 0, broken: None, finalized: false }),
             device: -1,
@@ -138,8 +154,9 @@ impl Comm {
         self.router.name_of(c) == "ipc"
     }
 
-    /// One rank of a communicator whose ranks meet at `id`'s rendezvous point.
-    pub fn init_rank(nranks: usize, id: &UniqueId, rank: usize, opts: Options) -> Result<Comm> {
+    /// What [`Comm::init_rank`] checks before it meets anyone: a non-blocking init
+    /// reports these errors from the call itself.
+    pub fn check_init(nranks: usize, id: &UniqueId, rank: usize, opts: &Options) -> Result<Backend> {
         if nranks == 0 {
             return Err(Error::invalid_arg("nranks is 0; a communicator has at least one rank"));
         }
@@ -150,7 +167,12 @@ impl Comm {
             )));
         }
         id.addr()?;
-        let req = device::requested(&opts)?;
+        device::requested(opts)
+    }
+
+    /// One rank of a communicator whose ranks meet at `id`'s rendezvous point.
+    pub fn init_rank(nranks: usize, id: &UniqueId, rank: usize, opts: Options) -> Result<Comm> {
+        let req = Self::check_init(nranks, id, rank, &opts)?;
         let deadline = Instant::now() + opts.timeout;
         let mut client = Client::join(id, nranks, rank, deadline)?;
         let nonce = client.nonce;
@@ -341,7 +363,18 @@ impl Comm {
     /// calls would pair up differently on different ranks and mix data silently, so the
     /// later one is refused instead (nothing counted, nothing sent). An abort from
     /// another thread holds it briefly too; then the call reports the abort.
+    /// Work queued on the progress thread (a non-blocking split of a blocking
+    /// communicator) is refused from any other thread in the same way, whether or not
+    /// it holds the state at this instant: the two would pair up differently on
+    /// different ranks.
     fn enter(&self, what: impl FnOnce() -> String) -> Result<std::sync::MutexGuard<'_, State>> {
+        if self.splitting.load(Ordering::Acquire) > 0 && !self.progress.on_worker() {
+            return Err(Error::invalid_usage(format!(
+                "{} on communicator {} while work issued on it without blocking (fcclInProgress) is still pending; poll fcclCommGetAsyncError (on the new communicator of a non-blocking fcclCommSplit) until it returns fcclSuccess first",
+                what(),
+                self.label()
+            )));
+        }
         match self.state.try_lock() {
             Ok(st) => Ok(st),
             Err(std::sync::TryLockError::Poisoned(p)) => Ok(p.into_inner()),
@@ -392,13 +425,14 @@ impl Comm {
             let us = t0.elapsed().as_secs_f64() * 1e6;
             for (c, backend) in calls.iter().zip(self.router.names(calls)) {
                 log::info(format_args!(
-                    "rank {} comm {} seq {} {} count {} {} backend {backend} algorithm {algo} {:.1} us",
+                    "rank {} comm {} seq {} {} count {} {}{} backend {backend} algorithm {algo} {:.1} us",
                     self.rank,
                     self.label(),
                     c.seq,
                     c.coll.kind.c_name(),
                     c.coll.count,
                     c.coll.dtype.short_name(),
+                    c.coll.wire.map_or(String::new(), |w| format!(" wire {}", w.short_name())),
                     us
                 ));
             }
@@ -408,7 +442,7 @@ impl Comm {
             Ok(Some(e)) => Err(e),
             Err(e) => {
                 log::warn(format_args!("rank {} comm {}: {}", self.rank, self.label(), e.msg));
-                *self.async_err.lock().unwrap() = Some(e.code);
+                *self.async_err.lock().unwrap_or_else(|p| p.into_inner()) = Some(e.clone());
                 st.broken = Some(e.clone());
                 st.transport.mark_failed(e.culprit, e.code == Code::Timeout);
                 Err(e)
@@ -427,14 +461,20 @@ impl Comm {
         }
     }
 
-    /// `fcclCommSplit`: every rank of this communicator calls it; ranks with the
-    /// same colour form a communicator, ordered by key then by rank here.
-    pub fn split(&self, color: i32, key: i32, opts: Options) -> Result<Option<Comm>> {
+    /// A split colour is >= 0 or FCCL_SPLIT_NOCOLOR (-1).
+    pub fn check_color(color: i32) -> Result<()> {
         if color < -1 {
             return Err(Error::invalid_arg(format!(
                 "color {color} is negative; use a colour >= 0, or FCCL_SPLIT_NOCOLOR (-1) to opt out"
             )));
         }
+        Ok(())
+    }
+
+    /// `fcclCommSplit`: every rank of this communicator calls it; ranks with the
+    /// same colour form a communicator, ordered by key then by rank here.
+    pub fn split(&self, color: i32, key: i32, opts: Options) -> Result<Option<Comm>> {
+        Self::check_color(color)?;
         let k = self.splits.fetch_add(1, Ordering::AcqRel);
         let n = self.nranks;
         let deadline = Instant::now() + opts.timeout;
@@ -491,15 +531,54 @@ impl Comm {
         Ok(all)
     }
 
-    /// `fcclCommFinalize`: no more calls; pending work is already complete on host.
+    /// fcclCommSplit into a non-blocking communicator: runs on the progress thread
+    /// after the queued calls and fills `made` (None: this rank's colour is NOCOLOR).
+    /// Calls on this communicator from other threads are refused until the split is
+    /// done with it, which is before the new communicator is ready.
+    pub fn split_later(
+        self: &Arc<Self>,
+        color: i32,
+        key: i32,
+        opts: Options,
+        made: Option<Arc<creation::Creation>>,
+    ) -> Result<Issued> {
+        self.splitting.fetch_add(1, Ordering::AcqRel);
+        let mut hold = SplitHold { parent: Arc::clone(self), made, released: false };
+        self.enqueue("fcclCommSplit", move |p| {
+            let res = p.split(color, key, opts);
+            hold.release();
+            match (res, hold.made.take()) {
+                (Ok(child), Some(cr)) => cr.finish(Ok(child.into_iter().collect())),
+                (Err(e), Some(cr)) => {
+                    cr.finish(Err(e.clone().context("fcclCommSplit")));
+                    return Err(e);
+                }
+                (res, None) => return res.map(drop),
+            }
+            Ok(())
+        })
+    }
+
+    /// `fcclCommFinalize`: no more calls; queued work finishes first (on host memory
+    /// a call is complete when it has run).
     pub fn finalize(&self) -> Result<()> {
+        self.progress.wait_idle();
         let mut st = self.state.lock().unwrap_or_else(|p| p.into_inner());
         self.usable(&st)?;
         st.finalized = true;
         Ok(())
     }
 
-    /// `fcclCommAbort` from any thread: blocked calls return, peers are told.
+    /// `fcclCommFinalize` of a non-blocking communicator: runs behind its queued work;
+    /// calls made after it are refused.
+    pub fn finalize_later(self: &Arc<Self>) -> Result<Issued> {
+        let issued = self.enqueue("fcclCommFinalize", |c| c.finalize())?;
+        self.progress.seal("the communicator was finalized; only fcclCommDestroy may follow");
+        Ok(issued)
+    }
+
+    /// `fcclCommAbort` from any thread: blocked calls return, peers are told, queued
+    /// work is dropped unrun; returns once no call of it runs any more.
     pub fn abort(&self) {
         self.abort.store(true, Ordering::Release);
         self.router.abort();
@@ -511,21 +590,92 @@ impl Comm {
         if let Ok(mut st) = self.state.try_lock() {
             st.transport.mark_failed(None, false);
         }
+        self.progress.cancel(Error::remote("fcclCommAbort ended the communicator with this call pending"));
     }
 
-    /// The error that broke the communicator, if any.
-    pub fn async_error(&self) -> Code {
-        if let Some(c) = *self.async_err.lock().unwrap() {
-            return c;
+    /// Waits until no work of this communicator is queued or running (fcclCommDestroy).
+    pub fn wait_idle(&self) {
+        self.progress.wait_idle();
+    }
+
+    /// fcclCommGetAsyncError: the error that broke the communicator (a non-blocking
+    /// communicator's first failed call, named in the message), else whether work is
+    /// still queued or running.
+    pub fn async_status(&self) -> Result<Issued> {
+        let pending = match self.progress.status() {
+            Status::Failed(e) => return Err(e),
+            Status::Busy => true,
+            Status::Idle => false,
+        };
+        if let Some(e) = self.async_err.lock().unwrap_or_else(|p| p.into_inner()).clone() {
+            return Err(e);
         }
         if let Some(e) = self.router.async_error() {
-            return e.code;
+            return Err(e);
         }
         if self.abort.load(Ordering::Acquire) {
-            return Code::RemoteError;
+            return Err(Error::remote("the communicator was aborted"));
         }
-        Code::Success
+        Ok(if pending { Issued::InProgress } else { Issued::Done })
     }
+
+    /// Refuses work now, with the reason, if [`Comm::enqueue`] would.
+    pub fn check_issuable(&self) -> Result<()> {
+        if self.abort.load(Ordering::Acquire) {
+            return Err(Error::invalid_usage("the communicator was aborted; destroy it"));
+        }
+        self.progress.check()
+    }
+
+    /// Queues `job` on this communicator's progress thread behind its queued work (a
+    /// non-blocking communicator's call, validated by the caller); its error becomes
+    /// the communicator's, with `what` (the C call) in front of its message.
+    pub fn enqueue(
+        self: &Arc<Self>,
+        what: impl Into<Cow<'static, str>>,
+        job: impl FnOnce(&Arc<Comm>) -> Result<()> + Send + 'static,
+    ) -> Result<Issued> {
+        self.check_issuable()?;
+        let me = Arc::clone(self);
+        self.progress.push(what, Box::new(move || job(&me)))?;
+        Ok(if self.progress.status() == Status::Idle { Issued::Done } else { Issued::InProgress })
+    }
+}
+
+/// A queued non-blocking split's hold on its parent (see [`Comm::split_later`]). If
+/// the split never runs (dropped behind an earlier error, or by an abort), dropping
+/// the hold lets the parent go and fails the new communicator's creation.
+struct SplitHold {
+    parent: Arc<Comm>,
+    made: Option<Arc<creation::Creation>>,
+    released: bool,
+}
+
+impl SplitHold {
+    fn release(&mut self) {
+        if !std::mem::replace(&mut self.released, true) {
+            self.parent.splitting.fetch_sub(1, Ordering::AcqRel);
+        }
+    }
+}
+
+impl Drop for SplitHold {
+    fn drop(&mut self) {
+        self.release();
+        if let Some(cr) = self.made.take() {
+            cr.finish(Err(Error::invalid_usage(
+                "fcclCommSplit: the split never ran: a call queued before it on the parent failed, or the parent was aborted",
+            )));
+        }
+    }
+}
+
+/// How a C call left: complete, or still running on the communicator's progress
+/// thread (fcclInProgress: poll fcclCommGetAsyncError).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Issued {
+    Done,
+    InProgress,
 }
 
 /// Set-up of a communicator whose ranks share one GPU, in two rounds of `allgather`

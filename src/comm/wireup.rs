@@ -212,6 +212,7 @@ pub fn connect(
     };
     // A port only when a peer is on another host; all-local jobs open none.
     let port = if any_remote_peer { Some(open_port(nranks, route, !force_tcp)?) } else { None };
+    let silence = if any_remote_peer { peer_lost()? } else { None };
 
     // Round 2: every segment and port exists; map the peers' segments and connect to
     // remote peers of higher rank.
@@ -241,7 +242,7 @@ pub fn connect(
             s.write_all(&Hello { nonce, rank: rank as u64, index: i as u32, count: k as u32 }.encode())?;
             socks.push(s);
         }
-        links[p] = Some(Box::new(tcp_link(p, socks)?));
+        links[p] = Some(Box::new(tcp_link(p, socks, &remote.host, silence)?));
     }
 
     // Round 3: everyone has mapped everything and connected; the names can go.
@@ -252,7 +253,8 @@ pub fn connect(
     if let Some((listener, _)) = port {
         let lower: Vec<usize> = (0..rank).filter(|&p| !local[p]).collect();
         for (p, s) in accept_peers(&listener, &lower, nonce, rank, deadline)? {
-            links[p] = Some(Box::new(tcp_link(p, s)?));
+            let host = addrs.get(p).and_then(Option::as_ref).map_or("", |r| r.host.as_str());
+            links[p] = Some(Box::new(tcp_link(p, s, host, silence)?));
         }
     }
     let local_ranks = local.iter().filter(|&&l| l).count();
@@ -292,13 +294,31 @@ fn connect_timeout() -> Result<Duration> {
     }
 }
 
-/// A TCP link to `peer` over a pair's sockets in hello order: the data sockets, then
-/// the one that carries failure notices.
-fn tcp_link(peer: usize, mut socks: Vec<TcpStream>) -> Result<TcpLink> {
+/// How long a peer's host may stay silent before the peer is reported lost
+/// (FERROCCL_PEER_LOST_MS; None: 0, the kernel's own bounds).
+fn peer_lost() -> Result<Option<Duration>> {
+    parse_peer_lost(&crate::env::PEER_LOST_MS.get_or_default())
+}
+
+fn parse_peer_lost(v: &str) -> Result<Option<Duration>> {
+    let var = &crate::env::PEER_LOST_MS;
+    match v.trim().parse::<u64>() {
+        Ok(0) => Ok(None),
+        Ok(ms) if (1000..=i32::MAX as u64).contains(&ms) => Ok(Some(Duration::from_millis(ms))),
+        _ => Err(Error::invalid_arg(format!(
+            "{} is {v:?}; give a number of milliseconds from 1000 (keepalive probes count whole seconds) or 0 to leave it to the kernel",
+            var.name
+        ))),
+    }
+}
+
+/// A TCP link to `peer` (on `host`, whose silence `silence` bounds) over a pair's
+/// sockets in hello order: the data sockets, then the one that carries failure notices.
+fn tcp_link(peer: usize, mut socks: Vec<TcpStream>, host: &str, silence: Option<Duration>) -> Result<TcpLink> {
     let notices = socks.pop().filter(|_| !socks.is_empty()).ok_or_else(|| {
         Error::remote_rank(peer, format!("rank {peer} opened one TCP socket; a pair needs two or more"))
     })?;
-    TcpLink::new(peer, socks)?.with_notices(notices)
+    TcpLink::new(peer, socks)?.with_notices(notices)?.watch_host(host, silence)
 }
 
 /// Connects to rank `peer`'s port. Its port was open before round two, so a refusal
@@ -540,6 +560,16 @@ mod tests {
         assert_eq!(bound.ip(), adv.addr.ip());
         assert_eq!(adv.source, Source::Route);
         assert!(!bound.ip().is_unspecified(), "bound to {bound}");
+    }
+
+    #[test]
+    fn the_silence_bound_is_whole_seconds_or_off() {
+        assert_eq!(parse_peer_lost("0").unwrap(), None);
+        assert_eq!(parse_peer_lost(" 2500 ").unwrap(), Some(Duration::from_millis(2500)));
+        for bad in ["999", "-1", "3s", "", "99999999999"] {
+            let e = parse_peer_lost(bad).unwrap_err();
+            assert!(e.msg.contains("FERROCCL_PEER_LOST_MS") && e.msg.contains("1000"), "{bad:?}: {}", e.msg);
+        }
     }
 
     #[test]

@@ -1,6 +1,7 @@
 //! The one boundary every exported function goes through.
 
-use super::{fcclInternalError, fcclResult_t, fcclSuccess};
+use super::{fcclInProgress, fcclInternalError, fcclResult_t, fcclSuccess};
+use crate::comm::Issued;
 use crate::error::Result;
 use std::cell::RefCell;
 use std::ffi::CString;
@@ -21,11 +22,34 @@ pub fn last_error_ptr() -> *const std::os::raw::c_char {
     LAST_ERROR.with(|l| l.borrow().as_ptr())
 }
 
+/// What a successful body returns: `()` for a call that is complete, [`Issued`] for
+/// one that may still run (non-blocking communicators: fcclInProgress, no message).
+pub trait Outcome {
+    fn code(self) -> fcclResult_t;
+}
+
+impl Outcome for () {
+    #[inline]
+    fn code(self) -> fcclResult_t {
+        fcclSuccess
+    }
+}
+
+impl Outcome for Issued {
+    #[inline]
+    fn code(self) -> fcclResult_t {
+        match self {
+            Issued::Done => fcclSuccess,
+            Issued::InProgress => fcclInProgress,
+        }
+    }
+}
+
 /// Runs an exported function's body: errors become codes with a message that
 /// starts with the C function's name, and a panic never crosses into C.
-pub fn call(name: &str, body: impl FnOnce() -> Result<()>) -> fcclResult_t {
+pub fn call<T: Outcome>(name: &str, body: impl FnOnce() -> Result<T>) -> fcclResult_t {
     match catch_unwind(AssertUnwindSafe(body)) {
-        Ok(Ok(())) => fcclSuccess,
+        Ok(Ok(done)) => done.code(),
         Ok(Err(e)) => {
             set_last_error(format!("{name}: {}", e.msg));
             e.code as fcclResult_t

@@ -6,7 +6,7 @@ use super::ext::borrow_array;
 use super::handle;
 use super::*;
 use crate::coll::{Coll, CollKind, VCounts};
-use crate::comm::{group, Comm};
+use crate::comm::{group, Comm, Issued};
 use crate::error::{Error, Result};
 use crate::types::{DataType, RedOp};
 use std::os::raw::{c_int, c_void};
@@ -32,8 +32,13 @@ pub(super) fn rank_arg(v: c_int, what: &str, comm: &Comm) -> Result<usize> {
     })
 }
 
-/// Validates the call and runs it, or queues it inside a group.
-pub(super) fn submit(comm: fcclComm_t, stream: fcclStream_t, make: impl FnOnce(&Comm) -> Result<Coll>) -> Result<()> {
+/// Validates the call and runs it, or queues it inside a group, or, on a non-blocking
+/// communicator, hands it to the communicator's progress thread.
+pub(super) fn submit(
+    comm: fcclComm_t,
+    stream: fcclStream_t,
+    make: impl FnOnce(&Comm) -> Result<Coll>,
+) -> Result<Issued> {
     let c = handle::get(comm)?;
     let mut coll = make(&c)?;
     coll.stream = stream as usize;
@@ -44,10 +49,11 @@ pub(super) fn submit(comm: fcclComm_t, stream: fcclStream_t, make: impl FnOnce(&
         coll.placement = crate::mem::placement(&coll.buffers(c.rank, c.nranks)?)?;
     }
     if group::active() {
-        group::enqueue(&c, coll);
-        Ok(())
+        group::enqueue(&c, coll).map(|()| Issued::Done)
+    } else if c.opts.blocking {
+        c.run_one(coll).map(|()| Issued::Done)
     } else {
-        c.run_one(coll)
+        c.enqueue(coll.kind.c_name(), move |c| c.run_one(coll))
     }
 }
 
@@ -320,7 +326,11 @@ pub extern "C" fn fcclGroupStart() -> fcclResult_t {
 
 /// Ends a group; the outermost end runs the queued calls together (one thread may
 /// drive several communicators; matched sends and receives never deadlock) and
-/// returns the first error.
+/// returns the first error. A group of non-blocking communicators hands each one's
+/// calls to its progress thread and returns fcclInProgress: poll
+/// fcclCommGetAsyncError on each. As in NCCL, one group holds calls of one kind:
+/// a call on a blocking communicator in a group of non-blocking ones (or the other
+/// way round) is refused with fcclInvalidUsage.
 #[no_mangle]
 pub extern "C" fn fcclGroupEnd() -> fcclResult_t {
     call("fcclGroupEnd", group::end)

@@ -1,10 +1,11 @@
 //! Communicator calls: version, unique ids, init, split, finalize, destroy, abort, queries, errors.
 
-use super::boundary::{call, last_error_ptr, write_out};
-use super::handle;
+use super::boundary::{call, last_error_ptr, set_last_error, write_out};
+use super::handle::{self, Removed, State};
 use super::*;
 use crate::comm::bootstrap::{UniqueId, UNIQUE_ID_BYTES};
-use crate::comm::{group, Backend, Comm, Options};
+use crate::comm::creation::Creation;
+use crate::comm::{group, Backend, Comm, Issued, Options};
 use crate::error::{Code, Error, Result};
 use std::ffi::{CStr, CString};
 use std::os::raw::{c_char, c_int};
@@ -131,7 +132,7 @@ pub unsafe extern "C" fn fcclGetUniqueId(uniqueId: *mut fcclUniqueId) -> fcclRes
     })
 }
 
-fn init_rank(comm: *mut fcclComm_t, nranks: c_int, id: &fcclUniqueId, rank: c_int, opts: Options) -> Result<()> {
+fn init_rank(comm: *mut fcclComm_t, nranks: c_int, id: &fcclUniqueId, rank: c_int, opts: Options) -> Result<Issued> {
     check_out(comm, "comm")?;
     if nranks <= 0 {
         return Err(Error::invalid_arg(format!("nranks is {nranks}; a communicator has at least one rank")));
@@ -150,31 +151,61 @@ fn init_rank(comm: *mut fcclComm_t, nranks: c_int, id: &fcclUniqueId, rank: c_in
     if opts.device.is_none() {
         opts.device = crate::mem::cuda::current_device();
     }
+    if !opts.blocking {
+        return init_later(comm, nranks as usize, id, rank as usize, opts);
+    }
     if group::active() {
         // NCCL's way to create several ranks from one thread: inits inside a group
         // complete together at fcclGroupEnd; the handle is usable after it.
         let h = handle::reserve();
         let hv = h as usize;
-        group::enqueue_init(Box::new(move || {
-            let c = Comm::init_rank(nranks as usize, &id, rank as usize, opts)?;
-            handle::fill(hv as fcclComm_t, c);
-            Ok(())
-        }));
+        group::enqueue_init(
+            true,
+            Box::new(move || {
+                let c = Comm::init_rank(nranks as usize, &id, rank as usize, opts)?;
+                handle::fill(hv as fcclComm_t, c);
+                Ok(())
+            }),
+        )?;
         // SAFETY: checked non-NULL.
         unsafe { write_out(comm, h) };
-        return Ok(());
+        return Ok(Issued::Done);
     }
     let c = Comm::init_rank(nranks as usize, &id, rank as usize, opts)?;
     // SAFETY: checked non-NULL.
     unsafe { write_out(comm, handle::register(c)) };
-    Ok(())
+    Ok(Issued::Done)
+}
+
+/// A non-blocking init: checks what can be checked alone, writes the handle and
+/// leaves the rendezvous and wire-up to a thread of their own (inside a group, from
+/// fcclGroupEnd on), as NCCL's `blocking = 0` does.
+fn init_later(comm: *mut fcclComm_t, nranks: usize, id: UniqueId, rank: usize, opts: Options) -> Result<Issued> {
+    Comm::check_init(nranks, &id, rank, &opts)?;
+    let cr = Creation::new(1);
+    let make = move || {
+        Comm::init_rank(nranks, &id, rank, opts).map(|c| vec![c]).map_err(|e| e.context("fcclCommInitRankConfig"))
+    };
+    // Inside a group fcclGroupEnd is the call that returns fcclInProgress, as in NCCL.
+    let issued = if group::active() {
+        let started = std::sync::Arc::clone(&cr);
+        group::enqueue_init(false, Box::new(move || started.start(make)))?;
+        Issued::Done
+    } else {
+        cr.start(make)?;
+        Issued::InProgress
+    };
+    // SAFETY: checked non-NULL by the caller.
+    unsafe { write_out(comm, handle::register_creating(&cr, 0)) };
+    Ok(issued)
 }
 
 /// Creates rank `rank` of a communicator of `nranks` ranks that meet at `commId`'s
 /// rendezvous point. Blocks until every rank has joined, or returns fcclTimeout
 /// naming the ranks that never arrived. Inside fcclGroupStart/End (one thread
 /// creating several ranks), it returns at once and the ranks are created together
-/// at fcclGroupEnd; the handle is usable after that.
+/// at fcclGroupEnd; the handle is usable after that. (fcclCommInitRankConfig with
+/// `config->blocking = 0` returns at once instead.)
 #[no_mangle]
 pub unsafe extern "C" fn fcclCommInitRank(
     comm: *mut fcclComm_t,
@@ -186,6 +217,18 @@ pub unsafe extern "C" fn fcclCommInitRank(
 }
 
 /// Like fcclCommInitRank, with options (`config` NULL = defaults).
+///
+/// With `config->blocking = 0` the communicator is non-blocking, as NCCL's: this call
+/// checks its arguments (errors are returned here, nothing is created), writes
+/// `*comm` and returns fcclInProgress while the rendezvous and wire-up go on in the
+/// background; poll fcclCommGetAsyncError(*comm) until it returns something else:
+/// fcclSuccess (the communicator is ready) or the error that ended its creation (the
+/// message, naming this function, is then fcclGetLastError's; destroy the handle).
+/// Until then only fcclCommGetAsyncError, fcclCommDestroy (waits for the creation)
+/// and fcclCommAbort (gives it up at once) take the handle; other calls return
+/// fcclInvalidUsage. Inside a group this call returns fcclSuccess and the creation
+/// starts at fcclGroupEnd, which returns fcclInProgress. The calls on a non-blocking communicator are
+/// non-blocking too: see fcclCommGetAsyncError.
 #[no_mangle]
 pub unsafe extern "C" fn fcclCommInitRankConfig(
     comm: *mut fcclComm_t,
@@ -254,6 +297,13 @@ pub unsafe extern "C" fn fcclCommInitFromEnv(comm: *mut fcclComm_t) -> fcclResul
 /// Splits `comm`: every rank calls it; ranks with the same `color` form a new
 /// communicator, ordered by `key` then by rank in `comm`. color FCCL_SPLIT_NOCOLOR
 /// makes `*newcomm` NULL. `config` NULL inherits the parent's options.
+///
+/// When the new communicator is non-blocking (`config->blocking = 0`, or inherited),
+/// the split is too, as in NCCL: it is checked here, `*newcomm` is written at once and
+/// fcclInProgress returned; the split runs on `comm`'s progress thread after the
+/// calls queued there. Poll fcclCommGetAsyncError(*newcomm) until it returns
+/// fcclSuccess (or the error, which then also stops `comm`). Make no blocking call on
+/// a blocking `comm` meanwhile: it would be refused.
 #[no_mangle]
 pub unsafe extern "C" fn fcclCommSplit(
     comm: fcclComm_t,
@@ -272,53 +322,116 @@ pub unsafe extern "C" fn fcclCommSplit(
         }
         // SAFETY: config is NULL or a fcclConfig_t (API contract).
         let opts = unsafe { options_from(config, parent.opts.clone()) }?;
+        if !opts.blocking {
+            Comm::check_color(color)?;
+            let cr = (color >= 0).then(|| Creation::new(1));
+            let issued = parent.split_later(color, key, opts, cr.clone())?;
+            let h = cr.map_or(std::ptr::null_mut(), |cr| handle::register_creating(&cr, 0));
+            // SAFETY: checked non-NULL.
+            unsafe { write_out(newcomm, h) };
+            // The parent may be done, the child never is before its handle exists.
+            return Ok(if h.is_null() { issued } else { Issued::InProgress });
+        }
+        parent.wait_idle();
         let child = parent.split(color, key, opts)?;
         let h = child.map_or(std::ptr::null_mut(), handle::register);
         // SAFETY: checked non-NULL.
         unsafe { write_out(newcomm, h) };
-        Ok(())
+        Ok(Issued::Done)
     })
 }
 
 /// Finishes outstanding work; afterwards only fcclCommDestroy may be called on `comm`.
+/// On a non-blocking communicator it returns fcclInProgress and finishes after the
+/// calls queued before it: poll fcclCommGetAsyncError until fcclSuccess, then destroy.
 #[no_mangle]
 pub unsafe extern "C" fn fcclCommFinalize(comm: fcclComm_t) -> fcclResult_t {
-    call("fcclCommFinalize", || handle::get(comm)?.finalize())
+    call("fcclCommFinalize", || {
+        let c = handle::get(comm)?;
+        if c.opts.blocking {
+            c.finalize().map(|()| Issued::Done)
+        } else {
+            c.finalize_later()
+        }
+    })
 }
 
-/// Releases `comm` and everything it holds. NULL is a no-op; a destroyed handle returns fcclInvalidArgument.
+/// Releases `comm` and everything it holds. NULL is a no-op; a destroyed handle
+/// returns fcclInvalidArgument. Work still queued on a non-blocking communicator (or
+/// its creation) is waited for first, as a blocking call would have; to end it at
+/// once, call fcclCommAbort instead.
 #[no_mangle]
 pub unsafe extern "C" fn fcclCommDestroy(comm: fcclComm_t) -> fcclResult_t {
     call("fcclCommDestroy", || {
         if comm.is_null() {
             return Ok(());
         }
-        handle::remove(comm).map(drop)
+        match handle::remove(comm)? {
+            Removed::Comm(c) => c.wait_idle(),
+            Removed::Creating(cr, i) => drop(cr.wait(i)),
+        }
+        Ok(())
     })
 }
 
 /// Aborts `comm` from any thread: every blocked call on it returns, peers are told,
-/// and the handle is released. NULL is a no-op.
+/// and the handle is released. On a non-blocking communicator the calls still queued
+/// are dropped unrun and the running one ends; when this returns, no call of `comm`
+/// touches its buffers any more. A communicator still being created is given up:
+/// its creation ends in the background and the new rank leaves at once. NULL is a no-op.
 #[no_mangle]
 pub unsafe extern "C" fn fcclCommAbort(comm: fcclComm_t) -> fcclResult_t {
     call("fcclCommAbort", || {
         if comm.is_null() {
             return Ok(());
         }
-        let c = handle::remove(comm)?;
-        c.abort();
+        match handle::remove(comm)? {
+            Removed::Comm(c) => c.abort(),
+            Removed::Creating(cr, i) => cr.abandon(i),
+        }
         Ok(())
     })
 }
 
-/// Writes the error that broke `comm` (fcclSuccess if none) to `*asyncError`.
+/// Writes where `comm` stands to `*asyncError`: fcclSuccess when nothing is pending
+/// and nothing failed; fcclInProgress while a non-blocking creation, call, group,
+/// split or finalize of it is queued or running; else the error that broke it (then
+/// fcclGetLastError on this thread gives its message, naming the call that failed).
+///
+/// Non-blocking communicators (`config->blocking = 0`), as NCCL's: a call checks its
+/// arguments on the calling thread (errors are returned at once, nothing is queued),
+/// then returns fcclInProgress (fcclSuccess if it already finished) and runs on the
+/// communicator's progress thread, in call order, without the caller waiting for
+/// peers. fcclGroupEnd over non-blocking communicators hands each one's calls over
+/// the same way. Calls may be issued back to back: each is queued behind the one
+/// before (NCCL asks to poll for fcclSuccess between them; doing so works the same
+/// here). Until this returns fcclSuccess, keep every buffer of the pending calls
+/// alive and untouched (receive buffers are written, send buffers may still be
+/// read); on device memory, fcclSuccess means the work is enqueued on its streams,
+/// in call order, as NCCL's. The first error stops the communicator: the calls
+/// queued after it are dropped, later calls return fcclInvalidUsage, and this
+/// function keeps returning the error; abort or destroy the communicator.
+/// fcclCommAbort drops the queued calls and ends the running one.
 #[no_mangle]
 pub unsafe extern "C" fn fcclCommGetAsyncError(comm: fcclComm_t, asyncError: *mut fcclResult_t) -> fcclResult_t {
     call("fcclCommGetAsyncError", || {
-        let c = handle::get(comm)?;
+        let st = handle::state(comm)?;
         check_out(asyncError, "asyncError")?;
+        let res = match st {
+            State::Ready(c) => c.async_status(),
+            State::Creating => Ok(Issued::InProgress),
+            State::Failed(e) => Err(e),
+        };
+        let code = match res {
+            Ok(Issued::Done) => fcclSuccess,
+            Ok(Issued::InProgress) => fcclInProgress,
+            Err(e) => {
+                set_last_error(e.msg);
+                e.code as fcclResult_t
+            }
+        };
         // SAFETY: checked non-NULL.
-        unsafe { write_out(asyncError, c.async_error() as fcclResult_t) };
+        unsafe { write_out(asyncError, code) };
         Ok(())
     })
 }

@@ -7,10 +7,12 @@ use super::handle;
 use super::*;
 use crate::coll::ext::{self as cx, AxisLayout, Coalesced};
 use crate::coll::{Coll, CollKind, VCounts};
+use crate::comm::{group, Comm, Issued};
 use crate::error::{Error, Result};
 use crate::mem::{self, local};
 use crate::types::DataType;
 use std::os::raw::{c_int, c_void};
+use std::sync::Arc;
 
 /// The planning helpers' collective ids.
 pub type fcclCollective_t = c_int;
@@ -224,6 +226,49 @@ fn coalesced_placement(arrays: &[(&str, &[*const u8])], counts: &[usize]) -> Res
     mem::placement(&named)
 }
 
+/// A coalesced call's arrays, owned: a non-blocking communicator runs the call later.
+struct Arrays {
+    sends: Vec<*const u8>,
+    recvs: Vec<*mut u8>,
+    counts: Vec<usize>,
+    dtype: DataType,
+    place: mem::Placement,
+    stream: usize,
+}
+
+// SAFETY: the pointers are the caller's buffers, used by the communicator's progress
+// thread only while the call is pending, which the C contract allows.
+unsafe impl Send for Arrays {}
+
+impl Arrays {
+    fn view(&self) -> Coalesced<'_> {
+        Coalesced {
+            sends: &self.sends,
+            recvs: &self.recvs,
+            counts: &self.counts,
+            dtype: self.dtype,
+            place: self.place,
+            stream: self.stream,
+        }
+    }
+}
+
+/// Runs a coalesced call now (a blocking communicator, or inside a group, where it
+/// queues one call per buffer), or checks it and queues it whole on a non-blocking
+/// communicator's progress thread.
+fn coalesced(
+    c: &Arc<Comm>,
+    what: &'static str,
+    a: Arrays,
+    run: impl FnOnce(&Arc<Comm>, &Coalesced<'_>) -> Result<()> + Send + 'static,
+) -> Result<Issued> {
+    if c.opts.blocking || group::active() {
+        return run(c, &a.view()).map(|()| Issued::Done);
+    }
+    a.view().check()?;
+    c.enqueue(what, move |c| run(c, &a.view()))
+}
+
 /// All-reduces `nbuffers` buffers packed into buckets of at most `bucketBytes` (0 =
 /// 25 MiB): one all_reduce per bucket, results identical to one fcclAllReduce per
 /// buffer. A buffer larger than a bucket travels alone. In place when
@@ -257,12 +302,8 @@ pub unsafe extern "C" fn fcclAllReduceCoalesced(
         };
         let recv_ptrs: Vec<*const u8> = recvs.iter().map(|&p| p as *const u8).collect();
         let place = coalesced_placement(&[("sendbuffs", &sends), ("recvbuffs", &recv_ptrs)], &counts)?;
-        cx::all_reduce_coalesced(
-            &c,
-            &Coalesced { sends: &sends, recvs: &recvs, counts: &counts, dtype: dt, place, stream: stream as usize },
-            op,
-            bucketBytes,
-        )
+        let a = Arrays { sends, recvs, counts, dtype: dt, place, stream: stream as usize };
+        coalesced(&c, "fcclAllReduceCoalesced", a, move |c, b| cx::all_reduce_coalesced(c, b, op, bucketBytes))
     })
 }
 
@@ -289,12 +330,8 @@ pub unsafe extern "C" fn fcclBroadcastCoalesced(
         let (bufs, counts) = unsafe { (array(buffs as *const *mut u8, nb, "buffs")?, array(counts, nb, "counts")?) };
         let sends: Vec<*const u8> = bufs.iter().map(|&p| p as *const u8).collect();
         let place = coalesced_placement(&[("buffs", &sends)], &counts)?;
-        cx::broadcast_coalesced(
-            &c,
-            &Coalesced { sends: &sends, recvs: &bufs, counts: &counts, dtype: dt, place, stream: stream as usize },
-            root,
-            bucketBytes,
-        )
+        let a = Arrays { sends, recvs: bufs, counts, dtype: dt, place, stream: stream as usize };
+        coalesced(&c, "fcclBroadcastCoalesced", a, move |c, b| cx::broadcast_coalesced(c, b, root, bucketBytes))
     })
 }
 

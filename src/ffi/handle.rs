@@ -1,7 +1,9 @@
 //! Communicator handles: ids that are never reused, so a destroyed or foreign
-//! handle is recognised as such instead of being dereferenced.
+//! handle is recognised as such instead of being dereferenced. A handle of a
+//! non-blocking creation exists before its communicator does.
 
 use super::{fcclComm, fcclComm_t};
+use crate::comm::creation::{Creation, Poll};
 use crate::comm::Comm;
 use crate::error::{Error, Result};
 use std::collections::HashMap;
@@ -9,7 +11,28 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, RwLock, Weak};
 
 static NEXT: AtomicU64 = AtomicU64::new(1);
-static LIVE: RwLock<Option<HashMap<u64, Arc<Comm>, IdHash>>> = RwLock::new(None);
+static LIVE: RwLock<Option<HashMap<u64, Entry, IdHash>>> = RwLock::new(None);
+
+/// What a handle stands for.
+enum Entry {
+    Ready(Arc<Comm>),
+    /// Slot `.1` of a creation still running (or failed); the first lookup after it
+    /// made the communicator turns the entry into `Ready`.
+    Creating(Arc<Creation>, usize),
+}
+
+/// A handle as fcclCommGetAsyncError sees it.
+pub enum State {
+    Ready(Arc<Comm>),
+    Creating,
+    Failed(Error),
+}
+
+/// What fcclCommDestroy and fcclCommAbort release.
+pub enum Removed {
+    Comm(Arc<Comm>),
+    Creating(Arc<Creation>, usize),
+}
 
 /// Ids are sequential integers chosen by us, not by an attacker: a multiplicative
 /// hash spreads them well and costs a few cycles (SipHash showed up in profiles of
@@ -58,10 +81,22 @@ pub fn reserve() -> fcclComm_t {
 
 /// Attaches a communicator to a reserved handle.
 pub fn fill(h: fcclComm_t, c: Comm) {
+    insert(h, Entry::Ready(Arc::new(c)));
+}
+
+/// A handle for slot `i` of a background creation: usable once fcclCommGetAsyncError
+/// reports fcclSuccess on it.
+pub fn register_creating(cr: &Arc<Creation>, i: usize) -> fcclComm_t {
+    let h = reserve();
+    insert(h, Entry::Creating(Arc::clone(cr), i));
+    h
+}
+
+fn insert(h: fcclComm_t, e: Entry) {
     LIVE.write()
         .unwrap_or_else(|p| p.into_inner())
         .get_or_insert_with(|| HashMap::with_hasher(IdHash))
-        .insert(id_of(h), Arc::new(c));
+        .insert(id_of(h), e);
 }
 
 /// How many handles were removed so far: a thread's cached lookup (see [`LAST`])
@@ -92,19 +127,73 @@ pub fn get(h: fcclComm_t) -> Result<Arc<Comm>> {
     if let Some(c) = hit {
         return Ok(c);
     }
-    let live = LIVE.read().unwrap_or_else(|p| p.into_inner());
-    let c = live.as_ref().and_then(|m| m.get(&id)).cloned().ok_or_else(|| not_live(h))?;
-    drop(live);
-    LAST.with(|l| *l.borrow_mut() = (id, removed, Arc::downgrade(&c)));
+    let c = match lookup(h, removed)? {
+        State::Ready(c) => c,
+        State::Creating => {
+            return Err(Error::invalid_usage(format!(
+                "comm {h:p} is still being created (non-blocking fcclCommInitRankConfig or fcclCommSplit); poll fcclCommGetAsyncError on it until it returns fcclSuccess before using it"
+            )))
+        }
+        State::Failed(e) => {
+            return Err(Error::invalid_usage(format!(
+                "comm {h:p} could not be created ({}); destroy it (fcclCommGetAsyncError returns the error)",
+                e.msg
+            )))
+        }
+    };
     Ok(c)
 }
 
-/// Removes a handle; the communicator is freed once no call still uses it.
-pub fn remove(h: fcclComm_t) -> Result<Arc<Comm>> {
+/// The handle's communicator, or where its creation stands.
+pub fn state(h: fcclComm_t) -> Result<State> {
     if h.is_null() {
         return Err(Error::invalid_arg("comm is NULL; pass a communicator from fcclCommInit*"));
     }
-    let c = LIVE
+    lookup(h, REMOVED.load(Ordering::Acquire))
+}
+
+/// The table's answer for `h` (`removed`: REMOVED read before); a ready communicator
+/// becomes this thread's cached lookup.
+fn lookup(h: fcclComm_t, removed: u64) -> Result<State> {
+    let id = id_of(h);
+    let live = LIVE.read().unwrap_or_else(|p| p.into_inner());
+    let c = match live.as_ref().and_then(|m| m.get(&id)) {
+        None => return Err(not_live(h)),
+        Some(Entry::Ready(c)) => Arc::clone(c),
+        Some(Entry::Creating(..)) => {
+            drop(live);
+            match promote(h)? {
+                State::Ready(c) => c,
+                other => return Ok(other),
+            }
+        }
+    };
+    LAST.with(|l| *l.borrow_mut() = (id, removed, Arc::downgrade(&c)));
+    Ok(State::Ready(c))
+}
+
+/// Where a creating handle stands; a communicator just made replaces its entry.
+fn promote(h: fcclComm_t) -> Result<State> {
+    let mut live = LIVE.write().unwrap_or_else(|p| p.into_inner());
+    let e = live.as_mut().and_then(|m| m.get_mut(&id_of(h))).ok_or_else(|| not_live(h))?;
+    let made = match e {
+        Entry::Ready(c) => return Ok(State::Ready(Arc::clone(c))),
+        Entry::Creating(cr, i) => match cr.poll(*i) {
+            Poll::Ready(c) => Arc::from(c),
+            Poll::Pending => return Ok(State::Creating),
+            Poll::Failed(e) => return Ok(State::Failed(e)),
+        },
+    };
+    *e = Entry::Ready(Arc::clone(&made));
+    Ok(State::Ready(made))
+}
+
+/// Removes a handle; the communicator is freed once no call still uses it.
+pub fn remove(h: fcclComm_t) -> Result<Removed> {
+    if h.is_null() {
+        return Err(Error::invalid_arg("comm is NULL; pass a communicator from fcclCommInit*"));
+    }
+    let e = LIVE
         .write()
         .unwrap_or_else(|p| p.into_inner())
         .as_mut()
@@ -112,7 +201,10 @@ pub fn remove(h: fcclComm_t) -> Result<Arc<Comm>> {
         .ok_or_else(|| not_live(h))?;
     // After the table changed: every thread's cached lookup now misses.
     REMOVED.fetch_add(1, Ordering::AcqRel);
-    Ok(c)
+    Ok(match e {
+        Entry::Ready(c) => Removed::Comm(c),
+        Entry::Creating(cr, i) => Removed::Creating(cr, i),
+    })
 }
 
 fn not_live(h: fcclComm_t) -> Error {
@@ -135,7 +227,7 @@ mod tests {
         assert!(Arc::ptr_eq(&held, &get(h).unwrap()));
         // Another call (`held`) still runs on it when the handle is removed: the
         // communicator lives on, but the handle must not be found any more.
-        remove(h).unwrap();
+        assert!(matches!(remove(h).unwrap(), Removed::Comm(_)));
         let e = get(h).err().expect("a removed handle was found");
         assert!(e.msg.contains("is not a live communicator"), "{}", e.msg);
         drop(held);

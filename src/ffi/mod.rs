@@ -148,7 +148,9 @@ pub struct fcclConfig_t {
     pub magic: u32,
     /// FCCL_CONFIG_VERSION, set by FCCL_CONFIG_INITIALIZER.
     pub version: u32,
-    /// 1 (default): calls return when complete. 0: accepted; host-memory calls still complete before returning.
+    /// 1 (default): calls return when complete. 0: non-blocking, as NCCL's: creation and
+    /// calls return fcclInProgress and finish on the communicator's progress thread;
+    /// poll fcclCommGetAsyncError (see there). fcclCommSplit's children inherit it.
     pub blocking: c_int,
     /// Bound on every blocking wait, in ms; 0 or FCCL_CONFIG_UNDEF_INT = FERROCCL_TIMEOUT_MS or 10 minutes.
     pub timeoutMs: c_int,

@@ -6,6 +6,7 @@
 
 pub mod copy;
 pub mod cuda;
+pub mod cuda_kernels;
 pub mod cuda_reduce;
 pub mod local;
 pub mod pool;

@@ -74,8 +74,9 @@ pub trait Link: Send {
     /// position is at least `min` bytes into a ring, the number of bytes up to the
     /// ring's start. Skipping them makes the next message reuse the ring's first
     /// pages, which are already mapped and likely still in cache, instead of
-    /// touching the whole ring. None for transports without a ring.
-    fn rewind_gap(&self, min: usize) -> Option<usize> {
+    /// touching the whole ring. Then `send_space` offers all of them, so the skip
+    /// is published at once. None for transports without a ring.
+    fn rewind_gap(&mut self, min: usize) -> Option<usize> {
         let _ = min;
         None
     }
@@ -196,6 +197,27 @@ pub struct Seen {
 pub struct PendingHeader {
     pub bytes: [u8; 16],
     pub got: usize,
+    /// Bytes of a skip to the ring's start (see [`Link::rewind_gap`]) still to
+    /// release. A skip is no step's, so a run that read its header may end before
+    /// the writer has published all of it: the rest is released by the next run.
+    pub skip: usize,
+}
+
+impl PendingHeader {
+    /// Releases what `link` has published of the skip in progress; true when
+    /// anything was released. The skip is over when `skip` is 0.
+    pub fn release_skip(&mut self, link: &mut dyn Link) -> bool {
+        let start = self.skip;
+        while self.skip > 0 {
+            let n = link.recv_avail().len().min(self.skip);
+            if n == 0 {
+                break;
+            }
+            link.recv_commit(n);
+            self.skip -= n;
+        }
+        self.skip < start
+    }
 }
 
 /// The end of a timeout message: the ranks the wait comes down to, when they are not

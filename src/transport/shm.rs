@@ -873,11 +873,14 @@ impl Link for ShmLink {
         self.peer_seg.notify();
     }
 
-    fn rewind_gap(&self, min: usize) -> Option<usize> {
+    fn rewind_gap(&mut self, min: usize) -> Option<usize> {
         let pos = (self.tx_head % self.tx.size as u64) as usize;
         if pos < min.max(1) || self.tx.tail().load(Ordering::Acquire) != self.tx_head {
             return None;
         }
+        // The tail just read: a cached one from before the last wrap would make
+        // `send_space` offer less than the gap, and the skip go out in two pieces.
+        self.tx_tail = self.tx_head;
         Some(self.tx.size - pos)
     }
 
@@ -1209,5 +1212,35 @@ mod ptracer_tests {
         assert_eq!(a[0], std::process::id());
         // SAFETY: getppid has no preconditions.
         assert_eq!(a.get(1).copied(), Some(unsafe { libc::getppid() } as u32));
+    }
+}
+
+#[cfg(test)]
+mod ring_tests {
+    use super::*;
+
+    /// A rewind offers the whole gap to the ring's start at once, also when the
+    /// writer's cached tail dates from before the ring last wrapped: a skip that
+    /// goes out in two pieces can be cut in the middle by a reader's call ending.
+    #[test]
+    fn a_rewind_is_published_in_one_piece() {
+        let ring = 64 << 10;
+        let segs: Vec<Arc<Segment>> = (0..2).map(|_| Arc::new(Segment::anonymous(2, ring).expect("segment"))).collect();
+        let mut tx = ShmLink::new(0, 1, segs[0].clone(), segs[1].clone(), false);
+        let mut rx = ShmLink::new(1, 0, segs[1].clone(), segs[0].clone(), false);
+        // Messages the reader takes at once, until the ring has wrapped a few times.
+        let mut rewinds = 0;
+        for k in 0..200usize {
+            if let Some(gap) = tx.rewind_gap(8) {
+                assert_eq!(tx.send_space().len(), gap, "message {k}: the whole gap is free");
+                rewinds += 1;
+            }
+            let n = (k * 5273 % (ring / 3)).next_multiple_of(8).max(8);
+            let n = n.min(tx.send_space().len());
+            tx.send_commit(n);
+            let got = rx.recv_avail().len();
+            rx.recv_commit(got);
+        }
+        assert!(rewinds > 100, "{rewinds} rewinds checked");
     }
 }

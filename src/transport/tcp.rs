@@ -56,6 +56,11 @@ pub struct TcpLink {
     failed: Option<String>,
     /// The socket that carries failure notices (see [`Notices`]), if the pair has one.
     notices: Option<RefCell<Notices>>,
+    /// The peer's host, for messages (empty: unknown).
+    host: String,
+    /// How long the peer's host may stay silent before the kernel ends the
+    /// connections (see [`TcpLink::watch_host`]).
+    silence: Option<Duration>,
 }
 
 /// Magic of a failure notice.
@@ -157,6 +162,8 @@ impl TcpLink {
             consumed: 0,
             failed: None,
             notices: None,
+            host: String::new(),
+            silence: None,
         };
         for i in 0..link.socks.len() {
             link.epoll_ctl(libc::EPOLL_CTL_ADD, i, IN_EVENTS)?;
@@ -168,6 +175,49 @@ impl TcpLink {
     pub fn with_notices(mut self, sock: TcpStream) -> Result<TcpLink> {
         sock.set_nonblocking(true)?;
         self.notices = Some(RefCell::new(Notices { sock, got: [0; 8], len: 0, eof: false, told: false }));
+        Ok(self)
+    }
+
+    /// Names the peer's `host` in messages and, with `silence`, has the kernel end
+    /// the data sockets once that host has given no sign of life for that long: no
+    /// acknowledgement of data sent to it (TCP_USER_TIMEOUT), and while they are
+    /// idle no answer to keepalive probes, sent from half the bound on, a tenth of
+    /// it apart. A host that vanished without closing them (power loss, a cut
+    /// cable) is then reported within about `silence`, naming it.
+    pub fn watch_host(mut self, host: &str, silence: Option<Duration>) -> Result<TcpLink> {
+        self.host = host.to_string();
+        if let Some(b) = silence {
+            let secs = b.as_secs().max(1);
+            let ms = b.as_millis().min(i32::MAX as u128) as libc::c_int;
+            let opts = [
+                (libc::SOL_SOCKET, libc::SO_KEEPALIVE, 1),
+                (libc::IPPROTO_TCP, libc::TCP_KEEPIDLE, (secs / 2).max(1) as libc::c_int),
+                (libc::IPPROTO_TCP, libc::TCP_KEEPINTVL, (secs / 10).max(1) as libc::c_int),
+                (libc::IPPROTO_TCP, libc::TCP_USER_TIMEOUT, ms),
+            ];
+            for (i, sock) in self.socks.iter().enumerate() {
+                for (level, name, v) in opts {
+                    // SAFETY: the socket is open; setsockopt reads one c_int from a live local.
+                    let r = unsafe {
+                        libc::setsockopt(
+                            sock.stream.as_raw_fd(),
+                            level,
+                            name,
+                            &v as *const libc::c_int as *const libc::c_void,
+                            std::mem::size_of::<libc::c_int>() as libc::socklen_t,
+                        )
+                    };
+                    if r != 0 {
+                        return Err(Error::system(format!(
+                            "cannot bound the silence of rank {}'s host on socket {i} of the TCP link (option {name}): {}; set FERROCCL_PEER_LOST_MS=0 to leave it to the kernel",
+                            self.peer,
+                            std::io::Error::last_os_error()
+                        )));
+                    }
+                }
+            }
+            self.silence = Some(b);
+        }
         Ok(self)
     }
 
@@ -253,7 +303,7 @@ impl TcpLink {
                     return Ok(moved);
                 }
                 Err(e) if e.kind() == ErrorKind::Interrupted => {}
-                Err(e) => return Err(self.lost(&format!("socket {i} of {}: {e}", self.socks.len()))),
+                Err(e) => return Err(self.lost_io(i, &e)),
             }
         }
     }
@@ -278,14 +328,28 @@ impl TcpLink {
                 }
                 Err(e) if e.kind() == ErrorKind::WouldBlock => break,
                 Err(e) if e.kind() == ErrorKind::Interrupted => {}
-                Err(e) => return Err(self.lost(&format!("socket {i} of {}: {e}", self.socks.len()))),
+                Err(e) => return Err(self.lost_io(i, &e)),
             }
         }
         Ok(moved)
     }
 
     fn lost(&self, why: &str) -> Error {
-        Error::remote_rank(self.peer, format!("lost the TCP connection to rank {}: {why}", self.peer))
+        let on = if self.host.is_empty() { String::new() } else { format!(" on host {}", self.host) };
+        Error::remote_rank(self.peer, format!("lost the TCP connection to rank {}{on}: {why}", self.peer))
+    }
+
+    /// [`TcpLink::lost`] for an error of socket `i`: the kernel ends a connection
+    /// whose host stayed silent past the bound with one of these.
+    fn lost_io(&self, i: usize, e: &std::io::Error) -> Error {
+        let silent = matches!(e.raw_os_error(), Some(libc::ETIMEDOUT | libc::EHOSTUNREACH | libc::ENETUNREACH));
+        match self.silence {
+            Some(b) if silent => self.lost(&format!(
+                "its host gave no sign of life for {} ms (FERROCCL_PEER_LOST_MS; {e}): it is down, or the network to it is cut",
+                b.as_millis()
+            )),
+            _ => self.lost(&format!("socket {i} of {}: {e}", self.socks.len())),
+        }
     }
 
     fn progress_sockets(&mut self) -> Result<bool> {
@@ -437,6 +501,42 @@ mod tests {
             b.push(l.accept().unwrap().0);
         }
         (a, b)
+    }
+
+    fn sockopt(s: &TcpStream, level: i32, name: i32) -> i32 {
+        let mut v: libc::c_int = -1;
+        let mut len = std::mem::size_of::<libc::c_int>() as libc::socklen_t;
+        // SAFETY: the socket is open; getsockopt writes at most len bytes into v.
+        let r = unsafe {
+            libc::getsockopt(s.as_raw_fd(), level, name, &mut v as *mut libc::c_int as *mut libc::c_void, &mut len)
+        };
+        assert_eq!(r, 0, "getsockopt {level}/{name}");
+        v
+    }
+
+    /// A bound on the peer's host's silence becomes the kernel's: keepalive from half
+    /// of it (whole seconds), probes a tenth apart, and the same bound for data left
+    /// unacknowledged; without one the sockets keep the kernel's defaults.
+    #[test]
+    fn the_silence_bound_is_set_on_every_data_socket() {
+        let (a, b) = pairs(3);
+        let watched = TcpLink::new(1, a).unwrap().watch_host("far", Some(Duration::from_millis(4500))).unwrap();
+        for s in &watched.socks {
+            assert_eq!(sockopt(&s.stream, libc::SOL_SOCKET, libc::SO_KEEPALIVE), 1);
+            assert_eq!(sockopt(&s.stream, libc::IPPROTO_TCP, libc::TCP_KEEPIDLE), 2);
+            assert_eq!(sockopt(&s.stream, libc::IPPROTO_TCP, libc::TCP_KEEPINTVL), 1);
+            assert_eq!(sockopt(&s.stream, libc::IPPROTO_TCP, libc::TCP_USER_TIMEOUT), 4500);
+        }
+        assert!(watched.lost("x").msg.contains("rank 1 on host far"));
+        let plain = TcpLink::new(0, b).unwrap().watch_host("", None).unwrap();
+        for s in &plain.socks {
+            assert_eq!(sockopt(&s.stream, libc::SOL_SOCKET, libc::SO_KEEPALIVE), 0);
+            assert_eq!(sockopt(&s.stream, libc::IPPROTO_TCP, libc::TCP_USER_TIMEOUT), 0);
+        }
+        let e = watched.lost_io(0, &std::io::Error::from_raw_os_error(libc::ETIMEDOUT));
+        assert!(e.msg.contains("no sign of life for 4500 ms (FERROCCL_PEER_LOST_MS"), "{}", e.msg);
+        let e = plain.lost_io(0, &std::io::Error::from_raw_os_error(libc::ETIMEDOUT));
+        assert!(e.msg.contains("socket 0 of 3") && !e.msg.contains("PEER_LOST"), "{}", e.msg);
     }
 
     struct Rng(u64);

@@ -5,15 +5,17 @@
 # plus FERROCCL_RANK, FERROCCL_WORLD_SIZE, FERROCCL_ROOT_ADDR and FERROCCL_SECRET (and
 # the contract tests' FERROCCL_DEBUG=INFO and FERROCCL_TIMEOUT_MS). Cases: the C
 # contract suite's collectives at 2x2 and 3x2 ranks (IPv4) and 2x2 (IPv6), a killed
-# host, an unreachable advertised address, and 2x2 under torchrun with no ferroccl
-# variable (when the torch venv's torchrun exists). Everything created (namespaces,
+# host, a cut host, an unreachable advertised address, and 2x2 under torchrun with no
+# ferroccl variable (when the torch venv's torchrun exists). Everything created (namespaces,
 # bridge, a private subnet picked at random and checked unused, per-namespace hosts
 # files under /etc/netns) is removed on exit.
 #
 # Usage (root; after `cargo build --release` and the c_tests build, see README.md):
-#   tests/multinode/run.sh [--host-addr] [--keep-logs]
+#   tests/multinode/run.sh [--host-addr] [--keep-logs] [--only REGEX] [--repeat N]
 #     --host-addr   also give every rank FERROCCL_HOST_ADDR=<its host's address>
 #     --keep-logs   keep every rank's output (the directory is printed at the end)
+#     --only REGEX  run only the cases whose name matches (grep -E), e.g. '2x2 ipv4 test_alltoallv'
+#     --repeat N    run the chosen cases N times (an intermittent failure, counted per run)
 # Environment: FERROCCL_LIB_DIR (target/release), FERROCCL_C_TESTS_DIR (build/c_tests),
 # FERROCCL_TORCH_VENV (~/.cache/ferroccl/torch-venv).
 # Prints one PASS/FAIL/SKIP line per case and "multinode: N passed, M failed, K skipped";
@@ -23,16 +25,21 @@ set -uo pipefail
 root=$(cd "$(dirname "$0")/../.." && pwd)
 lib=${FERROCCL_LIB_DIR:-$root/target/release}
 ctests=${FERROCCL_C_TESTS_DIR:-$root/build/c_tests}
-host_addr=0 keep=0
+host_addr=0 keep=0 only="" repeat=1
 # torchrun of the torch venv (scripts/python-install-test.sh makes it), for the 2x2 torchrun case.
 torchrun="${FERROCCL_TORCH_VENV:-$HOME/.cache/ferroccl/torch-venv}/bin/torchrun"
-for a in "$@"; do
-  case "$a" in
+while [ $# -gt 0 ]; do
+  case "$1" in
     --host-addr) host_addr=1 ;;
     --keep-logs) keep=1 ;;
-    -h | --help) sed -n '2,18p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
-    *) echo "run.sh: unknown argument '$a' (known: --host-addr, --keep-logs, --help)" >&2; exit 64 ;;
+    --only) [ $# -ge 2 ] || { echo "run.sh: --only needs a regular expression" >&2; exit 64; }; only=$2; shift ;;
+    --repeat)
+      [[ "${2:-}" =~ ^[1-9][0-9]*$ ]] || { echo "run.sh: --repeat needs a positive count" >&2; exit 64; }
+      repeat=$2; shift ;;
+    -h | --help) sed -n '2,20p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    *) echo "run.sh: unknown argument '$1' (known: --host-addr, --keep-logs, --only, --repeat, --help)" >&2; exit 64 ;;
   esac
+  shift
 done
 
 # Contract binaries run per host layout; each must pass as a rank started from the environment.
@@ -42,6 +49,8 @@ contract_tests=(test_allreduce test_broadcast test_reduce test_allgather test_re
 proc_timeout=60         # seconds any rank process may live (a hang fails the case, not CI)
 contract_timeout_ms=30000
 kill_bound_ms=5000      # docs/robustness.md "Dead peers": checked every 100 ms
+cut_lost_ms=3000        # FERROCCL_PEER_LOST_MS of the cut-host case
+cut_bound_ms=7000       # ...which the kernel's keepalive and retransmission timers keep to within a second or so
 unreachable_bound_ms=30000
 fcclRemoteError=6
 
@@ -50,6 +59,9 @@ pass() { passed=$((passed + 1)); echo "PASS $*"; }
 fail() { failed=$((failed + 1)); echo "FAIL $*"; }
 skip() { skipped=$((skipped + 1)); echo "SKIP $*"; }
 summary() { echo "multinode: $passed passed, $failed failed, $skipped skipped"; }
+# wanted NAME: whether --only lets case NAME run. round: the --repeat round (logs in $tmp/<round>/).
+wanted() { [ -z "$only" ] || grep -qE -- "$only" <<<"$1"; }
+round=1
 skip_all() { skip "multinode: $*"; summary; exit 0; }
 
 [ "$(id -u)" = 0 ] || skip_all "needs root to create network namespaces (run as root, or in a container with CAP_SYS_ADMIN and CAP_NET_ADMIN)"
@@ -196,11 +208,12 @@ show_logs() {           # the ends of the given logs, indented, for a failed cas
 contract_case() {
   local fam=$1 nh=$2 ph=$3 t=$4 n=$(($2 * $3)) r bad="" name dir t0 ms got
   name="${nh}x${ph} ipv$fam $t"
+  wanted "$name" || return
   if [ ! -x "$ctests/$t" ]; then
     fail "$name: $ctests/$t not built (build the C contract suite first, see README.md)"
     return
   fi
-  dir="$tmp/$fam-$nh-$t"
+  dir="$tmp/$round/$fam-$nh-$t"
   mkdir -p "$dir"
   job_env "$n"
   t0=$(date +%s%N)
@@ -235,15 +248,15 @@ contract_case() {
   fi
 }
 
-# Kills both ranks of host 1 of 3x2 during a loop of all_reduces; the survivors must
-# fail with fcclRemoteError naming rank 2 or 3 within kill_bound_ms (second-hand over
-# TCP too: a survivor that stopped because of them says so before it closes).
-kill_case() {
-  local name="3x2 ipv4 killed host" dir="$tmp/kill" n=6 r i t_kill ms victims=() bad="" times=() line at code
+# loop_job NAME DIR ENV...: 3x2 ranks running hostloss (a loop of checked 1 MiB
+# all_reduces, each rank with ENV) until every rank is 20 calls in; fails NAME and
+# returns 1 if that does not happen within 30 s or ranks 2 and 3 are not the launched pids.
+loop_job() {
+  local name=$1 dir=$2 n=6 r i; shift 2
   mkdir -p "$dir/ready"
   job_env "$n"
   for ((r = 0; r < n; r++)); do
-    start_rank $((r / 2)) "$r" "$dir/rank$r.log" "${jenv[@]}" FCCL_MN_READY_DIR="$dir/ready" \
+    start_rank $((r / 2)) "$r" "$dir/rank$r.log" "${jenv[@]}" FCCL_MN_READY_DIR="$dir/ready" "$@" \
       -- "$root/build/multinode/hostloss" 40 262144 20
   done
   for i in $(seq 1 300); do       # every rank 20 calls in: at most 30 s
@@ -256,45 +269,79 @@ kill_case() {
     wait_all
     fail "$name: not every rank got 20 all_reduces in (ready: $(ls "$dir/ready" | tr '\n' ' '))"
     show_logs "$dir"/rank*.log
-    return
+    return 1
   fi
-  victims=("$(cat "$dir/ready/rank2")" "$(cat "$dir/ready/rank3")")
-  if [ "${victims[*]}" != "${pids[2]} ${pids[3]}" ]; then  # wait_all's hard timeout relies on this
+  if [ "$(cat "$dir/ready/rank2") $(cat "$dir/ready/rank3")" != "${pids[2]} ${pids[3]}" ]; then  # wait_all's hard timeout relies on this
     kill -KILL "${pids[@]}" 2>/dev/null
     wait_all
-    fail "$name: ranks 2 and 3 run as pids ${victims[*]}, not as the launched ${pids[2]} ${pids[3]} (ip netns exec or unshare forked)"
-    return
+    fail "$name: ranks 2 and 3 run as pids $(cat "$dir/ready/rank2") $(cat "$dir/ready/rank3"), not as the launched ${pids[2]} ${pids[3]} (ip netns exec or unshare forked)"
+    return 1
   fi
-  sleep 0.3
-  t_kill=$(date +%s%N)
-  kill -KILL "${victims[@]}"
-  wait_all
-  for v in "${victims[@]}"; do rm -f /dev/shm/fccl-*-p"$v"; done   # what a SIGKILL leaves behind
+}
+
+# survivors NAME DIR T0 BOUND_MS: after loop_job and wait_all, ranks 0, 1, 4 and 5 must
+# each have failed with fcclRemoteError naming rank 2 or 3 within BOUND_MS of T0 (ns).
+survivors() {
+  local name=$1 dir=$2 t0=$3 bound=$4 r line code at ms bad="" times=()
   for r in 0 1 4 5; do
     line=$(grep -m1 '^hostloss rank' "$dir/rank$r.log")
     if [[ "$line" =~ error\ code\ ([0-9]+)\ .*at_ns\ ([0-9]+) ]]; then
       code=${BASH_REMATCH[1]} at=${BASH_REMATCH[2]}
-      ms=$(((at - t_kill) / 1000000))
+      ms=$(((at - t0) / 1000000))
       times+=("$ms")
       [ "$code" = "$fcclRemoteError" ] || bad+=" rank $r: code $code, not fcclRemoteError;"
-      [ "$ms" -le "$kill_bound_ms" ] || bad+=" rank $r: detected after $ms ms (bound $kill_bound_ms);"
+      [ "$ms" -le "$bound" ] || bad+=" rank $r: detected after $ms ms (bound $bound);"
       grep -qE 'rank (2|3)([^0-9]|$)' <<<"${line#*: }" || bad+=" rank $r: message does not name rank 2 or 3;"
     else
-      bad+=" rank $r (exit ${rc[r]}): ${line:-no result line};"
+      bad+=" rank $r (exit ${rc[r]}${hung[r]:+, hung: killed after ${proc_timeout} s}): ${line:-no result line};"
     fi
   done
   if [ -z "$bad" ]; then
-    pass "$name: ranks 0,1,4,5 failed with fcclRemoteError after $(IFS=,; echo "${times[*]}") ms (bound $kill_bound_ms); rank 0 said: $(grep -m1 -o 'calls (async.*' "$dir/rank0.log")"
+    pass "$name: ranks 0,1,4,5 failed with fcclRemoteError after $(IFS=,; echo "${times[*]}") ms (bound $bound); rank 0 said: $(grep -m1 -o 'calls (async.*' "$dir/rank0.log")"
   else
     fail "$name:$bad"
     show_logs "$dir"/rank*.log
   fi
 }
 
+# Kills both ranks of host 1 of 3x2 during a loop of all_reduces; the survivors must
+# fail with fcclRemoteError naming rank 2 or 3 within kill_bound_ms (second-hand over
+# TCP too: a survivor that stopped because of them says so before it closes).
+kill_case() {
+  local name="3x2 ipv4 killed host" dir="$tmp/$round/kill" t_kill v
+  wanted "$name" || return
+  loop_job "$name" "$dir" || return
+  sleep 0.3
+  t_kill=$(date +%s%N)
+  kill -KILL "${pids[2]}" "${pids[3]}"
+  local victims=("${pids[2]}" "${pids[3]}")
+  wait_all
+  for v in "${victims[@]}"; do rm -f /dev/shm/fccl-*-p"$v"; done   # what a SIGKILL leaves behind
+  survivors "$name" "$dir" "$t_kill" "$kill_bound_ms"
+}
+
+# Cuts host 1's cable (its port on the bridge goes down) during a loop of all_reduces
+# at 3x2 with FERROCCL_PEER_LOST_MS=cut_lost_ms: host 1's ranks live on but say
+# nothing, not even that their sockets closed. The survivors must fail with
+# fcclRemoteError naming rank 2 or 3 within cut_bound_ms, long before
+# FERROCCL_TIMEOUT_MS (left at its default, 10 minutes).
+cut_case() {
+  local name="3x2 ipv4 cut host" dir="$tmp/$round/cut" t_cut
+  wanted "$name" || return
+  loop_job "$name" "$dir" FERROCCL_PEER_LOST_MS="$cut_lost_ms" || return
+  sleep 0.3
+  t_cut=$(date +%s%N)
+  ip -n "$brns" link set h1 down
+  wait_all
+  ip -n "$brns" link set h1 up
+  survivors "$name" "$dir" "$t_cut" "$cut_bound_ms"
+}
+
 # Host 1's ranks of a 2x2 job advertise an address no namespace holds; every rank must
 # fail within unreachable_bound_ms (FERROCCL_TIMEOUT_MS at its default) naming it.
 unreachable_case() {
-  local name="2x2 ipv4 unreachable address" dir="$tmp/unreach" n=4 r t0 ms line bad="" worst=0 el
+  local name="2x2 ipv4 unreachable address" dir="$tmp/$round/unreach" n=4 r t0 ms line bad="" worst=0 el
+  wanted "$name" || return
   local nowhere="$v4net.250"
   mkdir -p "$dir"
   job_env "$n"
@@ -341,7 +388,8 @@ cc -std=c99 -O2 -Wall -Wextra -Wpedantic -Werror -I"$root/include" "$root/tests/
 # each host's ranks must advertise that host's address. torchrun looks up its own
 # hostname, so each host gets a hosts file (ip netns exec mounts /etc/netns/NS/hosts).
 torchrun_case() {
-  local name="2x2 ipv4 torchrun" dir="$tmp/torchrun" h r bad="" ok
+  local name="2x2 ipv4 torchrun" dir="$tmp/$round/torchrun" h r bad="" ok
+  wanted "$name" || return
   if [ ! -x "$torchrun" ]; then
     skip "$name: no torchrun at $torchrun (scripts/python-install-test.sh makes the torch venv)"
     return
@@ -382,11 +430,14 @@ if ! net_up 4 3 2>"$tmp/net.err"; then
   skip_all "cannot create network namespaces, veth pairs or a bridge: $(head -n1 "$tmp/net.err")"
 fi
 echo "multinode: hosts ${addr[*]} (namespaces ${tag}h*, bridge in $brns)$([ "$host_addr" = 1 ] && echo ", FERROCCL_HOST_ADDR set")"
-for t in "${contract_tests[@]}"; do contract_case 4 2 2 "$t"; done
-for t in "${contract_tests[@]}"; do contract_case 4 3 2 "$t"; done
-kill_case
-unreachable_case
-torchrun_case
+for ((round = 1; round <= repeat; round++)); do
+  for t in "${contract_tests[@]}"; do contract_case 4 2 2 "$t"; done
+  for t in "${contract_tests[@]}"; do contract_case 4 3 2 "$t"; done
+  kill_case
+  cut_case
+  unreachable_case
+  torchrun_case
+done
 net_down
 
 if [ ! -d /proc/sys/net/ipv6 ]; then
@@ -395,7 +446,9 @@ elif ! net_up 6 2 2>"$tmp/net6.err"; then
   fail "2x2 ipv6: cannot set up IPv6 namespaces: $(head -n1 "$tmp/net6.err")"
 else
   echo "multinode: hosts ${addr[*]}"
-  for t in "${contract_tests[@]}"; do contract_case 6 2 2 "$t"; done
+  for ((round = 1; round <= repeat; round++)); do
+    for t in "${contract_tests[@]}"; do contract_case 6 2 2 "$t"; done
+  done
 fi
 net_down
 

@@ -65,6 +65,28 @@ static int failures_total = 0;
           pncclGetLastError(NULL));                                                      \
   } while (0)
 
+/* Non-blocking communicators, as nccl-tests drives them: a call that returns
+ * ncclInProgress is followed by polling ncclCommGetAsyncError until the communicator
+ * leaves that state; its final state is the call's result. Blocking ones never return
+ * ncclInProgress, so the same code serves both. */
+static ncclResult_t settle(ncclComm_t comm, ncclResult_t r) {
+  ncclResult_t st = ncclInProgress;
+  if (r != ncclInProgress) return r;
+  do {
+    r = ncclCommGetAsyncError(comm, &st);
+    if (r != ncclSuccess) return r;
+  } while (st == ncclInProgress);
+  return st;
+}
+
+#define NCCLDO(rank, comm, call)                                                         \
+  do {                                                                                   \
+    ncclResult_t r_ = (call);                                                            \
+    r_ = settle((comm), r_);                                                             \
+    CHECK(rank, r_ == ncclSuccess, "%s: %s (%s)", #call, ncclGetErrorString(r_),         \
+          pncclGetLastError(NULL));                                                      \
+  } while (0)
+
 /* ------------------------------------------------------------------ element types */
 
 static uint16_t f32_to_f16(float f) {
@@ -149,7 +171,7 @@ static void collectives(ncclComm_t comm, int rank, int n, int* checks) {
       ncclRedOp_t op = ops[oi];
       int bad = 0;
       for (i = 0; i < N; i++) put(t, send, i, val(rank, i));
-      NCCLOK(rank, ncclAllReduce(send, recv, N, t, op, comm, NULL));
+      NCCLDO(rank, comm, ncclAllReduce(send, recv, N, t, op, comm, NULL));
       for (i = 0; i < N && !bad; i++) {
         double s = 0, pr = 1, mx = -1e30, mn = 1e30, want = 0, got = get(t, recv, i);
         for (p = 0; p < n; p++) {
@@ -173,11 +195,11 @@ static void collectives(ncclComm_t comm, int rank, int n, int* checks) {
   /* Broadcast from the last rank, out of place; Bcast in place from rank 0. */
   for (i = 0; i < N; i++) ((float*)send)[i] = (float)(rank * 100 + (int)i);
   memset(recv, 0, (size_t)N * 4);
-  NCCLOK(rank, ncclBroadcast(send, recv, N, ncclFloat, n - 1, comm, NULL));
+  NCCLDO(rank, comm, ncclBroadcast(send, recv, N, ncclFloat, n - 1, comm, NULL));
   for (i = 0; i < N; i++)
     if (((float*)recv)[i] != (float)((n - 1) * 100 + (int)i)) break;
   CHECK(rank, i == N, "ncclBroadcast: element %zu wrong", i);
-  NCCLOK(rank, ncclBcast(send, N, ncclFloat, 0, comm, NULL));
+  NCCLDO(rank, comm, ncclBcast(send, N, ncclFloat, 0, comm, NULL));
   for (i = 0; i < N; i++)
     if (((float*)send)[i] != (float)i) break;
   CHECK(rank, i == N, "ncclBcast: element %zu wrong", i);
@@ -187,7 +209,7 @@ static void collectives(ncclComm_t comm, int rank, int n, int* checks) {
     int root = 1 % n;
     for (i = 0; i < N; i++) ((int32_t*)send)[i] = rank + (int)i;
     memset(recv, 0xff, (size_t)N * 4);
-    NCCLOK(rank, ncclReduce(send, recv, N, ncclInt32, ncclSum, root, comm, NULL));
+    NCCLDO(rank, comm, ncclReduce(send, recv, N, ncclInt32, ncclSum, root, comm, NULL));
     if (rank == root) {
       for (i = 0; i < N; i++)
         if (((int32_t*)recv)[i] != n * (n - 1) / 2 + n * (int)i) break;
@@ -197,7 +219,7 @@ static void collectives(ncclComm_t comm, int rank, int n, int* checks) {
 
   /* AllGather: rank p's block at p*N. */
   for (i = 0; i < N; i++) ((int64_t*)send)[i] = rank * 1000 + (int64_t)i;
-  NCCLOK(rank, ncclAllGather(send, recv, N, ncclInt64, comm, NULL));
+  NCCLDO(rank, comm, ncclAllGather(send, recv, N, ncclInt64, comm, NULL));
   for (p = 0; p < n; p++)
     for (i = 0; i < N; i++)
       CHECK(rank, ((int64_t*)recv)[(size_t)p * N + i] == p * 1000 + (int64_t)i, "ncclAllGather block %d", p);
@@ -205,7 +227,7 @@ static void collectives(ncclComm_t comm, int rank, int n, int* checks) {
   /* ReduceScatter: rank r gets the sum of block r. */
   for (p = 0; p < n; p++)
     for (i = 0; i < N; i++) ((double*)send)[(size_t)p * N + i] = (double)(p * 10 + rank);
-  NCCLOK(rank, ncclReduceScatter(send, recv, N, ncclDouble, ncclSum, comm, NULL));
+  NCCLDO(rank, comm, ncclReduceScatter(send, recv, N, ncclDouble, ncclSum, comm, NULL));
   for (i = 0; i < N; i++)
     if (((double*)recv)[i] != (double)(rank * 10 * n + n * (n - 1) / 2)) break;
   CHECK(rank, i == N, "ncclReduceScatter: element %zu wrong", i);
@@ -213,18 +235,18 @@ static void collectives(ncclComm_t comm, int rank, int n, int* checks) {
   /* AlltoAll: block p of rank r goes to block r of rank p. */
   for (p = 0; p < n; p++)
     for (i = 0; i < N; i++) ((int32_t*)send)[(size_t)p * N + i] = rank * 100 + p;
-  NCCLOK(rank, ncclAlltoAll(send, recv, N, ncclInt32, comm, NULL));
+  NCCLDO(rank, comm, ncclAlltoAll(send, recv, N, ncclInt32, comm, NULL));
   for (p = 0; p < n; p++)
     CHECK(rank, ((int32_t*)recv)[(size_t)p * N + N - 1] == p * 100 + rank, "ncclAlltoAll block %d", p);
 
   /* Gather to rank 0 and Scatter from it. */
   for (i = 0; i < N; i++) ((int32_t*)send)[i] = rank * 7;
-  NCCLOK(rank, ncclGather(send, recv, N, ncclInt32, 0, comm, NULL));
+  NCCLDO(rank, comm, ncclGather(send, recv, N, ncclInt32, 0, comm, NULL));
   if (rank == 0)
     for (p = 0; p < n; p++) CHECK(rank, ((int32_t*)recv)[(size_t)p * N] == p * 7, "ncclGather block %d", p);
   for (p = 0; p < n; p++)
     for (i = 0; i < N; i++) ((int32_t*)send)[(size_t)p * N + i] = p * 3;
-  NCCLOK(rank, ncclScatter(send, recv, N, ncclInt32, 0, comm, NULL));
+  NCCLDO(rank, comm, ncclScatter(send, recv, N, ncclInt32, 0, comm, NULL));
   CHECK(rank, ((int32_t*)recv)[N - 1] == rank * 3, "ncclScatter");
 
   /* Send/Recv around the ring, in a group (deadlock-free only as a group). */
@@ -235,7 +257,7 @@ static void collectives(ncclComm_t comm, int rank, int n, int* checks) {
     NCCLOK(rank, ncclGroupStart());
     NCCLOK(rank, ncclSend(send, N, ncclInt32, next, comm, NULL));
     NCCLOK(rank, ncclRecv(recv, N, ncclInt32, prev, comm, NULL));
-    NCCLOK(rank, ncclGroupEnd());
+    NCCLDO(rank, comm, ncclGroupEnd());
     for (i = 0; i < N; i++)
       if (((int32_t*)recv)[i] != prev * 1000 + (int)i) break;
     CHECK(rank, i == N, "ncclSend/ncclRecv: element %zu wrong", i);
@@ -247,7 +269,8 @@ static void collectives(ncclComm_t comm, int rank, int n, int* checks) {
 static void split(ncclComm_t comm, int rank, int n, int* checks) {
   ncclComm_t sub = NULL;
   int cnt = 0, me = -1, x = rank, y = 0;
-  NCCLOK(rank, ncclCommSplit(comm, rank % 2, -rank, &sub, NULL));
+  /* config NULL: a non-blocking parent's child is non-blocking too; polled on the child */
+  NCCLDO(rank, sub, ncclCommSplit(comm, rank % 2, -rank, &sub, NULL));
   if (sub == NULL) {
     CHECK(rank, 0, "ncclCommSplit gave no communicator");
     return;
@@ -256,7 +279,7 @@ static void split(ncclComm_t comm, int rank, int n, int* checks) {
   NCCLOK(rank, ncclCommUserRank(sub, &me));
   CHECK(rank, cnt == (n - rank % 2 + 1) / 2, "split size %d", cnt);
   CHECK(rank, me == cnt - 1 - rank / 2, "split rank %d (key -rank orders ranks backwards)", me);
-  NCCLOK(rank, ncclAllReduce(&x, &y, 1, ncclInt32, ncclSum, sub, NULL));
+  NCCLDO(rank, sub, ncclAllReduce(&x, &y, 1, ncclInt32, ncclSum, sub, NULL));
   {
     int want = 0, p;
     for (p = rank % 2; p < n; p += 2) want += p;
@@ -348,11 +371,12 @@ static void* thread_main(void* p) {
   snprintf(name, sizeof name, "nccl-style-%d", a->rank);
   cfg.commName = name;
   if (a->rank % 2 == 1) {
-    /* Non-blocking init, polled as NCCL's documentation shows. */
+    /* Non-blocking init, polled as NCCL's documentation shows; every call on this
+     * communicator is then non-blocking too (NCCLDO polls). */
     ncclResult_t st = ncclInProgress;
     cfg.blocking = 0;
     ncclResult_t r = ncclCommInitRankConfig(&comm, a->n, a->id, a->rank, &cfg);
-    CHECK(a->rank, r == ncclSuccess || r == ncclInProgress, "non-blocking init: %d", (int)r);
+    CHECK(a->rank, r == ncclInProgress, "non-blocking init: %d", (int)r);
     while (comm != NULL && st == ncclInProgress) NCCLOK(a->rank, ncclCommGetAsyncError(comm, &st));
     CHECK(a->rank, st == ncclSuccess, "non-blocking init ended with %d", (int)st);
   } else {
@@ -360,7 +384,7 @@ static void* thread_main(void* p) {
   }
   if (comm == NULL) return NULL;
   run_rank(comm, a->rank, a->n, checks);
-  NCCLOK(a->rank, ncclCommFinalize(comm));
+  NCCLDO(a->rank, comm, ncclCommFinalize(comm));
   NCCLOK(a->rank, ncclCommDestroy(comm));
   return NULL;
 }

@@ -624,6 +624,12 @@ fn reduce_phase(
 /// the library allocate in proportion to it).
 const WIRE_WINDOW: usize = 8 << 20;
 
+/// Elements of one window of a wire all_reduce whose wire type is `wire` (at most the
+/// count): the device kernels split windows among owners the same way.
+pub(crate) fn wire_window_elems(wire: DataType) -> usize {
+    (WIRE_WINDOW / wire.size()).max(1)
+}
+
 /// all_reduce whose data crosses the transport in `co.wire`, a narrower float type:
 /// each contribution is rounded to the wire type once, the owner accumulates in the
 /// data type (float32 or float64), and the reduced result is rounded to the wire
@@ -633,7 +639,7 @@ const WIRE_WINDOW: usize = 8 << 20;
 fn allreduce_wire(s: &mut Schedule<'_>, co: &Coll, rank: usize, n: usize, scratch: &mut Scratch) -> Result<()> {
     let (dt, wire) = (co.dtype, co.wire.expect("wire type set"));
     let (es, ws) = (dt.size(), wire.size());
-    let win = (WIRE_WINDOW / ws).max(1).min(co.count);
+    let win = wire_window_elems(wire).min(co.count);
     if n == 1 {
         // One rank: nothing travels, but the result still goes through the wire type
         // so that it does not depend on the number of ranks.

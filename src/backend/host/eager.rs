@@ -41,10 +41,10 @@ pub fn eligible(rank: usize, calls: &[Call]) -> bool {
         })
 }
 
-/// A payload being read: into `dst` for call `call`, or dropped (`dst` null: a
-/// skipped stretch of the ring, or the payload of a send whose size differs).
+/// A payload being read for call `call`: into `dst`, or dropped (`dst` null: the
+/// payload of a send whose size differs).
 struct Rx {
-    call: Option<usize>,
+    call: usize,
     dst: *mut u8,
     len: usize,
     read: usize,
@@ -266,6 +266,9 @@ enum Take {
     Later,
     /// Consumed; a payload follows when `Some`.
     Now(Option<Rx>),
+    /// A skip over this many bytes to the ring's start (released through the
+    /// pending header, which outlives the call).
+    Skip(usize),
 }
 
 /// Reads every message from the peer of `s` that belongs to this group, releasing
@@ -282,6 +285,13 @@ fn read(
     let mut moved = false;
     loop {
         let (link, pending) = t.link_and_header(s.peer);
+        // The rest of a skip comes first: an earlier run may have ended inside it.
+        if pending.skip > 0 {
+            moved |= pending.release_skip(link);
+            if pending.skip > 0 {
+                return Ok(moved);
+            }
+        }
         let avail = link.recv_avail();
         let (ptr, alen) = (avail.as_ptr(), avail.len());
         // A header that arrived in two pieces (the ring wraps inside it) is gathered
@@ -299,6 +309,12 @@ fn read(
                     moved = true;
                     continue;
                 }
+                Take::Skip(len) => {
+                    pending.got = 0;
+                    pending.skip = len;
+                    moved = true;
+                    continue;
+                }
             }
         }
         // SAFETY: these bytes were published by the peer and stay unchanged until
@@ -306,6 +322,7 @@ fn read(
         let avail = unsafe { std::slice::from_raw_parts(ptr, alen) };
         let mut used = 0;
         let mut later = false;
+        let mut skip = 0;
         loop {
             if let Some(rx) = s.rx.as_mut() {
                 let total = pad8(rx.len);
@@ -324,9 +341,7 @@ fn read(
                 if rx.read < total {
                     break;
                 }
-                if let Some(i) = rx.call {
-                    bits.received |= 1 << i;
-                }
+                bits.received |= 1 << rx.call;
                 s.rx = None;
             }
             if alen - used < HDR {
@@ -342,12 +357,18 @@ fn read(
                     used += HDR;
                     s.rx = rx;
                 }
+                Take::Skip(len) => {
+                    used += HDR;
+                    skip = len;
+                    break;
+                }
             }
         }
         if used == 0 {
             return Ok(moved);
         }
         link.recv_commit(used);
+        pending.skip = skip;
         moved = true;
         if later {
             return Ok(moved);
@@ -395,7 +416,7 @@ fn take(
                 Take::Now(None)
             } else {
                 let dst = if len == want { c.coll.recv } else { std::ptr::null_mut() };
-                Take::Now(Some(Rx { call: Some(i), dst, len, read: 0 }))
+                Take::Now(Some(Rx { call: i, dst, len, read: 0 }))
             }
         }
         K_P2P_REPLY => {
@@ -413,7 +434,7 @@ fn take(
             bits.replied |= 1 << i;
             Take::Now(None)
         }
-        K_SKIP => Take::Now(Some(Rx { call: None, dst: std::ptr::null_mut(), len, read: 0 })),
+        K_SKIP => Take::Skip(len),
         // A collective's message: for a later call.
         K_DATA | K_DIRECT => Take::Later,
         K_P2P_DATA | K_P2P_DIRECT => {
@@ -430,10 +451,13 @@ fn take(
 
 #[cfg(test)]
 mod tests {
+    use super::super::engine::{
+        self, header, parse_header, RunCtl, Schedule, Sink, HDR, K_P2P_EAGER, K_P2P_REPLY, K_SKIP,
+    };
     use super::super::{execute, Call};
     use crate::coll::{Coll, CollKind};
     use crate::error::{Code, Error};
-    use crate::transport::{inproc, Transport};
+    use crate::transport::{inproc, Link, Transport};
     use crate::types::DataType;
     use std::sync::atomic::AtomicBool;
     use std::time::Duration;
@@ -575,5 +599,98 @@ mod tests {
     #[test]
     fn ring_rewinds() {
         pair(128 << 10, 30_000, 300);
+    }
+
+    /// Publishes the header and the next `first` bytes of a skip over the rest of
+    /// `link`'s ring (which the peer has emptied), as a writer stopped between the
+    /// skip's two pieces leaves it; returns the bytes still to publish.
+    fn skip_first_piece(link: &mut dyn Link, first: usize) -> usize {
+        let space = link.send_space();
+        let gap = space.len();
+        assert!(gap >= HDR + first + 8, "room for a skip in two pieces");
+        space[..HDR].copy_from_slice(&header(K_SKIP, 0, gap - HDR));
+        link.send_commit(HDR + first);
+        gap - HDR - first
+    }
+
+    fn skip_rest(link: &mut dyn Link, rest: usize) {
+        assert!(link.send_space().len() >= rest, "the rest of the skip is free");
+        link.send_commit(rest);
+    }
+
+    /// Sends `data` from rank `from` to rank `to` of `ts` through the engine (done
+    /// once written) and receives it there; the bytes received.
+    fn through_engine(ts: &mut [Transport], from: usize, to: usize, data: &[u8]) -> Vec<u8> {
+        let abort = AtomicBool::new(false);
+        let ctl = RunCtl { timeout: Duration::from_secs(20), abort: &abort, what: &|| "test".to_string() };
+        let mut s = Schedule::new(7);
+        s.send(to, data.as_ptr(), data.len(), &[]);
+        assert!(engine::run(&mut ts[from], &mut s, &ctl).expect("send").is_none());
+        let mut got = vec![0u8; data.len()];
+        let mut s = Schedule::new(7);
+        s.recv(from, data.len(), Sink::Copy(got.as_mut_ptr()), &[]);
+        assert!(engine::run(&mut ts[to], &mut s, &ctl).expect("receive after the skip").is_none());
+        got
+    }
+
+    /// A call that ends while a skip from another peer is half published (its
+    /// writer stopped between the two pieces) leaves the rest to the next call,
+    /// which must release it before it reads a header: an engine run that reads
+    /// the first piece, then an engine run and a call on this path that read past
+    /// the skip.
+    #[test]
+    fn a_skip_half_published_when_a_call_ends_is_finished_by_the_next() {
+        for next_on_this_path in [false, true] {
+            let mut ts = inproc::build_with_ring(3, 64 << 10).expect("links");
+            let rest = skip_first_piece(ts[1].link(2), 4096);
+            // Rank 2 takes rank 0's message, reading the skip's first piece on the way.
+            assert_eq!(through_engine(&mut ts, 0, 2, b"from rank 0 ....").as_slice(), b"from rank 0 ....");
+            skip_rest(ts[1].link(2), rest);
+            let data: Vec<u8> = (0..40u8).collect();
+            let got = if next_on_this_path {
+                let mut it = ts.into_iter();
+                let (_, mut t1, mut t2) = (it.next(), it.next().unwrap(), it.next().unwrap());
+                let mut send = data.clone();
+                let mut got = vec![0u8; data.len()];
+                std::thread::scope(|s| {
+                    s.spawn(|| assert!(run(&mut t1, &[p2p(CollKind::Send, send.as_mut_ptr(), 40, 2)]).is_none()));
+                    assert!(run(&mut t2, &[p2p(CollKind::Recv, got.as_mut_ptr(), 40, 1)]).is_none());
+                });
+                got
+            } else {
+                through_engine(&mut ts, 1, 2, &data)
+            };
+            assert_eq!(got, data, "next on this path: {next_on_this_path}");
+        }
+    }
+
+    /// The same on this path: a call whose last message from a peer (its count for
+    /// our send) is followed by a half-published skip.
+    #[test]
+    fn a_skip_half_published_after_a_reply_is_finished_by_the_next_call() {
+        let mut it = inproc::build_with_ring(2, 64 << 10).expect("links").into_iter();
+        let (mut t0, mut t1) = (it.next().unwrap(), it.next().unwrap());
+        let mut first = *b"rank 0 to rank 1";
+        // Rank 1's count for that send (as its fcclRecv announces it), then the
+        // first piece of a skip.
+        let link = t1.link(0);
+        link.send_space()[..HDR].copy_from_slice(&header(K_P2P_REPLY, 1, first.len()));
+        link.send_commit(HDR);
+        let rest = skip_first_piece(link, 4096);
+        assert!(run(&mut t0, &[p2p(CollKind::Send, first.as_mut_ptr(), first.len(), 1)]).is_none());
+        // Rank 1 takes the message its count answered off the ring.
+        let link = t1.link(0);
+        let avail = link.recv_avail();
+        assert_eq!(parse_header(avail[..HDR].try_into().unwrap()).0, K_P2P_EAGER);
+        assert_eq!(&avail[HDR..HDR + 16], b"rank 0 to rank 1");
+        link.recv_commit(HDR + 16);
+        skip_rest(link, rest);
+        let mut back: Vec<u8> = (100..140u8).collect();
+        let mut got = vec![0u8; back.len()];
+        std::thread::scope(|s| {
+            s.spawn(|| assert!(run(&mut t1, &[p2p(CollKind::Send, back.as_mut_ptr(), 40, 0)]).is_none()));
+            assert!(run(&mut t0, &[p2p(CollKind::Recv, got.as_mut_ptr(), 40, 1)]).is_none());
+        });
+        assert_eq!(got, (100..140u8).collect::<Vec<_>>());
     }
 }

@@ -937,9 +937,9 @@ struct RxSwap {
     peer_input: PeerInput,
 }
 
-/// An incoming message being read.
+/// An incoming message being read, for step `step`.
 struct Rx {
-    step: Option<usize>,
+    step: usize,
     len: usize,
     sink: Sink,
     read: usize,
@@ -964,7 +964,7 @@ struct Rx {
 impl Rx {
     /// A message of `len` bytes for step `step` into `sink`, read from the stream;
     /// the other fields as the message kind needs them.
-    fn new(step: Option<usize>, len: usize, sink: Sink) -> Rx {
+    fn new(step: usize, len: usize, sink: Sink) -> Rx {
         Rx {
             step,
             len,
@@ -1930,7 +1930,7 @@ fn gated_fetch(
 /// Bytes gated receive `rx` may take now (see [`InPlace`]); unbounded once every
 /// byte it may still write is free.
 fn gate_room(inplace: &InPlace, sched: &Schedule<'_>, rx: &Rx) -> usize {
-    let allowed = rx.step.map_or(usize::MAX, |i| inplace.allowed(sched, i));
+    let allowed = inplace.allowed(sched, rx.step);
     allowed.saturating_sub(rx.read)
 }
 
@@ -2046,6 +2046,13 @@ fn pump_rx(
     while budget > 0 {
         if st.cur_rx.is_none() {
             let (link, hdr) = t.link_and_header(p);
+            // The rest of a skip comes first: an earlier run may have ended inside it.
+            if hdr.skip > 0 {
+                progressed |= hdr.release_skip(link);
+                if hdr.skip > 0 {
+                    break;
+                }
+            }
             // The header may straddle the ring's wrap point: gather it first. It
             // stays pending (across runs) until the step it is for can take it.
             progressed |= gather(link, &mut hdr.bytes, &mut hdr.got);
@@ -2084,11 +2091,15 @@ fn pump_rx(
                     st.data_rq.pop_front();
                     hdr.got = 0;
                     let direct = (kind != K_DATA).then(|| DirectRx::new(kind, hdr.bytes[HDR_FLAG]));
-                    st.cur_rx = Some(Rx { direct, swap, ..Rx::new(Some(i), len, sink) });
+                    st.cur_rx = Some(Rx { direct, swap, ..Rx::new(i, len, sink) });
                 }
                 K_SKIP => {
+                    // Released above, as far as published; kept with the header
+                    // state, since this run may end before the writer publishes all.
                     hdr.got = 0;
-                    st.cur_rx = Some(Rx::new(None, len, Sink::Discard));
+                    hdr.skip = len;
+                    progressed = true;
+                    continue;
                 }
                 K_P2P_HDR => {
                     let Some(&i) = st.p2p_rq.front() else { break };
@@ -2123,7 +2134,7 @@ fn pump_rx(
                     };
                     // The step is done once the payload that follows has been read.
                     let gated = inplace.gated(i);
-                    st.cur_rx = Some(Rx { gated, ..Rx::new(Some(i), len, sink) });
+                    st.cur_rx = Some(Rx { gated, ..Rx::new(i, len, sink) });
                 }
                 K_P2P_REPLY => {
                     if st.replies_read == st.p2p_sends {
@@ -2173,7 +2184,7 @@ fn pump_rx(
                         peer_input: PeerInput::Block,
                     });
                     let gated = swap.is_none() && inplace.gated(i);
-                    st.cur_rx = Some(Rx { direct, swap, gated, reports, ..Rx::new(Some(i), len, sink) });
+                    st.cur_rx = Some(Rx { direct, swap, gated, reports, ..Rx::new(i, len, sink) });
                 }
                 k => {
                     return Err(Error::internal(format!(
@@ -2197,7 +2208,8 @@ fn pump_rx(
                         break;
                     }
                     let (addr, region) = decode_desc(d.desc[..DESC].try_into().expect("one descriptor"));
-                    if let (Some(RxSwap { own, .. }), Some(i)) = (rx.swap, rx.step) {
+                    if let Some(RxSwap { own, .. }) = rx.swap {
+                        let i = rx.step;
                         // A swap offer: exchanged in place when both sides can (the
                         // peer's address is 0 when it cannot); otherwise the steps
                         // for both placements. Both sides decide alike. An fcclRecv
@@ -2295,7 +2307,7 @@ fn pump_rx(
                 }
             };
             if rx.gated && rx.reports {
-                let Some(i) = rx.step else { unreachable!("gated receives belong to steps") };
+                let i = rx.step;
                 let (w, r) =
                     gated_piece(link, inplace.allowed(sched, i), rx, src).map_err(|e| e.context((ctl.what)()))?;
                 let written = rx.held.as_ref().map_or(0, |h| h.written);
@@ -2402,10 +2414,8 @@ fn pump_rx(
                 }
             }
             link.direct_read_done();
-            if let Some(i) = rx.step {
-                done[i] = true;
-                *remaining -= 1;
-            }
+            done[rx.step] = true;
+            *remaining -= 1;
             st.cur_rx = None;
             continue;
         }
@@ -2415,7 +2425,7 @@ fn pump_rx(
             if avail.is_empty() {
                 break;
             }
-            // A skipped stretch of the ring is released at once, never in pieces.
+            // Dropped bytes (a payload of a mismatched size) cost no copy: released at once.
             let cap = if matches!(rx.sink, Sink::Discard) { usize::MAX } else { budget };
             let cap = if rx.gated { cap.min(gate_room(inplace, sched, rx)) } else { cap };
             if cap == 0 {
@@ -2439,10 +2449,8 @@ fn pump_rx(
         if rx.read < total {
             break;
         }
-        if let Some(i) = rx.step {
-            done[i] = true;
-            *remaining -= 1;
-        }
+        done[rx.step] = true;
+        *remaining -= 1;
         st.cur_rx = None;
     }
     Ok(progressed)

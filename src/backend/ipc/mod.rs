@@ -102,10 +102,11 @@ pub fn min_bytes() -> Option<usize> {
 /// descriptors then tell whether every rank with data has it on the device.
 pub fn eligible(c: &Coll, nranks: usize, min: usize) -> bool {
     let kind_ok = match c.kind {
-        // One launch reduces every rank's input (the kernel takes up to MAX_INPUTS), so
-        // results are those of the host's rank order, Avg included.
+        // Every type, and all_reduce over a wire type: one launch reduces every rank's
+        // input, so results are those of the host's rank order (owner order for wire
+        // forms), Avg included.
         CollKind::AllReduce | CollKind::Reduce | CollKind::ReduceScatter | CollKind::ReduceScatterV => {
-            cuda_reduce::supported(c.dtype) && nranks <= cuda_reduce::MAX_INPUTS
+            cuda_reduce::of(c).supported() && (c.wire.is_none() || c.kind == CollKind::AllReduce)
         }
         CollKind::AllGather
         | CollKind::AllGatherV
@@ -125,11 +126,13 @@ pub fn eligible(c: &Coll, nranks: usize, min: usize) -> bool {
     kind_ok
         && (2..=ctl::MAX_RANKS).contains(&nranks)
         && (any_memory || matches!(c.placement, Placement::Device { .. }))
-        && c.wire.is_none()
         && strided_ok
         && !c.is_noop()
         && (any_memory || c.count.saturating_mul(c.dtype.size()) >= min)
 }
+
+// One launch takes every rank's buffer.
+const _: () = assert!(cuda_reduce::MAX_INPUTS >= ctl::MAX_RANKS);
 
 /// The path as a router entry: calls of device memory (alone or in a group) on a
 /// communicator whose ranks all share one GPU, unless FERROCCL_CUDA_IPC=0.
@@ -401,7 +404,7 @@ impl Ipc {
         );
         if (self.rank == EXECUTOR || self.shares()) && reduces {
             // Compiled now, so a rank without NVRTC says so in the exchange.
-            cuda_reduce::kernel(ctx, device, c.dtype, c.op)?;
+            cuda_reduce::kernel(ctx, device, cuda_reduce::of(c))?;
         }
         if matches!(c.kind, CollKind::AlltoAll | CollKind::AlltoAllv) && std::ptr::eq(c.send, c.recv) {
             return Err(Error::unavailable("an in-place all_to_all overwrites blocks that peers still read"));
@@ -682,12 +685,14 @@ unsafe fn move_data(
         // SAFETY: both ranges lie in mapped buffers of this call (caller).
         unsafe { cuda::copy_dtod_async(dst, src, len, s) }
     };
-    // out = op over ins, in rank order, in one launch (eligible() bounds the ranks).
+    // out = op over ins, in rank order (wire forms: the host's owner order), in one launch.
+    let red = cuda_reduce::of(c);
+    let win = c.wire.map_or(0, algo::wire_window_elems);
     let reduce = |out: *mut u8, ins: &[*const u8], elems: usize| -> Result<()> {
-        let f = cuda_reduce::kernel(ctx, device, c.dtype, c.op)?;
+        let f = cuda_reduce::kernel(ctx, device, red)?;
         // SAFETY: as above; the kernel reads each element before writing it, so an
         // output equal to one input (in place) is fine.
-        unsafe { cuda_reduce::launch(f, out, ins, elems, s) }
+        unsafe { cuda_reduce::launch(f, &red, out, ins, elems, win, s) }
     };
     let sends_at =
         |off: &dyn Fn(usize) -> usize| -> Vec<*const u8> { (0..n).map(|p| send(p).wrapping_add(off(p))).collect() };

@@ -30,9 +30,12 @@ pub fn local(device: i32) -> (bool, String) {
     }
 }
 
-/// Elements `[lo, hi)` of `count` that rank `r` of `n` reduces (contiguous, balanced).
-pub fn slice(count: usize, r: usize, n: usize) -> (usize, usize) {
-    let at = |i: usize| (count as u128 * i as u128 / n as u128) as usize;
+/// Elements `[lo, hi)` of `count` that rank `r` of `n` reduces: contiguous, balanced,
+/// in whole units of `unit` elements (a wire all_reduce's windows, whose reduction
+/// order depends on where an element lies in its window).
+pub fn slice(count: usize, unit: usize, r: usize, n: usize) -> (usize, usize) {
+    let units = count.div_ceil(unit.max(1));
+    let at = |i: usize| ((units as u128 * i as u128 / n as u128) as usize).saturating_mul(unit.max(1)).min(count);
     (at(r), at(r + 1))
 }
 
@@ -71,7 +74,8 @@ pub unsafe fn share(
         |off: &dyn Fn(usize) -> usize| -> Vec<*const u8> { (0..n).map(|p| send(p).wrapping_add(off(p))).collect() };
     match c.kind {
         CollKind::AllReduce | CollKind::Reduce => {
-            let (lo, hi) = slice(c.count, me, n);
+            let unit = c.wire.map_or(1, crate::backend::host::algorithms::wire_window_elems);
+            let (lo, hi) = slice(c.count, unit, me, n);
             if hi > lo {
                 let out = |q: usize| recv(q).wrapping_add(lo * es);
                 let first = if c.kind == CollKind::Reduce { c.root } else { me };
@@ -136,16 +140,19 @@ mod tests {
 
     #[test]
     fn slices_cover_the_count_once_in_order() {
-        for (count, n) in [(0, 3), (1, 4), (10, 3), (1001, 4), (7, 8)] {
+        for (count, unit, n) in
+            [(0, 1, 3), (1, 1, 4), (10, 1, 3), (1001, 1, 4), (7, 1, 8), (1001, 100, 4), (50, 100, 3)]
+        {
             let mut at = 0;
             for r in 0..n {
-                let (lo, hi) = slice(count, r, n);
-                assert_eq!(lo, at, "count {count}, {n} ranks, rank {r}");
-                assert!(hi >= lo && hi - lo <= count / n + 1);
+                let (lo, hi) = slice(count, unit, r, n);
+                assert_eq!(lo, at, "count {count}, unit {unit}, {n} ranks, rank {r}");
+                assert!(hi >= lo && hi - lo <= (count.div_ceil(unit) / n + 1) * unit);
+                assert!(lo % unit == 0, "slices start on whole units");
                 at = hi;
             }
             assert_eq!(at, count);
         }
-        assert_eq!(slice(usize::MAX / 2, 63, 64).1, usize::MAX / 2, "no overflow");
+        assert_eq!(slice(usize::MAX / 2, 1, 63, 64).1, usize::MAX / 2, "no overflow");
     }
 }

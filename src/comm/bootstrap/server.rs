@@ -119,42 +119,8 @@ impl Server {
 
     /// Serves `listener` on a new thread.
     pub(super) fn spawn(listener: TcpListener, key: JobKey, opts: ServerOptions) -> Result<Server> {
-        listener.set_nonblocking(true)?;
-        // A deeper accept queue than std's, for many ranks connecting at once.
-        // SAFETY: listen on a socket we own; raising the backlog is all it does.
-        unsafe { libc::listen(listener.as_raw_fd(), 4096) };
-        // SAFETY: eventfd returns a new descriptor or -1.
-        let fd = unsafe { libc::eventfd(0, libc::EFD_NONBLOCK | libc::EFD_CLOEXEC) };
-        if fd < 0 {
-            return Err(Error::os("eventfd for the rendezvous thread"));
-        }
-        // SAFETY: fd is a fresh descriptor that nothing else owns.
-        let wake = unsafe { OwnedFd::from_raw_fd(fd) };
-        let shared = Arc::new(Shared { events: Mutex::new(Vec::new()), wake, stopped: AtomicBool::new(false) });
-        let max_pending = if opts.max_pending > 0 { opts.max_pending } else { (fd_soft_limit() / 4).clamp(16, 1024) };
-        let lp = Loop {
-            local: listener.local_addr()?,
-            host: super::super::wireup::host_id(),
-            listener: Some(listener),
-            paused_until: None,
-            job_id: job_id(&key.key),
-            key,
-            max_pending,
-            opts,
-            shared: shared.clone(),
-            conns: Vec::new(),
-            free: Vec::new(),
-            serial: 0,
-            npending: 0,
-            pending: VecDeque::new(),
-            parked: VecDeque::new(),
-            session: None,
-            tombstone: None,
-            finished: false,
-            dead: Vec::new(),
-            last_warn: None,
-            suppressed: 0,
-        };
+        let lp = Loop::new(listener, key, opts)?;
+        let shared = lp.shared.clone();
         std::thread::Builder::new()
             .name("fccl-rendezvous".into())
             .spawn(move || {
@@ -337,69 +303,118 @@ fn read_some(s: &mut TcpStream, buf: &mut [u8]) -> Io {
 }
 
 impl Loop {
+    /// The state of a point serving `listener` (not yet running).
+    fn new(listener: TcpListener, key: JobKey, opts: ServerOptions) -> Result<Loop> {
+        listener.set_nonblocking(true)?;
+        // A deeper accept queue than std's, for many ranks connecting at once.
+        // SAFETY: listen on a socket we own; raising the backlog is all it does.
+        unsafe { libc::listen(listener.as_raw_fd(), 4096) };
+        // SAFETY: eventfd returns a new descriptor or -1.
+        let fd = unsafe { libc::eventfd(0, libc::EFD_NONBLOCK | libc::EFD_CLOEXEC) };
+        if fd < 0 {
+            return Err(Error::os("eventfd for the rendezvous thread"));
+        }
+        // SAFETY: fd is a fresh descriptor that nothing else owns.
+        let wake = unsafe { OwnedFd::from_raw_fd(fd) };
+        let shared = Arc::new(Shared { events: Mutex::new(Vec::new()), wake, stopped: AtomicBool::new(false) });
+        let max_pending = if opts.max_pending > 0 { opts.max_pending } else { (fd_soft_limit() / 4).clamp(16, 1024) };
+        Ok(Loop {
+            local: listener.local_addr()?,
+            host: super::super::wireup::host_id(),
+            listener: Some(listener),
+            paused_until: None,
+            job_id: job_id(&key.key),
+            key,
+            max_pending,
+            opts,
+            shared,
+            conns: Vec::new(),
+            free: Vec::new(),
+            serial: 0,
+            npending: 0,
+            pending: VecDeque::new(),
+            parked: VecDeque::new(),
+            session: None,
+            tombstone: None,
+            finished: false,
+            dead: Vec::new(),
+            last_warn: None,
+            suppressed: 0,
+        })
+    }
+
     fn run(mut self) {
         let mut fds: Vec<libc::pollfd> = Vec::new();
         let mut slots: Vec<(usize, u64)> = Vec::new();
-        loop {
-            self.expire(Instant::now());
-            if self.shared.stopped.load(Ordering::Acquire)
-                || (self.finished && self.listener.is_none() && self.conns.iter().all(Option::is_none))
-            {
-                break;
-            }
-            fds.clear();
-            slots.clear();
-            fds.push(libc::pollfd { fd: self.shared.wake.as_raw_fd(), events: libc::POLLIN, revents: 0 });
-            let listening = self.listener.is_some() && self.paused_until.is_none();
-            if let (true, Some(l)) = (listening, &self.listener) {
-                fds.push(libc::pollfd { fd: l.as_raw_fd(), events: libc::POLLIN, revents: 0 });
-            }
-            let base = fds.len();
-            for (i, c) in self.conns.iter().enumerate() {
-                if let Some(c) = c {
-                    let mut ev = libc::POLLIN;
-                    if !c.wq.is_empty() {
-                        ev |= libc::POLLOUT;
-                    }
-                    fds.push(libc::pollfd { fd: c.sock.as_raw_fd(), events: ev, revents: 0 });
-                    slots.push((i, c.serial));
+        while self.step(&mut fds, &mut slots, None) {}
+    }
+
+    /// One wait in poll and what it found (`fds` and `slots` are scratch), sleeping
+    /// at most `most` (tests) or until the nearest deadline; false once the point stops.
+    fn step(&mut self, fds: &mut Vec<libc::pollfd>, slots: &mut Vec<(usize, u64)>, most: Option<Duration>) -> bool {
+        self.expire(Instant::now());
+        if self.shared.stopped.load(Ordering::Acquire)
+            || (self.finished && self.listener.is_none() && self.conns.iter().all(Option::is_none))
+        {
+            return false;
+        }
+        fds.clear();
+        slots.clear();
+        fds.push(libc::pollfd { fd: self.shared.wake.as_raw_fd(), events: libc::POLLIN, revents: 0 });
+        let listening = self.listener.is_some() && self.paused_until.is_none();
+        if let (true, Some(l)) = (listening, &self.listener) {
+            fds.push(libc::pollfd { fd: l.as_raw_fd(), events: libc::POLLIN, revents: 0 });
+        }
+        let base = fds.len();
+        for (i, c) in self.conns.iter().enumerate() {
+            if let Some(c) = c {
+                let mut ev = libc::POLLIN;
+                if !c.wq.is_empty() {
+                    ev |= libc::POLLOUT;
                 }
-            }
-            let timeout = match self.next_deadline() {
-                None => -1,
-                Some(d) => {
-                    let left = d.saturating_duration_since(Instant::now());
-                    // Round up: waking a little late is fine, early spins.
-                    (left.as_micros().div_ceil(1000)).min(i32::MAX as u128) as i32
-                }
-            };
-            // SAFETY: fds is a live array of fds.len() pollfd structures.
-            let n = unsafe { libc::poll(fds.as_mut_ptr(), fds.len() as libc::nfds_t, timeout) };
-            if n < 0 {
-                if std::io::Error::last_os_error().kind() != std::io::ErrorKind::Interrupted {
-                    std::thread::sleep(Duration::from_millis(10));
-                }
-                continue;
-            }
-            if fds[0].revents != 0 {
-                self.drain_events();
-            }
-            if listening && fds[1].revents != 0 {
-                self.accept_some();
-            }
-            for (k, &(slot, serial)) in slots.iter().enumerate() {
-                let re = fds[base + k].revents;
-                if re == 0 || !self.alive(slot, serial) {
-                    continue;
-                }
-                if re & libc::POLLOUT != 0 {
-                    self.flush(slot);
-                }
-                if re & (libc::POLLIN | libc::POLLHUP | libc::POLLERR) != 0 && self.alive(slot, serial) {
-                    self.readable(slot);
-                }
+                fds.push(libc::pollfd { fd: c.sock.as_raw_fd(), events: ev, revents: 0 });
+                slots.push((i, c.serial));
             }
         }
+        let wake_at = match (self.next_deadline(), most) {
+            (d, None) => d,
+            (d, Some(m)) => Some(d.map_or(Instant::now() + m, |d| d.min(Instant::now() + m))),
+        };
+        let timeout = match wake_at {
+            None => -1,
+            Some(d) => {
+                let left = d.saturating_duration_since(Instant::now());
+                // Round up: waking a little late is fine, early spins.
+                (left.as_micros().div_ceil(1000)).min(i32::MAX as u128) as i32
+            }
+        };
+        // SAFETY: fds is a live array of fds.len() pollfd structures.
+        let n = unsafe { libc::poll(fds.as_mut_ptr(), fds.len() as libc::nfds_t, timeout) };
+        if n < 0 {
+            if std::io::Error::last_os_error().kind() != std::io::ErrorKind::Interrupted {
+                std::thread::sleep(Duration::from_millis(10));
+            }
+            return true;
+        }
+        if fds[0].revents != 0 {
+            self.drain_events();
+        }
+        if listening && fds[1].revents != 0 {
+            self.accept_some();
+        }
+        for (k, &(slot, serial)) in slots.iter().enumerate() {
+            let re = fds[base + k].revents;
+            if re == 0 || !self.alive(slot, serial) {
+                continue;
+            }
+            if re & libc::POLLOUT != 0 {
+                self.flush(slot);
+            }
+            if re & (libc::POLLIN | libc::POLLHUP | libc::POLLERR) != 0 && self.alive(slot, serial) {
+                self.readable(slot);
+            }
+        }
+        true
     }
 
     fn alive(&self, slot: usize, serial: u64) -> bool {
@@ -666,6 +681,12 @@ impl Loop {
     }
 
     fn readable(&mut self, slot: usize) {
+        self.read_input(slot, true)
+    }
+
+    /// Reads and handles what the connection on `slot` holds; a rank's connection
+    /// that ends is lost when `eof_is_loss` (else left for the caller's verdict).
+    fn read_input(&mut self, slot: usize, eof_is_loss: bool) {
         let serial = self.conn(slot).serial;
         loop {
             if !self.alive(slot, serial) {
@@ -705,8 +726,8 @@ impl Loop {
                     if *hdr_got < 4 {
                         match read_some(&mut c.sock, &mut hdr[*hdr_got..]) {
                             Io::Data(n) => *hdr_got += n,
-                            Io::Eof => return self.lost(slot, "closed its connection"),
-                            Io::Again => return,
+                            Io::Eof if eof_is_loss => return self.lost(slot, "closed its connection"),
+                            Io::Eof | Io::Again => return,
                         }
                         if *hdr_got == 4 {
                             let len = u32::from_le_bytes(*hdr) as usize;
@@ -724,8 +745,8 @@ impl Loop {
                         if *body_got < body.len() {
                             match read_some(&mut c.sock, &mut body[*body_got..]) {
                                 Io::Data(n) => *body_got += n,
-                                Io::Eof => return self.lost(slot, "closed its connection"),
-                                Io::Again => return,
+                                Io::Eof if eof_is_loss => return self.lost(slot, "closed its connection"),
+                                Io::Eof | Io::Again => return,
                             }
                         }
                         if *body_got == body.len() {
@@ -1105,6 +1126,22 @@ impl Loop {
     /// Fails the set-up in progress if the launcher saw a process of it end.
     fn check_dead(&mut self) {
         let Some(s) = &self.session else { return };
+        // A process that ended has written all it ever will, maybe its BYE, which
+        // this thread may not have read yet: read it first (the launcher's account
+        // of how the process ended is the better one if it said nothing more).
+        let unread: Vec<(usize, u64)> = s
+            .members
+            .iter()
+            .flatten()
+            .filter(|m| !m.finished && m.host == self.host && self.dead.iter().any(|d| d.2 == m.pid))
+            .map(|m| (m.slot, m.serial))
+            .collect();
+        for (slot, serial) in unread {
+            if self.alive(slot, serial) {
+                self.read_input(slot, false);
+            }
+        }
+        let Some(s) = &self.session else { return };
         let mut why = None;
         for (rank, world, pid, how) in &self.dead {
             let member = s
@@ -1127,5 +1164,69 @@ impl Loop {
         if let Some(w) = why {
             self.fail_session(ST_FAILED, &w);
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::mpsc;
+
+    /// A one-rank set-up on a point driven step by step here: the rank joins and
+    /// runs one round, then (with `bye`) says BYE, and only then does the point
+    /// hear from the launcher that its process ended. What the point remembers of
+    /// a failure comes back (None: the set-up ended well).
+    fn ended_after(bye: bool) -> Option<String> {
+        let key = JobKey::derive(KeySource::Secret, "ended-after-bye");
+        let listener = TcpListener::bind("127.0.0.1:0").expect("a loopback port");
+        let mut lp = Loop::new(listener, key, ServerOptions { loopback: true, ..ServerOptions::default() }).unwrap();
+        let id = UniqueId::build(lp.local, &key);
+        let (ready_tx, ready_rx) = mpsc::channel();
+        let (go_tx, go_rx) = mpsc::channel::<()>();
+        let (done_tx, done_rx) = mpsc::channel();
+        let rank = std::thread::spawn(move || {
+            let deadline = Instant::now() + Duration::from_secs(20);
+            let mut c = Client::join(&id, 1, 0, deadline).expect("joins");
+            c.allgather(b"round one", deadline).expect("round one");
+            ready_tx.send(()).unwrap();
+            go_rx.recv().unwrap();
+            if bye {
+                c.finish();
+                done_tx.send(None).unwrap();
+            } else {
+                // Still connected, never said BYE: as a process that died in set-up.
+                done_tx.send(Some(c)).unwrap();
+            }
+        });
+        let (mut fds, mut slots) = (Vec::new(), Vec::new());
+        while ready_rx.try_recv().is_err() {
+            assert!(lp.step(&mut fds, &mut slots, Some(Duration::from_millis(10))));
+        }
+        // The point does not run while the rank says BYE (if it does) and its
+        // process ends: the launcher's news and the BYE wait for it together.
+        go_tx.send(()).unwrap();
+        let client = done_rx.recv().unwrap();
+        rank.join().unwrap();
+        lp.shared.send(Event::Ended { rank: 0, world: 1, pid: std::process::id(), how: "exited with status 0".into() });
+        for _ in 0..3 {
+            lp.step(&mut fds, &mut slots, Some(Duration::from_millis(10)));
+        }
+        drop(client);
+        lp.tombstone.map(|t| t.1)
+    }
+
+    /// A rank whose process ends just after its BYE finished its set-up: the
+    /// launcher may report the end before the point has read the BYE, which must
+    /// not fail the set-up (nor log a warning that it failed).
+    #[test]
+    fn a_rank_that_ends_right_after_its_bye_did_not_fail() {
+        assert_eq!(ended_after(true), None);
+    }
+
+    /// A rank whose process ends before its BYE fails the set-up, naming how it ended.
+    #[test]
+    fn a_rank_that_ends_before_its_bye_fails_the_set_up() {
+        let why = ended_after(false).expect("the set-up failed");
+        assert!(why.contains("rank 0 (pid") && why.contains("exited with status 0 during set-up round"), "{why}");
     }
 }

@@ -5,13 +5,13 @@
 //! device memory cannot be touched by the host (nothing is mapped at device addresses),
 //! every call checks its context, handles and ranges, streams run asynchronously on one
 //! executor thread with a launch latency, and faults in stream work are sticky errors.
-//! Kernels run on the CPU: entry names follow a naming convention that says what they
-//! compute (`fccl_reduce_f32_sum`), and reductions use the library's own host code.
+//! Kernels run on the CPU: the simulated NVRTC compiles their CUDA C source with the host's
+//! C++ compiler ([`jit`]), and the driver runs every thread of a launch.
 //!
 //! Layout: [`api`] holds every exported C function; the modules below it hold the state
 //! they share: contexts ([`ctx`]), memory ([`mem`], [`attrs`]), streams and the executor
 //! ([`stream`]), [`event`]s, memory operations ([`memop`]), [`ipc`], modules and kernels
-//! ([`module`], [`kernels`]) and the compiler ([`nvrtc`]).
+//! ([`module`], [`kernels`], [`jit`]) and the compiler ([`nvrtc`]).
 #![deny(unsafe_op_in_unsafe_fn)]
 
 pub mod api;
@@ -22,6 +22,7 @@ pub mod device;
 pub mod error;
 pub mod event;
 pub mod ipc;
+pub mod jit;
 pub mod kernels;
 pub mod mem;
 pub mod memop;
@@ -35,6 +36,10 @@ pub mod stream;
 #[allow(dead_code)]
 #[path = "../../../src/types.rs"]
 pub mod types;
+// The library's device reduction kernels (CUDA C source), for the tests that run them here.
+#[allow(dead_code)]
+#[path = "../../../src/mem/cuda_kernels.rs"]
+pub mod cuda_kernels;
 // The library builds for Rust 1.80, before `is_multiple_of`.
 #[allow(dead_code, clippy::manual_is_multiple_of)]
 #[path = "../../../src/mem/reduce.rs"]

@@ -1,15 +1,22 @@
-//! Modules (PTX text from the simulated NVRTC) and their functions, and checking a launch.
+//! Modules (PTX text from the simulated NVRTC, naming the object it compiled) and their
+//! functions, and checking a launch.
 
 use crate::error::{bail, Result};
-use crate::kernels::{self, Args, Kernel};
+use crate::jit::Object;
+use crate::kernels::{Args, Kernel};
 use crate::state::{HandleKind, State};
 use std::collections::HashMap;
 use std::ffi::{c_void, CString};
+use std::sync::Arc;
+
+/// The comment line of the simulated NVRTC's PTX that names the compiled object.
+pub const OBJECT_LINE: &str = "// ferroccl-simgpu-object: ";
 
 pub struct Module {
     pub ctx: u64,
     /// `.entry` names in the image.
     pub entries: Vec<String>,
+    pub object: Arc<Object>,
     /// Functions handed out, by name (cuModuleGetFunction returns the same handle again).
     pub functions: HashMap<String, u64>,
 }
@@ -21,8 +28,9 @@ pub struct Function {
     pub kernel: Kernel,
 }
 
-/// The `.entry` names of a PTX image; CUDA_ERROR_INVALID_IMAGE if it is not PTX text.
-pub fn parse_ptx(image: &[u8]) -> Result<Vec<String>> {
+/// The `.entry` names of a PTX image and the object it names; CUDA_ERROR_INVALID_IMAGE if
+/// it is not PTX text of the simulated NVRTC.
+pub fn parse_ptx(image: &[u8]) -> Result<(Vec<String>, std::path::PathBuf)> {
     if image.starts_with(b"\x7fELF") {
         bail!(
             CUDA_ERROR_INVALID_IMAGE,
@@ -34,6 +42,13 @@ pub fn parse_ptx(image: &[u8]) -> Result<Vec<String>> {
     if !has(".version") || !has(".target") {
         bail!(CUDA_ERROR_INVALID_IMAGE, "not PTX text (no .version / .target directive)");
     }
+    let Some(object) = text.lines().find_map(|l| l.strip_prefix(OBJECT_LINE)) else {
+        bail!(
+            CUDA_ERROR_INVALID_IMAGE,
+            "PTX that the simulated NVRTC did not make: the simulator runs kernels it compiled from CUDA C \
+             source only (docs/sim-gpu.md)"
+        );
+    };
     let mut entries = Vec::new();
     for line in text.lines() {
         let mut words = line.split_whitespace().peekable();
@@ -48,13 +63,14 @@ pub fn parse_ptx(image: &[u8]) -> Result<Vec<String>> {
             }
         }
     }
-    Ok(entries)
+    Ok((entries, std::path::PathBuf::from(object.trim())))
 }
 
-pub fn load(st: &mut State, ctx: u64, image: &[u8]) -> Result<u64> {
-    let entries = parse_ptx(image)?;
+/// Loads `image` into context `ctx`. The object is loaded without the state lock held
+/// (`object`), as dlopen may take a while.
+pub fn load(st: &mut State, ctx: u64, entries: Vec<String>, object: Arc<Object>) -> Result<u64> {
     let h = st.new_handle(HandleKind::Module);
-    st.modules.insert(h, Module { ctx, entries, functions: HashMap::new() });
+    st.modules.insert(h, Module { ctx, entries, object, functions: HashMap::new() });
     Ok(h)
 }
 
@@ -82,12 +98,10 @@ pub fn get_function(st: &mut State, module: u64, name: &str) -> Result<u64> {
     if !m.entries.iter().any(|e| e == name) {
         bail!(CUDA_ERROR_NOT_FOUND, "module {module:#x} has no entry {name:?} (entries: {:?})", m.entries);
     }
-    let Some(kernel) = kernels::find(name) else {
-        bail!(
-            CUDA_ERROR_NOT_FOUND,
-            "{name:?} is not a kernel the simulator implements (see docs/sim-gpu.md, kernel naming convention)"
-        );
+    let Some(entry) = m.object.entry(name) else {
+        bail!(CUDA_ERROR_NOT_FOUND, "{name:?} is not a kernel of {}", m.object.path.display());
     };
+    let kernel = Kernel(Arc::new(entry));
     let ctx = m.ctx;
     let h = st.new_handle(HandleKind::Function);
     let cname = CString::new(name).expect("PTX names have no NUL");
@@ -134,7 +148,7 @@ const LAUNCH_PARAM_BUFFER_SIZE: usize = 2;
 pub unsafe fn copy_args(k: &Kernel, params: *mut *mut c_void, extra: *mut *mut c_void) -> Result<Args> {
     let (offsets, total) = k.layout();
     let mut bytes = vec![0u8; total];
-    let fparams = k.family.params;
+    let fparams = k.params();
     match (params.is_null(), extra.is_null()) {
         (false, false) => bail!(CUDA_ERROR_INVALID_VALUE, "both kernelParams and extra are given"),
         (true, true) if !fparams.is_empty() => {
@@ -185,7 +199,7 @@ pub unsafe fn copy_args(k: &Kernel, params: *mut *mut c_void, extra: *mut *mut c
             unsafe { std::ptr::copy_nonoverlapping(buf, bytes.as_mut_ptr(), total) };
         }
     }
-    Ok(Args { bytes, offsets, params: fparams })
+    Ok(Args { bytes, offsets })
 }
 
 #[cfg(test)]
@@ -194,9 +208,12 @@ mod tests {
 
     #[test]
     fn ptx_entries_are_found_and_other_images_rejected() {
-        let ptx =
-            b"// x\n.version 8.0\n.target sm_90\n.address_size 64\n\n.visible .entry fccl_reduce_f32_sum(\n)\n{\n}\n";
-        assert_eq!(parse_ptx(ptx).unwrap(), vec!["fccl_reduce_f32_sum".to_string()]);
+        let ptx = b"// x\n// ferroccl-simgpu-object: /k/1.so\n.version 8.0\n.target sm_90\n.address_size 64\n\n\
+                    .visible .entry fccl_reduce_f32_sum(\n)\n{\n}\n";
+        let (entries, object) = parse_ptx(ptx).unwrap();
+        assert_eq!(entries, vec!["fccl_reduce_f32_sum".to_string()]);
+        assert_eq!(object, std::path::PathBuf::from("/k/1.so"));
+        assert!(parse_ptx(b".version 8.0\n.target sm_90\n.visible .entry k(\n)\n").is_err(), "no object");
         assert!(parse_ptx(b"\x7fELF\x02").is_err());
         assert!(parse_ptx(b"hello").is_err());
         assert!(check_dims([1, 1, 1], [1024, 1, 1], 0).is_ok());

@@ -12,9 +12,12 @@ use std::ffi::{c_char, c_int, c_uint, c_void, CStr};
 
 fn load(pmod: *mut CUmodule, image: &[u8]) -> Result<()> {
     non_null(pmod, "module")?;
+    ctx::current(&lock())?;
+    let (entries, path) = module::parse_ptx(image)?;
+    let object = crate::jit::load(&path).map_err(|e| err!(CUDA_ERROR_INVALID_IMAGE, "{e}"))?;
     let mut st = lock();
     let h = ctx::current(&st)?;
-    let m = module::load(&mut st, h, image)?;
+    let m = module::load(&mut st, h, entries, object)?;
     // SAFETY: checked non-NULL.
     unsafe { out(pmod, m as CUmodule, "module") }
 }
@@ -112,7 +115,7 @@ pub unsafe extern "C" fn cuLaunchKernel(
         let mut st = lock();
         let sid = stream::resolve(&mut st, s as u64)?;
         let func = module::function(&st, f as u64)?;
-        let (kernel, fctx) = (func.kernel, func.ctx);
+        let (kernel, fctx) = (func.kernel.clone(), func.ctx);
         if fctx != st.streams[&sid].ctx {
             bail!(
                 CUDA_ERROR_INVALID_HANDLE,
@@ -120,10 +123,11 @@ pub unsafe extern "C" fn cuLaunchKernel(
                 f as u64
             );
         }
-        module::check_dims([gx, gy, gz], [bx, by, bz], shared)?;
+        let (grid, block) = ([gx, gy, gz], [bx, by, bz]);
+        module::check_dims(grid, block, shared)?;
         // SAFETY: the parameter arrays are the caller's, as cuLaunchKernel documents them.
         let args = unsafe { module::copy_args(&kernel, params, extra)? };
-        stream::enqueue(&mut st, sid, OpKind::Kernel(Launch { kernel, args, ctx: fctx }), Vec::new());
+        stream::enqueue(&mut st, sid, OpKind::Kernel(Launch { kernel, args, ctx: fctx, grid, block }), Vec::new());
         Ok(())
     })
 }

@@ -136,6 +136,31 @@ impl Backing {
     }
 }
 
+/// Maps `a`'s memory also at `start` (its pages in the device reservation) for a kernel.
+pub fn map_alias_at(a: &Alloc, start: usize) -> std::result::Result<(), String> {
+    // SAFETY: old size 0 on a shared mapping makes a second mapping of the same pages;
+    // `start..start + map_len` is `a`'s own range of the reservation, which MAP_FIXED
+    // replaces (unmap_fixed puts PROT_NONE back).
+    let p = unsafe {
+        libc::mremap(
+            a.backing.alias.cast(),
+            0,
+            a.backing.map_len,
+            libc::MREMAP_MAYMOVE | libc::MREMAP_FIXED,
+            start as *mut libc::c_void,
+        )
+    };
+    if p == libc::MAP_FAILED {
+        return Err(format!(
+            "cannot map allocation {:#x}+{} for the kernel: {}",
+            a.base,
+            a.size,
+            std::io::Error::last_os_error()
+        ));
+    }
+    Ok(())
+}
+
 /// Puts `PROT_NONE` back over `addr..addr+len` of the reservation (after managed memory).
 pub fn unmap_fixed(addr: usize, len: usize) {
     // SAFETY: the range belongs to our reservation and to the allocation being freed.
@@ -160,8 +185,11 @@ pub struct Alloc {
     /// Device address and size asked for.
     pub base: u64,
     pub size: usize,
-    /// Address range taken from the reservation (size rounded up, gap included).
+    /// Address range taken from the reservation (its pages and a guard page after them).
     pub reserved: usize,
+    /// Offset of `base` in its first page (and of the data in the memfd): allocations end
+    /// at the end of their pages, so that a kernel running past one faults.
+    pub lead: usize,
     pub kind: Kind,
     pub ctx: u64,
     /// Visible device ordinal.
@@ -186,7 +214,12 @@ impl Alloc {
     /// The alias address of byte `off` (bounds checked by the caller).
     pub fn ptr(&self, off: usize) -> *mut u8 {
         debug_assert!(off <= self.size);
-        self.backing.alias.wrapping_add(off)
+        self.backing.alias.wrapping_add(self.lead + off)
+    }
+
+    /// The allocation's pages in the device reservation: (start, length).
+    pub fn pages(&self) -> (usize, usize) {
+        (self.base as usize - self.lead, self.backing.map_len)
     }
 
     pub fn end(&self) -> u64 {

@@ -106,15 +106,18 @@ impl MemTable {
         let name = format!("fccl-sim-{pid}-{id}");
         let managed = kind == Kind::Managed;
         let backing = Backing::create(&name, size, kind == Kind::Device || managed)?;
-        let (align, reserved) = if managed { (PAGE, backing.map_len + PAGE) } else { (ALIGN, charge + GAP) };
-        let base = self
+        // Pages of its own and a guard page; the data ends at the end of the pages.
+        let reserved = backing.map_len + GAP;
+        let lead = if managed { 0 } else { backing.map_len - charge };
+        let start = self
             .space()?
-            .take(reserved, align)
+            .take(reserved, PAGE)
             .ok_or_else(|| err!(CUDA_ERROR_OUT_OF_MEMORY, "the device address range is exhausted"))?;
+        let base = start + lead;
         let mut backing = backing;
         if managed {
             if let Err(e) = backing.map_fixed_at(base) {
-                self.space()?.release(base, reserved);
+                self.space()?.release(start, reserved);
                 return Err(e);
             }
             backing.fd = None;
@@ -124,6 +127,7 @@ impl MemTable {
             base: base as u64,
             size,
             reserved,
+            lead,
             kind,
             ctx,
             device,
@@ -140,17 +144,21 @@ impl MemTable {
 
     /// Maps an allocation another process exported (IPC) at a fresh device address.
     pub fn insert_ipc(&mut self, ctx: u64, device: i32, size: usize, backing: Backing, key: (u32, u64)) -> Result<u64> {
-        let reserved = round_up(size, ALIGN).unwrap_or(usize::MAX).saturating_add(GAP);
-        let base = self
+        // Laid out as the exporter's: the data at the end of the memfd's pages.
+        let reserved = backing.map_len + GAP;
+        let lead = backing.map_len - round_up(size, ALIGN).unwrap_or(backing.map_len);
+        let start = self
             .space()?
-            .take(reserved, ALIGN)
+            .take(reserved, PAGE)
             .ok_or_else(|| err!(CUDA_ERROR_OUT_OF_MEMORY, "the device address range is exhausted"))?;
+        let base = start + lead;
         let id = self.next_id();
         let a = Arc::new(Alloc {
             id,
             base: base as u64,
             size,
             reserved,
+            lead,
             kind: Kind::Ipc,
             ctx,
             device,
@@ -172,6 +180,11 @@ impl MemTable {
 
     fn freed_at(&self, addr: u64) -> Option<(u64, usize)> {
         self.freed.iter().rev().copied().find(|&(b, s)| addr >= b && addr < b + s as u64)
+    }
+
+    /// Why `addr` is not usable device memory, in words.
+    pub fn why_not_device(&self, addr: u64) -> String {
+        self.not_device(addr, "address").why
     }
 
     /// Why `addr` is not usable device memory.
@@ -256,7 +269,7 @@ impl MemTable {
         }
         self.freed.push_back((a.base, a.size));
         if let Some(s) = self.space.as_mut() {
-            s.release(a.base as usize, a.reserved);
+            s.release(a.base as usize - a.lead, a.reserved);
         }
         Some(a)
     }

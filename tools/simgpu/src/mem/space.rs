@@ -6,9 +6,9 @@ use std::collections::BTreeMap;
 
 /// Alignment of device allocations, as cuMemAlloc's (at least 256 bytes on real GPUs).
 pub const ALIGN: usize = 512;
-/// Unmapped bytes after every allocation, so that running past its end is never another
-/// allocation's memory.
-pub const GAP: usize = 512;
+/// Unmapped bytes after every allocation's pages, so that running past its end is never
+/// another allocation's memory, and faults.
+pub const GAP: usize = PAGE;
 pub const PAGE: usize = 4096;
 
 pub fn round_up(n: usize, to: usize) -> Option<usize> {

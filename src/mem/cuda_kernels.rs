@@ -1,0 +1,441 @@
+//! CUDA C source of the device reductions (compiled at run time by `cuda_reduce`, and by
+//! the simulated GPU, which compiles this very module's output: docs/sim-gpu.md).
+//!
+//! A kernel computes, for every element, what `mem::reduce` computes on the host, to
+//! the bit: integers wrap and `Avg` truncates toward zero; half, bfloat16 and fp8
+//! accumulate in float32 and are rounded once; conversions, rounding, saturation and
+//! NaN codes are `reduce.rs`'s, written with integer and float operations that give the
+//! same bits on a GPU as on the CPU (no `cuda_fp16.h`, no intrinsics that round
+//! differently). Float arithmetic follows x86-64's NaN rules, as the host's does: a
+//! NaN operand comes out quiet, the accumulator's when both are NaN, and an invalid
+//! operation (inf - inf, 0 * inf) gives the negative default NaN; `Max`/`Min` return
+//! the other operand of a NaN accumulator and keep the accumulator on ties (so
+//! `max(-0, +0)` is -0, as the host's `f32::max` compiles on x86-64). A GPU's own
+//! arithmetic would give its canonical NaN instead, so the kernels test for NaN first.
+//!
+//! This file depends on `crate::types` only: the simulated GPU compiles it in by path.
+
+use crate::types::{DataType, RedOp};
+
+/// Most inputs one launch takes: the pointers travel by value in the kernel's
+/// arguments (8 bytes each; kernel parameters may take 4 KiB).
+pub const MAX_INPUTS: usize = 64;
+
+/// What a reduction kernel computes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct Reduction {
+    pub dtype: DataType,
+    pub op: RedOp,
+    /// all_reduce over a narrower wire type (float32 or float64 data): the host's
+    /// wire semantics (`backend::host::algorithms::allreduce_wire`).
+    pub wire: Option<DataType>,
+}
+
+impl Reduction {
+    pub fn new(dtype: DataType, op: RedOp) -> Reduction {
+        Reduction { dtype, op, wire: None }
+    }
+
+    pub fn wire(dtype: DataType, wire: DataType, op: RedOp) -> Reduction {
+        Reduction { dtype, op, wire: Some(wire) }
+    }
+
+    /// Whether a kernel exists: every type for plain reductions; float32 data over a
+    /// narrow float wire, float64 data over float32 or a narrow float wire.
+    pub fn supported(&self) -> bool {
+        match self.wire {
+            None => true,
+            Some(w) => match self.dtype {
+                DataType::Float32 => w.is_narrow_float(),
+                DataType::Float64 => w.is_narrow_float() || w == DataType::Float32,
+                _ => false,
+            },
+        }
+    }
+
+    /// The kernel's entry name: `fccl_reduce_<type>_<op>`, or
+    /// `fccl_reduce_wire_<type>_<wire>_<op>`.
+    pub fn entry(&self) -> String {
+        match self.wire {
+            None => format!("fccl_reduce_{}_{}", self.dtype.kernel_token(), self.op.short_name()),
+            Some(w) => {
+                format!("fccl_reduce_wire_{}_{}_{}", self.dtype.kernel_token(), w.kernel_token(), self.op.short_name())
+            }
+        }
+    }
+
+    /// The kernel's CUDA C source; None where no kernel exists.
+    ///
+    /// Parameters: `(T* out, struct <entry>_ins ins, int n, unsigned long long count)`,
+    /// with `struct <entry>_ins { const T* p[MAX_INPUTS]; }`, and for wire kernels one more,
+    /// `unsigned long long win` (the host's window, in elements). `out` may be one of
+    /// the inputs exactly: each element is read from every input before it is written.
+    pub fn source(&self) -> Option<String> {
+        if !self.supported() {
+            return None;
+        }
+        Some(format!("{HELPERS}{}", self.kernel()))
+    }
+
+    /// The kernel alone (after HELPERS).
+    fn kernel(&self) -> String {
+        let name = self.entry();
+        match self.wire {
+            None => reduce_kernel(self.dtype, self.op, &name),
+            Some(w) => wire_kernel(self.dtype, w, self.op, &name),
+        }
+    }
+
+    /// The reductions compiled with this one into one program (one NVRTC run, one
+    /// module): those of its data type, plain or over a wire.
+    pub fn group(&self) -> Vec<Reduction> {
+        let wire = self.wire.is_some();
+        Reduction::all().into_iter().filter(|r| r.dtype == self.dtype && r.wire.is_some() == wire).collect()
+    }
+
+    /// The name of its group's program: `fccl_reduce_<type>.cu`, `fccl_reduce_wire_<type>.cu`.
+    pub fn program_name(&self) -> String {
+        let wire = if self.wire.is_some() { "wire_" } else { "" };
+        format!("fccl_reduce_{wire}{}.cu", self.dtype.kernel_token())
+    }
+
+    /// Every program the library compiles: (name, source).
+    pub fn programs() -> Vec<(String, String)> {
+        let mut v: Vec<(String, String)> = Vec::new();
+        for r in Reduction::all() {
+            if !v.iter().any(|(n, _)| *n == r.program_name()) {
+                v.push((r.program_name(), Reduction::program(&r.group())));
+            }
+        }
+        v
+    }
+
+    /// One program with the kernels of `rs` (each kernel's names are its own).
+    pub fn program(rs: &[Reduction]) -> String {
+        let mut s = String::from(HELPERS);
+        for r in rs.iter().filter(|r| r.supported()) {
+            s.push_str(&r.kernel());
+        }
+        s
+    }
+
+    /// Every kernel the library can generate.
+    pub fn all() -> Vec<Reduction> {
+        let mut v = Vec::new();
+        for dt in DataType::ALL {
+            for op in RedOp::ALL {
+                v.push(Reduction::new(dt, op));
+                for w in DataType::ALL {
+                    let r = Reduction::wire(dt, w, op);
+                    if r.supported() {
+                        v.push(r);
+                    }
+                }
+            }
+        }
+        v
+    }
+}
+
+/// Device functions every kernel uses: bit casts, the host's float arithmetic, and the
+/// conversions of `reduce.rs` (see there for why each step is exact or rounds once).
+const HELPERS: &str = r#"// ferroccl device reductions: the host's arithmetic (src/mem/reduce.rs), bit for bit.
+__device__ __forceinline__ float fccl_f32(unsigned int b) { return __uint_as_float(b); }
+__device__ __forceinline__ unsigned int fccl_b32(float x) { return __float_as_uint(x); }
+__device__ __forceinline__ double fccl_f64(unsigned long long b) { return __longlong_as_double((long long)b); }
+__device__ __forceinline__ unsigned long long fccl_b64(double x) { return (unsigned long long)__double_as_longlong(x); }
+__device__ __forceinline__ bool fccl_nan32(unsigned int b) { return (b & 0x7fffffffu) > 0x7f800000u; }
+__device__ __forceinline__ bool fccl_nan64(unsigned long long b) {
+  return (b & 0x7fffffffffffffffull) > 0x7ff0000000000000ull;
+}
+
+// x86-64's NaN rules: a NaN operand comes out quiet (the first if both are), an invalid
+// operation gives the negative default NaN.
+__device__ __forceinline__ float fccl_add_f32(float a, float b) {
+  unsigned int x = fccl_b32(a), y = fccl_b32(b);
+  if (fccl_nan32(x)) return fccl_f32(x | 0x400000u);
+  if (fccl_nan32(y)) return fccl_f32(y | 0x400000u);
+  float r = a + b;
+  return fccl_nan32(fccl_b32(r)) ? fccl_f32(0xffc00000u) : r;
+}
+__device__ __forceinline__ float fccl_mul_f32(float a, float b) {
+  unsigned int x = fccl_b32(a), y = fccl_b32(b);
+  if (fccl_nan32(x)) return fccl_f32(x | 0x400000u);
+  if (fccl_nan32(y)) return fccl_f32(y | 0x400000u);
+  float r = a * b;
+  return fccl_nan32(fccl_b32(r)) ? fccl_f32(0xffc00000u) : r;
+}
+__device__ __forceinline__ float fccl_div_f32(float a, float n) {
+  unsigned int x = fccl_b32(a);
+  return fccl_nan32(x) ? fccl_f32(x | 0x400000u) : a / n;
+}
+__device__ __forceinline__ float fccl_max_f32(float a, float b) { return fccl_nan32(fccl_b32(a)) ? b : (b > a ? b : a); }
+__device__ __forceinline__ float fccl_min_f32(float a, float b) { return fccl_nan32(fccl_b32(a)) ? b : (b < a ? b : a); }
+__device__ __forceinline__ double fccl_add_f64(double a, double b) {
+  unsigned long long x = fccl_b64(a), y = fccl_b64(b);
+  if (fccl_nan64(x)) return fccl_f64(x | 0x8000000000000ull);
+  if (fccl_nan64(y)) return fccl_f64(y | 0x8000000000000ull);
+  double r = a + b;
+  return fccl_nan64(fccl_b64(r)) ? fccl_f64(0xfff8000000000000ull) : r;
+}
+__device__ __forceinline__ double fccl_mul_f64(double a, double b) {
+  unsigned long long x = fccl_b64(a), y = fccl_b64(b);
+  if (fccl_nan64(x)) return fccl_f64(x | 0x8000000000000ull);
+  if (fccl_nan64(y)) return fccl_f64(y | 0x8000000000000ull);
+  double r = a * b;
+  return fccl_nan64(fccl_b64(r)) ? fccl_f64(0xfff8000000000000ull) : r;
+}
+__device__ __forceinline__ double fccl_div_f64(double a, double n) {
+  unsigned long long x = fccl_b64(a);
+  return fccl_nan64(x) ? fccl_f64(x | 0x8000000000000ull) : a / n;
+}
+__device__ __forceinline__ double fccl_max_f64(double a, double b) { return fccl_nan64(fccl_b64(a)) ? b : (b > a ? b : a); }
+__device__ __forceinline__ double fccl_min_f64(double a, double b) { return fccl_nan64(fccl_b64(a)) ? b : (b < a ? b : a); }
+
+// float32 <-> float64 as x86-64 converts: NaN payloads move with the value, made quiet.
+__device__ __forceinline__ float fccl_f64_to_f32(double x) {
+  unsigned long long b = fccl_b64(x);
+  if (fccl_nan64(b))
+    return fccl_f32(((unsigned int)(b >> 32) & 0x80000000u) | 0x7fc00000u | ((unsigned int)(b >> 29) & 0x3fffffu));
+  return (float)x;
+}
+__device__ __forceinline__ double fccl_f32_to_f64(float x) {
+  unsigned int b = fccl_b32(x);
+  if (fccl_nan32(b))
+    return fccl_f64(((unsigned long long)(b & 0x80000000u) << 32) | 0x7ff8000000000000ull |
+                    ((unsigned long long)(b & 0x7fffffu) << 29));
+  return (double)x;
+}
+// float64 -> float32 rounded to odd, so that rounding on to a narrow type rounds once.
+__device__ __forceinline__ float fccl_f64_to_f32_odd(double x) {
+  float t = fccl_f64_to_f32(x);
+  unsigned int tb = fccl_b32(t);
+  if (fccl_nan32(tb)) return t;
+  double at = fccl_f64(fccl_b64((double)t) & 0x7fffffffffffffffull);
+  double ax = fccl_f64(fccl_b64(x) & 0x7fffffffffffffffull);
+  if (at == ax) return t;
+  return fccl_f32(at > ax ? (tb - 1u) | 1u : tb | 1u);
+}
+
+__device__ __forceinline__ float fccl_bf16_to_f32(unsigned short h) { return fccl_f32((unsigned int)h << 16); }
+__device__ __forceinline__ unsigned short fccl_f32_to_bf16(float x) {
+  unsigned int b = fccl_b32(x);
+  if (fccl_nan32(b)) return (unsigned short)((b >> 16) | 0x40u);
+  return (unsigned short)((b + 0x7fffu + ((b >> 16) & 1u)) >> 16);
+}
+
+__device__ __forceinline__ float fccl_f16_to_f32(unsigned short h) {
+  unsigned int sign = (unsigned int)(h & 0x8000u) << 16, abs = h & 0x7fffu, mag;
+  if (abs < 0x400u)  // subnormal: 0.5 + m * 2^-24, minus 0.5 (exact)
+    mag = fccl_b32(fccl_f32(abs | 0x3f000000u) - 0.5f);
+  else if (abs < 0x7c00u)  // normal: rebias the exponent
+    mag = (abs << 13) + 0x38000000u;
+  else  // infinity, or NaN made quiet
+    mag = 0x7f800000u | ((abs & 0x3ffu) << 13) | (abs > 0x7c00u ? 0x400000u : 0u);
+  return fccl_f32(sign | mag);
+}
+__device__ __forceinline__ unsigned short fccl_f32_to_f16(float x) {
+  unsigned int w = fccl_b32(x), sign = (w >> 16) & 0x8000u, abs = w & 0x7fffffffu;
+  if (abs > 0x7f800000u) return (unsigned short)(sign | 0x7e00u);
+  // 4|x| (infinity when too big for half) plus 2^(e+15) makes the adder round |x| to
+  // half's step, ties to even; the half's bits are then read out of the sum.
+  float base = (fccl_f32(abs) * fccl_f32(0x77800000u)) * fccl_f32(0x08800000u);
+  unsigned int bias = abs & 0x7f800000u;
+  if (bias < 0x38800000u) bias = 0x38800000u;
+  unsigned int b = fccl_b32(fccl_f32(bias + 0x07800000u) + base);
+  return (unsigned short)(sign | (((b >> 13) & 0x7c00u) + (b & 0x0fffu)));
+}
+
+// fp8 with M mantissa bits and exponent bias BIAS: the finite part of the decoding.
+__device__ __forceinline__ unsigned int fccl_f8_mag(unsigned int abs, unsigned int m, unsigned int bias) {
+  if (abs < (1u << m)) return fccl_b32((float)(int)abs * fccl_f32((128u - bias - m) << 23));
+  return (abs << (23u - m)) + ((127u - bias) << 23);
+}
+// float32 -> fp8, round to nearest even; magnitudes clamp at max_code, NaN gives nan_code.
+__device__ __forceinline__ unsigned char fccl_f32_to_f8(float x, unsigned int m, unsigned int bias,
+                                                        unsigned int max_code, unsigned int nan_code) {
+  unsigned int b = fccl_b32(x), sign = (b >> 24) & 0x80u, abs = b & 0x7fffffffu, mag;
+  if (abs > 0x7f800000u) return (unsigned char)(sign | nan_code);
+  if (abs < ((128u - bias) << 23)) {  // subnormal result: the adder rounds to the fp8 step
+    float magic = fccl_f32((151u - bias - m) << 23);
+    mag = fccl_b32(fccl_f32(abs) + magic) - fccl_b32(magic);
+  } else {
+    unsigned int shift = 23u - m;
+    unsigned int rounded = abs + ((1u << (shift - 1u)) - 1u) + ((abs >> shift) & 1u);
+    mag = (rounded >> shift) - ((127u - bias) << m);
+  }
+  if (mag > max_code) mag = max_code;
+  return (unsigned char)(sign | mag);
+}
+__device__ __forceinline__ float fccl_f8e4m3_to_f32(unsigned char v) {
+  unsigned int abs = v & 0x7fu;
+  unsigned int mag = abs == 0x7fu ? 0x7fc00000u : fccl_f8_mag(abs, 3u, 7u);
+  return fccl_f32(((unsigned int)(v & 0x80u) << 24) | mag);
+}
+__device__ __forceinline__ unsigned char fccl_f32_to_f8e4m3(float x) { return fccl_f32_to_f8(x, 3u, 7u, 0x7eu, 0x7fu); }
+__device__ __forceinline__ float fccl_f8e5m2_to_f32(unsigned char v) {
+  unsigned int abs = v & 0x7fu;
+  unsigned int mag = abs > 0x7cu ? 0x7fc00000u : abs == 0x7cu ? 0x7f800000u : fccl_f8_mag(abs, 2u, 15u);
+  return fccl_f32(((unsigned int)(v & 0x80u) << 24) | mag);
+}
+__device__ __forceinline__ unsigned char fccl_f32_to_f8e5m2(float x) { return fccl_f32_to_f8(x, 2u, 15u, 0x7cu, 0x7eu); }
+
+"#;
+
+/// The grid-stride loop every kernel runs: `i` is the element.
+const LOOP: &str = "  unsigned long long stride = (unsigned long long)gridDim.x * blockDim.x;\n  \
+     for (unsigned long long i = (unsigned long long)blockIdx.x * blockDim.x + threadIdx.x; i < count; i += stride) {\n";
+
+/// Storage type, accumulator type, widening and narrowing of a float type (None for
+/// integers).
+fn float_parts(dt: DataType) -> Option<(&'static str, &'static str, &'static str, &'static str)> {
+    Some(match dt {
+        DataType::Float32 => ("float", "f32", "", ""),
+        DataType::Float64 => ("double", "f64", "", ""),
+        DataType::Float16 => ("unsigned short", "f32", "fccl_f16_to_f32", "fccl_f32_to_f16"),
+        DataType::Bfloat16 => ("unsigned short", "f32", "fccl_bf16_to_f32", "fccl_f32_to_bf16"),
+        DataType::Float8e4m3 => ("unsigned char", "f32", "fccl_f8e4m3_to_f32", "fccl_f32_to_f8e4m3"),
+        DataType::Float8e5m2 => ("unsigned char", "f32", "fccl_f8e5m2_to_f32", "fccl_f32_to_f8e5m2"),
+        _ => return None,
+    })
+}
+
+/// The accumulator's C type for a float accumulator token.
+fn acc_c(acc: &str) -> &'static str {
+    if acc == "f64" {
+        "double"
+    } else {
+        "float"
+    }
+}
+
+/// The combining function on a float accumulator (`Avg` sums).
+fn combine_fn(op: RedOp, acc: &str) -> String {
+    let f = match op {
+        RedOp::Sum | RedOp::Avg => "add",
+        RedOp::Prod => "mul",
+        RedOp::Max => "max",
+        RedOp::Min => "min",
+    };
+    format!("fccl_{f}_{acc}")
+}
+
+/// `out[i] = op(ins.p[0][i], ..., ins.p[n-1][i])`; one input is a copy.
+fn reduce_kernel(dt: DataType, op: RedOp, name: &str) -> String {
+    let m = MAX_INPUTS;
+    let head = |t: &str| {
+        format!(
+            "#define T {t}\nstruct {name}_ins {{ const T* p[{m}]; }};\n\
+             extern \"C\" __global__ void {name}(T* out, struct {name}_ins ins, int n, unsigned long long count) {{\n{LOOP}    \
+             if (n == 1) {{\n      out[i] = ins.p[0][i];\n      continue;\n    }}\n"
+        )
+    };
+    let Some((t, acc, widen, narrow)) = float_parts(dt) else {
+        // Integers: wrapping arithmetic in the unsigned type of the same width.
+        let (t, u) = match dt {
+            DataType::Int8 => ("signed char", "unsigned char"),
+            DataType::Uint8 => ("unsigned char", "unsigned char"),
+            DataType::Int32 => ("int", "unsigned int"),
+            DataType::Uint32 => ("unsigned int", "unsigned int"),
+            DataType::Int64 => ("long long", "unsigned long long"),
+            _ => ("unsigned long long", "unsigned long long"),
+        };
+        let combine = match op {
+            RedOp::Sum | RedOp::Avg => "acc = (U)(acc + (U)x);",
+            RedOp::Prod => "acc = (U)(acc * (U)x);",
+            RedOp::Max => "if (x > (T)acc) acc = (U)x;",
+            RedOp::Min => "if (x < (T)acc) acc = (U)x;",
+        };
+        // Signed division truncates toward zero, as the host's does.
+        let finish = if op == RedOp::Avg { "(T)((T)acc / (T)n)" } else { "(T)acc" };
+        return format!(
+            "#define U {u}\n{}    U acc = (U)ins.p[0][i];\n    for (int k = 1; k < n; k++) {{\n      \
+             T x = ins.p[k][i];\n      {combine}\n    }}\n    out[i] = {finish};\n  }}\n}}\n#undef T\n#undef U\n",
+            head(t)
+        );
+    };
+    let a = acc_c(acc);
+    let load = |e: &str| if widen.is_empty() { e.to_string() } else { format!("{widen}({e})") };
+    let finish = if op == RedOp::Avg { format!("fccl_div_{acc}(acc, ({a})n)") } else { "acc".into() };
+    let store = if narrow.is_empty() { finish } else { format!("{narrow}({finish})") };
+    format!(
+        "{}    {a} acc = {};\n    for (int k = 1; k < n; k++) acc = {}(acc, {});\n    out[i] = {store};\n  }}\n}}\n#undef T\n",
+        head(t),
+        load("ins.p[0][i]"),
+        combine_fn(op, acc),
+        load("ins.p[k][i]"),
+    )
+}
+
+/// all_reduce over a wire type, as the host runs it: in each window of `win`
+/// elements, element `l` belongs to the owner whose balanced part of the window holds
+/// it; the owner's own value (unrounded) comes first, then every other rank's value
+/// rounded to the wire type, in rank order after the owner's; `Avg` divides by `n`;
+/// the result is rounded to the wire type and widened back.
+fn wire_kernel(dt: DataType, wire: DataType, op: RedOp, name: &str) -> String {
+    let (t, acc) = if dt == DataType::Float64 { ("double", "f64") } else { ("float", "f32") };
+    let round = match (dt, wire) {
+        (DataType::Float64, DataType::Float32) => "fccl_f32_to_f64(fccl_f64_to_f32(x))".to_string(),
+        (DataType::Float64, w) => {
+            let (_, _, widen, narrow) = float_parts(w).expect("a narrow float wire");
+            format!("fccl_f32_to_f64({widen}({narrow}(fccl_f64_to_f32_odd(x))))")
+        }
+        (_, w) => {
+            let (_, _, widen, narrow) = float_parts(w).expect("a narrow float wire");
+            format!("{widen}({narrow}(x))")
+        }
+    };
+    let finish = if op == RedOp::Avg { format!("    acc = fccl_div_{acc}(acc, (T)n);\n") } else { String::new() };
+    let m = MAX_INPUTS;
+    format!(
+        "#define T {t}\nstruct {name}_ins {{ const T* p[{m}]; }};\n\
+         __device__ __forceinline__ T {name}_round(T x) {{ return {round}; }}\n\
+         extern \"C\" __global__ void {name}(T* out, struct {name}_ins ins, int n, unsigned long long count,\n    \
+         unsigned long long win) {{\n{LOOP}    \
+         unsigned long long first = i - i % win, wc = count - first < win ? count - first : win, l = i - first;\n    \
+         unsigned long long part = wc / (unsigned long long)n, rem = wc % (unsigned long long)n, big = rem * (part + 1);\n    \
+         int o = (int)(l < big ? l / (part + 1) : rem + (l - big) / part);\n    \
+         T acc = ins.p[o][i];\n    \
+         for (int j = 1; j < n; j++) {{\n      int p = o + j < n ? o + j : o + j - n;\n      \
+         acc = {}(acc, {name}_round(ins.p[p][i]));\n    }}\n{finish}    \
+         out[i] = {name}_round(acc);\n  }}\n}}\n#undef T\n",
+        combine_fn(op, acc)
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_type_op_and_wire_has_one_kernel_named_by_the_convention() {
+        let all = Reduction::all();
+        // 12 types x 5 ops, plus float32 over 4 narrow wires and float64 over 5 wires.
+        assert_eq!(all.len(), 60 + 5 * (4 + 5));
+        let names: std::collections::HashSet<String> = all.iter().map(|r| r.entry()).collect();
+        assert_eq!(names.len(), all.len());
+        for r in &all {
+            let s = r.source().expect("supported");
+            assert!(s.contains(&format!("extern \"C\" __global__ void {}(", r.entry())), "{s}");
+            assert_eq!(s.matches("__global__").count(), 1, "{s}");
+        }
+        assert_eq!(
+            Reduction::wire(DataType::Float32, DataType::Bfloat16, RedOp::Sum).entry(),
+            "fccl_reduce_wire_f32_bf16_sum"
+        );
+        assert!(!Reduction::wire(DataType::Int32, DataType::Bfloat16, RedOp::Sum).supported());
+        assert!(!Reduction::wire(DataType::Float32, DataType::Float64, RedOp::Sum).supported());
+        assert!(Reduction::wire(DataType::Float16, DataType::Float8e4m3, RedOp::Sum).source().is_none());
+        let progs = Reduction::programs();
+        assert_eq!(progs.len(), 12 + 2, "one per type, and the wire forms of float32 and float64");
+        let f64w = Reduction::wire(DataType::Float64, DataType::Float16, RedOp::Min);
+        assert_eq!(f64w.group().len(), 25);
+        let (_, src) = progs.iter().find(|(n, _)| *n == f64w.program_name()).unwrap();
+        assert_eq!(src.matches("__global__").count(), 25);
+        assert!(src.contains(&format!("void {}(", f64w.entry())));
+        let s = Reduction::new(DataType::Int32, RedOp::Avg).source().unwrap();
+        assert!(s.contains("#define T int\n") && s.contains("#define U unsigned int\n"), "{s}");
+        let s = Reduction::new(DataType::Bfloat16, RedOp::Avg).source().unwrap();
+        assert!(s.contains("fccl_f32_to_bf16(fccl_div_f32(acc, (float)n))"), "{s}");
+    }
+}

@@ -1,0 +1,406 @@
+//! The library's device reduction kernels (src/mem/cuda_kernels.rs), compiled from their CUDA
+//! C source by the simulated NVRTC and run by the simulated driver, against the library's host
+//! reduction (src/mem/reduce.rs): every type and operation, special values (NaN payloads and
+//! signs, infinities, subnormals, signed zeros, values that overflow the narrow types), 1 to
+//! 64 inputs, in place; and the wire all_reduce kernels against the host's wire algorithm.
+
+mod common;
+use common::*;
+use cudarc::driver::sys::{CUfunction, CUmodule};
+use cudarc::nvrtc::sys::nvrtcResult as N;
+use ferroccl_simgpu::cuda_kernels::{Reduction, MAX_INPUTS};
+use ferroccl_simgpu::reduce::{convert, finish_inplace, reduce_all, reduce_inplace};
+use ferroccl_simgpu::types::DataType;
+use std::ffi::{c_char, c_void, CString};
+
+/// Compiles `src` with the simulated NVRTC and loads it.
+fn module(src: &str) -> CUmodule {
+    let csrc = CString::new(src).unwrap();
+    let opt = CString::new("--gpu-architecture=compute_90").unwrap();
+    let opts: [*const c_char; 1] = [opt.as_ptr()];
+    // SAFETY: NUL-terminated strings that outlive the calls; buffers of the reported sizes.
+    unsafe {
+        let mut prog = std::ptr::null_mut();
+        let name = c"fccl_reduce.cu";
+        assert_eq!(
+            nvrtcCreateProgram(&mut prog, csrc.as_ptr(), name.as_ptr(), 0, std::ptr::null(), std::ptr::null()),
+            N::NVRTC_SUCCESS
+        );
+        let r = nvrtcCompileProgram(prog, 1, opts.as_ptr());
+        let mut n = 0;
+        if r != N::NVRTC_SUCCESS {
+            nvrtcGetProgramLogSize(prog, &mut n);
+            let mut log = vec![0u8; n];
+            nvrtcGetProgramLog(prog, log.as_mut_ptr().cast());
+            panic!("the library's kernels do not compile: {}", String::from_utf8_lossy(&log));
+        }
+        assert_eq!(nvrtcGetPTXSize(prog, &mut n), N::NVRTC_SUCCESS);
+        let mut ptx = vec![0u8; n];
+        assert_eq!(nvrtcGetPTX(prog, ptx.as_mut_ptr().cast()), N::NVRTC_SUCCESS);
+        nvrtcDestroyProgram(&mut prog);
+        let mut m = std::ptr::null_mut();
+        ok(cuModuleLoadData(&mut m, ptx.as_ptr().cast()));
+        m
+    }
+}
+
+fn function(m: CUmodule, r: &Reduction) -> CUfunction {
+    let mut f = std::ptr::null_mut();
+    let c = CString::new(r.entry()).unwrap();
+    // SAFETY: a NUL-terminated name.
+    ok(unsafe { cuModuleGetFunction(&mut f, m, c.as_ptr()) });
+    f
+}
+
+/// Launches `f` as the library does (`cuda_reduce::launch`), with `block` threads per block
+/// and at most `max_grid` blocks (fewer make threads loop over several elements).
+fn launch(f: CUfunction, wire: bool, out: CUdeviceptr, ins: &[CUdeviceptr], count: usize, win: usize, max_grid: usize) {
+    let mut o = out;
+    let mut arr = [0u64; MAX_INPUTS];
+    arr[..ins.len()].copy_from_slice(ins);
+    let (mut n, mut c, mut w) = (ins.len() as i32, count as u64, win as u64);
+    let mut params: [*mut c_void; 5] = [
+        (&mut o as *mut u64).cast(),
+        (&mut arr as *mut [u64; MAX_INPUTS]).cast(),
+        (&mut n as *mut i32).cast(),
+        (&mut c as *mut u64).cast(),
+        (&mut w as *mut u64).cast(),
+    ];
+    let block = 256;
+    let grid = count.div_ceil(block).clamp(1, max_grid) as u32;
+    let used = if wire { 5 } else { 4 };
+    // SAFETY: the parameters match the kernel's layout.
+    unsafe {
+        ok(cuLaunchKernel(
+            f,
+            grid,
+            1,
+            1,
+            block as u32,
+            1,
+            1,
+            0,
+            std::ptr::null_mut(),
+            params[..used].as_mut_ptr(),
+            std::ptr::null_mut(),
+        ));
+        ok(cuCtxSynchronize());
+    }
+}
+
+/// xorshift64.
+struct Rng(u64);
+impl Rng {
+    fn next(&mut self) -> u64 {
+        self.0 ^= self.0 << 13;
+        self.0 ^= self.0 >> 7;
+        self.0 ^= self.0 << 17;
+        self.0
+    }
+}
+
+/// Bit patterns worth testing for each type.
+fn specials(dt: DataType) -> Vec<u64> {
+    match dt {
+        DataType::Float32 => vec![
+            0,
+            0x8000_0000,
+            0x3f80_0000,
+            0xbf80_0000,
+            0x7f80_0000,
+            0xff80_0000,
+            0x7fc0_0000,
+            0xffc0_0123,
+            0x7f80_0001,
+            0xff80_4000,
+            0x1,
+            0x8000_0001,
+            0x007f_ffff,
+            0x0080_0000,
+            0x7f7f_ffff,
+            0xff7f_ffff,
+            0x3f80_0001,
+            0x4b80_0001,
+            0x477f_f000,
+            0x477f_f001,
+            0x4380_0000,
+            0x4370_0000,
+            0x4760_0000,
+        ],
+        DataType::Float64 => vec![
+            0,
+            0x8000_0000_0000_0000,
+            0x3ff0_0000_0000_0000,
+            0x7ff0_0000_0000_0000,
+            0xfff0_0000_0000_0000,
+            0x7ff8_0000_0000_0000,
+            0xfff8_0000_0012_3456,
+            0x7ff0_0000_2000_0001,
+            0x1,
+            0x000f_ffff_ffff_ffff,
+            0x7fef_ffff_ffff_ffff,
+            0x47ef_ffff_f000_0000,
+            0x47ef_ffff_e000_0000,
+            0x3ff0_0000_1000_0000,
+            0x3ff0_0000_0800_0000,
+            0x36a0_0000_0000_0000,
+            0x40ef_ffe0_0000_0000,
+        ],
+        DataType::Float16 => vec![
+            0, 0x8000, 0x3c00, 0xbc00, 0x7c00, 0xfc00, 0x7e00, 0xfe01, 0x7c01, 0xfc3f, 0x0001, 0x8001, 0x03ff, 0x0400,
+            0x7bff, 0xfbff, 0x3c01, 0x5bff,
+        ],
+        DataType::Bfloat16 => vec![
+            0, 0x8000, 0x3f80, 0xbf80, 0x7f80, 0xff80, 0x7fc0, 0xffc1, 0x7f81, 0xff81, 0x0001, 0x8001, 0x007f, 0x0080,
+            0x7f7f, 0xff7f, 0x3f81,
+        ],
+        DataType::Float8e4m3 => vec![0, 0x80, 0x7f, 0xff, 0x7e, 0xfe, 0x01, 0x81, 0x07, 0x08, 0x38, 0xb8, 0x39, 0x77],
+        DataType::Float8e5m2 => {
+            vec![0, 0x80, 0x7c, 0xfc, 0x7d, 0x7e, 0xff, 0xfd, 0x7b, 0xfb, 0x01, 0x81, 0x03, 0x04, 0x3c, 0x3d, 0x79]
+        }
+        DataType::Int8 | DataType::Uint8 => vec![0, 1, 0x7f, 0x80, 0xff, 0xfe],
+        DataType::Int32 | DataType::Uint32 => vec![0, 1, 0x7fff_ffff, 0x8000_0000, 0xffff_ffff, 0xffff_fffe],
+        DataType::Int64 | DataType::Uint64 => vec![0, 1, i64::MAX as u64, i64::MIN as u64, u64::MAX, u64::MAX - 1],
+    }
+}
+
+/// The bits of 1.0 in `dt` (floats), to draw values near it.
+fn one(dt: DataType) -> u64 {
+    match dt {
+        DataType::Float32 => 0x3f80_0000,
+        DataType::Float64 => 0x3ff0_0000_0000_0000,
+        DataType::Float16 => 0x3c00,
+        DataType::Bfloat16 => 0x3f80,
+        DataType::Float8e4m3 => 0x38,
+        DataType::Float8e5m2 => 0x3c,
+        _ => 1,
+    }
+}
+
+/// `count` elements of `dt`: special values, random bits and values near +-1 (whose sums
+/// round), a third each.
+fn input(dt: DataType, count: usize, rng: &mut Rng) -> Vec<u8> {
+    let sp = specials(dt);
+    let es = dt.size();
+    let bits = 8 * es as u32;
+    let mask = if bits == 64 { u64::MAX } else { (1u64 << bits) - 1 };
+    let mut v = Vec::with_capacity(count * es);
+    for _ in 0..count {
+        let r = rng.next();
+        let x = match r % 3 {
+            0 => sp[(r >> 8) as usize % sp.len()],
+            1 => rng.next(),
+            // +-1 with a random low mantissa, scaled by a few powers of two.
+            _ => {
+                let low = rng.next() & ((mask >> 4) >> (bits / 2));
+                let exp_step = if es == 8 {
+                    1u64 << 52
+                } else if dt == DataType::Float32 {
+                    1 << 23
+                } else {
+                    1 << (bits - 6)
+                };
+                let sign = (r >> 9 & 1) << (bits - 1);
+                (one(dt) + low + ((r >> 10) % 4) * exp_step).wrapping_sub(2 * exp_step) | sign
+            }
+        } & mask;
+        v.extend_from_slice(&x.to_le_bytes()[..es]);
+    }
+    v
+}
+
+fn is_nan(dt: DataType, b: &[u8]) -> bool {
+    let mut w = [0u8; 8];
+    w[..b.len()].copy_from_slice(b);
+    let x = u64::from_le_bytes(w);
+    match dt {
+        DataType::Float32 => x & 0x7fff_ffff > 0x7f80_0000,
+        DataType::Float64 => x & 0x7fff_ffff_ffff_ffff > 0x7ff0_0000_0000_0000,
+        DataType::Float16 => x & 0x7fff > 0x7c00,
+        DataType::Bfloat16 => x & 0x7fff > 0x7f80,
+        DataType::Float8e4m3 => x & 0x7f == 0x7f,
+        DataType::Float8e5m2 => x & 0x7f > 0x7c,
+        _ => false,
+    }
+}
+
+fn upload(v: &[u8]) -> CUdeviceptr {
+    let d = alloc(v.len());
+    htod(d, v);
+    d
+}
+
+#[test]
+fn every_reduction_gives_the_host_reductions_bits() {
+    let _c = Ctx::new(0);
+    let all: Vec<Reduction> = Reduction::all().into_iter().filter(|r| r.wire.is_none()).collect();
+    assert_eq!(all.len(), 60);
+    let m = module(&Reduction::program(&all));
+    let mut rng = Rng(0x9e37_79b9_7f4a_7c15);
+    let count = 261;
+    let mut checked = 0usize;
+    for r in &all {
+        let (dt, op) = (r.dtype, r.op);
+        let f = function(m, r);
+        let es = dt.size();
+        for (n, max_grid) in [(2, 1024), (3, 1), (9, 1024), (MAX_INPUTS, 2)] {
+            let inputs: Vec<Vec<u8>> = (0..n).map(|_| input(dt, count, &mut rng)).collect();
+            let devs: Vec<CUdeviceptr> = inputs.iter().map(|v| upload(v)).collect();
+            let out = alloc(count * es);
+            launch(f, false, out, &devs, count, 0, max_grid);
+            let got = dtoh(out, count * es);
+            // The host reduction over the whole buffers...
+            let mut whole = vec![0u8; count * es];
+            let mut acc = vec![0u8; count * dt.acc_size()];
+            reduce_all(dt, op, n, |i| &inputs[i], &mut whole, &mut acc);
+            for e in 0..count {
+                let at = e * es..(e + 1) * es;
+                // ... and over this element alone (the host's scalar code).
+                let one: Vec<Vec<u8>> = inputs.iter().map(|v| v[at.clone()].to_vec()).collect();
+                let mut want = vec![0u8; es];
+                let mut acc1 = vec![0u8; dt.acc_size()];
+                reduce_all(dt, op, n, |i| &one[i], &mut want, &mut acc1);
+                let what = || format!("{} n={n} element {e}: inputs {:02x?}", r.entry(), one);
+                // Where two NaNs meet (two NaN inputs, or one and a NaN that an invalid
+                // operation made) the host returns one of them, which one depending on its
+                // code path (scalar or vector loop, first or later step): so NaN results
+                // are compared as NaN (one NaN's own bits: `a_single_nan_keeps_its_bits`).
+                if is_nan(dt, &want) || is_nan(dt, &got[at.clone()]) {
+                    assert!(is_nan(dt, &got[at.clone()]) && is_nan(dt, &want), "{}", what());
+                    assert!(is_nan(dt, &whole[at.clone()]), "{}", what());
+                } else {
+                    assert_eq!(got[at.clone()], want[..], "{}", what());
+                    assert_eq!(got[at.clone()], whole[at.clone()], "{} (whole buffers)", what());
+                }
+                checked += 1;
+            }
+            // One input: a copy. In place: the output is the first input.
+            launch(f, false, out, &devs[1..2], count, 0, 1024);
+            assert_eq!(dtoh(out, count * es), inputs[1], "{} n=1", r.entry());
+            launch(f, false, devs[0], &devs, count, 0, 1024);
+            assert_eq!(dtoh(devs[0], count * es), got, "{} n={n} in place", r.entry());
+            for d in devs.into_iter().chain([out]) {
+                // SAFETY: allocations of the test.
+                ok(unsafe { cuMemFree_v2(d) });
+            }
+        }
+    }
+    assert_eq!(checked, 60 * 4 * count);
+}
+
+#[test]
+fn a_single_nan_keeps_its_bits() {
+    // One NaN (quiet or signalling, either sign, with a payload) among finite values comes
+    // out as the host makes it: quiet, its sign kept, its payload as far as the type holds it.
+    let _c = Ctx::new(0);
+    let all: Vec<Reduction> = Reduction::all()
+        .into_iter()
+        .filter(|r| r.wire.is_none() && is_nan(r.dtype, &[0xff; 8][..r.dtype.size()]))
+        .collect();
+    assert_eq!(all.len(), 30);
+    let m = module(&Reduction::program(&all));
+    for r in &all {
+        let (dt, es) = (r.dtype, r.dtype.size());
+        let nans: Vec<u64> = specials(dt).into_iter().filter(|&b| is_nan(dt, &b.to_le_bytes()[..es])).collect();
+        let finite = [one(dt), one(dt) | 1 << (8 * es - 1), 0];
+        for nan in nans {
+            for at in 0..3 {
+                // The NaN first, second or last of three inputs, in every element of 33.
+                let inputs: Vec<Vec<u8>> = (0..3)
+                    .map(|k| {
+                        let b = if k == at { nan } else { finite[k] };
+                        (0..33).flat_map(|_| b.to_le_bytes()[..es].to_vec()).collect()
+                    })
+                    .collect();
+                let devs: Vec<CUdeviceptr> = inputs.iter().map(|v| upload(v)).collect();
+                let out = alloc(33 * es);
+                launch(function(m, r), false, out, &devs, 33, 0, 1024);
+                let mut want = vec![0u8; 33 * es];
+                let mut acc = vec![0u8; 33 * dt.acc_size()];
+                reduce_all(dt, r.op, 3, |i| &inputs[i], &mut want, &mut acc);
+                assert_eq!(dtoh(out, 33 * es), want, "{} NaN {nan:#x} as input {at}", r.entry());
+                for d in devs.into_iter().chain([out]) {
+                    // SAFETY: allocations of the test.
+                    ok(unsafe { cuMemFree_v2(d) });
+                }
+            }
+        }
+    }
+}
+
+/// The host's balanced split of `count` elements among `n` owners: (start, len) of part `i`.
+fn part(count: usize, n: usize, i: usize) -> (usize, usize) {
+    let (base, rem) = (count / n, count % n);
+    (i * base + i.min(rem), base + usize::from(i < rem))
+}
+
+/// A wire all_reduce as the host runs it (backend/host/algorithms.rs, allreduce_wire), per
+/// element with the host's own conversions and arithmetic: in each window, the owner of an
+/// element starts from its own value, adds every other rank's value rounded to the wire
+/// type in rank order after its own, divides for Avg, and rounds the result to the wire.
+fn host_wire(r: &Reduction, inputs: &[Vec<u8>], count: usize, win: usize) -> Vec<u8> {
+    let (dt, wire, op) = (r.dtype, r.wire.unwrap(), r.op);
+    let (es, ws, n) = (dt.size(), wire.size(), inputs.len());
+    let mut out = vec![0u8; count * es];
+    let round = |x: &[u8]| {
+        let mut w = vec![0u8; ws];
+        convert(dt, x, wire, &mut w);
+        let mut back = vec![0u8; es];
+        convert(wire, &w, dt, &mut back);
+        back
+    };
+    for first in (0..count).step_by(win) {
+        let wc = win.min(count - first);
+        for o in 0..n {
+            let (off, len) = part(wc, n, o);
+            for g in first + off..first + off + len {
+                let at = g * es..(g + 1) * es;
+                let mut acc = inputs[o][at.clone()].to_vec();
+                for j in 1..n {
+                    reduce_inplace(dt, op, &mut acc, &round(&inputs[(o + j) % n][at.clone()]));
+                }
+                finish_inplace(dt, op, n, &mut acc);
+                out[at].copy_from_slice(&round(&acc));
+            }
+        }
+    }
+    out
+}
+
+#[test]
+fn wire_all_reduce_gives_the_host_wire_algorithms_bits() {
+    let _c = Ctx::new(0);
+    let all: Vec<Reduction> = Reduction::all().into_iter().filter(|r| r.wire.is_some()).collect();
+    assert_eq!(all.len(), 5 * 9);
+    let m = module(&Reduction::program(&all));
+    let mut rng = Rng(0x1234_5678_9abc_def1);
+    for r in &all {
+        let f = function(m, r);
+        let es = r.dtype.size();
+        // Windows of 7 and 100 elements: owners change inside and across windows.
+        for (n, count, win) in [(2, 61, 7), (3, 61, 100), (5, 203, 7), (MAX_INPUTS, 130, 100)] {
+            let inputs: Vec<Vec<u8>> = (0..n).map(|_| input(r.dtype, count, &mut rng)).collect();
+            let devs: Vec<CUdeviceptr> = inputs.iter().map(|v| upload(v)).collect();
+            let out = alloc(count * es);
+            launch(f, true, out, &devs, count, win, 1);
+            let got = dtoh(out, count * es);
+            let want = host_wire(r, &inputs, count, win);
+            for e in 0..count {
+                let at = e * es..(e + 1) * es;
+                let ins: Vec<&[u8]> = inputs.iter().map(|v| &v[at.clone()]).collect();
+                assert_eq!(
+                    got[at.clone()],
+                    want[at.clone()],
+                    "{} n={n} win={win} element {e}: inputs {ins:02x?}",
+                    r.entry()
+                );
+            }
+            launch(f, true, devs[0], &devs, count, win, 1024);
+            assert_eq!(dtoh(devs[0], count * es), got, "{} in place", r.entry());
+            for d in devs.into_iter().chain([out]) {
+                // SAFETY: allocations of the test.
+                ok(unsafe { cuMemFree_v2(d) });
+            }
+        }
+    }
+}
