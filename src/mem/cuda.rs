@@ -31,6 +31,7 @@ const SYMBOLS: &[&str] = &[
     "cuMemcpyDtoDAsync_v2",
     "cuMemcpy2DAsync_v2",
     "cuStreamSynchronize",
+    "cuStreamQuery",
     "cuCtxGetCurrent",
     "cuCtxSetCurrent",
     "cuCtxGetDevice",
@@ -824,6 +825,27 @@ pub fn ipc_open(handle: &[u8; 64]) -> Result<usize> {
 pub unsafe fn ipc_close(base: usize) -> Result<()> {
     // SAFETY: per the caller.
     check(unsafe { cu::cuIpcCloseMemHandle(base as cu::CUdeviceptr) }, "cuIpcCloseMemHandle")
+}
+
+/// Whether everything queued on `stream` is done (cuStreamQuery), without waiting.
+pub fn stream_done(stream: usize) -> Result<bool> {
+    // SAFETY: the stream handle is the caller's (0 = the legacy default stream).
+    match unsafe { cu::cuStreamQuery(stream as cu::CUstream) } {
+        cu::CUresult::CUDA_SUCCESS => Ok(true),
+        cu::CUresult::CUDA_ERROR_NOT_READY => Ok(false),
+        rc => check(rc, "cuStreamQuery").map(|_| false),
+    }
+}
+
+/// Whether contexts on `device` are shared through MPS (CU_DEVICE_ATTRIBUTE_MPS_ENABLED,
+/// CUDA 12.3+); None when the driver does not know the attribute.
+pub fn mps_enabled(device: i32) -> Option<bool> {
+    driver().ok()?;
+    let mut v = 0;
+    // SAFETY: valid out-pointer; device is an ordinal from the driver.
+    let rc =
+        unsafe { cu::cuDeviceGetAttribute(&mut v, cu::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MPS_ENABLED, device) };
+    (rc == cu::CUresult::CUDA_SUCCESS).then_some(v != 0)
 }
 
 /// Waits for everything queued on `stream`.

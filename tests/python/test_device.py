@@ -65,13 +65,14 @@ def test_device_threads(devlist):
 assert os.path.isfile(WORKER)
 
 
-def _run_fault(mode, **env_vars):
-    """device_worker.py --fault MODE at 2 ranks with these variables; its output (the
-    test skips when the worker did)."""
+def _run_fault(mode, op="all_reduce", **env_vars):
+    """device_worker.py --fault MODE --op OP at 2 ranks with these variables; its output
+    (the test skips when the worker did)."""
     env = _env()
     env.update(env_vars)
-    p = subprocess.run([RUN, "-n", "2", sys.executable, DEVICE_WORKER, "--fault", mode], cwd=HERE, env=env,
-                       stdout=subprocess.PIPE, stderr=subprocess.STDOUT, timeout=TIMEOUT_S, start_new_session=True)
+    cmd = [RUN, "-n", "2", sys.executable, DEVICE_WORKER, "--fault", mode, "--op", op]
+    p = subprocess.run(cmd, cwd=HERE, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, timeout=TIMEOUT_S,
+                       start_new_session=True)
     out = p.stdout.decode("utf-8", "replace")
     print(out)
     if "skipped" in out:
@@ -83,12 +84,13 @@ def _run_fault(mode, **env_vars):
 @needs_run
 @needs_driver
 @pytest.mark.parametrize("mode", ["kill", "stop"])
-def test_a_rank_lost_mid_call_releases_the_others_streams(mode):
-    """Ranks on one GPU, stream-ordered: rank 1's stream never gets to the call and rank
-    1 dies (or stops). Rank 0's stream is released (by the watchdog, at once on a death,
-    at the timeout on a stop) instead of hanging, and its communicator fails naming
-    rank 1."""
-    out = _run_fault(mode, FERROCCL_CUDA_IPC="1", FERROCCL_SIM_DEVICES="1", FERROCCL_TIMEOUT_MS="3000")
+@pytest.mark.parametrize("op", ["all_reduce", "send_recv"])
+def test_a_rank_lost_mid_call_releases_the_others_streams(mode, op):
+    """Ranks on one GPU, stream-ordered: rank 1's stream never gets to the call (an
+    all_reduce, or a send from rank 0 to rank 1) and rank 1 dies (or stops). Rank 0's
+    stream is released (by the watchdog, at once on a death, at the timeout on a stop)
+    instead of hanging, and its communicator fails naming rank 1."""
+    out = _run_fault(mode, op, FERROCCL_CUDA_IPC="1", FERROCCL_SIM_DEVICES="1", FERROCCL_TIMEOUT_MS="3000")
     line = next((l for l in out.splitlines() if "rank 0: enqueued in" in l), None)
     assert line is not None, f"rank 0 never reported (its stream hung?):\n{out}"
     enqueue = float(line.split("enqueued in ")[1].split(" s")[0])
@@ -119,3 +121,19 @@ def test_a_rank_lost_mid_pipeline_fails_the_staged_call_and_leaves_the_stream_cl
     took = float(line.split(" after ")[1].split(" s")[0])
     assert took < 4.5, f"the failure took {took} s to show: {line}"
     assert "stream sync 0;" in line and "copy after it 0/0" in line, line
+
+
+@needs_lib
+@needs_run
+@needs_driver
+def test_a_rank_lost_before_its_recv_fails_the_send():
+    """Ranks on one GPU: rank 1 dies before it posts the fcclRecv that rank 0's fcclSend
+    waits for (the pair's mailbox). The send fails at once, naming rank 1, instead of
+    waiting for the timeout."""
+    out = _run_fault("vanish", "send_recv", FERROCCL_CUDA_IPC="1", FERROCCL_SIM_DEVICES="1", FERROCCL_TIMEOUT_MS="60000")
+    line = next((l for l in out.splitlines() if "rank 0: send returned" in l), None)
+    assert line is not None, f"rank 0 never reported (its send hung?):\n{out}"
+    took = float(line.split(" after ")[1].split(" s")[0])
+    assert "no error" not in line, line
+    assert took < 10.0, f"the send waited {took} s for a dead peer (timeout 60 s): {line}"
+    assert "rank 1" in line, line
