@@ -604,12 +604,17 @@ impl Pinned {
                 return Ok(pool.swap_remove(i));
             }
         }
-        // Rounded up so that slightly larger calls reuse it.
-        let len = len.next_power_of_two().max(64 << 10);
         if shared {
+            // Chunk slots are all one size and come in pairs (a pipeline holds two), so
+            // the first staged call leaves the pool with what every later one needs.
+            let len = len.max(chunk_bytes()).next_power_of_two().max(64 << 10);
+            let spare = Pinned { ptr: crate::mem::alloc_host(len)?, len, shared, registered: false };
+            drop(spare);
             let ptr = crate::mem::alloc_host(len)?;
             return Ok(Pinned { ptr, len, shared, registered: false });
         }
+        // Rounded up so that slightly larger calls reuse it.
+        let len = len.next_power_of_two().max(64 << 10);
         // SAFETY: a fresh anonymous private mapping; unmapped in free().
         let p = unsafe {
             libc::mmap(
