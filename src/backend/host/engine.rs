@@ -1575,6 +1575,13 @@ fn pump_tx(
                 if !ready(done, &sched.steps, i) {
                     break;
                 }
+                // A send's first bytes never pass an earlier send's payload: the peer may
+                // receive them in separate calls, and it reads its stream in order.
+                if matches!(sched.steps[i].action, Action::P2pSend { .. })
+                    && st.awaiting_reply.iter().any(|&k| p2p_rendezvous(t.link(p), sched, k))
+                {
+                    break;
+                }
                 st.send_q.pop_front();
                 let tag = sched.steps[i].tag;
                 let direct = match sched.steps[i].action {
@@ -1964,6 +1971,12 @@ fn p2p_direct(
 /// send starts and when the receiver's count arrives.
 fn p2p_eager(link: &dyn crate::transport::Link, sched: &Schedule<'_>, src: *const u8, len: usize) -> bool {
     len <= EAGER_MAX && p2p_direct(link, sched, src, len, false).is_none()
+}
+
+/// Whether send step `i` announces its count and sends its payload only once the
+/// receiver's count is here.
+fn p2p_rendezvous(link: &dyn crate::transport::Link, sched: &Schedule<'_>, i: usize) -> bool {
+    matches!(sched.steps[i].action, Action::P2pSend { src, len, .. } if !p2p_eager(link, sched, src, len))
 }
 
 /// The error of an fcclSend/fcclRecv pair whose sizes differ (both sides report it).
