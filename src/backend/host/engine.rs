@@ -13,7 +13,7 @@
 use crate::error::{Error, Result};
 use crate::mem::pool::PooledBuf;
 use crate::mem::{copy, reduce, shared};
-use crate::transport::{Seen, Share, Transport};
+use crate::transport::{Link, PeerMemory, Seen, Share, Transport, Write};
 use crate::types::{DataType, RedOp};
 use std::collections::VecDeque;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -658,7 +658,7 @@ impl Tx {
 /// `link`, when the link lets the peer read it in place: the peer reads any of
 /// our memory (a thread of this process, or cross-memory attach), or it maps our
 /// shared allocations and the message lies in one.
-fn direct_desc(link: &dyn crate::transport::Link, src: *const u8, len: usize) -> Option<[u8; DESC]> {
+fn direct_desc(link: &mut dyn Link, src: *const u8, len: usize) -> Option<[u8; DESC]> {
     if len < DIRECT_MIN {
         return None;
     }
@@ -666,8 +666,9 @@ fn direct_desc(link: &dyn crate::transport::Link, src: *const u8, len: usize) ->
     if tests::DIRECT_REFUSED.with(|c| c.get()) {
         return None;
     }
-    let shared = if link.peer_maps() { shared::lookup(src, len) } else { None };
-    if shared.is_none() && !link.peer_reads_directly() {
+    let m = link.memory()?;
+    let shared = if m.peer_maps() { shared::lookup(src, len) } else { None };
+    if shared.is_none() && !m.peer_reads() {
         return None;
     }
     Some(encode_desc(src, shared))
@@ -675,12 +676,12 @@ fn direct_desc(link: &dyn crate::transport::Link, src: *const u8, len: usize) ->
 
 /// Whether this rank can swap `len` bytes at `at` with the peer of `link` (see
 /// `Link::swap_capable`; tests make a rank refuse).
-fn swap_capable(link: &dyn crate::transport::Link, at: *const u8, len: usize) -> bool {
+fn swap_capable(link: &mut dyn Link, at: *const u8, len: usize) -> bool {
     #[cfg(test)]
     if tests::SWAP_REFUSED.with(|c| c.get()) {
         return false;
     }
-    link.swap_capable(at, len)
+    link.memory().is_some_and(|m| m.can_write(at, len))
 }
 
 /// Whether this rank offers its block of a swap with `peer` (and swaps as the
@@ -886,7 +887,7 @@ pub(super) fn decode_desc(d: &[u8; DESC]) -> (u64, Option<shared::Desc>) {
 /// Reads the incoming stream into `buf` from `*got` on, as far as bytes have
 /// arrived (a fixed-size record may straddle the ring's wrap point); true when
 /// any byte was taken.
-pub(super) fn gather(link: &mut dyn crate::transport::Link, buf: &mut [u8], got: &mut usize) -> bool {
+pub(super) fn gather(link: &mut dyn Link, buf: &mut [u8], got: &mut usize) -> bool {
     let start = *got;
     while *got < buf.len() {
         let avail = link.recv_avail();
@@ -1008,8 +1009,8 @@ enum Help {
 /// `dst` (a broadcast root's recvbuff) leaves that copy to whoever copies each
 /// piece, itself or the receiver: large enough for a split copy, which has both
 /// cores take pieces, and a destination the receiver can write.
-fn tee_shared(link: &dyn crate::transport::Link, dst: *mut u8, len: usize) -> bool {
-    len >= SHARE_MIN && link.swap_capable(dst, len)
+fn tee_shared(link: &mut dyn Link, dst: *mut u8, len: usize) -> bool {
+    len >= SHARE_MIN && link.memory().is_some_and(|m| m.can_write(dst, len))
 }
 
 /// The pieces of a split copy of `len` bytes.
@@ -1062,9 +1063,9 @@ impl Peer {
     /// Before this run's first direct message: the link's read counter spans runs,
     /// and every earlier run waited for the reads of its own direct messages, so its
     /// value now is where this run's messages are counted from.
-    fn start_direct(&mut self, link: &dyn crate::transport::Link) {
+    fn start_direct(&mut self, link: &mut dyn Link) {
         if !self.direct_started {
-            self.direct_sent = link.direct_reads_done();
+            self.direct_sent = link.memory().map_or(0, |m| m.reads_done());
             self.direct_started = true;
         }
     }
@@ -1394,7 +1395,7 @@ impl Idle {
                     ctl.timeout.as_millis(),
                     waiting_message(t.rank, &w.from, &w.to),
                     w.detail,
-                    crate::transport::cause_of(t.rank, &culprits, &start)
+                    crate::transport::failure::cause_of(t.rank, &culprits, &start)
                 ),
             ));
         }
@@ -1413,7 +1414,7 @@ impl Idle {
         let w = waiting();
         if let Some(&p) = w.from.first().or(w.to.first()) {
             self.tick = self.tick.wrapping_add(1);
-            t.set_waiting(crate::transport::shm::wait_word(p as u32 + 1, self.tick));
+            t.set_waiting(crate::transport::failure::wait_word(p as u32 + 1, self.tick));
             self.published = true;
         }
         let left = deadline.saturating_duration_since(now);
@@ -1527,7 +1528,7 @@ fn pump_tx(
     // Payload bytes this visit may still write (see PIECE).
     let mut budget = PIECE;
     if let Some(&(first, want, how)) = st.direct_wait.front() {
-        let read = t.link(p).direct_reads_done();
+        let read = t.link(p).memory().map_or(0, |m| m.reads_done());
         if read >= want {
             while let Some(&(i, k, _)) = st.direct_wait.front() {
                 if k > read {
@@ -1547,7 +1548,7 @@ fn pump_tx(
         } else if let Some(sent) = inplace.sent.get_mut(first) {
             // A send in place: receives of the run may overwrite what the peer has
             // read so far (it reads the message it reads now in order).
-            let read = t.link(p).peer_read(want);
+            let read = t.link(p).memory().map_or(0, |m| m.peer_read(want));
             if read > *sent {
                 *sent = read;
                 progressed = true;
@@ -1622,7 +1623,7 @@ fn pump_tx(
                             tx.inline[DESC..].copy_from_slice(&encode_desc(src, shared::lookup(src, len)));
                         }
                         tx.payload = 2 * DESC;
-                        tx.awaits_read = t.link(p).counts_reads();
+                        tx.awaits_read = t.shares_memory(p);
                         st.cur_tx = Some(tx)
                     }
                     Action::P2pSend { src, len, .. } => {
@@ -1761,7 +1762,7 @@ fn pump_tx(
 /// piece is left; true when it did.
 fn share_piece(
     me: usize,
-    link: &mut dyn crate::transport::Link,
+    link: &mut dyn Link,
     st: &mut Peer,
     sched: &Schedule<'_>,
     i: usize,
@@ -1786,7 +1787,9 @@ fn share_piece(
     if len < SHARE_MIN && swap.is_none() {
         return Ok(false);
     }
-    let Some(slot) = link.share_slot() else { return Ok(false) };
+    let peer = link.peer();
+    let Some(m) = link.memory() else { return Ok(false) };
+    let Some(slot) = m.share_slot() else { return Ok(false) };
     let sh = match st.share {
         Some(sh) if sh.seq == seq => sh,
         _ => {
@@ -1795,11 +1798,10 @@ fn share_piece(
             if dest.len != len {
                 return Err(Error::internal(format!(
                     "rank {} offered to share a direct message of {} bytes, sent {len}",
-                    link.peer(),
-                    dest.len
+                    peer, dest.len
                 )));
             }
-            let Some(dst) = link.share_target(&dest)? else { return Ok(false) };
+            let Some(dst) = m.share_target(&dest)? else { return Ok(false) };
             let sh = TxShare { seq, dst, stream: dest.stream };
             st.share = Some(sh);
             sh
@@ -1816,7 +1818,7 @@ fn share_piece(
     // done either.
     unsafe {
         if let Some((own, how, peer_input)) = swap {
-            how.apply(me, link.peer(), own.at(off), peer_input.side(sh.dst).at(off), n)
+            how.apply(me, peer, own.at(off), peer_input.side(sh.dst).at(off), n)
         } else {
             copy::copy_stores(sh.dst.add(off), src.add(off), n, sh.stream);
             if let Help::Tee { dst, stream } = help {
@@ -1829,6 +1831,15 @@ fn share_piece(
     #[cfg(test)]
     tests::SENDER_PIECES.with(|c| c.set(c.get() + 1));
     Ok(true)
+}
+
+/// The peer memory of a link that a direct message came through: only links to
+/// peers on this host carry them.
+fn mem(link: &mut dyn Link) -> Result<&mut dyn PeerMemory> {
+    let peer = link.peer();
+    link.memory().ok_or_else(|| {
+        Error::internal(format!("rank {peer} sent a message by address over a link without shared memory"))
+    })
 }
 
 /// Copies `k` bytes of a direct message at payload offset `off` (read from
@@ -1850,7 +1861,7 @@ unsafe fn rx_tee(tee: Option<*mut u8>, sink: Sink, off: usize, from: *const u8, 
 /// [`GATED_AHEAD`]): writes what the gate (`gate`, from [`InPlace::allowed`]) lets
 /// it of what it has read, then reads a piece ahead and reports it read (the
 /// whole message read: done, as for any direct message). Bytes (written, read).
-fn gated_piece(link: &mut dyn crate::transport::Link, gate: usize, rx: &mut Rx, src: Source) -> Result<(usize, usize)> {
+fn gated_piece(link: &mut dyn PeerMemory, gate: usize, rx: &mut Rx, src: Source) -> Result<(usize, usize)> {
     let held = rx.held.get_or_insert_with(|| Held { buf: PooledBuf::take(GATED_AHEAD), written: 0 });
     let at = |o: usize| o % GATED_AHEAD;
     // The bytes overwritten here were just read by the receiver of this rank's send,
@@ -1902,7 +1913,7 @@ fn gated_piece(link: &mut dyn crate::transport::Link, gate: usize, rx: &mut Rx, 
 /// streaming stores where this rank copies), and reports them read: the whole
 /// message read, done, as for any direct message.
 fn gated_fetch(
-    link: &mut dyn crate::transport::Link,
+    link: &mut dyn PeerMemory,
     src: Source,
     (read, len): (&mut usize, usize),
     to: *mut u8,
@@ -1914,13 +1925,13 @@ fn gated_fetch(
         // valid, and overwrites none of it before we report it read; the caller
         // gives `to` room for n bytes, apart from the message.
         Source::Ptr(ptr) => unsafe { copy::copy_stores(to, ptr.add(*read), n, stream) },
-        Source::Remote(addr) => link.read_direct(addr + *read as u64, to, n)?,
+        Source::Remote(addr) => link.read(addr + *read as u64, to, n)?,
     }
     *read += n;
     if *read < len {
         link.report_read(*read);
     } else {
-        link.direct_read_done();
+        link.read_done();
     }
     #[cfg(test)]
     tests::GATED_READ.with(|c| c.set(c.get() + n));
@@ -1950,7 +1961,7 @@ fn receiver_takes_pieces() -> bool {
 /// least [`GATED_MIN`] bytes: then the receive writes only what the peer has
 /// reported read (see [`InPlace`]).
 fn p2p_direct(
-    link: &dyn crate::transport::Link,
+    link: &mut dyn Link,
     sched: &Schedule<'_>,
     src: *const u8,
     len: usize,
@@ -1962,7 +1973,7 @@ fn p2p_direct(
 /// Whether an fcclSend goes eagerly (count and payload in one message): small, and
 /// not a payload the peer could read by address. Decided the same way when the
 /// send starts and when the receiver's count arrives.
-fn p2p_eager(link: &dyn crate::transport::Link, sched: &Schedule<'_>, src: *const u8, len: usize) -> bool {
+fn p2p_eager(link: &mut dyn Link, sched: &Schedule<'_>, src: *const u8, len: usize) -> bool {
     len <= EAGER_MAX && p2p_direct(link, sched, src, len, false).is_none()
 }
 
@@ -2246,16 +2257,17 @@ fn pump_rx(
                             if saddr == addr {
                                 PeerInput::Block
                             } else {
-                                let at = t.link(p).direct_source(saddr, rx.len, sregion.as_ref());
+                                let at = mem(t.link(p))?.source(saddr, rx.len, sregion.as_ref());
                                 PeerInput::At(at.map_err(|e| e.context((ctl.what)()))?.ok_or_else(|| {
                                     Error::internal(format!("{}: rank {p}'s input could not be mapped", (ctl.what)()))
                                 })?)
                             }
                         };
                         if both && swap_offers(t.rank, p) {
-                            let link = t.link(p);
-                            let target =
-                                link.swap_target(addr, rx.len, region.as_ref()).map_err(|e| e.context((ctl.what)()))?;
+                            let link = mem(t.link(p))?;
+                            let target = link
+                                .writable(addr, rx.len, region.as_ref(), Write::Swap)
+                                .map_err(|e| e.context((ctl.what)()))?;
                             let slot = link.share_offer(own.dst, rx.len, false).ok_or_else(|| {
                                 Error::internal(format!("{}: a swap with rank {p} could not be offered", (ctl.what)()))
                             })?;
@@ -2275,7 +2287,10 @@ fn pump_rx(
                         }
                         // The peer swaps (reporting our offer read once it has), or the
                         // rings exchange: nothing more to read here.
-                        t.link(p).direct_read_done();
+                        // (Over TCP nobody counts reads: swap offers go there too.)
+                        if let Some(m) = t.link(p).memory() {
+                            m.read_done();
+                        }
                         done[i] = true;
                         *remaining -= 1;
                         st.cur_rx = None;
@@ -2283,7 +2298,7 @@ fn pump_rx(
                         continue;
                     }
                     let src =
-                        match link.direct_source(addr, rx.len, region.as_ref()).map_err(|e| e.context((ctl.what)()))? {
+                        match mem(link)?.source(addr, rx.len, region.as_ref()).map_err(|e| e.context((ctl.what)()))? {
                             Some(ptr) => Source::Ptr(ptr),
                             None => Source::Remote(addr),
                         };
@@ -2291,7 +2306,7 @@ fn pump_rx(
                     if d.want == 2 * DESC {
                         // The sender's own copy, which our pieces write too.
                         let (taddr, tregion) = decode_desc(d.desc[DESC..].try_into().expect("one descriptor"));
-                        let tee = link.tee_target(taddr, rx.len, tregion.as_ref());
+                        let tee = mem(link)?.writable(taddr, rx.len, tregion.as_ref(), Write::Tee);
                         rx.tee = Some(tee.map_err(|e| e.context((ctl.what)()))?);
                     }
                     // A large copy into a buffer the sender can write too: offered
@@ -2300,7 +2315,7 @@ fn pump_rx(
                     if rx.len >= SHARE_MIN && !rx.gated {
                         if let Sink::Copy(dst) | Sink::Stream(dst) = rx.sink {
                             let stream = matches!(rx.sink, Sink::Stream(_));
-                            rx.share = link.share_offer(dst, rx.len, stream).map(|slot| (slot, false));
+                            rx.share = mem(link)?.share_offer(dst, rx.len, stream).map(|slot| (slot, false));
                         }
                     }
                     src
@@ -2309,7 +2324,7 @@ fn pump_rx(
             if rx.gated && rx.reports {
                 let i = rx.step;
                 let (w, r) =
-                    gated_piece(link, inplace.allowed(sched, i), rx, src).map_err(|e| e.context((ctl.what)()))?;
+                    gated_piece(mem(link)?, inplace.allowed(sched, i), rx, src).map_err(|e| e.context((ctl.what)()))?;
                 let written = rx.held.as_ref().map_or(0, |h| h.written);
                 if w + r > 0 {
                     budget = budget.saturating_sub(w.max(r));
@@ -2383,14 +2398,16 @@ fn pump_rx(
                     }
                     (Source::Remote(addr), Sink::Copy(dst)) => {
                         // SAFETY: dst is valid for the message (schedule contract).
-                        link.read_direct(addr + off as u64, unsafe { dst.add(off) }, k)
+                        mem(link)?
+                            .read(addr + off as u64, unsafe { dst.add(off) }, k)
                             .map_err(|e| e.context((ctl.what)()))?;
                         // SAFETY: as above; the piece just read is at dst + off.
                         unsafe { rx_tee(rx.tee, rx.sink, off, dst, k) };
                     }
                     (Source::Remote(addr), sink) => {
                         bounce.resize(DIRECT_PIECE, 0);
-                        link.read_direct(addr + off as u64, bounce.as_mut_ptr(), k)
+                        mem(link)?
+                            .read(addr + off as u64, bounce.as_mut_ptr(), k)
                             .map_err(|e| e.context((ctl.what)()))?;
                         // SAFETY: as for stream data.
                         unsafe { sink.consume(off, &bounce[..k]) };
@@ -2404,7 +2421,7 @@ fn pump_rx(
                 rx.read += k;
                 if rx.reports && rx.share.is_none() && rx.read < rx.len {
                     // Read in order: the sender's receives may overwrite this much.
-                    link.report_read(rx.read);
+                    mem(link)?.report_read(rx.read);
                 }
                 budget = budget.saturating_sub(k);
                 progressed = true;
@@ -2413,7 +2430,7 @@ fn pump_rx(
                     continue;
                 }
             }
-            link.direct_read_done();
+            mem(link)?.read_done();
             done[rx.step] = true;
             *remaining -= 1;
             st.cur_rx = None;
@@ -2805,7 +2822,7 @@ mod tests {
                     let abort = &abort;
                     for ((r, mut t), buf) in ts.into_iter().enumerate().zip(bufs.iter_mut()) {
                         // Ranks that share cores, as where in-place sends go by address.
-                        t.policy = crate::transport::board::SpinPolicy::for_ranks(n, 1);
+                        t.policy = crate::transport::wait::SpinPolicy::for_ranks(n, 1);
                         s.spawn(move || {
                             let ctl = RunCtl { timeout: Duration::from_secs(20), abort, what: &|| "test".to_string() };
                             let (next, prev) = ((r + 1) % n, (r + n - 1) % n);

@@ -182,7 +182,8 @@ pub fn prepare(t: &mut Transport, calls: &[Call]) -> Option<Mine> {
     let capable = apart
         && (0..n).filter(|&p| p != me).all(|p| {
             let l = t.link(p);
-            (!inp || l.swap_capable(input, form.input)) && (!res || l.swap_capable(recv, form.result))
+            let Some(l) = l.memory() else { return false };
+            (!inp || l.can_write(input, form.input)) && (!res || l.can_write(recv, form.result))
         });
     Some(Mine {
         kind: co.kind,
@@ -283,7 +284,7 @@ struct Bufs {
 /// Maps rank `p`'s buffers, named by its record, through `link`: None where one
 /// cannot be mapped here.
 fn map_peer(
-    link: &mut dyn crate::transport::Link,
+    link: &mut dyn crate::transport::PeerMemory,
     mine: &Mine,
     form: &Form,
     p: usize,
@@ -291,7 +292,7 @@ fn map_peer(
 ) -> Result<Option<Bufs>> {
     let mut map = |d: &[u8; DESC], len: usize, write: bool| -> Result<Option<*mut u8>> {
         let (addr, shared) = decode_desc(d);
-        link.peer_buffer(addr, len, shared.as_ref(), write)
+        link.buffer(addr, len, shared.as_ref(), write)
     };
     let (inp, res) = (has_input(mine.kind, mine.root, p), has_result(mine.kind, mine.root, p));
     let (input, recv) = if *in_place {
@@ -324,7 +325,10 @@ pub fn run(
         let b = if p == me {
             Some(Bufs { input: mine.input, recv: mine.recv, in_place: mine.in_place })
         } else {
-            map_peer(t.link(p), mine, &form, p, rec)?
+            match t.link(p).memory() {
+                Some(m) => map_peer(m, mine, &form, p, rec)?,
+                None => None,
+            }
         };
         let Some(b) = b else { break };
         bufs.push(b);

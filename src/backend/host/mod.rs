@@ -118,7 +118,7 @@ pub fn execute(x: &mut Exec<'_>, calls: &[Call]) -> Result<Option<Error>> {
         sched.tag = c.seq as u32;
         let by_address = recv_by_address(t, co);
         let tr: &Transport = t;
-        algorithms::build(&mut sched, co, t.rank, t.nranks, &mut scratch, by_address, &|p| tr.counts_reads(p))?;
+        algorithms::build(&mut sched, co, t.rank, t.nranks, &mut scratch, by_address, &|p| tr.shares_memory(p))?;
     }
     // Sends to self match receives from self in order.
     if self_sends.len() != self_recvs.len() {
