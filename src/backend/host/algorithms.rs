@@ -11,6 +11,7 @@
 //! in segments so scratch memory stays bounded whatever the message size.
 
 use super::engine::{Exchange, P2pCall, RunCtl, Schedule, Sink};
+use super::plan;
 use crate::coll::{Coll, CollKind};
 use crate::error::{Error, Result};
 use crate::mem::pool::PooledBuf;
@@ -18,28 +19,6 @@ use crate::mem::reduce;
 use crate::transport::Transport;
 use crate::types::{DataType, RedOp};
 
-/// Elements of a reduction pipelined at a time are at most this many bytes.
-const SEG_BYTES: usize = 256 << 10;
-/// In-place all_to_all exchanges each block in pieces of this size: small enough
-/// that a piece and its header fit any ring (256 KiB at least), so both ranks of a
-/// pair can always write the piece that the other waits for.
-const INPLACE_PIECE: usize = 64 << 10;
-/// all_to_all blocks at least this large exchange offers first, and are swapped
-/// between the two buffers where both ranks are in place and map each other's
-/// (see `engine::K_SWAP`). Measured side by side against 256 KiB (2 ranks, 8
-/// alternating runs; 4 ranks on 2 cores, 6): in place, blocks of 32 KiB 1.02x at 2
-/// ranks and 2.0x at 4, 64 KiB 1.9x, 128 KiB 3.6x at 2 ranks. Since ranks out of
-/// place now exchange offers too (a rank in place may face one out of place), 32
-/// KiB blocks cost out of place 0.88x at 4 ranks (4 runs): from 64 KiB on, 0.92-1.08x.
-const SWAP_MIN: usize = 64 << 10;
-// Blocks below SWAP_MIN must be one in-place piece, which pairs up with a whole
-// block of a rank out of place (see `build`).
-const _: () = assert!(SWAP_MIN <= INPLACE_PIECE);
-/// 2-rank all_reduce of at least this many bytes reduces in place between both
-/// ranks' buffers where it can (see `build`). Every such call, in place or not,
-/// first exchanges offers: at 128 KiB that measured 2.8x in place but 0.79x out of
-/// place (6 alternating runs); from 256 KiB on, out of place stays at 0.94-1.14x.
-const FUSE_MIN: usize = 256 << 10;
 /// Bytes `co` writes into this rank's recvbuff.
 pub fn recv_bytes(co: &Coll, n: usize) -> usize {
     let bytes = co.count * co.dtype.size();
@@ -93,7 +72,7 @@ pub fn part(count: usize, n: usize, i: usize) -> (usize, usize) {
 
 /// Segments of a chunk of `len` elements: (offset, len) pairs.
 fn segments(len: usize, dtype: DataType) -> impl Iterator<Item = (usize, usize)> {
-    let seg = (SEG_BYTES / dtype.size()).max(1);
+    let seg = (plan::get().seg_bytes / dtype.size()).max(1);
     (0..len.div_ceil(seg)).map(move |k| (k * seg, seg.min(len - k * seg)))
 }
 
@@ -127,11 +106,12 @@ pub fn build(
     let sink = |dst: *mut u8| out_sink(dst, copies_stream);
     // Results that stay with their owner (reduce_scatter).
     let keep = Results { dest: Dest::Keep, stream, by_address: false };
+    let plan = plan::get();
     match co.kind {
         CollKind::AllReduce if co.wire.is_some_and(|w| w != co.dtype) => allreduce_wire(s, co, rank, n, scratch),
         CollKind::AllReduce
             if n == 2
-                && bytes >= FUSE_MIN
+                && bytes >= plan.fuse_min
                 && shares_memory(1 - rank)
                 && !(co.dtype.is_narrow_float() && co.op == RedOp::Avg) =>
         {
@@ -259,7 +239,7 @@ pub fn build(
                 let staged = |s: &mut Schedule<'_>| {
                     let mut a = 0;
                     while a < bytes {
-                        let m = INPLACE_PIECE.min(bytes - a);
+                        let m = plan.inplace_piece.min(bytes - a);
                         // SAFETY: inside block p of both buffers.
                         let (f, t) = unsafe { (from.add(a), to.add(a)) };
                         let sent = s.send_staged(p, f, m, &[]);
@@ -270,7 +250,7 @@ pub fn build(
                 // Offers on links where nothing goes by address (TCP) too: they choose
                 // whole blocks for two ranks out of place, which measured 1.1-1.2x
                 // the pieces there (2 ranks, 4 alternating runs, 256 KiB-16 MiB).
-                if bytes >= SWAP_MIN {
+                if bytes >= plan.swap_min {
                     s.swap(p, to, from, bytes, Exchange::Swap, whole, staged);
                 } else if in_place {
                     staged(s);
@@ -414,14 +394,15 @@ fn reduce_phase(
     }
 
     // Segment t of owner o's chunk: (element offset in the chunk, length).
-    let seg = (SEG_BYTES / es).max(1);
+    let seg_bytes = plan::get().seg_bytes;
+    let seg = (seg_bytes / es).max(1);
     let seg_of = |o: usize, t: usize| {
         let len = chunk(o).1;
         (t * seg < len).then(|| (t * seg, seg.min(len - t * seg)))
     };
     let rounds = (0..n).map(|o| chunk(o).1.div_ceil(seg)).max().unwrap_or(0);
     let (my_off, my_len) = chunk(rank);
-    let seg_elems = (SEG_BYTES / es).max(1).min(my_len.max(1));
+    let seg_elems = (seg_bytes / es).max(1).min(my_len.max(1));
     // A large result is reduced into a scratch segment that stays in cache, sent to
     // the peers from there and streamed into recvbuff (`mem::copy`): reducing
     // straight into recvbuff would read every destination line from memory first,
@@ -619,15 +600,10 @@ fn reduce_phase(
     Ok(())
 }
 
-/// Wire bytes of one window of a wire all_reduce: the scratch it needs is bounded by
-/// this whatever the count (a count larger than the caller's buffers must not make
-/// the library allocate in proportion to it).
-const WIRE_WINDOW: usize = 8 << 20;
-
 /// Elements of one window of a wire all_reduce whose wire type is `wire` (at most the
 /// count): the device kernels split windows among owners the same way.
 pub(crate) fn wire_window_elems(wire: DataType) -> usize {
-    (WIRE_WINDOW / wire.size()).max(1)
+    (plan::get().wire_window / wire.size()).max(1)
 }
 
 /// all_reduce whose data crosses the transport in `co.wire`, a narrower float type:
@@ -635,7 +611,7 @@ pub(crate) fn wire_window_elems(wire: DataType) -> usize {
 /// data type (float32 or float64), and the reduced result is rounded to the wire
 /// type once more for the trip back. Every rank, the owner included, takes the
 /// wire-rounded result, so all ranks end with identical values. The message goes in
-/// windows of WIRE_WINDOW wire bytes over two scratch slots that alternate.
+/// windows of `wire_window` wire bytes (`plan::Plan`) over two scratch slots that alternate.
 fn allreduce_wire(s: &mut Schedule<'_>, co: &Coll, rank: usize, n: usize, scratch: &mut Scratch) -> Result<()> {
     let (dt, wire) = (co.dtype, co.wire.expect("wire type set"));
     let (es, ws) = (dt.size(), wire.size());

@@ -9,7 +9,7 @@
 //! latency of a small collective is that of a cache line moving between cores.
 
 use super::Call;
-use super::{algorithms, engine, fingerprint, mapped};
+use super::{algorithms, engine, fingerprint, mapped, plan};
 use crate::coll::{Coll, CollKind};
 use crate::error::{Error, Result};
 use crate::mem::{copy, reduce};
@@ -18,22 +18,10 @@ use crate::transport::Transport;
 use std::sync::atomic::AtomicBool;
 use std::time::Duration;
 
-/// Contributions of at least this many bytes are written into the slot with the
-/// stores [`copy::StoreChoice`] picks; smaller ones always with ordinary stores
-/// (a clock read would cost more than the copy).
-const BOARD_STORES_MIN: usize = 16 << 10;
-
-/// Contributions of all_gather, gather and broadcast at least this large run on the
-/// links; the size alone decides, so every rank does the same without a word.
-/// Smaller ones stay on the board, where buffers that cannot go by address (malloc'd
-/// memory) are as fast as on the links or faster (broadcast 32 KiB in place: links
-/// 0.66x of the board).
-const BY_LINKS_MIN: usize = 64 << 10;
-
 /// Flag in a broadcast root's slot: the data goes over the links (the root's
 /// sendbuff goes by address to every peer); the readers follow it there. The
-/// root alone decides for broadcasts of `engine::DIRECT_MIN` bytes up to
-/// BY_LINKS_MIN (1.8-3.2x for buffers that go by address).
+/// root alone decides for broadcasts of `direct_min` bytes up to `by_links_min`
+/// (`plan::Plan`).
 const HANDOFF: u64 = 1;
 
 /// What the board step decided.
@@ -55,11 +43,10 @@ fn board_bytes(co: &Coll, n: usize) -> Option<usize> {
     }
     let b = co.count.checked_mul(co.dtype.size())?;
     let need = match co.kind {
-        // A contribution of BY_LINKS_MIN bytes can go by address on the links, for the
-        // peers to read it in place (one copy), rather than through a slot (two
-        // copies): 2.2-4.4x at 64 KiB a rank (docs/results/2026-11-24-host-performance.md, "Board or links").
-        // Smaller broadcasts go there too when the root decides so (see HANDOFF).
-        CollKind::AllGather | CollKind::Gather | CollKind::Broadcast if b >= BY_LINKS_MIN => return None,
+        // A contribution of `by_links_min` bytes can go by address on the links, for
+        // the peers to read it in place (one copy), rather than through a slot (two
+        // copies). Smaller broadcasts go there too when the root decides so (see HANDOFF).
+        CollKind::AllGather | CollKind::Gather | CollKind::Broadcast if b >= plan::get().by_links_min => return None,
         CollKind::AllReduce | CollKind::Reduce | CollKind::AllGather | CollKind::Gather | CollKind::Broadcast => b,
         CollKind::ReduceScatter | CollKind::AlltoAll | CollKind::Scatter => b.checked_mul(n)?,
         CollKind::Barrier => 0,
@@ -122,7 +109,7 @@ fn run_mapped(
         }
     }
     match mapped::agree(b, s, mine) {
-        Some(plan) => Ok(Board1::Mapped(mapped::run(t, mine, plan, timeout, abort, what)?)),
+        Some(agreed) => Ok(Board1::Mapped(mapped::run(t, mine, agreed, timeout, abort, what)?)),
         // Fingerprints were compared (or are not checked): the links move the data.
         None => Ok(Board1::Continue(None)),
     }
@@ -131,7 +118,8 @@ fn run_mapped(
 /// Whether `co` is a broadcast of a size that its root may hand to the links (see
 /// HANDOFF).
 fn handoff_range(co: &Coll) -> bool {
-    co.kind == CollKind::Broadcast && (engine::DIRECT_MIN..BY_LINKS_MIN).contains(&(co.count * co.dtype.size()))
+    let plan = plan::get();
+    co.kind == CollKind::Broadcast && (plan.direct_min..plan.by_links_min).contains(&(co.count * co.dtype.size()))
 }
 
 /// Whether `calls` are such a broadcast, this rank is its root, and it hands the
@@ -201,7 +189,7 @@ fn on_board(b: &mut Board, w: &mut Waiter<'_>, calls: &[Call], check: bool, hand
         CollKind::Scatter if me == root => bytes * n,
         _ => 0,
     };
-    if publish >= BOARD_STORES_MIN {
+    if publish >= plan::get().board_stores_min {
         // Large contributions go as ring pieces do (`copy::StoreChoice`): streamed
         // while the CPUs sit on different dies.
         let (dst, streaming) = (b.my_data(s), b.stores.choose());

@@ -10,6 +10,7 @@ pub mod engine;
 pub mod fast;
 pub mod fingerprint;
 pub mod mapped;
+pub mod plan;
 pub mod reuse;
 
 use super::Exec;
