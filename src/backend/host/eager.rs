@@ -38,9 +38,7 @@ pub fn eligible(rank: usize, calls: &[Call]) -> bool {
         && calls.len() <= MAX_CALLS
         && calls.iter().all(|c| {
             let co = &c.coll;
-            co.kind.is_p2p()
-                && co.root != rank
-                && co.count.checked_mul(co.dtype.size()).is_some_and(|b| b < direct_min)
+            co.kind.is_p2p() && co.root != rank && co.count.checked_mul(co.dtype.size()).is_some_and(|b| b < direct_min)
         })
 }
 
