@@ -58,6 +58,33 @@ pub fn all_gather_axis(send: *const u8, recv: *mut u8, l: AxisLayout, dtype: Dat
     c
 }
 
+/// The reduce_scatter that gives rank r block r along `axis` of the reduced tensor,
+/// unpacked: with `strided`, each rank's input is `outer` rows of nranks blocks of
+/// `block` elements and rank r gets block r of every row (the device path for ranks on
+/// one GPU serves it so, with 2D copies); axis 0 is a plain reduce_scatter.
+pub fn reduce_scatter_axis_strided(
+    send: *const u8,
+    recv: *mut u8,
+    l: AxisLayout,
+    dtype: DataType,
+    op: RedOp,
+    nranks: usize,
+) -> Result<Coll> {
+    if l.along % nranks != 0 {
+        return Err(Error::invalid_arg(format!(
+            "shape[axis] = {} does not divide by the {nranks} ranks of the communicator; each rank gets shape[axis]/nranks",
+            l.along
+        )));
+    }
+    let share = l.along / nranks * l.inner; // elements of one rank's block per outer row
+    let mut c = Coll::new(CollKind::ReduceScatter, send, recv, l.outer * share, dtype);
+    c.op = op;
+    if l.outer > 1 && l.total() > 0 {
+        c.strided = Some(Strided { outer: l.outer, block: share });
+    }
+    Ok(c)
+}
+
 /// The reduce_scatter that gives rank r block r along `axis` of the reduced tensor.
 /// Axis 0 is a plain reduce_scatter; otherwise the input is first packed rank-major
 /// (one copy of the input, owned by the call) so each rank's share is contiguous:
@@ -76,62 +103,74 @@ pub unsafe fn reduce_scatter_axis(
     place: Placement,
     stream: usize,
 ) -> Result<Coll> {
-    if l.along % nranks != 0 {
-        return Err(Error::invalid_arg(format!(
-            "shape[axis] = {} does not divide by the {nranks} ranks of the communicator; each rank gets shape[axis]/nranks",
-            l.along
-        )));
-    }
-    let share = l.along / nranks * l.inner; // elements of one rank's block per outer row
-    let mut c = Coll::new(CollKind::ReduceScatter, send, recv, l.outer * share, dtype);
-    c.op = op;
-    if l.outer <= 1 || l.total() == 0 || send.is_null() {
+    let mut c = reduce_scatter_axis_strided(send, recv, l, dtype, op, nranks)?;
+    if c.strided.is_none() || send.is_null() {
+        c.strided = None;
         return Ok(c);
     }
-    let es = dtype.size();
-    let row = l.along * l.inner;
+    c.placement = place;
+    c.stream = stream;
+    // SAFETY: forwarded contract.
+    unsafe { pack_reduce_scatter_at(&c, nranks) }
+}
+
+/// `c`, a reduce_scatter along an axis (device memory, see
+/// [`reduce_scatter_axis_strided`]), as a plain reduce_scatter of a packed copy of its
+/// input, made with strided copies on its stream.
+pub fn pack_reduce_scatter(c: &Coll, nranks: usize) -> Result<Coll> {
+    // SAFETY: a validated call's sendbuff holds the whole tensor in its memory.
+    unsafe { pack_reduce_scatter_at(c, nranks) }
+}
+
+/// # Safety
+/// `c.send` holds the whole tensor (`c.count * nranks` elements) in `c.placement`.
+unsafe fn pack_reduce_scatter_at(c: &Coll, nranks: usize) -> Result<Coll> {
+    let st = c.strided.ok_or_else(|| Error::internal("packing a reduce_scatter that is not along an axis"))?;
+    let (es, send) = (c.dtype.size(), c.send);
+    let (share, row, total) = (st.block, st.block * nranks, st.outer * st.block * nranks);
+    let mut out = Coll { strided: None, ..c.clone() };
     // Rank r's block of outer row o moves from (o * row + r * share) to
     // (r * outer + o) * share: nranks strided copies of `outer` rows.
-    match place {
+    match c.placement {
         Placement::Host => {
-            let mut buf = crate::mem::pool::PooledBuf::take(l.total() * es);
-            let packed = &mut buf.as_mut_slice()[..l.total() * es];
+            let mut buf = crate::mem::pool::PooledBuf::take(total * es);
+            let packed = &mut buf.as_mut_slice()[..total * es];
             for r in 0..nranks {
-                for o in 0..l.outer {
+                for o in 0..st.outer {
                     let from = (o * row + r * share) * es;
-                    let to = (r * l.outer * share + o * share) * es;
+                    let to = (r * st.outer * share + o * share) * es;
                     // SAFETY: sendbuff holds the whole tensor (the caller's contract);
                     // `from..from + share*es` lies inside it.
                     let src = unsafe { std::slice::from_raw_parts(send.add(from), share * es) };
                     packed[to..to + share * es].copy_from_slice(src);
                 }
             }
-            c.send = buf.as_ptr();
-            c.keep = Some(Arc::new(buf));
+            out.send = buf.as_ptr();
+            out.keep = Some(Arc::new(buf));
         }
         Placement::Device { ctx, .. } => {
-            let packed = cuda::Scratch::new(l.total() * es, ctx, stream)?;
+            let packed = cuda::Scratch::new(total * es, ctx, c.stream)?;
             let _g = cuda::CtxGuard::enter(ctx)?;
             for r in 0..nranks {
                 // SAFETY: sendbuff holds the whole tensor on the device (caller's contract)
                 // and the scratch as many bytes; every row below lies inside each.
                 unsafe {
                     cuda::copy_2d_dtod_async(
-                        packed.ptr().add(r * l.outer * share * es),
+                        packed.ptr().add(r * st.outer * share * es),
                         share * es,
                         send.add(r * share * es),
                         row * es,
                         share * es,
-                        l.outer,
-                        stream,
+                        st.outer,
+                        c.stream,
                     )?
                 };
             }
-            c.send = packed.ptr();
-            c.keep = Some(Arc::new(packed));
+            out.send = packed.ptr();
+            out.keep = Some(Arc::new(packed));
         }
     }
-    Ok(c)
+    Ok(out)
 }
 
 /// Default bucket size for coalesced calls (PyTorch DDP's default).
