@@ -8,6 +8,7 @@
 //! [`K_SWAP`]: super::wire::K_SWAP
 
 use crate::mem::{copy, reduce};
+use crate::transport::Link;
 use crate::types::{DataType, RedOp};
 
 /// What a pair of ranks does to a pair of equal blocks, one in each rank's buffer,
@@ -135,4 +136,14 @@ impl PeerInput {
 /// parity, so that every rank offers about half of its swaps.
 pub(super) fn swap_offers(me: usize, peer: usize) -> bool {
     (me > peer) == ((me + peer) % 2 == 1)
+}
+
+/// Whether this rank can swap `len` bytes at `at` with the peer of `link` (see
+/// `PeerMemory::can_write`; tests make a rank refuse).
+pub(super) fn swap_capable(link: &mut dyn Link, at: *const u8, len: usize) -> bool {
+    #[cfg(test)]
+    if super::tests::SWAP_REFUSED.with(|c| c.get()) {
+        return false;
+    }
+    link.memory().is_some_and(|m| m.can_write(at, len))
 }

@@ -1,15 +1,25 @@
 //! How a run waits when a poll found nothing to do, and what a timed-out run says
 //! it waited for. See docs/design/host.md, "Waiting".
 
-use super::run::RunCtl;
 use super::schedule::Schedule;
 use super::state::Peer;
 use super::wire::HDR;
 use crate::error::{Error, Result};
 use crate::transport::failure::{cause_of, wait_word};
 use crate::transport::{Seen, Transport};
+use std::sync::atomic::AtomicBool;
 use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
+
+/// What bounds a run.
+pub struct RunCtl<'a> {
+    /// Bound on the run's waiting, counted from when it first has to wait.
+    pub timeout: Duration,
+    pub abort: &'a AtomicBool,
+    /// Describes the operation for messages ("fcclAllReduce #12 on rank 0"); called
+    /// only when a message is built.
+    pub what: &'a dyn Fn() -> String,
+}
 
 /// How a run waits when a poll found nothing to do: spin a little (a peer is
 /// usually microseconds away), then yield, then sleep, as the transport's policy

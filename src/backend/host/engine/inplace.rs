@@ -3,8 +3,8 @@
 //! started, and the receives write none of it before it has left. See
 //! docs/design/host.md, "Send and receive in place".
 
+use super::exchange::swap_capable;
 use super::schedule::{Action, Schedule, Step};
-use super::tx::swap_capable;
 use crate::backend::host::plan::Plan;
 use crate::mem::pool::PooledBuf;
 use crate::transport::Transport;

@@ -14,10 +14,11 @@
 //! By concern: [`wire`] (the message format, shared with `proto::eager`),
 //! `schedule` (what a run is made of), `exchange` (two buffers exchanged in place),
 //! `state` (what a run keeps per peer), `inplace` (send and receive over one
-//! buffer), `split` (copies shared by sender and receiver), `p2p` (the send/recv
-//! handshake), `idle` (waiting), `run` (the loop), `tx` and `rx` (a peer's two
+//! buffer), `direct` (which messages go by address), `split` (copies shared by sender and receiver), `p2p` (the send/recv
+//! handshake), `idle` (waiting and what bounds it), `run` (the loop), `tx` and `rx` (a peer's two
 //! streams).
 
+mod direct;
 mod exchange;
 mod idle;
 mod inplace;
@@ -33,10 +34,9 @@ pub mod wire;
 #[cfg(test)]
 mod tests;
 
+pub use direct::goes_direct_to_all;
 pub use exchange::Exchange;
-pub use idle::{waiting_message, Idle, Waits};
-pub use p2p::{p2p_mismatch, P2pCall};
-pub use run::{run, RunCtl};
-pub use schedule::{Action, LocalFn, Schedule, Sink, Step, Via};
-pub use tx::goes_direct_to_all;
+pub use idle::{waiting_message, Idle, RunCtl, Waits};
+pub use run::run;
+pub use schedule::{p2p_mismatch, Action, LocalFn, P2pCall, Schedule, Sink, Step, Via};
 pub use wire::ANY_TAG;

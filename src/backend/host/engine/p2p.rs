@@ -6,73 +6,14 @@
 //! offer when both ranks exchange in place. See docs/design/host.md, "Send and
 //! receive".
 
-use super::inplace::overlaps_p2p;
+use super::direct::{p2p_direct, p2p_eager};
 use super::run::Run;
-use super::schedule::{Action, Schedule};
+use super::schedule::{p2p_mismatch, Action};
 use super::state::{Peer, Tx};
-use super::tx::direct_desc;
-use super::wire::{encode_desc, DESC, K_P2P_DATA, K_P2P_DIRECT, K_P2P_SWAP};
+use super::wire::{encode_desc, K_P2P_DATA, K_P2P_DIRECT, K_P2P_SWAP};
 #[cfg(doc)]
 use super::wire::{K_P2P_EAGER, K_P2P_REPLY};
-use crate::backend::host::plan::Plan;
-use crate::error::Error;
 use crate::mem::shared;
-use crate::transport::Link;
-use crate::types::DataType;
-
-/// What a point-to-point step is, for error messages (formatted only on error).
-#[derive(Clone, Copy)]
-pub struct P2pCall {
-    pub send: bool,
-    pub count: usize,
-    pub dtype: DataType,
-    pub peer: usize,
-}
-
-impl P2pCall {
-    /// The fcclSend or fcclRecv `co`.
-    pub fn of(co: &crate::coll::Coll) -> P2pCall {
-        P2pCall { send: co.kind == crate::coll::CollKind::Send, count: co.count, dtype: co.dtype, peer: co.root }
-    }
-}
-
-impl std::fmt::Display for P2pCall {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        let (name, dir) = if self.send { ("fcclSend", "to") } else { ("fcclRecv", "from") };
-        write!(f, "{name} of {} x {} {dir} rank {}", self.count, self.dtype, self.peer)
-    }
-}
-
-/// The descriptor of an fcclSend's payload when it goes by address: not when this
-/// run also receives into that buffer (in place), which would overwrite it while
-/// the peer reads it, unless `shares_cores` (ranks share cores) and it has at
-/// least `gated_min` bytes: then the receive writes only what the peer has
-/// reported read (see `inplace::InPlace`).
-pub(super) fn p2p_direct(
-    plan: &Plan,
-    link: &mut dyn Link,
-    sched: &Schedule<'_>,
-    src: *const u8,
-    len: usize,
-    shares_cores: bool,
-) -> Option<[u8; DESC]> {
-    direct_desc(plan, link, src, len)
-        .filter(|_| (shares_cores && len >= plan.gated_min) || !overlaps_p2p(sched, src, len, false))
-}
-
-/// Whether an fcclSend goes eagerly (count and payload in one message): small, and
-/// not a payload the peer could read by address. Decided the same way when the
-/// send starts and when the receiver's count arrives.
-pub(super) fn p2p_eager(plan: &Plan, link: &mut dyn Link, sched: &Schedule<'_>, src: *const u8, len: usize) -> bool {
-    len <= plan.eager_max && p2p_direct(plan, link, sched, src, len, false).is_none()
-}
-
-/// The error of an fcclSend/fcclRecv pair whose sizes differ (both sides report it).
-pub fn p2p_mismatch(what: P2pCall, sender: usize, receiver: usize, sent: usize, received: usize) -> Error {
-    Error::mismatch(format!(
-        "{what}: rank {sender} sends {sent} bytes but rank {receiver} receives {received} bytes; make the counts and types of the matching fcclSend/fcclRecv agree"
-    ))
-}
 
 impl Run<'_, '_> {
     /// The receiver's count `want` for fcclSend step `i` (already started) to peer

@@ -6,29 +6,16 @@
 //! moves at most `Plan::piece` bytes, so every peer and copy progresses together.
 //! See docs/design/host.md, "The engine".
 
-use super::exchange::Offer;
-use super::idle::{describe_waiting, Idle};
+use super::exchange::{swap_capable, Offer};
+use super::idle::{describe_waiting, Idle, RunCtl};
 use super::inplace::InPlace;
 use super::schedule::{Action, Schedule};
 use super::state::{Peer, Tx};
-use super::tx::swap_capable;
 use super::wire::K_P2P_REPLY;
 use crate::backend::host::plan::{self, Plan};
 use crate::error::{Error, Result};
 use crate::mem::copy;
 use crate::transport::Transport;
-use std::sync::atomic::AtomicBool;
-use std::time::Duration;
-
-/// What bounds a run.
-pub struct RunCtl<'a> {
-    /// Bound on the run's waiting, counted from when it first has to wait.
-    pub timeout: Duration,
-    pub abort: &'a AtomicBool,
-    /// Describes the operation for messages ("fcclAllReduce #12 on rank 0"); called
-    /// only when a message is built.
-    pub what: &'a dyn Fn() -> String,
-}
 
 /// Runs `sched` to completion. Fatal errors (timeout, dead peer, desynchronised
 /// streams) return `Err` at once; a step-level error (a point-to-point count

@@ -5,8 +5,8 @@
 
 use super::exchange::{swap_offers, Exchange, Offer, PeerInput, Side};
 use super::inplace::overlaps_a_send;
-use super::p2p::p2p_mismatch;
 use super::run::Run;
+use super::schedule::p2p_mismatch;
 use super::schedule::{Action, Sink, Step};
 use super::split::{receiver_takes_pieces, rx_tee, share_pieces};
 use super::state::{DirectRx, Held, Peer, Rx, RxSwap, Source};

@@ -2,8 +2,8 @@
 //! piece, and the direct messages waiting for the peer's reads (which this rank
 //! helps copy once nothing else is left). See docs/design/host.md, "The engine".
 
+use super::direct::{direct_desc, p2p_eager};
 use super::exchange::Offer;
-use super::p2p::p2p_eager;
 use super::run::Run;
 use super::schedule::{Action, Via};
 use super::split::tee_shared;
@@ -11,46 +11,8 @@ use super::state::{ring_streaming, Help, Peer, Tx};
 use super::wire::{
     encode_desc, header, pad8, DESC, FLAG, HDR, K_DATA, K_DIRECT, K_P2P_EAGER, K_P2P_HDR, K_P2P_SWAP, K_SKIP, K_SWAP,
 };
-use crate::backend::host::plan::{self, Plan};
 use crate::error::Result;
 use crate::mem::{copy, shared};
-use crate::transport::{Link, Transport};
-
-/// The descriptor of a direct message of `len` bytes at `src` to the peer of
-/// `link`, when the link lets the peer read it in place: the peer reads any of
-/// our memory (a thread of this process, or cross-memory attach), or it maps our
-/// shared allocations and the message lies in one.
-pub(super) fn direct_desc(plan: &Plan, link: &mut dyn Link, src: *const u8, len: usize) -> Option<[u8; DESC]> {
-    if len < plan.direct_min {
-        return None;
-    }
-    #[cfg(test)]
-    if super::tests::DIRECT_REFUSED.with(|c| c.get()) {
-        return None;
-    }
-    let m = link.memory()?;
-    let shared = if m.peer_maps() { shared::lookup(src, len) } else { None };
-    if shared.is_none() && !m.peer_reads() {
-        return None;
-    }
-    Some(encode_desc(src, shared))
-}
-
-/// Whether a message of `len` bytes at `src` would go by address to every peer.
-pub fn goes_direct_to_all(t: &mut Transport, src: *const u8, len: usize) -> bool {
-    let (me, plan) = (t.rank, plan::get());
-    (0..t.nranks).filter(|&p| p != me).all(|p| direct_desc(plan, t.link(p), src, len).is_some())
-}
-
-/// Whether this rank can swap `len` bytes at `at` with the peer of `link` (see
-/// `PeerMemory::can_write`; tests make a rank refuse).
-pub(super) fn swap_capable(link: &mut dyn Link, at: *const u8, len: usize) -> bool {
-    #[cfg(test)]
-    if super::tests::SWAP_REFUSED.with(|c| c.get()) {
-        return false;
-    }
-    link.memory().is_some_and(|m| m.can_write(at, len))
-}
 
 impl Run<'_, '_> {
     /// One visit to peer `p`'s outgoing stream: finishes the direct messages the
