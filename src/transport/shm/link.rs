@@ -6,12 +6,13 @@
 //! system call and no cache line beyond the ring's own. See docs/design/host.md,
 //! "Shared memory".
 
-use super::peer_mem::{probe_map, probe_read, Mappings};
+use super::peer_mem::{probe_map, probe_read, read_process, Mappings, Share, ShareDest};
 use super::ring::{Reader, RingEnd, Writer};
-use super::segment::{Segment, OFF_CAN_MAP, OFF_CAN_READ};
+use super::segment::{Segment, OFF_CAN_MAP, OFF_CAN_READ, OFF_READS_DONE, OFF_READ_PROGRESS};
 use crate::env::SingleCopy;
 use crate::error::{Error, Result};
-use crate::transport::{Link, PeerMemory};
+use crate::mem::shared::Desc;
+use crate::transport::{Link, PeerMemory, Write};
 use std::sync::atomic::{fence, Ordering};
 use std::sync::Arc;
 
@@ -158,6 +159,191 @@ impl Link for ShmLink {
 
     fn memory(&mut self) -> Option<&mut dyn PeerMemory> {
         Some(self)
+    }
+}
+
+/// The peer-memory mechanisms of `peer_mem`, over this link's rings.
+impl PeerMemory for ShmLink {
+    fn peer_reads(&self) -> bool {
+        self.tx.ring.word(OFF_CAN_READ).load(Ordering::Acquire) == 1
+    }
+
+    fn peer_maps(&self) -> bool {
+        self.tx.ring.word(OFF_CAN_MAP).load(Ordering::Acquire) == 1
+    }
+
+    fn reads_done(&self) -> u64 {
+        self.tx.ring.word(OFF_READS_DONE).load(Ordering::Acquire)
+    }
+
+    fn peer_read(&self, seq: u64) -> usize {
+        if self.tx.ring.word(OFF_READ_PROGRESS).load(Ordering::Acquire) != seq {
+            return 0;
+        }
+        // Written before the number was: this message's count or a later one's,
+        // which the reader writes only once this message is read (the sender then
+        // sees it done through OFF_READS_DONE and no longer asks).
+        self.tx.ring.word(OFF_READ_PROGRESS + 8).load(Ordering::Relaxed) as usize
+    }
+
+    fn source(&mut self, addr: u64, len: usize, shared: Option<&Desc>) -> Result<Option<*const u8>> {
+        if self.same_process {
+            return Ok(Some(addr as usize as *const u8));
+        }
+        let Some(d) = shared else { return Ok(None) };
+        match self.reads.get(self.peer, self.peer_seg.pid(), d, len, false)? {
+            Ok(p) => Ok(Some(p as *const u8)),
+            // Cross-memory attach, where it works, still reaches the bytes.
+            Err(_) if self.rx.ring.word(OFF_CAN_READ).load(Ordering::Relaxed) == 1 => Ok(None),
+            Err(e) => {
+                self.check_alive()?;
+                Err(Error::system(format!(
+                    "reading {len} bytes straight from rank {}'s buffer failed ({}); set FERROCCL_SINGLE_COPY=0 to move data through shared memory only",
+                    self.peer, e.msg
+                )))
+            }
+        }
+    }
+
+    fn read(&self, addr: u64, dst: *mut u8, len: usize) -> Result<()> {
+        read_process(self.peer_seg.pid(), addr, dst, len).map_err(|e| {
+            self.check_alive().err().unwrap_or_else(|| {
+                Error::system(format!(
+                    "reading {len} bytes directly from rank {} failed: {e}; set FERROCCL_SINGLE_COPY=0 to move data through shared memory only",
+                    self.peer
+                ))
+            })
+        })
+    }
+
+    fn read_done(&self) {
+        self.rx.ring.word(OFF_READS_DONE).fetch_add(1, Ordering::AcqRel);
+        self.peer_seg.ring();
+    }
+
+    fn report_read(&self, bytes: usize) {
+        let seq = self.rx.ring.word(OFF_READS_DONE).load(Ordering::Relaxed) + 1;
+        self.rx.ring.word(OFF_READ_PROGRESS + 8).store(bytes as u64, Ordering::Relaxed);
+        self.rx.ring.word(OFF_READ_PROGRESS).store(seq, Ordering::Release);
+        self.peer_seg.ring();
+    }
+
+    fn share_offer(&mut self, dst: *mut u8, len: usize, stream: bool) -> Option<Share> {
+        if !crate::env::split_copy() {
+            return None;
+        }
+        // The peer writes there: any address of ours when it is a thread of this
+        // process, otherwise only a shared allocation that it maps.
+        let shared = if self.same_process {
+            None
+        } else if self.peer_maps() {
+            Some(crate::mem::shared::lookup(dst, len)?)
+        } else {
+            return None;
+        };
+        let slot = Share { ctrl: self.rx.ring.ctrl };
+        slot.publish(&ShareDest { addr: dst as usize as u64, len, stream, shared });
+        Some(slot)
+    }
+
+    fn share_slot(&self) -> Option<Share> {
+        crate::env::split_copy().then_some(Share { ctrl: self.tx.ring.ctrl })
+    }
+
+    fn share_target(&mut self, dest: &ShareDest) -> Result<Option<*mut u8>> {
+        let p = if self.same_process {
+            dest.addr as usize as *mut u8
+        } else {
+            let Some(d) = dest.shared.as_ref() else { return Ok(None) };
+            if self.no_share_writes {
+                return Ok(None);
+            }
+            match self.writes.get(self.peer, self.peer_seg.pid(), d, dest.len, true)? {
+                Ok(p) => p,
+                Err(e) => {
+                    // Copies into this peer's buffers stay with the peer from now on.
+                    crate::log::info(format_args!(
+                        "rank {}'s buffers cannot be mapped writable here ({}); it copies what it receives from this rank alone",
+                        self.peer, e.msg
+                    ));
+                    self.no_share_writes = true;
+                    return Ok(None);
+                }
+            }
+        };
+        if !self.share_logged {
+            self.share_logged = true;
+            crate::log::info(format_args!(
+                "split copy: this rank copies parts of its large messages to rank {} straight into rank {}'s buffers",
+                self.peer, self.peer
+            ));
+        }
+        Ok(Some(p))
+    }
+
+    fn can_write(&self, at: *const u8, len: usize) -> bool {
+        if !crate::env::split_copy() || self.no_share_writes {
+            return false;
+        }
+        self.same_process || (self.peer_maps() && crate::mem::shared::lookup(at, len).is_some())
+    }
+
+    fn writable(&mut self, addr: u64, len: usize, shared: Option<&Desc>, why: Write) -> Result<*mut u8> {
+        let what = match why {
+            Write::Swap => {
+                if !self.swap_logged {
+                    self.swap_logged = true;
+                    crate::log::info(format_args!(
+                        "in-place swap: this rank and rank {} swap blocks of in-place calls (all_to_all, all_reduce, send/recv pairs) between their buffers, this rank offering",
+                        self.peer
+                    ));
+                }
+                "swapping"
+            }
+            Write::Tee => "writing the sender's own copy of",
+        };
+        if self.same_process {
+            return Ok(addr as usize as *mut u8);
+        }
+        let Some(d) = shared else {
+            return Err(Error::internal(format!(
+                "rank {} asked for {what} {len} bytes of a buffer it does not share",
+                self.peer
+            )));
+        };
+        match self.swaps.get(self.peer, self.peer_seg.pid(), d, len, true)? {
+            Ok(p) => Ok(p),
+            Err(e) => {
+                self.check_alive()?;
+                // Later calls keep to this side's own buffers with this peer.
+                self.no_share_writes = true;
+                Err(Error::system(format!(
+                    "{what} {len} bytes in rank {}'s buffer failed: it cannot be mapped writable here ({}); set FERROCCL_SPLIT_COPY=0 to keep every rank to its own buffers",
+                    self.peer, e.msg
+                )))
+            }
+        }
+    }
+
+    fn buffer(&mut self, addr: u64, len: usize, shared: Option<&Desc>, write: bool) -> Result<Option<*mut u8>> {
+        if self.same_process {
+            return Ok(Some(addr as usize as *mut u8));
+        }
+        let Some(d) = shared else { return Ok(None) };
+        // Writable mappings are the swaps' (the same buffers, mapped once).
+        let maps = if write { &mut self.swaps } else { &mut self.reads };
+        match maps.get(self.peer, self.peer_seg.pid(), d, len, write)? {
+            Ok(p) => Ok(Some(p)),
+            Err(e) => {
+                self.check_alive()?;
+                crate::log::info(format_args!(
+                    "rank {}'s buffer ({len} bytes) cannot be mapped here ({}); this rank leaves the work on it to the others, and later calls keep to the links",
+                    self.peer, e.msg
+                ));
+                self.no_share_writes = true;
+                Ok(None)
+            }
+        }
     }
 }
 

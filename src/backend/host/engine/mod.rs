@@ -11,12 +11,12 @@
 //! is reported on both sides and leaves the streams aligned. See
 //! docs/design/host.md, "The engine".
 //!
-//! By concern: [`wire`] (the message format, shared with `proto::eager`),
-//! `schedule` (what a run is made of), `exchange` (two buffers exchanged in place),
-//! `state` (what a run keeps per peer), `inplace` (send and receive over one
-//! buffer), `direct` (which messages go by address), `split` (copies shared by sender and receiver), `p2p` (the send/recv
-//! handshake), `idle` (waiting and what bounds it), `run` (the loop), `tx` and `rx` (a peer's two
-//! streams).
+//! By concern: [`wire`] (the message format, shared with `eager`), `schedule`
+//! (what a run is made of), `exchange` (two buffers exchanged in place), `state`
+//! (what a run keeps per peer), `inplace` (send and receive over one buffer),
+//! `direct` (which messages go by address), `split` (copies shared by sender and
+//! receiver), `p2p` (the send/recv handshake), `idle` (waiting and what bounds it),
+//! `run` (the loop), `tx` and `rx` (a peer's two streams).
 
 mod direct;
 mod exchange;
