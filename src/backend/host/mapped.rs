@@ -11,7 +11,7 @@
 //! (every rank's for all_reduce, the root's for reduce, the block's owner for
 //! reduce_scatter); a broadcast's piece is read from the root's buffer and written
 //! into every other rank's recvbuff while it is in cache. Each input is read once and each result written once, with no ring
-//! in between; the owners' schedule (`algorithms`) moves every byte through a ring
+//! in between; the owners' schedule (`algo::reduce`) moves every byte through a ring
 //! and back, and the links' single copy reads a broadcast's source once per peer.
 //!
 //! Work goes by pieces that any rank takes, not by a fixed share per rank: with more

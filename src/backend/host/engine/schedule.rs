@@ -175,6 +175,15 @@ pub struct Step<'a> {
     pub tag: u32,
 }
 
+/// The block of an exchange in place (`Schedule::swap`): this rank's block `at`,
+/// its input `src` (the same address in place), `len` bytes.
+#[derive(Clone, Copy)]
+pub struct Block {
+    pub at: *mut u8,
+    pub src: *const u8,
+    pub len: usize,
+}
+
 /// Steps in an order in which every rank agrees on per-peer message order.
 #[derive(Default)]
 pub struct Schedule<'a> {
@@ -224,24 +233,22 @@ impl<'a> Schedule<'a> {
     pub fn p2p_recv(&mut self, peer: usize, dst: *mut u8, len: usize, what: P2pCall) -> usize {
         self.push(Action::P2pRecv { peer, dst, len, what }, &[])
     }
-    /// Exchanges (`how`) `len` bytes at `at`, whose input is at `src` (`at` itself
-    /// in place), with the peer's block of the same size, between the two buffers,
+    /// Exchanges (`how`) the `len` bytes of `block` at `at`, whose input is at `src`
+    /// (`at` itself in place), with the peer's block of the same size, between the two buffers,
     /// when both ranks can map each other's and, for a swap, both are in place
     /// (see [`Exchange`]). Otherwise, as the offers tell both ranks alike: the steps
     /// `apart` adds when both are out of place (if it adds any), else those
     /// `fallback` adds, which must pair up with the peer's whatever its placement.
     /// Those steps run after the offers; the ones not taken are skipped.
-    #[allow(clippy::too_many_arguments)]
     pub fn swap(
         &mut self,
         peer: usize,
-        at: *mut u8,
-        src: *const u8,
-        len: usize,
+        block: Block,
         how: Exchange,
         apart: impl FnOnce(&mut Self),
         fallback: impl FnOnce(&mut Self),
     ) {
+        let Block { at, src, len } = block;
         let in_place = std::ptr::eq(src, at);
         // A swap has no inputs. A reduction out of place writes blocks that are not
         // its inputs: only worth it with streaming stores, which skip reading them

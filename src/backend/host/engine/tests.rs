@@ -191,9 +191,7 @@ fn one_exchange(
                     }
                     sched.swap(
                         peer,
-                        at,
-                        src,
-                        len,
+                        Block { at, src, len },
                         how,
                         |_| {},
                         |s| {
