@@ -46,9 +46,8 @@ const BOARD_HDR: usize = 4096;
 /// Words of rank 0's board header that all ranks share (see [`Board::team_word`]).
 pub const TEAM_WORDS: usize = 4;
 const _: () = assert!(TEAM_WORDS * 64 <= BOARD_HDR);
-/// Size of a rank's board, which the segment's layout reserves.
-pub const BOARD_BYTES: usize = BOARD_HDR + SLOTS * SLOT_BYTES;
-const _: () = assert!(BOARD_BYTES == segment::BOARD_BYTES);
+// The segment's layout (`shm::segment`) owns the board's size; the slots fill it.
+const _: () = assert!(BOARD_HDR + SLOTS * SLOT_BYTES == segment::BOARD_BYTES);
 
 /// One rank's view of the boards of all ranks of a communicator on one host.
 pub struct Board {
@@ -200,8 +199,7 @@ impl Board {
 
     /// Wakes the peers that sleep in a wait (after a store they wait for), as
     /// `publish` does. `publish` keeps its own copy of these lines, so that the code
-    /// of every small call stays as measured (calling this from it, always inlined,
-    /// measured 0.92-1.05x, 11 alternating runs: not worth the doubt).
+    /// of every small call stays as it was measured.
     pub fn notify_peers(&self) {
         // Pairs with sleep_unless: either a sleeping peer is seen and woken, or the
         // peer sees the store before it sleeps.

@@ -81,7 +81,7 @@ pub fn run(
 /// A call that may run between the ranks' buffers (`mapped`): announced with this
 /// rank's record beside the fingerprint; when every rank agrees, run there, else
 /// on the links. Apart from `run`'s own path, which small calls take and which
-/// measured 5-15% slower per call with these steps folded into it.
+/// these steps folded in would slow.
 #[inline(never)]
 fn run_mapped(
     t: &mut Transport,
@@ -207,8 +207,8 @@ fn on_board(b: &mut Board, w: &mut Waiter<'_>, calls: &[Call], check: bool, hand
 
     // 2. Wait for the ranks whose data (or, with checkMode, fingerprint) we need.
     // Checking a broadcast root's readers costs it about one cache-line round trip
-    // per call; deferring that check to the next call measured 10-15% faster at
-    // 8 bytes, not enough to give up failing a mismatch in the call that made it.
+    // per call; deferring that check to the next call would save little, not
+    // enough to give up failing a mismatch in the call that made it.
     let needs = |p: usize| match co.kind {
         _ if check => true,
         CollKind::Broadcast | CollKind::Scatter => p == root,

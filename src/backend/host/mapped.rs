@@ -387,8 +387,7 @@ impl Geometry {
         // Not into a recvbuff the previous call wrote (`reuse`): this rank's own
         // stands for its peers', which the same loop reuses alike. Up to half the
         // limit only: every rank's input and recvbuff are in play here, and at the
-        // limit (8 MiB, 2 ranks out of place: 32 MiB in all) ordinary stores
-        // measured 0.83-0.98x.
+        // limit (8 MiB, 2 ranks out of place: 32 MiB in all) ordinary stores lose.
         let result = mine.form(n).result;
         let stream =
             result >= stream_min && !(result <= crate::env::reuse_max() / 2 && super::reuse::cached(mine.recv, result));

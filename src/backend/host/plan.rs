@@ -5,9 +5,9 @@
 //!
 //! | order | protocol | when (thresholds below) |
 //! |---|---|---|
-//! | 1 | between the buffers (`proto::mapped`) | every rank on this host maps every other's buffers; all_reduce, reduce, reduce_scatter from `mapped_min` (2 ranks: reduce and all_reduce out of place from `mapped_min_2`), broadcast with the root in place from `mapped_broadcast_min` |
-//! | 2 | the bulletin board (`proto::board`) | every rank on this host; a contribution of at most `board::DATA_MAX` bytes (all_gather, gather, broadcast below `by_links_min`) |
-//! | 3 | eager send/recv (`proto::eager`) | a group of only fcclSend/fcclRecv, each below `direct_min` |
+//! | 1 | between the buffers (`mapped`) | every rank on this host maps every other's buffers; all_reduce, reduce, reduce_scatter from `mapped_min` (2 ranks: reduce and all_reduce out of place from `mapped_min_2`), broadcast with the root in place from `mapped_broadcast_min` |
+//! | 2 | the bulletin board (`fast`, `transport::board`) | every rank on this host; a contribution of at most `board::DATA_MAX` bytes (all_gather, gather, broadcast below `by_links_min`) |
+//! | 3 | eager send/recv (`eager`) | a group of only fcclSend/fcclRecv, each below `direct_min` |
 //! | 4 | a schedule on the links (`algo`, `engine`) | everything else |
 //!
 //! Inside a schedule: a message of `direct_min` bytes and more goes by address where
@@ -56,7 +56,7 @@ macro_rules! plan {
 }
 
 plan! {
-    // The bulletin board (proto::board).
+    // The bulletin board (fast, transport::board).
     /// Board contributions of at least this many bytes are written into the slot
     /// with the stores `mem::copy::StoreChoice` picks; smaller ones with ordinary
     /// stores (a clock read would cost more than the copy).
@@ -68,7 +68,7 @@ plan! {
     /// does the same without a word.
     by_links_min: 64 << 10,
 
-    // Collectives between the ranks' buffers (proto::mapped).
+    // Collectives between the ranks' buffers (mapped).
     /// Calls of 3 ranks or more that reduce a vector of at least this many bytes (all
     /// of it, every rank's blocks together for reduce_scatter): all the board does
     /// not take.

@@ -115,8 +115,8 @@ pub(super) fn reduce_phase(
     // and sending from it would read the result back. Not when the result lands
     // on this rank's own contribution (in place: those lines were just read, and
     // are in cache), nor when peers read results from recvbuff by address, where
-    // the scratch segment would go through the rings instead (1.6x in place,
-    // 1.0-1.2x out of place without, for all_reduce 2-32 MiB).
+    // the scratch segment would go through the rings instead (docs/design/host.md,
+    // "Reductions").
     let mine_at = || (send.at(my_off * es, my_len * es), recv.at(res_off(rank) * es, my_len * es));
     let own_in_place = result_in_recv && {
         let (a, b) = mine_at();
