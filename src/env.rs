@@ -63,6 +63,8 @@ pub const TRANSPORT: Var = Var {
     default: "auto",
     doc: "auto (shared memory on one host, TCP between hosts) or tcp (TCP everywhere)",
 };
+/// The most sockets one TCP link may have (`transport::tcp::MAX_SOCKS`): FERROCCL_NSOCKS's upper bound.
+pub const NSOCKS_MAX: usize = 16;
 pub const NSOCKS: Var = Var {
     name: "FERROCCL_NSOCKS",
     default: "1",
@@ -346,7 +348,7 @@ fn nsocks_from(
     per_thread: Option<String>,
     threads: Option<String>,
 ) -> crate::error::Result<usize> {
-    let max = crate::transport::tcp::MAX_SOCKS;
+    let max = NSOCKS_MAX;
     let parse = |var: &Var, v: &str, hi: usize| {
         v.trim().parse::<usize>().ok().filter(|n| (1..=hi).contains(n)).ok_or_else(|| {
             crate::error::Error::invalid_arg(format!(
@@ -358,7 +360,7 @@ fn nsocks_from(
     if let Some(v) = own {
         return parse(&NSOCKS, &v, max);
     }
-    // NCCL allows up to 64 sockets per link in all; ferroccl's links take at most MAX_SOCKS.
+    // NCCL allows up to 64 sockets per link in all; ferroccl's links take at most NSOCKS_MAX.
     let per = per_thread.map(|v| parse(&NCCL_NSOCKS_PERTHREAD, &v, 64)).transpose()?;
     let threads = threads.map(|v| parse(&NCCL_SOCKET_NTHREADS, &v, 16)).transpose()?;
     if per.is_some() || threads.is_some() {

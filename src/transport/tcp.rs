@@ -19,7 +19,7 @@ use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
 use std::time::{Duration, Instant};
 
 /// The most sockets one link may have (FERROCCL_NSOCKS's upper bound).
-pub const MAX_SOCKS: usize = 16;
+pub const MAX_SOCKS: usize = crate::env::NSOCKS_MAX;
 /// Bytes of the stream dealt to one socket before the next takes over.
 pub const CHUNK: usize = 256 << 10;
 /// Staging ring each way; a multiple of [`CHUNK`], so no chunk wraps around it.
