@@ -13,8 +13,8 @@ use std::sync::atomic::AtomicBool;
 use std::time::Duration;
 
 // The defaults the tests are sized by.
-const SHARE_MIN: usize = Plan::DEFAULT.split_min;
-const SHARE_PIECE: usize = Plan::DEFAULT.split_piece;
+const SPLIT_MIN: usize = Plan::DEFAULT.split_min;
+const SPLIT_PIECE: usize = Plan::DEFAULT.split_piece;
 const EAGER_MAX: usize = Plan::DEFAULT.eager_max;
 const GATED_MIN: usize = Plan::DEFAULT.gated_min;
 
@@ -86,7 +86,7 @@ fn one_message_tee(len: usize, kind: u8, idle: bool, tee: bool) -> (Vec<u8>, Vec
 /// the last piece short included, copied by the sender alone.
 #[test]
 fn the_sender_can_copy_every_piece() {
-    for (len, kind) in [(SHARE_MIN, 0), (5 * SHARE_PIECE + 12_344, 1), (3 << 20, 0)] {
+    for (len, kind) in [(SPLIT_MIN, 0), (5 * SPLIT_PIECE + 12_344, 1), (3 << 20, 0)] {
         let (src, dst, pieces) = one_message(len, kind, true);
         assert!(dst == src, "{len} bytes, sink {kind}");
         assert_eq!(pieces, share_pieces(len), "{len} bytes: the sender copied every piece");
@@ -98,7 +98,7 @@ fn the_sender_can_copy_every_piece() {
 /// destinations, the sender alone when the receiver is idle; both exact.
 #[test]
 fn the_senders_own_copy_is_written_with_the_pieces() {
-    for (len, kind, idle) in [(SHARE_MIN, 0, true), (5 * SHARE_PIECE + 12_344, 1, false), (6 << 20, 0, false)] {
+    for (len, kind, idle) in [(SPLIT_MIN, 0, true), (5 * SPLIT_PIECE + 12_344, 1, false), (6 << 20, 0, false)] {
         let (src, dst, own, pieces) = one_message_tee(len, kind, idle, true);
         assert!(dst == src && own == src, "{len} bytes, sink {kind}, idle {idle}");
         if idle {
@@ -106,7 +106,7 @@ fn the_senders_own_copy_is_written_with_the_pieces() {
         }
     }
     // Below a split copy's size the sender copies its own alone, as before.
-    let (src, dst, own, pieces) = one_message_tee(SHARE_MIN - 8, 0, true, true);
+    let (src, dst, own, pieces) = one_message_tee(SPLIT_MIN - 8, 0, true, true);
     assert!(dst == src && own == src);
     assert_eq!(pieces, 0);
 }
@@ -114,7 +114,7 @@ fn the_senders_own_copy_is_written_with_the_pieces() {
 /// Both sides take pieces: the result is exact whoever copied what.
 #[test]
 fn sender_and_receiver_split_a_copy_exactly() {
-    for len in [SHARE_MIN + 8, 16 << 20] {
+    for len in [SPLIT_MIN + 8, 16 << 20] {
         for _ in 0..5 {
             let (src, dst, pieces) = one_message(len, 0, false);
             assert!(dst == src, "{len} bytes");
@@ -224,7 +224,7 @@ fn reducing_exchanges_leave_the_result_in_both_blocks() {
     for (dtype, op, es) in
         [(DataType::Int32, RedOp::Max, 4), (DataType::Float32, RedOp::Sum, 4), (DataType::Float64, RedOp::Avg, 8)]
     {
-        for (len, idle) in [(SHARE_MIN + 8, false), (5 << 20, false), (3 * SHARE_PIECE + 16, true)] {
+        for (len, idle) in [(SPLIT_MIN + 8, false), (5 << 20, false), (3 * SPLIT_PIECE + 16, true)] {
             let n = len / es;
             let bytes = |r: usize| -> Vec<u8> {
                 ints(r, n)
@@ -259,7 +259,7 @@ fn reductions_out_of_place_leave_the_result_in_both_blocks() {
         (0..len / 4).flat_map(|i| ((i as i32).wrapping_mul(7919) ^ (r as i32 * 104_729)).to_le_bytes()).collect()
     };
     for apart in [[true, true], [true, false], [false, true]] {
-        for (len, idle) in [(SHARE_MIN + 8, false), (3 << 20, false), (3 * SHARE_PIECE + 16, true)] {
+        for (len, idle) in [(SPLIT_MIN + 8, false), (3 << 20, false), (3 * SPLIT_PIECE + 16, true)] {
             let how = Exchange::Reduce { dtype, op, stream: true };
             let (bufs, pieces) = one_exchange(len, how, idle, None, |r| ints(r, len), false, apart);
             let mut want = ints(0, len);
@@ -276,7 +276,7 @@ fn reductions_out_of_place_leave_the_result_in_both_blocks() {
 /// over and over, the last piece short included.
 #[test]
 fn swaps_exchange_blocks_exactly() {
-    for len in [SHARE_MIN, 5 * SHARE_PIECE + 12_344, 16 << 20] {
+    for len in [SPLIT_MIN, 5 * SPLIT_PIECE + 12_344, 16 << 20] {
         for _ in 0..3 {
             let (exact, pieces) = one_swap(len, false, None);
             assert!(exact, "{len} bytes");
@@ -289,7 +289,7 @@ fn swaps_exchange_blocks_exactly() {
 /// block: the peer swapped them all, into both buffers.
 #[test]
 fn the_helper_can_swap_every_piece() {
-    for len in [SHARE_MIN, 3 * SHARE_PIECE + 8] {
+    for len in [SPLIT_MIN, 3 * SPLIT_PIECE + 8] {
         let (exact, pieces) = one_swap(len, true, None);
         assert!(exact, "{len} bytes");
         assert_eq!(pieces, share_pieces(len), "{len} bytes: rank 0 swapped every piece");
@@ -301,7 +301,7 @@ fn the_helper_can_swap_every_piece() {
 #[test]
 fn a_rank_that_cannot_swap_makes_both_exchange_through_the_rings() {
     for refuse in [0, 1] {
-        for len in [SHARE_MIN, 3 << 20] {
+        for len in [SPLIT_MIN, 3 << 20] {
             let (exact, pieces) = one_swap(len, true, Some(refuse));
             assert!(exact, "{len} bytes, rank {refuse} refusing");
             assert_eq!(pieces, 0, "no swap");
@@ -315,7 +315,7 @@ fn a_rank_that_cannot_swap_makes_both_exchange_through_the_rings() {
 /// writing only what its own send has sent, still exactly.
 #[test]
 fn in_place_send_recv_pairs_swap_or_go_through_the_rings() {
-    for len in [EAGER_MAX + 1, 5 * SHARE_PIECE + 12_344, 9 << 20] {
+    for len in [EAGER_MAX + 1, 5 * SPLIT_PIECE + 12_344, 9 << 20] {
         let (exact, pieces) = one_p2p_swap(len, false, None);
         assert!(exact, "{len} bytes");
         assert!(pieces <= share_pieces(len));
@@ -386,14 +386,14 @@ fn in_place_ring_shifts_larger_than_the_rings_finish_right() {
     }
 }
 
-/// Below SHARE_MIN, and into reductions, the receiver reads alone (no offer is
+/// Below SPLIT_MIN, and into reductions, the receiver reads alone (no offer is
 /// made, so an idle receiver still finishes).
 #[test]
 fn small_messages_and_reductions_are_not_shared() {
-    let (src, dst, pieces) = one_message(SHARE_MIN - 8, 0, true);
+    let (src, dst, pieces) = one_message(SPLIT_MIN - 8, 0, true);
     assert!(dst == src);
     assert_eq!(pieces, 0);
-    let (src, dst, pieces) = one_message(SHARE_MIN * 2, 2, true);
+    let (src, dst, pieces) = one_message(SPLIT_MIN * 2, 2, true);
     assert!(dst.iter().zip(&src).all(|(d, s)| *d == s.wrapping_add(1)), "1 + src");
     assert_eq!(pieces, 0);
 }
