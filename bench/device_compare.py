@@ -5,7 +5,7 @@ targets. One run measures:
 
   1. copy      the device's own copy bandwidth: torch's y.copy_(x), and
                cuMemcpyDtoDAsync through ctypes (no torch needed)
-  2. gloo      bench/compare/gloo_bench.py --device cuda: torch.distributed with backend
+  2. gloo      tools/compare/gloo_bench.py --device cuda: torch.distributed with backend
                gloo, ranks as processes on one GPU
   3. ferroccl  ferroccl-bench --mem cuda (every rank on device 0), JSON output
   4. pingpong  bench/memop_pingpong.c without MPS, and with MPS where this run can start
@@ -222,7 +222,7 @@ def torch_python(explicit):
     """A Python that imports torch with Gloo: (path, torch version, has CUDA) or None."""
     cands = [explicit, os.environ.get("FERROCCL_TORCH_PYTHON"),
              os.path.expanduser("~/.cache/ferroccl/torch-venv/bin/python"),
-             os.path.join(HERE, "compare", ".venv", "bin", "python"), sys.executable, shutil.which("python3")]
+             os.path.join(ROOT, "tools", "compare", ".venv", "bin", "python"), sys.executable, shutil.which("python3")]
     probe = ("import torch, torch.distributed as d; assert d.is_gloo_available(); "
              "print(torch.__version__, int(torch.cuda.is_available()))")
     for py in cands:
@@ -369,7 +369,7 @@ def main(argv):
     ap.add_argument("--out", default=os.path.join(ROOT, "build", "device-compare"), help="output folder")
     ap.add_argument("--bin", default=os.path.join(ROOT, "target", "release"), help="folder of ferroccl-bench")
     ap.add_argument("--python", help="a Python with torch (default: the first that imports it of "
-                    "$FERROCCL_TORCH_PYTHON, ~/.cache/ferroccl/torch-venv, bench/compare/.venv, this one)")
+                    "$FERROCCL_TORCH_PYTHON, ~/.cache/ferroccl/torch-venv, tools/compare/.venv, this one)")
     ap.add_argument("--selftest", action="store_true", help="check the table math on made-up sweeps and exit")
     ap.add_argument("--copy-worker", nargs=2, metavar=("METHOD", "DEVICE"), help=argparse.SUPPRESS)
     o = ap.parse_args(argv)
@@ -431,7 +431,7 @@ def main(argv):
             csv_path = os.path.join(o.out, f"gloo-np{n}.csv")
             if os.path.exists(csv_path):
                 os.remove(csv_path)
-            rc, _ = run([tp[0], os.path.join(HERE, "compare", "gloo_bench.py"), "--device", o.device, "--nranks", str(n),
+            rc, _ = run([tp[0], os.path.join(ROOT, "tools", "compare", "gloo_bench.py"), "--device", o.device, "--nranks", str(n),
                          *span, "--csv", csv_path, *colls], os.path.join(o.out, f"gloo-np{n}.txt"))
             gloo[n] = read_csv(csv_path)
             if rc or gloo[n] is None:

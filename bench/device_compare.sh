@@ -4,7 +4,7 @@
 # stream memory-operation ping-pong, against issue 30's targets (bench/device_compare.py
 # says what it runs and how it reads the targets). Builds ferroccl-bench first where
 # cargo is here and it is missing; torch comes from the first Python that imports it
-# (FERROCCL_TORCH_PYTHON, ~/.cache/ferroccl/torch-venv, bench/compare/.venv, python3),
+# (FERROCCL_TORCH_PYTHON, ~/.cache/ferroccl/torch-venv, tools/compare/.venv, python3),
 # and without one the torch parts are skipped, saying so.
 #
 #   bench/device_compare.sh                       # GPU: 2 and 4 ranks, 8 B .. 128 MiB

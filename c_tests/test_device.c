@@ -2107,9 +2107,7 @@ static void part_p2p(dctx* D) {
       EACH_MODE(D) {
         t_sendrecv_mismatch(D, &pat, counts[c]);
         t_sendrecv_across_calls(D, &pat, counts[c], 0);
-        /* A group of sends over 64 KiB whose receives come as separate calls does not
-         * finish on the host backend (staged runs), so only eager sizes there. */
-        if (counts[c] * pat.esz <= ((size_t)64 << 10)) t_sendrecv_across_calls(D, &pat, counts[c], 1);
+        t_sendrecv_across_calls(D, &pat, counts[c], 1);
         t_sendrecv_in_place(D, &pat, counts[c]);
         t_sendrecv_host_device(D, &pat, counts[c]);
       }

@@ -1,7 +1,7 @@
 /* fcclSend / fcclRecv: rings inside fcclGroupStart/End for every type and counts {0, 1, 7,
  * 1000003} plus >= 4 MiB messages (both directions), send to self, several messages to
  * one peer (matched in order), all-pairs exchange in one group, blocking pairs outside a
- * group, mismatched counts (fcclCollectiveMismatch on both sides, comm still usable; also
+ * group, one side's calls grouped and the other's one at a time (small and large mixed), mismatched counts (fcclCollectiveMismatch on both sides, comm still usable; also
  * inside an exchange, small and large, where the receiver's count crosses the sender's
  * data) and peers out of range (fcclInvalidArgument, nothing written).
  * In place in a group: each rank's fcclRecv overlaps its own fcclSend (the same buffer,
@@ -191,6 +191,50 @@ static void in_order_case(fcclComm_t comm, int rank, int nranks, const fccl_patt
   }
 }
 
+/* Pairs (2k, 2k+1): one side posts several messages to its partner in one group, the
+ * other posts each matching call on its own (legal: calls match in posting order). The
+ * sizes mix messages sent with their count and ones whose payload waits for the
+ * receiver's count, so a later message's count never blocks an earlier one's payload.
+ * grouped_sends: the even rank groups its sends and the odd rank receives one call at a
+ * time; otherwise the even rank sends one call at a time and the odd rank groups. */
+static void grouped_one_side_case(fcclComm_t comm, int rank, int nranks,
+                                  const fccl_pattern* pat, int grouped_sends, size_t base) {
+  /* 1.2 MiB, 1 KiB, 70000 B, 64 KiB, 4 MiB, 28 B of float32 */
+  static const size_t counts[6] = {300001, 256, 17500, 16384, (size_t)1 << 20, 7};
+  int partner = rank ^ 1, k;
+  int sender = rank % 2 == 0, grouped = sender ? grouped_sends : !grouped_sends;
+  size_t esz = pat->esz;
+  unsigned char* buf[6];
+  char what[160], w2[256];
+  if (partner >= nranks) return;
+  snprintf(what, sizeof what, "six messages %d->%d, %s grouped, the %s one call each",
+           rank & ~1, rank | 1, grouped_sends ? "sends" : "receives",
+           grouped_sends ? "receives" : "sends");
+  fccl_phase("%s", what);
+  for (k = 0; k < 6; k++) {
+    buf[k] = (unsigned char*)fccl_xmalloc(counts[k] * esz + FCCL_SLACK);
+    if (sender)
+      fccl_pattern_fill(pat, buf[k], counts[k], fccl_rank_off(base, rank) + (size_t)k * MSG_STRIDE);
+    else
+      memset(buf[k], FCCL_SENT_RECV, counts[k] * esz + FCCL_SLACK);
+  }
+  if (grouped) CHECK_OK(fcclGroupStart());
+  for (k = 0; k < 6; k++) {
+    if (sender)
+      CHECK_OK(fcclSend(buf[k], counts[k], pat->dt, partner, comm, NULL));
+    else
+      CHECK_OK(fcclRecv(buf[k], counts[k], pat->dt, partner, comm, NULL));
+  }
+  if (grouped) CHECK_OK(fcclGroupEnd());
+  for (k = 0; k < 6 && !sender; k++) {
+    snprintf(w2, sizeof w2, "%s: message %d (count %zu) from rank %d", what, k, counts[k], partner);
+    PATTERN_CHECK(pat, buf[k], counts[k], fccl_rank_off(base, partner) + (size_t)k * MSG_STRIDE, w2);
+    snprintf(w2, sizeof w2, "%s: bytes after message %d", what, k);
+    BYTES_CHECK(buf[k] + counts[k] * esz, FCCL_SLACK, FCCL_SENT_RECV, w2);
+  }
+  for (k = 0; k < 6; k++) free(buf[k]);
+}
+
 static void allreduce_works(fcclComm_t comm, int rank, int nranks, const char* when) {
   int32_t send[9], recv[9];
   int i;
@@ -344,6 +388,8 @@ static int body(fcclComm_t comm, int rank, int nranks) {
   in_order_case(comm, rank, nranks, &pat, base += 907);
   blocking_pairs_case(comm, rank, nranks, &pat, 1000, base += 907);
   blocking_pairs_case(comm, rank, nranks, &pat, (size_t)1 << 20, base += 907);
+  grouped_one_side_case(comm, rank, nranks, &pat, 1, base += 907);
+  grouped_one_side_case(comm, rank, nranks, &pat, 0, base += 907);
   /* point-to-point involves only its two ranks: at an odd world size the last rank
    * made none of the calls above, and collectives must still match */
   allreduce_works(comm, rank, nranks, "after send/recv between pairs of ranks only");

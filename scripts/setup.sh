@@ -21,7 +21,7 @@ done
 if [ ${#missing[@]} -gt 0 ]; then
   "$venv/bin/python" -m pip install --quiet --disable-pip-version-check "${missing[@]}" >&2
 fi
-# Open MPI's mpirun for tests/launchers/run.sh (Debian's openmpi-bin, as bench/compare
+# Open MPI's mpirun for tests/launchers/run.sh (Debian's openmpi-bin, as tools/compare
 # installs it); where it cannot be installed, that test skips its mpirun part, saying so.
 if ! command -v mpirun >/dev/null && command -v apt-get >/dev/null; then
   sudo=""

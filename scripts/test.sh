@@ -72,8 +72,8 @@ step "symbol hygiene"
 bash tests/symbols.sh "$lib"
 step "NCCL's ABI: libnccl.so.2 against NVIDIA's 2.28, and programs written for NCCL on it"
 bash tests/nccl/run.sh "$lib"
-step "bench/compare scripts (no installs, no timing)"
-bash bench/compare/smoke.sh
+step "tools/compare scripts (no installs, no timing)"
+bash tools/compare/smoke.sh
 step "install: CMake and pkg-config consumers of an installed copy"
 bash tests/install/run.sh
 step "Python: ctypes test and the ferroccl package (pytest; device tests on the simulated GPU)"

@@ -1074,6 +1074,10 @@ mod tests {
         let mut id = ncclUniqueId { internal: [0; 128] };
         // SAFETY: a valid out-pointer.
         assert_eq!(unsafe { ncclGetUniqueId(&mut id) }, ncclSuccess);
+        // Neither rank aborts before both have their error: an abort may reach the peer
+        // first and fail its call with "rank N aborted" instead.
+        let both_polled = std::sync::Barrier::new(2);
+        let both_polled = &both_polled;
         let msgs: Vec<(ncclResult_t, ncclResult_t, String)> = std::thread::scope(|s| {
             let hs: Vec<_> = (0..2)
                 .map(|rank| {
@@ -1126,6 +1130,7 @@ mod tests {
                         };
                         let st = poll(comm);
                         let msg = last_error();
+                        both_polled.wait();
                         // SAFETY: a live communicator.
                         assert_eq!(unsafe { ncclCommAbort(comm) }, ncclSuccess);
                         (init, r, format!("{st} {msg}"))

@@ -59,7 +59,7 @@ impl Default for Options {
             timeout: crate::env::default_timeout(),
             backend: Backend::Auto,
             name: String::new(),
-            // On by default: about 0.1 us per small call on one host (docs/robustness.md).
+            // On by default: it costs about one cache-line round trip a call (docs/robustness.md).
             check_mode: crate::env::CHECK.get_or_default().trim() != "0",
             device: None,
         }

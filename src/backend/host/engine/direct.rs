@@ -3,7 +3,7 @@
 //! See docs/design/host.md, "The engine".
 
 use super::inplace::overlaps_p2p;
-use super::schedule::Schedule;
+use super::schedule::{Action, Schedule};
 use super::wire::{encode_desc, DESC};
 use crate::backend::host::plan::{self, Plan};
 use crate::mem::shared;
@@ -57,4 +57,10 @@ pub(super) fn p2p_direct(
 /// send starts and when the receiver's count arrives.
 pub(super) fn p2p_eager(plan: &Plan, link: &mut dyn Link, sched: &Schedule<'_>, src: *const u8, len: usize) -> bool {
     len <= plan.eager_max && p2p_direct(plan, link, sched, src, len, false).is_none()
+}
+
+/// Whether send step `i` announces its count and sends its payload only once the
+/// receiver's count is here.
+pub(super) fn p2p_rendezvous(plan: &Plan, link: &mut dyn Link, sched: &Schedule<'_>, i: usize) -> bool {
+    matches!(sched.steps[i].action, Action::P2pSend { src, len, .. } if !p2p_eager(plan, link, sched, src, len))
 }

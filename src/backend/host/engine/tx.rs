@@ -2,7 +2,7 @@
 //! piece, and the direct messages waiting for the peer's reads (which this rank
 //! helps copy once nothing else is left). See docs/design/host.md, "The engine".
 
-use super::direct::{direct_desc, p2p_eager};
+use super::direct::{direct_desc, p2p_eager, p2p_rendezvous};
 use super::exchange::Offer;
 use super::run::Run;
 use super::schedule::{Action, Via};
@@ -105,6 +105,13 @@ impl Run<'_, '_> {
                 continue;
             }
             if !self.tally.ready(self.sched, i) {
+                return false;
+            }
+            // A send's first bytes never pass an earlier send's payload: the peer may
+            // receive them in separate calls, and it reads its stream in order.
+            if matches!(self.sched.steps[i].action, Action::P2pSend { .. })
+                && st.awaiting_reply.iter().any(|&k| p2p_rendezvous(self.plan, self.t.link(p), self.sched, k))
+            {
                 return false;
             }
             st.send_q.pop_front();

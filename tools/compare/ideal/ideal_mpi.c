@@ -1,6 +1,6 @@
 /*
  * ideal_mpi.c: the bare data movement of each collective, behind the MPI calls that
- * bench/compare/ompi_bench.c makes, as a ceiling to hold ferroccl against.
+ * tools/compare/ompi_bench.c makes, as a ceiling to hold ferroccl against.
  *
  * MPI_Init forks the ranks (rank 0 is the process started, `--np N` is taken from
  * its arguments) after mapping one shared arena that every rank sees at the same
@@ -192,7 +192,7 @@ int MPI_Comm_rank(MPI_Comm comm, int *rank) { (void)comm; *rank = me; return 0; 
 int MPI_Comm_size(MPI_Comm comm, int *size) { (void)comm; *size = np; return 0; }
 int MPI_Get_version(int *v, int *s) { *v = 3; *s = 1; return 0; }
 int MPI_Get_library_version(char *v, int *len) {
-    *len = snprintf(v, MPI_MAX_LIBRARY_VERSION_STRING, "ideal: bare data movement over shared memory (bench/compare/ideal)");
+    *len = snprintf(v, MPI_MAX_LIBRARY_VERSION_STRING, "ideal: bare data movement over shared memory (tools/compare/ideal)");
     return 0;
 }
 double MPI_Wtime(void) {

@@ -6,7 +6,7 @@
  * bench/coll.rs, bench/main.rs, bench/report.rs), so that the rows of both can be
  * compared one by one. Build: mpicc -O2 -o ompi_bench ompi_bench.c
  * Run: mpirun --allow-run-as-root --oversubscribe -np 2 ./ompi_bench all --csv x.csv
- * Built with -DFCCL_IDEAL -I bench/compare/ideal and ideal/ideal_mpi.c instead (gcc,
+ * Built with -DFCCL_IDEAL -I tools/compare/ideal and ideal/ideal_mpi.c instead (gcc,
  * no MPI), the same program measures the bare data movement of each call: see
  * ideal/ideal_mpi.c; run it as `ideal_bench --np 2 all --csv x.csv`.
  *

@@ -1,7 +1,7 @@
 /*
- * The subset of MPI that bench/compare/ompi_bench.c calls, implemented by
+ * The subset of MPI that tools/compare/ompi_bench.c calls, implemented by
  * ideal_mpi.c as the bare data movement of each collective (see there). Build
- * ompi_bench.c with -DFCCL_IDEAL -I bench/compare/ideal and ideal_mpi.c instead of
+ * ompi_bench.c with -DFCCL_IDEAL -I tools/compare/ideal and ideal_mpi.c instead of
  * mpicc; run it as `ideal_bench --np N ARGS...`.
  */
 #ifndef FCCL_IDEAL_MPI_H

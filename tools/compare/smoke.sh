@@ -1,11 +1,12 @@
 #!/usr/bin/env bash
-# A cheap check of bench/compare that installs nothing and times nothing: the scripts
-# parse, --help works without torch or MPI, ratios.py computes ratios and verdicts right
-# on made-up CSVs, ompi_bench.c compiles where mpicc is present, and where gcc is, the
-# ideal peer builds and gets every collective right (three tiny sweeps, seconds); and
+# A cheap check of tools/compare that installs nothing and times nothing: the scripts
+# parse, --help works without torch or MPI, ratios.py computes ratios and verdicts (and
+# the points lost against a base build) right on made-up CSVs, ompi_bench.c compiles
+# where mpicc is present, and where gcc is, the ideal peer builds and gets every
+# collective right (three tiny sweeps, seconds); and
 # bench/device_compare.py's table math on made-up sweeps and one tiny CPU run of it
 # (Gloo on CPU tensors where a Python with torch is found; judges no timing).
-# Usage: bench/compare/smoke.sh   (run by scripts/test.sh)
+# Usage: tools/compare/smoke.sh   (run by scripts/test.sh)
 set -euo pipefail
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 pass=0 fail=0
@@ -110,6 +111,40 @@ check "4 ranks, >= 8M: busbw >= 50% of the 2-rank run's ($tmp/b2): **missed** at
     "4 ranks against 2: the verdict against Open MPI's run"
 check "- bound: not measured (run --peer ideal --nranks 4 into the same --out)" "4 ranks against 2: no ideal run"
 
+# Against another build of ferroccl (--peer base): the points lost in every repetition
+# beyond the noise. 8 B: half as fast in both repetitions (lost); 32K: slower in one,
+# faster in the other (noise); 8M: 3% slower in both (within the 5% default).
+rc=0
+"$here/run.sh" --peer base >/dev/null 2>&1 || rc=$?
+[ "$rc" -eq 2 ] && ok "run.sh refuses --peer base without --base" ||
+    bad "run.sh refuses --peer base without --base (exit $rc, want 2)"
+rc=0
+"$here/run.sh" --base /nowhere >/dev/null 2>&1 || rc=$?
+[ "$rc" -eq 2 ] && ok "run.sh refuses --base without --peer base" ||
+    bad "run.sh refuses --base without --peer base (exit $rc, want 2)"
+mkdir "$tmp/base"
+for rep in 1 2; do
+    t32=12.500
+    [ "$rep" -eq 1 ] || t32=8.000
+    printf '%s\n' "$h" \
+        "all_reduce,2,float,sum,-1,8,2,out,2.000,0.008,0.008,0" \
+        "all_reduce,2,float,sum,-1,32768,8192,out,$t32,5,5,0" \
+        "all_reduce,2,float,sum,-1,8388608,2097152,in,1030.000,8.1,8.1,0" >"$tmp/base/ferroccl.rep$rep.csv"
+    printf '%s\n' "$h" \
+        "all_reduce,2,float,sum,-1,8,2,out,1.000,0.016,0.016,0" \
+        "all_reduce,2,float,sum,-1,32768,8192,out,10.000,6.5,6.5,0" \
+        "all_reduce,2,float,sum,-1,8388608,2097152,in,1000.000,8.4,8.4,0" >"$tmp/base/base.rep$rep.csv"
+done
+out="$(python3 "$here/ratios.py" "$tmp/base" --peer base)" && ok "ratios --peer base exits 0" ||
+    bad "ratios --peer base exits 0"
+check "- slower in every repetition and by more than 5% at the median: **1** of 3 points: all_reduce 8 out 0.500x" \
+    "base: the lost point, not the noisy ones"
+check "- sizes < 32K: median 0.500x, range 0.500x .. 0.500x over 1 points" "base summary per size band"
+out="$(python3 "$here/ratios.py" "$tmp/base" --peer base --noise 0.6)" || true
+check "by more than 60% at the median: **none** of 3 points" "base: --noise"
+grep -q 'Verdicts against PERF.md' <<<"$out" && bad "ratios: no PERF.md verdicts against base" ||
+    ok "ratios: no PERF.md verdicts against base"
+
 if command -v mpicc >/dev/null; then
     mpicc -O2 -Wall -Werror -o "$tmp/ompi_bench" "$here/ompi_bench.c" && ok "ompi_bench.c compiles" ||
         bad "ompi_bench.c compiles"
@@ -181,7 +216,7 @@ fi
 root="$(cd "$here/../.." && pwd)"
 bash -n "$root/bench/device_compare.sh" && python3 -m py_compile "$root/bench/device_compare.py" &&
     ok "device_compare parses" || bad "device_compare parses"
-python3 "$root/bench/compare/gloo_bench.py" --help | grep -q -- '--device {cpu,cuda}' &&
+python3 "$root/tools/compare/gloo_bench.py" --help | grep -q -- '--device {cpu,cuda}' &&
     ok "gloo_bench.py --device" || bad "gloo_bench.py --device"
 out="$(python3 "$root/bench/device_compare.py" --selftest)" && grep -q ' 0 failed' <<<"$out" &&
     ok "device_compare selftest: $out" || { bad "device_compare selftest"; echo "$out"; }

@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """ratios.py: ferroccl against a peer, from the CSVs that run.sh leaves in one directory.
 
-  ratios.py DIR --peer ompi|gloo|ideal [--baseline DIR2]
+  ratios.py DIR --peer ompi|gloo|ideal|base [--baseline DIR2] [--noise F]
 
 DIR holds ferroccl.repK.csv and PEER.repK.csv (ferroccl-bench's CSV columns), K = 1..R,
 each pair measured back to back. For every collective, size and placement that both
@@ -13,8 +13,11 @@ get the time ratio ferroccl/peer. Then the verdicts against shared/PERF.md's tar
 "large messages keep >= 50% of their 2-rank busbw"; where DIR also holds the ideal
 peer's N-rank run (and DIR2 its 2-rank one), the same table shows what the bare data
 movement keeps of ferroccl's 2-rank busbw, which bounds that target. The ideal peer
-(the bare data movement, bench/compare/ideal) has no targets: for it a summary of the
-ratios from 32 KiB up takes the verdicts' place.
+(the bare data movement, tools/compare/ideal) has no targets: for it a summary of the
+ratios from 32 KiB up takes the verdicts' place. The base peer is another build of
+ferroccl (run.sh --peer base --base PATH, a change's before): a summary of the ratios
+per size band and the points this build lost, slower in every repetition and by more
+than --noise (default 0.05) at the median, take the verdicts' place.
 
 Writes DIR/PEER.md (what it prints) and DIR/PEER.ratios.csv. Standard library only.
 """
@@ -28,7 +31,8 @@ import statistics
 import sys
 
 SMALL = 2 << 10  # sizes up to this get the time ratio
-PEER_TITLE = {"ompi": "Open MPI", "gloo": "Gloo", "ideal": "the bare data movement (bench/compare/ideal)"}
+PEER_TITLE = {"ompi": "Open MPI", "gloo": "Gloo", "ideal": "the bare data movement (tools/compare/ideal)",
+              "base": "the base build (another build of ferroccl)"}
 # Heads the tables of runs made with --rotate 0.
 NOT_ROTATED = ("Buffers not rotated (`--rotate 0`): every call of a size reuses the same buffers, which stay "
                "in the caches up to their size (a program that calls a collective again and again on one "
@@ -40,6 +44,9 @@ NOT_ROTATED = ("Buffers not rotated (`--rotate 0`): every call of a size reuses 
 # says little about data movement. 8M splits what stays in the caches from what streams
 # through memory on the machines we measure on.
 IDEAL_BANDS = [(32 << 10, None, ">= 32K"), (32 << 10, 8 << 20, "32K .. < 8M"), (8 << 20, None, ">= 8M")]
+# Size bands of the base summary: below 32K a call's fixed cost dominates, which a
+# change to set-up or dispatch moves; above, the data movement does.
+BASE_BANDS = [(0, 32 << 10, "< 32K"), (32 << 10, 8 << 20, "32K .. < 8M"), (8 << 20, None, ">= 8M")]
 ORDER = ["all_reduce", "broadcast", "reduce", "all_gather", "reduce_scatter",
          "all_to_all", "all_to_allv", "gather", "scatter", "send_recv"]
 
@@ -165,6 +172,22 @@ def band_summary(points, what):
             f"{fmt_x(vals[-1][0])} over {len(vals)} points; lowest: {lowest}")
 
 
+def lost_points(points, noise):
+    """One line: the points slower in every repetition and by more than `noise` at the
+    median (a point slower in some repetitions only is within the machine's noise)."""
+    vals = [(v["ratio"], key) for key, v in points.items() if v["ratio"] is not None]
+    lost = sorted((x, k) for x, k in vals
+                  for v in [points[k]] if v["ratio_max"] is not None and v["ratio_max"] < 1 and x < 1 - noise)
+    what = f"slower in every repetition and by more than {noise * 100:g}% at the median"
+    if not vals:
+        return f"- {what}: not measured (no points in this run)"
+    if not lost:
+        return f"- {what}: **none** of {len(vals)} points"
+    listed = ", ".join(f"{c} {fmt_size(s)} {pl} {fmt_x(x)}" for x, (c, s, pl) in lost[:12])
+    more = f" and {len(lost) - 12} more" if len(lost) > 12 else ""
+    return f"- {what}: **{len(lost)}** of {len(vals)} points: {listed}{more}"
+
+
 def medians(runs):
     """{(collective, size, placement): median busbw over the repetitions} of read_runs."""
     acc = {}
@@ -235,6 +258,9 @@ def main(argv):
     ap.add_argument("--baseline", help="a 2-rank run's directory (for the nranks > 2 target)")
     ap.add_argument("--rotate", type=int, choices=[0, 1], default=1,
                     help="the runs' --rotate (run.sh passes it); 0 marks the verdicts as off PERF.md's regime")
+    ap.add_argument("--noise", type=float, default=0.05,
+                    help="with --peer base: a point is lost when slower in every repetition and by more than "
+                         "this fraction at the median (default 0.05)")
     a = ap.parse_args(argv)
     fer, peer = read_runs(a.dir, "ferroccl"), read_runs(a.dir, a.peer)
     title = PEER_TITLE[a.peer]
@@ -283,6 +309,16 @@ def main(argv):
                                       f"sizes {what}"))
         if nranks > 2 and a.baseline:
             lines += [""] + oversubscribed(a, nranks)[0]
+        return finish(a, lines, pts, nranks, fer, peer)
+
+    if a.peer == "base":
+        # A before/after comparison of two builds: no targets, only what changed.
+        lines += [f"## This build against the base build ({nranks} ranks)", "",
+                  "ratio = this build's busbw over the base build's (above 1: this build is faster), every",
+                  "collective and placement.", ""]
+        for lo, hi, what in BASE_BANDS:
+            lines.append(band_summary(sel(lambda c, s, pl: s >= lo and (hi is None or s < hi)), f"sizes {what}"))
+        lines.append(lost_points(sel(lambda c, s, pl: True), a.noise))
         return finish(a, lines, pts, nranks, fer, peer)
 
     # ---- verdicts against shared/PERF.md

@@ -3,10 +3,12 @@
 # and the peer alternately (ferroccl, peer, ferroccl, peer, ...) over the same
 # collectives and sizes, and prints ferroccl/peer ratios per collective and size with
 # verdicts against shared/PERF.md's targets, or, against the ideal peer (the bare data
-# movement), how close ferroccl comes to it (see bench/compare/README.md).
+# movement), how close ferroccl comes to it, or, against another build of ferroccl
+# (--peer base --base PATH), which points this build lost (see tools/compare/README.md).
 #
-#   bench/compare/run.sh [--peer ompi|gloo|ideal|both|all] [--nranks N[,N...]] [-b MIN] [-e MAX]
-#                        [--reps R] [--rotate 0|1] [--transport auto|tcp] [--out DIR] [collectives...]
+#   tools/compare/run.sh [--peer ompi|gloo|ideal|both|all|base] [--base PATH] [--nranks N[,N...]]
+#                        [-b MIN] [-e MAX] [--reps R] [--rotate 0|1] [--transport auto|tcp]
+#                        [--out DIR] [collectives...]
 set -euo pipefail
 
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
@@ -14,9 +16,9 @@ root="$(cd "$here/../.." && pwd)"
 
 usage() {
     cat <<EOF
-usage: bench/compare/run.sh [--peer ompi|gloo|ideal|both|all] [--nranks N[,N...]] [-b MIN] [-e MAX]
-                            [--reps R] [--max-time S] [--rotate 0|1] [--transport auto|tcp]
-                            [--out DIR] [collectives...]
+usage: tools/compare/run.sh [--peer ompi|gloo|ideal|both|all|base] [--base PATH] [--nranks N[,N...]]
+                            [-b MIN] [-e MAX] [--reps R] [--max-time S] [--rotate 0|1]
+                            [--transport auto|tcp] [--out DIR] [collectives...]
 
 Runs ferroccl-bench and a peer alternately, R times each, over the same collectives
 and sizes (MIN, MIN*4, MIN*16, ... up to MAX, plus MAX itself when the factor 4 does
@@ -24,17 +26,22 @@ not land on it; default 8 .. 64M: 8 32 128 512 2K 8K 32K 128K 512K 2M 8M 32M 64M
 then prints per collective and size the busbw of both, the ratio ferroccl/peer (median
 of the ratios within each repetition), the time ratio for sizes <= 2K, and verdicts
 against shared/PERF.md's targets (for ideal instead: the median, range and lowest
-points of the ratios from 32K up). Tables and CSVs go to DIR/n<N>/ (default
-bench/compare/out).
+points of the ratios from 32K up; for base: the points this build lost). Tables and
+CSVs go to DIR/n<N>/ (default tools/compare/out).
 
-  --peer ompi|gloo|ideal|both|all
+  --peer ompi|gloo|ideal|both|all|base
                           peer (default ompi): Open MPI (Debian's openmpi-bin, the
-                          program bench/compare/ompi_bench.c), PyTorch's Gloo
-                          (bench/compare/gloo_bench.py in bench/compare/.venv), or
+                          program tools/compare/ompi_bench.c), PyTorch's Gloo
+                          (tools/compare/gloo_bench.py in tools/compare/.venv), or
                           ideal: the bare data movement, ompi_bench.c built with gcc
-                          against the shim in bench/compare/ideal (a measured
+                          against the shim in tools/compare/ideal (a measured
                           ceiling, not a target); both = ompi and gloo, all = ompi,
-                          gloo and ideal
+                          gloo and ideal; base: another build of ferroccl (--base),
+                          for a change's before and after
+  --base PATH             with --peer base: the other build, as its ferroccl-bench
+                          binary or a checkout whose target/release/ferroccl-bench is
+                          built there first (cargo build --release --bin
+                          ferroccl-bench; a no-op when up to date)
   --nranks N[,N...]       ranks (default 2); more than the cores is oversubscribed.
                           A list (2,4) runs each rank count in turn for every
                           collective of every repetition, so that a 4-rank figure
@@ -57,24 +64,26 @@ bench/compare/out).
                           so ferroccl's TCP path is measured over loopback (against
                           Gloo, which always uses TCP). FERROCCL_NSOCKS, when set,
                           goes with it
-  --out DIR               output directory (default bench/compare/out)
+  --out DIR               output directory (default tools/compare/out)
   collectives             any of ferroccl-bench's: all_reduce broadcast reduce
                           all_gather reduce_scatter all_to_all all_to_allv gather
                           scatter send_recv, or all (default all)
 
 Installs on first use: openmpi-bin and libopenmpi-dev with apt-get (root) when mpicc
-is missing; torch from PyPI into bench/compare/.venv (about 5 GB with its CUDA
+is missing; torch from PyPI into tools/compare/.venv (about 5 GB with its CUDA
 dependencies: PyPI has no CPU-only torch for Linux x86_64).
 EOF
 }
 
-peer=ompi nranks=2 minb=8 maxb=64M reps=3 max_time=0.25 rotate=1 transport=auto out="$here/out"
+peer=ompi base="" nranks=2 minb=8 maxb=64M reps=3 max_time=0.25 rotate=1 transport=auto out="$here/out"
 colls=()
 while [ $# -gt 0 ]; do
     case "$1" in
     -h | --help) usage; exit 0 ;;
     --peer) peer="$2"; shift 2 ;;
     --peer=*) peer="${1#*=}"; shift ;;
+    --base) base="$2"; shift 2 ;;
+    --base=*) base="${1#*=}"; shift ;;
     --nranks | --np) nranks="$2"; shift 2 ;;
     --nranks=*) nranks="${1#*=}"; shift ;;
     -b) minb="$2"; shift 2 ;;
@@ -92,11 +101,14 @@ while [ $# -gt 0 ]; do
     esac
 done
 case "$peer" in
-ompi | gloo | ideal) peers=("$peer") ;;
+ompi | gloo | ideal | base) peers=("$peer") ;;
 both) peers=(ompi gloo) ;;
 all) peers=(ompi gloo ideal) ;;
-*) echo "run.sh: --peer ompi, gloo, ideal, both or all, not $peer" >&2; exit 2 ;;
+*) echo "run.sh: --peer ompi, gloo, ideal, both, all or base, not $peer" >&2; exit 2 ;;
 esac
+[ "$peer" != base ] || [ -n "$base" ] ||
+    { echo "run.sh: --peer base needs --base PATH: the other build's ferroccl-bench or its checkout" >&2; exit 2; }
+[ -z "$base" ] || [ "$peer" = base ] || { echo "run.sh: --base goes with --peer base" >&2; exit 2; }
 [[ "$nranks" =~ ^[1-9][0-9]*(,[1-9][0-9]*)*$ ]] ||
     { echo "run.sh: --nranks needs a number >= 1 or a list of them (2,4), not $nranks" >&2; exit 2; }
 IFS=, read -r -a nlist <<<"$nranks"
@@ -144,12 +156,12 @@ if [[ " ${peers[*]} " == *" ompi "* ]]; then
         log "apt-get took $((SECONDS - t0)) s"
     fi
     if [ ! -x "$ompi_bin" ] || [ "$here/ompi_bench.c" -nt "$ompi_bin" ]; then
-        log "mpicc -O2 bench/compare/ompi_bench.c"
+        log "mpicc -O2 tools/compare/ompi_bench.c"
         mkdir -p "$(dirname "$ompi_bin")"
         mpicc -O2 -Wall -o "$ompi_bin" "$here/ompi_bench.c"
     fi
 fi
-# The ideal peer is the same harness program built against bench/compare/ideal's shim
+# The ideal peer is the same harness program built against tools/compare/ideal's shim
 # instead of MPI: gcc only, nothing to install. It is rebuilt when any of its three
 # sources changed, as ompi_bench.c is shared with the Open MPI side.
 ideal_bin="$root/target/compare/ideal_bench"
@@ -157,16 +169,31 @@ if [[ " ${peers[*]} " == *" ideal "* ]]; then
     command -v gcc >/dev/null || { echo "run.sh: --peer ideal needs gcc" >&2; exit 2; }
     if [ ! -x "$ideal_bin" ] || [ "$here/ompi_bench.c" -nt "$ideal_bin" ] ||
         [ "$here/ideal/ideal_mpi.c" -nt "$ideal_bin" ] || [ "$here/ideal/mpi.h" -nt "$ideal_bin" ]; then
-        log "gcc -O3 -march=native -DFCCL_IDEAL bench/compare/ompi_bench.c bench/compare/ideal/ideal_mpi.c"
+        log "gcc -O3 -march=native -DFCCL_IDEAL tools/compare/ompi_bench.c tools/compare/ideal/ideal_mpi.c"
         mkdir -p "$(dirname "$ideal_bin")"
         gcc -O3 -march=native -Wall -Werror -DFCCL_IDEAL -I"$here/ideal" -o "$ideal_bin" \
             "$here/ompi_bench.c" "$here/ideal/ideal_mpi.c"
     fi
 fi
+# The base peer is ferroccl-bench of another build (it links ferroccl statically, so
+# the binary is the whole build); a checkout is built first, as this one is above.
+base_bin=""
+if [ "$peer" = base ]; then
+    if [ -d "$base" ]; then
+        log "cargo build --release --bin ferroccl-bench in $base (the base build)"
+        (cd "$base" && cargo build --release --quiet --bin ferroccl-bench) >&2
+        base_bin="$(cd "$base" && pwd)/target/release/ferroccl-bench"
+    else
+        base_bin="$base"
+    fi
+    [ -x "$base_bin" ] || { echo "run.sh: --base $base: no ferroccl-bench at $base_bin" >&2; exit 2; }
+    [ "$(readlink -f "$base_bin")" != "$(readlink -f "$fbench")" ] ||
+        { echo "run.sh: --base names this build's own ferroccl-bench ($fbench)" >&2; exit 2; }
+fi
 venv="$here/.venv"
 if [[ " ${peers[*]} " == *" gloo "* ]]; then
     if ! "$venv/bin/python" -c 'import torch.distributed as d; assert d.is_gloo_available()' 2>/dev/null; then
-        log "installing torch from PyPI into bench/compare/.venv (about 5 GB with its CUDA dependencies)"
+        log "installing torch from PyPI into tools/compare/.venv (about 5 GB with its CUDA dependencies)"
         t0=$SECONDS
         python3 -m venv "$venv"
         "$venv/bin/pip" install -q torch numpy >&2
@@ -175,7 +202,7 @@ if [[ " ${peers[*]} " == *" gloo "* ]]; then
 fi
 
 # ---- run, alternating
-log "ferroccl's side: FERROCCL_TRANSPORT=$transport${FERROCCL_NSOCKS:+ FERROCCL_NSOCKS=$FERROCCL_NSOCKS}"
+log "ferroccl's side${base_bin:+ and the base build}: FERROCCL_TRANSPORT=$transport${FERROCCL_NSOCKS:+ FERROCCL_NSOCKS=$FERROCCL_NSOCKS}"
 for n in "${nlist[@]}"; do
     dir="$out/n$n"
     mkdir -p "$dir"
@@ -197,6 +224,7 @@ run_side() { # side rep coll nranks: appends every sweep's rows of one collectiv
         ompi) mpirun --allow-run-as-root --oversubscribe -np "$n" "$ompi_bin" $sw "${common[@]}" --csv "$tmp" "$coll" ;;
         gloo) "$venv/bin/python" "$here/gloo_bench.py" --nranks "$n" $sw "${common[@]}" --csv "$tmp" "$coll" ;;
         ideal) "$ideal_bin" --np "$n" $sw "${common[@]}" --csv "$tmp" "$coll" ;;
+        base) FERROCCL_TRANSPORT="$transport" "$base_bin" --nranks "$n" $sw "${common[@]}" --csv "$tmp" "$coll" ;;
         esac >> "$dir/$side.rep$rep.log" 2>&1 || { echo "run.sh: $side $coll failed (rep $rep); see $dir/$side.rep$rep.log" >&2; tail -5 "$dir/$side.rep$rep.log" >&2; return 1; }
         if [ -s "$dst" ]; then tail -n +2 "$tmp" >> "$dst"; else cat "$tmp" > "$dst"; fi
     done
