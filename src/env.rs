@@ -63,6 +63,8 @@ pub const TRANSPORT: Var = Var {
     default: "auto",
     doc: "auto (shared memory on one host, TCP between hosts) or tcp (TCP everywhere)",
 };
+/// The most sockets one TCP link may have (`transport::tcp::MAX_SOCKS`): FERROCCL_NSOCKS's upper bound.
+pub const NSOCKS_MAX: usize = 16;
 pub const NSOCKS: Var = Var {
     name: "FERROCCL_NSOCKS",
     default: "1",
@@ -113,6 +115,11 @@ pub const SPLIT_COPY: Var = Var {
     name: "FERROCCL_SPLIT_COPY",
     default: "1",
     doc: "1: a single-copy message of 256 KiB and more whose destination the sender can write too (a buffer from fcclMemAllocHost, or any buffer of ranks that are threads of one process) is copied by the sender and the receiver together, in 64 KiB pieces that both take from a shared counter, so two cores share a copy that one did (broadcast, whose root's own copy out of place goes with the pieces, gather, scatter, send/recv); and the blocks of an in-place all_to_all of 64 KiB and more are swapped between the two ranks' buffers by both ranks where each can write the other's (every byte read and written once), as are an fcclSend and an fcclRecv with one peer over the same buffer in a group; and a 2-rank all_reduce of 256 KiB and more in place (one rank out of place: from 512 KiB to 16 MiB) has both ranks reduce pieces of the whole vector and write each result into both recvbuffs; and all_reduce, reduce and reduce_scatter of 64 KiB and more at 3 ranks and more (at 2 ranks: reduce, and all_reduce with both ranks out of place, from 512 KiB), and broadcast of 256 KiB and more with the root in place at 3 ranks and more, where every rank's buffers can be mapped by every other, have all ranks take pieces of the vector, reduce each from every rank's input (or read it from the root's) and write it straight into the recvbuffs that take it; 0: the receiver copies alone, those blocks go through the shared rings, and the reductions take their pipelined path",
+};
+pub const HOST_PLAN: Var = Var {
+    name: "FERROCCL_HOST_PLAN",
+    default: "",
+    doc: "changes thresholds of the host data plane (which path a call takes, piece sizes), as name=bytes pairs separated by commas, e.g. direct_min=64K,split_min=1M; every rank must see the same values. The names, defaults and invariants are the table in src/backend/host/plan.rs (docs/design/host.md); a value that breaks an invariant is refused with a warning",
 };
 pub const TORCH_RANK: Var = Var {
     name: "RANK",
@@ -222,6 +229,7 @@ pub const ALL: &[&Var] = &[
     &STREAM_MIN,
     &REUSE_MAX,
     &SPLIT_COPY,
+    &HOST_PLAN,
     &TORCH_RANK,
     &TORCH_WORLD_SIZE,
     &TORCH_MASTER_ADDR,
@@ -340,7 +348,7 @@ fn nsocks_from(
     per_thread: Option<String>,
     threads: Option<String>,
 ) -> crate::error::Result<usize> {
-    let max = crate::transport::tcp::MAX_SOCKS;
+    let max = NSOCKS_MAX;
     let parse = |var: &Var, v: &str, hi: usize| {
         v.trim().parse::<usize>().ok().filter(|n| (1..=hi).contains(n)).ok_or_else(|| {
             crate::error::Error::invalid_arg(format!(
@@ -352,7 +360,7 @@ fn nsocks_from(
     if let Some(v) = own {
         return parse(&NSOCKS, &v, max);
     }
-    // NCCL allows up to 64 sockets per link in all; ferroccl's links take at most MAX_SOCKS.
+    // NCCL allows up to 64 sockets per link in all; ferroccl's links take at most NSOCKS_MAX.
     let per = per_thread.map(|v| parse(&NCCL_NSOCKS_PERTHREAD, &v, 64)).transpose()?;
     let threads = threads.map(|v| parse(&NCCL_SOCKET_NTHREADS, &v, 16)).transpose()?;
     if per.is_some() || threads.is_some() {

@@ -159,7 +159,7 @@ impl Launch {
         let root_addr = id.addr().map(|a| a.to_string()).unwrap_or_default();
         let mut children: Vec<Option<Child>> = Vec::new();
         let mut pipes = Vec::new();
-        let cpus = if self.bind { crate::transport::board::allowed_cpus() } else { Vec::new() };
+        let cpus = if self.bind { crate::sys::allowed_cpus() } else { Vec::new() };
         let binding = cpus.len() >= self.nranks;
         for r in 0..self.nranks {
             let direct = self.inherit_rank0 && r == 0;

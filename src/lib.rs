@@ -17,5 +17,6 @@ pub mod ffi;
 pub mod launch;
 pub mod log;
 pub mod mem;
+pub mod sys;
 pub mod transport;
 pub mod types;

@@ -17,7 +17,7 @@
 //! axis; all_reduce over a wire type, whose rounding follows the host algorithm's cut
 //! of the whole vector; groups, whose calls run as one host schedule) is staged whole.
 
-use super::host::{self, algorithms, engine::RunCtl, Call};
+use super::host::{self, algo, engine::RunCtl, Call};
 use super::Exec;
 use crate::coll::{Coll, CollKind, VCounts};
 use crate::error::{Error, Result};
@@ -242,7 +242,7 @@ fn agree(
         let whole = Call { coll: c.clone(), seq: seq(x) };
         let what = || format!("{} #{} on rank {rank}", c.kind.c_name(), call.seq);
         let ctl = RunCtl { timeout: x.timeout, abort: x.abort, what: &what };
-        if let Some((_, Some(e))) = algorithms::alltoallv_agree(x.t, &[&whole], &ctl)?.pop() {
+        if let Some((_, Some(e))) = algo::alltoallv_agree(x.t, &[&whole], &ctl)?.pop() {
             return Ok(Some(e));
         }
     }

@@ -43,7 +43,7 @@ struct Info {
 /// This process's CPUs as Info describes them (an unreadable mask counts as "more").
 fn cpu_mask() -> ([u8; 32], bool) {
     let mut m = [0u8; 32];
-    let cpus = crate::transport::board::allowed_cpus();
+    let cpus = crate::sys::allowed_cpus();
     let mut more = cpus.is_empty();
     for c in cpus {
         if c < 256 {
@@ -261,7 +261,7 @@ pub fn connect(
     // How many CPUs the ranks of this host may use together: ranks pinned one per
     // CPU (ferroccl-run --bind core) are not oversubscribed, though each may use one.
     let local_cpus = if infos.iter().zip(&local).any(|(i, &l)| l && i.more_cpus) {
-        crate::transport::board::available_cpus().max(local_ranks)
+        crate::sys::available_cpus().max(local_ranks)
     } else {
         let mut union = [0u8; 32];
         for (i, _) in infos.iter().zip(&local).filter(|(_, &l)| l) {
@@ -269,13 +269,8 @@ pub fn connect(
         }
         union.iter().map(|b| b.count_ones() as usize).sum::<usize>().max(1)
     };
-    let t = Transport::new(rank, nranks, links, my_seg_arc);
     // With every rank on this host, collectives announce themselves on the board.
-    let t = match segs.into_iter().collect::<Option<Vec<_>>>() {
-        Some(all) if nranks > 1 => t.with_board(all),
-        _ => t,
-    };
-    let t = t.with_local_ranks(local_ranks, local_cpus);
+    let t = Transport::new(rank, nranks, links, segs).with_local_ranks(local_ranks, local_cpus);
     crate::log::info(format_args!(
         "rank {rank}: {local_ranks} ranks on this host share {local_cpus} CPUs; waits spin {} us, then yield until {} us, then sleep",
         t.policy.spin.as_micros(),

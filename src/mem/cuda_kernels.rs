@@ -27,7 +27,7 @@ pub struct Reduction {
     pub dtype: DataType,
     pub op: RedOp,
     /// all_reduce over a narrower wire type (float32 or float64 data): the host's
-    /// wire semantics (`backend::host::algorithms::allreduce_wire`).
+    /// wire semantics (`backend::host::algo::allreduce_wire`).
     pub wire: Option<DataType>,
 }
 

@@ -19,7 +19,9 @@
 //! Waiting spins briefly, then sleeps on the waiter's own doorbell; a publisher wakes
 //! peers only when they announced that they sleep (no system call otherwise).
 
-use super::shm::Segment;
+use super::failure::{blame, cause_of, wait_word, BLAME_GAP, WAIT_TEAM};
+use super::shm::segment::{self, Segment};
+use super::wait::SpinPolicy;
 use crate::error::{Error, Result};
 use std::sync::atomic::{fence, AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
@@ -44,54 +46,8 @@ const BOARD_HDR: usize = 4096;
 /// Words of rank 0's board header that all ranks share (see [`Board::team_word`]).
 pub const TEAM_WORDS: usize = 4;
 const _: () = assert!(TEAM_WORDS * 64 <= BOARD_HDR);
-/// Size of a rank's board.
-pub const BOARD_BYTES: usize = BOARD_HDR + SLOTS * SLOT_BYTES;
-
-/// How long a waiter spins before it yields, and before it sleeps.
-#[derive(Clone, Copy)]
-pub struct SpinPolicy {
-    pub spin: Duration,
-    pub yield_until: Duration,
-    /// More ranks than CPUs: ranks take turns on cores.
-    pub shares_cores: bool,
-}
-
-impl SpinPolicy {
-    /// With at least a core per rank, spinning wins: the peer is microseconds away.
-    /// But not for long: the scheduler sometimes leaves two ranks on one CPU while
-    /// another idles, and then every wait lasts as long as the spin (a 50 us spin made
-    /// each small call take 55 us in that state; 20 us keeps it bounded while a wait
-    /// of a few microseconds still never leaves the CPU). With more ranks than cores,
-    /// a spinning rank takes the core its peer needs, so it yields almost at once and
-    /// soon sleeps.
-    ///
-    /// `cpus` is how many CPUs the ranks of this host may run on together: each rank
-    /// pinned to its own CPU still has a CPU per rank.
-    pub fn for_ranks(local_ranks: usize, cpus: usize) -> SpinPolicy {
-        if local_ranks > cpus {
-            SpinPolicy { spin: Duration::from_micros(2), yield_until: Duration::from_micros(20), shares_cores: true }
-        } else {
-            SpinPolicy { spin: Duration::from_micros(20), yield_until: Duration::from_micros(300), shares_cores: false }
-        }
-    }
-}
-
-/// How many CPUs this process may use (its affinity mask and CPU quota).
-pub fn available_cpus() -> usize {
-    std::thread::available_parallelism().map_or(1, |n| n.get())
-}
-
-/// The CPUs this process's affinity mask allows, in order (empty if it cannot be read).
-pub fn allowed_cpus() -> Vec<usize> {
-    // SAFETY: a zeroed cpu_set_t is a valid empty set; sched_getaffinity fills it.
-    unsafe {
-        let mut set: libc::cpu_set_t = std::mem::zeroed();
-        if libc::sched_getaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &mut set) != 0 {
-            return Vec::new();
-        }
-        (0..libc::CPU_SETSIZE as usize).filter(|&c| libc::CPU_ISSET(c, &set)).collect()
-    }
-}
+// The segment's layout (`shm::segment`) owns the board's size; the slots fill it.
+const _: () = assert!(BOARD_HDR + SLOTS * SLOT_BYTES == segment::BOARD_BYTES);
 
 /// One rank's view of the boards of all ranks of a communicator on one host.
 pub struct Board {
@@ -243,8 +199,7 @@ impl Board {
 
     /// Wakes the peers that sleep in a wait (after a store they wait for), as
     /// `publish` does. `publish` keeps its own copy of these lines, so that the code
-    /// of every small call stays as measured (calling this from it, always inlined,
-    /// measured 0.92-1.05x, 11 alternating runs: not worth the doubt).
+    /// of every small call stays as it was measured.
     pub fn notify_peers(&self) {
         // Pairs with sleep_unless: either a sleeping peer is seen and woken, or the
         // peer sees the store before it sleeps.
@@ -276,11 +231,11 @@ impl Board {
     }
 
     /// The ranks a timed-out wait for `waited` (the whole team when empty) comes down
-    /// to (see `shm::blame`).
+    /// to (see `failure::blame`).
     pub fn blame(&self, waited: &[usize]) -> Vec<usize> {
         let word = |p: usize| self.segs.get(p).map(|s| s.waiting().load(Ordering::Acquire));
         let own = Some(self.segs[self.rank].waiting());
-        super::shm::blame(self.rank, self.segs.len(), word, own, waited, super::BLAME_GAP)
+        blame(self.rank, self.segs.len(), word, own, waited, BLAME_GAP)
     }
 
     /// An error if a peer has marked itself failed or aborted (the failure flags in
@@ -331,7 +286,7 @@ pub struct Waiter<'a> {
     pub what: &'a dyn Fn() -> String,
     last_full_check: Option<Instant>,
     /// Ticks of the wait word this waiter publishes while it sleeps (see
-    /// `shm::Segment::waiting`).
+    /// `Segment::waiting`).
     tick: u32,
 }
 
@@ -414,7 +369,7 @@ impl<'a> Waiter<'a> {
                         self.timeout.as_millis(),
                         missing(),
                         b.rank,
-                        super::cause_of(b.rank, &culprits, &waited)
+                        cause_of(b.rank, &culprits, &waited)
                     ),
                 ));
             }
@@ -430,8 +385,8 @@ impl<'a> Waiter<'a> {
             let me = &b.segs[b.rank];
             // Say whom this rank waits for, for peers that time out to follow.
             self.tick = self.tick.wrapping_add(1);
-            let target = peer.map_or(super::shm::WAIT_TEAM, |p| p as u32 + 1);
-            me.waiting().store(super::shm::wait_word(target, self.tick), Ordering::Release);
+            let target = peer.map_or(WAIT_TEAM, |p| p as u32 + 1);
+            me.waiting().store(wait_word(target, self.tick), Ordering::Release);
             me.sleep_unless(|| ready(b) || self.abort.load(Ordering::Acquire), left);
             if ready(b) {
                 self.unpublish(b);

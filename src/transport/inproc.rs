@@ -27,7 +27,7 @@ pub fn build_with_ring(nranks: usize, ring: usize) -> Result<Vec<Transport>> {
                     })
                 })
                 .collect();
-            Transport::new(me, nranks, links, (nranks > 1).then(|| segs[me].clone())).with_board(segs.clone())
+            Transport::new(me, nranks, links, segs.iter().cloned().map(Some).collect())
         })
         .collect())
 }

@@ -1,13 +1,17 @@
 //! How bytes move between two ranks: the transport layer under the host backend.
 //!
-//! A [`Link`] is a pair of byte streams with one peer, exposed as regions so that
-//! algorithms copy (or reduce) straight between user buffers and the transport's
-//! memory. Three transports implement it: shared-memory rings between processes of
-//! one host ([`shm`]), the same rings in anonymous memory for ranks that are threads
-//! of one process ([`inproc`]), and TCP between hosts ([`tcp`]). Stream positions
-//! advance in multiples of 8 bytes; the framing above pads every message to that.
+//! A [`Link`] is a pair of byte streams with one peer, read and written in place
+//! so that the layer above copies (or reduces) straight between user buffers and the
+//! transport's memory. Links to peers of the same host offer more through
+//! [`PeerMemory`]: reading and writing the peer's buffers directly. Links whose bytes
+//! the kernel carries offer [`Io`]. Three transports implement them: shared-memory
+//! rings between processes of one host ([`shm`]), the same rings in anonymous memory
+//! for ranks that are threads of one process ([`inproc`]), and TCP between hosts
+//! ([`tcp`]). Stream positions advance in multiples of 8 bytes; the framing above
+//! pads every message to that. See docs/design/host.md.
 
 pub mod board;
+pub mod failure;
 pub mod inproc;
 pub mod shm;
 pub mod tcp;
@@ -15,12 +19,13 @@ pub mod wait;
 
 use crate::error::Result;
 use crate::mem::shared::Desc;
-use board::{Board, SpinPolicy};
+use board::Board;
 use shm::Segment;
 pub use shm::{Share, ShareDest};
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::Duration;
+use wait::SpinPolicy;
 
 /// One peer's pair of byte streams.
 pub trait Link: Send {
@@ -34,42 +39,6 @@ pub trait Link: Send {
     fn recv_avail(&mut self) -> &[u8];
     /// Releases the first `n` bytes (a multiple of 8) of the last `recv_avail`.
     fn recv_commit(&mut self, n: usize);
-    /// Moves buffered bytes to and from the OS (TCP); true when anything moved.
-    fn progress(&mut self) -> Result<bool> {
-        Ok(false)
-    }
-    /// An error naming the peer if it died or failed (may make system calls).
-    fn check_alive(&self) -> Result<()>;
-    /// Cheap check: an error naming the peer if it has marked itself failed.
-    fn check_flag(&self) -> Result<()> {
-        Ok(())
-    }
-    /// A number that changes whenever the peer writes into our incoming stream or
-    /// reads from our outgoing one (0 for transports that wake sleepers otherwise).
-    fn activity(&self) -> u64 {
-        0
-    }
-    /// Wakes the peer if it sleeps waiting for us (abort, failure).
-    fn wake_peer(&self) {}
-    /// The peer's wait word (see `shm::Segment::waiting`), where this rank can see it.
-    fn wait_word(&self) -> Option<u64> {
-        None
-    }
-    /// Socket to poll, for transports that have one.
-    fn poll_fd(&self) -> Option<i32> {
-        None
-    }
-    /// Tells the peer we are gone (TCP: shut the socket down).
-    fn shutdown(&mut self) {}
-    /// Tells the peer this rank failed, with its failure word's value `v` (see
-    /// [`shm::FAILED_TIMEOUT`]), where the peer cannot read that word (TCP).
-    fn tell_failed(&mut self, _v: u32) {}
-    /// Whether committed bytes still wait in this process for the OS to take them
-    /// (TCP): a run is not over until they are gone, or a peer waiting for them could
-    /// wait for as long as this rank makes no further call.
-    fn unsent(&self) -> bool {
-        false
-    }
     /// When the outgoing stream is empty (the peer has read everything) and its write
     /// position is at least `min` bytes into a ring, the number of bytes up to the
     /// ring's start. Skipping them makes the next message reuse the ring's first
@@ -80,107 +49,103 @@ pub trait Link: Send {
         let _ = min;
         None
     }
-    /// True when the peer can read this rank's memory directly, so a large message
-    /// may be sent as its address (single copy) instead of through the stream.
-    fn peer_reads_directly(&self) -> bool {
-        false
+    /// An error naming the peer if it has marked itself failed; with `deep`, also
+    /// if it died or the connection broke (may make system calls).
+    fn check(&self, deep: bool) -> Result<()>;
+    /// Tells the peer that this rank failed, with its failure word's value `v` (see
+    /// [`failure::FAILED_TIMEOUT`]), wakes it if it sleeps, and closes what the peer
+    /// would otherwise wait on.
+    fn fail(&mut self, v: u32);
+    /// The kernel's side of the link, for links whose bytes the kernel carries (TCP).
+    fn io(&mut self) -> Option<&mut dyn Io> {
+        None
     }
-    /// How many of this rank's direct messages the peer has finished reading.
-    fn direct_reads_done(&self) -> u64 {
-        0
+    /// What this rank can do with the peer's memory, for a peer on this host.
+    fn memory(&mut self) -> Option<&mut dyn PeerMemory> {
+        None
     }
-    /// Reads `len` bytes at `addr` of the peer's memory (a direct message) into `dst`.
-    fn read_direct(&self, addr: u64, dst: *mut u8, len: usize) -> Result<()> {
-        let _ = (addr, dst, len);
-        Err(crate::error::Error::internal("direct read on a link that does not support it"))
-    }
-    /// Tells the peer that one more of its direct messages has been read.
-    fn direct_read_done(&self) {}
-    /// Receiver: tells the peer that the first `bytes` of the direct message it
-    /// reads now (its next unfinished one) have been read, so the peer may
-    /// overwrite them (an in-place fcclSend that a receive of the same run lands
-    /// on, see `engine::InPlace`). Only for messages read in order, front to back.
-    fn report_read(&self, bytes: usize) {
-        let _ = bytes;
-    }
-    /// Sender: bytes of this rank's direct message `seq` (counted as
-    /// [`Link::direct_reads_done`] counts) that the peer has reported read with
-    /// [`Link::report_read`]; 0 when it has reported none.
-    fn peer_read(&self, seq: u64) -> usize {
-        let _ = seq;
-        0
-    }
-    /// Whether the link carries the peer's read reports ([`Link::direct_read_done`]),
-    /// so that a message may wait for its read: shared memory does, TCP does not
-    /// (it never sends by address, and its swap offers are done once written).
-    fn counts_reads(&self) -> bool {
-        false
-    }
-    /// True when the peer can map this rank's shared allocations (`mem::shared`),
+}
+
+/// A link whose bytes the kernel carries: buffered in this process until the kernel
+/// takes them, and waited for on a descriptor.
+pub trait Io {
+    /// Moves buffered bytes to and from the kernel; true when anything moved.
+    fn progress(&mut self) -> Result<bool>;
+    /// Whether committed bytes still wait in this process for the kernel to take
+    /// them: a run is not over until they are gone, or a peer waiting for them could
+    /// wait for as long as this rank makes no further call.
+    fn unsent(&self) -> bool;
+    /// The descriptor that becomes ready when the link can move bytes.
+    fn fd(&self) -> i32;
+}
+
+/// Why a rank writes into a peer's buffer (see [`PeerMemory::writable`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Write {
+    /// Swapping blocks of an exchange in place with the peer's.
+    Swap,
+    /// Writing a broadcast root's own copy of the message it sends this rank.
+    Tee,
+}
+
+/// A peer on this host whose memory this rank can reach: a large message may then go
+/// by its address (single copy) instead of through the stream, and both ranks may
+/// work on each other's buffers. "Direct messages" are messages sent by address:
+/// their sender's step is done once the receiver reports them read. See
+/// docs/design/host.md, "Single copy" and "Split copies".
+pub trait PeerMemory {
+    /// Sender: whether the peer can read any of this rank's memory directly.
+    fn peer_reads(&self) -> bool;
+    /// Sender: whether the peer can map this rank's shared allocations (`mem::shared`),
     /// so a large message out of one may be sent by its place in it.
-    fn peer_maps(&self) -> bool {
-        false
-    }
-    /// Where this rank reads, with ordinary loads, the `len` bytes of a direct
-    /// message at `addr` of the peer (inside its shared allocation `shared`, when
-    /// the message names one): None when only `read_direct` reaches them.
-    fn direct_source(&mut self, addr: u64, len: usize, shared: Option<&Desc>) -> Result<Option<*const u8>> {
-        let _ = (addr, len, shared);
-        Ok(None)
-    }
+    fn peer_maps(&self) -> bool;
+    /// Sender: how many of this rank's direct messages the peer has finished reading.
+    fn reads_done(&self) -> u64;
+    /// Sender: bytes of this rank's direct message `seq` (counted as
+    /// [`PeerMemory::reads_done`] counts) that the peer has reported read with
+    /// [`PeerMemory::report_read`]; 0 when it has reported none.
+    fn peer_read(&self, seq: u64) -> usize;
+    /// Receiver: where this rank reads, with ordinary loads, the `len` bytes of a
+    /// direct message at `addr` of the peer (inside its shared allocation `shared`,
+    /// when the message names one): None when only [`PeerMemory::read`] reaches them.
+    fn source(&mut self, addr: u64, len: usize, shared: Option<&Desc>) -> Result<Option<*const u8>>;
+    /// Receiver: reads `len` bytes at `addr` of the peer's memory into `dst`.
+    fn read(&self, addr: u64, dst: *mut u8, len: usize) -> Result<()>;
+    /// Receiver: tells the peer that one more of its direct messages has been read.
+    fn read_done(&self);
+    /// Receiver: tells the peer that the first `bytes` of the direct message it
+    /// reads now (its next unfinished one) have been read, so the peer may overwrite
+    /// them (an in-place fcclSend that a receive of the same run lands on). Only for
+    /// messages read in order, front to back.
+    fn report_read(&self, bytes: usize);
     /// Receiver: offers the peer a share in copying the next direct message it
     /// reads from the peer, `len` bytes into `dst` (`stream`: with streaming
     /// stores), when the peer can write there (see [`Share`]); the slot both take
     /// pieces from. None when the peer cannot, or split copies are off.
-    fn share_offer(&mut self, dst: *mut u8, len: usize, stream: bool) -> Option<Share> {
-        let _ = (dst, len, stream);
-        None
-    }
+    fn share_offer(&mut self, dst: *mut u8, len: usize, stream: bool) -> Option<Share>;
     /// Sender: the slot in which the peer offers shares of this rank's direct messages.
-    fn share_slot(&self) -> Option<Share> {
-        None
-    }
+    fn share_slot(&self) -> Option<Share>;
     /// Sender: where this process writes the destination the peer offered; None
     /// when it cannot (then the peer copies alone).
-    fn share_target(&mut self, dest: &ShareDest) -> Result<Option<*mut u8>> {
-        let _ = dest;
-        Ok(None)
-    }
-    /// Whether `len` bytes of ours at `at` can be swapped in place with a buffer of
-    /// the peer's (an in-place all_to_all): the peer can map them writable, and
-    /// this side has not failed to map the peer's buffers writable. Both sides
-    /// say so in their swap offers; the pair swaps only when both do.
-    fn swap_capable(&self, at: *const u8, len: usize) -> bool {
-        let _ = (at, len);
-        false
-    }
+    fn share_target(&mut self, dest: &ShareDest) -> Result<Option<*mut u8>>;
+    /// Whether the peer can write `len` bytes of ours at `at` (and this side has not
+    /// failed to map the peer's buffers writable): the condition of swaps and of a
+    /// broadcast root's copy written by its receiver. Both sides of a swap say so in
+    /// their offers; the pair swaps only when both do.
+    fn can_write(&self, at: *const u8, len: usize) -> bool;
     /// Where this process writes the `len` bytes at `addr` of the peer (inside its
-    /// shared allocation `shared`, when the peer named one) that a swap exchanges
-    /// with ours. Only asked after both sides said they can (`swap_capable`), so a
-    /// failure is an error.
-    fn swap_target(&mut self, addr: u64, len: usize, shared: Option<&Desc>) -> Result<*mut u8> {
-        let _ = (addr, len, shared);
-        Err(crate::error::Error::internal("swap on a link that does not support it"))
-    }
-    /// Where this process writes the `len` bytes at `addr` of the peer that a
-    /// broadcast root sending to this rank wants as its own copy of the message
-    /// (see `engine::K_DIRECT`). Only asked when the peer said it can be written
-    /// (`swap_capable` on its side), so a failure is an error.
-    fn tee_target(&mut self, addr: u64, len: usize, shared: Option<&Desc>) -> Result<*mut u8> {
-        let _ = (addr, len, shared);
-        Err(crate::error::Error::internal("a shared copy on a link that does not support it"))
-    }
-    /// Where this process reads (and, when `write`, writes) the peer's `len`
-    /// bytes at `addr` (inside its shared allocation `shared`, when the peer named
-    /// one) in a collective that every rank runs on every rank's buffers (see
-    /// `backend::host::mapped`). None where they cannot be mapped here: then this
-    /// rank leaves the work to the others, and `swap_capable` says no from then on,
-    /// so later calls keep off that path. Err only for a descriptor that does not
-    /// fit its allocation.
-    fn peer_buffer(&mut self, addr: u64, len: usize, shared: Option<&Desc>, write: bool) -> Result<Option<*mut u8>> {
-        let _ = (addr, len, shared, write);
-        Ok(None)
-    }
+    /// shared allocation `shared`, when the peer named one), for `why`. Only asked
+    /// after the peer said it can be written ([`PeerMemory::can_write`] on its side),
+    /// so a failure is an error.
+    fn writable(&mut self, addr: u64, len: usize, shared: Option<&Desc>, why: Write) -> Result<*mut u8>;
+    /// Where this process reads (and, when `write`, writes) the peer's `len` bytes
+    /// at `addr` (inside its shared allocation `shared`, when the peer named one) in
+    /// a collective that every rank runs on every rank's buffers (see
+    /// `backend::host::proto::mapped`). None where they cannot be mapped here: then
+    /// this rank leaves the work to the others, and `can_write` says no from then on,
+    /// so later calls keep off that path. Err only for a descriptor that does not fit
+    /// its allocation.
+    fn buffer(&mut self, addr: u64, len: usize, shared: Option<&Desc>, write: bool) -> Result<Option<*mut u8>>;
 }
 
 /// What a rank saw before it last looked for work (see [`Transport::seen`]).
@@ -192,7 +157,7 @@ pub struct Seen {
 
 /// A message header read from a peer's stream but not yet handed to a step: it
 /// may arrive in two pieces (the ring wraps inside it) and it may belong to a later
-/// call, so it outlives one engine run.
+/// call, so it outlives one run of the layer above.
 #[derive(Default, Clone, Copy)]
 pub struct PendingHeader {
     pub bytes: [u8; 16],
@@ -220,38 +185,22 @@ impl PendingHeader {
     }
 }
 
-/// The end of a timeout message: the ranks the wait comes down to, when they are not
-/// simply the ones it waited for.
-pub fn cause_of(me: usize, culprits: &[usize], waited: &[usize]) -> String {
-    let list = |v: &[usize]| v.iter().map(|p| p.to_string()).collect::<Vec<_>>().join(", ");
-    match culprits {
-        [] => String::new(),
-        [c] if waited == [*c] => format!(
-            "; rank {c} stopped making progress (it is stopped, hung, or slower than FERROCCL_TIMEOUT_MS allows)"
-        ),
-        [c] if waited.is_empty() => {
-            format!("; rank {c} stopped making progress while the others wait for it (it is stopped, hung, or slow)")
-        }
-        [c] => format!(
-            "; this comes down to rank {c}, which stopped making progress while the others wait for it (rank {me} waited for {})",
-            list(waited)
-        ),
-        cs => format!("; this comes down to ranks {}, which stopped making progress", list(cs)),
-    }
-}
-
-/// How long a timed-out rank watches the others' wait words: longer than a waiter's
-/// longest sleep between two ticks (20 ms).
-pub const BLAME_GAP: Duration = Duration::from_millis(60);
-
 /// All links of one rank of one communicator.
 pub struct Transport {
     pub rank: usize,
     pub nranks: usize,
     links: Vec<Option<Box<dyn Link>>>,
     pending: Vec<PendingHeader>,
+    /// Every rank's segment where it is reached through shared memory, by rank
+    /// (this rank's when any peer is).
+    segs: Vec<Option<Arc<Segment>>>,
     /// This rank's segment when any peer is reached through shared memory.
     my_seg: Option<Arc<Segment>>,
+    /// Peers whose links the kernel carries ([`Link::io`]), and their descriptors.
+    io: Vec<usize>,
+    fds: Vec<i32>,
+    /// Peers whose links offer [`PeerMemory`].
+    memory: Vec<bool>,
     /// The bulletin board, when every peer shares this host.
     pub board: Option<Board>,
     /// How waits spin, yield and sleep (depends on ranks per core).
@@ -267,7 +216,7 @@ impl PeerChecks<'_> {
     /// First error among peers that died or failed (may make system calls).
     pub fn alive(&self) -> Result<()> {
         for l in self.links.iter().flatten() {
-            l.check_alive()?;
+            l.check(true)?;
         }
         Ok(())
     }
@@ -275,24 +224,53 @@ impl PeerChecks<'_> {
     /// First error among peers that marked themselves failed (no system calls).
     pub fn flags(&self) -> Result<()> {
         for l in self.links.iter().flatten() {
-            l.check_flag()?;
+            l.check(false)?;
         }
         Ok(())
     }
 }
 
 impl Transport {
-    pub fn new(rank: usize, nranks: usize, links: Vec<Option<Box<dyn Link>>>, my_seg: Option<Arc<Segment>>) -> Self {
+    /// A rank's transport over `links` (by peer, None for itself). `segs` holds, by
+    /// rank, the segment of every rank reached through shared memory, this rank's
+    /// included when any peer is; when every rank has one, collectives announce
+    /// themselves on the bulletin board over them.
+    pub fn new(
+        rank: usize,
+        nranks: usize,
+        mut links: Vec<Option<Box<dyn Link>>>,
+        segs: Vec<Option<Arc<Segment>>>,
+    ) -> Self {
         debug_assert_eq!(links.len(), nranks);
-        let policy = SpinPolicy::for_ranks(nranks, board::available_cpus());
-        Transport { rank, nranks, links, my_seg, pending: vec![PendingHeader::default(); nranks], board: None, policy }
-    }
-
-    /// Adds the bulletin board over every rank's segment (all ranks on this host).
-    pub fn with_board(mut self, segs: Vec<Arc<Segment>>) -> Self {
-        debug_assert_eq!(segs.len(), self.nranks);
-        self.board = (self.nranks > 1).then(|| Board::new(self.rank, segs, self.policy));
-        self
+        debug_assert_eq!(segs.len(), nranks);
+        let policy = SpinPolicy::for_ranks(nranks, crate::sys::available_cpus());
+        let my_seg = segs[rank].clone().filter(|_| nranks > 1);
+        let (mut io, mut fds, mut memory) = (Vec::new(), Vec::new(), vec![false; nranks]);
+        for (p, l) in links.iter_mut().enumerate() {
+            let Some(l) = l else { continue };
+            if let Some(k) = l.io() {
+                io.push(p);
+                fds.push(k.fd());
+            }
+            memory[p] = l.memory().is_some();
+        }
+        let board = match segs.iter().cloned().collect::<Option<Vec<_>>>() {
+            Some(all) if nranks > 1 => Some(Board::new(rank, all, policy)),
+            _ => None,
+        };
+        Transport {
+            rank,
+            nranks,
+            links,
+            pending: vec![PendingHeader::default(); nranks],
+            segs,
+            my_seg,
+            io,
+            fds,
+            memory,
+            board,
+            policy,
+        }
     }
 
     /// Sets how waits behave given `local_ranks` ranks on this host, which may run
@@ -305,11 +283,11 @@ impl Transport {
         self
     }
 
-    /// Whether the link to `peer` reports reads (shared memory): where it does not
-    /// (TCP), nothing goes by address, so schedules need not offer exchanges in
-    /// place. The same on both ends of a link.
-    pub fn counts_reads(&self, peer: usize) -> bool {
-        self.links[peer].as_deref().is_some_and(|l| l.counts_reads())
+    /// Whether the link to `peer` offers [`PeerMemory`] (shared memory): where it
+    /// does not (TCP), nothing goes by address, so schedules need not offer exchanges
+    /// in place. The same on both ends of a link.
+    pub fn shares_memory(&self, peer: usize) -> bool {
+        self.memory[peer]
     }
 
     /// The link to `peer` (never self).
@@ -322,24 +300,27 @@ impl Transport {
         (self.links[peer].as_deref_mut().expect("no link to self"), &mut self.pending[peer])
     }
 
-    /// TCP progress on every link; true when anything moved.
+    /// The kernel's progress on every link it carries; true when anything moved.
     pub fn progress_io(&mut self) -> Result<bool> {
         let mut moved = false;
-        for l in self.links.iter_mut().flatten() {
-            moved |= l.progress()?;
+        for &p in &self.io {
+            if let Some(io) = self.links[p].as_deref_mut().and_then(|l| l.io()) {
+                moved |= io.progress()?;
+            }
         }
         Ok(moved)
     }
 
-    /// Whether a link holds committed bytes the OS has not taken yet ([`Link::unsent`]).
-    pub fn unsent(&self) -> bool {
-        self.links.iter().flatten().any(|l| l.unsent())
+    /// Whether a link holds committed bytes the kernel has not taken yet ([`Io::unsent`]).
+    pub fn unsent(&mut self) -> bool {
+        let Transport { io, links, .. } = self;
+        io.iter().any(|&p| links[p].as_deref_mut().and_then(|l| l.io()).is_some_and(|io| io.unsent()))
     }
 
     /// What to pass to [`Transport::sleep`], read before checking for work: the
     /// doorbell, and with `activity` (only a rank about to sleep needs it: loading
     /// the peers' ring positions on every poll would take their cache lines) the
-    /// links' [`Link::activity`].
+    /// rings' positions.
     pub fn seen(&self, activity: bool) -> Seen {
         Seen {
             doorbell: self.my_seg.as_ref().map_or(0, |s| s.doorbell().load(Ordering::SeqCst)),
@@ -347,8 +328,16 @@ impl Transport {
         }
     }
 
+    /// A number that changes whenever a peer writes into one of this rank's
+    /// incoming rings or reads from one of its outgoing ones.
     fn activity(&self) -> u64 {
-        self.links.iter().flatten().fold(0u64, |a, l| a.wrapping_add(l.activity()))
+        let Some(mine) = &self.my_seg else { return 0 };
+        let me = self.rank;
+        let peers = self.segs.iter().enumerate().filter(|&(p, _)| p != me);
+        peers.filter_map(|(p, s)| s.as_ref().map(|s| (p, s))).fold(0u64, |a, (p, s)| {
+            let head = mine.ring_head(p).load(Ordering::Acquire);
+            a.wrapping_add(head.wrapping_add(s.ring_tail(me).load(Ordering::Acquire)))
+        })
     }
 
     /// Sleeps until a peer signals progress, at most `timeout`; `seen` must have
@@ -359,14 +348,7 @@ impl Transport {
             return;
         };
         let seen = seen.doorbell;
-        let fds: Vec<libc::pollfd> = self
-            .links
-            .iter()
-            .flatten()
-            .filter_map(|l| l.poll_fd())
-            .map(|fd| libc::pollfd { fd, events: libc::POLLIN | libc::POLLOUT, revents: 0 })
-            .collect();
-        if fds.is_empty() {
+        if self.fds.is_empty() {
             if let Some(s) = &self.my_seg {
                 s.sleep(seen, || self.activity() != activity, timeout);
             } else {
@@ -374,9 +356,10 @@ impl Transport {
             }
             return;
         }
+        let mut fds: Vec<libc::pollfd> =
+            self.fds.iter().map(|&fd| libc::pollfd { fd, events: libc::POLLIN | libc::POLLOUT, revents: 0 }).collect();
         // With both kinds of links, poll briefly so shared-memory peers are not starved.
         let ms = if self.my_seg.is_some() { 1 } else { timeout.as_millis().clamp(1, 50) as i32 };
-        let mut fds = fds;
         // SAFETY: fds is a valid array of pollfd for the duration of the call.
         unsafe { libc::poll(fds.as_mut_ptr(), fds.len() as libc::nfds_t, ms) };
     }
@@ -386,7 +369,7 @@ impl Transport {
     pub fn check_peers_of(&self, peers: &[usize]) -> Result<()> {
         for &p in peers {
             if let Some(l) = self.links.get(p).and_then(Option::as_ref) {
-                l.check_alive()?;
+                l.check(true)?;
             }
         }
         Ok(())
@@ -411,8 +394,8 @@ impl Transport {
         }
     }
 
-    /// Publishes whom a slow wait of this rank waits for (`shm::wait_word`; 0 when it
-    /// ends), for peers that time out to follow (see [`Transport::blame`]).
+    /// Publishes whom a slow wait of this rank waits for (`failure::wait_word`; 0
+    /// when it ends), for peers that time out to follow (see [`Transport::blame`]).
     pub fn set_waiting(&self, word: u64) {
         if let Some(s) = &self.my_seg {
             s.waiting().store(word, Ordering::Release);
@@ -420,10 +403,15 @@ impl Transport {
     }
 
     /// The ranks a timed-out wait for `start` (the whole team when empty) comes down
-    /// to (see `shm::blame`); takes about 60 ms.
+    /// to (see `failure::blame`); takes about 60 ms.
     pub fn blame(&self, start: &[usize]) -> Vec<usize> {
-        let word = |p: usize| self.links.get(p).and_then(|l| l.as_deref()).and_then(|l| l.wait_word());
-        shm::blame(self.rank, self.nranks, word, self.my_seg.as_deref().map(|s| s.waiting()), start, BLAME_GAP)
+        let me = self.rank;
+        let word = |p: usize| {
+            let seg = self.segs.get(p).and_then(Option::as_ref).filter(|_| p != me);
+            seg.map(|s| s.waiting().load(Ordering::Acquire))
+        };
+        let own = self.my_seg.as_deref().map(|s| s.waiting());
+        failure::blame(me, self.nranks, word, own, start, failure::BLAME_GAP)
     }
 
     /// A handle that can wake this rank from any thread.
@@ -437,15 +425,13 @@ impl Transport {
     pub fn mark_failed(&mut self, culprit: Option<usize>, timed_out: bool) {
         let mut v = culprit.unwrap_or(self.rank) as u32 + 1;
         if timed_out && culprit.is_some_and(|c| c != self.rank) {
-            v |= shm::FAILED_TIMEOUT;
+            v |= failure::FAILED_TIMEOUT;
         }
         if let Some(s) = &self.my_seg {
             let _ = s.failed().compare_exchange(0, v, Ordering::AcqRel, Ordering::Acquire);
         }
         for l in self.links.iter_mut().flatten() {
-            l.tell_failed(v);
-            l.wake_peer();
-            l.shutdown();
+            l.fail(v);
         }
     }
 }

@@ -10,7 +10,7 @@
 //! epoll instance per link tells the engine which of them are ready, and is the one
 //! descriptor it sleeps on.
 
-use super::Link;
+use super::{Io, Link};
 use crate::error::{Error, Result};
 use std::cell::RefCell;
 use std::io::{ErrorKind, Read, Write};
@@ -19,7 +19,7 @@ use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
 use std::time::{Duration, Instant};
 
 /// The most sockets one link may have (FERROCCL_NSOCKS's upper bound).
-pub const MAX_SOCKS: usize = 16;
+pub const MAX_SOCKS: usize = crate::env::NSOCKS_MAX;
 /// Bytes of the stream dealt to one socket before the next takes over.
 pub const CHUNK: usize = 256 << 10;
 /// Staging ring each way; a multiple of [`CHUNK`], so no chunk wraps around it.
@@ -226,7 +226,7 @@ impl TcpLink {
         let Some(n) = &self.notices else { return Ok(()) };
         let mut n = n.borrow_mut();
         match if wait.is_zero() { n.poll() } else { n.poll_until(wait) } {
-            Some(v) => Err(super::shm::failure(self.peer, v)),
+            Some(v) => Err(super::failure::failure(self.peer, v)),
             None => Ok(()),
         }
     }
@@ -393,6 +393,47 @@ impl TcpLink {
     }
 }
 
+impl TcpLink {
+    /// An error naming the peer if its stream ended or the failure it reported.
+    fn check_alive(&self) -> Result<()> {
+        self.check_stream().map_err(|e| self.reported(Duration::from_millis(50)).err().unwrap_or(e))
+    }
+
+    /// An error if a send failed where it could not be returned, or the peer reported
+    /// a failure (no waiting).
+    fn check_flag(&self) -> Result<()> {
+        if let Some(why) = &self.failed {
+            return Err(Error::remote_rank(self.peer, why.clone()));
+        }
+        self.reported(Duration::ZERO)
+    }
+
+    /// Writes this rank's failure notice `v` once (see [`Notices`]).
+    fn tell_failed(&mut self, v: u32) {
+        if let Some(n) = &self.notices {
+            let mut n = n.borrow_mut();
+            if !n.told {
+                n.told = true;
+                let mut b = [0u8; 8];
+                b[0..4].copy_from_slice(&NOTICE_MAGIC.to_le_bytes());
+                b[4..8].copy_from_slice(&v.to_le_bytes());
+                // Eight bytes always fit in an unused socket's buffer; a dead peer is no loss.
+                let _ = n.sock.write_all(&b);
+            }
+        }
+    }
+
+    /// Shuts every socket down: the peer sees the link end.
+    fn shutdown(&mut self) {
+        for s in &self.socks {
+            let _ = s.stream.shutdown(std::net::Shutdown::Both);
+        }
+        if let Some(n) = &self.notices {
+            let _ = n.borrow().sock.shutdown(std::net::Shutdown::Write);
+        }
+    }
+}
+
 impl Link for TcpLink {
     fn peer(&self) -> usize {
         self.peer
@@ -437,51 +478,36 @@ impl Link for TcpLink {
         self.consumed += n as u64;
     }
 
+    fn check(&self, deep: bool) -> Result<()> {
+        if deep {
+            self.check_alive()
+        } else {
+            self.check_flag()
+        }
+    }
+
+    fn fail(&mut self, v: u32) {
+        self.tell_failed(v);
+        self.shutdown();
+    }
+
+    fn io(&mut self) -> Option<&mut dyn Io> {
+        Some(self)
+    }
+}
+
+impl Io for TcpLink {
     fn progress(&mut self) -> Result<bool> {
         // A connection reset by a peer that failed because of another rank is that rank's story.
         self.progress_sockets().map_err(|e| self.reported(Duration::from_millis(50)).err().unwrap_or(e))
-    }
-
-    fn check_alive(&self) -> Result<()> {
-        self.check_stream().map_err(|e| self.reported(Duration::from_millis(50)).err().unwrap_or(e))
-    }
-
-    fn check_flag(&self) -> Result<()> {
-        if let Some(why) = &self.failed {
-            return Err(Error::remote_rank(self.peer, why.clone()));
-        }
-        self.reported(Duration::ZERO)
-    }
-
-    fn tell_failed(&mut self, v: u32) {
-        if let Some(n) = &self.notices {
-            let mut n = n.borrow_mut();
-            if !n.told {
-                n.told = true;
-                let mut b = [0u8; 8];
-                b[0..4].copy_from_slice(&NOTICE_MAGIC.to_le_bytes());
-                b[4..8].copy_from_slice(&v.to_le_bytes());
-                // Eight bytes always fit in an unused socket's buffer; a dead peer is no loss.
-                let _ = n.sock.write_all(&b);
-            }
-        }
-    }
-
-    fn poll_fd(&self) -> Option<i32> {
-        Some(self.epoll.as_raw_fd())
     }
 
     fn unsent(&self) -> bool {
         self.sent() < self.produced
     }
 
-    fn shutdown(&mut self) {
-        for s in &self.socks {
-            let _ = s.stream.shutdown(std::net::Shutdown::Both);
-        }
-        if let Some(n) = &self.notices {
-            let _ = n.borrow().sock.shutdown(std::net::Shutdown::Write);
-        }
+    fn fd(&self) -> i32 {
+        self.epoll.as_raw_fd()
     }
 }
 

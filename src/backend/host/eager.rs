@@ -1,7 +1,7 @@
 //! Small fcclSend/fcclRecv without a schedule.
 //!
 //! A group of point-to-point calls whose payloads are all smaller than
-//! [`engine::DIRECT_MIN`] (pipeline stages, halo exchanges, a ping-pong) moves a few
+//! `direct_min` (`plan::Plan`) (pipeline stages, halo exchanges, a ping-pong) moves a few
 //! hundred bytes; its time went to the engine's bookkeeping, not to the copy:
 //! building steps, queueing them per peer, visiting every peer on every poll, and
 //! publishing each message (and each message read) on its own. This path writes
@@ -13,10 +13,12 @@
 //! all messages to a peer that fit are published together, and every message that
 //! has arrived from a peer is released together.
 
-use super::engine::{
-    self, gather, header, p2p_mismatch, pad8, parse_header, Idle, P2pCall, RunCtl, HDR, K_DATA, K_DIRECT, K_P2P_DATA,
-    K_P2P_DIRECT, K_P2P_EAGER, K_P2P_HDR, K_P2P_REPLY, K_SKIP, REWIND_MIN,
+use super::engine::wire::{
+    gather, header, pad8, parse_header, HDR, K_DATA, K_DIRECT, K_P2P_DATA, K_P2P_DIRECT, K_P2P_EAGER, K_P2P_HDR,
+    K_P2P_REPLY, K_SKIP,
 };
+use super::engine::{self, p2p_mismatch, Idle, P2pCall, RunCtl};
+use super::plan;
 use super::Call;
 use crate::coll::CollKind;
 use crate::error::{Error, Result};
@@ -28,16 +30,15 @@ const MAX_CALLS: usize = 16;
 
 /// Whether `calls` run here: each an fcclSend or fcclRecv with another rank (a
 /// count of zero moves nothing and is ignored, as in the engine), of fewer than
-/// [`engine::DIRECT_MIN`] bytes, so that every send goes eagerly (count and payload
+/// `direct_min` (`plan::Plan`) bytes, so that every send goes eagerly (count and payload
 /// in one message) whatever the peer's link offers.
 pub fn eligible(rank: usize, calls: &[Call]) -> bool {
+    let direct_min = plan::get().direct_min;
     !calls.is_empty()
         && calls.len() <= MAX_CALLS
         && calls.iter().all(|c| {
             let co = &c.coll;
-            co.kind.is_p2p()
-                && co.root != rank
-                && co.count.checked_mul(co.dtype.size()).is_some_and(|b| b < engine::DIRECT_MIN)
+            co.kind.is_p2p() && co.root != rank && co.count.checked_mul(co.dtype.size()).is_some_and(|b| b < direct_min)
         })
 }
 
@@ -197,7 +198,7 @@ fn write(link: &mut dyn Link, calls: &[Call], s: &mut Slot, bits: &mut Bits) -> 
         if s.tx_off == 0 {
             // As the engine does: a ring the peer has emptied starts over at its
             // first pages (see `Link::rewind_gap`).
-            if let Some(gap) = link.rewind_gap(REWIND_MIN).filter(|&g| g >= HDR) {
+            if let Some(gap) = link.rewind_gap(plan::get().rewind_min).filter(|&g| g >= HDR) {
                 let space = link.send_space();
                 if space.len() >= gap {
                     space[..HDR].copy_from_slice(&header(K_SKIP, 0, gap - HDR));
@@ -451,9 +452,8 @@ fn take(
 
 #[cfg(test)]
 mod tests {
-    use super::super::engine::{
-        self, header, parse_header, RunCtl, Schedule, Sink, HDR, K_P2P_EAGER, K_P2P_REPLY, K_SKIP,
-    };
+    use super::super::engine::wire::{header, parse_header, HDR, K_P2P_EAGER, K_P2P_REPLY, K_SKIP};
+    use super::super::engine::{self, RunCtl, Schedule, Sink};
     use super::super::{execute, Call};
     use crate::coll::{Coll, CollKind};
     use crate::error::{Code, Error};

@@ -8,8 +8,9 @@
 //! One copy in, one copy (or reduction) out, no message framing, no handshake: the
 //! latency of a small collective is that of a cache line moving between cores.
 
+use super::algo::all_to_allv;
 use super::Call;
-use super::{algorithms, engine, fingerprint, mapped};
+use super::{engine, fingerprint, mapped, plan};
 use crate::coll::{Coll, CollKind};
 use crate::error::{Error, Result};
 use crate::mem::{copy, reduce};
@@ -18,22 +19,10 @@ use crate::transport::Transport;
 use std::sync::atomic::AtomicBool;
 use std::time::Duration;
 
-/// Contributions of at least this many bytes are written into the slot with the
-/// stores [`copy::StoreChoice`] picks; smaller ones always with ordinary stores
-/// (a clock read would cost more than the copy).
-const BOARD_STORES_MIN: usize = 16 << 10;
-
-/// Contributions of all_gather, gather and broadcast at least this large run on the
-/// links; the size alone decides, so every rank does the same without a word.
-/// Smaller ones stay on the board, where buffers that cannot go by address (malloc'd
-/// memory) are as fast as on the links or faster (broadcast 32 KiB in place: links
-/// 0.66x of the board).
-const BY_LINKS_MIN: usize = 64 << 10;
-
 /// Flag in a broadcast root's slot: the data goes over the links (the root's
 /// sendbuff goes by address to every peer); the readers follow it there. The
-/// root alone decides for broadcasts of `engine::DIRECT_MIN` bytes up to
-/// BY_LINKS_MIN (1.8-3.2x for buffers that go by address).
+/// root alone decides for broadcasts of `direct_min` bytes up to `by_links_min`
+/// (`plan::Plan`).
 const HANDOFF: u64 = 1;
 
 /// What the board step decided.
@@ -55,11 +44,10 @@ fn board_bytes(co: &Coll, n: usize) -> Option<usize> {
     }
     let b = co.count.checked_mul(co.dtype.size())?;
     let need = match co.kind {
-        // A contribution of BY_LINKS_MIN bytes can go by address on the links, for the
-        // peers to read it in place (one copy), rather than through a slot (two
-        // copies): 2.2-4.4x at 64 KiB a rank (docs/results/2026-11-24-host-performance.md, "Board or links").
-        // Smaller broadcasts go there too when the root decides so (see HANDOFF).
-        CollKind::AllGather | CollKind::Gather | CollKind::Broadcast if b >= BY_LINKS_MIN => return None,
+        // A contribution of `by_links_min` bytes can go by address on the links, for
+        // the peers to read it in place (one copy), rather than through a slot (two
+        // copies). Smaller broadcasts go there too when the root decides so (see HANDOFF).
+        CollKind::AllGather | CollKind::Gather | CollKind::Broadcast if b >= plan::get().by_links_min => return None,
         CollKind::AllReduce | CollKind::Reduce | CollKind::AllGather | CollKind::Gather | CollKind::Broadcast => b,
         CollKind::ReduceScatter | CollKind::AlltoAll | CollKind::Scatter => b.checked_mul(n)?,
         CollKind::Barrier => 0,
@@ -93,7 +81,7 @@ pub fn run(
 /// A call that may run between the ranks' buffers (`mapped`): announced with this
 /// rank's record beside the fingerprint; when every rank agrees, run there, else
 /// on the links. Apart from `run`'s own path, which small calls take and which
-/// measured 5-15% slower per call with these steps folded into it.
+/// these steps folded in would slow.
 #[inline(never)]
 fn run_mapped(
     t: &mut Transport,
@@ -122,7 +110,7 @@ fn run_mapped(
         }
     }
     match mapped::agree(b, s, mine) {
-        Some(plan) => Ok(Board1::Mapped(mapped::run(t, mine, plan, timeout, abort, what)?)),
+        Some(agreed) => Ok(Board1::Mapped(mapped::run(t, mine, agreed, timeout, abort, what)?)),
         // Fingerprints were compared (or are not checked): the links move the data.
         None => Ok(Board1::Continue(None)),
     }
@@ -131,7 +119,8 @@ fn run_mapped(
 /// Whether `co` is a broadcast of a size that its root may hand to the links (see
 /// HANDOFF).
 fn handoff_range(co: &Coll) -> bool {
-    co.kind == CollKind::Broadcast && (engine::DIRECT_MIN..BY_LINKS_MIN).contains(&(co.count * co.dtype.size()))
+    let plan = plan::get();
+    co.kind == CollKind::Broadcast && (plan.direct_min..plan.by_links_min).contains(&(co.count * co.dtype.size()))
 }
 
 /// Whether `calls` are such a broadcast, this rank is its root, and it hands the
@@ -201,7 +190,7 @@ fn on_board(b: &mut Board, w: &mut Waiter<'_>, calls: &[Call], check: bool, hand
         CollKind::Scatter if me == root => bytes * n,
         _ => 0,
     };
-    if publish >= BOARD_STORES_MIN {
+    if publish >= plan::get().board_stores_min {
         // Large contributions go as ring pieces do (`copy::StoreChoice`): streamed
         // while the CPUs sit on different dies.
         let (dst, streaming) = (b.my_data(s), b.stores.choose());
@@ -218,8 +207,8 @@ fn on_board(b: &mut Board, w: &mut Waiter<'_>, calls: &[Call], check: bool, hand
 
     // 2. Wait for the ranks whose data (or, with checkMode, fingerprint) we need.
     // Checking a broadcast root's readers costs it about one cache-line round trip
-    // per call; deferring that check to the next call measured 10-15% faster at
-    // 8 bytes, not enough to give up failing a mismatch in the call that made it.
+    // per call; deferring that check to the next call would save little, not
+    // enough to give up failing a mismatch in the call that made it.
     let needs = |p: usize| match co.kind {
         _ if check => true,
         CollKind::Broadcast | CollKind::Scatter => p == root,
@@ -325,7 +314,7 @@ fn reduce_ranks(b: &Board, s: u64, co: &Coll, off: usize, len: usize, recv: *mut
 // Per-rank counts on the board. A rank's data area starts with a flag (1 when its
 // all_to_allv data follows), then, for each call with per-rank counts in order and
 // each peer p, the pair (what I send p, what I expect from p) as u64 (see
-// `algorithms::pair_values`); the data starts at the next 64-byte boundary. Every
+// `all_to_allv::pair_values`); the data starts at the next 64-byte boundary. Every
 // rank reads every table, so each one reaches the same verdict without a second
 // round: a mismatch fails the call on every rank, before any data moves.
 
@@ -352,7 +341,7 @@ fn write_counts(d: *mut u8, calls: &[Call], n: usize) {
     let mut i = 1;
     for c in calls.iter().filter(|c| is_v(c.coll.kind)) {
         for p in 0..n {
-            let (a, b) = algorithms::pair_values(&c.coll, p);
+            let (a, b) = all_to_allv::pair_values(&c.coll, p);
             w[i] = a.to_le();
             w[i + 1] = b.to_le();
             i += 2;
@@ -403,15 +392,15 @@ fn counts_disagree(b: &Board, s: u64, vi: usize, co: &Coll) -> Option<Error> {
     let at = |r: usize, p: usize| pair(b, s, r, vi, p);
     let found = (0..n)
         .filter(|&p| p != me)
-        .find_map(|p| algorithms::describe_pair(co, me, p, at(me, p), at(p, me)))
-        .or_else(|| algorithms::describe_self(co, me, at(me, me)));
+        .find_map(|p| all_to_allv::describe_pair(co, me, p, at(me, p), at(p, me)))
+        .or_else(|| all_to_allv::describe_self(co, me, at(me, me)));
     let reporters: Vec<usize> = (0..n)
         .filter(|&r| {
-            algorithms::describe_self(co, r, at(r, r)).is_some()
+            all_to_allv::describe_self(co, r, at(r, r)).is_some()
                 || (0..n).any(|p| p != r && !pairs_agree(b, s, vi, r, p))
         })
         .collect();
-    algorithms::counts_error(found, &reporters)
+    all_to_allv::counts_error(found, &reporters)
 }
 
 /// A single all_to_allv on the board: every rank publishes its counts and, when they

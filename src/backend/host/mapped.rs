@@ -2,7 +2,7 @@
 //! out-of-place all_reduce), straight between the ranks' buffers.
 //!
 //! all_reduce, reduce, reduce_scatter and in-place broadcast of at least
-//! [`MAPPED_MIN`] bytes, where every rank's buffers can be mapped by every other
+//! `mapped_min` bytes (`plan::Plan`), where every rank's buffers can be mapped by every other
 //! rank (threads of one process, or `fcclMemAllocHost` buffers of processes that map
 //! each other's): each rank names its input and its recvbuff on the board with the
 //! call's fingerprint, maps its peers', and then all ranks take pieces of the work
@@ -11,7 +11,7 @@
 //! (every rank's for all_reduce, the root's for reduce, the block's owner for
 //! reduce_scatter); a broadcast's piece is read from the root's buffer and written
 //! into every other rank's recvbuff while it is in cache. Each input is read once and each result written once, with no ring
-//! in between; the owners' schedule (`algorithms`) moves every byte through a ring
+//! in between; the owners' schedule (`algo::reduce`) moves every byte through a ring
 //! and back, and the links' single copy reads a broadcast's source once per peer.
 //!
 //! Work goes by pieces that any rank takes, not by a fixed share per rank: with more
@@ -24,7 +24,8 @@
 //!
 //! Every rank gets the same bits: each element is reduced once, in rank order.
 
-use super::engine::{decode_desc, encode_desc, DESC};
+use super::engine::wire::{decode_desc, encode_desc, DESC};
+use super::plan;
 use super::Call;
 use crate::coll::CollKind;
 use crate::error::{Error, Result};
@@ -35,34 +36,6 @@ use crate::types::{DataType, RedOp};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::Duration;
 
-/// Calls of 3 ranks or more that reduce a vector of at least this many bytes (all
-/// of it, all ranks' blocks together for reduce_scatter) take this path: all that
-/// the board does not take (more than `board::DATA_MAX`). 4 ranks on 2 cores, side by side
-/// against the links (3 alternating runs): 2.4-7.6x at 72-120 KiB, 1.6-4.1x at
-/// 128-256 KiB.
-pub const MAPPED_MIN: usize = crate::transport::board::DATA_MAX + 1;
-/// 2-rank reduce, and 2-rank all_reduce with both ranks out of place, of at least
-/// this many bytes take this path too. Side by side against the links: reduce
-/// 1.03-1.38x at 512 KiB-32 MiB (3 runs), but out of place 0.85x at 128 KiB, where
-/// results are written without streaming stores (FERROCCL_STREAM_MIN); all_reduce
-/// out of place 1.04-1.50x at 512 KiB-64 MiB (4 runs; against the exchange of
-/// `engine::Exchange::Reduce` up to 16 MiB, the rounds above), but in place 0.81-0.99x
-/// against the exchange, which in place keeps it. 2-rank reduce_scatter lost
-/// (0.77-1.03x) and stays on the links.
-const MAPPED_MIN_2: usize = 512 << 10;
-/// Broadcasts of 3 ranks or more with the root in place, of at least this many
-/// bytes, take this path. 4 ranks on 2 cores against the links (the peers read the
-/// root's buffer by address; 4 alternating runs): 0.92x at 64 KiB, 1.13x at 256
-/// KiB, 1.23-1.29x at 1-16 MiB, 1.03x at 64 MiB; 3 ranks (3 runs) 0.97-1.50x. Out
-/// of place, where the root's recvbuff is written too, it measured 0.81-1.17x and
-/// is left to the links, as is all_gather (0.79-1.29x).
-const BROADCAST_MIN: usize = 256 << 10;
-/// The vector is taken in pieces of this many bytes (more for vectors of more than
-/// 2^16 pieces a block).
-const PIECE: usize = 128 << 10;
-/// A piece is reduced this many bytes at a time in a buffer that stays in cache,
-/// with every rank's input of it (4 ranks: 80 KiB in all, inside the L2).
-const CHUNK: usize = 16 << 10;
 /// Bits of a counter word that count pieces; the bits above hold the call's board
 /// sequence number.
 const COUNT_BITS: u32 = 24;
@@ -146,7 +119,11 @@ fn has_result(kind: CollKind, root: usize, p: usize) -> bool {
 pub fn may_take(calls: &[Call], n: usize) -> bool {
     match calls {
         // Validated counts fit memory, so the product cannot wrap.
-        [c] => c.coll.count.wrapping_mul(c.coll.dtype.size()).wrapping_mul(n) >= MAPPED_MIN,
+        [c] => {
+            let p = plan::get();
+            let floor = p.mapped_min.min(p.mapped_min_2).min(p.mapped_broadcast_min);
+            c.coll.count.wrapping_mul(c.coll.dtype.size()).wrapping_mul(n) >= floor
+        }
         _ => false,
     }
 }
@@ -162,12 +139,13 @@ pub fn prepare(t: &mut Transport, calls: &[Call]) -> Option<Mine> {
         return None;
     }
     let form = Form::of(co.kind, co.count, co.dtype.size(), n)?;
+    let plan = plan::get();
     let min = match (n, co.kind) {
         (0 | 1, _) => return None,
-        (2, CollKind::Reduce | CollKind::AllReduce) => MAPPED_MIN_2,
+        (2, CollKind::Reduce | CollKind::AllReduce) => plan.mapped_min_2,
         (2, _) => return None,
-        (_, CollKind::Broadcast) => BROADCAST_MIN,
-        _ => MAPPED_MIN,
+        (_, CollKind::Broadcast) => plan.mapped_broadcast_min,
+        _ => plan.mapped_min,
     };
     if form.size() < min || !crate::env::split_copy() {
         return None;
@@ -182,7 +160,8 @@ pub fn prepare(t: &mut Transport, calls: &[Call]) -> Option<Mine> {
     let capable = apart
         && (0..n).filter(|&p| p != me).all(|p| {
             let l = t.link(p);
-            (!inp || l.swap_capable(input, form.input)) && (!res || l.swap_capable(recv, form.result))
+            let Some(l) = l.memory() else { return false };
+            (!inp || l.can_write(input, form.input)) && (!res || l.can_write(recv, form.result))
         });
     Some(Mine {
         kind: co.kind,
@@ -232,7 +211,7 @@ impl Mine {
 }
 
 /// Every rank's buffers as one rank's record of call `s` names them.
-pub struct Plan {
+pub struct Agreed {
     s: u64,
     /// By rank: input and recvbuff descriptors, and whether it is in place.
     ranks: Vec<([u8; DESC], [u8; DESC], bool)>,
@@ -240,7 +219,7 @@ pub struct Plan {
 
 /// The plan of call `s` when every rank (all published) is capable and describes
 /// the same call as `mine`; None sends the call to the links.
-pub fn agree(b: &Board, s: u64, mine: &Mine) -> Option<Plan> {
+pub fn agree(b: &Board, s: u64, mine: &Mine) -> Option<Agreed> {
     if !mine.capable {
         return None;
     }
@@ -261,15 +240,15 @@ pub fn agree(b: &Board, s: u64, mine: &Mine) -> Option<Plan> {
         ranks.push((desc(32), desc(32 + DESC), word(1) & (1 << 25) != 0));
     }
     // Out of place (the root's recvbuff written too) the links are as fast (see
-    // BROADCAST_MIN).
+    // `plan::Plan::mapped_broadcast_min`).
     if mine.kind == CollKind::Broadcast && !ranks[mine.root].2 {
         return None;
     }
-    // In place, 2-rank all_reduce keeps its exchange (see MAPPED_MIN_2).
+    // In place, 2-rank all_reduce keeps its exchange (see `plan::Plan::mapped_min_2`).
     if n == 2 && mine.kind == CollKind::AllReduce && ranks.iter().any(|r| r.2) {
         return None;
     }
-    Some(Plan { s, ranks })
+    Some(Agreed { s, ranks })
 }
 
 /// One rank's buffers as mapped here (null where it has none).
@@ -283,7 +262,7 @@ struct Bufs {
 /// Maps rank `p`'s buffers, named by its record, through `link`: None where one
 /// cannot be mapped here.
 fn map_peer(
-    link: &mut dyn crate::transport::Link,
+    link: &mut dyn crate::transport::PeerMemory,
     mine: &Mine,
     form: &Form,
     p: usize,
@@ -291,7 +270,7 @@ fn map_peer(
 ) -> Result<Option<Bufs>> {
     let mut map = |d: &[u8; DESC], len: usize, write: bool| -> Result<Option<*mut u8>> {
         let (addr, shared) = decode_desc(d);
-        link.peer_buffer(addr, len, shared.as_ref(), write)
+        link.buffer(addr, len, shared.as_ref(), write)
     };
     let (inp, res) = (has_input(mine.kind, mine.root, p), has_result(mine.kind, mine.root, p));
     let (input, recv) = if *in_place {
@@ -306,11 +285,11 @@ fn map_peer(
     Ok(input.zip(recv).map(|(input, recv)| Bufs { input, recv, in_place: *in_place }))
 }
 
-/// Runs call `plan.s` (agreed on the board) between the buffers.
+/// Runs call `agreed.s` (agreed on the board) between the buffers.
 pub fn run(
     t: &mut Transport,
     mine: &Mine,
-    plan: Plan,
+    agreed: Agreed,
     timeout: Duration,
     abort: &AtomicBool,
     what: &dyn Fn() -> String,
@@ -320,17 +299,21 @@ pub fn run(
     // Map every peer's input and recvbuff; a rank that cannot map them all takes no
     // piece and leaves the work to the others.
     let mut bufs = Vec::with_capacity(n);
-    for (p, rec) in plan.ranks.iter().enumerate() {
+    for (p, rec) in agreed.ranks.iter().enumerate() {
         let b = if p == me {
             Some(Bufs { input: mine.input, recv: mine.recv, in_place: mine.in_place })
         } else {
-            map_peer(t.link(p), mine, &form, p, rec)?
+            match t.link(p).memory() {
+                Some(m) => map_peer(m, mine, &form, p, rec)?,
+                None => None,
+            }
         };
         let Some(b) = b else { break };
         bufs.push(b);
     }
     let mapped = bufs.len() == n;
-    let geo = Geometry::new(mine, n, crate::env::stream_min());
+    let plan = plan::get();
+    let geo = Geometry::new(mine, n, crate::env::stream_min(), plan);
     let (b, checks) = t.board_with_checks().ok_or_else(|| Error::internal("a mapped call without a board"))?;
     let mut checker = |full: bool| if full { checks.alive() } else { checks.flags() };
     let mut w = Waiter::new(timeout, abort, &mut checker, what);
@@ -338,12 +321,12 @@ pub fn run(
     static LOGGED: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
     if !LOGGED.swap(true, Ordering::Relaxed) {
         let which = if n == 2 {
-            format!("reduce and out-of-place all_reduce of {} KiB", MAPPED_MIN_2 >> 10)
+            format!("reduce and out-of-place all_reduce of {} KiB", plan.mapped_min_2 >> 10)
         } else {
             format!(
                 "all_reduce, reduce and reduce_scatter of more than {} KiB and in-place broadcast of {} KiB",
-                MAPPED_MIN >> 10,
-                BROADCAST_MIN >> 10
+                plan.mapped_min >> 10,
+                plan.mapped_broadcast_min >> 10
             )
         };
         crate::log::info(format_args!(
@@ -351,12 +334,12 @@ pub fn run(
             n - 1
         ));
     }
-    let s = plan.s;
+    let s = agreed.s;
     let (taken, finished) = (b.team_word(TAKEN), b.team_word(FINISHED));
     if mapped {
         let narrow = mine.dtype.is_narrow_float();
-        let mut acc = vec![0u8; if narrow { CHUNK / mine.dtype.size() * mine.dtype.acc_size() } else { 0 }];
-        let mut tmp = vec![0u8; if reduces(mine.kind) { CHUNK } else { 0 }];
+        let mut acc = vec![0u8; if narrow { geo.chunk / mine.dtype.size() * mine.dtype.acc_size() } else { 0 }];
+        let mut tmp = vec![0u8; if reduces(mine.kind) { geo.chunk } else { 0 }];
         while let Some(k) = take(taken, s, geo.total) {
             geo.piece(mine, &bufs, k, &mut tmp, &mut acc);
             if finish(finished, s) == geo.total {
@@ -385,6 +368,8 @@ struct Geometry {
     /// Bytes of a block: the whole vector, or (reduce_scatter) one rank's block.
     block: usize,
     piece: usize,
+    /// Bytes reduced at a time in a buffer that stays in cache.
+    chunk: usize,
     per_block: u64,
     total: u64,
     /// Results are at least FERROCCL_STREAM_MIN bytes: written with streaming
@@ -393,21 +378,20 @@ struct Geometry {
 }
 
 impl Geometry {
-    fn new(mine: &Mine, n: usize, stream_min: usize) -> Geometry {
+    fn new(mine: &Mine, n: usize, stream_min: usize, plan: &plan::Plan) -> Geometry {
         let block = mine.count * mine.dtype.size();
         let blocks = if mine.kind == CollKind::ReduceScatter { n } else { 1 };
         // At most 2^16 pieces a block, so that the count of all of them fits COUNT_BITS.
-        let piece = PIECE.max(block.div_ceil(1 << 16).next_multiple_of(64));
+        let piece = plan.mapped_piece.max(block.div_ceil(1 << 16).next_multiple_of(64));
         let per_block = block.div_ceil(piece) as u64;
         // Not into a recvbuff the previous call wrote (`reuse`): this rank's own
         // stands for its peers', which the same loop reuses alike. Up to half the
         // limit only: every rank's input and recvbuff are in play here, and at the
-        // limit (8 MiB, 2 ranks out of place: 32 MiB in all) ordinary stores
-        // measured 0.83-0.98x.
+        // limit (8 MiB, 2 ranks out of place: 32 MiB in all) ordinary stores lose.
         let result = mine.form(n).result;
         let stream =
             result >= stream_min && !(result <= crate::env::reuse_max() / 2 && super::reuse::cached(mine.recv, result));
-        Geometry { block, piece, per_block, total: per_block * blocks as u64, stream }
+        Geometry { block, piece, chunk: plan.mapped_chunk, per_block, total: per_block * blocks as u64, stream }
     }
 
     /// Does piece `k`: reduces it from every rank's input, or copies it from the
@@ -428,8 +412,8 @@ impl Geometry {
         let takes = |q: usize| reduces(mine.kind) || q != mine.root;
         let (dtype, op) = (mine.dtype, mine.op);
         let narrow = dtype.is_narrow_float();
-        for c in (0..len).step_by(CHUNK) {
-            let m = CHUNK.min(len - c);
+        for c in (0..len).step_by(self.chunk) {
+            let m = self.chunk.min(len - c);
             // SAFETY: every rank's input holds its whole input and every taker's
             // recvbuff its whole result (validated on each rank, agreed on the
             // board, mapped here); this rank took piece k, and nobody else reads or

@@ -1,15 +1,16 @@
 //! The built-in backend: collectives as schedules over the transport's links.
 //!
-//! `algorithms` turns each collective into steps; `engine` runs them. A group of
+//! `algo` turns each collective into steps (a file per collective); `engine` runs them. A group of
 //! calls on one communicator becomes one schedule, so matched sends and receives
 //! never deadlock and independent collectives overlap.
 
-pub mod algorithms;
+pub mod algo;
 pub mod eager;
 pub mod engine;
 pub mod fast;
 pub mod fingerprint;
 pub mod mapped;
+pub mod plan;
 pub mod reuse;
 
 use super::Exec;
@@ -38,7 +39,7 @@ pub fn execute(x: &mut Exec<'_>, calls: &[Call]) -> Result<Option<Error>> {
     let n = t.nranks;
     reuse::begin(calls.iter().filter(|c| c.coll.kind != CollKind::Send && !c.coll.is_noop()).map(|c| {
         let co = &c.coll;
-        (co.recv as *const u8, algorithms::recv_bytes(co, n))
+        (co.recv as *const u8, algo::recv_bytes(co, n))
     }));
     let mut check = check;
     // Verdicts on per-rank counts, when the board already compared them.
@@ -75,7 +76,7 @@ pub fn execute(x: &mut Exec<'_>, calls: &[Call]) -> Result<Option<Error>> {
             return Ok(Some(e));
         }
     }
-    let mut scratch = algorithms::Scratch::default();
+    let mut scratch = algo::Scratch::default();
     let mut errors: Vec<Error> = Vec::new();
 
     // Calls with per-rank counts first agree on them: a mismatch fails every rank
@@ -86,7 +87,7 @@ pub fn execute(x: &mut Exec<'_>, calls: &[Call]) -> Result<Option<Error>> {
     if !vcalls.is_empty() || agreed.is_some() {
         let verdicts = match agreed {
             Some(v) => v,
-            None => algorithms::alltoallv_agree(t, &vcalls, &ctl)?,
+            None => algo::alltoallv_agree(t, &vcalls, &ctl)?,
         };
         for (i, c) in calls.iter().enumerate() {
             if is_v(c.coll.kind) {
@@ -118,7 +119,7 @@ pub fn execute(x: &mut Exec<'_>, calls: &[Call]) -> Result<Option<Error>> {
         sched.tag = c.seq as u32;
         let by_address = recv_by_address(t, co);
         let tr: &Transport = t;
-        algorithms::build(&mut sched, co, t.rank, t.nranks, &mut scratch, by_address, &|p| tr.counts_reads(p))?;
+        algo::build(&mut sched, co, t.rank, t.nranks, &mut scratch, by_address, &|p| tr.shares_memory(p))?;
     }
     // Sends to self match receives from self in order.
     if self_sends.len() != self_recvs.len() {
@@ -154,7 +155,7 @@ pub fn execute(x: &mut Exec<'_>, calls: &[Call]) -> Result<Option<Error>> {
 /// (only asked of all_reduces large enough to write their results with streaming
 /// stores, the one place where it changes the schedule).
 fn recv_by_address(t: &mut Transport, co: &Coll) -> bool {
-    let bytes = algorithms::recv_bytes(co, t.nranks);
+    let bytes = algo::recv_bytes(co, t.nranks);
     if co.kind != CollKind::AllReduce || bytes < crate::env::stream_min() {
         return false;
     }

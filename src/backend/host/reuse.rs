@@ -5,8 +5,8 @@
 //! the caches, as a benchmark that rotates its buffers (nccl-tests, ferroccl-bench)
 //! sees them. A program that calls collectives again and again on the same tensor
 //! finds that tensor's lines in the caches instead, where ordinary stores hit them
-//! and streaming stores push every byte out to memory: 2-3.5x slower there at
-//! 512 KiB-8 MiB (docs/results/2026-11-24-host-performance.md, *Buffers that stay in the caches*).
+//! and streaming stores push every byte out to memory, several times slower there
+//! (docs/design/host.md, "Streaming stores").
 //!
 //! So each host run notes the recvbuffs its calls write, and the next run on the
 //! same thread writes with ordinary stores into any of them that is at most

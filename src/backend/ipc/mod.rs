@@ -34,7 +34,7 @@ mod watch;
 use super::ctl::{self, Ctl, Registered};
 use super::host::{self, Call};
 use super::{staging, Backend, Exec};
-use crate::backend::host::algorithms as algo;
+use crate::backend::host::algo;
 use crate::coll::{Coll, CollKind, VCounts};
 use crate::error::{Error, Result};
 use crate::log;

@@ -1,0 +1,206 @@
+//! all_to_allv and all_gather_v (counts per rank): where each part of the call is.
+//!
+//! - on one host, the board first (`fast::run`): a single all_to_allv whose data
+//!   fits every slot moves whole there (`fast::alltoallv`); otherwise its counts,
+//!   and those of every v-call of the group, are agreed there (`counts_verdicts`);
+//! - else `host::execute` agrees the counts over the links with [`alltoallv_agree`]
+//!   here; either way a mismatch fails the call on every rank before data moves;
+//! - the data then moves by the schedule [`build`] here;
+//! - the NCCL form: `backend::nccl` (grouped send/recv).
+
+use super::{Buf, Cx, Scratch};
+use crate::backend::host::engine::{self, RunCtl, Schedule, Sink};
+use crate::coll::{Coll, CollKind};
+use crate::error::{Error, Result};
+use crate::transport::Transport;
+
+/// Block p of sendbuff goes to rank p; rank p's block lands at its displacement in
+/// recvbuff; this rank's own block is copied locally.
+pub(super) fn build(s: &mut Schedule<'_>, cx: &Cx<'_>) -> Result<()> {
+    let (co, rank) = (cx.co, cx.rank);
+    let es = co.dtype.size();
+    let v = co.v.as_ref().ok_or_else(|| Error::internal("all_to_allv without counts"))?;
+    let (sc, sd, rc, rd) = (v.sendcounts(), v.sdispls(), v.recvcounts(), v.rdispls());
+    let extent =
+        |counts: &[usize], displs: &[usize]| (0..cx.n).map(|p| (displs[p] + counts[p]) * es).max().unwrap_or(0);
+    let (send, recv) = (Buf::new(cx.send, extent(sc, sd)), Buf::new(cx.recv, extent(rc, rd)));
+    let block = |b: &Buf, counts: &[usize], displs: &[usize], p: usize| b.at(displs[p] * es, counts[p] * es);
+    for p in cx.peers() {
+        s.send(p, block(&send, sc, sd, p), sc[p] * es, &[]);
+    }
+    for p in cx.peers() {
+        s.recv(p, rc[p] * es, cx.sink(block(&recv, rc, rd, p)), &[]);
+    }
+    let mine = sc[rank].min(rc[rank]) * es;
+    cx.copy_local(s, send.at(sd[rank] * es, mine), recv.at(rd[rank] * es, mine), mine);
+    Ok(())
+}
+
+/// The two numbers a rank tells peer `p` about a call with per-rank counts, so that
+/// both sides can check each other: (what I send you, what I expect from you).
+/// reduce_scatter_v's counts must be identical everywhere, so it sends a digest of
+/// the whole array both ways.
+pub(crate) fn pair_values(co: &Coll, p: usize) -> (u64, u64) {
+    let v = co.v.as_ref().expect("v-call has counts");
+    match co.kind {
+        CollKind::ReduceScatterV => {
+            let h = v
+                .recvcounts()
+                .iter()
+                .fold(0xcbf2_9ce4_8422_2325u64, |h, &c| (h ^ c as u64).wrapping_mul(0x100_0000_01b3).rotate_left(7));
+            (h, h)
+        }
+        _ => (v.sendcounts()[p] as u64, v.recvcounts()[p] as u64),
+    }
+}
+
+/// Describes a disagreement between this rank `me` and `p` for a v-call.
+pub(crate) fn describe_pair(co: &Coll, me: usize, p: usize, mine: (u64, u64), theirs: (u64, u64)) -> Option<String> {
+    let v = co.v.as_ref().expect("v-call has counts");
+    match co.kind {
+        CollKind::ReduceScatterV => (mine.0 != theirs.0).then(|| {
+            format!(
+                "rank {me} and rank {p} passed different recvcounts arrays (rank {me}: {:?}); every rank must pass the same recvcounts",
+                &v.recvcounts()[..v.recvcounts().len().min(16)]
+            )
+        }),
+        CollKind::AllGatherV => {
+            if mine.0 != theirs.1 {
+                Some(format!(
+                    "rank {me} sends sendcount = {} elements, but rank {p} expects recvcounts[{me}] = {}",
+                    mine.0, theirs.1
+                ))
+            } else if theirs.0 != mine.1 {
+                Some(format!(
+                    "rank {p} sends sendcount = {} elements, but rank {me} expects recvcounts[{p}] = {}",
+                    theirs.0, mine.1
+                ))
+            } else {
+                None
+            }
+        }
+        _ => {
+            if mine.0 != theirs.1 {
+                Some(format!(
+                    "rank {me} sends sendcounts[{p}] = {} elements to rank {p}, but rank {p} expects recvcounts[{me}] = {}",
+                    mine.0, theirs.1
+                ))
+            } else if theirs.0 != mine.1 {
+                Some(format!(
+                    "rank {p} sends sendcounts[{me}] = {} elements to rank {me}, but rank {me} expects recvcounts[{p}] = {}",
+                    theirs.0, mine.1
+                ))
+            } else {
+                None
+            }
+        }
+    }
+}
+
+/// Describes a rank whose own counts disagree: it sends itself a different number
+/// of elements than it expects from itself (`mine` = its pair values for itself).
+pub(crate) fn describe_self(co: &Coll, me: usize, mine: (u64, u64)) -> Option<String> {
+    (matches!(co.kind, CollKind::AlltoAllv | CollKind::AllGatherV) && mine.0 != mine.1)
+        .then(|| format!("rank {me} sends {} elements to itself but expects recvcounts[{me}] = {}", mine.0, mine.1))
+}
+
+/// The error of a call with per-rank counts once every rank knows who found a
+/// mismatch: this rank's own finding if it has one, else the names of the ranks
+/// that did; None when nobody did.
+pub(crate) fn counts_error(found: Option<String>, reporters: &[usize]) -> Option<Error> {
+    if reporters.is_empty() {
+        return None;
+    }
+    Some(Error::mismatch(match found {
+        Some(d) => format!("{d}; no data was moved, the communicator is still usable"),
+        None => format!(
+            "ranks {} found mismatched counts with their peers (see their errors); no data was moved, the communicator is still usable",
+            reporters.iter().map(|r| r.to_string()).collect::<Vec<_>>().join(", ")
+        ),
+    }))
+}
+
+/// For every call with per-rank counts (all_to_allv, all_gather_v,
+/// reduce_scatter_v): exchange counts with each peer, then let every rank know who
+/// found a mismatch, so all ranks fail together without moving data.
+/// Returns (seq, error if the call must fail) per call.
+pub fn alltoallv_agree(
+    t: &mut Transport,
+    calls: &[&crate::backend::host::Call],
+    ctl: &RunCtl<'_>,
+) -> Result<Vec<(u64, Option<Error>)>> {
+    let (me, n) = (t.rank, t.nranks);
+    let nc = calls.len();
+    let mut scratch = Scratch::default();
+    let mine_out: Vec<Vec<u64>> = (0..n)
+        .map(|p| {
+            calls
+                .iter()
+                .flat_map(|c| {
+                    let (a, b) = pair_values(&c.coll, p);
+                    [a, b]
+                })
+                .collect()
+        })
+        .collect();
+    let inbox: Vec<*mut u8> = (0..n).map(|_| scratch.alloc(nc * 16)).collect();
+    let mut s = Schedule::new(calls[0].seq as u32);
+    for p in (0..n).filter(|&p| p != me) {
+        s.send(p, mine_out[p].as_ptr() as *const u8, nc * 16, &[]);
+    }
+    for p in (0..n).filter(|&p| p != me) {
+        s.recv(p, nc * 16, Sink::Copy(inbox[p]), &[]);
+    }
+    if let Some(e) = engine::run(t, &mut s, ctl)? {
+        return Err(e);
+    }
+    let read = |p: usize, i: usize| -> u64 {
+        // SAFETY: inbox[p] holds nc*16 bytes written by the run above.
+        let b = unsafe { std::slice::from_raw_parts(inbox[p].add(i * 8), 8) };
+        u64::from_le_bytes(b.try_into().unwrap())
+    };
+    // My findings per call: first mismatch description.
+    let mut found: Vec<Option<String>> = vec![None; nc];
+    for (ci, c) in calls.iter().enumerate() {
+        for p in (0..n).filter(|&p| p != me) {
+            let theirs = (read(p, ci * 2), read(p, ci * 2 + 1));
+            if let Some(d) = describe_pair(&c.coll, me, p, pair_values(&c.coll, p), theirs) {
+                found[ci].get_or_insert(d);
+            }
+        }
+        if let Some(d) = describe_self(&c.coll, me, pair_values(&c.coll, me)) {
+            found[ci].get_or_insert(d);
+        }
+    }
+    // Agreement: everyone learns which ranks found a mismatch in which call.
+    let flags: Vec<u64> = found.iter().map(|f| u64::from(f.is_some())).collect();
+    let flag_in: Vec<*mut u8> = (0..n).map(|_| scratch.alloc(nc * 8)).collect();
+    let mut s = Schedule::new(calls[0].seq as u32);
+    for p in (0..n).filter(|&p| p != me) {
+        s.send(p, flags.as_ptr() as *const u8, nc * 8, &[]);
+    }
+    for p in (0..n).filter(|&p| p != me) {
+        s.recv(p, nc * 8, Sink::Copy(flag_in[p]), &[]);
+    }
+    if let Some(e) = engine::run(t, &mut s, ctl)? {
+        return Err(e);
+    }
+    Ok(calls
+        .iter()
+        .enumerate()
+        .map(|(ci, c)| {
+            let reporters: Vec<usize> = (0..n)
+                .filter(|&p| {
+                    if p == me {
+                        return flags[ci] != 0;
+                    }
+                    // SAFETY: flag_in[p] holds nc*8 bytes written by the run above.
+                    let b = unsafe { std::slice::from_raw_parts(flag_in[p].add(ci * 8), 8) };
+                    u64::from_le_bytes(b.try_into().unwrap()) != 0
+                })
+                .collect();
+            let err = counts_error(found[ci].take(), &reporters);
+            (c.seq, err)
+        })
+        .collect())
+}

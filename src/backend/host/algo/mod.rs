@@ -1,0 +1,222 @@
+//! Each collective as a schedule of sends, receives and local steps over the
+//! transport, one file per collective (its v-form beside it). [`build`] picks the
+//! file; steps name places in the caller's buffers through [`Buf::at`], which
+//! checks each region against the buffer once. See docs/design/host.md,
+//! "Algorithms".
+
+mod all_gather;
+mod all_reduce;
+mod all_to_all;
+pub mod all_to_allv;
+mod barrier;
+mod broadcast;
+mod gather;
+mod reduce;
+mod reduce_scatter;
+mod scatter;
+mod send_recv;
+
+pub use all_reduce::wire_window_elems;
+pub use all_to_allv::alltoallv_agree;
+pub(crate) use all_to_allv::{counts_error, describe_pair, describe_self, pair_values};
+
+use super::engine::{Schedule, Sink};
+use super::plan;
+use crate::coll::{Coll, CollKind};
+use crate::error::Result;
+use crate::mem::pool::PooledBuf;
+use crate::types::DataType;
+
+/// Bytes `co` writes into this rank's recvbuff.
+pub fn recv_bytes(co: &Coll, n: usize) -> usize {
+    let bytes = co.count * co.dtype.size();
+    match co.kind {
+        CollKind::AllGather | CollKind::Gather | CollKind::AlltoAll => n * bytes,
+        CollKind::AlltoAllv | CollKind::AllGatherV => {
+            co.v.as_ref().map_or(0, |v| v.recvcounts().iter().sum::<usize>() * co.dtype.size())
+        }
+        _ => bytes,
+    }
+}
+
+/// How data received into user buffers is written: streaming for large calls.
+fn out_sink(dst: *mut u8, stream: bool) -> Sink {
+    if stream {
+        Sink::Stream(dst)
+    } else {
+        Sink::Copy(dst)
+    }
+}
+
+/// Scratch buffers that must outlive a schedule's run (pooled: see `mem::pool`).
+#[derive(Default)]
+pub struct Scratch {
+    bufs: Vec<PooledBuf>,
+}
+
+impl Scratch {
+    /// A buffer of at least `bytes` whose address stays fixed until the scratch is
+    /// dropped. Its contents are unspecified: every user writes before reading.
+    pub fn alloc(&mut self, bytes: usize) -> *mut u8 {
+        let mut b = PooledBuf::take(bytes);
+        let p = b.as_mut_ptr();
+        self.bufs.push(b);
+        p
+    }
+}
+
+/// A raw pointer that a local step may carry to the thread that runs it.
+#[derive(Clone, Copy)]
+struct P(*mut u8);
+// SAFETY: the buffers behind these pointers are owned by the caller of the
+// collective (or by Scratch) and outlive the run; steps touch them in dependency order.
+unsafe impl Send for P {}
+
+/// A caller's buffer as its start and the bytes the call may touch there, so that a
+/// step names a region by offset and length and the bounds are checked in one place.
+#[derive(Clone, Copy)]
+struct Buf {
+    base: *mut u8,
+    len: usize,
+}
+
+impl Buf {
+    fn new(base: *mut u8, len: usize) -> Buf {
+        Buf { base, len }
+    }
+
+    /// The start of the `len` bytes at `off`, which must lie inside the buffer (the
+    /// call's validation guarantees it; a violation is a bug, not a user error).
+    fn at(&self, off: usize, len: usize) -> *mut u8 {
+        assert!(
+            off.checked_add(len).is_some_and(|end| end <= self.len),
+            "region of {len} bytes at {off} outside a buffer of {} bytes",
+            self.len
+        );
+        self.base.wrapping_add(off)
+    }
+}
+
+/// Balanced split of `count` elements into `n` parts: (start, len) of part `i`.
+pub fn part(count: usize, n: usize, i: usize) -> (usize, usize) {
+    let (base, rem) = (count / n, count % n);
+    (i * base + i.min(rem), base + usize::from(i < rem))
+}
+
+/// Segments of a chunk of `len` elements: (offset, len) pairs.
+fn segments(len: usize, dtype: DataType) -> impl Iterator<Item = (usize, usize)> {
+    let seg = (plan::get().seg_bytes / dtype.size()).max(1);
+    (0..len.div_ceil(seg)).map(move |k| (k * seg, seg.min(len - k * seg)))
+}
+
+/// One collective as this rank builds its schedule: the call, where the rank
+/// stands, and how results are written.
+#[derive(Clone, Copy)]
+struct Cx<'c> {
+    co: &'c Coll,
+    rank: usize,
+    n: usize,
+    send: *mut u8,
+    recv: *mut u8,
+    /// Bytes of one rank's block (count elements).
+    bytes: usize,
+    /// Large results are written with streaming stores (`mem::copy`).
+    stream: bool,
+    /// Copies into recvbuff stream too, unless it is still in cache (`reuse`).
+    copies_stream: bool,
+    /// Peers read this rank's recvbuff by address (single copy).
+    recv_by_address: bool,
+}
+
+impl Cx<'_> {
+    /// Where data received into `dst` in a user buffer is written.
+    fn sink(&self, dst: *mut u8) -> Sink {
+        out_sink(dst, self.copies_stream)
+    }
+
+    /// The peers of this rank, in rank order.
+    fn peers(&self) -> impl Iterator<Item = usize> {
+        let (rank, n) = (self.rank, self.n);
+        (0..n).filter(move |&p| p != rank)
+    }
+
+    /// A local copy step (made in pieces between transfers) unless source and
+    /// destination are the same.
+    fn copy_local(&self, s: &mut Schedule<'_>, src: *mut u8, dst: *mut u8, bytes: usize) {
+        copy_local(s, src, dst, bytes, self.copies_stream);
+    }
+}
+
+/// Adds the steps of one collective (count > 0, validated) to `s`.
+///
+/// `recv_by_address`: this rank's peers read its recvbuff in place (single copy),
+/// so a result written there is read again soon.
+pub fn build(
+    s: &mut Schedule<'_>,
+    co: &Coll,
+    rank: usize,
+    n: usize,
+    scratch: &mut Scratch,
+    recv_by_address: bool,
+    shares_memory: &dyn Fn(usize) -> bool,
+) -> Result<()> {
+    let (send, recv) = (co.send as *mut u8, co.recv);
+    // Large results are written with streaming stores (FERROCCL_STREAM_MIN, see
+    // `mem::copy`): they leave the caches before the caller reads them anyway. Not
+    // for an in-place all_to_all, whose lines are in cache (docs/design/host.md).
+    let stream = recv_bytes(co, n) >= crate::env::stream_min() && !(co.kind == CollKind::AlltoAll && send == recv);
+    // Copies into a recvbuff that the previous call wrote, and that is small enough
+    // to be in the caches still, keep ordinary stores (`reuse`). Reductions keep
+    // `stream`, which also shapes their schedule.
+    let copies_stream = stream && !super::reuse::cached(recv, recv_bytes(co, n));
+    let bytes = co.count * co.dtype.size();
+    let cx = Cx { co, rank, n, send, recv, bytes, stream, copies_stream, recv_by_address };
+    match co.kind {
+        CollKind::AllReduce => all_reduce::build(s, &cx, scratch, shares_memory),
+        CollKind::ReduceScatter | CollKind::ReduceScatterV => reduce_scatter::build(s, &cx, scratch),
+        CollKind::Reduce => reduce::build(s, &cx, scratch),
+        CollKind::Broadcast => broadcast::build(s, &cx),
+        CollKind::AllGather => all_gather::build(s, &cx),
+        CollKind::AlltoAll => all_to_all::build(s, &cx),
+        CollKind::AlltoAllv | CollKind::AllGatherV => all_to_allv::build(s, &cx),
+        CollKind::Gather => gather::build(s, &cx),
+        CollKind::Scatter => scatter::build(s, &cx),
+        CollKind::Barrier => barrier::build(s, &cx),
+        CollKind::Send | CollKind::Recv => send_recv::build(s, &cx),
+    }
+}
+
+/// A local copy step (made in pieces between transfers) unless source and
+/// destination are the same.
+fn copy_local(s: &mut Schedule<'_>, src: *mut u8, dst: *mut u8, bytes: usize, stream: bool) {
+    if src != dst && bytes > 0 {
+        s.copy(src, dst, bytes, stream, &[]);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn parts_cover_the_range_exactly() {
+        for count in [0usize, 1, 7, 1000003] {
+            for n in 1..9 {
+                let mut next = 0;
+                for i in 0..n {
+                    let (s, l) = part(count, n, i);
+                    assert_eq!(s, next);
+                    next += l;
+                }
+                assert_eq!(next, count);
+            }
+        }
+    }
+
+    #[test]
+    #[should_panic(expected = "outside a buffer")]
+    fn a_region_past_the_buffer_is_refused() {
+        let mut b = [0u8; 16];
+        Buf::new(b.as_mut_ptr(), 16).at(8, 9);
+    }
+}
