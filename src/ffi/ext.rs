@@ -1,8 +1,9 @@
 //! Extensions beyond NCCL (ABI.md's last section): uneven, axis-aware, coalesced,
 //! narrow-wire and local collectives, and planning helpers.
 
+use super::args::{array, borrow_array, count_arg, dtype, rank_arg, redop};
 use super::boundary::{call, write_out};
-use super::coll::{dtype, rank_arg, redop, submit};
+use super::coll::submit;
 use super::handle;
 use super::*;
 use crate::coll::ext::{self as cx, AxisLayout, Coalesced};
@@ -24,35 +25,6 @@ pub const fcclCollReduceScatter: fcclCollective_t = 4;
 pub const fcclCollAlltoAll: fcclCollective_t = 5;
 pub const fcclCollGather: fcclCollective_t = 6;
 pub const fcclCollScatter: fcclCollective_t = 7;
-
-/// Reads `n` entries of a C array; NULL is refused with the array's name.
-///
-/// # Safety
-/// `p` is NULL or valid for `n` reads.
-pub(super) unsafe fn array<T: Copy>(p: *const T, n: usize, name: &str) -> Result<Vec<T>> {
-    // SAFETY: as the caller promises.
-    Ok(unsafe { borrow_array(p, n, name) }?.to_vec())
-}
-
-/// The `n` entries of a C array in place, for the duration of the entry point that
-/// received it; NULL is refused with the array's name.
-///
-/// # Safety
-/// `p` is NULL or valid for `n` reads while the returned slice is used.
-pub(super) unsafe fn borrow_array<'a, T: Copy>(p: *const T, n: usize, name: &str) -> Result<&'a [T]> {
-    if n == 0 {
-        return Ok(&[]);
-    }
-    if p.is_null() {
-        return Err(Error::invalid_arg(format!("{name} is NULL; pass an array of {n} entries")));
-    }
-    // SAFETY: non-NULL and, by the API contract, n entries long.
-    Ok(unsafe { std::slice::from_raw_parts(p, n) })
-}
-
-fn count_arg(v: c_int, what: &str) -> Result<usize> {
-    usize::try_from(v).map_err(|_| Error::invalid_arg(format!("{what} is {v}; it cannot be negative")))
-}
 
 /// Gathers `sendcount` elements from every rank: rank p's `recvcounts[p]` elements land
 /// at `rdispls[p]` of `recvbuff` (arrays of nranks entries, in elements). Counts may be

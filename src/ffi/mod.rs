@@ -9,6 +9,7 @@
 // header's conventions rather than in a `# Safety` section per function.
 #![allow(clippy::missing_safety_doc)]
 
+pub mod args;
 pub mod boundary;
 pub mod coll;
 pub mod comm;
