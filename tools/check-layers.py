@@ -35,18 +35,20 @@ from collections import defaultdict
 
 # Highest first. A module may use its own layer and every layer after it; modules of
 # one layer may use each other as long as no cycle forms. The order follows
-# ARCHITECTURE.md's target layout, with one decision of ours: `coll` (what a call is)
-# sits above `transport` and `mem`, because a call names where its buffers live (a
-# mem::Placement with its CUDA context) while moving bytes and managing memory need no
-# notion of a call.
+# ARCHITECTURE.md's target layout, with two decisions of ours: `ops` sits above
+# `comm`, because a composite call runs collectives on a communicator (comm never
+# names an op: a queued one is a closure); and `coll` (what a call is) sits above
+# `transport` and `mem`, because a call names where its buffers live (a mem::Placement
+# with its CUDA context) while moving bytes and managing memory need no notion of a call.
 LAYERS = [
     # Entry points: the C surface (exported functions, handles, the panic boundary)
     # and the launcher's library half (ferroccl-run: starts ranks, serves rendezvous).
     ["ffi", "launch"],
+    # Composite calls built from collectives: coalesced, axis, local copies. Above
+    # comm: each runs collectives on the communicator it is given.
+    ["ops"],
     # Communicators: lifecycle, bootstrap, wire-up, groups, the progress thread.
     ["comm"],
-    # Composite calls built from collectives: coalesced, axis, local copies.
-    ["ops"],
     # Executing collectives: the router, the host, device and NCCL backends.
     ["backend"],
     # What a call is: descriptors, validation, shape math.

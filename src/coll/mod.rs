@@ -432,6 +432,13 @@ impl Coll {
     }
 }
 
+/// Balanced split of `count` elements into `n` parts: (start, len) of part `i`; the
+/// first `count % n` parts have one more.
+pub fn part(count: usize, n: usize, i: usize) -> (usize, usize) {
+    let (base, rem) = (count / n, count % n);
+    (i * base + i.min(rem), base + usize::from(i < rem))
+}
+
 /// Refuses receive regions of all_to_allv (counts and displacements already checked
 /// for overflow) that overlap, naming two of them.
 #[cold]

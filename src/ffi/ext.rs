@@ -6,11 +6,13 @@ use super::boundary::{call, write_out};
 use super::coll::submit;
 use super::handle;
 use super::*;
-use crate::coll::ext::{self as cx, AxisLayout, Coalesced};
+use crate::coll::ext::{self as cx, AxisLayout};
 use crate::coll::{Coll, CollKind, VCounts};
 use crate::comm::{group, Comm, Issued};
 use crate::error::{Error, Result};
-use crate::mem::{self, local};
+use crate::mem;
+use crate::ops::coalesced::{self, Coalesced};
+use crate::ops::{axis, local};
 use crate::types::DataType;
 use std::os::raw::{c_int, c_void};
 use std::sync::Arc;
@@ -165,7 +167,7 @@ pub unsafe extern "C" fn fcclReduceScatterAxis(
             };
             // SAFETY: sendbuff holds the tensor in memory of `place` (API contract; NULL refused above).
             unsafe {
-                cx::reduce_scatter_axis(sendbuff as _, recvbuff as _, l, dt, op, cm.nranks, place, stream as usize)
+                axis::reduce_scatter_axis(sendbuff as _, recvbuff as _, l, dt, op, cm.nranks, place, stream as usize)
             }
         })
     })
@@ -218,7 +220,7 @@ impl Arrays {
 /// Runs a coalesced call now (a blocking communicator, or inside a group, where it
 /// queues one call per buffer), or checks it and queues it whole on a non-blocking
 /// communicator's progress thread.
-fn coalesced(
+fn issue_coalesced(
     c: &Arc<Comm>,
     what: &'static str,
     a: Arrays,
@@ -265,7 +267,9 @@ pub unsafe extern "C" fn fcclAllReduceCoalesced(
         let recv_ptrs: Vec<*const u8> = recvs.iter().map(|&p| p as *const u8).collect();
         let place = coalesced_placement(&[("sendbuffs", &sends), ("recvbuffs", &recv_ptrs)], &counts)?;
         let a = Arrays { sends, recvs, counts, dtype: dt, place, stream: stream as usize };
-        coalesced(&c, "fcclAllReduceCoalesced", a, move |c, b| cx::all_reduce_coalesced(c, b, op, bucketBytes))
+        issue_coalesced(&c, "fcclAllReduceCoalesced", a, move |c, b| {
+            coalesced::all_reduce_coalesced(c, b, op, bucketBytes)
+        })
     })
 }
 
@@ -293,7 +297,9 @@ pub unsafe extern "C" fn fcclBroadcastCoalesced(
         let sends: Vec<*const u8> = bufs.iter().map(|&p| p as *const u8).collect();
         let place = coalesced_placement(&[("buffs", &sends)], &counts)?;
         let a = Arrays { sends, recvs: bufs, counts, dtype: dt, place, stream: stream as usize };
-        coalesced(&c, "fcclBroadcastCoalesced", a, move |c, b| cx::broadcast_coalesced(c, b, root, bucketBytes))
+        issue_coalesced(&c, "fcclBroadcastCoalesced", a, move |c, b| {
+            coalesced::broadcast_coalesced(c, b, root, bucketBytes)
+        })
     })
 }
 

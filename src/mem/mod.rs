@@ -8,7 +8,6 @@ pub mod copy;
 pub mod cuda;
 pub mod cuda_kernels;
 pub mod cuda_reduce;
-pub mod local;
 pub mod pool;
 pub mod reduce;
 pub mod shared;

@@ -78,7 +78,7 @@ pub fn chunk_sizes(along: usize, n: usize, given: Option<&[usize]>) -> Result<Ve
             }
             Ok(g.to_vec())
         }
-        None => Ok((0..n).map(|i| crate::backend::host::algorithms::part(along, n, i).1).collect()),
+        None => Ok((0..n).map(|i| crate::coll::part(along, n, i).1).collect()),
     }
 }
 
