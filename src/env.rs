@@ -312,6 +312,10 @@ pub fn default_timeout() -> Duration {
     Duration::from_millis(ms)
 }
 
+/// The largest value of FERROCCL_NSOCKS (the TCP transport's MAX_SOCKS; comm/wireup.rs
+/// asserts they agree, so the registry needs no import from the layer above it).
+pub const NSOCKS_MAX: usize = 16;
+
 /// Sockets per TCP link: `FERROCCL_NSOCKS`, else (as libnccl.so.2) NCCL_NSOCKS_PERTHREAD
 /// x NCCL_SOCKET_NTHREADS capped at the most a link may have, else the default. An
 /// error naming the variable when a value is not a number in range.
@@ -328,7 +332,7 @@ fn nsocks_from(
     per_thread: Option<String>,
     threads: Option<String>,
 ) -> crate::error::Result<usize> {
-    let max = crate::transport::tcp::MAX_SOCKS;
+    let max = NSOCKS_MAX;
     let parse = |var: &Var, v: &str, hi: usize| {
         v.trim().parse::<usize>().ok().filter(|n| (1..=hi).contains(n)).ok_or_else(|| {
             crate::error::Error::invalid_arg(format!(
@@ -340,7 +344,7 @@ fn nsocks_from(
     if let Some(v) = own {
         return parse(&NSOCKS, &v, max);
     }
-    // NCCL allows up to 64 sockets per link in all; ferroccl's links take at most MAX_SOCKS.
+    // NCCL allows up to 64 sockets per link in all; ferroccl's links take at most NSOCKS_MAX.
     let per = per_thread.map(|v| parse(&NCCL_NSOCKS_PERTHREAD, &v, 64)).transpose()?;
     let threads = threads.map(|v| parse(&NCCL_SOCKET_NTHREADS, &v, 16)).transpose()?;
     if per.is_some() || threads.is_some() {

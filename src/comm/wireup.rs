@@ -165,6 +165,7 @@ fn open_port(nranks: usize, route: Option<IpAddr>, other_hosts: bool) -> Result<
         }
     };
     listener.set_nonblocking(true)?;
+    const _: () = assert!(crate::env::NSOCKS_MAX == crate::transport::tcp::MAX_SOCKS);
     // Every lower remote peer connects all its sockets before this rank accepts any (round three).
     let backlog = nranks.saturating_mul(crate::transport::tcp::MAX_SOCKS).min(i32::MAX as usize);
     // SAFETY: listen on a socket we own; it only raises the accept queue's length.
