@@ -37,6 +37,34 @@ pub struct Exec<'a> {
     pub algo: &'static str,
 }
 
+/// How a run of calls ended when the communicator survived it. A run returns
+/// `Result<Outcome>`: `Err` broke the communicator (a peer vanished, a timeout, a
+/// corrupt stream); `Ok(Outcome::Failed)` failed these calls only (ranks disagreed on
+/// them) and the communicator stays usable.
+#[must_use]
+#[derive(Debug)]
+pub enum Outcome {
+    Done,
+    Failed(Error),
+}
+
+impl Outcome {
+    /// The calls' result for their caller (either way the communicator is usable).
+    pub fn into_result(self) -> Result<()> {
+        match self {
+            Outcome::Done => Ok(()),
+            Outcome::Failed(e) => Err(e),
+        }
+    }
+}
+
+/// The two-level form the backends still return (`None`: done).
+impl From<Option<Error>> for Outcome {
+    fn from(e: Option<Error>) -> Outcome {
+        e.map_or(Outcome::Done, Outcome::Failed)
+    }
+}
+
 /// One way of executing collectives.
 pub trait Backend: Send + Sync {
     /// The backend's identity ("nccl", "ipc", "builtin").
@@ -99,9 +127,9 @@ impl Router {
 
     /// Runs `calls` as one unit: each backend runs the calls it serves, in table
     /// order, which every rank follows, so a group split over backends still pairs up.
-    pub fn run(&self, x: &mut Exec<'_>, calls: &[Call]) -> Result<Option<Error>> {
+    pub fn run(&self, x: &mut Exec<'_>, calls: &[Call]) -> Result<Outcome> {
         if let [c] = calls {
-            return self.table[self.route(&c.coll, true)].run(x, calls);
+            return self.table[self.route(&c.coll, true)].run(x, calls).map(Outcome::from);
         }
         let routes: Vec<usize> = calls.iter().map(|c| self.route(&c.coll, false)).collect();
         let mut first_err = None;
@@ -124,7 +152,7 @@ impl Router {
         if algos.len() > 1 {
             x.algo = "group over several backends";
         }
-        Ok(first_err)
+        Ok(first_err.into())
     }
 
     /// The first backend's error that broke the communicator outside any call.
@@ -210,10 +238,10 @@ mod tests {
             call(CollKind::AllReduce, 3),
             call(CollKind::Barrier, 4),
         ];
-        assert!(router.run(&mut x, &group).unwrap().is_none());
+        assert!(matches!(router.run(&mut x, &group).unwrap(), Outcome::Done));
         assert_eq!(x.algo, "group over several backends");
         assert_eq!(router.names(&group), ["second", "first", "second", "shadowed"]);
-        router.run(&mut x, &group[1..2]).unwrap();
+        assert!(matches!(router.run(&mut x, &group[1..2]).unwrap(), Outcome::Done));
         assert_eq!(x.algo, "first");
         let runs = |i: usize| logs[i].lock().unwrap().clone();
         // Each backend ran its share once, calls in their order; the lone call after.

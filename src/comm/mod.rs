@@ -14,7 +14,7 @@ use crate::backend::builtin::Builtin;
 use crate::backend::host::{self, Call};
 use crate::backend::ipc::{self, Ipc};
 use crate::backend::nccl::{Nccl, NcclBackend};
-use crate::backend::{Exec, Router};
+use crate::backend::{Exec, Outcome, Router};
 use crate::coll::Coll;
 use crate::error::{Code, Error, Result};
 use crate::log;
@@ -396,7 +396,7 @@ impl Comm {
             self.warn_no_device();
             self.router.run(&mut x, calls)
         } else {
-            host::execute(&mut x, calls)
+            host::execute(&mut x, calls).map(Outcome::from)
         };
         let algo = x.algo;
         if let Some(t0) = t0 {
@@ -416,8 +416,7 @@ impl Comm {
             }
         }
         match res {
-            Ok(None) => Ok(()),
-            Ok(Some(e)) => Err(e),
+            Ok(outcome) => outcome.into_result(),
             Err(e) => {
                 log::warn(format_args!("rank {} comm {}: {}", self.rank, self.label(), e.msg));
                 *self.async_err.lock().unwrap_or_else(|p| p.into_inner()) = Some(e.clone());
