@@ -17,16 +17,28 @@ use crate::types::DataType;
 use std::os::raw::{c_int, c_void};
 use std::sync::Arc;
 
-/// The planning helpers' collective ids.
+/// The planning helpers' collective ids (fcclCollectiveCounts and fcclCollectiveAdjoint
+/// take and give them as `int`).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum fcclCollective {
+    fcclCollAllReduce = 0,
+    fcclCollBroadcast = 1,
+    fcclCollReduce = 2,
+    fcclCollAllGather = 3,
+    fcclCollReduceScatter = 4,
+    fcclCollAlltoAll = 5,
+    fcclCollGather = 6,
+    fcclCollScatter = 7,
+}
+
+/// A collective id as an integer (a [`fcclCollective`] value).
+/// cbindgen:no-export
 pub type fcclCollective_t = c_int;
-pub const fcclCollAllReduce: fcclCollective_t = 0;
-pub const fcclCollBroadcast: fcclCollective_t = 1;
-pub const fcclCollReduce: fcclCollective_t = 2;
-pub const fcclCollAllGather: fcclCollective_t = 3;
-pub const fcclCollReduceScatter: fcclCollective_t = 4;
-pub const fcclCollAlltoAll: fcclCollective_t = 5;
-pub const fcclCollGather: fcclCollective_t = 6;
-pub const fcclCollScatter: fcclCollective_t = 7;
+int_values!(fcclCollective_t = fcclCollective::{
+    fcclCollAllReduce, fcclCollBroadcast, fcclCollReduce, fcclCollAllGather, fcclCollReduceScatter,
+    fcclCollAlltoAll, fcclCollGather, fcclCollScatter,
+});
 
 /// Gathers `sendcount` elements from every rank: rank p's `recvcounts[p]` elements land
 /// at `rdispls[p]` of `recvbuff` (arrays of nranks entries, in elements). Counts may be
