@@ -5,7 +5,7 @@
 # 2 and 3 hosts as network namespaces (tests/multinode), the device suite and a GPU
 # host's view of the host suite on the simulated GPU (tools/simgpu, scripts/sim-gpu.sh),
 # the device kernels through the real NVRTC (scripts/nvrtc-check.sh), NCCL's ABI
-# (tests/nccl/run.sh), and the Python tests.
+# (tests/nccl/run.sh), the examples (examples/run.sh), and the Python tests.
 # Installs what is missing (scripts/setup.sh). Usage: scripts/test.sh
 set -euo pipefail
 root="$(cd "$(dirname "$0")/.." && pwd)"
@@ -74,6 +74,8 @@ step "NCCL's ABI: libnccl.so.2 against NVIDIA's 2.28, and programs written for N
 bash tests/nccl/run.sh "$lib"
 step "bench/compare scripts (no installs, no timing)"
 bash bench/compare/smoke.sh
+step "examples/: C, C++, Python and NCCL-style C, each built and run on 2 and 3 ranks"
+bash examples/run.sh "$lib"
 step "install: CMake and pkg-config consumers of an installed copy"
 bash tests/install/run.sh
 step "Python: ctypes test and the ferroccl package (pytest; device tests on the simulated GPU)"
