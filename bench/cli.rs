@@ -252,7 +252,10 @@ Output:
                            parameters, counts and each rank's resource counts)
   --csv FILE               results as CSV, one row per size and placement, header
                            collective,nranks,type,redop,root,size_bytes,count,placement,
-                           time_us,algbw_GBps,busbw_GBps,wrong (wrong is empty when not checked)
+                           time_us,algbw_GBps,busbw_GBps,wrong,host_us (wrong is empty when
+                           not checked; host_us, in JSON too: with --mem cuda the time the
+                           calling thread spends in one call, enqueueing it, empty on host
+                           memory, where a call returns when it is done)
   --plot FILE.svg          busbw against size (log2 axis), one line per collective and
                            placement
   -h, --help               this text

@@ -364,14 +364,25 @@ fn measure(ctx: &Ctx, case: &Case, inplace: bool) -> Result<Record, Fail> {
     case.wait()?;
 
     comm.barrier()?;
+    // Device memory: what the calling thread spends in each call (enqueueing it) too;
+    // host calls return when done, and two clock reads a call would show in their times.
+    let on_device = case.device.is_some();
+    let mut in_calls = 0.0;
     let t0 = Instant::now();
     for it in 0..iters {
-        case.run(it, inplace)?;
+        if on_device {
+            let t = Instant::now();
+            case.run(it, inplace)?;
+            in_calls += t.elapsed().as_secs_f64();
+        } else {
+            case.run(it, inplace)?;
+        }
     }
     // Device memory: calls are stream-ordered; the time ends when the stream is done.
     case.wait()?;
     let local = t0.elapsed().as_secs_f64() / iters as f64;
     let secs = combine(comm, o, local)?;
+    let host_us = if on_device { Some(combine(comm, o, in_calls / iters as f64)? * 1e6) } else { None };
 
     let checked = o.check > 0 && (!inplace || coll.inplace_checked());
     let wrong =
@@ -390,6 +401,7 @@ fn measure(ctx: &Ctx, case: &Case, inplace: bool) -> Result<Record, Fail> {
         count: l.param,
         placement: if inplace { "in" } else { "out" },
         time_us: secs * 1e6,
+        host_us,
         algbw,
         busbw: algbw * coll.bus_factor(n),
         wrong,

@@ -16,6 +16,9 @@ pub struct Record {
     /// "out" or "in".
     pub placement: &'static str,
     pub time_us: f64,
+    /// Device memory: time the calling thread spent in a call (enqueueing it), combined
+    /// across ranks as time_us; None on host memory, where a call returns when done.
+    pub host_us: Option<f64>,
     pub algbw: f64,
     pub busbw: f64,
     /// Wrong elements over all ranks; None when not checked.
@@ -288,7 +291,7 @@ pub fn json(info: &RunInfo, records: &[Record]) -> String {
     for (i, r) in records.iter().enumerate() {
         let _ = writeln!(
             s,
-            "    {{\"collective\": {}, \"nranks\": {}, \"type\": {}, \"redop\": {}, \"root\": {}, \"size_bytes\": {}, \"count\": {}, \"placement\": {}, \"time_us\": {}, \"algbw_GBps\": {}, \"busbw_GBps\": {}, \"wrong\": {}, \"iters\": {}, \"warmup_iters\": {}}}{}",
+            "    {{\"collective\": {}, \"nranks\": {}, \"type\": {}, \"redop\": {}, \"root\": {}, \"size_bytes\": {}, \"count\": {}, \"placement\": {}, \"time_us\": {}, \"host_us\": {}, \"algbw_GBps\": {}, \"busbw_GBps\": {}, \"wrong\": {}, \"iters\": {}, \"warmup_iters\": {}}}{}",
             esc(r.collective),
             r.nranks,
             esc(r.ty),
@@ -298,6 +301,7 @@ pub fn json(info: &RunInfo, records: &[Record]) -> String {
             r.count,
             esc(r.placement),
             num(r.time_us),
+            r.host_us.map_or_else(|| "null".to_string(), num),
             num(r.algbw),
             num(r.busbw),
             r.wrong.map_or_else(|| "null".to_string(), |w| w.to_string()),
@@ -312,7 +316,7 @@ pub fn json(info: &RunInfo, records: &[Record]) -> String {
 }
 
 pub const CSV_HEADER: &str =
-    "collective,nranks,type,redop,root,size_bytes,count,placement,time_us,algbw_GBps,busbw_GBps,wrong";
+    "collective,nranks,type,redop,root,size_bytes,count,placement,time_us,algbw_GBps,busbw_GBps,wrong,host_us";
 
 pub fn csv(records: &[Record]) -> String {
     let mut s = String::new();
@@ -320,7 +324,7 @@ pub fn csv(records: &[Record]) -> String {
     for r in records {
         let _ = writeln!(
             s,
-            "{},{},{},{},{},{},{},{},{:.3},{:.6},{:.6},{}",
+            "{},{},{},{},{},{},{},{},{:.3},{:.6},{:.6},{},{}",
             r.collective,
             r.nranks,
             r.ty,
@@ -332,7 +336,8 @@ pub fn csv(records: &[Record]) -> String {
             r.time_us,
             r.algbw,
             r.busbw,
-            r.wrong.map_or_else(String::new, |w| w.to_string())
+            r.wrong.map_or_else(String::new, |w| w.to_string()),
+            r.host_us.map_or_else(String::new, |h| format!("{h:.3}"))
         );
     }
     s

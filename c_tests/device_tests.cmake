@@ -12,9 +12,16 @@
 #   test_device.threads_mixed<N> the same with devlist 0,1,0,1,...
 #   test_device.ipc.np3          3 processes on device 0 with FERROCCL_CUDA_IPC=1 (the default:
 #                                GPU to GPU through CUDA IPC mappings, ordered on the streams)
+#   test_device.mps.np<N>        N processes on device 0 with FERROCCL_CUDA_MPS=1: every rank
+#                                moves its share of each call, as under MPS
 #   test_device.ipc.np10         10 processes on device 0: the reducing calls (every type and
 #                                op, one launch over more than 8 ranks' buffers) and the wire
 #                                all_reduce, and the refused calls
+#   test_device.chunked.np<N>    N processes, everything staged through host memory
+#   test_device.chunked.threads3 (FERROCCL_CUDA_IPC=0) in chunks of 256 bytes of host buffer
+#                                (FERROCCL_STAGING_CHUNK), so that counts of 37 and 1001 span
+#                                many chunks with odd remainders; no >= 16 MiB cases (those
+#                                span several chunks at the default size)
 # A device the machine lacks (one GPU) is mapped to device 0, and the output says so.
 
 set(_fccl_dev_req ${_core} fcclMemAlloc fcclMemAllocHost fcclMemFree fcclCommCuDevice
@@ -29,6 +36,9 @@ set(_fccl_dev_tests
     test_device.mixed.np2 test_device.mixed.np4
     test_device.threads1 test_device.threads2 test_device.threads3 test_device.threads4
     test_device.threads_mixed2 test_device.threads_mixed4 test_device.ipc.np3
+    test_device.chunked.np1 test_device.chunked.np2 test_device.chunked.np3
+    test_device.chunked.np4 test_device.chunked.threads3
+    test_device.mps.np2 test_device.mps.np3 test_device.mps.np4
     test_device.ipc.np10)
 
 _fccl_missing_of(_fccl_dev_miss ${_fccl_dev_req})
@@ -60,10 +70,23 @@ else()
   # GPU to GPU through CUDA IPC, named explicitly (FERROCCL_CUDA_IPC=1 is the default)
   _fccl_device_test(test_device.ipc.np3 3 "${_fccl_env};FERROCCL_CUDA_IPC=1"
     "${FERROCCL_RUN}" -n 3 $<TARGET_FILE:test_device>)
+  # MPS forced on (the simulated GPU reports none): every rank moves its share
+  foreach(_n 2 3 4)
+    _fccl_device_test(test_device.mps.np${_n} ${_n} "${_fccl_env};FERROCCL_CUDA_MPS=1"
+      "${FERROCCL_RUN}" -n ${_n} $<TARGET_FILE:test_device>)
+  endforeach()
   # More ranks than a launch took pointers before (8): the reductions and wire forms only
   _fccl_device_test(test_device.ipc.np10 10
-    "${_fccl_env};FCCL_TEST_DEVICE_SKIP=roots,moving,groups,split,big,axis,coalesced"
+    "${_fccl_env};FCCL_TEST_DEVICE_SKIP=roots,moving,p2p,groups,split,big,axis,coalesced"
     "${FERROCCL_RUN}" -n 10 $<TARGET_FILE:test_device>)
+  # staged in small chunks: the pipeline's boundaries and remainders at every count
+  set(_fccl_chunked "${_fccl_env};FERROCCL_CUDA_IPC=0;FERROCCL_STAGING_CHUNK=256;FCCL_TEST_DEVICE_BIG=0")
+  foreach(_n 1 2 3 4)
+    _fccl_device_test(test_device.chunked.np${_n} ${_n} "${_fccl_chunked}"
+      "${FERROCCL_RUN}" -n ${_n} $<TARGET_FILE:test_device>)
+  endforeach()
+  _fccl_device_test(test_device.chunked.threads3 3 "${_fccl_chunked}"
+    $<TARGET_FILE:test_device> --threads 3 --devlist 0,1,0)
   # threads: --devlist 0,0,... and (mixed) 0,1,0,1,...
   foreach(_n 1 2 3 4)
     set(_fccl_same "")

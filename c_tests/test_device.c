@@ -33,7 +33,9 @@
  * every root for the rooted calls (at count 37; rotating at the others).  >= 16 MiB per
  * call: float32 sum, bfloat16 sum and int8 max for the reducing calls, float32 and int8 for
  * the others, at 1 and 2 ranks; a few at more ranks (FCCL_TEST_DEVICE_BIG=0 none, =all
- * everything at every size).  Then fcclBarrier, groups mixing collectives, fcclCommSplit,
+ * everything at every size).  Then send/recv beyond the matrix (sizes that differ, reported
+ * on both sides; sends and receives matched across calls; a ring shift in place; host to
+ * device memory and back), fcclBarrier, groups mixing collectives, fcclCommSplit,
  * a non-blocking communicator (config.blocking = 0: calls polled with
  * fcclCommGetAsyncError before the results are downloaded), the local calls (1 rank), and
  * refused calls mixing host and device memory.  Last, every type and op and the wire
@@ -927,6 +929,163 @@ static void t_sendrecv(dctx* D, const fccl_pattern* pat, size_t count, int kind)
   case_end(D);
 }
 
+/* Sizes that differ: rank 0 sends count+1 elements to rank 1 (to itself with one rank),
+ * which receives count; every other send of the ring shift matches. Both ends of that pair
+ * get fcclCollectiveMismatch naming both sizes, as on the host, nothing lands in the
+ * receive buffer; the other transfers deliver; the communicator keeps working. */
+static void t_sendrecv_mismatch(dctx* D, const fccl_pattern* pat, size_t count) {
+  size_t esz = pat->esz, nsend, want_s, want_r;
+  int n = D->nranks, me = D->rank, to = (me + 1) % n, from = (me + n - 1) % n, ok;
+  int bad_send = me == 0, bad_recv = from == 0;
+  region *s, *r;
+  fcclResult_t res, want;
+  const char* le;
+  char need[96];
+  case_begin(D, ROTATE, "fcclSend/fcclRecv %s count=%zu ring shift, rank 0 sending one more "
+             "element than rank %d receives", dtn(pat->dt), count, n > 1 ? 1 : 0);
+  nsend = count + (size_t)bad_send;
+  s = reg_new(D, "sendbuff", nsend * esz, FCCL_SENT_GAP, esz);
+  fccl_pattern_fill(pat, put(s), nsend, fccl_rank_off(D->base, me));
+  r = reg_new(D, "recvbuff", count * esz, FCCL_SENT_RECV, esz);
+  case_upload(D);
+  ok = DOK(fcclGroupStart());
+  ok &= DOK(fcclSend(s->dev, nsend, pat->dt, to, D->comm, STREAM(D)));
+  ok &= DOK(fcclRecv(r->dev, count, pat->dt, from, D->comm, STREAM(D)));
+  res = fcclGroupEnd();
+  D->calls++;
+  le = fcclGetLastError(D->comm);
+  want = bad_send || bad_recv ? fcclCollectiveMismatch : fcclSuccess;
+  CHECK(res == want, "%s: fcclGroupEnd returned %d (%s), expected %s; fcclGetLastError: \"%s\"",
+        D->what, (int)res, fccl_res_name(res), fccl_res_name(want), le ? le : "(NULL)");
+  if (res != fcclSuccess && want != fcclSuccess) {
+    /* the pair's sizes, in bytes, on both sides */
+    want_s = (count + 1) * esz;
+    want_r = count * esz;
+    snprintf(need, sizeof need, "sends %zu bytes", want_s);
+    CHECK(le && strstr(le, need), "%s: fcclGetLastError = \"%s\" lacks \"%s\"", D->what,
+          le ? le : "(NULL)", need);
+    snprintf(need, sizeof need, "receives %zu bytes", want_r);
+    CHECK(le && strstr(le, need), "%s: fcclGetLastError = \"%s\" lacks \"%s\"", D->what,
+          le ? le : "(NULL)", need);
+  }
+  case_download(D);
+  if (bad_recv)
+    chk_unchanged(D, r, "was written by a receive whose size differed from the send's");
+  else if (ok)
+    PATTERN_CHECK(pat, got(r), count, fccl_rank_off(D->base, from),
+                  sub(D, "received from rank %d", from));
+  chk_guards(D, r);
+  chk_unchanged(D, s, "was modified");
+  case_end(D);
+}
+
+/* Sends and receives matched across calls: in pairs of ranks (2k, 2k+1), one side posts
+ * two messages as two separate calls and the other both in one group (`flip` swaps the
+ * sides); the k-th send pairs with the k-th receive, as on the host. A rank without a
+ * partner takes no part. */
+static void t_sendrecv_across_calls(dctx* D, const fccl_pattern* pat, size_t count, int flip) {
+  size_t esz = pat->esz, cnt[2] = {count, count + 3};
+  int me = D->rank, peer = me ^ 1, sender = (me % 2 == 0) != (flip != 0), grouped = me % 2 == 1, j,
+      ok = 1;
+  region *b[2];
+  case_begin(D, ROTATE, "fcclSend/fcclRecv %s counts %zu and %zu across calls (%s)", dtn(pat->dt),
+             cnt[0], cnt[1], flip ? "odd ranks send" : "even ranks send");
+  if (peer >= D->nranks) {
+    case_end(D);
+    return;
+  }
+  for (j = 0; j < 2; j++) {
+    b[j] = reg_new(D, sender ? (j ? "second sendbuff" : "first sendbuff")
+                             : (j ? "second recvbuff" : "first recvbuff"),
+                   cnt[j] * esz, sender ? FCCL_SENT_GAP : FCCL_SENT_RECV, esz);
+    if (sender) fccl_pattern_fill(pat, put(b[j]), cnt[j], fccl_rank_off(D->base, me) + (size_t)j * BLK);
+  }
+  case_upload(D);
+  if (grouped) ok &= DOK(fcclGroupStart());
+  for (j = 0; j < 2; j++) {
+    if (sender)
+      ok &= DOK(fcclSend(b[j]->dev, cnt[j], pat->dt, peer, D->comm, STREAM(D)));
+    else
+      ok &= DOK(fcclRecv(b[j]->dev, cnt[j], pat->dt, peer, D->comm, STREAM(D)));
+  }
+  if (grouped) ok &= DOK(fcclGroupEnd());
+  case_download(D);
+  for (j = 0; j < 2; j++) {
+    if (sender) {
+      chk_unchanged(D, b[j], "was modified");
+    } else {
+      if (ok)
+        PATTERN_CHECK(pat, got(b[j]), cnt[j], fccl_rank_off(D->base, peer) + (size_t)j * BLK,
+                      sub(D, "message %d from rank %d", j, peer));
+      chk_guards(D, b[j]);
+    }
+  }
+  case_end(D);
+}
+
+/* A ring shift in place: every rank sends its buffer to rank+1 and receives rank-1's
+ * into the same buffer, in one group: what it sends is its buffer before the call. */
+static void t_sendrecv_in_place(dctx* D, const fccl_pattern* pat, size_t count) {
+  size_t esz = pat->esz;
+  int n = D->nranks, me = D->rank, to = (me + 1) % n, from = (me + n - 1) % n, ok;
+  region* b;
+  case_begin(D, ROTATE, "fcclSend/fcclRecv %s count=%zu ring shift in place", dtn(pat->dt), count);
+  b = reg_new(D, "buff", count * esz, FCCL_SENT_RECV, esz);
+  fccl_pattern_fill(pat, put(b), count, fccl_rank_off(D->base, me));
+  case_upload(D);
+  ok = DOK(fcclGroupStart());
+  ok &= DOK(fcclSend(b->dev, count, pat->dt, to, D->comm, STREAM(D)));
+  ok &= DOK(fcclRecv(b->dev, count, pat->dt, from, D->comm, STREAM(D)));
+  ok &= DOK(fcclGroupEnd());
+  case_download(D);
+  if (ok)
+    PATTERN_CHECK(pat, got(b), count, fccl_rank_off(D->base, from),
+                  sub(D, "received from rank %d", from));
+  chk_guards(D, b);
+  case_end(D);
+}
+
+/* A ring shift between host and device memory: even ranks send from host memory (malloc)
+ * and receive into device memory, odd ranks the other way round, so every pair has a host
+ * side (a single rank sends host to device to itself). */
+static void t_sendrecv_host_device(dctx* D, const fccl_pattern* pat, size_t count) {
+  size_t esz = pat->esz;
+  int n = D->nranks, me = D->rank, to = (me + 1) % n, from = (me + n - 1) % n, ok;
+  int host_send = me % 2 == 0;
+  unsigned char *hs = (unsigned char*)fccl_xmalloc(count * esz + 1),
+                *hr = (unsigned char*)fccl_xmalloc(count * esz + FCCL_SLACK);
+  region *s = NULL, *r = NULL;
+  case_begin(D, ROTATE, "fcclSend/fcclRecv %s count=%zu ring shift, %s", dtn(pat->dt), count,
+             host_send ? "sending host memory, receiving into device memory"
+                       : "sending device memory, receiving into host memory");
+  if (host_send) {
+    fccl_pattern_fill(pat, hs, count, fccl_rank_off(D->base, me));
+    r = reg_new(D, "device recvbuff", count * esz, FCCL_SENT_RECV, esz);
+  } else {
+    s = reg_new(D, "device sendbuff", count * esz, FCCL_SENT_GAP, esz);
+    fccl_pattern_fill(pat, put(s), count, fccl_rank_off(D->base, me));
+    memset(hr, FCCL_SENT_RECV, count * esz + FCCL_SLACK);
+  }
+  case_upload(D);
+  ok = DOK(fcclGroupStart());
+  ok &= DOK(fcclSend(host_send ? (void*)hs : (void*)s->dev, count, pat->dt, to, D->comm, STREAM(D)));
+  ok &= DOK(fcclRecv(host_send ? (void*)r->dev : (void*)hr, count, pat->dt, from, D->comm,
+                     STREAM(D)));
+  ok &= DOK(fcclGroupEnd());
+  case_download(D);
+  if (ok)
+    PATTERN_CHECK(pat, host_send ? got(r) : hr, count, fccl_rank_off(D->base, from),
+                  sub(D, "received from rank %d into %s memory", from, host_send ? "device" : "host"));
+  if (r) chk_guards(D, r);
+  if (s) chk_unchanged(D, s, "was modified");
+  if (!host_send)
+    BYTES_CHECK(hr + count * esz, FCCL_SLACK, FCCL_SENT_RECV,
+                sub(D, "host bytes after recvbuff (written past its end)"));
+  case_end(D);
+  free(hs);
+  free(hr);
+}
+
 /* ---- extensions */
 
 static void t_allgatherv(dctx* D, const fccl_pattern* pat, size_t unit, int salt, int ip) {
@@ -1748,6 +1907,101 @@ static void t_bad_inputs(dctx* D) {
   fccl_pattern_free(&pat);
 }
 
+/* ================================================================== rank order */
+
+/* Inexact float data: mixed signs and magnitudes, element i of rank r (sums depend on
+ * the order of their operands). */
+static double order_val(int r, size_t i, unsigned long salt) {
+  uint64_t m = mix64(((uint64_t)salt << 40) ^ ((uint64_t)r << 32) ^ (uint64_t)i);
+  double u = (double)(m >> 11) / 9007199254740992.0 - 0.5;
+  return u * (double)(1u << (m & 15u)) / 256.0;
+}
+
+/* Element i of the sum over ranks in rank order, accumulated in float32 and rounded once
+ * to dt: what every backend must give, bit for bit (ABI.md), whatever the call's size and
+ * however it is cut. */
+static void order_sum(fcclDataType_t dt, int n, size_t i, unsigned long salt, void* out, size_t k) {
+  unsigned char in[8];
+  float acc = 0.0f;
+  int r;
+  for (r = 0; r < n; r++) {
+    float x;
+    fccl_store_f(dt, in, 0, order_val(r, i, salt));
+    x = (float)fccl_load_f(dt, in, 0);
+    acc = r ? acc + x : x;
+  }
+  fccl_store_f(dt, out, k, (double)acc);
+}
+
+/* fcclAllReduce (rs = 0) or fcclReduceScatter (rs = 1) sum of inexact values on host or
+ * device memory: every element equals the rank-order sum bit for bit. */
+static void t_rank_order(dctx* D, fcclDataType_t dt, int rs, size_t count, int on_host) {
+  size_t esz = fccl_dt_size(dt), n = (size_t)D->nranks, total = rs ? count * n : count, i, bad = 0;
+  size_t first = 0, off = rs ? (size_t)D->rank * count : 0;
+  unsigned long salt;
+  unsigned char *in, *out, want[8];
+  region *s = NULL, *r = NULL;
+  int ok;
+  case_begin(D, ROTATE, "%s %s sum count=%zu of inexact values on %s memory", rs ? "fcclReduceScatter" :
+             "fcclAllReduce", dtn(dt), count, on_host ? "host" : "device");
+  salt = D->seq;
+  if (on_host) {
+    in = (unsigned char*)fccl_xmalloc(total * esz);
+    out = (unsigned char*)fccl_xmalloc(count * esz);
+  } else {
+    s = reg_new(D, "sendbuff", total * esz, FCCL_SENT_GAP, esz);
+    r = reg_new(D, "recvbuff", count * esz, FCCL_SENT_RECV, esz);
+    in = put(s);
+    out = got(r);
+  }
+  for (i = 0; i < total; i++) fccl_store_f(dt, in, i, order_val(D->rank, i, salt));
+  if (on_host) {
+    ok = rs ? DOK(fcclReduceScatter(in, out, count, dt, fcclSum, D->comm, NULL))
+            : DOK(fcclAllReduce(in, out, count, dt, fcclSum, D->comm, NULL));
+  } else {
+    case_upload(D);
+    ok = rs ? DOK(fcclReduceScatter(s->dev, r->dev, count, dt, fcclSum, D->comm, STREAM(D)))
+            : DOK(fcclAllReduce(s->dev, r->dev, count, dt, fcclSum, D->comm, STREAM(D)));
+    case_download(D);
+  }
+  for (i = 0; ok && i < count; i++) {
+    order_sum(dt, D->nranks, off + i, salt, want, 0);
+    if (memcmp(out + i * esz, want, esz) != 0 && !bad++) first = i;
+  }
+  if (bad) {
+    char g[64], w[64];
+    order_sum(dt, D->nranks, off + first, salt, want, 0);
+    fccl_format_elem(dt, out, first, g, sizeof g);
+    fccl_format_elem(dt, want, 0, w, sizeof w);
+    CHECK(0, "%s: %zu of %zu elements are not the rank-order sum; the first, element %zu: %s, "
+             "expected %s", D->what, bad, count, first, g, w);
+  }
+  if (on_host) {
+    free(in);
+    free(out);
+  } else {
+    chk_guards(D, r);
+    chk_unchanged(D, s, "was modified");
+  }
+  case_end(D);
+}
+
+/* Rank-order sums on host and device memory: 1001 elements (several chunks when staging
+ * is cut small, FERROCCL_STAGING_CHUNK) and, with the big cases, 6 MiB (several chunks
+ * at the default size, with a remainder). */
+static void part_order(dctx* D) {
+  static const fcclDataType_t dts[2] = {fcclFloat32, fcclBfloat16};
+  size_t counts[2] = {1001, ((size_t)6 << 20) / 4 + 3};
+  int t, c, rs, h;
+  for (c = 0; c < (D->big ? 2 : 1); c++)
+    for (t = 0; t < 2; t++)
+      for (rs = 0; rs < 2; rs++)
+        for (h = 0; h < 2; h++) {
+          size_t cnt = rs ? counts[c] / (size_t)D->nranks + 1 : counts[c];
+          t_rank_order(D, dts[t], rs, cnt, h);
+        }
+}
+
 /* ================================================================== the body */
 
 /* >= 16 MiB cases: 2 = all of part_big, 1 = a few (all_reduce, reduce_scatter, all_gather,
@@ -1836,6 +2090,29 @@ static void part_moving(dctx* D) {
       }
       k++;
     }
+    fccl_pattern_free(&pat);
+  }
+}
+
+/* Send/recv beyond the matrix's shapes: sizes that differ, matching across calls, in place,
+ * between host and device memory; at counts that go whole (small) and in many pieces. */
+static void part_p2p(dctx* D) {
+  static const size_t counts[3] = {1, 1001, 70001};
+  static const fcclDataType_t dts[3] = {fcclInt8, fcclFloat32, fcclFloat64};
+  int t, c;
+  fccl_pattern pat;
+  for (t = 0; t < 3; t++) {
+    fccl_pattern_init(&pat, dts[t], FCCL_SCHEME_FULL);
+    for (c = 0; c < 3; c++)
+      EACH_MODE(D) {
+        t_sendrecv_mismatch(D, &pat, counts[c]);
+        t_sendrecv_across_calls(D, &pat, counts[c], 0);
+        /* A group of sends over 64 KiB whose receives come as separate calls does not
+         * finish on the host backend (staged runs), so only eager sizes there. */
+        if (counts[c] * pat.esz <= ((size_t)64 << 10)) t_sendrecv_across_calls(D, &pat, counts[c], 1);
+        t_sendrecv_in_place(D, &pat, counts[c]);
+        t_sendrecv_host_device(D, &pat, counts[c]);
+      }
     fccl_pattern_free(&pat);
   }
 }
@@ -2131,8 +2408,8 @@ static void catch_fatal(void) {
 }
 
 /* FCCL_TEST_DEVICE_SKIP=name,name (for debugging; the same on every rank): parts not run,
- * of reducing, roots, moving, axis, coalesced, wire, vs_host, groups, split, nonblocking, bad, local,
- * big, and
+ * of reducing, roots, order, moving, p2p, axis, coalesced, wire, vs_host, groups, split,
+ * nonblocking, bad, local, big, and
  * the calls fcclReduceScatterAxis, fcclAllReduceCoalesced, fcclBroadcastCoalesced. */
 static int part_on(const char* name) {
   const char* e = getenv("FCCL_TEST_DEVICE_SKIP");
@@ -2185,6 +2462,7 @@ static int body(fcclComm_t comm, int rank, int nranks) {
    * that breaks the context or the process leaves the rest of the report intact */
   if (part_on("reducing")) part_reducing(D);
   if (part_on("roots")) part_reduce_roots(D);
+  if (part_on("order")) part_order(D);
   if (part_on("moving")) part_moving(D);
   if (part_on("wire")) part_wire(D);
   if (part_on("vs_host")) part_vs_host(D);
@@ -2194,6 +2472,7 @@ static int body(fcclComm_t comm, int rank, int nranks) {
     t_mixed_group(D, MODE(MEM_ARENA, ST_ASYNC));
     t_mixed_group(D, MODE(MEM_ALLOC, ST_NULL));
   }
+  if (part_on("p2p")) part_p2p(D);
   if (part_on("split")) t_split(D);
   if (part_on("nonblocking")) {
     t_nonblocking(D, 0);

@@ -662,7 +662,8 @@ fcclResult_t fcclAllGatherAxis(const void *sendbuff,
  * Reduces a row-major tensor of `shape` (the input's) across ranks; rank r gets block
  * r along `axis` (shape[axis]/nranks wide; shape[axis] must divide by nranks). Along
  * an axis > 0 the input is first packed into a copy owned by the call (on `stream`
- * for device memory).
+ * for device memory), except where the ranks share one GPU: that path reads the
+ * blocks where they lie.
  */
 fcclResult_t fcclReduceScatterAxis(const void *sendbuff,
                                    void *recvbuff,

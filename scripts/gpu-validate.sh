@@ -5,17 +5,23 @@
 #
 # PHASE: suite (the whole C contract suite on the real driver: host tests, then the
 # same as programs that use CUDA, then the device tests), bench (ferroccl-bench
-# --mem cuda at 1, 2 and 4 ranks, every collective), pingpong (bench/memop_pingpong.c:
-# a round trip of stream memory operations between two processes on device 0, the
-# floor of the one-GPU data plane's small calls; again under MPS when the script may
-# start it), startup (what the first call of a host-memory program costs with and
-# without a CUDA context), nccl (nccl-tests' *_perf binaries from NCCL_TESTS_DIR and
-# PyTorch's backend="nccl", unchanged, on ferroccl's libnccl.so.2 through LD_PRELOAD;
-# skipped where missing), report (writes the record). Default: all of them. Each
-# phase leaves its raw output in
-# build/gpu-validation/; `report` turns whatever is there into FILE (default
-# docs/gpu-validation.md) with the date, GPU, driver, CUDA and NCCL versions, the
-# commands, pass counts and figures. Nothing is written that was not measured.
+# --mem cuda at 1, 2 and 4 ranks, every collective), compare (bench/device_compare.sh:
+# ferroccl at 2 and 4 ranks sharing device 0, side by side with the device's own copy
+# and torch.distributed's Gloo on the same CUDA tensors, and the ping-pong below,
+# against issue 30's targets, each marked met, missed or not measured), pingpong
+# (bench/memop_pingpong.c alone: a round trip of stream memory operations between two
+# processes on device 0, the floor of the one-GPU data plane's small calls; again
+# under MPS when the script may start it; compare runs it too), startup (what the
+# first call of a host-memory program costs with and without a CUDA context), nccl
+# (nccl-tests' *_perf binaries from NCCL_TESTS_DIR and PyTorch's backend="nccl",
+# unchanged, on ferroccl's libnccl.so.2 through LD_PRELOAD; skipped where missing),
+# report (writes the record). Default: all of them but pingpong. Each phase leaves its
+# raw output in build/gpu-validation/; `report` turns whatever is there into FILE
+# (default docs/gpu-validation.md) with the date, GPU, driver, CUDA and NCCL versions,
+# the commands, pass counts and figures. Nothing is written that was not measured.
+# On the simulated GPU (scripts/sim-gpu.sh) the raw outputs go to
+# /tmp/ferroccl-gpu-validation-sim and the record, marked SIMULATED, to
+# /tmp/gpu-validation-simulated.md unless --out says otherwise.
 #
 # GPU machines may have no Rust toolchain: build on a machine that has one
 # (`cargo build --release`), copy libferroccl.so, ferroccl-run, ferroccl-bench (and libferroccl_nccl.so)
@@ -27,19 +33,25 @@ cd "$root"
 out_md="$root/docs/gpu-validation.md"
 bin=""
 quick=0
+out_set=0
 phases=()
 while [ $# -gt 0 ]; do
   case "$1" in
-    --out) out_md="$(realpath -m "$2")"; shift 2 ;;
+    --out) out_md="$(realpath -m "$2")"; out_set=1; shift 2 ;;
     --bin) bin="$2"; shift 2 ;;
     --quick) quick=1; shift ;;
-    suite|bench|pingpong|startup|nccl|report) phases+=("$1"); shift ;;
-    -h|--help) sed -n '2,25p' "$0"; exit 0 ;;
+    suite|bench|compare|pingpong|startup|nccl|report) phases+=("$1"); shift ;;
+    -h|--help) sed -n '2,29p' "$0"; exit 0 ;;
     *) echo "gpu-validate: unknown argument $1 (see --help)" >&2; exit 2 ;;
   esac
 done
-[ ${#phases[@]} -gt 0 ] || phases=(suite bench pingpong startup nccl report)
+[ ${#phases[@]} -gt 0 ] || phases=(suite bench compare startup nccl report)
 res="$root/build/gpu-validation"
+if [ -n "${FERROCCL_SIMGPU:-}" ]; then
+  # A simulated run must not leave figures where a real run's report would pick them up.
+  res="${TMPDIR:-/tmp}/ferroccl-gpu-validation-sim"
+  [ "$out_set" = 1 ] || out_md="${TMPDIR:-/tmp}/gpu-validation-simulated.md"
+fi
 mkdir -p "$res"
 lib="$root/target/release"
 log() { printf '\n==> %s\n' "$*" >&2; }
@@ -75,7 +87,7 @@ facts() {
     echo "commit: $(git rev-parse --short HEAD 2>/dev/null || echo unknown)$(git diff --quiet 2>/dev/null || echo ' (with uncommitted changes)')"
     if command -v nvidia-smi >/dev/null; then
       nvidia-smi --query-gpu=index,name,memory.total,driver_version,pci.bus_id --format=csv,noheader | sed 's/^/gpu: /'
-      echo "mps: $(pgrep -x nvidia-cuda-mps-control >/dev/null && echo running || echo 'not running')"
+      echo "mps: $(pgrep -f nvidia-cuda-mps-control >/dev/null && echo running || echo 'not running')"
     else
       echo "gpu: none seen by nvidia-smi"
     fi
@@ -133,21 +145,34 @@ run_bench() {
 }
 
 # Stream memory operations between two processes on device 0, without MPS and (when
-# this script may start it: root and nvidia-cuda-mps-control present, none running) with.
+# this script may start it: root and nvidia-cuda-mps-control present, none running) with
+# (bench/device_compare.py's ping-pong part; under MPS it also times ferroccl-bench's
+# small sizes at 2 and 4 ranks).
 run_pingpong() {
   log "stream write/wait round trips between two processes on device 0"
-  cc -O2 bench/memop_pingpong.c -o "$res/memop_pingpong" -ldl
-  cmdlog "cc -O2 bench/memop_pingpong.c -o memop_pingpong -ldl && ./memop_pingpong --rounds 2000"
-  "$res/memop_pingpong" --rounds 2000 >"$res/pingpong.txt" 2>&1 || echo "exit $?" >>"$res/pingpong.txt"
-  rm -f "$res/pingpong-mps.txt"
-  if [ "$(id -u)" = 0 ] && command -v nvidia-cuda-mps-control >/dev/null && ! pgrep -x nvidia-cuda-mps >/dev/null; then
-    cmdlog "nvidia-cuda-mps-control -d; ./memop_pingpong --rounds 2000; echo quit | nvidia-cuda-mps-control"
-    if nvidia-cuda-mps-control -d; then
-      "$res/memop_pingpong" --rounds 2000 >"$res/pingpong-mps.txt" 2>&1 || echo "exit $?" >>"$res/pingpong-mps.txt"
-      echo quit | nvidia-cuda-mps-control || true
-    fi
-  fi
+  cmdlog "python3 bench/device_compare.py --parts pingpong --out ${res#$root/}  (memop_pingpong --rounds 2000, without and with MPS)"
+  rm -f "$res/pingpong.txt" "$res/pingpong-mps.txt"
+  python3 bench/device_compare.py --parts pingpong --out "$res" --bin "$lib" >/dev/null ||
+    echo "exit $?" >>"$res/pingpong.txt"
   cat "$res/pingpong.txt" >&2
+}
+
+# ferroccl at 2 and 4 ranks on device 0 against the device's own copy, Gloo on the same
+# CUDA tensors and the ping-pong, with issue 30's targets marked met or missed.
+run_compare() {
+  local span=()
+  [ "$quick" = 1 ] && span=(-e 1M)
+  log "side by side: ferroccl, the device's copy, Gloo on CUDA tensors, the ping-pong (bench/device_compare.sh)"
+  cmdlog "bench/device_compare.sh --out ${res#$root/}/compare ${span[*]}"
+  rm -rf "$res/compare"
+  bash bench/device_compare.sh --out "$res/compare" --bin "$lib" "${span[@]}" >/dev/null 2>"$res/compare.log" ||
+    echo "exit $?" >>"$res/compare.log"
+  # Its ping-pong is the record's.
+  for f in pingpong.txt pingpong-mps.txt; do
+    rm -f "$res/$f"
+    if [ -f "$res/compare/$f" ]; then cp "$res/compare/$f" "$res/$f"; fi
+  done
+  sed -n '/^| target/,/ met, /p' "$res/compare/device-compare.md" >&2 2>/dev/null || tail -3 "$res/compare.log" >&2
 }
 
 # Wall time of a one-rank program that makes one 8-byte all_reduce of host memory:
@@ -192,7 +217,7 @@ EOF
 # so in the record, where either is missing.
 run_nccl() {
   local shim="$lib/libferroccl_nccl.so" ngpu
-  ngpu="$(nvidia-smi -L 2>/dev/null | wc -l)"
+  ngpu="$( (nvidia-smi -L 2>/dev/null || true) | wc -l)"
   [ "$ngpu" -gt 0 ] || ngpu=1
   if [ ! -f "$shim" ]; then
     echo "skipped: $shim missing (cargo build --release, or --bin with it)" >"$res/nccl-tests.txt"
@@ -240,9 +265,9 @@ EOF
 
 report() {
   log "report -> ${out_md#$root/}"
-  python3 - "$res" "$out_md" <<'EOF'
+  python3 - "$res" "$out_md" "$root" <<'EOF'
 import json, os, re, sys
-res, out = sys.argv[1], sys.argv[2]
+res, out, root = sys.argv[1], sys.argv[2], sys.argv[3]
 def read(name):
     p = os.path.join(res, name)
     return open(p).read() if os.path.exists(p) else None
@@ -252,7 +277,8 @@ sim = "simulated: yes" in facts
 lines.append("# GPU validation" + (" (SIMULATED GPU: not a real device)" if sim else ""))
 lines.append("")
 lines.append("Written by `scripts/gpu-validate.sh` from what it ran on this machine; nothing here was")
-lines.append("edited by hand. Raw outputs were in `build/gpu-validation/`.")
+shown = os.path.relpath(res, root) if os.path.abspath(res).startswith(os.path.abspath(root) + os.sep) else res
+lines.append(f"edited by hand. Raw outputs were in `{shown}/`.")
 lines.append("")
 lines.append("## Machine")
 lines += ["- " + l for l in facts.strip().splitlines()]
@@ -356,6 +382,17 @@ if startup:
         lines.append(f"- the same program with a CUDA context made before main: {med(t['cuda_user']) / 1000:.1f} ms "
                      f"(libcuda {said('cuda_user')})")
     lines.append("")
+cmp = read(os.path.join("compare", "device-compare.md"))
+if cmp is not None:
+    lines.append("## Side by side: bench/device_compare.sh")
+    lines.append("")
+    lines += ["#" + l if l.startswith("#") else l for l in cmp.strip().splitlines()]
+    lines.append("")
+elif read("compare.log") is not None:
+    lines.append("## Side by side: bench/device_compare.sh")
+    lines.append("")
+    lines.append("No record: " + (read("compare.log").strip().splitlines() or ["it did not run"])[-1])
+    lines.append("")
 nt, tt = read("nccl-tests.txt"), read("nccl-torch.txt")
 if nt is not None or tt is not None:
     lines.append("## NCCL programs on ferroccl's libnccl.so.2 (LD_PRELOAD)")
@@ -370,7 +407,7 @@ if nt is not None or tt is not None:
 lines.append("## Commands")
 lines.append("")
 lines.append("```")
-for ph in ("suite", "bench", "pingpong", "startup", "nccl"):
+for ph in ("suite", "bench", "compare", "pingpong", "startup", "nccl"):
     lines += [l for l in (read(f"commands-{ph}.txt") or "").splitlines() if l.strip()]
 lines.append("```")
 open(out, "w").write("\n".join(lines) + "\n")
@@ -384,6 +421,7 @@ for phase in "${phases[@]}"; do
   case "$phase" in
     suite) run_suite ;;
     bench) run_bench ;;
+    compare) run_compare ;;
     pingpong) run_pingpong ;;
     startup) run_startup ;;
     nccl) run_nccl ;;

@@ -48,6 +48,16 @@ pub const CUDA_IPC: Var = Var {
     default: "1",
     doc: "1: device memory of ranks sharing one GPU (built-in backend) moves GPU to GPU through CUDA IPC mappings, ordered on the callers' streams; 0: staged through host memory instead",
 };
+pub const STAGING_CHUNK: Var = Var {
+    name: "FERROCCL_STAGING_CHUNK",
+    default: "4M",
+    doc: "device calls staged through host memory (no NCCL, no CUDA IPC between the ranks' buffers) run in chunks of about this many bytes of host buffer (suffixes K, M, G; at most 32M), in two page-locked buffers: while the host runs the collective on one chunk, the stream copies the previous chunk out of the other buffer and the next one in; 0: every call staged whole. Must be the same on every rank",
+};
+pub const CUDA_MPS: Var = Var {
+    name: "FERROCCL_CUDA_MPS",
+    default: "auto",
+    doc: "ranks sharing one GPU through MPS (nvidia-cuda-mps-control -d): auto (the driver's CU_DEVICE_ATTRIBUTE_MPS_ENABLED; off where the driver does not know it), 1 (every rank moves its share of each call at once), 0 (one rank moves each call's data, the others signal and wait: right without MPS, where the GPU time-slices between processes). Every rank must say yes for every rank to work",
+};
 pub const TRANSPORT: Var = Var {
     name: "FERROCCL_TRANSPORT",
     default: "auto",
@@ -199,6 +209,8 @@ pub const ALL: &[&Var] = &[
     &BACKEND,
     &NCCL_LIBRARY,
     &CUDA_IPC,
+    &STAGING_CHUNK,
+    &CUDA_MPS,
     &TRANSPORT,
     &NSOCKS,
     &HOST_ADDR,

@@ -540,6 +540,7 @@ fn json_csv_and_plot_have_their_shape() {
             "count",
             "placement",
             "time_us",
+            "host_us",
             "algbw_GBps",
             "busbw_GBps",
             "wrong",
@@ -553,13 +554,17 @@ fn json_csv_and_plot_have_their_shape() {
     let mut lines = csv.lines();
     assert_eq!(
         lines.next(),
-        Some("collective,nranks,type,redop,root,size_bytes,count,placement,time_us,algbw_GBps,busbw_GBps,wrong")
+        Some(
+            "collective,nranks,type,redop,root,size_bytes,count,placement,time_us,algbw_GBps,busbw_GBps,wrong,host_us"
+        )
     );
     let body: Vec<&str> = lines.collect();
     assert_eq!(body.len(), records, "one CSV row per size and placement");
     for l in &body {
         let f: Vec<&str> = l.split(',').collect();
-        assert_eq!(f.len(), 12, "{l}");
+        assert_eq!(f.len(), 13, "{l}");
+        // Host memory: a call returns when done, so no separate host time.
+        assert_eq!(f[12], "", "{l}");
         assert!(f[7] == "out" || f[7] == "in", "{l}");
         assert!(f[5].parse::<u64>().is_ok() && f[9].parse::<f64>().is_ok(), "{l}");
     }
@@ -866,6 +871,36 @@ mod json {
                 let t = std::str::from_utf8(&b[start..*i]).unwrap();
                 t.parse::<f64>().map(V::Num).map_err(|_| format!("bad number {t:?} at byte {start}"))
             }
+        }
+    }
+}
+
+/// Device memory on the simulated GPU: every record has the time the calling thread
+/// spent in a call, which is part of the call's whole time (it ends when the stream is
+/// done), on the stream-ordered path and the staged one.
+#[test]
+fn device_sweeps_report_the_host_time_of_a_call() {
+    for ipc in ["1", "0"] {
+        let j = tmp(&format!("host-time-{ipc}.json"));
+        let o = Command::new("bash")
+            .arg(concat!(env!("CARGO_MANIFEST_DIR"), "/scripts/sim-gpu.sh"))
+            .arg(BENCH)
+            .args(["--nranks", "2", "--mem", "cuda", "-b", "8", "-e", "512K", "-f", "16", "-n", "3", "-w", "1"])
+            .args(["all_reduce", "all_gather", "-J", j.to_str().unwrap()])
+            .env("FERROCCL_TIMEOUT_MS", "60000")
+            .env("FERROCCL_CUDA_IPC", ipc)
+            .env("FERROCCL_SIM_DEVICES", "1")
+            .env_remove("FERROCCL_BACKEND")
+            .output()
+            .expect("scripts/sim-gpu.sh runs");
+        let (out, err) = text(&o);
+        assert_eq!(o.status.code(), Some(0), "stdout:\n{out}\nstderr:\n{err}");
+        let v = json::parse(&std::fs::read_to_string(&j).unwrap()).unwrap();
+        let res = v.get("results").unwrap().arr().unwrap();
+        assert_eq!(res.len(), 2 * 2 * 5, "2 collectives, 2 placements, 5 sizes");
+        for r in res {
+            let (host, total) = (num_at(r, &["host_us"]), num_at(r, &["time_us"]));
+            assert!(host > 0.0 && host <= total, "FERROCCL_CUDA_IPC={ipc}: host {host} us of {total} us: {r:?}");
         }
     }
 }

@@ -212,31 +212,42 @@ fn assert_one_line_per_rank(lines: &[(String, String)], n: usize) {
     assert_eq!(files.len(), n, "one line per rank: {lines:?}");
 }
 
+/// Runs `ferroccl-bench --mem cuda --nranks N ARGS` on one simulated GPU at INFO, logs
+/// in `dir`, with `env` set (the one-GPU path's own variables unset otherwise), and
+/// asserts it succeeded (every result checked).
+fn sim_bench_logged(dir: &std::path::Path, nranks: usize, args: &[&str], env: &[(&str, &str)]) {
+    std::fs::create_dir_all(dir).unwrap();
+    let mut cmd = Command::new("bash");
+    cmd.arg(concat!(env!("CARGO_MANIFEST_DIR"), "/scripts/sim-gpu.sh"))
+        .arg(env!("CARGO_BIN_EXE_ferroccl-bench"))
+        .args(["--mem", "cuda", "--nranks", &nranks.to_string()])
+        .args(args)
+        .env("FERROCCL_DEBUG", "INFO")
+        .env("FERROCCL_DEBUG_FILE", dir.join("log-%p.txt"))
+        .env("FERROCCL_SIM_DEVICES", "1")
+        .env_remove("FERROCCL_BACKEND")
+        .env_remove("FERROCCL_CUDA_IPC")
+        .env_remove("FERROCCL_CUDA_MPS");
+    for (k, v) in env {
+        cmd.env(k, v);
+    }
+    let out = cmd.output().expect("scripts/sim-gpu.sh runs");
+    assert!(out.status.success(), "{args:?}: {}", String::from_utf8_lossy(&out.stderr));
+}
+
 /// On device memory (the simulated GPU) each call's line names the backend of the
 /// router that served it: the IPC path when both ranks share the GPU, staged through
 /// host memory with FERROCCL_CUDA_IPC=0.
 #[test]
 fn device_calls_name_the_backend_and_algorithm_that_served_them() {
     let _one = ONE_AT_A_TIME.lock().unwrap_or_else(|p| p.into_inner());
-    let root = env!("CARGO_MANIFEST_DIR");
     for (ipc, want_join, want_call) in [
         ("0", "backends builtin)", "backend staged algorithm board"),
         ("1", "backends ipc > builtin)", "backend ipc algorithm "),
     ] {
         let dir = std::env::temp_dir().join(format!("fccl-log-dev{ipc}-{}", std::process::id()));
-        std::fs::create_dir_all(&dir).unwrap();
-        let out = Command::new("bash")
-            .arg(format!("{root}/scripts/sim-gpu.sh"))
-            .arg(env!("CARGO_BIN_EXE_ferroccl-bench"))
-            .args(["--mem", "cuda", "--nranks", "2", "all_reduce", "-b", "64", "-e", "64", "-n", "1", "-w", "0"])
-            .env("FERROCCL_DEBUG", "INFO")
-            .env("FERROCCL_DEBUG_FILE", dir.join("log-%p.txt"))
-            .env("FERROCCL_CUDA_IPC", ipc)
-            .env("FERROCCL_SIM_DEVICES", "1")
-            .env_remove("FERROCCL_BACKEND")
-            .output()
-            .expect("scripts/sim-gpu.sh runs");
-        assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+        let args = ["all_reduce", "-b", "64", "-e", "64", "-n", "1", "-w", "0"];
+        sim_bench_logged(&dir, 2, &args, &[("FERROCCL_CUDA_IPC", ipc)]);
         let files = logs(&dir);
         assert_eq!(files.len(), 2, "one log per rank: {files:?}");
         for (name, text) in files {
@@ -256,7 +267,6 @@ fn device_calls_name_the_backend_and_algorithm_that_served_them() {
 #[test]
 fn narrow_float_wire_and_many_rank_reductions_are_served_by_the_ipc_backend() {
     let _one = ONE_AT_A_TIME.lock().unwrap_or_else(|p| p.into_inner());
-    let root = env!("CARGO_MANIFEST_DIR");
     let n = 10;
     for (args, needle) in [
         (&["all_reduce", "-d", "bfloat16"][..], "fcclAllReduce count 32 bfloat16 backend "),
@@ -268,20 +278,7 @@ fn narrow_float_wire_and_many_rank_reductions_are_served_by_the_ipc_backend() {
         ),
     ] {
         let dir = std::env::temp_dir().join(format!("fccl-log-narrow-{}-{}", args[2], std::process::id()));
-        std::fs::create_dir_all(&dir).unwrap();
-        let out = Command::new("bash")
-            .arg(format!("{root}/scripts/sim-gpu.sh"))
-            .arg(env!("CARGO_BIN_EXE_ferroccl-bench"))
-            .args(["--mem", "cuda", "--nranks", &n.to_string(), "-b", "64", "-e", "64", "-n", "1", "-w", "0"])
-            .args(args)
-            .env("FERROCCL_DEBUG", "INFO")
-            .env("FERROCCL_DEBUG_FILE", dir.join("log-%p.txt"))
-            .env("FERROCCL_SIM_DEVICES", "1")
-            .env_remove("FERROCCL_BACKEND")
-            .env_remove("FERROCCL_CUDA_IPC")
-            .output()
-            .expect("scripts/sim-gpu.sh runs");
-        assert!(out.status.success(), "{args:?}: {}", String::from_utf8_lossy(&out.stderr));
+        sim_bench_logged(&dir, n, &[&["-b", "64", "-e", "64", "-n", "1", "-w", "0"][..], args].concat(), &[]);
         let files = logs(&dir);
         assert_eq!(files.len(), n, "one log per rank: {files:?}");
         for (name, text) in files {
@@ -291,6 +288,53 @@ fn narrow_float_wire_and_many_rank_reductions_are_served_by_the_ipc_backend() {
                 assert!(l.contains(&format!("{needle}ipc algorithm ")), "{args:?}: not served by ipc: {l}");
             }
         }
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+}
+
+/// On one simulated GPU, send/recv and the axis forms run on the IPC path, not staged:
+/// every call's line names the backend and how it moved the data, without MPS (rank 0
+/// moves a collective's data, with 2D copies for the axis forms) and with it forced on
+/// (every rank moves its share); the benchmark checks every result.
+#[test]
+fn device_send_recv_and_axis_forms_are_served_by_the_ipc_path() {
+    let _one = ONE_AT_A_TIME.lock().unwrap_or_else(|p| p.into_inner());
+    for (mps, gather, scatter) in [
+        ("0", "2D copies on rank 0's stream", "2D copies and reductions on rank 0's stream"),
+        ("1", "every rank moves its share on its stream (MPS)", "every rank moves its share on its stream (MPS)"),
+    ] {
+        let dir = std::env::temp_dir().join(format!("fccl-log-p2p-mps{mps}-{}", std::process::id()));
+        let args =
+            ["send_recv", "all_gather_axis", "reduce_scatter_axis", "-b", "64K", "-e", "64K", "-n", "1", "-w", "0"];
+        sim_bench_logged(&dir, 2, &args, &[("FERROCCL_CUDA_IPC", "1"), ("FERROCCL_CUDA_MPS", mps)]);
+        let files = logs(&dir);
+        assert_eq!(files.len(), 2, "one log per rank: {files:?}");
+        let all: Vec<&str> = files.iter().flat_map(|(_, t)| t.lines()).collect();
+        let calls = |needle: &str| -> Vec<&str> { all.iter().copied().filter(|l| l.contains(needle)).collect() };
+        for (call, want) in [
+            (
+                "fcclSend count 16384 float",
+                "backend ipc algorithm the receiver copies from the sender's buffer on the GPU",
+            ),
+            (
+                "fcclRecv count 16384 float",
+                "backend ipc algorithm the receiver copies from the sender's buffer on the GPU",
+            ),
+            ("fcclAllGather count 8192 float", "backend ipc algorithm "),
+            ("fcclReduceScatter count 8192 float", "backend ipc algorithm "),
+        ] {
+            let lines = calls(call);
+            assert!(!lines.is_empty(), "MPS {mps}: no {call:?} line in the logs:\n{}", all.join("\n"));
+            for l in lines {
+                assert!(l.contains(want), "MPS {mps}: {want:?} missing from {l:?}");
+            }
+        }
+        for (call, how) in [("fcclAllGather count 8192 float", gather), ("fcclReduceScatter count 8192 float", scatter)]
+        {
+            assert!(calls(call).iter().any(|l| l.contains(how)), "MPS {mps}: no {call:?} line says {how:?}");
+        }
+        let setup = if mps == "1" { "every rank moves its share (MPS)" } else { "rank 0 moves the data" };
+        assert_eq!(calls(&format!("ranks on one GPU: {setup}")).len(), 2, "MPS {mps}: each rank logs its set-up");
         std::fs::remove_dir_all(&dir).unwrap();
     }
 }

@@ -32,6 +32,12 @@ A placement Gloo has no form for gets no CSV row (N/A in the table).
 Inputs are small integers so every result is exact; -o takes sum, prod, max, min
 (Gloo has no avg). Types: float, double, int32, int64.
 
+--device cuda: the tensors are CUDA tensors, every rank on --cuda-device (default 0:
+ranks sharing one GPU, as bench/device_compare.py compares them); each timed loop
+ends with torch.cuda.synchronize(). A collective Gloo cannot run on CUDA tensors in
+this torch is skipped with a "# COLL: not run" line naming torch's error, and gets
+no CSV row.
+
 Test hook: COMPARE_BENCH_CORRUPT=1 makes every rank change the first element of its
 receive buffer before each check, to prove that wrong results are reported.
 
@@ -39,6 +45,7 @@ Only argument parsing runs before torch is imported, so --help works without tor
 """
 
 import argparse
+import datetime
 import os
 import socket
 import sys
@@ -121,6 +128,9 @@ def parse_args(argv):
     p.add_argument("--rotate", type=int, choices=[0, 1], default=1,
                    help="1 (default): iteration i uses offset (i mod k)*size in the allocation, as ferroccl-bench")
     p.add_argument("--csv", help="write ferroccl-bench's CSV columns to this file")
+    p.add_argument("--device", choices=["cpu", "cuda"], default="cpu",
+                   help="tensor memory: cpu (default) or cuda (every rank on --cuda-device)")
+    p.add_argument("--cuda-device", type=int, default=0, help="the GPU of every rank with --device cuda (default 0)")
     o = p.parse_args(argv)
     colls = []
     for c in o.collectives:
@@ -219,7 +229,15 @@ def worker(rank, o, port):
 
     torch.set_num_threads(1)
     n = o.nranks
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=n)
+    cuda = o.device == "cuda"
+    if cuda:
+        torch.cuda.set_device(o.cuda_device)
+    dev = torch.device("cuda", o.cuda_device) if cuda else torch.device("cpu")
+    sync = torch.cuda.synchronize if cuda else (lambda: None)
+    # On CUDA tensors a collective Gloo refuses on one rank only would leave the others
+    # waiting: at most 5 minutes (Gloo's default is 30).
+    extra = dict(timeout=datetime.timedelta(seconds=300)) if cuda else {}
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=n, **extra)
     dtype = {"float": torch.float32, "double": torch.float64, "int32": torch.int32, "int64": torch.int64}[o.datatype]
     esize = TYPES[o.datatype]
     rop = {"sum": dist.ReduceOp.SUM, "prod": dist.ReduceOp.PRODUCT, "max": dist.ReduceOp.MAX,
@@ -269,7 +287,8 @@ def worker(rank, o, port):
     szs = sizes(o)
     records = []
     if rank == 0:
-        print(f"# gloo_bench: torch {torch.__version__}, backend gloo, TCP over 127.0.0.1")
+        where = f"CUDA tensors on {torch.cuda.get_device_name(o.cuda_device)}" if cuda else "CPU tensors"
+        print(f"# gloo_bench: torch {torch.__version__}, backend gloo, TCP over 127.0.0.1, {where}")
         step = f"{o.factor}(factor)" if o.factor > 1 else f"{o.stepbytes}(bytes)"
         print(f"# nRanks {n} minBytes {o.minbytes} maxBytes {o.maxbytes} step: {step} warmup iters: "
               f"{o.warmup_iters} iters: {o.iters} max time: {o.max_time:g} s rotate: {o.rotate} "
@@ -281,8 +300,9 @@ def worker(rank, o, port):
                 print("# send_recv needs 2 ranks or more with Gloo: skipped", flush=True)
             continue
         buf = max(max(layout(c, s // esize, n)[1:3]) for s in szs) if szs else 0
-        send = torch.zeros(max(buf, 1), dtype=dtype)
-        recv = torch.zeros(max(buf, 1), dtype=dtype)
+        send = torch.zeros(max(buf, 1), dtype=dtype, device=dev)
+        recv = torch.zeros(max(buf, 1), dtype=dtype, device=dev)
+
         if rank == 0:
             print(f"#\n# Collective: {c}")
             print("#       size         count      type   redop    root     time   algbw   busbw #wrong"
@@ -390,7 +410,7 @@ def worker(rank, o, port):
                         off = sum(v_count(per, p, d, n) for d in range(me))
                         parts.append(data_val(p, off + ar(v_count(per, p, me, n)), seed))
                     exp = torch.cat(parts)
-                    got = recv[:len(exp)]
+                    got = recv[:len(exp)].cpu()
                     # Nothing past the packed blocks may be written.
                     extra = int((recv[len(exp):lr] != SENT).sum().item())
                     return int((got.to(torch.int64) != exp).sum().item()) + extra
@@ -398,7 +418,7 @@ def worker(rank, o, port):
                     exp, got = data_val((me + n - 1) % n, ar(per), seed), recv[:per]
                 if exp is None:
                     return 0
-                return int((got.to(torch.int64) != exp.to(torch.int64)).sum().item())
+                return int((got.cpu().to(torch.int64) != exp.to(torch.int64)).sum().item())
 
             def measure(inplace):
                 fill(0, inplace)
@@ -407,6 +427,7 @@ def worker(rank, o, port):
                 for it in range(first):
                     t = time.perf_counter()
                     run(it, inplace)
+                    sync()
                     est = time.perf_counter() - t
                 iters, more = o.iters, o.warmup_iters - first
                 if o.max_time > 0 and first > 0:
@@ -416,10 +437,12 @@ def worker(rank, o, port):
                     more = min(more, fit(o.max_time / 4))
                 for it in range(first, first + more):
                     run(it, inplace)
+                sync()
                 dist.barrier()
                 t0 = time.perf_counter()
                 for it in range(iters):
                     run(it, inplace)
+                sync()
                 secs = combine((time.perf_counter() - t0) / iters)
                 wrong = None
                 unchecked = inplace and c in ("all_to_all", "all_to_allv", "send_recv")
@@ -446,8 +469,18 @@ def worker(rank, o, port):
                             time_us=secs * 1e6, algbw=algbw, busbw=algbw * bus_factor(c, n), wrong=wrong)
 
             has_out, has_in = PLACEMENTS[c]
-            outp = measure(False) if has_out else None
-            inp = measure(True) if has_in else None
+            try:
+                outp = measure(False) if has_out else None
+                inp = measure(True) if has_in else None
+            except RuntimeError as e:
+                # Gloo refuses some collectives on CUDA tensors, on every rank alike at
+                # dispatch: said once, and the collective is left out.
+                if not cuda or size != szs[0]:
+                    raise
+                if rank == 0:
+                    why = (str(e).strip().splitlines() or [type(e).__name__])[0]
+                    print(f"# {c}: not run: Gloo cannot run it on CUDA tensors in this torch ({why})", flush=True)
+                break
             for r in (outp, inp):
                 if r is not None:
                     records.append(r)

@@ -2,7 +2,9 @@
 # A cheap check of bench/compare that installs nothing and times nothing: the scripts
 # parse, --help works without torch or MPI, ratios.py computes ratios and verdicts right
 # on made-up CSVs, ompi_bench.c compiles where mpicc is present, and where gcc is, the
-# ideal peer builds and gets every collective right (three tiny sweeps, seconds).
+# ideal peer builds and gets every collective right (three tiny sweeps, seconds); and
+# bench/device_compare.py's table math on made-up sweeps and one tiny CPU run of it
+# (Gloo on CPU tensors where a Python with torch is found; judges no timing).
 # Usage: bench/compare/smoke.sh   (run by scripts/test.sh)
 set -euo pipefail
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
@@ -173,6 +175,52 @@ elif gcc -O3 -march=native -Wall -Werror -DFCCL_IDEAL -I"$here/ideal" -o "$tmp/i
     fi
 else
     bad "ideal_bench compiles"
+fi
+# bench/device_compare.py: its table math on made-up sweeps, then a CPU run (host memory,
+# Gloo on CPU tensors where torch is found): every target row judged or said why not.
+root="$(cd "$here/../.." && pwd)"
+bash -n "$root/bench/device_compare.sh" && python3 -m py_compile "$root/bench/device_compare.py" &&
+    ok "device_compare parses" || bad "device_compare parses"
+python3 "$root/bench/compare/gloo_bench.py" --help | grep -q -- '--device {cpu,cuda}' &&
+    ok "gloo_bench.py --device" || bad "gloo_bench.py --device"
+out="$(python3 "$root/bench/device_compare.py" --selftest)" && grep -q ' 0 failed' <<<"$out" &&
+    ok "device_compare selftest: $out" || { bad "device_compare selftest"; echo "$out"; }
+if [ -x "$root/target/release/ferroccl-bench" ]; then
+    rc=0
+    timeout 300 bash "$root/bench/device_compare.sh" --device cpu --nranks 2 -b 8 -e 4K --max-time 0.01 \
+        --out "$tmp/dc" >"$tmp/dc.out" 2>"$tmp/dc.err" || rc=$?
+    [ "$rc" -eq 0 ] && ok "device_compare.sh --device cpu exits 0" ||
+        { bad "device_compare.sh --device cpu exits 0 (exit $rc)"; tail -5 "$tmp/dc.err"; }
+    if python3 - "$tmp/dc" <<'PY'; then
+import json, sys
+j = json.load(open(sys.argv[1] + "/device-compare.json"))
+rows, errs = j["targets"], []
+# At 2 ranks: all_reduce and all_gather busbw, 4 more busbw rows, 6 small-size rows with
+# and 6 without MPS, 1 MiB all_reduce, 6 host-time rows.
+if len(rows) != 25:
+    errs.append(f"{len(rows)} target rows, not 25")
+for r in rows:
+    if r["verdict"] not in ("met", "missed") and not r["verdict"].startswith("not measured ("):
+        errs.append(f"verdict {r['verdict']!r}")
+    if (r["verdict"] in ("met", "missed")) != (r["ferroccl"] is not None):
+        errs.append(f"{r['target']} {r['collective']}: verdict {r['verdict']!r} with value {r['ferroccl']!r}")
+small = [r for r in rows if r["target"].endswith("without MPS")]
+if not all(r["ferroccl"] is not None for r in small):
+    errs.append("ferroccl's small sizes were not read")
+if j["torch"] and not all(r["gloo"] is not None for r in small):
+    errs.append("torch is there but Gloo's small sizes were not read")
+if not j["torch"] and not any("torch is not importable" in n for n in j["notes"]):
+    errs.append("no torch, and no note saying so")
+if errs:
+    print("\n".join(errs))
+sys.exit(1 if errs else 0)
+PY
+        ok "device_compare --device cpu: every target judged or said why not ($(grep -o '[0-9]* met, .*' "$tmp/dc/device-compare.md"))"
+    else
+        bad "device_compare --device cpu: the record"; head -40 "$tmp/dc.out"
+    fi
+else
+    echo "skip: device_compare.sh --device cpu (no target/release/ferroccl-bench)"
 fi
 echo "$pass passed, $fail failed"
 [ "$fail" -eq 0 ]

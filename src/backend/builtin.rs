@@ -1,6 +1,7 @@
 //! The built-in backend as a router entry: host memory runs on the host algorithms;
-//! device memory is staged through host memory around them (see `staging`). It takes
-//! every call, so it ends every communicator's table.
+//! device memory is staged through host memory around them (see `staging`: a call
+//! alone in chunks, pipelined; a group whole). It takes every call, so it ends every
+//! communicator's table.
 
 use super::host::{self, Call};
 use super::{staging, Backend, Exec};
@@ -33,6 +34,11 @@ impl Backend for Builtin {
         if calls.iter().all(|c| c.coll.placement == Placement::Host || c.coll.is_noop()) {
             return host::execute(x, calls);
         }
+        if let [call] = calls {
+            return staging::run(x, call, self.rank, self.nranks);
+        }
+        // A group's calls run as one host schedule (so that its sends and receives pair
+        // up): staged whole.
         let mut staged = Vec::new();
         let mut copies = Vec::with_capacity(calls.len());
         for c in calls {

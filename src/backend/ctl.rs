@@ -1,155 +1,254 @@
-//! The control page of a communicator whose ranks share one GPU: one page of host
-//! shared memory that every rank maps and registers with CUDA (host-mapped), so that
-//! the ranks' streams order themselves with stream memory operations
-//! (`cuStreamWriteValue32` / `cuStreamWaitValue32`) on its words, and the host can read
-//! them (to know what the GPU has done) and write them (to release waits that would
-//! never end) without asking the GPU.
+//! The control region of a communicator whose ranks share one GPU: host shared memory
+//! that every rank maps. Its first part, the words, each rank registers with CUDA
+//! (host-mapped), so that the ranks' streams order themselves with stream memory
+//! operations (`cuStreamWriteValue32` / `cuStreamWaitValue32`) on them, and the host
+//! can read them (to know what the GPU has done) and write them (to release waits
+//! that would never end) without asking the GPU. The rest is for the hosts only: each
+//! rank's log of freed allocations that peers may have mapped, and per ordered pair
+//! of ranks the mailbox of send/recv descriptors and a bounce buffer.
 //!
-//! Words, each on its own 64-byte line: `done` (the last call the executor finished),
-//! `ready[r]` (the last call whose inputs rank r's stream had ready), `failed`
-//! (non-zero once a rank gave up on the communicator; every rank sees it).
+//! Words, each on its own 64-byte line: `done` (the last collective the executor
+//! finished), `failed` (non-zero once a rank gave up on the communicator; every rank
+//! sees it), `ready[r]` (the last collective whose inputs rank r's stream had ready),
+//! `fin[r]` (the last collective whose share rank r's stream finished, under MPS);
+//! then per ordered pair (p, q) two words on one 8-byte slot: `sent` (slot of the last
+//! fcclSend p -> q whose buffer p's stream had ready) and `recvd` (the last one q's
+//! stream copied).
 
 use crate::error::{Error, Result};
 use crate::mem::cuda;
 use std::ffi::CString;
-use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
+use std::sync::Arc;
 
 const PAGE: usize = 4096;
 const LINE: usize = 64;
-const DONE: usize = 0;
-const FAILED: usize = PAGE - LINE;
-/// Ranks the page has lines for.
-pub const MAX_RANKS: usize = PAGE / LINE - 2;
+/// Ranks the region is laid out for.
+pub const MAX_RANKS: usize = 62;
+/// Descriptors in flight per ordered pair (a ring).
+pub const SLOTS: u64 = 16;
+/// Bytes of a mailbox slot: the sender's record (two lines), then the receiver's.
+const SLOT_BYTES: usize = 3 * LINE;
+/// Bytes of the bounce ring of an ordered pair (send/recv that cannot go GPU to GPU).
+pub const BOUNCE: usize = 32 << 10;
+/// Freed allocations an owner's log keeps.
+pub const FREED_RING: u64 = 64;
+const FREED_BYTES: usize = LINE + 8 * FREED_RING as usize;
+/// A pair's counters (4 lines), its slots, its bounce ring.
+const PAIR_BYTES: usize = 4 * LINE + SLOTS as usize * SLOT_BYTES + BOUNCE;
 
-/// One process's mapping of a communicator's control page.
+/// A word of the registered part, by its offset.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct Word(usize);
+
+/// One process's mapping of a communicator's control region.
 pub struct Ctl {
     host: *mut u8,
-    /// Device address of the page in `ctx`.
-    dev: usize,
-    ctx: usize,
+    len: usize,
+    n: usize,
+    /// Bytes of the words (registered with CUDA), page-rounded.
+    words: usize,
     /// The shared-memory name; the creator unlinks it when done.
     name: CString,
     owner: bool,
 }
 
-// SAFETY: the page is shared memory accessed only through atomics (host) and stream
-// operations (device); the pointer itself is never reassigned.
+// SAFETY: the region is shared memory accessed only through atomics (host), stream
+// operations (device) and byte ranges that the mailbox protocol hands to one side at a
+// time; the pointer itself is never reassigned.
 unsafe impl Send for Ctl {}
 // SAFETY: as above.
 unsafe impl Sync for Ctl {}
 
+fn round_up(v: usize, a: usize) -> usize {
+    v.div_ceil(a) * a
+}
+
 impl Ctl {
-    /// The page's shared-memory name for communicator `nonce` created by process `pid`
-    /// (the `-p<pid>` suffix lets a later process remove it if `pid` dies first).
+    /// The region's shared-memory name for communicator `nonce` created by process
+    /// `pid` (the `-p<pid>` suffix lets a later process remove it if `pid` dies first).
     pub fn name(nonce: u64, pid: u32) -> String {
         format!("/fccl-ctl-{nonce:016x}-p{pid}")
     }
 
-    /// Creates the page (zeroed) and maps it for this process and context `ctx`.
-    pub fn create(name: &str, ctx: usize) -> Result<Ctl> {
-        Self::map(name, ctx, true)
+    fn layout(n: usize) -> (usize, usize) {
+        let words = round_up(LINE * (2 + 2 * n) + 8 * n * n, PAGE);
+        let len = words + round_up(n * FREED_BYTES, PAGE) + n * n * PAIR_BYTES;
+        (words, len)
     }
 
-    /// Maps the page another rank created.
-    pub fn open(name: &str, ctx: usize) -> Result<Ctl> {
-        Self::map(name, ctx, false)
+    /// Creates the region (zeroed) for `n` ranks and maps it. No CUDA call: the words
+    /// are registered by each rank that uses them ([`Ctl::register`]).
+    pub fn create(name: &str, n: usize) -> Result<Ctl> {
+        Self::map(name, n, true)
     }
 
-    fn map(name: &str, ctx: usize, create: bool) -> Result<Ctl> {
-        let cname = CString::new(name).map_err(|_| Error::internal("control page name with NUL"))?;
+    /// Maps the region another rank created.
+    pub fn open(name: &str, n: usize) -> Result<Ctl> {
+        Self::map(name, n, false)
+    }
+
+    fn map(name: &str, n: usize, create: bool) -> Result<Ctl> {
+        if n > MAX_RANKS {
+            return Err(Error::unavailable(format!("{n} ranks; the device control region has room for {MAX_RANKS}")));
+        }
+        let (words, len) = Self::layout(n);
+        let cname = CString::new(name).map_err(|_| Error::internal("control region name with NUL"))?;
         let flags = if create { libc::O_CREAT | libc::O_EXCL | libc::O_RDWR } else { libc::O_RDWR };
         // SAFETY: cname is a valid C string.
         let fd = unsafe { libc::shm_open(cname.as_ptr(), flags, 0o600) };
         if fd < 0 {
-            return Err(Error::os(format!("shm_open({name}) for the device control page")));
+            return Err(Error::os(format!("shm_open({name}) for the device control region")));
         }
-        // SAFETY: fd is an open shared-memory object; a new one is sized here.
-        if create && unsafe { libc::ftruncate(fd, PAGE as libc::off_t) } != 0 {
-            let e = Error::os(format!("ftruncate of {name} to one page"));
-            // SAFETY: fd open, cname valid.
-            unsafe {
-                libc::close(fd);
-                libc::shm_unlink(cname.as_ptr());
-            }
-            return Err(e);
-        }
-        // SAFETY: maps one page of the object; the mapping keeps its own reference.
-        let p = unsafe {
-            libc::mmap(std::ptr::null_mut(), PAGE, libc::PROT_READ | libc::PROT_WRITE, libc::MAP_SHARED, fd, 0)
-        };
-        // SAFETY: fd is ours to close.
-        unsafe { libc::close(fd) };
         let unlink = || {
             if create {
                 // SAFETY: cname valid.
                 unsafe { libc::shm_unlink(cname.as_ptr()) };
             }
         };
+        // SAFETY: fd is an open shared-memory object; a new one is sized here (sparse:
+        // pages are only allocated where touched).
+        if create && unsafe { libc::ftruncate(fd, len as libc::off_t) } != 0 {
+            let e = Error::os(format!("ftruncate of {name} to {len} bytes"));
+            // SAFETY: fd open.
+            unsafe { libc::close(fd) };
+            unlink();
+            return Err(e);
+        }
+        // SAFETY: maps the object; the mapping keeps its own reference.
+        let p = unsafe {
+            libc::mmap(std::ptr::null_mut(), len, libc::PROT_READ | libc::PROT_WRITE, libc::MAP_SHARED, fd, 0)
+        };
+        // SAFETY: fd is ours to close.
+        unsafe { libc::close(fd) };
         if p == libc::MAP_FAILED {
             unlink();
-            return Err(Error::os(format!("mmap of the device control page {name}")));
+            return Err(Error::os(format!("mmap of the device control region {name}")));
         }
-        let host = p as *mut u8;
-        let registered = cuda::CtxGuard::enter(ctx).and_then(|_g| {
-            // SAFETY: the page is mapped until Drop, which unregisters it first.
-            unsafe { cuda::register_host_mapped(host, PAGE) }
-        });
-        match registered {
-            Ok(dev) => Ok(Ctl { host, dev, ctx, name: cname, owner: create }),
-            Err(e) => {
-                // SAFETY: mapped above, not registered.
-                unsafe { libc::munmap(p, PAGE) };
-                unlink();
-                Err(e.context("registering the device control page"))
-            }
-        }
+        Ok(Ctl { host: p as *mut u8, len, n, words, name: cname, owner: create })
     }
 
-    fn word(&self, off: usize) -> &AtomicU32 {
-        // SAFETY: off is a line offset inside the mapped page; the page lives as long
-        // as self and is only accessed atomically.
-        unsafe { &*(self.host.add(off) as *const AtomicU32) }
+    /// Registers the words with CUDA in context `ctx` (for stream operations there).
+    pub fn register(self: &Arc<Ctl>, ctx: usize) -> Result<Registered> {
+        let _g = cuda::CtxGuard::enter(ctx)?;
+        // SAFETY: the words stay mapped while the Registered (which holds the region)
+        // lives; its drop unregisters them first.
+        let dev = unsafe { cuda::register_host_mapped(self.host, self.words) }
+            .map_err(|e| e.context("registering the device control region"))?;
+        Ok(Registered { ctl: self.clone(), dev, ctx })
     }
 
-    /// The last call the executor finished.
-    pub fn done(&self) -> &AtomicU32 {
-        self.word(DONE)
+    /// Ranks the region is laid out for.
+    pub fn nranks(&self) -> usize {
+        self.n
     }
 
-    /// The last call whose inputs rank `r`'s stream had ready.
-    pub fn ready(&self, r: usize) -> &AtomicU32 {
-        assert!(r < MAX_RANKS, "rank {r} beyond the control page");
-        self.word(LINE * (1 + r))
+    pub fn at(&self, w: Word) -> &AtomicU32 {
+        debug_assert!(w.0 + 4 <= self.words);
+        // SAFETY: w is a word offset inside the mapped words; the region lives as long
+        // as self and words are only accessed atomically.
+        unsafe { &*(self.host.add(w.0) as *const AtomicU32) }
+    }
+
+    fn u64_at(&self, off: usize) -> &AtomicU64 {
+        debug_assert!(off % 8 == 0 && off + 8 <= self.len);
+        // SAFETY: an 8-aligned offset inside the mapping, only accessed atomically.
+        unsafe { &*(self.host.add(off) as *const AtomicU64) }
+    }
+
+    pub const DONE: Word = Word(0);
+    const FAILED: Word = Word(LINE);
+
+    /// The last collective whose inputs rank `r`'s stream had ready.
+    pub fn ready(&self, r: usize) -> Word {
+        assert!(r < self.n, "rank {r} beyond the control region");
+        Word(LINE * (2 + r))
+    }
+
+    /// The last collective whose share rank `r`'s stream finished (MPS).
+    pub fn fin(&self, r: usize) -> Word {
+        assert!(r < self.n, "rank {r} beyond the control region");
+        Word(LINE * (2 + self.n + r))
+    }
+
+    fn pair_word(&self, p: usize, q: usize) -> usize {
+        assert!(p < self.n && q < self.n, "pair ({p}, {q}) beyond the control region");
+        LINE * (2 + 2 * self.n) + 8 * (p * self.n + q)
+    }
+
+    /// The last fcclSend `p` -> `q` (slot + 1) whose buffer `p`'s stream had ready.
+    pub fn sent(&self, p: usize, q: usize) -> Word {
+        Word(self.pair_word(p, q))
+    }
+
+    /// The last fcclSend `p` -> `q` (slot + 1) that `q`'s stream copied.
+    pub fn recvd(&self, p: usize, q: usize) -> Word {
+        Word(self.pair_word(p, q) + 4)
     }
 
     /// Non-zero once a rank gave up on the communicator.
     pub fn failed(&self) -> &AtomicU32 {
-        self.word(FAILED)
+        self.at(Self::FAILED)
     }
 
-    /// Device addresses, for stream operations in this process's context.
-    pub fn dev_done(&self) -> usize {
-        self.dev + DONE
-    }
-
-    pub fn dev_ready(&self, r: usize) -> usize {
-        assert!(r < MAX_RANKS, "rank {r} beyond the control page");
-        self.dev + LINE * (1 + r)
-    }
-
-    /// Whether call `k` is finished (`done` at or past it, cyclically).
-    pub fn finished(&self, k: u32) -> bool {
-        reached(self.done().load(Ordering::Acquire), k)
-    }
-
-    /// Lets every wait for call `k` or earlier go on: used when the call can never
-    /// complete (a rank died, timed out, or the communicator was aborted).
-    pub fn release(&self, k: u32, nranks: usize) {
+    /// Marks the communicator failed for every rank.
+    pub fn fail(&self) {
         self.failed().store(1, Ordering::Release);
-        for r in 0..nranks.min(MAX_RANKS) {
-            raise(self.ready(r), k);
+    }
+
+    /// Whether `w` is at or past `v` (cyclically).
+    pub fn reached(&self, w: Word, v: u32) -> bool {
+        reached(self.at(w).load(Ordering::Acquire), v)
+    }
+
+    /// Lets waits for `w >= v` go on: used when they can never be satisfied (a rank
+    /// died, timed out, or the communicator was aborted).
+    pub fn raise(&self, w: Word, v: u32) {
+        let _ = self.at(w).fetch_update(Ordering::AcqRel, Ordering::Acquire, |x| (!reached(x, v)).then_some(v));
+    }
+
+    /// Rank `r`'s log of freed allocations: (entries ever written, the ring).
+    fn freed_off(&self, r: usize) -> usize {
+        assert!(r < self.n, "rank {r} beyond the control region");
+        self.words + r * FREED_BYTES
+    }
+
+    /// Appends `base` (an allocation of rank `r`, the caller, freed) to its log.
+    pub fn freed_push(&self, r: usize, base: usize) {
+        let off = self.freed_off(r);
+        let count = self.u64_at(off);
+        let i = count.load(Ordering::Relaxed);
+        self.u64_at(off + LINE + 8 * (i % FREED_RING) as usize).store(base as u64, Ordering::Relaxed);
+        count.store(i + 1, Ordering::Release);
+    }
+
+    /// Rank `r`'s freed allocations after the first `seen` entries of its log: the
+    /// bases, and the new count; None when the log overran them (a reader that fell
+    /// that far behind forgets every mapping of the owner).
+    pub fn freed_since(&self, r: usize, seen: u64) -> (Option<Vec<usize>>, u64) {
+        let off = self.freed_off(r);
+        let count = self.u64_at(off).load(Ordering::Acquire);
+        if count == seen {
+            return (Some(Vec::new()), count);
         }
-        raise(self.done(), k);
+        if count - seen > FREED_RING {
+            return (None, count);
+        }
+        let bases =
+            (seen..count).map(|i| self.u64_at(off + LINE + 8 * (i % FREED_RING) as usize).load(Ordering::Relaxed));
+        let v: Vec<usize> = bases.map(|b| b as usize).collect();
+        // Entries overwritten while they were read are lost: then forget everything.
+        if self.u64_at(off).load(Ordering::Acquire) - seen > FREED_RING {
+            return (None, count);
+        }
+        (Some(v), count)
+    }
+
+    /// The mailbox and bounce ring of sends from `p` to `q`.
+    pub fn pair(&self, p: usize, q: usize) -> Pair<'_> {
+        assert!(p < self.n && q < self.n && p != q, "pair ({p}, {q}) has no mailbox");
+        let off = self.words + round_up(self.n * FREED_BYTES, PAGE) + (p * self.n + q) * PAIR_BYTES;
+        Pair { ctl: self, off }
     }
 }
 
@@ -158,23 +257,178 @@ pub fn reached(v: u32, k: u32) -> bool {
     (v.wrapping_sub(k) as i32) >= 0
 }
 
-fn raise(w: &AtomicU32, k: u32) {
-    let _ = w.fetch_update(Ordering::AcqRel, Ordering::Acquire, |v| (!reached(v, k)).then_some(k));
-}
-
 impl Drop for Ctl {
     fn drop(&mut self) {
-        // The caller made sure no queued stream operation still uses the page.
-        if let Ok(_g) = cuda::CtxGuard::enter(self.ctx) {
-            // SAFETY: registered in map(); unregistered once.
-            let _ = unsafe { cuda::unregister_host(self.host as usize) };
-        }
-        // SAFETY: mapped in map(), unmapped once.
-        unsafe { libc::munmap(self.host.cast(), PAGE) };
+        // SAFETY: mapped in map(), unmapped once; every registration (which holds an
+        // Arc of this region) is gone.
+        unsafe { libc::munmap(self.host.cast(), self.len) };
         if self.owner {
             // SAFETY: name is a valid C string.
             unsafe { libc::shm_unlink(self.name.as_ptr()) };
         }
+    }
+}
+
+/// The words registered in one context: their device address there.
+pub struct Registered {
+    pub ctl: Arc<Ctl>,
+    dev: usize,
+    pub ctx: usize,
+}
+
+impl Registered {
+    /// Device address of `w`, for stream operations in this registration's context.
+    pub fn dev(&self, w: Word) -> usize {
+        self.dev + w.0
+    }
+
+    /// The device addresses, apart from this borrow.
+    pub fn addrs(&self) -> Addrs {
+        Addrs(self.dev)
+    }
+}
+
+/// Device addresses of the words in one registration's context.
+#[derive(Clone, Copy)]
+pub struct Addrs(usize);
+
+impl Addrs {
+    pub fn of(&self, w: Word) -> usize {
+        self.0 + w.0
+    }
+}
+
+impl Drop for Registered {
+    fn drop(&mut self) {
+        // The caller made sure no queued stream operation still uses the words.
+        if let Ok(_g) = cuda::CtxGuard::enter(self.ctx) {
+            // SAFETY: registered in Ctl::register; unregistered once.
+            let _ = unsafe { cuda::unregister_host(self.ctl.host as usize) };
+        }
+    }
+}
+
+/// The mailbox of the sends from one rank to another. Slot `k % SLOTS` holds the k-th
+/// send's record (written by the sender) and the matching receive's record (written by
+/// the receiver), each stamped `k + 1` once complete. Counters: `s_done` (the receiver
+/// finished with the sender's records and data before it), `r_read` (the sender read the
+/// receiver's records before it), and the bounce ring's bytes written and read.
+pub struct Pair<'a> {
+    ctl: &'a Ctl,
+    off: usize,
+}
+
+/// A sender's record.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct SendRec {
+    pub bytes: u64,
+    /// The data may be read on the GPU (GPU to GPU); else it goes through the bounce ring.
+    pub device: bool,
+    pub pid: u32,
+    /// The buffer's offset in its allocation, and its address in the sender's process.
+    pub off: u64,
+    pub ptr: u64,
+    pub handle: [u8; 64],
+}
+
+impl Default for SendRec {
+    fn default() -> SendRec {
+        SendRec { bytes: 0, device: false, pid: 0, off: 0, ptr: 0, handle: [0; 64] }
+    }
+}
+
+/// A receiver's record.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct RecvRec {
+    pub bytes: u64,
+    pub device: bool,
+}
+
+impl Pair<'_> {
+    pub fn s_done(&self) -> &AtomicU64 {
+        self.ctl.u64_at(self.off)
+    }
+    pub fn r_read(&self) -> &AtomicU64 {
+        self.ctl.u64_at(self.off + LINE)
+    }
+    pub fn written(&self) -> &AtomicU64 {
+        self.ctl.u64_at(self.off + 2 * LINE)
+    }
+    pub fn read(&self) -> &AtomicU64 {
+        self.ctl.u64_at(self.off + 3 * LINE)
+    }
+
+    fn slot(&self, k: u64) -> usize {
+        self.off + 4 * LINE + (k % SLOTS) as usize * SLOT_BYTES
+    }
+
+    fn bytes_at(&self, off: usize, len: usize) -> *mut u8 {
+        debug_assert!(off + len <= self.ctl.len);
+        // SAFETY: inside the mapping (the layout's arithmetic).
+        unsafe { self.ctl.host.add(off) }
+    }
+
+    /// Writes the k-th send's record (the caller checked the slot is free).
+    pub fn put_send(&self, k: u64, r: &SendRec) {
+        let at = self.slot(k);
+        let mut b = [0u8; 104];
+        b[8..16].copy_from_slice(&r.bytes.to_le_bytes());
+        b[16] = r.device as u8;
+        b[20..24].copy_from_slice(&r.pid.to_le_bytes());
+        b[24..32].copy_from_slice(&r.off.to_le_bytes());
+        b[32..40].copy_from_slice(&r.ptr.to_le_bytes());
+        b[40..104].copy_from_slice(&r.handle);
+        // SAFETY: the slot's bytes after the stamp are the sender's until it stamps them
+        // (the receiver reads them only after seeing the stamp).
+        unsafe { std::ptr::copy_nonoverlapping(b[8..].as_ptr(), self.bytes_at(at + 8, 96), 96) };
+        self.ctl.u64_at(at).store(k + 1, Ordering::Release);
+    }
+
+    /// The k-th send's record, once the sender wrote it.
+    pub fn get_send(&self, k: u64) -> Option<SendRec> {
+        let at = self.slot(k);
+        if self.ctl.u64_at(at).load(Ordering::Acquire) != k + 1 {
+            return None;
+        }
+        let mut b = [0u8; 104];
+        // SAFETY: stamped: the sender no longer writes the slot until s_done passes it.
+        unsafe { std::ptr::copy_nonoverlapping(self.bytes_at(at + 8, 96), b[8..].as_mut_ptr(), 96) };
+        let u = |i: usize| u64::from_le_bytes(b[i..i + 8].try_into().expect("8 bytes"));
+        Some(SendRec {
+            bytes: u(8),
+            device: b[16] != 0,
+            pid: u32::from_le_bytes(b[20..24].try_into().expect("4 bytes")),
+            off: u(24),
+            ptr: u(32),
+            handle: b[40..104].try_into().expect("64 bytes"),
+        })
+    }
+
+    /// Writes the k-th receive's record (the caller checked the slot is free).
+    pub fn put_recv(&self, k: u64, r: &RecvRec) {
+        let at = self.slot(k) + 2 * LINE;
+        self.ctl.u64_at(at + 8).store(r.bytes, Ordering::Relaxed);
+        self.ctl.u64_at(at + 16).store(r.device as u64, Ordering::Relaxed);
+        self.ctl.u64_at(at).store(k + 1, Ordering::Release);
+    }
+
+    /// The k-th receive's record, once the receiver wrote it.
+    pub fn get_recv(&self, k: u64) -> Option<RecvRec> {
+        let at = self.slot(k) + 2 * LINE;
+        if self.ctl.u64_at(at).load(Ordering::Acquire) != k + 1 {
+            return None;
+        }
+        Some(RecvRec {
+            bytes: self.ctl.u64_at(at + 8).load(Ordering::Relaxed),
+            device: self.ctl.u64_at(at + 16).load(Ordering::Relaxed) != 0,
+        })
+    }
+
+    /// Where the bounce ring's byte `pos` lies and how many bytes follow it before the
+    /// ring wraps.
+    pub fn bounce(&self, pos: u64) -> (*mut u8, usize) {
+        let i = (pos % BOUNCE as u64) as usize;
+        (self.bytes_at(self.off + 4 * LINE + SLOTS as usize * SLOT_BYTES + i, BOUNCE - i), BOUNCE - i)
     }
 }
 
@@ -186,5 +440,45 @@ mod tests {
     fn counters_compare_cyclically() {
         assert!(reached(5, 5) && reached(6, 5) && !reached(4, 5));
         assert!(reached(2, u32::MAX) && !reached(u32::MAX, 2));
+    }
+
+    #[test]
+    fn records_freed_logs_and_words_round_trip_between_mappings() {
+        let name = Ctl::name(0x5eed_0000 ^ std::process::id() as u64, std::process::id());
+        let a = Ctl::create(&name, 3).unwrap();
+        let b = Ctl::open(&name, 3).unwrap();
+        // Words: the other mapping sees them; raising is monotonic and cyclic.
+        a.raise(a.sent(2, 1), 7);
+        assert!(b.reached(b.sent(2, 1), 7) && !b.reached(b.sent(1, 2), 1));
+        b.raise(b.sent(2, 1), 3);
+        assert_eq!(a.at(a.sent(2, 1)).load(Ordering::Acquire), 7, "never lowered");
+        assert_ne!(a.recvd(2, 1), a.sent(2, 1));
+        // Mailbox: a record is visible once stamped with its slot, and only for it.
+        let s = SendRec { bytes: 40, device: true, pid: 9, off: 16, ptr: 0xabc0, handle: [7; 64] };
+        assert!(b.pair(0, 2).get_send(0).is_none());
+        a.pair(0, 2).put_send(0, &s);
+        assert_eq!(b.pair(0, 2).get_send(0), Some(s));
+        assert!(b.pair(0, 2).get_send(SLOTS).is_none(), "slot 0 holds record 0, not SLOTS");
+        assert!(b.pair(2, 0).get_send(0).is_none(), "each direction has its own mailbox");
+        let r = RecvRec { bytes: 44, device: false };
+        b.pair(0, 2).put_recv(0, &r);
+        assert_eq!(a.pair(0, 2).get_recv(0), Some(r));
+        // Freed logs: read from where the reader stopped; overrun tells to forget all.
+        a.freed_push(1, 0x1000);
+        a.freed_push(1, 0x2000);
+        assert_eq!(b.freed_since(1, 0), (Some(vec![0x1000, 0x2000]), 2));
+        assert_eq!(b.freed_since(1, 2), (Some(vec![]), 2));
+        for i in 0..FREED_RING {
+            a.freed_push(1, 0x3000 + i as usize);
+        }
+        assert_eq!(b.freed_since(1, 1).0, None, "more than the ring since entry 1");
+        assert_eq!(b.freed_since(0, 0), (Some(vec![]), 0));
+        // The bounce ring wraps at its size.
+        let (p0, n0) = a.pair(1, 0).bounce(0);
+        let (p1, n1) = a.pair(1, 0).bounce(BOUNCE as u64 + 8);
+        assert_eq!((n0, n1, p1 as usize - p0 as usize), (BOUNCE, BOUNCE - 8, 8));
+        drop(b);
+        drop(a);
+        assert!(Ctl::open(&name, 3).is_err(), "the creator unlinks the name");
     }
 }

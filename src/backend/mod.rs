@@ -15,6 +15,7 @@ pub mod ctl;
 pub mod host;
 pub mod ipc;
 pub mod nccl;
+pub mod pack;
 pub mod staging;
 
 use crate::coll::Coll;

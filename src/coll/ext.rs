@@ -3,7 +3,7 @@
 
 use super::{Coll, CollKind, Strided};
 use crate::error::{Error, Result};
-use crate::types::DataType;
+use crate::types::{DataType, RedOp};
 
 /// A row-major tensor seen around one axis: `outer` x `along` x `inner` elements.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -53,6 +53,33 @@ pub fn all_gather_axis(send: *const u8, recv: *mut u8, l: AxisLayout, dtype: Dat
         c.strided = Some(Strided { outer: l.outer, block: l.along * l.inner });
     }
     c
+}
+
+/// The reduce_scatter that gives rank r block r along `axis` of the reduced tensor,
+/// unpacked: with `strided`, each rank's input is `outer` rows of nranks blocks of
+/// `block` elements and rank r gets block r of every row (the device path for ranks on
+/// one GPU serves it so, with 2D copies); axis 0 is a plain reduce_scatter.
+pub fn reduce_scatter_axis_strided(
+    send: *const u8,
+    recv: *mut u8,
+    l: AxisLayout,
+    dtype: DataType,
+    op: RedOp,
+    nranks: usize,
+) -> Result<Coll> {
+    if l.along % nranks != 0 {
+        return Err(Error::invalid_arg(format!(
+            "shape[axis] = {} does not divide by the {nranks} ranks of the communicator; each rank gets shape[axis]/nranks",
+            l.along
+        )));
+    }
+    let share = l.along / nranks * l.inner; // elements of one rank's block per outer row
+    let mut c = Coll::new(CollKind::ReduceScatter, send, recv, l.outer * share, dtype);
+    c.op = op;
+    if l.outer > 1 && l.total() > 0 {
+        c.strided = Some(Strided { outer: l.outer, block: share });
+    }
+    Ok(c)
 }
 
 /// fcclCollectiveCounts: elements a rank must allocate for the NCCL-style call.

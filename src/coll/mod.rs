@@ -145,7 +145,10 @@ pub struct Coll {
     pub root: usize,
     pub v: Option<VCounts>,
     /// all_gather along an axis: each rank's buffer is `outer` blocks of `block`
-    /// elements, and rank p's block j lands at element (j * nranks + p) * block.
+    /// elements, and rank p's block j lands at element (j * nranks + p) * block;
+    /// reduce_scatter along an axis (the one-GPU device path only): each rank's input
+    /// is `outer` rows of nranks blocks of `block` elements, rank r gets block r of
+    /// every row.
     pub strided: Option<Strided>,
     /// all_reduce whose partial results travel in this (narrower) type.
     pub wire: Option<DataType>,
@@ -278,6 +281,7 @@ impl Coll {
             CollKind::AllGatherV => {
                 (Some(v_off(self.v.as_ref().map(|v| v.rdispls())) as isize), "sendbuff == recvbuff + rdispls[rank]")
             }
+            CollKind::ReduceScatter if self.strided.is_some() => (None, "none along an axis > 0"),
             CollKind::ReduceScatter | CollKind::Scatter => {
                 (Some(-((rank * self.count * es) as isize)), "recvbuff == sendbuff + rank*count")
             }

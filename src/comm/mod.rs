@@ -11,6 +11,7 @@ pub mod torchstore;
 mod wireup;
 
 use crate::backend::builtin::Builtin;
+use crate::backend::ctl::Ctl;
 use crate::backend::host::{self, Call};
 use crate::backend::ipc::{self, Ipc};
 use crate::backend::nccl::{Nccl, NcclBackend};
@@ -128,14 +129,15 @@ impl Comm {
     }
 
     /// The router's table: NCCL when it serves this rank's device memory, the IPC path
-    /// when every rank shares one GPU and it is enabled, the built-in backend last.
-    fn set_backends(&mut self, nccl: Option<Nccl>, one_gpu: bool) {
+    /// when every rank shares one GPU and it is enabled (`one_gpu`: what every rank
+    /// learned for it at set-up), the built-in backend last.
+    fn set_backends(&mut self, nccl: Option<Nccl>, one_gpu: Option<ipc::Setup>) {
         let (rank, nranks) = (self.rank, self.nranks);
         let mut table: Vec<Box<dyn crate::backend::Backend>> = Vec::new();
         if let Some(nccl) = nccl {
             table.push(Box::new(NcclBackend { nccl, rank, nranks }));
-        } else if let Some(min_bytes) = ipc::min_bytes().filter(|_| one_gpu) {
-            table.push(Box::new(Ipc::new(rank, nranks, self.device, min_bytes, self.nonce, self.opts.timeout)));
+        } else if let (Some(min_bytes), Some(setup)) = (ipc::min_bytes(), one_gpu) {
+            table.push(Box::new(Ipc::new(rank, nranks, self.device, min_bytes, self.opts.timeout, setup)));
         }
         table.push(Box::new(Builtin { rank, nranks }));
         self.router = Router::new(table);
@@ -144,6 +146,12 @@ impl Comm {
     /// The name of the backend serving this communicator's device memory.
     pub fn backend_name(&self) -> &'static str {
         self.router.device_backend()
+    }
+
+    /// Whether the device path of ranks on one GPU serves `c` (for calls it takes in
+    /// a form of its own).
+    pub fn ipc_takes(&self, c: &Coll) -> bool {
+        self.router.name_of(c) == "ipc"
     }
 
     /// What [`Comm::init_rank`] checks before it meets anyone: a non-blocking init
@@ -191,13 +199,20 @@ impl Comm {
             blobs.iter().map(|b| device::RankInfo::decode(b)).collect::<Result<_>>()?
         };
         let decision = if all.is_empty() { Ok(false) } else { device::use_nccl(req, &all, rank) };
+        let mut one_gpu = None;
         let nccl_id = match decision {
             Err(e) => {
                 client.finish();
                 return Err(e);
             }
             Ok(false) => {
+                let setup = if device::one_gpu(&all) && ipc::min_bytes().is_some() {
+                    ipc_setup(rank, nranks, nonce, me.device, &mut |blob| client.allgather(blob, deadline))
+                } else {
+                    Ok(None)
+                };
                 client.finish();
+                one_gpu = setup?;
                 None
             }
             Ok(true) => {
@@ -230,7 +245,7 @@ impl Comm {
             Some(id) => Some(Nccl::init_rank(nranks, &id, rank, me.device)?),
             None => None,
         };
-        c.set_backends(nccl, device::one_gpu(&all));
+        c.set_backends(nccl, one_gpu);
         log::info(format_args!(
             "rank {rank}/{nranks} joined communicator {} (device {}, backends {})",
             c.label(),
@@ -275,9 +290,16 @@ impl Comm {
             let devs: Vec<i32> = infos.iter().map(|i| i.device).collect();
             nccls = Nccl::init_all(&devs)?.into_iter().map(Some).collect();
         }
+        // Ranks of one process share the control region (their send/recv mailboxes).
+        let region = (one_gpu && !nccl && ipc::min_bytes().is_some()).then(|| {
+            let pid = std::process::id();
+            Ctl::create(&Ctl::name(nonce, pid), n).map(Arc::new).map_err(|e| e.msg)
+        });
         for ((c, i), nc) in comms.iter_mut().zip(&infos).zip(nccls) {
             c.device = i.device;
-            c.set_backends(nc, one_gpu);
+            let setup =
+                region.as_ref().map(|r| ipc::Setup { pids: vec![std::process::id(); n], mps: false, ctl: r.clone() });
+            c.set_backends(nc, setup);
         }
         Ok(comms)
     }
@@ -653,4 +675,50 @@ impl Drop for SplitHold {
 pub enum Issued {
     Done,
     InProgress,
+}
+
+/// Set-up of a communicator whose ranks share one GPU, in two rounds of `allgather`
+/// (the rendezvous): rank 0 creates the control region, every rank learns every rank's
+/// process and whether it runs under MPS, then maps the region, and every rank learns
+/// whether every rank could. Errors are only those of the rounds: a region that cannot
+/// be made or mapped stages every device call instead, on every rank.
+fn ipc_setup(
+    rank: usize,
+    nranks: usize,
+    nonce: u64,
+    device: i32,
+    allgather: &mut wireup::Allgather<'_>,
+) -> Result<Option<ipc::Setup>> {
+    let pid = std::process::id();
+    let made = (rank == 0).then(|| Ctl::create(&Ctl::name(nonce, pid), nranks));
+    let (mps, why) = ipc::mps_local(device);
+    let mut blob = [0u8; 6];
+    blob[..4].copy_from_slice(&pid.to_le_bytes());
+    blob[4] = mps as u8;
+    blob[5] = made.as_ref().map_or(0, |m| m.is_ok() as u8);
+    let all = allgather(&blob)?;
+    let field = |b: &Vec<u8>, i: usize| b.get(i).copied().unwrap_or(0);
+    let pids: Vec<u32> =
+        all.iter().map(|b| u32::from_le_bytes(b.get(..4).and_then(|s| s.try_into().ok()).unwrap_or([0; 4]))).collect();
+    let region = match made {
+        Some(m) => m.map_err(|e| e.msg),
+        None if field(&all[0], 5) == 1 => Ctl::open(&Ctl::name(nonce, pids[0]), nranks).map_err(|e| e.msg),
+        None => Err("rank 0 could not create the device control region".to_string()),
+    };
+    let oks = allgather(&[region.is_ok() as u8])?;
+    let ctl = match (region, oks.iter().position(|b| field(b, 0) != 1)) {
+        (Ok(c), None) => Ok(Arc::new(c)),
+        (Err(m), _) => Err(m),
+        (Ok(_), Some(r)) => Err(format!("rank {r} could not map the device control region")),
+    };
+    let mps_all = all.iter().all(|b| field(b, 4) == 1);
+    if let Err(m) = &ctl {
+        log::info(format_args!("rank {rank}: device calls through host staging: {m}"));
+    }
+    log::info(format_args!(
+        "rank {rank}: ranks on one GPU: {} ({why}{})",
+        if mps_all { "every rank moves its share (MPS)" } else { "rank 0 moves the data" },
+        if mps && !mps_all { "; not every rank runs under MPS" } else { "" }
+    ));
+    Ok(Some(ipc::Setup { pids, mps: mps_all, ctl }))
 }

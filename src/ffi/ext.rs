@@ -149,7 +149,8 @@ pub unsafe extern "C" fn fcclAllGatherAxis(
 /// Reduces a row-major tensor of `shape` (the input's) across ranks; rank r gets block
 /// r along `axis` (shape[axis]/nranks wide; shape[axis] must divide by nranks). Along
 /// an axis > 0 the input is first packed into a copy owned by the call (on `stream`
-/// for device memory).
+/// for device memory), except where the ranks share one GPU: that path reads the
+/// blocks where they lie.
 #[no_mangle]
 pub unsafe extern "C" fn fcclReduceScatterAxis(
     sendbuff: *const c_void,
@@ -177,6 +178,15 @@ pub unsafe extern "C" fn fcclReduceScatterAxis(
             } else {
                 mem::Placement::Host
             };
+            // Unless the device path of ranks on one GPU takes it unpacked (2D copies there).
+            let mut c = cx::reduce_scatter_axis_strided(sendbuff as _, recvbuff as _, l, dt, op, cm.nranks)?;
+            let (sb, rb) = (l.total() * dt.size(), l.total() / cm.nranks * dt.size());
+            let (s0, r0) = (sendbuff as usize, recvbuff as usize);
+            let apart = s0.saturating_add(sb) <= r0 || r0.saturating_add(rb) <= s0;
+            c.placement = place;
+            if c.strided.is_some() && apart && matches!(place, mem::Placement::Device { .. }) && cm.ipc_takes(&c) {
+                return Ok(c);
+            }
             // SAFETY: sendbuff holds the tensor in memory of `place` (API contract; NULL refused above).
             unsafe {
                 axis::reduce_scatter_axis(sendbuff as _, recvbuff as _, l, dt, op, cm.nranks, place, stream as usize)

@@ -31,6 +31,7 @@ const SYMBOLS: &[&str] = &[
     "cuMemcpyDtoDAsync_v2",
     "cuMemcpy2DAsync_v2",
     "cuStreamSynchronize",
+    "cuStreamQuery",
     "cuCtxGetCurrent",
     "cuCtxSetCurrent",
     "cuCtxGetDevice",
@@ -43,6 +44,10 @@ const SYMBOLS: &[&str] = &[
     "cuDevicePrimaryCtxRetain",
     "cuMemcpy",
     "cuCtxSynchronize",
+    "cuEventCreate",
+    "cuEventRecord",
+    "cuEventSynchronize",
+    "cuEventDestroy_v2",
 ];
 
 /// Stream-ordered allocation (CUDA 11.2+); without it scratch memory is freed after a
@@ -578,40 +583,113 @@ pub unsafe fn copy_2d_dtod_async(
     rows: usize,
     stream: usize,
 ) -> Result<()> {
+    let (d, s) = (
+        Side { ptr: dst as usize, pitch: dst_pitch, host: false },
+        Side { ptr: src as usize, pitch: src_pitch, host: false },
+    );
+    // SAFETY: forwarded contract.
+    unsafe { copy_2d_async(d, s, width, rows, stream) }
+}
+
+/// One side of a 2D copy: where its first row starts, how far apart rows are, and
+/// whether it is host memory (page-locked, or the copy is not asynchronous).
+#[derive(Clone, Copy, Debug)]
+pub struct Side {
+    pub ptr: usize,
+    pub pitch: usize,
+    pub host: bool,
+}
+
+/// Copies `rows` rows of `width` bytes from `src` to `dst`, ordered on `stream`:
+/// one cuMemcpy2DAsync (row by row where a pitch is too wide for it).
+///
+/// # Safety
+/// Every row of each side lies inside memory of its kind (device memory of the
+/// current context, or host memory), valid until the stream has run the copy; the
+/// two sides do not overlap.
+pub unsafe fn copy_2d_async(dst: Side, src: Side, width: usize, rows: usize, stream: usize) -> Result<()> {
     if width == 0 || rows == 0 {
         return Ok(());
     }
     // cuMemcpy2D takes pitches below 2^31 (CU_DEVICE_ATTRIBUTE_MAX_PITCH); wider
     // tensors go row by row.
     const MAX_PITCH: usize = i32::MAX as usize;
-    if rows == 1 || src_pitch > MAX_PITCH || dst_pitch > MAX_PITCH {
+    if rows == 1 || src.pitch > MAX_PITCH || dst.pitch > MAX_PITCH {
         for r in 0..rows {
+            let (d, s) = ((dst.ptr + r * dst.pitch) as *mut u8, (src.ptr + r * src.pitch) as *const u8);
             // SAFETY: row r of each side lies inside its buffer (caller's contract).
-            unsafe { copy_dtod_async(dst.add(r * dst_pitch), src.add(r * src_pitch), width, stream)? };
+            unsafe {
+                match (dst.host, src.host) {
+                    (false, false) => copy_dtod_async(d, s, width, stream)?,
+                    (true, false) => copy_dtoh_async(d, s, width, stream)?,
+                    (false, true) => copy_htod_async(d, s, width, stream)?,
+                    (true, true) => return Err(Error::internal("a 2D copy between two host buffers")),
+                }
+            }
         }
         return Ok(());
     }
+    let kind =
+        |host: bool| if host { cu::CUmemorytype::CU_MEMORYTYPE_HOST } else { cu::CUmemorytype::CU_MEMORYTYPE_DEVICE };
     // Written out whole: the memory-type enum has no zero value, so zeroed() is UB.
     let p = cu::CUDA_MEMCPY2D {
         srcXInBytes: 0,
         srcY: 0,
-        srcMemoryType: cu::CUmemorytype::CU_MEMORYTYPE_DEVICE,
-        srcHost: std::ptr::null(),
-        srcDevice: src as usize as u64,
+        srcMemoryType: kind(src.host),
+        srcHost: if src.host { src.ptr as *const std::ffi::c_void } else { std::ptr::null() },
+        srcDevice: if src.host { 0 } else { src.ptr as u64 },
         srcArray: std::ptr::null_mut(),
-        srcPitch: src_pitch,
+        srcPitch: src.pitch,
         dstXInBytes: 0,
         dstY: 0,
-        dstMemoryType: cu::CUmemorytype::CU_MEMORYTYPE_DEVICE,
-        dstHost: std::ptr::null_mut(),
-        dstDevice: dst as usize as u64,
+        dstMemoryType: kind(dst.host),
+        dstHost: if dst.host { dst.ptr as *mut std::ffi::c_void } else { std::ptr::null_mut() },
+        dstDevice: if dst.host { 0 } else { dst.ptr as u64 },
         dstArray: std::ptr::null_mut(),
-        dstPitch: dst_pitch,
+        dstPitch: dst.pitch,
         WidthInBytes: width,
         Height: rows,
     };
     // SAFETY: guaranteed by the caller; p describes the rows above.
     check(unsafe { cu::cuMemcpy2DAsync_v2(&p, stream as cu::CUstream) }, "cuMemcpy2DAsync")
+}
+
+/// A CUDA event of the current context (no timing), destroyed on drop: marks a point
+/// on a stream that the host can wait for.
+pub struct Event(cu::CUevent);
+
+// SAFETY: an event handle may be used from any thread of the process.
+unsafe impl Send for Event {}
+
+impl Event {
+    /// A new event in the current context.
+    pub fn new() -> Result<Event> {
+        let mut e: cu::CUevent = std::ptr::null_mut();
+        // SAFETY: valid out-pointer; a context is current (the caller's guard).
+        let rc = unsafe { cu::cuEventCreate(&mut e, cu::CUevent_flags_enum::CU_EVENT_DISABLE_TIMING as u32) };
+        check(rc, "cuEventCreate")?;
+        Ok(Event(e))
+    }
+
+    /// Marks the point after everything queued on `stream` so far.
+    pub fn record(&self, stream: usize) -> Result<()> {
+        // SAFETY: a live event; the stream is the caller's, of the event's context.
+        check(unsafe { cu::cuEventRecord(self.0, stream as cu::CUstream) }, "cuEventRecord")
+    }
+
+    /// Waits until the stream has passed the last recorded point.
+    pub fn synchronize(&self) -> Result<()> {
+        // SAFETY: a live event.
+        check(unsafe { cu::cuEventSynchronize(self.0) }, "cuEventSynchronize")
+    }
+}
+
+impl Drop for Event {
+    fn drop(&mut self) {
+        // SAFETY: created by new() and destroyed once; the driver releases it once its
+        // pending record completes.
+        let _ = unsafe { cu::cuEventDestroy_v2(self.0) };
+    }
 }
 
 /// Device memory one call uses for packed data, allocated and freed in the order
@@ -747,6 +825,27 @@ pub fn ipc_open(handle: &[u8; 64]) -> Result<usize> {
 pub unsafe fn ipc_close(base: usize) -> Result<()> {
     // SAFETY: per the caller.
     check(unsafe { cu::cuIpcCloseMemHandle(base as cu::CUdeviceptr) }, "cuIpcCloseMemHandle")
+}
+
+/// Whether everything queued on `stream` is done (cuStreamQuery), without waiting.
+pub fn stream_done(stream: usize) -> Result<bool> {
+    // SAFETY: the stream handle is the caller's (0 = the legacy default stream).
+    match unsafe { cu::cuStreamQuery(stream as cu::CUstream) } {
+        cu::CUresult::CUDA_SUCCESS => Ok(true),
+        cu::CUresult::CUDA_ERROR_NOT_READY => Ok(false),
+        rc => check(rc, "cuStreamQuery").map(|_| false),
+    }
+}
+
+/// Whether contexts on `device` are shared through MPS (CU_DEVICE_ATTRIBUTE_MPS_ENABLED,
+/// CUDA 12.3+); None when the driver does not know the attribute.
+pub fn mps_enabled(device: i32) -> Option<bool> {
+    driver().ok()?;
+    let mut v = 0;
+    // SAFETY: valid out-pointer; device is an ordinal from the driver.
+    let rc =
+        unsafe { cu::cuDeviceGetAttribute(&mut v, cu::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MPS_ENABLED, device) };
+    (rc == cu::CUresult::CUDA_SUCCESS).then_some(v != 0)
 }
 
 /// Waits for everything queued on `stream`.

@@ -124,11 +124,12 @@ def body(cu, comm, expect_dev):
     print(f"rank {rank}: {checks} device checks, OK", flush=True)
 
 
-def fault(cu, comm, mode):
-    """Rank 1's stream never gets to its part of an all_reduce (it waits on a word
-    nobody writes), then rank 1 dies (`kill`) or stops (`stop`). Rank 0's call returns
-    at once (stream-ordered); its stream must still end, released by the watchdog, and
-    its next call fail naming rank 1. Prints "rank 0: released after S s: <message>"."""
+def fault(cu, comm, mode, op="all_reduce"):
+    """Rank 1's stream never gets to its part of an all_reduce, or of a send/recv from
+    rank 0 to rank 1 (`op` "send_recv"; it waits on a word nobody writes), then rank 1
+    dies (`kill`) or stops (`stop`). Rank 0's call returns at once (stream-ordered); its
+    stream must still end, released by the watchdog, and its next call fail naming
+    rank 1. Prints "rank 0: released after S s: <message>"."""
     import os
     import signal
     import time
@@ -142,19 +143,37 @@ def fault(cu, comm, mode):
     pids = np.zeros(2, np.int32)
     me = np.array([os.getpid()], np.int32)
     f.call("fcclAllGather", me.ctypes.data_as(c_void_p), pids.ctypes.data_as(c_void_p), 1, f.fcclInt32, comm, None)
-    f.call("fcclAllReduce", c_void_p(s), c_void_p(r), count, f.fcclFloat32, f.fcclSum, comm, st)
+    def the_call():
+        if op == "send_recv":
+            if rank == 0:
+                f.call("fcclSend", c_void_p(s), count, f.fcclFloat32, 1, comm, st)
+            else:
+                f.call("fcclRecv", c_void_p(r), count, f.fcclFloat32, 0, comm, st)
+        else:
+            f.call("fcclAllReduce", c_void_p(s), c_void_p(r), count, f.fcclFloat32, f.fcclSum, comm, st)
+
+    the_call()
     ok(cu.cuStreamSynchronize(st), "cuStreamSynchronize")
+    if mode == "vanish":
+        # Rank 1 dies before it posts its receive: rank 0's send fails on the host.
+        if rank == 1:
+            os.kill(os.getpid(), signal.SIGKILL)
+        t0 = time.monotonic()
+        rc = f.load().fcclSend(c_void_p(s), count, f.fcclFloat32, 1, comm, st)
+        print(f"rank 0: send returned {f.error_string(rc)} after {time.monotonic() - t0:.3f} s: "
+              f"{f.last_error(comm)}", flush=True)
+        return 0 if rc != 0 else 1
     if rank == 1:
         never = c_void_p()
         f.call("fcclMemAllocHost", byref(never), 64)
         ctypes.memset(never, 0, 64)
         ok(cu.cuStreamWaitValue32_v2(st, never.value, 1, 0), "cuStreamWaitValue32")
-        f.call("fcclAllReduce", c_void_p(s), c_void_p(r), count, f.fcclFloat32, f.fcclSum, comm, st)
+        the_call()
         print("rank 1: enqueued behind a wait that never ends", flush=True)
         os.kill(os.getpid(), signal.SIGKILL if mode == "kill" else signal.SIGSTOP)
         return 1
     t0 = time.monotonic()
-    f.call("fcclAllReduce", c_void_p(s), c_void_p(r), count, f.fcclFloat32, f.fcclSum, comm, st)
+    the_call()
     enqueue = time.monotonic() - t0
     ok(cu.cuStreamSynchronize(st), "cuStreamSynchronize")
     took = time.monotonic() - t0
@@ -169,11 +188,47 @@ def fault(cu, comm, mode):
     return 0 if rc != 0 else 1
 
 
+def staged_fault(cu, comm):
+    """Every call staged through host memory in many chunks (the test sets
+    FERROCCL_CUDA_IPC=0, a small FERROCCL_STAGING_CHUNK and a slow simulated stream):
+    rank 1 dies in the middle of a pipelined all_reduce. Rank 0's call must return the
+    host's error naming rank 1, with nothing of the call left on its stream (it
+    synchronises, and a copy on it still runs). Prints "rank 0: staged call ..."."""
+    import os
+    import signal
+    import time
+    rank = f.comm_user_rank(comm)
+    make_current(cu, 0)
+    count = 1 << 20
+    s, r = dev_alloc(count * 4), dev_alloc(count * 4)
+    st = c_void_p()
+    ok(cu.cuStreamCreate(byref(st), 0), "cuStreamCreate")
+    f.call("fcclAllReduce", c_void_p(s), c_void_p(r), 1024, f.fcclFloat32, f.fcclSum, comm, st)
+    ok(cu.cuStreamSynchronize(st), "cuStreamSynchronize")
+    if rank == 1:
+        threading.Timer(0.3, lambda: os.kill(os.getpid(), signal.SIGKILL)).start()
+        f.load().fcclAllReduce(c_void_p(s), c_void_p(r), count, f.fcclFloat32, f.fcclSum, comm, st)
+        print("rank 1: the call ended before the kill (make it longer)", flush=True)
+        return 1
+    t0 = time.monotonic()
+    rc = f.load().fcclAllReduce(c_void_p(s), c_void_p(r), count, f.fcclFloat32, f.fcclSum, comm, st)
+    took = time.monotonic() - t0
+    msg = f.last_error(comm)
+    sync = cu.cuStreamSynchronize(st)
+    back = np.zeros(count, np.float32)
+    copy = cu.cuMemcpyDtoHAsync_v2(back.ctypes.data_as(c_void_p), r, count * 4, st)
+    copy_sync = cu.cuStreamSynchronize(st)
+    print(f"rank 0: staged call returned {f.error_string(rc)} after {took:.3f} s; stream sync {sync}; "
+          f"copy after it {copy}/{copy_sync}: {msg}", flush=True)
+    return 0 if rc != 0 else 1
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--threads", type=int, default=0)
     ap.add_argument("--devlist", default="")
-    ap.add_argument("--fault", choices=["kill", "stop"])
+    ap.add_argument("--fault", choices=["kill", "stop", "staged-kill", "vanish"])
+    ap.add_argument("--op", choices=["all_reduce", "send_recv"], default="all_reduce")
     a = ap.parse_args()
     cu = driver()
     if cu is None or cu.cuInit(0) != CUDA_SUCCESS:
@@ -206,8 +261,10 @@ def main():
         return 1 if errs else 0
     make_current(cu, 0)  # as a CUDA program does before it creates its communicator
     comm = f.comm_init_from_env()
+    if a.fault == "staged-kill":
+        return staged_fault(cu, comm)
     if a.fault:
-        return fault(cu, comm, a.fault)
+        return fault(cu, comm, a.fault, a.op)
     try:
         body(cu, comm, 0)
     except AssertionError as e:

@@ -65,23 +65,32 @@ def test_device_threads(devlist):
 assert os.path.isfile(WORKER)
 
 
-@needs_lib
-@needs_run
-@needs_driver
-@pytest.mark.parametrize("mode", ["kill", "stop"])
-def test_a_rank_lost_mid_call_releases_the_others_streams(mode):
-    """Ranks on one GPU, stream-ordered: rank 1's stream never gets to the call and rank
-    1 dies (or stops). Rank 0's stream is released (by the watchdog, at once on a death,
-    at the timeout on a stop) instead of hanging, and its communicator fails naming
-    rank 1."""
+def _run_fault(mode, op="all_reduce", **env_vars):
+    """device_worker.py --fault MODE --op OP at 2 ranks with these variables; its output
+    (the test skips when the worker did)."""
     env = _env()
-    env.update(FERROCCL_CUDA_IPC="1", FERROCCL_SIM_DEVICES="1", FERROCCL_TIMEOUT_MS="3000")
-    p = subprocess.run([RUN, "-n", "2", sys.executable, DEVICE_WORKER, "--fault", mode], cwd=HERE, env=env,
-                       stdout=subprocess.PIPE, stderr=subprocess.STDOUT, timeout=TIMEOUT_S, start_new_session=True)
+    env.update(env_vars)
+    cmd = [RUN, "-n", "2", sys.executable, DEVICE_WORKER, "--fault", mode, "--op", op]
+    p = subprocess.run(cmd, cwd=HERE, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, timeout=TIMEOUT_S,
+                       start_new_session=True)
     out = p.stdout.decode("utf-8", "replace")
     print(out)
     if "skipped" in out:
         pytest.skip(out.strip().splitlines()[-1])
+    return out
+
+
+@needs_lib
+@needs_run
+@needs_driver
+@pytest.mark.parametrize("mode", ["kill", "stop"])
+@pytest.mark.parametrize("op", ["all_reduce", "send_recv"])
+def test_a_rank_lost_mid_call_releases_the_others_streams(mode, op):
+    """Ranks on one GPU, stream-ordered: rank 1's stream never gets to the call (an
+    all_reduce, or a send from rank 0 to rank 1) and rank 1 dies (or stops). Rank 0's
+    stream is released (by the watchdog, at once on a death, at the timeout on a stop)
+    instead of hanging, and its communicator fails naming rank 1."""
+    out = _run_fault(mode, op, FERROCCL_CUDA_IPC="1", FERROCCL_SIM_DEVICES="1", FERROCCL_TIMEOUT_MS="3000")
     line = next((l for l in out.splitlines() if "rank 0: enqueued in" in l), None)
     assert line is not None, f"rank 0 never reported (its stream hung?):\n{out}"
     enqueue = float(line.split("enqueued in ")[1].split(" s")[0])
@@ -94,3 +103,37 @@ def test_a_rank_lost_mid_call_releases_the_others_streams(mode):
         assert 2.9 < took < 3.3 + 1.0, f"released {took} s with a 3 s timeout: {line}"
         assert "rank(s) [1]" in line and "next call operation timed out" in line, line
     assert "next call no error" not in line and "async error no error" not in line, line
+
+
+@needs_lib
+@needs_run
+@needs_driver
+def test_a_rank_lost_mid_pipeline_fails_the_staged_call_and_leaves_the_stream_clean():
+    """Everything staged through host memory, cut into many chunks on a slow stream:
+    rank 1 dies after some chunks. Rank 0's call returns an error naming rank 1 (the
+    host's), not a hang, and its stream holds nothing of the call: it synchronises and a
+    copy queued after it runs."""
+    out = _run_fault("staged-kill", FERROCCL_CUDA_IPC="0", FERROCCL_STAGING_CHUNK="16K",
+                     FERROCCL_SIM_LATENCY_US="5000", FERROCCL_SIM_DEVICES="1", FERROCCL_TIMEOUT_MS="5000")
+    line = next((l for l in out.splitlines() if "rank 0: staged call returned" in l), None)
+    assert line is not None, f"rank 0 never reported (hung?):\n{out}"
+    assert "returned fcclSuccess" not in line and "rank 1" in line, line
+    took = float(line.split(" after ")[1].split(" s")[0])
+    assert took < 4.5, f"the failure took {took} s to show: {line}"
+    assert "stream sync 0;" in line and "copy after it 0/0" in line, line
+
+
+@needs_lib
+@needs_run
+@needs_driver
+def test_a_rank_lost_before_its_recv_fails_the_send():
+    """Ranks on one GPU: rank 1 dies before it posts the fcclRecv that rank 0's fcclSend
+    waits for (the pair's mailbox). The send fails at once, naming rank 1, instead of
+    waiting for the timeout."""
+    out = _run_fault("vanish", "send_recv", FERROCCL_CUDA_IPC="1", FERROCCL_SIM_DEVICES="1", FERROCCL_TIMEOUT_MS="60000")
+    line = next((l for l in out.splitlines() if "rank 0: send returned" in l), None)
+    assert line is not None, f"rank 0 never reported (its send hung?):\n{out}"
+    took = float(line.split(" after ")[1].split(" s")[0])
+    assert "no error" not in line, line
+    assert took < 10.0, f"the send waited {took} s for a dead peer (timeout 60 s): {line}"
+    assert "rank 1" in line, line

@@ -1967,7 +1967,7 @@ fn p2p_eager(link: &dyn crate::transport::Link, sched: &Schedule<'_>, src: *cons
 }
 
 /// The error of an fcclSend/fcclRecv pair whose sizes differ (both sides report it).
-pub(super) fn p2p_mismatch(what: P2pCall, sender: usize, receiver: usize, sent: usize, received: usize) -> Error {
+pub fn p2p_mismatch(what: P2pCall, sender: usize, receiver: usize, sent: usize, received: usize) -> Error {
     Error::mismatch(format!(
         "{what}: rank {sender} sends {sent} bytes but rank {receiver} receives {received} bytes; make the counts and types of the matching fcclSend/fcclRecv agree"
     ))

@@ -3,8 +3,9 @@
 //! waits for the GPU.
 //!
 //! Without MPS a GPU time-slices between processes' contexts, so one executor (rank 0)
-//! does a whole call's data movement, on its caller's stream, through IPC mappings of
-//! every rank's buffers; the others only signal and wait on theirs. Per call `k`:
+//! does a whole collective's data movement, on its caller's stream, through IPC
+//! mappings of every rank's buffers; the others only signal and wait on theirs. Per
+//! collective `k`:
 //! - every rank sends the others a descriptor of its buffers (host memory, through
 //!   the transport; an IPC handle is made once per allocation);
 //! - rank r > 0 enqueues `ready[r] = k` (its inputs are ready: the work queued before
@@ -12,16 +13,25 @@
 //! - rank 0 enqueues `wait ready[r] >= k` for every r, the copies and reduction
 //!   kernels that fill every rank's receive buffer, then `done = k`.
 //!
-//! The words live on the communicator's control page (`ctl`), host memory that every
-//! rank maps: a watchdog thread per rank reads it to know when the GPU finished a call,
-//! and when a call cannot finish (a rank died, the timeout passed, an abort) it
-//! releases every wait, marks the page failed and fails the communicator, naming the
-//! ranks that did not arrive. Every rank decides to take this path from the same facts
-//! (communicator on one GPU, the call, FERROCCL_CUDA_IPC); a rank that cannot (memory
-//! IPC cannot share, no NVRTC or stream memory operations) says so in the descriptor
-//! exchange, and then every rank stages the call through host memory instead.
+//! Under MPS (`mps`) every rank moves its own share at once instead. Send/recv involve
+//! only their pair, which orders itself through the pair's mailbox (`p2p`).
+//!
+//! The words live in the communicator's control region (`ctl`), host memory that every
+//! rank maps, made when the communicator is: a watchdog thread per rank (`watch`)
+//! reads it to know when the GPU finished a call, and when a call cannot finish (a
+//! rank died, the timeout passed, an abort) it releases every wait, marks the region
+//! failed and fails the communicator, naming the ranks that did not arrive. Every rank
+//! decides to take this path from the same facts (communicator on one GPU, the call,
+//! FERROCCL_CUDA_IPC); a rank that cannot (memory IPC cannot share, no NVRTC or stream
+//! memory operations) says so in the descriptor exchange, and then every rank stages
+//! the call through host memory instead.
 
-use super::ctl::{self, Ctl};
+mod mappings;
+mod mps;
+mod p2p;
+mod watch;
+
+use super::ctl::{self, Ctl, Registered};
 use super::host::{self, Call};
 use super::{staging, Backend, Exec};
 use crate::backend::host::algorithms as algo;
@@ -30,18 +40,18 @@ use crate::error::{Error, Result};
 use crate::log;
 use crate::mem::{cuda, cuda_reduce, Placement};
 use crate::types::DataType;
-use std::collections::HashMap;
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Condvar, Mutex};
+use mappings::{close, Exported, FreedSeen, Mappings};
+use std::sync::atomic::Ordering;
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
+use watch::{Target, Watch};
+
+pub use mappings::MAPPINGS_MAX;
+pub use mps::local as mps_local;
 
 /// A descriptor: can this rank take part, its pid, its two buffers (handle, offset in
-/// the allocation, address), and the bases of up to [`DEAD_MAX`] of its allocations
-/// that peers mapped and that it has freed since.
-const BLOB: usize = 1 + 4 + 2 * (64 + 8 + 8) + 1 + 8 * DEAD_MAX;
-const DEAD_AT: usize = 1 + 4 + 2 * (64 + 8 + 8);
-/// Freed allocations reported per call (more wait for the next call).
-const DEAD_MAX: usize = 8;
+/// the allocation, address).
+const BLOB: usize = 1 + 4 + 2 * (64 + 8 + 8);
 /// The rank that moves the data.
 const EXECUTOR: usize = 0;
 
@@ -105,14 +115,20 @@ pub fn eligible(c: &Coll, nranks: usize, min: usize) -> bool {
         | CollKind::Scatter
         | CollKind::AlltoAll
         | CollKind::AlltoAllv => true,
+        // Whatever their memory: the pair learns from its records how to move the data,
+        // and both its calls must come here.
+        CollKind::Send | CollKind::Recv => true,
         _ => false,
     };
+    // Axis forms: all_gather, and reduce_scatter (made strided only for this path).
+    let strided_ok = c.strided.is_none() || matches!(c.kind, CollKind::AllGather | CollKind::ReduceScatter);
+    let any_memory = c.v.is_some() || c.kind.is_p2p();
     kind_ok
         && (2..=ctl::MAX_RANKS).contains(&nranks)
-        && (c.v.is_some() || matches!(c.placement, Placement::Device { .. }))
-        && c.strided.is_none()
+        && (any_memory || matches!(c.placement, Placement::Device { .. }))
+        && strided_ok
         && !c.is_noop()
-        && (c.v.is_some() || c.count.saturating_mul(c.dtype.size()) >= min)
+        && (any_memory || c.count.saturating_mul(c.dtype.size()) >= min)
 }
 
 // One launch takes every rank's buffer.
@@ -125,28 +141,50 @@ pub struct Ipc {
     nranks: usize,
     device: i32,
     min_bytes: usize,
-    /// Names the control page (the communicator's nonce).
-    nonce: u64,
     timeout: Duration,
+    /// Every rank's process.
+    pids: Vec<u32>,
+    /// Some ranks share a process: calls are synchronised on the host (see [`Mode`]).
+    synced: bool,
+    /// Every rank runs under MPS: each moves its share of a collective.
+    mps: bool,
+    /// The communicator's control region, or why there is none (then every call stages).
+    ctl: std::result::Result<Arc<Ctl>, String>,
     inner: Mutex<Inner>,
     watch: Arc<Watch>,
+}
+
+/// What every rank of a communicator on one GPU learns when it is created.
+pub struct Setup {
+    /// Every rank's process id.
+    pub pids: Vec<u32>,
+    /// Every rank runs under MPS.
+    pub mps: bool,
+    /// The control region, mapped by every rank (else why not, the same everywhere).
+    pub ctl: std::result::Result<Arc<Ctl>, String>,
 }
 
 /// What calls keep between them.
 #[derive(Default)]
 struct Inner {
-    /// Executor: mappings of peers' allocations.
+    /// Mappings of peers' allocations.
     maps: Mappings,
-    /// This rank's allocations whose handles peers received: base -> (the driver's
-    /// identity of the allocation, its handle).
-    exported: HashMap<usize, (u64, [u8; 64])>,
-    /// How calls run, once the first call decided it.
-    mode: Option<Mode>,
-    /// The last call put on the streams.
+    /// This rank's allocations whose handles peers received.
+    exported: Exported,
+    /// What this rank read of the peers' logs of freed allocations.
+    freed: FreedSeen,
+    /// The control region's words registered in `ctx` (ranks in separate processes),
+    /// once the first call tried; else why not.
+    reg: Option<std::result::Result<Registered, String>>,
+    /// The last collective put on the streams.
     k: u32,
-    /// Executor: mappings to close once the GPU finished the call numbered with them.
-    closing: Vec<(u32, usize)>,
-    /// The context the mappings and the page belong to.
+    /// send/recv: the slot of the next send to and receive from each rank.
+    next_send: Vec<u64>,
+    next_recv: Vec<u64>,
+    /// Mappings to close once the GPU has reached these values (what was queued when
+    /// they went).
+    closing: Vec<(Vec<(ctl::Word, u32)>, usize)>,
+    /// The context the mappings and the registration belong to (the first call's).
     ctx: usize,
     watchdog: Option<std::thread::JoinHandle<()>>,
 }
@@ -154,14 +192,20 @@ struct Inner {
 impl Ipc {
     /// `device`: the rank's device, whose primary context serves calls without device
     /// buffers on this rank.
-    pub fn new(rank: usize, nranks: usize, device: i32, min_bytes: usize, nonce: u64, timeout: Duration) -> Ipc {
+    pub fn new(rank: usize, nranks: usize, device: i32, min_bytes: usize, timeout: Duration, setup: Setup) -> Ipc {
+        let mut sorted = setup.pids.clone();
+        sorted.sort_unstable();
+        sorted.dedup();
         Ipc {
             rank,
             nranks,
             device,
             min_bytes,
-            nonce,
             timeout,
+            synced: sorted.len() < setup.pids.len(),
+            pids: setup.pids,
+            mps: setup.mps,
+            ctl: setup.ctl,
             inner: Mutex::new(Inner::default()),
             watch: Arc::new(Watch::default()),
         }
@@ -174,20 +218,49 @@ impl Backend for Ipc {
     }
 
     fn accepts(&self, c: &Coll, _alone: bool) -> bool {
-        eligible(c, self.nranks, self.min_bytes)
+        // send/recv need the mailboxes of the control region (every rank knows whether
+        // it exists).
+        eligible(c, self.nranks, self.min_bytes) && (!c.kind.is_p2p() || self.ctl.is_ok())
     }
 
     fn run(&self, x: &mut Exec<'_>, calls: &[Call]) -> Result<Option<Error>> {
         // A group's collectives run one after the other, in the order every rank gave
-        // them (its send/recv and other calls go to the built-in backend).
+        // them; its send/recv are posted before them and finished after them, so that
+        // a peer waiting for one of them is not held up by this rank's collectives.
+        if let Some(e) = self.watch.failure() {
+            return Err(e);
+        }
+        let mut inner = self.inner.lock().unwrap_or_else(|p| p.into_inner());
+        self.report_freed(&mut inner);
+        let p2p: Vec<&Call> = calls.iter().filter(|c| c.coll.kind.is_p2p()).collect();
+        let pending = if p2p.is_empty() { None } else { Some(self.p2p_start(&p2p, &mut inner)?) };
         let mut first_err = None;
-        for call in calls {
-            if let Some(e) = self.watch.failure.lock().unwrap_or_else(|p| p.into_inner()).clone() {
-                return Err(e);
+        for call in calls.iter().filter(|c| !c.coll.kind.is_p2p()) {
+            let res = match self.watch.failure() {
+                Some(e) => Err(e),
+                None => self.run_one(x, call, &mut inner),
+            };
+            match res {
+                Ok(Some(e)) => {
+                    first_err.get_or_insert(e);
+                }
+                Ok(None) => {}
+                Err(e) => {
+                    if let (Some(_), Ok(ctl)) = (&pending, &self.ctl) {
+                        // Peers may have paired this run's send/recv records already.
+                        self.watch.fail(ctl, &e);
+                    }
+                    return Err(e);
+                }
             }
-            let mut inner = self.inner.lock().unwrap_or_else(|p| p.into_inner());
-            if let Some(e) = self.run_one(x, call, &mut inner)? {
+        }
+        if let Some(run) = pending {
+            let algo = x.algo;
+            if let Some(e) = self.p2p_finish(x, run, &mut inner)? {
                 first_err.get_or_insert(e);
+            }
+            if p2p.len() < calls.len() {
+                x.algo = if algo == x.algo { algo } else { "collectives, then send/recv, on the streams" };
             }
         }
         Ok(first_err)
@@ -195,154 +268,38 @@ impl Backend for Ipc {
 
     fn abort(&self) {
         self.watch.aborted.store(true, Ordering::Release);
-        self.watch.wake.notify_all();
+        self.watch.poke();
     }
 
     fn async_error(&self) -> Option<Error> {
-        self.watch.failure.lock().unwrap_or_else(|p| p.into_inner()).clone()
+        self.watch.failure()
     }
 }
 
-/// How a communicator's calls run on this path (the same on every rank).
-#[derive(Clone)]
-enum Mode {
-    /// Ordered on the streams through the control page: ranks in separate processes.
-    Stream(Arc<Ctl>),
+/// How a call runs on this path.
+enum Mode<'a> {
+    /// Ordered on the streams through the control region: ranks in separate processes.
+    Stream(&'a Registered),
     /// Ranks that share a process may share a stream (or the legacy default stream,
     /// which orders every blocking stream of the context), where a wait for a peer
     /// would sit before the peer's own write: the executor runs the call and the host
     /// waits for it, as the callers' streams cannot order each other.
     Synced,
-    /// Every call stages, for this reason.
+    /// This rank cannot take part, for this reason: the call stages.
     Off(String),
 }
 
-/// A peer's allocation: the owner's pid and the allocation's base address there.
-type Owner = (u32, usize);
-
-/// Most of this rank's allocations tracked for peers: past it, one is forgotten
-/// (peers close its mapping when they need room).
-const EXPORTED_MAX: usize = 4096;
-
 impl Inner {
-    /// Writes into `blob` the bases of allocations that peers mapped and that are freed
-    /// now (or hold another allocation), and forgets them.
-    fn report_dead(&mut self, blob: &mut [u8]) {
-        let dead: Vec<usize> = self
-            .exported
-            .iter()
-            .filter(|(&base, &(id, _))| cuda::buffer_id(base as *const u8) != Some(id))
-            .map(|(&base, _)| base)
-            .take(DEAD_MAX)
-            .collect();
-        blob[DEAD_AT] = dead.len() as u8;
-        for (i, base) in dead.iter().enumerate() {
-            self.exported.remove(base);
-            let at = DEAD_AT + 1 + 8 * i;
-            blob[at..at + 8].copy_from_slice(&(*base as u64).to_le_bytes());
-        }
-    }
-
-    /// The IPC handle of the allocation holding `p` and `p`'s offset in it: made once
-    /// per allocation (cuIpcGetMemHandle is slow), remembered to report its freeing.
-    fn handle(&mut self, p: *const u8) -> Result<([u8; 64], usize)> {
-        let (base, _) = cuda::address_range(p)?;
-        let id = cuda::buffer_id(base as *const u8);
-        if let Some(&(known, h)) = self.exported.get(&base) {
-            if Some(known) == id {
-                return Ok((h, p as usize - base));
-            }
-        }
-        let (h, off) = cuda::ipc_handle(p)?;
-        if self.exported.len() >= EXPORTED_MAX {
-            if let Some(&k) = self.exported.keys().next() {
-                self.exported.remove(&k);
-            }
-        }
-        if let Some(id) = id {
-            self.exported.insert(base, (id, h));
-        }
-        Ok((h, off))
-    }
-
     /// Closes the mappings whose last use the GPU has finished.
     fn close_finished(&mut self, ctl: &Ctl) {
-        let done = ctl.done().load(Ordering::Acquire);
-        self.closing.retain(|&(k, base)| {
-            if ctl::reached(done, k) {
-                close(base);
+        self.closing.retain(|(upto, base)| {
+            if upto.iter().all(|&(w, v)| ctl.reached(w, v)) {
+                close(*base);
                 false
             } else {
                 true
             }
         });
-    }
-}
-
-/// The executor's mappings of peers' allocations, one per (context, owner's
-/// allocation): opening costs far more than a collective, so a buffer used again is
-/// not opened again. A new handle for the same owner and base means the old
-/// allocation was freed and another took its place; an owner also reports the
-/// allocations it freed. Past [`MAPPINGS_MAX`] the least recently used one goes.
-/// Mappings that go are closed once the GPU finished the calls that used them; all
-/// are closed with the communicator.
-#[derive(Default)]
-struct Mappings {
-    map: HashMap<(usize, Owner), Mapped>,
-    tick: u64,
-}
-
-struct Mapped {
-    handle: [u8; 64],
-    base: usize,
-    used: u64,
-}
-
-/// The most peer allocations one rank keeps mapped.
-pub const MAPPINGS_MAX: usize = 1024;
-
-impl Mappings {
-    /// Drops the mappings of `pid`'s allocations that it reported freed; returns them.
-    fn forget(&mut self, ctx: usize, pid: u32, blob: &[u8], gone: &mut Vec<usize>) {
-        let n = (blob[DEAD_AT] as usize).min(DEAD_MAX);
-        for i in 0..n {
-            let at = DEAD_AT + 1 + 8 * i;
-            let base = u64::from_le_bytes(blob[at..at + 8].try_into().expect("8 bytes")) as usize;
-            if let Some(m) = self.map.remove(&(ctx, (pid, base))) {
-                gone.push(m.base);
-            }
-        }
-    }
-
-    /// `owner`'s allocation (its IPC `handle`) mapped in context `ctx` (current).
-    /// Mappings it replaces go to `gone`.
-    fn open(&mut self, ctx: usize, owner: Owner, handle: &[u8; 64], gone: &mut Vec<usize>) -> Result<usize> {
-        self.tick += 1;
-        let tick = self.tick;
-        if let Some(e) = self.map.get_mut(&(ctx, owner)) {
-            if e.handle == *handle {
-                e.used = tick;
-                return Ok(e.base);
-            }
-            gone.push(self.map.remove(&(ctx, owner)).expect("present").base);
-        }
-        if self.map.len() >= MAPPINGS_MAX {
-            let oldest = self.map.iter().filter(|(k, _)| k.0 == ctx).min_by_key(|(_, e)| e.used).map(|(&k, _)| k);
-            if let Some(k) = oldest {
-                gone.push(self.map.remove(&k).expect("present").base);
-            }
-        }
-        let base = cuda::ipc_open(handle)?;
-        self.map.insert((ctx, owner), Mapped { handle: *handle, base, used: tick });
-        Ok(base)
-    }
-}
-
-fn close(base: usize) {
-    // SAFETY: base came from ipc_open in the current context, and the GPU finished
-    // every call that used it (see Mappings).
-    if let Err(e) = unsafe { cuda::ipc_close(base) } {
-        log::warn(format_args!("closing a mapping of a peer's allocation: {}", e.msg));
     }
 }
 
@@ -388,81 +345,56 @@ impl Ipc {
         Ok((all, r))
     }
 
-    /// Decides at the first call how this communicator's calls run: ranks in separate
-    /// processes set up the control page (rank 0 creates it, the others map it), ranks
-    /// that share a process run synchronised. Every rank reaches the same mode.
-    fn set_up(
-        &self,
-        x: &mut Exec<'_>,
-        call: &Call,
-        ctx: usize,
-        device: i32,
-        inner: &mut Inner,
-    ) -> Result<Option<Error>> {
-        let n = self.nranks;
-        let pid = std::process::id();
-        let (all, err) = Self::allgather(x, &pid.to_le_bytes(), n, own_seq(x, call))?;
-        if let Some(e) = err {
-            return Ok(Some(e));
-        }
-        let pids: Vec<u32> = all.chunks(4).map(|b| u32::from_le_bytes(b.try_into().expect("4 bytes"))).collect();
-        let mut sorted = pids.clone();
-        sorted.sort_unstable();
-        sorted.dedup();
-        if sorted.len() < n {
-            inner.mode = Some(Mode::Synced);
+    /// How this rank takes part in a call whose buffers live in `ctx` on `device`:
+    /// ranks in separate processes register the control region's words in the first
+    /// call's context (and start the watchdog) the first time.
+    fn stream_mode<'a>(&self, inner: &'a mut Inner, ctx: usize, device: i32) -> Mode<'a> {
+        let ctl = match &self.ctl {
+            Ok(c) => c,
+            Err(m) => return Mode::Off(m.clone()),
+        };
+        if inner.ctx == 0 {
             inner.ctx = ctx;
-            return Ok(None);
         }
-        // Rank 0 creates the page; everyone learns whether that worked.
-        let made = if self.rank == EXECUTOR {
-            Some(cuda::memops_ready(device).and_then(|_| Ctl::create(&Ctl::name(self.nonce, pid), ctx).map(Arc::new)))
-        } else {
-            None
-        };
-        let ok = [made.as_ref().map_or(true, |m| m.is_ok()) as u8];
-        let (oks, err) = Self::allgather(x, &ok, n, None)?;
-        if let Some(e) = err {
-            return Ok(Some(e));
+        if inner.ctx != ctx {
+            return Mode::Off("buffers of another context than the communicator's first device call".to_string());
         }
-        let opened = match made {
-            Some(m) => m.map_err(|e| e.msg),
-            None if oks[EXECUTOR] == 1 => cuda::memops_ready(device)
-                .and_then(|_| Ctl::open(&Ctl::name(self.nonce, pids[EXECUTOR]), ctx).map(Arc::new))
-                .map_err(|e| e.msg),
-            None => Err("rank 0 could not create the device control page".to_string()),
-        };
-        // Everyone learns whether everyone has the page.
-        let ok = [opened.is_ok() as u8];
-        let (oks, err) = Self::allgather(x, &ok, n, None)?;
-        if let Some(e) = err {
-            return Ok(Some(e));
+        if self.synced {
+            return Mode::Synced;
         }
-        let mode = match (opened, oks.iter().position(|&o| o != 1)) {
-            (Ok(c), None) => Mode::Stream(c),
-            (Err(m), _) => Mode::Off(m),
-            (Ok(_), Some(r)) => Mode::Off(format!("rank {r} could not map the device control page")),
-        };
-        match &mode {
-            Mode::Off(m) => log::info(format_args!(
-                "rank {}: device calls through host staging: the stream-ordered path is unavailable: {m}",
-                self.rank
-            )),
-            Mode::Stream(c) => {
-                *self.watch.ctl.lock().unwrap_or_else(|p| p.into_inner()) = Some(c.clone());
-                let watch = self.watch.clone();
-                let (rank, nranks) = (self.rank, self.nranks);
-                inner.watchdog = std::thread::Builder::new()
-                    .name("ferroccl-watch".into())
-                    .spawn(move || watch.run(rank, nranks))
-                    .map_err(|e| log::warn(format_args!("no device watchdog thread: {e}")))
-                    .ok();
+        if inner.reg.is_none() {
+            let reg = cuda::memops_ready(device).and_then(|_| ctl.register(ctx)).map_err(|e| e.msg);
+            match &reg {
+                Ok(_) => self.start_watchdog(ctl, inner),
+                Err(m) => log::info(format_args!(
+                    "rank {}: device calls through host staging: the stream-ordered path is unavailable: {m}",
+                    self.rank
+                )),
             }
-            Mode::Synced => {}
+            inner.reg = Some(reg);
         }
-        inner.ctx = ctx;
-        inner.mode = Some(mode);
-        Ok(None)
+        match inner.reg.as_ref().expect("tried") {
+            Ok(r) => Mode::Stream(r),
+            Err(m) => Mode::Off(m.clone()),
+        }
+    }
+
+    fn start_watchdog(&self, ctl: &Arc<Ctl>, inner: &mut Inner) {
+        *self.watch.ctl.lock().unwrap_or_else(|p| p.into_inner()) = Some(ctl.clone());
+        let watch = self.watch.clone();
+        let (rank, pids) = (self.rank, self.pids.clone());
+        inner.watchdog = std::thread::Builder::new()
+            .name("ferroccl-watch".into())
+            .spawn(move || watch.run(rank, &pids))
+            .map_err(|e| log::warn(format_args!("no device watchdog thread: {e}")))
+            .ok();
+    }
+
+    /// Logs this rank's allocations that peers may have mapped and that are freed now.
+    fn report_freed(&self, inner: &mut Inner) {
+        if let Ok(ctl) = &self.ctl {
+            inner.exported.report_dead(ctl, self.rank);
+        }
     }
 
     fn prepare(&self, c: &Coll, ctx: usize, device: i32, inner: &mut Inner) -> Result<Vec<u8>> {
@@ -470,8 +402,8 @@ impl Ipc {
             c.kind,
             CollKind::AllReduce | CollKind::Reduce | CollKind::ReduceScatter | CollKind::ReduceScatterV
         );
-        if self.rank == EXECUTOR && reduces {
-            // Compiled now, so an executor without NVRTC says so in the exchange.
+        if (self.rank == EXECUTOR || self.shares()) && reduces {
+            // Compiled now, so a rank without NVRTC says so in the exchange.
             cuda_reduce::kernel(ctx, device, cuda_reduce::of(c))?;
         }
         if matches!(c.kind, CollKind::AlltoAll | CollKind::AlltoAllv) && std::ptr::eq(c.send, c.recv) {
@@ -480,6 +412,12 @@ impl Ipc {
         let (sb, rb) = c.extents(self.rank, self.nranks)?;
         if c.placement == Placement::Host && sb + rb > 0 {
             return Err(Error::unavailable("this rank's buffers are host memory"));
+        }
+        let (s0, r0) = (c.send as usize, c.recv as usize);
+        if c.strided.is_some() && c.kind == CollKind::ReduceScatter && sb > 0 && rb > 0 && s0 < r0 + rb && r0 < s0 + sb
+        {
+            // Its blocks are packed while the results are written.
+            return Err(Error::unavailable("the output of a reduce_scatter along an axis overlaps its input"));
         }
         let mut b = vec![0u8; desc_bytes(c, self.nranks)];
         if let Some(v) = &c.v {
@@ -490,7 +428,7 @@ impl Ipc {
         let mut at = 5;
         for (p, bytes) in [(c.send, sb), (c.recv as *const u8, rb)] {
             if bytes > 0 {
-                let (h, off) = inner.handle(p)?;
+                let (h, off) = inner.exported.handle(p)?;
                 b[at..at + 64].copy_from_slice(&h);
                 b[at + 64..at + 72].copy_from_slice(&(off as u64).to_le_bytes());
                 b[at + 72..at + 80].copy_from_slice(&(p as u64).to_le_bytes());
@@ -500,7 +438,12 @@ impl Ipc {
         Ok(b)
     }
 
-    /// Runs one eligible call: the descriptor exchange on the host, then stream
+    /// Whether every rank moves its own share (MPS, ranks in separate processes).
+    fn shares(&self) -> bool {
+        self.mps && !self.synced
+    }
+
+    /// Runs one eligible collective: the descriptor exchange on the host, then stream
     /// operations only.
     fn run_one(&self, x: &mut Exec<'_>, call: &Call, inner: &mut Inner) -> Result<Option<Error>> {
         let (rank, n) = (self.rank, self.nranks);
@@ -510,35 +453,27 @@ impl Ipc {
             Placement::Host => (self.device, cuda::primary_context(self.device)?),
         };
         let guard = cuda::CtxGuard::enter(ctx)?;
-        let first = inner.mode.is_none();
-        if first {
-            if let Some(e) = self.set_up(x, call, ctx, device, inner)? {
-                return Ok(Some(e));
-            }
-        }
-        // Buffers of another context than the first call's stage: the mappings and the
-        // page belong to that one.
-        let mode = match inner.mode.clone().expect("set up") {
-            Mode::Stream(_) | Mode::Synced if inner.ctx != ctx => {
-                Mode::Off("buffers of another context than the communicator's first device call".to_string())
-            }
-            m => m,
+        let (reason, stream) = match self.stream_mode(inner, ctx, device) {
+            Mode::Off(m) => (Some(m), false),
+            Mode::Stream(_) => (None, true),
+            Mode::Synced => (None, false),
         };
-        if let Mode::Stream(ctl) = &mode {
-            inner.close_finished(ctl);
-        }
-        if matches!(mode, Mode::Synced) {
-            // Inputs complete before the executor reads them.
+        if stream {
+            if let Ok(ctl) = &self.ctl {
+                inner.close_finished(ctl);
+            }
+        } else if reason.is_none() {
+            // Synced: inputs complete before the executor reads them.
             cuda::sync(c.stream)?;
         }
-        let prepared = match &mode {
-            Mode::Off(m) => Err(Error::unavailable(m.clone())),
-            _ => self.prepare(c, ctx, device, inner),
+        let prepared = match &reason {
+            Some(m) => Err(Error::unavailable(m.clone())),
+            None => self.prepare(c, ctx, device, inner),
         };
-        let mut mine = match prepared {
+        let mine = match prepared {
             Ok(b) => b,
             Err(e) => {
-                if !matches!(mode, Mode::Off(_)) {
+                if reason.is_none() {
                     log::info(format_args!("rank {rank}: {} through host staging: {}", c.kind.c_name(), e.msg));
                 }
                 let mut b = vec![0u8; desc_bytes(c, n)];
@@ -546,19 +481,16 @@ impl Ipc {
                 b
             }
         };
-        inner.report_dead(&mut mine);
         let db = mine.len();
-        let (all, err) = Self::allgather(x, &mine, n, if first { None } else { own_seq(x, call) })?;
+        let (all, err) = Self::allgather(x, &mine, n, own_seq(x, call))?;
         if let Some(e) = err {
             return Ok(Some(e));
         }
         let mut gone = Vec::new();
-        for b in all.chunks(db) {
-            if pid_of(b) != std::process::id() {
-                inner.maps.forget(ctx, pid_of(b), b, &mut gone);
-            }
+        if let Ok(ctl) = &self.ctl {
+            inner.freed.apply(ctl, rank, &self.pids, ctx, &mut inner.maps, &mut gone);
         }
-        if matches!(mode, Mode::Off(_)) || all.chunks(db).any(|b| b[0] != 1) {
+        if reason.is_some() || all.chunks(db).any(|b| b[0] != 1) {
             // Somebody cannot: everyone runs the call on the built-in backend, device
             // buffers staged (after the calls before it on the stream).
             drop(guard);
@@ -567,11 +499,16 @@ impl Ipc {
                 x.algo = "host (a rank's buffers are not all on the device)";
                 return Self::on_host(x, c.clone(), None);
             }
-            let mut coll = c.clone();
-            let st = staging::stage_in(&mut coll, c.placement, rank, n)?;
+            // A reduce_scatter along an axis is packed first (the host has no strided form).
+            let coll = match c.strided {
+                Some(_) if c.kind == CollKind::ReduceScatter => super::pack::pack_reduce_scatter(c, n)?,
+                _ => c.clone(),
+            };
+            // A fresh sequence number: the descriptor exchange used the call's own.
+            *x.seq += 1;
+            let staged = Call { coll, seq: *x.seq };
+            let res = staging::run(x, &staged, rank, n)?;
             x.algo = "staged (a rank cannot share this call's memory through IPC)";
-            let res = Self::on_host(x, coll, None)?;
-            st.stage_out()?;
             return Ok(res);
         }
         // Per-rank counts: every rank checks every pair from the same descriptors, so all
@@ -583,13 +520,13 @@ impl Ipc {
             return Ok(Some(e));
         }
         let s = c.stream;
-        let Mode::Stream(ctl) = mode else {
+        let Mode::Stream(reg) = self.stream_mode(inner, ctx, device) else {
             // Synced: the executor moves the data and waits for it; then everyone returns.
             if rank == EXECUTOR {
                 let peers = map_peers(&all, db, ctx, &mut inner.maps, &mut gone)?;
                 // SAFETY: the peers' buffers are mapped (or this process's own) and held by
                 // their ranks until the barrier below; the stream is synchronised before it.
-                unsafe { move_data(x, c, &peers, &counts, ctx, device)? };
+                unsafe { move_data(x, c, &peers, &counts, ctx, device, None)? };
                 cuda::sync(s)?;
             } else {
                 x.algo = "the host waits while rank 0 moves the data";
@@ -600,39 +537,68 @@ impl Ipc {
             let b = Coll::new(CollKind::Barrier, std::ptr::null(), std::ptr::null_mut(), 0, DataType::Uint8);
             return Self::exchange(x, b);
         };
+        let (ctl, a) = (reg.ctl.clone(), reg.addrs());
         let k = inner.k.wrapping_add(1);
-        if rank == EXECUTOR {
+        let (dev_ready, dev_fin, dev_done) = (|q| a.of(ctl.ready(q)), |q| a.of(ctl.fin(q)), a.of(Ctl::DONE));
+        let mut targets: Vec<Target> = Vec::with_capacity(2 * n + 1);
+        if self.shares() {
             let peers = map_peers(&all, db, ctx, &mut inner.maps, &mut gone)?;
-            // SAFETY: the page is registered in this context and outlives the stream's use
-            // of it (Drop waits for the last call); the peers' buffers are mapped until the
-            // GPU finished this call (closing waits for `done`), and their owners keep
-            // them until their streams passed `done >= k`.
+            // SAFETY: the words are registered in this context and outlive the stream's
+            // use of them (Drop waits for every target); the peers' buffers are mapped
+            // until the GPU finished this call (closing waits for it), and their owners
+            // keep them until their streams passed every `fin >= k`.
+            unsafe {
+                cuda::stream_write(s, dev_ready(rank), k)?;
+                for q in (0..n).filter(|&q| q != rank) {
+                    cuda::stream_wait_geq(s, dev_ready(q), k)?;
+                }
+                move_data(x, c, &peers, &counts, ctx, device, Some(rank))?;
+                cuda::stream_write(s, dev_fin(rank), k)?;
+                for q in (0..n).filter(|&q| q != rank) {
+                    cuda::stream_wait_geq(s, dev_fin(q), k)?;
+                }
+            }
+            for q in 0..n {
+                targets.push(Target { w: ctl.ready(q), v: k, writer: q });
+                targets.push(Target { w: ctl.fin(q), v: k, writer: q });
+            }
+        } else if rank == EXECUTOR {
+            let peers = map_peers(&all, db, ctx, &mut inner.maps, &mut gone)?;
+            // SAFETY: as above; the owners keep their buffers until their streams passed
+            // `done >= k`.
             unsafe {
                 for q in (0..n).filter(|&q| q != EXECUTOR) {
-                    cuda::stream_wait_geq(s, ctl.dev_ready(q), k)?;
+                    cuda::stream_wait_geq(s, dev_ready(q), k)?;
                 }
-                move_data(x, c, &peers, &counts, ctx, device)?;
-                cuda::stream_write(s, ctl.dev_done(), k)?;
+                move_data(x, c, &peers, &counts, ctx, device, None)?;
+                cuda::stream_write(s, dev_done, k)?;
             }
         } else {
-            // SAFETY: as above for the page.
+            // SAFETY: as above for the words.
             unsafe {
-                cuda::stream_write(s, ctl.dev_ready(rank), k)?;
-                cuda::stream_wait_geq(s, ctl.dev_done(), k)?;
+                cuda::stream_write(s, dev_ready(rank), k)?;
+                cuda::stream_wait_geq(s, dev_done, k)?;
             }
             x.algo = "signal and wait on the stream; rank 0 moves the data";
         }
+        if !self.shares() {
+            targets.extend((0..n).filter(|&q| q != EXECUTOR).map(|q| Target { w: ctl.ready(q), v: k, writer: q }));
+            targets.push(Target { w: Ctl::DONE, v: k, writer: EXECUTOR });
+        }
         inner.k = k;
         self.defer_close(inner, gone);
-        let pids: Vec<u32> = all.chunks(db).map(pid_of).collect();
-        self.watch.pending(Pending { k, deadline: Instant::now() + self.timeout, pids, seq: call.seq });
+        let what = format!("device call #{k} (collective #{})", call.seq);
+        self.watch.pending(&targets, Instant::now() + self.timeout, what);
         Ok(None)
     }
 
     /// Mappings that went in this call close once the GPU finished the calls so far.
     fn defer_close(&self, inner: &mut Inner, gone: Vec<usize>) {
-        let k = inner.k;
-        inner.closing.extend(gone.into_iter().map(|b| (k, b)));
+        if gone.is_empty() {
+            return;
+        }
+        let upto = self.watch.snapshot();
+        inner.closing.extend(gone.into_iter().map(|b| (upto.clone(), b)));
     }
 }
 
@@ -691,9 +657,9 @@ fn counts_verdict(c: &Coll, me: usize, counts: &[VCounts]) -> Option<Error> {
 }
 
 /// The whole call's data movement, enqueued on the executor's stream: every rank's
-/// receive buffer from every rank's buffers. `counts[r]`: rank r's per-rank counts
-/// (calls that have them). Device addresses are offset with `wrapping_add`: the host
-/// never dereferences them.
+/// receive buffer from every rank's buffers; or, with `share` (MPS), that rank's share
+/// of it. `counts[r]`: rank r's per-rank counts (calls that have them). Device
+/// addresses are offset with `wrapping_add`: the host never dereferences them.
 ///
 /// # Safety
 /// `peers[q]` are rank q's (send, recv) mapped in `ctx`, valid for q's extents until
@@ -705,6 +671,7 @@ unsafe fn move_data(
     counts: &[VCounts],
     ctx: usize,
     device: i32,
+    share: Option<usize>,
 ) -> Result<()> {
     let n = peers.len();
     let es = c.dtype.size();
@@ -730,6 +697,32 @@ unsafe fn move_data(
     };
     let sends_at =
         |off: &dyn Fn(usize) -> usize| -> Vec<*const u8> { (0..n).map(|p| send(p).wrapping_add(off(p))).collect() };
+    // Rows of `width` bytes, `dpitch` and `spitch` apart (the axis forms).
+    let copy2d = |dst: *mut u8, dpitch: usize, src: *const u8, spitch: usize, width: usize, rows: usize| {
+        // SAFETY: every row lies in mapped buffers of this call (caller).
+        unsafe { cuda::copy_2d_dtod_async(dst, dpitch, src, spitch, width, rows, s) }
+    };
+    // A reduce_scatter along an axis gives rank q block q of every row: the blocks of
+    // every rank's input are packed side by side (2D copies), then reduced in one launch.
+    let scratch = match c.strided {
+        Some(_) if c.kind == CollKind::ReduceScatter => Some(cuda::Scratch::new(n * bytes.max(1), ctx, s)?),
+        _ => None,
+    };
+    let reduce_strided = |q: usize| -> Result<()> {
+        let (st, tmp) = (c.strided.expect("strided"), scratch.as_ref().expect("scratch").ptr());
+        let w = st.block * es;
+        for p in 0..n {
+            copy2d(tmp.wrapping_add(p * bytes), w, send(p).wrapping_add(q * w), n * w, w, st.outer)?;
+        }
+        let ins: Vec<*const u8> = (0..n).map(|p| tmp.wrapping_add(p * bytes) as *const u8).collect();
+        reduce(recv(q), &ins, c.count)
+    };
+    if let Some(me) = share {
+        let m = mps::Movers { copy: &copy, copy2d: &copy2d, reduce: &reduce, reduce_strided: &reduce_strided };
+        // SAFETY: forwarded contract.
+        x.algo = unsafe { mps::share(c, me, peers, counts, &m)? };
+        return Ok(());
+    }
     x.algo = "copies on rank 0's stream through IPC mappings";
     match c.kind {
         CollKind::AllReduce => {
@@ -740,6 +733,12 @@ unsafe fn move_data(
                 copy(recv(q), recv(0), bytes)?;
             }
             x.algo = "reduce, then copies, on rank 0's stream through IPC mappings";
+        }
+        CollKind::ReduceScatter if c.strided.is_some() => {
+            for q in 0..n {
+                reduce_strided(q)?;
+            }
+            x.algo = "2D copies and reductions on rank 0's stream through IPC mappings";
         }
         CollKind::ReduceScatter => {
             for q in 0..n {
@@ -759,6 +758,17 @@ unsafe fn move_data(
         CollKind::Reduce => {
             reduce(recv(c.root), &sends_at(&|_| 0), c.count)?;
             x.algo = "reduction on rank 0's stream through IPC mappings";
+        }
+        CollKind::AllGather if c.strided.is_some() => {
+            // Rank p's block j lands at element (j * n + p) * block of every receive buffer.
+            let st = c.strided.expect("checked");
+            let w = st.block * es;
+            for q in 0..n {
+                for p in 0..n {
+                    copy2d(recv(q).wrapping_add(p * w), n * w, send(p), w, w, st.outer)?;
+                }
+            }
+            x.algo = "2D copies on rank 0's stream through IPC mappings";
         }
         CollKind::AllGather => {
             for q in 0..n {
@@ -809,150 +819,51 @@ unsafe fn move_data(
     Ok(())
 }
 
-/// The last call a rank put on its stream, for the watchdog.
-#[derive(Clone)]
-struct Pending {
-    k: u32,
-    deadline: Instant,
-    /// Every rank's pid, to notice one that died.
-    pids: Vec<u32>,
-    /// The call's sequence number on the communicator, for messages.
-    seq: u64,
-}
-
-/// What a rank's watchdog thread shares with its calls.
-#[derive(Default)]
-struct Watch {
-    ctl: Mutex<Option<Arc<Ctl>>>,
-    pending: Mutex<Option<Pending>>,
-    wake: Condvar,
-    stop: AtomicBool,
-    aborted: AtomicBool,
-    /// Why the communicator failed on the device; every later call returns it.
-    failure: Mutex<Option<Error>>,
-}
-
-/// How often the watchdog looks while a call is on the GPU.
-const WATCH_TICK: Duration = Duration::from_millis(5);
-
-impl Watch {
-    fn pending(&self, p: Pending) {
-        *self.pending.lock().unwrap_or_else(|e| e.into_inner()) = Some(p);
-        self.wake.notify_all();
-    }
-
-    /// Watches the last call on the GPU until it finishes, and releases every wait of a
-    /// call that cannot.
-    fn run(&self, rank: usize, nranks: usize) {
-        let Some(ctl) = self.ctl.lock().unwrap_or_else(|e| e.into_inner()).clone() else { return };
-        let mut pending = self.pending.lock().unwrap_or_else(|e| e.into_inner());
-        loop {
-            if self.stop.load(Ordering::Acquire) {
-                return;
-            }
-            let Some(p) = pending.clone() else {
-                pending =
-                    self.wake.wait_timeout(pending, Duration::from_millis(200)).unwrap_or_else(|e| e.into_inner()).0;
-                continue;
-            };
-            if ctl.finished(p.k) && ctl.failed().load(Ordering::Acquire) == 0 {
-                *pending = None;
-                continue;
-            }
-            if let Some(e) = self.why_stuck(&ctl, &p, rank, nranks) {
-                ctl.release(p.k, nranks);
-                log::warn(format_args!("rank {rank}: {}", e.msg));
-                self.failure.lock().unwrap_or_else(|e| e.into_inner()).get_or_insert(e);
-                *pending = None;
-                continue;
-            }
-            pending = self.wake.wait_timeout(pending, WATCH_TICK).unwrap_or_else(|e| e.into_inner()).0;
-        }
-    }
-
-    /// Why call `p` can never finish, if it cannot.
-    fn why_stuck(&self, ctl: &Ctl, p: &Pending, rank: usize, nranks: usize) -> Option<Error> {
-        let missing = || -> Vec<usize> {
-            (0..nranks).filter(|&q| q != EXECUTOR && !ctl::reached(ctl.ready(q).load(Ordering::Acquire), p.k)).collect()
-        };
-        let what = format!("device call #{} (collective #{})", p.k, p.seq);
-        if ctl.failed().load(Ordering::Acquire) != 0 {
-            return Some(Error::remote(format!("{what}: another rank gave up on this communicator's device calls")));
-        }
-        if self.aborted.load(Ordering::Acquire) {
-            return Some(Error::remote(format!("{what}: the communicator was aborted")));
-        }
-        for (q, &pid) in p.pids.iter().enumerate() {
-            // SAFETY: signal 0 only checks whether the process exists.
-            let gone = pid != std::process::id()
-                && unsafe { libc::kill(pid as i32, 0) } != 0
-                && std::io::Error::last_os_error().raw_os_error() == Some(libc::ESRCH);
-            if gone {
-                return Some(Error::remote_rank(
-                    q,
-                    format!("{what}: rank {q} (pid {pid}) died before the GPU finished the call; its stream operations will never come"),
-                ));
-            }
-        }
-        if Instant::now() >= p.deadline {
-            let m = missing();
-            let who = if m.is_empty() {
-                format!("every rank's stream reached it, but rank {EXECUTOR}'s stream did not finish it")
-            } else {
-                format!("the streams of rank(s) {m:?} did not reach it (their work before the call did not finish, or they stopped)")
-            };
-            let culprit = m.first().copied().or((rank != EXECUTOR).then_some(EXECUTOR));
-            return Some(Error::timeout_blaming(
-                culprit,
-                format!("{what} did not finish on the GPU within the timeout: {who}"),
-            ));
-        }
-        None
-    }
-}
-
 impl Drop for Ipc {
     fn drop(&mut self) {
         self.watch.stop.store(true, Ordering::Release);
-        self.watch.wake.notify_all();
+        self.watch.poke();
         let inner = self.inner.get_mut().unwrap_or_else(|p| p.into_inner());
         if let Some(h) = inner.watchdog.take() {
             let _ = h.join();
         }
-        let ctl = match inner.mode.take() {
-            Some(Mode::Stream(ctl)) => ctl,
-            Some(Mode::Synced) => {
-                if let Ok(_g) = cuda::CtxGuard::enter(inner.ctx) {
-                    for (_, m) in inner.maps.map.drain() {
-                        close(m.base);
-                    }
-                }
-                return;
+        let reg = inner.reg.take();
+        if inner.maps.map.is_empty() && !matches!(reg, Some(Ok(_))) {
+            return;
+        }
+        let _g = cuda::CtxGuard::enter(inner.ctx);
+        let Some(Ok(reg)) = reg else {
+            // Synced (or never on the streams): every call was waited for.
+            for (_, m) in inner.maps.map.drain() {
+                close(m.base);
             }
-            _ => return,
+            return;
         };
         // Nothing is unmapped while the GPU may still run a call that uses it.
         let until = Instant::now() + self.timeout.min(Duration::from_secs(30));
-        while !ctl.finished(inner.k) && ctl.failed().load(Ordering::Acquire) == 0 {
+        let ctl = reg.ctl.clone();
+        let queued = self.watch.snapshot();
+        while !queued.iter().all(|&(w, v)| ctl.reached(w, v)) && ctl.failed().load(Ordering::Acquire) == 0 {
             if Instant::now() >= until {
                 log::warn(format_args!(
-                    "rank {}: destroying a communicator whose device call #{} has not finished on the GPU; its mappings and control page stay",
-                    self.rank, inner.k
+                    "rank {}: destroying a communicator whose device calls have not finished on the GPU; its mappings and control region stay",
+                    self.rank
                 ));
-                std::mem::forget(ctl);
+                std::mem::forget(reg);
+                if let Ok(c) = &self.ctl {
+                    std::mem::forget(c.clone());
+                }
                 return;
             }
             std::thread::sleep(Duration::from_millis(1));
         }
         *self.watch.ctl.lock().unwrap_or_else(|p| p.into_inner()) = None;
-        if let Ok(_g) = cuda::CtxGuard::enter(inner.ctx) {
-            for (_, base) in inner.closing.drain(..) {
-                close(base);
-            }
-            for (_, m) in inner.maps.map.drain() {
-                close(m.base);
-            }
+        for (_, base) in inner.closing.drain(..) {
+            close(base);
         }
-        drop(ctl);
+        for (_, m) in inner.maps.map.drain() {
+            close(m.base);
+        }
+        drop(reg);
     }
 }
