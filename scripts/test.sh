@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# The whole test suite: formatting and lints, Rust unit and integration tests (the
-# header is regenerated and diffed there; the simulated GPU's own tests too), the C
+# The whole test suite: the module layers (tools/check-layers.py), formatting and
+# lints, Rust unit and integration tests (the header is regenerated and diffed there;
+# the simulated GPU's own tests too), the C
 # contract suite under ctest at several world sizes (plain and ASan/UBSan builds) and on
 # 2 and 3 hosts as network namespaces (tests/multinode), the device suite and a GPU
 # host's view of the host suite on the simulated GPU (tools/simgpu, scripts/sim-gpu.sh),
@@ -16,6 +17,8 @@ jobs="${FERROCCL_TEST_JOBS:-$(nproc)}"
 step() { printf '\n==> %s\n' "$*"; }
 sim() { bash "$root/scripts/sim-gpu.sh" "$@"; }
 
+step "module layers, cycles and file sizes of src/ (tools/check-layers.py)"
+python3 tools/check-layers.py
 step "rustfmt"
 cargo fmt --all --check
 step "clippy"

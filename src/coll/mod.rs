@@ -193,6 +193,11 @@ impl Coll {
         }
     }
 
+    /// The device reduction this call needs: its type, operation and wire type.
+    pub fn reduction(&self) -> crate::mem::cuda_kernels::Reduction {
+        crate::mem::cuda_kernels::Reduction { dtype: self.dtype, op: self.op, wire: self.wire }
+    }
+
     /// True when the call moves no data on any rank, so it completes at once. Calls
     /// with per-rank counts never are: counts that are all zero here say nothing of the
     /// others' (a rank idle in an all_to_allv while its peers exchange), and every rank

@@ -164,11 +164,6 @@ fn compile(r: &Reduction, device: i32) -> Result<Vec<u8>> {
     Ok(compile_for(&src, &r.program_name(), &format!("compute_{major}{minor}"))?.image)
 }
 
-/// The reduction of `c`'s type, operation and wire type.
-pub fn of(c: &crate::coll::Coll) -> Reduction {
-    Reduction { dtype: c.dtype, op: c.op, wire: c.wire }
-}
-
 /// Loaded programs: (context, data type, wire forms) -> CUmodule; and their kernels:
 /// (context, reduction) -> CUfunction (as integers).
 type ModuleKey = (usize, crate::types::DataType, bool);

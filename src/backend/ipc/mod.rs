@@ -106,7 +106,7 @@ pub fn eligible(c: &Coll, nranks: usize, min: usize) -> bool {
         // input, so results are those of the host's rank order (owner order for wire
         // forms), Avg included.
         CollKind::AllReduce | CollKind::Reduce | CollKind::ReduceScatter | CollKind::ReduceScatterV => {
-            cuda_reduce::of(c).supported() && (c.wire.is_none() || c.kind == CollKind::AllReduce)
+            c.reduction().supported() && (c.wire.is_none() || c.kind == CollKind::AllReduce)
         }
         CollKind::AllGather
         | CollKind::AllGatherV
@@ -404,7 +404,7 @@ impl Ipc {
         );
         if (self.rank == EXECUTOR || self.shares()) && reduces {
             // Compiled now, so a rank without NVRTC says so in the exchange.
-            cuda_reduce::kernel(ctx, device, cuda_reduce::of(c))?;
+            cuda_reduce::kernel(ctx, device, c.reduction())?;
         }
         if matches!(c.kind, CollKind::AlltoAll | CollKind::AlltoAllv) && std::ptr::eq(c.send, c.recv) {
             return Err(Error::unavailable("an in-place all_to_all overwrites blocks that peers still read"));
@@ -687,7 +687,7 @@ unsafe fn move_data(
         unsafe { cuda::copy_dtod_async(dst, src, len, s) }
     };
     // out = op over ins, in rank order (wire forms: the host's owner order), in one launch.
-    let red = cuda_reduce::of(c);
+    let red = c.reduction();
     let win = c.wire.map_or(0, algo::wire_window_elems);
     let reduce = |out: *mut u8, ins: &[*const u8], elems: usize| -> Result<()> {
         let f = cuda_reduce::kernel(ctx, device, red)?;
