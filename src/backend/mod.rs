@@ -59,11 +59,16 @@ impl Outcome {
     }
 }
 
-/// The two-level form the backends still return (`None`: done).
+/// The host algorithms' two-level form (`None`: done).
 impl From<Option<Error>> for Outcome {
     fn from(e: Option<Error>) -> Outcome {
         e.map_or(Outcome::Done, Outcome::Failed)
     }
+}
+
+/// Runs `calls` on the host algorithms (host memory), as an [`Outcome`].
+pub fn host_run(x: &mut Exec<'_>, calls: &[Call]) -> Result<Outcome> {
+    host::execute(x, calls).map(Outcome::from)
 }
 
 /// One way of executing collectives.
@@ -79,8 +84,8 @@ pub trait Backend: Send + Sync {
     /// Must depend only on facts every rank shares and on `c` itself.
     fn accepts(&self, c: &Coll, alone: bool) -> bool;
     /// Runs `calls` (all accepted) as one unit. `Err` is fatal for the communicator;
-    /// `Ok(Some(e))` failed the calls and left the communicator usable.
-    fn run(&self, x: &mut Exec<'_>, calls: &[Call]) -> Result<Option<Error>>;
+    /// `Ok(Outcome::Failed(e))` failed the calls and left the communicator usable.
+    fn run(&self, x: &mut Exec<'_>, calls: &[Call]) -> Result<Outcome>;
     /// Ends this backend's waits from another thread (fcclCommAbort).
     fn abort(&self) {}
     /// An error that broke the communicator outside any call (work left on a stream
@@ -130,7 +135,7 @@ impl Router {
     /// order, which every rank follows, so a group split over backends still pairs up.
     pub fn run(&self, x: &mut Exec<'_>, calls: &[Call]) -> Result<Outcome> {
         if let [c] = calls {
-            return self.table[self.route(&c.coll, true)].run(x, calls).map(Outcome::from);
+            return self.table[self.route(&c.coll, true)].run(x, calls);
         }
         let routes: Vec<usize> = calls.iter().map(|c| self.route(&c.coll, false)).collect();
         let mut first_err = None;
@@ -145,7 +150,7 @@ impl Router {
             if mine.is_empty() {
                 continue;
             }
-            if let Some(e) = b.run(x, &mine)? {
+            if let Outcome::Failed(e) = b.run(x, &mine)? {
                 first_err.get_or_insert(e);
             }
             algos.push(x.algo);
@@ -203,10 +208,10 @@ mod tests {
         fn accepts(&self, c: &Coll, _: bool) -> bool {
             c.kind == self.kind
         }
-        fn run(&self, x: &mut Exec<'_>, calls: &[Call]) -> Result<Option<Error>> {
+        fn run(&self, x: &mut Exec<'_>, calls: &[Call]) -> Result<Outcome> {
             x.algo = self.id;
             self.runs.lock().unwrap().push(calls.iter().map(|c| c.seq).collect());
-            Ok(None)
+            Ok(Outcome::Done)
         }
     }
 

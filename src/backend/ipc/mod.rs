@@ -33,8 +33,8 @@ mod p2p;
 mod watch;
 
 use super::ctl::{self, Ctl, Registered};
-use super::host::{self, Call};
-use super::{staging, Backend, Exec};
+use super::host::Call;
+use super::{host_run, staging, Backend, Exec, Outcome};
 use crate::backend::host::algorithms as algo;
 use crate::coll::{Coll, CollKind, VCounts};
 use crate::error::{Error, Result};
@@ -225,7 +225,7 @@ impl Backend for Ipc {
         eligible(c, self.nranks, self.min_bytes) && (!c.kind.is_p2p() || self.ctl.is_ok())
     }
 
-    fn run(&self, x: &mut Exec<'_>, calls: &[Call]) -> Result<Option<Error>> {
+    fn run(&self, x: &mut Exec<'_>, calls: &[Call]) -> Result<Outcome> {
         // A group's collectives run one after the other, in the order every rank gave
         // them; its send/recv are posted before them and finished after them, so that
         // a peer waiting for one of them is not held up by this rank's collectives.
@@ -243,10 +243,10 @@ impl Backend for Ipc {
                 None => self.run_one(x, call, &mut inner),
             };
             match res {
-                Ok(Some(e)) => {
+                Ok(Outcome::Failed(e)) => {
                     first_err.get_or_insert(e);
                 }
-                Ok(None) => {}
+                Ok(Outcome::Done) => {}
                 Err(e) => {
                     if let (Some(_), Ok(ctl)) = (&pending, &self.ctl) {
                         // Peers may have paired this run's send/recv records already.
@@ -258,14 +258,14 @@ impl Backend for Ipc {
         }
         if let Some(run) = pending {
             let algo = x.algo;
-            if let Some(e) = self.p2p_finish(x, run, &mut inner)? {
+            if let Outcome::Failed(e) = self.p2p_finish(x, run, &mut inner)? {
                 first_err.get_or_insert(e);
             }
             if p2p.len() < calls.len() {
                 x.algo = if algo == x.algo { algo } else { "collectives, then send/recv, on the streams" };
             }
         }
-        Ok(first_err)
+        Ok(first_err.into())
     }
 
     fn abort(&self) {
@@ -321,26 +321,26 @@ impl Ipc {
     /// Runs `coll` on the host backend at sequence number `seq`, or at the
     /// communicator's next one (None), as every rank does; `x.algo` keeps what this path
     /// set.
-    fn on_host(x: &mut Exec<'_>, coll: Coll, seq: Option<u64>) -> Result<Option<Error>> {
+    fn on_host(x: &mut Exec<'_>, coll: Coll, seq: Option<u64>) -> Result<Outcome> {
         let seq = seq.unwrap_or_else(|| {
             *x.seq += 1;
             *x.seq
         });
         let algo = x.algo;
-        let r = host::execute(x, &[Call { coll, seq }]);
+        let r = host_run(x, &[Call { coll, seq }]);
         x.algo = algo;
         r
     }
 
     /// A host-memory exchange of this path's own, at the communicator's next sequence
     /// number.
-    fn exchange(x: &mut Exec<'_>, coll: Coll) -> Result<Option<Error>> {
+    fn exchange(x: &mut Exec<'_>, coll: Coll) -> Result<Outcome> {
         Self::on_host(x, coll, None)
     }
 
     /// All ranks' `mine` (BLOB bytes each), at sequence number `seq` (the call's own
     /// for the first exchange of a call).
-    fn allgather(x: &mut Exec<'_>, mine: &[u8], n: usize, seq: Option<u64>) -> Result<(Vec<u8>, Option<Error>)> {
+    fn allgather(x: &mut Exec<'_>, mine: &[u8], n: usize, seq: Option<u64>) -> Result<(Vec<u8>, Outcome)> {
         let mut all = vec![0u8; mine.len() * n];
         let ex = Coll::new(CollKind::AllGather, mine.as_ptr(), all.as_mut_ptr(), mine.len(), DataType::Uint8);
         let r = Self::on_host(x, ex, seq)?;
@@ -447,7 +447,7 @@ impl Ipc {
 
     /// Runs one eligible collective: the descriptor exchange on the host, then stream
     /// operations only.
-    fn run_one(&self, x: &mut Exec<'_>, call: &Call, inner: &mut Inner) -> Result<Option<Error>> {
+    fn run_one(&self, x: &mut Exec<'_>, call: &Call, inner: &mut Inner) -> Result<Outcome> {
         let (rank, n) = (self.rank, self.nranks);
         let c = &call.coll;
         let (device, ctx) = match c.placement {
@@ -484,9 +484,9 @@ impl Ipc {
             }
         };
         let db = mine.len();
-        let (all, err) = Self::allgather(x, &mine, n, own_seq(x, call))?;
-        if let Some(e) = err {
-            return Ok(Some(e));
+        let (all, got) = Self::allgather(x, &mine, n, own_seq(x, call))?;
+        if let Outcome::Failed(_) = got {
+            return Ok(got);
         }
         let mut gone = Vec::new();
         if let Ok(ctl) = &self.ctl {
@@ -519,7 +519,7 @@ impl Ipc {
             if c.v.is_some() { all.chunks(db).map(|b| get_counts(b, n)).collect() } else { Vec::new() };
         if let Some(e) = counts_verdict(c, rank, &counts) {
             self.defer_close(inner, gone);
-            return Ok(Some(e));
+            return Ok(Outcome::Failed(e));
         }
         let s = c.stream;
         let Mode::Stream(reg) = self.stream_mode(inner, ctx, device) else {
@@ -591,7 +591,7 @@ impl Ipc {
         self.defer_close(inner, gone);
         let what = format!("device call #{k} (collective #{})", call.seq);
         self.watch.pending(&targets, Instant::now() + self.timeout, what);
-        Ok(None)
+        Ok(Outcome::Done)
     }
 
     /// Mappings that went in this call close once the GPU finished the calls so far.

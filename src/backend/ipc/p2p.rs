@@ -23,7 +23,7 @@
 
 use super::mappings::Owner;
 use super::watch::Target;
-use super::{Inner, Ipc};
+use super::{Inner, Ipc, Outcome};
 use crate::backend::ctl::{Ctl, Pair, RecvRec, SendRec, BOUNCE, SLOTS};
 use crate::backend::host::engine::{p2p_mismatch, P2pCall};
 use crate::backend::host::Call;
@@ -218,9 +218,9 @@ impl Ipc {
     }
 
     /// Finishes a run's send/recv calls: pairs the records, moves bounced data, then
-    /// puts the GPU-to-GPU pairs on the streams. `Ok(Some(e))`: sizes that differed
+    /// puts the GPU-to-GPU pairs on the streams. `Ok(Outcome::Failed(e))`: sizes that differed
     /// (the communicator stays usable).
-    pub(super) fn p2p_finish(&self, x: &mut Exec<'_>, run: Run<'_>, inner: &mut Inner) -> Result<Option<Error>> {
+    pub(super) fn p2p_finish(&self, x: &mut Exec<'_>, run: Run<'_>, inner: &mut Inner) -> Result<Outcome> {
         let mut run = run;
         self.pair_selves(&mut run)?;
         if !run.ops.is_empty() {
@@ -236,7 +236,7 @@ impl Ipc {
         } else if !run.selfs.is_empty() {
             x.algo = "to itself, on its stream";
         }
-        Ok(run.errors.into_iter().next())
+        Ok(run.errors.into_iter().next().into())
     }
 
     /// Sends to and receives from this rank itself pair up in order, as on the host.

@@ -232,11 +232,11 @@ impl super::Backend for NcclBackend {
         matches!(c.placement, crate::mem::Placement::Device { .. }) && self.nccl.supports(c)
     }
 
-    fn run(&self, x: &mut super::Exec<'_>, calls: &[super::host::Call]) -> Result<Option<Error>> {
+    fn run(&self, x: &mut super::Exec<'_>, calls: &[super::host::Call]) -> Result<super::Outcome> {
         x.algo = "enqueued on the caller's stream";
         let colls: Vec<&Coll> = calls.iter().map(|c| &c.coll).collect();
         self.nccl.run(&colls, self.rank, self.nranks)?;
-        Ok(None)
+        Ok(super::Outcome::Done)
     }
 
     fn abort(&self) {
