@@ -129,7 +129,7 @@ impl Ctl {
     }
 
     /// Registers the words with CUDA in context `ctx` (for stream operations there).
-    pub fn register(self: &Arc<Ctl>, ctx: usize) -> Result<Registered> {
+    pub fn register(self: &Arc<Ctl>, ctx: cuda::Ctx) -> Result<Registered> {
         let _g = cuda::CtxGuard::enter(ctx)?;
         // SAFETY: the words stay mapped while the Registered (which holds the region)
         // lives; its drop unregisters them first.
@@ -273,7 +273,7 @@ impl Drop for Ctl {
 pub struct Registered {
     pub ctl: Arc<Ctl>,
     dev: usize,
-    pub ctx: usize,
+    pub ctx: cuda::Ctx,
 }
 
 impl Registered {

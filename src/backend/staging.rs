@@ -346,7 +346,7 @@ impl Piece {
     /// # Safety
     /// `base` holds `self.bytes` of page-locked host memory and the device ranges are
     /// valid, both until the stream has run the copies; a context is current.
-    unsafe fn copy_in(&self, base: *mut u8, stream: usize) -> Result<()> {
+    unsafe fn copy_in(&self, base: *mut u8, stream: cuda::Stream) -> Result<()> {
         for s in &self.ins {
             let dst = cuda::Side { ptr: base as usize + s.host, pitch: s.host_pitch, host: true };
             let src = cuda::Side { ptr: s.dev, pitch: s.dev_pitch, host: false };
@@ -360,7 +360,7 @@ impl Piece {
     ///
     /// # Safety
     /// As [`Piece::copy_in`].
-    unsafe fn copy_out(&self, base: *mut u8, stream: usize) -> Result<()> {
+    unsafe fn copy_out(&self, base: *mut u8, stream: cuda::Stream) -> Result<()> {
         for s in &self.outs {
             let dst = cuda::Side { ptr: s.dev, pitch: s.dev_pitch, host: false };
             let src = cuda::Side { ptr: base as usize + s.host, pitch: s.host_pitch, host: true };
@@ -497,8 +497,8 @@ pub fn piece(c: &Coll, rank: usize, n: usize, plan: &Plan, k: usize) -> Result<P
 
 /// A host copy of one call's device buffers.
 pub struct Staged {
-    ctx: usize,
-    stream: usize,
+    ctx: cuda::Ctx,
+    stream: cuda::Stream,
     /// Host copy; `send`/`recv` of the call point into it while the host algorithm runs.
     buf: Pinned,
     /// Device range that `buf[recv_off..recv_off + recv_bytes]` mirrors.

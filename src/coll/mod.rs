@@ -157,7 +157,7 @@ pub struct Coll {
     pub keep: Option<std::sync::Arc<dyn std::any::Any + Send + Sync>>,
     /// The caller's CUDA stream (a `CUstream` as an integer; 0 = the default
     /// stream). Device-memory calls are ordered on it; host calls ignore it.
-    pub stream: usize,
+    pub stream: crate::mem::cuda::Stream,
     /// Where the buffers live (set by the C entry points; internal calls are host).
     pub placement: crate::mem::Placement,
 }
@@ -188,7 +188,7 @@ impl Coll {
             strided: None,
             wire: None,
             keep: None,
-            stream: 0,
+            stream: crate::mem::cuda::Stream::DEFAULT,
             placement: crate::mem::Placement::Host,
         }
     }

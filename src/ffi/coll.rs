@@ -20,7 +20,7 @@ pub(super) fn submit(
 ) -> Result<Issued> {
     let c = handle::get(comm)?;
     let mut coll = make(&c)?;
-    coll.stream = stream as usize;
+    coll.stream = crate::mem::cuda::Stream::from_ptr(stream as _);
     coll.validate(c.rank, c.nranks)?;
     // One relaxed atomic load when CUDA is absent; a mixed call fails here, before
     // it is counted or queued, so no rank waits for it.

@@ -189,7 +189,16 @@ pub unsafe extern "C" fn fcclReduceScatterAxis(
             }
             // SAFETY: sendbuff holds the tensor in memory of `place` (API contract; NULL refused above).
             unsafe {
-                axis::reduce_scatter_axis(sendbuff as _, recvbuff as _, l, dt, op, cm.nranks, place, stream as usize)
+                axis::reduce_scatter_axis(
+                    sendbuff as _,
+                    recvbuff as _,
+                    l,
+                    dt,
+                    op,
+                    cm.nranks,
+                    place,
+                    crate::mem::cuda::Stream::from_ptr(stream as _),
+                )
             }
         })
     })
@@ -219,7 +228,7 @@ struct Arrays {
     counts: Vec<usize>,
     dtype: DataType,
     place: mem::Placement,
-    stream: usize,
+    stream: crate::mem::cuda::Stream,
 }
 
 // SAFETY: the pointers are the caller's buffers, used by the communicator's progress
@@ -288,7 +297,8 @@ pub unsafe extern "C" fn fcclAllReduceCoalesced(
         };
         let recv_ptrs: Vec<*const u8> = recvs.iter().map(|&p| p as *const u8).collect();
         let place = coalesced_placement(&[("sendbuffs", &sends), ("recvbuffs", &recv_ptrs)], &counts)?;
-        let a = Arrays { sends, recvs, counts, dtype: dt, place, stream: stream as usize };
+        let a =
+            Arrays { sends, recvs, counts, dtype: dt, place, stream: crate::mem::cuda::Stream::from_ptr(stream as _) };
         issue_coalesced(&c, "fcclAllReduceCoalesced", a, move |c, b| {
             coalesced::all_reduce_coalesced(c, b, op, bucketBytes)
         })
@@ -318,7 +328,14 @@ pub unsafe extern "C" fn fcclBroadcastCoalesced(
         let (bufs, counts) = unsafe { (array(buffs as *const *mut u8, nb, "buffs")?, array(counts, nb, "counts")?) };
         let sends: Vec<*const u8> = bufs.iter().map(|&p| p as *const u8).collect();
         let place = coalesced_placement(&[("buffs", &sends)], &counts)?;
-        let a = Arrays { sends, recvs: bufs, counts, dtype: dt, place, stream: stream as usize };
+        let a = Arrays {
+            sends,
+            recvs: bufs,
+            counts,
+            dtype: dt,
+            place,
+            stream: crate::mem::cuda::Stream::from_ptr(stream as _),
+        };
         issue_coalesced(&c, "fcclBroadcastCoalesced", a, move |c, b| {
             coalesced::broadcast_coalesced(c, b, root, bucketBytes)
         })

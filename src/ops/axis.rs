@@ -24,7 +24,7 @@ pub unsafe fn reduce_scatter_axis(
     op: RedOp,
     nranks: usize,
     place: Placement,
-    stream: usize,
+    stream: crate::mem::cuda::Stream,
 ) -> Result<Coll> {
     let mut c = reduce_scatter_axis_strided(send, recv, l, dtype, op, nranks)?;
     if c.strided.is_none() || send.is_null() {

@@ -39,7 +39,7 @@ pub struct Coalesced<'a> {
     pub dtype: DataType,
     /// Where every buffer lives, and the stream device buffers are used on.
     pub place: Placement,
-    pub stream: usize,
+    pub stream: cuda::Stream,
 }
 
 impl Coalesced<'_> {

@@ -36,7 +36,7 @@ pub fn check_devices(devs: &[i32], what: &str) -> Result<Option<i32>> {
 /// is involved (in that device's primary context).
 pub enum Copier {
     Host,
-    Cuda { ctx: usize },
+    Cuda { ctx: cuda::Ctx },
 }
 
 impl Copier {

@@ -21,7 +21,7 @@ pub(super) unsafe fn move_data(
     c: &Coll,
     peers: &[(*const u8, *const u8)],
     counts: &[VCounts],
-    ctx: usize,
+    ctx: cuda::Ctx,
     device: i32,
     share: Option<usize>,
 ) -> Result<()> {

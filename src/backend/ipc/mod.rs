@@ -187,7 +187,7 @@ struct Inner {
     /// they went).
     closing: Vec<(Vec<(ctl::Word, u32)>, usize)>,
     /// The context the mappings and the registration belong to (the first call's).
-    ctx: usize,
+    ctx: cuda::Ctx,
     watchdog: Option<std::thread::JoinHandle<()>>,
 }
 
@@ -350,12 +350,12 @@ impl Ipc {
     /// How this rank takes part in a call whose buffers live in `ctx` on `device`:
     /// ranks in separate processes register the control region's words in the first
     /// call's context (and start the watchdog) the first time.
-    fn stream_mode<'a>(&self, inner: &'a mut Inner, ctx: usize, device: i32) -> Mode<'a> {
+    fn stream_mode<'a>(&self, inner: &'a mut Inner, ctx: cuda::Ctx, device: i32) -> Mode<'a> {
         let ctl = match &self.ctl {
             Ok(c) => c,
             Err(m) => return Mode::Off(m.clone()),
         };
-        if inner.ctx == 0 {
+        if inner.ctx.is_none() {
             inner.ctx = ctx;
         }
         if inner.ctx != ctx {
@@ -399,7 +399,7 @@ impl Ipc {
         }
     }
 
-    fn prepare(&self, c: &Coll, ctx: usize, device: i32, inner: &mut Inner) -> Result<Vec<u8>> {
+    fn prepare(&self, c: &Coll, ctx: cuda::Ctx, device: i32, inner: &mut Inner) -> Result<Vec<u8>> {
         let reduces = matches!(
             c.kind,
             CollKind::AllReduce | CollKind::Reduce | CollKind::ReduceScatter | CollKind::ReduceScatterV
@@ -608,7 +608,7 @@ impl Ipc {
 fn map_peers(
     all: &[u8],
     db: usize,
-    ctx: usize,
+    ctx: cuda::Ctx,
     maps: &mut Mappings,
     gone: &mut Vec<usize>,
 ) -> Result<Vec<(*const u8, *const u8)>> {
@@ -617,7 +617,7 @@ fn map_peers(
 
 /// A peer's (send, recv) pointers, usable in this process's context `ctx` (null
 /// where the peer's extent is empty).
-fn map_peer(b: &[u8], ctx: usize, maps: &mut Mappings, gone: &mut Vec<usize>) -> Result<(*const u8, *const u8)> {
+fn map_peer(b: &[u8], ctx: cuda::Ctx, maps: &mut Mappings, gone: &mut Vec<usize>) -> Result<(*const u8, *const u8)> {
     let pid = pid_of(b);
     let mut out = [0usize; 2];
     for (i, o) in out.iter_mut().enumerate() {

@@ -8,9 +8,9 @@ use super::*;
 /// # Safety
 /// `src` is device-accessible for `bytes`, `dst` host memory writable for `bytes`
 /// until the stream has passed the copy; a context is current.
-pub unsafe fn copy_dtoh_async(dst: *mut u8, src: *const u8, bytes: usize, stream: usize) -> Result<()> {
+pub unsafe fn copy_dtoh_async(dst: *mut u8, src: *const u8, bytes: usize, stream: Stream) -> Result<()> {
     // SAFETY: guaranteed by the caller.
-    let rc = unsafe { cu::cuMemcpyDtoHAsync_v2(dst.cast(), src as usize as u64, bytes, stream as cu::CUstream) };
+    let rc = unsafe { cu::cuMemcpyDtoHAsync_v2(dst.cast(), src as usize as u64, bytes, stream.raw()) };
     check(rc, "cuMemcpyDtoHAsync")
 }
 
@@ -18,9 +18,9 @@ pub unsafe fn copy_dtoh_async(dst: *mut u8, src: *const u8, bytes: usize, stream
 ///
 /// # Safety
 /// As [`copy_dtoh_async`], the other way round.
-pub unsafe fn copy_htod_async(dst: *mut u8, src: *const u8, bytes: usize, stream: usize) -> Result<()> {
+pub unsafe fn copy_htod_async(dst: *mut u8, src: *const u8, bytes: usize, stream: Stream) -> Result<()> {
     // SAFETY: guaranteed by the caller.
-    let rc = unsafe { cu::cuMemcpyHtoDAsync_v2(dst as usize as u64, src.cast(), bytes, stream as cu::CUstream) };
+    let rc = unsafe { cu::cuMemcpyHtoDAsync_v2(dst as usize as u64, src.cast(), bytes, stream.raw()) };
     check(rc, "cuMemcpyHtoDAsync")
 }
 
@@ -30,10 +30,10 @@ pub unsafe fn copy_htod_async(dst: *mut u8, src: *const u8, bytes: usize, stream
 /// # Safety
 /// `dst` is device memory and `src` host memory, each valid for `bytes`.
 pub unsafe fn copy_to_device(dst: *mut u8, src: *const u8, bytes: usize) -> Result<()> {
-    let _g = CtxGuard::enter(0)?;
+    let _g = CtxGuard::enter(Ctx::NONE)?;
     // SAFETY: guaranteed by the caller; synchronised before returning.
-    unsafe { copy_htod_async(dst, src, bytes, 0)? };
-    sync(0)
+    unsafe { copy_htod_async(dst, src, bytes, Stream::DEFAULT)? };
+    sync(Stream::DEFAULT)
 }
 
 /// Copies `bytes` from device to host memory and waits (as [`copy_to_device`]).
@@ -41,10 +41,10 @@ pub unsafe fn copy_to_device(dst: *mut u8, src: *const u8, bytes: usize) -> Resu
 /// # Safety
 /// `src` is device memory and `dst` host memory, each valid for `bytes`.
 pub unsafe fn copy_to_host(dst: *mut u8, src: *const u8, bytes: usize) -> Result<()> {
-    let _g = CtxGuard::enter(0)?;
+    let _g = CtxGuard::enter(Ctx::NONE)?;
     // SAFETY: guaranteed by the caller; synchronised before returning.
-    unsafe { copy_dtoh_async(dst, src, bytes, 0)? };
-    sync(0)
+    unsafe { copy_dtoh_async(dst, src, bytes, Stream::DEFAULT)? };
+    sync(Stream::DEFAULT)
 }
 
 /// Copies `bytes` between any two buffers of this process (host or device: the
@@ -52,7 +52,7 @@ pub unsafe fn copy_to_host(dst: *mut u8, src: *const u8, bytes: usize) -> Result
 ///
 /// # Safety
 /// Both ranges are valid for `bytes` and do not overlap.
-pub unsafe fn copy_sync(dst: *mut u8, src: *const u8, bytes: usize, ctx: usize) -> Result<()> {
+pub unsafe fn copy_sync(dst: *mut u8, src: *const u8, bytes: usize, ctx: Ctx) -> Result<()> {
     let _g = CtxGuard::enter(ctx)?;
     // SAFETY: guaranteed by the caller; with unified addressing cuMemcpy infers the
     // direction from the pointers and completes before returning for these copies.
@@ -67,10 +67,9 @@ pub unsafe fn copy_sync(dst: *mut u8, src: *const u8, bytes: usize, ctx: usize) 
 /// # Safety
 /// Both ranges are device memory valid for `bytes` in the current context until the
 /// stream has run the copy; [`ipc_ready`] succeeded.
-pub unsafe fn copy_dtod_async(dst: *mut u8, src: *const u8, bytes: usize, stream: usize) -> Result<()> {
+pub unsafe fn copy_dtod_async(dst: *mut u8, src: *const u8, bytes: usize, stream: Stream) -> Result<()> {
     // SAFETY: guaranteed by the caller.
-    let rc =
-        unsafe { cu::cuMemcpyDtoDAsync_v2(dst as usize as u64, src as usize as u64, bytes, stream as cu::CUstream) };
+    let rc = unsafe { cu::cuMemcpyDtoDAsync_v2(dst as usize as u64, src as usize as u64, bytes, stream.raw()) };
     check(rc, "cuMemcpyDtoDAsync")
 }
 
@@ -87,7 +86,7 @@ pub unsafe fn copy_2d_dtod_async(
     src_pitch: usize,
     width: usize,
     rows: usize,
-    stream: usize,
+    stream: Stream,
 ) -> Result<()> {
     let (d, s) = (
         Side { ptr: dst as usize, pitch: dst_pitch, host: false },
@@ -113,7 +112,7 @@ pub struct Side {
 /// Every row of each side lies inside memory of its kind (device memory of the
 /// current context, or host memory), valid until the stream has run the copy; the
 /// two sides do not overlap.
-pub unsafe fn copy_2d_async(dst: Side, src: Side, width: usize, rows: usize, stream: usize) -> Result<()> {
+pub unsafe fn copy_2d_async(dst: Side, src: Side, width: usize, rows: usize, stream: Stream) -> Result<()> {
     if width == 0 || rows == 0 {
         return Ok(());
     }
@@ -157,5 +156,5 @@ pub unsafe fn copy_2d_async(dst: Side, src: Side, width: usize, rows: usize, str
         Height: rows,
     };
     // SAFETY: guaranteed by the caller; p describes the rows above.
-    check(unsafe { cu::cuMemcpy2DAsync_v2(&p, stream as cu::CUstream) }, "cuMemcpy2DAsync")
+    check(unsafe { cu::cuMemcpy2DAsync_v2(&p, stream.raw()) }, "cuMemcpy2DAsync")
 }

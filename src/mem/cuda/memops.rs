@@ -68,9 +68,9 @@ pub unsafe fn register_host_mapped(p: *mut u8, bytes: usize) -> Result<usize> {
 ///
 /// # Safety
 /// `addr` is host-mapped or device memory valid until the stream has passed the wait.
-pub unsafe fn stream_wait_geq(stream: usize, addr: usize, value: u32) -> Result<()> {
+pub unsafe fn stream_wait_geq(stream: Stream, addr: usize, value: u32) -> Result<()> {
     // SAFETY: per the caller; flag 0 is CU_STREAM_WAIT_VALUE_GEQ.
-    let rc = unsafe { cu::cuStreamWaitValue32_v2(stream as cu::CUstream, addr as cu::CUdeviceptr, value, 0) };
+    let rc = unsafe { cu::cuStreamWaitValue32_v2(stream.raw(), addr as cu::CUdeviceptr, value, 0) };
     check(rc, "cuStreamWaitValue32")
 }
 
@@ -79,9 +79,9 @@ pub unsafe fn stream_wait_geq(stream: usize, addr: usize, value: u32) -> Result<
 ///
 /// # Safety
 /// As [`stream_wait_geq`].
-pub unsafe fn stream_write(stream: usize, addr: usize, value: u32) -> Result<()> {
+pub unsafe fn stream_write(stream: Stream, addr: usize, value: u32) -> Result<()> {
     // SAFETY: per the caller; flag 0 is CU_STREAM_WRITE_VALUE_DEFAULT (with a memory barrier).
-    let rc = unsafe { cu::cuStreamWriteValue32_v2(stream as cu::CUstream, addr as cu::CUdeviceptr, value, 0) };
+    let rc = unsafe { cu::cuStreamWriteValue32_v2(stream.raw(), addr as cu::CUdeviceptr, value, 0) };
     check(rc, "cuStreamWriteValue32")
 }
 
@@ -91,7 +91,7 @@ pub unsafe fn stream_write(stream: usize, addr: usize, value: u32) -> Result<()>
 /// `[p, p + bytes)` is host memory of this process that stays mapped until
 /// [`unregister_host`].
 pub unsafe fn register_host(p: *mut u8, bytes: usize) -> Result<()> {
-    let _g = CtxGuard::enter(0)?;
+    let _g = CtxGuard::enter(Ctx::NONE)?;
     // SAFETY: guaranteed by the caller; a context is current.
     let rc = unsafe { cu::cuMemHostRegister_v2(p.cast(), bytes, cu::CU_MEMHOSTREGISTER_PORTABLE) };
     check(rc, &format!("cuMemHostRegister({p:p}, {bytes} bytes)"))
@@ -102,7 +102,7 @@ pub unsafe fn register_host(p: *mut u8, bytes: usize) -> Result<()> {
 /// # Safety
 /// `p` was registered by [`register_host`] and is unregistered once.
 pub unsafe fn unregister_host(p: usize) -> Result<()> {
-    let _g = CtxGuard::enter(0)?;
+    let _g = CtxGuard::enter(Ctx::NONE)?;
     // SAFETY: guaranteed by the caller; a context is current.
     check(unsafe { cu::cuMemHostUnregister(p as *mut std::ffi::c_void) }, "cuMemHostUnregister")
 }

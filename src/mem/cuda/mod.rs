@@ -18,10 +18,12 @@ use std::sync::atomic::{AtomicU64, AtomicU8, AtomicUsize, Ordering};
 use std::sync::OnceLock;
 
 mod copy;
+mod handles;
 mod ipc;
 mod memops;
 mod scratch;
 pub use copy::*;
+pub use handles::{Ctx, Stream};
 pub use ipc::*;
 pub use memops::*;
 pub use scratch::*;
@@ -225,8 +227,8 @@ pub struct PtrInfo {
     pub mem_type: u32,
     pub managed: bool,
     pub device: i32,
-    /// The context the memory belongs to (as an integer; 0 for plain host memory).
-    pub ctx: usize,
+    /// The context the memory belongs to (Ctx::NONE for plain host memory).
+    pub ctx: Ctx,
 }
 
 /// Asks the driver about `p`. Unknown pointers are not an error: they are host memory.
@@ -254,7 +256,7 @@ pub fn pointer_info(p: *const u8) -> Result<PtrInfo> {
     // large enough for its attribute's value.
     let rc = unsafe { cu::cuPointerGetAttributes(4, attrs.as_mut_ptr(), data.as_mut_ptr(), p as u64) };
     check(rc, "cuPointerGetAttributes")?;
-    Ok(PtrInfo { mem_type, managed: managed != 0, device, ctx: ctx as usize })
+    Ok(PtrInfo { mem_type, managed: managed != 0, device, ctx: Ctx::from_raw(ctx) })
 }
 
 /// The driver's identity of the allocation holding `p` (CU_POINTER_ATTRIBUTE_BUFFER_ID:
@@ -278,12 +280,12 @@ pub struct CtxGuard {
 }
 
 impl CtxGuard {
-    /// Makes `ctx` current (0: keep the current one, or device 0's primary context
+    /// Makes `ctx` current (Ctx::NONE: keep the current one, or device 0's primary context
     /// if there is none, the way the runtime API picks a device).
-    pub fn enter(ctx: usize) -> Result<CtxGuard> {
+    pub fn enter(ctx: Ctx) -> Result<CtxGuard> {
         driver()?;
-        let ctx = if ctx != 0 {
-            ctx as cu::CUcontext
+        let ctx = if !ctx.is_none() {
+            ctx.raw()
         } else {
             let mut cur: cu::CUcontext = std::ptr::null_mut();
             // SAFETY: valid out-pointer; driver checked.
@@ -291,7 +293,7 @@ impl CtxGuard {
             if !cur.is_null() {
                 return Ok(CtxGuard { pushed: false });
             }
-            primary_context(0)? as cu::CUcontext
+            primary_context(0)?.raw()
         };
         // SAFETY: ctx is a live context (from the driver); popped in drop.
         check(unsafe { cu::cuCtxPushCurrent_v2(ctx) }, "cuCtxPushCurrent")?;
@@ -310,7 +312,7 @@ impl Drop for CtxGuard {
 }
 
 /// Device `ordinal`'s primary context, retained for the life of the process.
-pub fn primary_context(ordinal: i32) -> Result<usize> {
+pub fn primary_context(ordinal: i32) -> Result<Ctx> {
     driver()?;
     let mut dev: cu::CUdevice = 0;
     // SAFETY: valid out-pointer.
@@ -318,7 +320,7 @@ pub fn primary_context(ordinal: i32) -> Result<usize> {
     let mut ctx: cu::CUcontext = std::ptr::null_mut();
     // SAFETY: valid out-pointer; the retain is never released (the context lives as long as the process).
     check(unsafe { cu::cuDevicePrimaryCtxRetain(&mut ctx, dev) }, "cuDevicePrimaryCtxRetain")?;
-    Ok(ctx as usize)
+    Ok(Ctx::from_raw(ctx))
 }
 
 /// Number of visible devices (0 when CUDA is absent).
@@ -368,8 +370,8 @@ pub fn bus_id(ordinal: i32) -> Result<String> {
 }
 
 /// Device memory on the current context (device 0's primary context if none).
-pub fn alloc_device(size: usize) -> Result<(*mut u8, usize)> {
-    let _g = CtxGuard::enter(0)?;
+pub fn alloc_device(size: usize) -> Result<(*mut u8, Ctx)> {
+    let _g = CtxGuard::enter(Ctx::NONE)?;
     let ctx = current_ctx()?;
     let mut d: cu::CUdeviceptr = 0;
     // SAFETY: valid out-pointer; a context is current.
@@ -377,28 +379,28 @@ pub fn alloc_device(size: usize) -> Result<(*mut u8, usize)> {
     Ok((d as usize as *mut u8, ctx))
 }
 
-fn current_ctx() -> Result<usize> {
+fn current_ctx() -> Result<Ctx> {
     let mut cur: cu::CUcontext = std::ptr::null_mut();
     // SAFETY: valid out-pointer.
     check(unsafe { cu::cuCtxGetCurrent(&mut cur) }, "cuCtxGetCurrent")?;
-    Ok(cur as usize)
+    Ok(Ctx::from_raw(cur))
 }
 
 /// Frees memory from [`alloc_device`].
 ///
 /// # Safety
 /// `p` (an address) came from that function with context `ctx` and is freed once.
-pub unsafe fn free_device(p: usize, ctx: usize) -> Result<()> {
+pub unsafe fn free_device(p: usize, ctx: Ctx) -> Result<()> {
     let _g = CtxGuard::enter(ctx)?;
     // SAFETY: guaranteed by the caller.
     check(unsafe { cu::cuMemFree_v2(p as cu::CUdeviceptr) }, "cuMemFree")
 }
 
 /// Makes `ctx` the calling thread's current context (cudaSetDevice's effect).
-pub fn set_current(ctx: usize) -> Result<()> {
+pub fn set_current(ctx: Ctx) -> Result<()> {
     driver()?;
     // SAFETY: ctx is a context handle from the driver (or NULL, which unsets).
-    check(unsafe { cu::cuCtxSetCurrent(ctx as cu::CUcontext) }, "cuCtxSetCurrent")
+    check(unsafe { cu::cuCtxSetCurrent(ctx.raw()) }, "cuCtxSetCurrent")
 }
 
 /// Page-locks host memory for fast, asynchronous copies from and to every context
@@ -420,9 +422,9 @@ impl Event {
     }
 
     /// Marks the point after everything queued on `stream` so far.
-    pub fn record(&self, stream: usize) -> Result<()> {
+    pub fn record(&self, stream: Stream) -> Result<()> {
         // SAFETY: a live event; the stream is the caller's, of the event's context.
-        check(unsafe { cu::cuEventRecord(self.0, stream as cu::CUstream) }, "cuEventRecord")
+        check(unsafe { cu::cuEventRecord(self.0, stream.raw()) }, "cuEventRecord")
     }
 
     /// Waits until the stream has passed the last recorded point.
@@ -440,9 +442,9 @@ impl Drop for Event {
     }
 }
 /// Whether everything queued on `stream` is done (cuStreamQuery), without waiting.
-pub fn stream_done(stream: usize) -> Result<bool> {
+pub fn stream_done(stream: Stream) -> Result<bool> {
     // SAFETY: the stream handle is the caller's (0 = the legacy default stream).
-    match unsafe { cu::cuStreamQuery(stream as cu::CUstream) } {
+    match unsafe { cu::cuStreamQuery(stream.raw()) } {
         cu::CUresult::CUDA_SUCCESS => Ok(true),
         cu::CUresult::CUDA_ERROR_NOT_READY => Ok(false),
         rc => check(rc, "cuStreamQuery").map(|_| false),
@@ -461,9 +463,9 @@ pub fn mps_enabled(device: i32) -> Option<bool> {
 }
 
 /// Waits for everything queued on `stream`.
-pub fn sync(stream: usize) -> Result<()> {
+pub fn sync(stream: Stream) -> Result<()> {
     // SAFETY: the stream handle is the caller's (0 = the legacy default stream).
-    check(unsafe { cu::cuStreamSynchronize(stream as cu::CUstream) }, "cuStreamSynchronize")
+    check(unsafe { cu::cuStreamSynchronize(stream.raw()) }, "cuStreamSynchronize")
 }
 
 #[cfg(test)]

@@ -7,20 +7,20 @@ use super::*;
 /// runs work on it is safe, the free waits for that work.
 pub struct Scratch {
     ptr: u64,
-    ctx: usize,
-    stream: usize,
+    ctx: Ctx,
+    stream: Stream,
     /// Allocated with cuMemAlloc (no stream-ordered allocator): freed after a sync.
     plain: bool,
 }
 
 impl Scratch {
     /// `bytes` (> 0) of device memory of context `ctx`, usable by work queued on `stream` from now on.
-    pub fn new(bytes: usize, ctx: usize, stream: usize) -> Result<Scratch> {
+    pub fn new(bytes: usize, ctx: Ctx, stream: Stream) -> Result<Scratch> {
         let _g = CtxGuard::enter(ctx)?;
         let mut ptr: cu::CUdeviceptr = 0;
         if async_alloc() {
             // SAFETY: valid out-pointer; ctx is current and the stream belongs to it.
-            let rc = unsafe { cu::cuMemAllocAsync(&mut ptr, bytes, stream as cu::CUstream) };
+            let rc = unsafe { cu::cuMemAllocAsync(&mut ptr, bytes, stream.raw()) };
             check(rc, &format!("cuMemAllocAsync({bytes} bytes of scratch)"))?;
             return Ok(Scratch { ptr, ctx, stream, plain: false });
         }
@@ -41,10 +41,10 @@ impl Drop for Scratch {
         // after the work queued on the stream (async free, or a sync first).
         unsafe {
             if self.plain {
-                let _ = cu::cuStreamSynchronize(self.stream as cu::CUstream);
+                let _ = cu::cuStreamSynchronize(self.stream.raw());
                 let _ = cu::cuMemFree_v2(self.ptr);
             } else {
-                let _ = cu::cuMemFreeAsync(self.ptr, self.stream as cu::CUstream);
+                let _ = cu::cuMemFreeAsync(self.ptr, self.stream.raw());
             }
         }
     }
