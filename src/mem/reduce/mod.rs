@@ -17,7 +17,7 @@
 //!   feature detection and stay scalar; the tests use it as an independent reference.)
 //! * On x86_64 every kernel is also compiled with AVX2 enabled and chosen at run time
 //!   (`kernels!`), which is the only `unsafe` here: the narrow float conversions are
-//!   compute-bound and run 2-5x faster 8 lanes wide than on the SSE2 baseline.
+//!   compute-bound, so 8 lanes beat the SSE2 baseline's 4.
 //!
 //! Semantics (ABI.md, NCCL):
 //! * Integers wrap (two's complement); `Avg` is the wrapped sum divided by `nranks`,
@@ -194,7 +194,7 @@ impl Finish for DivideByRanks {
 ///
 /// The body is portable Rust either way; the AVX2 copy only lets LLVM auto-vectorize
 /// it 8 floats wide instead of 4 and use variable blends and 32-bit min/max, which
-/// makes the narrow float conversions 2-5x faster (the native types are bound by
+/// speeds up the narrow float conversions (the native types are bound by
 /// memory bandwidth beyond the caches either way). Both copies compute the same
 /// results: Rust never contracts or reassociates float arithmetic, so the wider
 /// vectors only change how many elements one instruction handles.
