@@ -47,3 +47,23 @@ impl Stream {
         self.0 as *mut std::ffi::c_void
     }
 }
+
+/// A device address (`CUdeviceptr`) the host never dereferences, such as a host-mapped
+/// word as the device sees it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct DevPtr(u64);
+
+impl DevPtr {
+    pub fn from_raw(d: cu::CUdeviceptr) -> DevPtr {
+        DevPtr(d)
+    }
+
+    pub fn raw(self) -> cu::CUdeviceptr {
+        self.0
+    }
+
+    /// The address `bytes` further on.
+    pub fn offset(self, bytes: usize) -> DevPtr {
+        DevPtr(self.0 + bytes as u64)
+    }
+}

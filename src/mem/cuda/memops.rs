@@ -48,7 +48,7 @@ pub fn memops_ready(device: i32) -> Result<()> {
 /// # Safety
 /// The range is host memory of this process that stays mapped until [`unregister_host`];
 /// `ctx` is current.
-pub unsafe fn register_host_mapped(p: *mut u8, bytes: usize) -> Result<usize> {
+pub unsafe fn register_host_mapped(p: *mut u8, bytes: usize) -> Result<DevPtr> {
     let flags = cu::CU_MEMHOSTREGISTER_PORTABLE | cu::CU_MEMHOSTREGISTER_DEVICEMAP;
     // SAFETY: guaranteed by the caller.
     check(unsafe { cu::cuMemHostRegister_v2(p.cast(), bytes, flags) }, "cuMemHostRegister(DEVICEMAP)")?;
@@ -60,7 +60,7 @@ pub unsafe fn register_host_mapped(p: *mut u8, bytes: usize) -> Result<usize> {
         unsafe { cu::cuMemHostUnregister(p.cast()) };
         return Err(e);
     }
-    Ok(d as usize)
+    Ok(DevPtr::from_raw(d))
 }
 
 /// Enqueues on `stream`: wait until the 32-bit word at device address `addr` is at
@@ -68,9 +68,9 @@ pub unsafe fn register_host_mapped(p: *mut u8, bytes: usize) -> Result<usize> {
 ///
 /// # Safety
 /// `addr` is host-mapped or device memory valid until the stream has passed the wait.
-pub unsafe fn stream_wait_geq(stream: Stream, addr: usize, value: u32) -> Result<()> {
+pub unsafe fn stream_wait_geq(stream: Stream, addr: DevPtr, value: u32) -> Result<()> {
     // SAFETY: per the caller; flag 0 is CU_STREAM_WAIT_VALUE_GEQ.
-    let rc = unsafe { cu::cuStreamWaitValue32_v2(stream.raw(), addr as cu::CUdeviceptr, value, 0) };
+    let rc = unsafe { cu::cuStreamWaitValue32_v2(stream.raw(), addr.raw(), value, 0) };
     check(rc, "cuStreamWaitValue32")
 }
 
@@ -79,9 +79,9 @@ pub unsafe fn stream_wait_geq(stream: Stream, addr: usize, value: u32) -> Result
 ///
 /// # Safety
 /// As [`stream_wait_geq`].
-pub unsafe fn stream_write(stream: Stream, addr: usize, value: u32) -> Result<()> {
+pub unsafe fn stream_write(stream: Stream, addr: DevPtr, value: u32) -> Result<()> {
     // SAFETY: per the caller; flag 0 is CU_STREAM_WRITE_VALUE_DEFAULT (with a memory barrier).
-    let rc = unsafe { cu::cuStreamWriteValue32_v2(stream.raw(), addr as cu::CUdeviceptr, value, 0) };
+    let rc = unsafe { cu::cuStreamWriteValue32_v2(stream.raw(), addr.raw(), value, 0) };
     check(rc, "cuStreamWriteValue32")
 }
 

@@ -23,7 +23,7 @@ mod ipc;
 mod memops;
 mod scratch;
 pub use copy::*;
-pub use handles::{Ctx, Stream};
+pub use handles::{Ctx, DevPtr, Stream};
 pub use ipc::*;
 pub use memops::*;
 pub use scratch::*;
