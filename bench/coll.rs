@@ -662,7 +662,7 @@ impl<'a> Case<'a> {
     /// Waits for the calls queued on the (default) stream: device memory only.
     pub fn wait(&self) -> Result<(), Fail> {
         if self.device.is_some() {
-            cuda::sync(0).map_err(cuda_fail)?;
+            cuda::sync(cuda::Stream::DEFAULT).map_err(cuda_fail)?;
         }
         Ok(())
     }

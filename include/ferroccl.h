@@ -88,6 +88,117 @@
 #define FCCL_CONFIG_UNDEF_INT (-2147483647 - 1)
 
 /**
+ * Result of every call. Values are NCCL's, plus fcclCollectiveMismatch and fcclUnavailable.
+ */
+typedef enum {
+  /**
+   * The call succeeded.
+   */
+  fcclSuccess = 0,
+  /**
+   * A CUDA call failed.
+   */
+  fcclUnhandledCudaError = 1,
+  /**
+   * A system call failed (out of memory, sockets, shared memory).
+   */
+  fcclSystemError = 2,
+  /**
+   * A bug in ferroccl: please report it with the message of fcclGetLastError.
+   */
+  fcclInternalError = 3,
+  /**
+   * An argument is invalid (NULL, out of range, overflowing, unknown enum value).
+   */
+  fcclInvalidArgument = 4,
+  /**
+   * The call is not valid in the current state (destroyed, aborted or broken communicator, unbalanced groups).
+   */
+  fcclInvalidUsage = 5,
+  /**
+   * A peer died, aborted or its connection broke.
+   */
+  fcclRemoteError = 6,
+  /**
+   * A non-blocking operation is still in progress.
+   */
+  fcclInProgress = 7,
+  /**
+   * A wait exceeded the communicator's timeout; the message names the ranks that did not arrive.
+   */
+  fcclTimeout = 8,
+  /**
+   * Ranks called different collectives, counts, types or roots.
+   */
+  fcclCollectiveMismatch = 100,
+  /**
+   * A library or backend the call needs (CUDA, NCCL) is not present.
+   */
+  fcclUnavailable = 101,
+} fcclResult_t;
+
+/**
+ * Element type of a buffer (NCCL's values).
+ */
+typedef enum {
+  fcclInt8 = 0,
+  fcclUint8 = 1,
+  fcclInt32 = 2,
+  fcclUint32 = 3,
+  fcclInt64 = 4,
+  fcclUint64 = 5,
+  fcclFloat16 = 6,
+  fcclFloat32 = 7,
+  fcclFloat64 = 8,
+  fcclBfloat16 = 9,
+  /**
+   * OCP FP8 E4M3 (no infinities, max 448; results saturate).
+   */
+  fcclFloat8e4m3 = 10,
+  /**
+   * OCP FP8 E5M2 (IEEE-like, with infinities).
+   */
+  fcclFloat8e5m2 = 11,
+  /**
+   * Number of data types.
+   */
+  fcclNumTypes = 12,
+} fcclDataType_t;
+
+/**
+ * Reduction operator (NCCL's values). Half, bfloat16 and fp8 accumulate in float32 and round once.
+ */
+typedef enum {
+  fcclSum = 0,
+  fcclProd = 1,
+  fcclMax = 2,
+  fcclMin = 3,
+  /**
+   * Sum divided by the number of ranks (integer division for integer types).
+   */
+  fcclAvg = 4,
+  /**
+   * Number of reduction operators.
+   */
+  fcclNumOps = 5,
+} fcclRedOp_t;
+
+/**
+ * The planning helpers' collective ids (fcclCollectiveCounts and fcclCollectiveAdjoint
+ * take and give them as `int`).
+ */
+typedef enum {
+  fcclCollAllReduce = 0,
+  fcclCollBroadcast = 1,
+  fcclCollReduce = 2,
+  fcclCollAllGather = 3,
+  fcclCollReduceScatter = 4,
+  fcclCollAlltoAll = 5,
+  fcclCollGather = 6,
+  fcclCollScatter = 7,
+} fcclCollective_t;
+
+/**
  * CUDA's stream type, so a cudaStream_t passes unchanged; host-memory calls take NULL.
  */
 typedef struct CUstream_st CUstream_st;
@@ -96,21 +207,6 @@ typedef struct CUstream_st CUstream_st;
  * Opaque communicator.
  */
 typedef struct fcclComm fcclComm;
-
-/**
- * Result of every call. Values are NCCL's, plus fcclCollectiveMismatch and fcclUnavailable.
- */
-typedef int fcclResult_t;
-
-/**
- * Element type of a buffer (NCCL's values).
- */
-typedef int fcclDataType_t;
-
-/**
- * Reduction operator (NCCL's values). Half, bfloat16 and fp8 accumulate in float32 and round once.
- */
-typedef int fcclRedOp_t;
 
 /**
  * A communicator handle: created by fcclCommInit*, released by fcclCommDestroy or fcclCommAbort.
@@ -170,144 +266,15 @@ typedef struct {
   int checkMode;
 } fcclConfig_t;
 
-/**
- * The planning helpers' collective ids.
- */
-typedef int fcclCollective_t;
+#define fcclChar fcclInt8
 
-/**
- * The call succeeded.
- */
-#define fcclSuccess 0
+#define fcclInt fcclInt32
 
-/**
- * A CUDA call failed.
- */
-#define fcclUnhandledCudaError 1
+#define fcclHalf fcclFloat16
 
-/**
- * A system call failed (out of memory, sockets, shared memory).
- */
-#define fcclSystemError 2
+#define fcclFloat fcclFloat32
 
-/**
- * A bug in ferroccl: please report it with the message of fcclGetLastError.
- */
-#define fcclInternalError 3
-
-/**
- * An argument is invalid (NULL, out of range, overflowing, unknown enum value).
- */
-#define fcclInvalidArgument 4
-
-/**
- * The call is not valid in the current state (destroyed, aborted or broken communicator, unbalanced groups).
- */
-#define fcclInvalidUsage 5
-
-/**
- * A peer died, aborted or its connection broke.
- */
-#define fcclRemoteError 6
-
-/**
- * A non-blocking operation is still in progress.
- */
-#define fcclInProgress 7
-
-/**
- * A wait exceeded the communicator's timeout; the message names the ranks that did not arrive.
- */
-#define fcclTimeout 8
-
-/**
- * Ranks called different collectives, counts, types or roots.
- */
-#define fcclCollectiveMismatch 100
-
-/**
- * A library or backend the call needs (CUDA, NCCL) is not present.
- */
-#define fcclUnavailable 101
-
-#define fcclInt8 0
-
-#define fcclChar 0
-
-#define fcclUint8 1
-
-#define fcclInt32 2
-
-#define fcclInt 2
-
-#define fcclUint32 3
-
-#define fcclInt64 4
-
-#define fcclUint64 5
-
-#define fcclFloat16 6
-
-#define fcclHalf 6
-
-#define fcclFloat32 7
-
-#define fcclFloat 7
-
-#define fcclFloat64 8
-
-#define fcclDouble 8
-
-#define fcclBfloat16 9
-
-/**
- * OCP FP8 E4M3 (no infinities, max 448; results saturate).
- */
-#define fcclFloat8e4m3 10
-
-/**
- * OCP FP8 E5M2 (IEEE-like, with infinities).
- */
-#define fcclFloat8e5m2 11
-
-/**
- * Number of data types.
- */
-#define fcclNumTypes 12
-
-#define fcclSum 0
-
-#define fcclProd 1
-
-#define fcclMax 2
-
-#define fcclMin 3
-
-/**
- * Sum divided by the number of ranks (integer division for integer types).
- */
-#define fcclAvg 4
-
-/**
- * Number of reduction operators.
- */
-#define fcclNumOps 5
-
-#define fcclCollAllReduce 0
-
-#define fcclCollBroadcast 1
-
-#define fcclCollReduce 2
-
-#define fcclCollAllGather 3
-
-#define fcclCollReduceScatter 4
-
-#define fcclCollAlltoAll 5
-
-#define fcclCollGather 6
-
-#define fcclCollScatter 7
+#define fcclDouble fcclFloat64
 
 #ifdef __cplusplus
 extern "C" {

@@ -92,6 +92,16 @@ class BuildPyWithCrate(build_py):
         dest = pkg / "bin" / "ferroccl-run"
         shutil.copyfile(run, dest)
         dest.chmod(dest.stat().st_mode | stat.S_IXUSR | stat.S_IXGRP | stat.S_IXOTH)
+        for f in (pkg / "libferroccl.so", dest):
+            _strip_debug(f)
+
+
+def _strip_debug(path):
+    """Drops the debug information of a bundled copy (about 90% of its size; `make
+    install` keeps it in separate files instead). Kept as built without objcopy."""
+    objcopy = shutil.which(os.environ.get("OBJCOPY", "objcopy"))
+    if objcopy:
+        subprocess.run([objcopy, "--strip-debug", str(path)], check=True)
 
 
 class SdistWithCrate(sdist):

@@ -1,11 +1,12 @@
 #!/usr/bin/env bash
-# The whole test suite: formatting and lints, Rust unit and integration tests (the
-# header is regenerated and diffed there; the simulated GPU's own tests too), the C
+# The whole test suite: the module layers (tools/check-layers.py), formatting and
+# lints, Rust unit and integration tests (the header is regenerated and diffed there;
+# the simulated GPU's own tests too), the C
 # contract suite under ctest at several world sizes (plain and ASan/UBSan builds) and on
 # 2 and 3 hosts as network namespaces (tests/multinode), the device suite and a GPU
 # host's view of the host suite on the simulated GPU (tools/simgpu, scripts/sim-gpu.sh),
 # the device kernels through the real NVRTC (scripts/nvrtc-check.sh), NCCL's ABI
-# (tests/nccl/run.sh), and the Python tests.
+# (tests/nccl/run.sh), the examples (examples/run.sh), and the Python tests.
 # Installs what is missing (scripts/setup.sh). Usage: scripts/test.sh
 set -euo pipefail
 root="$(cd "$(dirname "$0")/.." && pwd)"
@@ -16,6 +17,8 @@ jobs="${FERROCCL_TEST_JOBS:-$(nproc)}"
 step() { printf '\n==> %s\n' "$*"; }
 sim() { bash "$root/scripts/sim-gpu.sh" "$@"; }
 
+step "module layers, cycles and file sizes of src/ (tools/check-layers.py)"
+python3 tools/check-layers.py
 step "rustfmt"
 cargo fmt --all --check
 step "clippy"
@@ -74,6 +77,8 @@ step "NCCL's ABI: libnccl.so.2 against NVIDIA's 2.28, and programs written for N
 bash tests/nccl/run.sh "$lib"
 step "tools/compare scripts (no installs, no timing)"
 bash tools/compare/smoke.sh
+step "examples/: C, C++, Python and NCCL-style C, each built and run on 2 and 3 ranks"
+bash examples/run.sh "$lib"
 step "install: CMake and pkg-config consumers of an installed copy"
 bash tests/install/run.sh
 step "Python: ctypes test and the ferroccl package (pytest; device tests on the simulated GPU)"

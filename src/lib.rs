@@ -1,11 +1,16 @@
 //! ferroccl: collective communication for tensors, with a C ABI.
 //!
-//! Layers, top to bottom (see ARCHITECTURE.md):
-//! - [`ffi`]: the only code that speaks C; every exported function lives there.
-//! - [`comm`] and [`coll`]: communicators, groups, collective descriptors and validation.
-//! - [`backend`]: executes collectives (the built-in host backend).
+//! Layers, top to bottom (see ARCHITECTURE.md; `tools/check-layers.py` holds the order
+//! and checks that no module uses a layer above its own):
+//! - [`ffi`]: the only code that speaks C; every exported function lives there
+//!   ([`launch`], the launcher's library half, is the other entry point).
+//! - [`ops`]: composite calls built from collectives (coalesced, axis, local copies).
+//! - [`comm`]: communicators, rendezvous, wire-up, groups.
+//! - [`backend`]: executes collectives (the router, host, device and NCCL backends).
+//! - [`coll`]: what a call is: collective descriptors, validation, shape math.
 //! - [`transport`]: moves bytes between ranks (shared memory, in-process, TCP).
-//! - [`mem`]: memory kinds, allocation and the reduction kernels.
+//! - [`mem`]: memory kinds, the CUDA driver, allocation and the reduction kernels.
+//! - leaves: [`types`], [`error`], [`env`] (the environment registry), [`log`].
 #![deny(unsafe_op_in_unsafe_fn)]
 
 pub mod backend;
@@ -17,6 +22,7 @@ pub mod ffi;
 pub mod launch;
 pub mod log;
 pub mod mem;
+pub mod ops;
 pub mod sys;
 pub mod transport;
 pub mod types;

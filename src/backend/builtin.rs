@@ -3,10 +3,10 @@
 //! alone in chunks, pipelined; a group whole). It takes every call, so it ends every
 //! communicator's table.
 
-use super::host::{self, Call};
-use super::{staging, Backend, Exec};
+use super::host::Call;
+use super::{host_run, staging, Backend, Exec, Outcome};
 use crate::coll::Coll;
-use crate::error::{Error, Result};
+use crate::error::Result;
 use crate::mem::Placement;
 
 pub struct Builtin {
@@ -30,9 +30,9 @@ impl Backend for Builtin {
         true
     }
 
-    fn run(&self, x: &mut Exec<'_>, calls: &[Call]) -> Result<Option<Error>> {
+    fn run(&self, x: &mut Exec<'_>, calls: &[Call]) -> Result<Outcome> {
         if calls.iter().all(|c| c.coll.placement == Placement::Host || c.coll.is_noop()) {
-            return host::execute(x, calls);
+            return host_run(x, calls);
         }
         if let [call] = calls {
             return staging::run(x, call, self.rank, self.nranks);
@@ -48,7 +48,7 @@ impl Backend for Builtin {
             }
             copies.push(Call { coll, seq: c.seq });
         }
-        let res = host::execute(x, &copies)?;
+        let res = host_run(x, &copies)?;
         for s in staged {
             s.stage_out()?;
         }

@@ -129,7 +129,7 @@ impl Ctl {
     }
 
     /// Registers the words with CUDA in context `ctx` (for stream operations there).
-    pub fn register(self: &Arc<Ctl>, ctx: usize) -> Result<Registered> {
+    pub fn register(self: &Arc<Ctl>, ctx: cuda::Ctx) -> Result<Registered> {
         let _g = cuda::CtxGuard::enter(ctx)?;
         // SAFETY: the words stay mapped while the Registered (which holds the region)
         // lives; its drop unregisters them first.
@@ -272,14 +272,14 @@ impl Drop for Ctl {
 /// The words registered in one context: their device address there.
 pub struct Registered {
     pub ctl: Arc<Ctl>,
-    dev: usize,
-    pub ctx: usize,
+    dev: cuda::DevPtr,
+    pub ctx: cuda::Ctx,
 }
 
 impl Registered {
     /// Device address of `w`, for stream operations in this registration's context.
-    pub fn dev(&self, w: Word) -> usize {
-        self.dev + w.0
+    pub fn dev(&self, w: Word) -> cuda::DevPtr {
+        self.dev.offset(w.0)
     }
 
     /// The device addresses, apart from this borrow.
@@ -290,11 +290,11 @@ impl Registered {
 
 /// Device addresses of the words in one registration's context.
 #[derive(Clone, Copy)]
-pub struct Addrs(usize);
+pub struct Addrs(cuda::DevPtr);
 
 impl Addrs {
-    pub fn of(&self, w: Word) -> usize {
-        self.0 + w.0
+    pub fn of(&self, w: Word) -> cuda::DevPtr {
+        self.0.offset(w.0)
     }
 }
 

@@ -15,6 +15,7 @@ pub mod ctl;
 pub mod host;
 pub mod ipc;
 pub mod nccl;
+pub mod pack;
 pub mod staging;
 
 use crate::coll::Coll;
@@ -37,6 +38,39 @@ pub struct Exec<'a> {
     pub algo: &'static str,
 }
 
+/// How a run of calls ended when the communicator survived it. A run returns
+/// `Result<Outcome>`: `Err` broke the communicator (a peer vanished, a timeout, a
+/// corrupt stream); `Ok(Outcome::Failed)` failed these calls only (ranks disagreed on
+/// them) and the communicator stays usable.
+#[must_use]
+#[derive(Debug)]
+pub enum Outcome {
+    Done,
+    Failed(Error),
+}
+
+impl Outcome {
+    /// The calls' result for their caller (either way the communicator is usable).
+    pub fn into_result(self) -> Result<()> {
+        match self {
+            Outcome::Done => Ok(()),
+            Outcome::Failed(e) => Err(e),
+        }
+    }
+}
+
+/// The host algorithms' two-level form (`None`: done).
+impl From<Option<Error>> for Outcome {
+    fn from(e: Option<Error>) -> Outcome {
+        e.map_or(Outcome::Done, Outcome::Failed)
+    }
+}
+
+/// Runs `calls` on the host algorithms (host memory), as an [`Outcome`].
+pub fn host_run(x: &mut Exec<'_>, calls: &[Call]) -> Result<Outcome> {
+    host::execute(x, calls).map(Outcome::from)
+}
+
 /// One way of executing collectives.
 pub trait Backend: Send + Sync {
     /// The backend's identity ("nccl", "ipc", "builtin").
@@ -50,8 +84,8 @@ pub trait Backend: Send + Sync {
     /// Must depend only on facts every rank shares and on `c` itself.
     fn accepts(&self, c: &Coll, alone: bool) -> bool;
     /// Runs `calls` (all accepted) as one unit. `Err` is fatal for the communicator;
-    /// `Ok(Some(e))` failed the calls and left the communicator usable.
-    fn run(&self, x: &mut Exec<'_>, calls: &[Call]) -> Result<Option<Error>>;
+    /// `Ok(Outcome::Failed(e))` failed the calls and left the communicator usable.
+    fn run(&self, x: &mut Exec<'_>, calls: &[Call]) -> Result<Outcome>;
     /// Ends this backend's waits from another thread (fcclCommAbort).
     fn abort(&self) {}
     /// An error that broke the communicator outside any call (work left on a stream
@@ -99,7 +133,7 @@ impl Router {
 
     /// Runs `calls` as one unit: each backend runs the calls it serves, in table
     /// order, which every rank follows, so a group split over backends still pairs up.
-    pub fn run(&self, x: &mut Exec<'_>, calls: &[Call]) -> Result<Option<Error>> {
+    pub fn run(&self, x: &mut Exec<'_>, calls: &[Call]) -> Result<Outcome> {
         if let [c] = calls {
             return self.table[self.route(&c.coll, true)].run(x, calls);
         }
@@ -116,7 +150,7 @@ impl Router {
             if mine.is_empty() {
                 continue;
             }
-            if let Some(e) = b.run(x, &mine)? {
+            if let Outcome::Failed(e) = b.run(x, &mine)? {
                 first_err.get_or_insert(e);
             }
             algos.push(x.algo);
@@ -124,7 +158,7 @@ impl Router {
         if algos.len() > 1 {
             x.algo = "group over several backends";
         }
-        Ok(first_err)
+        Ok(first_err.into())
     }
 
     /// The first backend's error that broke the communicator outside any call.
@@ -174,10 +208,10 @@ mod tests {
         fn accepts(&self, c: &Coll, _: bool) -> bool {
             c.kind == self.kind
         }
-        fn run(&self, x: &mut Exec<'_>, calls: &[Call]) -> Result<Option<Error>> {
+        fn run(&self, x: &mut Exec<'_>, calls: &[Call]) -> Result<Outcome> {
             x.algo = self.id;
             self.runs.lock().unwrap().push(calls.iter().map(|c| c.seq).collect());
-            Ok(None)
+            Ok(Outcome::Done)
         }
     }
 
@@ -210,10 +244,10 @@ mod tests {
             call(CollKind::AllReduce, 3),
             call(CollKind::Barrier, 4),
         ];
-        assert!(router.run(&mut x, &group).unwrap().is_none());
+        assert!(matches!(router.run(&mut x, &group).unwrap(), Outcome::Done));
         assert_eq!(x.algo, "group over several backends");
         assert_eq!(router.names(&group), ["second", "first", "second", "shadowed"]);
-        router.run(&mut x, &group[1..2]).unwrap();
+        assert!(matches!(router.run(&mut x, &group[1..2]).unwrap(), Outcome::Done));
         assert_eq!(x.algo, "first");
         let runs = |i: usize| logs[i].lock().unwrap().clone();
         // Each backend ran its share once, calls in their order; the lone call after.

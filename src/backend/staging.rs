@@ -17,15 +17,15 @@
 //! axis; all_reduce over a wire type, whose rounding follows the host algorithm's cut
 //! of the whole vector; groups, whose calls run as one host schedule) is staged whole.
 
-use super::host::{self, algo, engine::RunCtl, Call};
-use super::Exec;
+use super::host::{algo, engine::RunCtl, Call};
+use super::{host_run, Exec, Outcome};
 use crate::coll::{Coll, CollKind, VCounts};
 use crate::error::{Error, Result};
 use crate::mem::{cuda, Placement};
 
 /// Runs one call on device memory through host staging: pipelined in chunks where
 /// [`Plan`] cuts it, else staged whole.
-pub fn run(x: &mut Exec<'_>, call: &Call, rank: usize, n: usize) -> Result<Option<Error>> {
+pub fn run(x: &mut Exec<'_>, call: &Call, rank: usize, n: usize) -> Result<Outcome> {
     let c = &call.coll;
     let Placement::Device { ctx, .. } = c.placement else {
         return Err(Error::internal("staging::run on host memory"));
@@ -33,7 +33,7 @@ pub fn run(x: &mut Exec<'_>, call: &Call, rank: usize, n: usize) -> Result<Optio
     let Some(plan) = Plan::new(c, n, chunk_bytes()) else {
         let mut coll = c.clone();
         let st = stage_in(&mut coll, c.placement, rank, n)?;
-        let res = host::execute(x, &[Call { coll, seq: call.seq }])?;
+        let res = host_run(x, &[Call { coll, seq: call.seq }])?;
         st.stage_out()?;
         return Ok(res);
     };
@@ -47,8 +47,8 @@ pub fn run(x: &mut Exec<'_>, call: &Call, rank: usize, n: usize) -> Result<Optio
         })
     };
     if plan.chunks > 1 {
-        if let Some(e) = agree(x, call, &plan, rank, n, &mut seq)? {
-            return Ok(Some(e));
+        if let failed @ Outcome::Failed(_) = agree(x, call, &plan, rank, n, &mut seq)? {
+            return Ok(failed);
         }
     }
     let _g = cuda::CtxGuard::enter(ctx)?;
@@ -61,8 +61,8 @@ pub fn run(x: &mut Exec<'_>, call: &Call, rank: usize, n: usize) -> Result<Optio
         unsafe { p.copy_in(slot.ptr, stream)? };
         cuda::sync(stream)?;
         let s = seq(x);
-        if let Some(e) = host::execute(x, &[Call { coll: p.bind(slot.ptr), seq: s }])? {
-            return Ok(Some(e));
+        if let failed @ Outcome::Failed(_) = host_run(x, &[Call { coll: p.bind(slot.ptr), seq: s }])? {
+            return Ok(failed);
         }
         // SAFETY: as for copy_in.
         unsafe { p.copy_out(slot.ptr, stream)? };
@@ -86,16 +86,16 @@ pub fn run(x: &mut Exec<'_>, call: &Call, rank: usize, n: usize) -> Result<Optio
     let drained = pipe.events[0].record(stream).and_then(|()| pipe.events[0].synchronize());
     let settled = settle(drained, pipe.slots.into());
     match res {
-        Ok(None) => settled,
+        Ok(Outcome::Done) => settled,
         failed => failed,
     }
 }
 
 /// The host's result once the stream's copies are done: slots back to the pool, or
 /// kept forever when the stream could not be waited for (a copy may still touch them).
-fn settle(drained: Result<()>, slots: Vec<Pinned>) -> Result<Option<Error>> {
+fn settle(drained: Result<()>, slots: Vec<Pinned>) -> Result<Outcome> {
     match drained {
-        Ok(()) => Ok(None),
+        Ok(()) => Ok(Outcome::Done),
         Err(e) => {
             slots.into_iter().for_each(std::mem::forget);
             Err(e)
@@ -117,15 +117,15 @@ struct Pipe<'a> {
 impl Pipe<'_> {
     /// Chunk k in slot k % 2: the stream copies chunk k+1 in (after chunk k-1's copy
     /// out of the same slot, in stream order) while the host runs chunk k.
-    fn run(&self, x: &mut Exec<'_>, seq: &mut impl FnMut(&mut Exec<'_>) -> u64) -> Result<Option<Error>> {
+    fn run(&self, x: &mut Exec<'_>, seq: &mut impl FnMut(&mut Exec<'_>) -> u64) -> Result<Outcome> {
         let mut cur = self.fetch(0)?;
         for k in 0..self.plan.chunks {
             let next = if k + 1 < self.plan.chunks { Some(self.fetch(k + 1)?) } else { None };
             self.events[k % 2].synchronize()?;
             let s = seq(x);
             let slot = self.slots[k % 2].ptr;
-            if let Some(e) = host::execute(x, &[Call { coll: cur.bind(slot), seq: s }])? {
-                return Ok(Some(e));
+            if let failed @ Outcome::Failed(_) = host_run(x, &[Call { coll: cur.bind(slot), seq: s }])? {
+                return Ok(failed);
             }
             // SAFETY: as in fetch.
             unsafe { cur.copy_out(slot, self.c.stream)? };
@@ -134,7 +134,7 @@ impl Pipe<'_> {
                 None => break,
             }
         }
-        Ok(None)
+        Ok(Outcome::Done)
     }
 
     /// Queues chunk k's copies into its slot and marks their end.
@@ -216,7 +216,7 @@ fn agree(
     rank: usize,
     n: usize,
     seq: &mut impl FnMut(&mut Exec<'_>) -> u64,
-) -> Result<Option<Error>> {
+) -> Result<Outcome> {
     let c = &call.coll;
     let mine = plan_record(c);
     let mut all = vec![[0u64; RECORD]; n];
@@ -228,12 +228,12 @@ fn agree(
         crate::types::DataType::Uint8,
     );
     let s = seq(x);
-    if let Some(e) = host::execute(x, &[Call { coll: ex, seq: s }])? {
-        return Ok(Some(e));
+    if let failed @ Outcome::Failed(_) = host_run(x, &[Call { coll: ex, seq: s }])? {
+        return Ok(failed);
     }
     if all.iter().any(|r| *r != mine) {
         let each: Vec<String> = all.iter().enumerate().map(|(p, r)| format!("rank {p}: {}", describe(r))).collect();
-        return Ok(Some(Error::mismatch(format!(
+        return Ok(Outcome::Failed(Error::mismatch(format!(
             "ranks cut a staged device call differently ({}): they called different collectives, or FERROCCL_STAGING_CHUNK differs between them (it must be the same on every rank); no data was moved, the communicator is still usable",
             each.join("; ")
         ))));
@@ -243,11 +243,11 @@ fn agree(
         let what = || format!("{} #{} on rank {rank}", c.kind.c_name(), call.seq);
         let ctl = RunCtl { timeout: x.timeout, abort: x.abort, what: &what };
         if let Some((_, Some(e))) = algo::alltoallv_agree(x.t, &[&whole], &ctl)?.pop() {
-            return Ok(Some(e));
+            return Ok(Outcome::Failed(e));
         }
     }
     debug_assert!(plan.chunks > 1 && plan.len > plan.cols);
-    Ok(None)
+    Ok(Outcome::Done)
 }
 
 const RECORD: usize = 6;
@@ -346,7 +346,7 @@ impl Piece {
     /// # Safety
     /// `base` holds `self.bytes` of page-locked host memory and the device ranges are
     /// valid, both until the stream has run the copies; a context is current.
-    unsafe fn copy_in(&self, base: *mut u8, stream: usize) -> Result<()> {
+    unsafe fn copy_in(&self, base: *mut u8, stream: cuda::Stream) -> Result<()> {
         for s in &self.ins {
             let dst = cuda::Side { ptr: base as usize + s.host, pitch: s.host_pitch, host: true };
             let src = cuda::Side { ptr: s.dev, pitch: s.dev_pitch, host: false };
@@ -360,7 +360,7 @@ impl Piece {
     ///
     /// # Safety
     /// As [`Piece::copy_in`].
-    unsafe fn copy_out(&self, base: *mut u8, stream: usize) -> Result<()> {
+    unsafe fn copy_out(&self, base: *mut u8, stream: cuda::Stream) -> Result<()> {
         for s in &self.outs {
             let dst = cuda::Side { ptr: s.dev, pitch: s.dev_pitch, host: false };
             let src = cuda::Side { ptr: base as usize + s.host, pitch: s.host_pitch, host: true };
@@ -497,8 +497,8 @@ pub fn piece(c: &Coll, rank: usize, n: usize, plan: &Plan, k: usize) -> Result<P
 
 /// A host copy of one call's device buffers.
 pub struct Staged {
-    ctx: usize,
-    stream: usize,
+    ctx: cuda::Ctx,
+    stream: cuda::Stream,
     /// Host copy; `send`/`recv` of the call point into it while the host algorithm runs.
     buf: Pinned,
     /// Device range that `buf[recv_off..recv_off + recv_bytes]` mirrors.

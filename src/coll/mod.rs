@@ -157,7 +157,7 @@ pub struct Coll {
     pub keep: Option<std::sync::Arc<dyn std::any::Any + Send + Sync>>,
     /// The caller's CUDA stream (a `CUstream` as an integer; 0 = the default
     /// stream). Device-memory calls are ordered on it; host calls ignore it.
-    pub stream: usize,
+    pub stream: crate::mem::cuda::Stream,
     /// Where the buffers live (set by the C entry points; internal calls are host).
     pub placement: crate::mem::Placement,
 }
@@ -188,9 +188,14 @@ impl Coll {
             strided: None,
             wire: None,
             keep: None,
-            stream: 0,
+            stream: crate::mem::cuda::Stream::DEFAULT,
             placement: crate::mem::Placement::Host,
         }
+    }
+
+    /// The device reduction this call needs: its type, operation and wire type.
+    pub fn reduction(&self) -> crate::mem::cuda_kernels::Reduction {
+        crate::mem::cuda_kernels::Reduction { dtype: self.dtype, op: self.op, wire: self.wire }
     }
 
     /// True when the call moves no data on any rank, so it completes at once. Calls
@@ -434,6 +439,13 @@ impl Coll {
         }
         self.check_overlap(rank, sb, rb)
     }
+}
+
+/// Balanced split of `count` elements into `n` parts: (start, len) of part `i`; the
+/// first `count % n` parts have one more.
+pub fn part(count: usize, n: usize, i: usize) -> (usize, usize) {
+    let (base, rem) = (count / n, count % n);
+    (i * base + i.min(rem), base + usize::from(i < rem))
 }
 
 /// Refuses receive regions of all_to_allv (counts and displacements already checked

@@ -12,10 +12,10 @@ mod wireup;
 
 use crate::backend::builtin::Builtin;
 use crate::backend::ctl::Ctl;
-use crate::backend::host::{self, Call};
+use crate::backend::host::Call;
 use crate::backend::ipc::{self, Ipc};
 use crate::backend::nccl::{Nccl, NcclBackend};
-use crate::backend::{Exec, Router};
+use crate::backend::{host_run, Exec, Router};
 use crate::coll::Coll;
 use crate::error::{Code, Error, Result};
 use crate::log;
@@ -418,7 +418,7 @@ impl Comm {
             self.warn_no_device();
             self.router.run(&mut x, calls)
         } else {
-            host::execute(&mut x, calls)
+            host_run(&mut x, calls)
         };
         let algo = x.algo;
         if let Some(t0) = t0 {
@@ -438,8 +438,7 @@ impl Comm {
             }
         }
         match res {
-            Ok(None) => Ok(()),
-            Ok(Some(e)) => Err(e),
+            Ok(outcome) => outcome.into_result(),
             Err(e) => {
                 log::warn(format_args!("rank {} comm {}: {}", self.rank, self.label(), e.msg));
                 *self.async_err.lock().unwrap_or_else(|p| p.into_inner()) = Some(e.clone());

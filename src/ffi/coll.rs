@@ -1,36 +1,15 @@
 //! Collective calls and groups. Each converts its C arguments into one `Coll`,
 //! which the core validates and runs (or queues, inside a group).
 
+use super::args::{borrow_array, dtype, rank_arg, redop};
 use super::boundary::call;
-use super::ext::borrow_array;
 use super::handle;
 use super::*;
 use crate::coll::{Coll, CollKind, VCounts};
 use crate::comm::{group, Comm, Issued};
-use crate::error::{Error, Result};
-use crate::types::{DataType, RedOp};
+use crate::error::Result;
+use crate::types::DataType;
 use std::os::raw::{c_int, c_void};
-
-pub(super) fn dtype(v: fcclDataType_t) -> Result<DataType> {
-    DataType::try_from(v).map_err(|v| {
-        Error::invalid_arg(format!("datatype {v} is not a fcclDataType_t (valid: 0 fcclInt8 .. 11 fcclFloat8e5m2)"))
-    })
-}
-
-pub(super) fn redop(v: fcclRedOp_t) -> Result<RedOp> {
-    RedOp::try_from(v)
-        .map_err(|v| Error::invalid_arg(format!("op {v} is not a fcclRedOp_t (valid: 0 fcclSum .. 4 fcclAvg)")))
-}
-
-pub(super) fn rank_arg(v: c_int, what: &str, comm: &Comm) -> Result<usize> {
-    usize::try_from(v).ok().filter(|&r| r < comm.nranks).ok_or_else(|| {
-        Error::invalid_arg(format!(
-            "{what} {v} out of range for a communicator of {} ranks (valid: 0..{})",
-            comm.nranks,
-            comm.nranks - 1
-        ))
-    })
-}
 
 /// Validates the call and runs it, or queues it inside a group, or, on a non-blocking
 /// communicator, hands it to the communicator's progress thread.
@@ -41,7 +20,7 @@ pub(super) fn submit(
 ) -> Result<Issued> {
     let c = handle::get(comm)?;
     let mut coll = make(&c)?;
-    coll.stream = stream as usize;
+    coll.stream = crate::mem::cuda::Stream::from_ptr(stream as _);
     coll.validate(c.rank, c.nranks)?;
     // One relaxed atomic load when CUDA is absent; a mixed call fails here, before
     // it is counted or queued, so no rank waits for it.

@@ -1,58 +1,44 @@
 //! Extensions beyond NCCL (ABI.md's last section): uneven, axis-aware, coalesced,
 //! narrow-wire and local collectives, and planning helpers.
 
+use super::args::{array, borrow_array, count_arg, dtype, rank_arg, redop};
 use super::boundary::{call, write_out};
-use super::coll::{dtype, rank_arg, redop, submit};
+use super::coll::submit;
 use super::handle;
 use super::*;
-use crate::coll::ext::{self as cx, AxisLayout, Coalesced};
+use crate::coll::ext::{self as cx, AxisLayout};
 use crate::coll::{Coll, CollKind, VCounts};
 use crate::comm::{group, Comm, Issued};
 use crate::error::{Error, Result};
-use crate::mem::{self, local};
+use crate::mem;
+use crate::ops::coalesced::{self, Coalesced};
+use crate::ops::{axis, local};
 use crate::types::DataType;
 use std::os::raw::{c_int, c_void};
 use std::sync::Arc;
 
-/// The planning helpers' collective ids.
+/// The planning helpers' collective ids (fcclCollectiveCounts and fcclCollectiveAdjoint
+/// take and give them as `int`).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum fcclCollective {
+    fcclCollAllReduce = 0,
+    fcclCollBroadcast = 1,
+    fcclCollReduce = 2,
+    fcclCollAllGather = 3,
+    fcclCollReduceScatter = 4,
+    fcclCollAlltoAll = 5,
+    fcclCollGather = 6,
+    fcclCollScatter = 7,
+}
+
+/// A collective id as an integer (a [`fcclCollective`] value).
+/// cbindgen:no-export
 pub type fcclCollective_t = c_int;
-pub const fcclCollAllReduce: fcclCollective_t = 0;
-pub const fcclCollBroadcast: fcclCollective_t = 1;
-pub const fcclCollReduce: fcclCollective_t = 2;
-pub const fcclCollAllGather: fcclCollective_t = 3;
-pub const fcclCollReduceScatter: fcclCollective_t = 4;
-pub const fcclCollAlltoAll: fcclCollective_t = 5;
-pub const fcclCollGather: fcclCollective_t = 6;
-pub const fcclCollScatter: fcclCollective_t = 7;
-
-/// Reads `n` entries of a C array; NULL is refused with the array's name.
-///
-/// # Safety
-/// `p` is NULL or valid for `n` reads.
-pub(super) unsafe fn array<T: Copy>(p: *const T, n: usize, name: &str) -> Result<Vec<T>> {
-    // SAFETY: as the caller promises.
-    Ok(unsafe { borrow_array(p, n, name) }?.to_vec())
-}
-
-/// The `n` entries of a C array in place, for the duration of the entry point that
-/// received it; NULL is refused with the array's name.
-///
-/// # Safety
-/// `p` is NULL or valid for `n` reads while the returned slice is used.
-pub(super) unsafe fn borrow_array<'a, T: Copy>(p: *const T, n: usize, name: &str) -> Result<&'a [T]> {
-    if n == 0 {
-        return Ok(&[]);
-    }
-    if p.is_null() {
-        return Err(Error::invalid_arg(format!("{name} is NULL; pass an array of {n} entries")));
-    }
-    // SAFETY: non-NULL and, by the API contract, n entries long.
-    Ok(unsafe { std::slice::from_raw_parts(p, n) })
-}
-
-fn count_arg(v: c_int, what: &str) -> Result<usize> {
-    usize::try_from(v).map_err(|_| Error::invalid_arg(format!("{what} is {v}; it cannot be negative")))
-}
+int_values!(fcclCollective_t = fcclCollective::{
+    fcclCollAllReduce, fcclCollBroadcast, fcclCollReduce, fcclCollAllGather, fcclCollReduceScatter,
+    fcclCollAlltoAll, fcclCollGather, fcclCollScatter,
+});
 
 /// Gathers `sendcount` elements from every rank: rank p's `recvcounts[p]` elements land
 /// at `rdispls[p]` of `recvbuff` (arrays of nranks entries, in elements). Counts may be
@@ -203,7 +189,16 @@ pub unsafe extern "C" fn fcclReduceScatterAxis(
             }
             // SAFETY: sendbuff holds the tensor in memory of `place` (API contract; NULL refused above).
             unsafe {
-                cx::reduce_scatter_axis(sendbuff as _, recvbuff as _, l, dt, op, cm.nranks, place, stream as usize)
+                axis::reduce_scatter_axis(
+                    sendbuff as _,
+                    recvbuff as _,
+                    l,
+                    dt,
+                    op,
+                    cm.nranks,
+                    place,
+                    crate::mem::cuda::Stream::from_ptr(stream as _),
+                )
             }
         })
     })
@@ -233,7 +228,7 @@ struct Arrays {
     counts: Vec<usize>,
     dtype: DataType,
     place: mem::Placement,
-    stream: usize,
+    stream: crate::mem::cuda::Stream,
 }
 
 // SAFETY: the pointers are the caller's buffers, used by the communicator's progress
@@ -256,7 +251,7 @@ impl Arrays {
 /// Runs a coalesced call now (a blocking communicator, or inside a group, where it
 /// queues one call per buffer), or checks it and queues it whole on a non-blocking
 /// communicator's progress thread.
-fn coalesced(
+fn issue_coalesced(
     c: &Arc<Comm>,
     what: &'static str,
     a: Arrays,
@@ -302,8 +297,11 @@ pub unsafe extern "C" fn fcclAllReduceCoalesced(
         };
         let recv_ptrs: Vec<*const u8> = recvs.iter().map(|&p| p as *const u8).collect();
         let place = coalesced_placement(&[("sendbuffs", &sends), ("recvbuffs", &recv_ptrs)], &counts)?;
-        let a = Arrays { sends, recvs, counts, dtype: dt, place, stream: stream as usize };
-        coalesced(&c, "fcclAllReduceCoalesced", a, move |c, b| cx::all_reduce_coalesced(c, b, op, bucketBytes))
+        let a =
+            Arrays { sends, recvs, counts, dtype: dt, place, stream: crate::mem::cuda::Stream::from_ptr(stream as _) };
+        issue_coalesced(&c, "fcclAllReduceCoalesced", a, move |c, b| {
+            coalesced::all_reduce_coalesced(c, b, op, bucketBytes)
+        })
     })
 }
 
@@ -330,8 +328,17 @@ pub unsafe extern "C" fn fcclBroadcastCoalesced(
         let (bufs, counts) = unsafe { (array(buffs as *const *mut u8, nb, "buffs")?, array(counts, nb, "counts")?) };
         let sends: Vec<*const u8> = bufs.iter().map(|&p| p as *const u8).collect();
         let place = coalesced_placement(&[("buffs", &sends)], &counts)?;
-        let a = Arrays { sends, recvs: bufs, counts, dtype: dt, place, stream: stream as usize };
-        coalesced(&c, "fcclBroadcastCoalesced", a, move |c, b| cx::broadcast_coalesced(c, b, root, bucketBytes))
+        let a = Arrays {
+            sends,
+            recvs: bufs,
+            counts,
+            dtype: dt,
+            place,
+            stream: crate::mem::cuda::Stream::from_ptr(stream as _),
+        };
+        issue_coalesced(&c, "fcclBroadcastCoalesced", a, move |c, b| {
+            coalesced::broadcast_coalesced(c, b, root, bucketBytes)
+        })
     })
 }
 

@@ -9,6 +9,14 @@
 // header's conventions rather than in a `# Safety` section per function.
 #![allow(clippy::missing_safety_doc)]
 
+/// `pub const NAME: TYPE = ENUM::NAME as TYPE;` for each name: the enumerators as the
+/// integers the functions take and return.
+macro_rules! int_values {
+    ($ty:ident = $enum:ident :: { $($name:ident),* $(,)? }) => {
+        $(pub const $name: $ty = $enum::$name as $ty;)*
+    };
+}
+pub mod args;
 pub mod boundary;
 pub mod coll;
 pub mod comm;
@@ -23,65 +31,115 @@ pub use mem::*;
 
 use std::os::raw::{c_char, c_int};
 
+// The enums are C enums in the header (cbindgen renames `fcclResult` to `fcclResult_t`,
+// and so on), so a C or C++ compiler can tell a data type from an operator. Functions
+// take and return them as `c_int` (`fcclResult_t` and friends here, left out of the
+// header): a value from C that is no enumerator is an error, never undefined behaviour.
+// The integer constants below are the enumerators' values for Rust callers.
+
 /// Result of every call. Values are NCCL's, plus fcclCollectiveMismatch and fcclUnavailable.
-pub type fcclResult_t = c_int;
-/// The call succeeded.
-pub const fcclSuccess: fcclResult_t = 0;
-/// A CUDA call failed.
-pub const fcclUnhandledCudaError: fcclResult_t = 1;
-/// A system call failed (out of memory, sockets, shared memory).
-pub const fcclSystemError: fcclResult_t = 2;
-/// A bug in ferroccl: please report it with the message of fcclGetLastError.
-pub const fcclInternalError: fcclResult_t = 3;
-/// An argument is invalid (NULL, out of range, overflowing, unknown enum value).
-pub const fcclInvalidArgument: fcclResult_t = 4;
-/// The call is not valid in the current state (destroyed, aborted or broken communicator, unbalanced groups).
-pub const fcclInvalidUsage: fcclResult_t = 5;
-/// A peer died, aborted or its connection broke.
-pub const fcclRemoteError: fcclResult_t = 6;
-/// A non-blocking operation is still in progress.
-pub const fcclInProgress: fcclResult_t = 7;
-/// A wait exceeded the communicator's timeout; the message names the ranks that did not arrive.
-pub const fcclTimeout: fcclResult_t = 8;
-/// Ranks called different collectives, counts, types or roots.
-pub const fcclCollectiveMismatch: fcclResult_t = 100;
-/// A library or backend the call needs (CUDA, NCCL) is not present.
-pub const fcclUnavailable: fcclResult_t = 101;
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum fcclResult {
+    /// The call succeeded.
+    fcclSuccess = 0,
+    /// A CUDA call failed.
+    fcclUnhandledCudaError = 1,
+    /// A system call failed (out of memory, sockets, shared memory).
+    fcclSystemError = 2,
+    /// A bug in ferroccl: please report it with the message of fcclGetLastError.
+    fcclInternalError = 3,
+    /// An argument is invalid (NULL, out of range, overflowing, unknown enum value).
+    fcclInvalidArgument = 4,
+    /// The call is not valid in the current state (destroyed, aborted or broken communicator, unbalanced groups).
+    fcclInvalidUsage = 5,
+    /// A peer died, aborted or its connection broke.
+    fcclRemoteError = 6,
+    /// A non-blocking operation is still in progress.
+    fcclInProgress = 7,
+    /// A wait exceeded the communicator's timeout; the message names the ranks that did not arrive.
+    fcclTimeout = 8,
+    /// Ranks called different collectives, counts, types or roots.
+    fcclCollectiveMismatch = 100,
+    /// A library or backend the call needs (CUDA, NCCL) is not present.
+    fcclUnavailable = 101,
+}
 
 /// Element type of a buffer (NCCL's values).
-pub type fcclDataType_t = c_int;
-pub const fcclInt8: fcclDataType_t = 0;
-pub const fcclChar: fcclDataType_t = 0;
-pub const fcclUint8: fcclDataType_t = 1;
-pub const fcclInt32: fcclDataType_t = 2;
-pub const fcclInt: fcclDataType_t = 2;
-pub const fcclUint32: fcclDataType_t = 3;
-pub const fcclInt64: fcclDataType_t = 4;
-pub const fcclUint64: fcclDataType_t = 5;
-pub const fcclFloat16: fcclDataType_t = 6;
-pub const fcclHalf: fcclDataType_t = 6;
-pub const fcclFloat32: fcclDataType_t = 7;
-pub const fcclFloat: fcclDataType_t = 7;
-pub const fcclFloat64: fcclDataType_t = 8;
-pub const fcclDouble: fcclDataType_t = 8;
-pub const fcclBfloat16: fcclDataType_t = 9;
-/// OCP FP8 E4M3 (no infinities, max 448; results saturate).
-pub const fcclFloat8e4m3: fcclDataType_t = 10;
-/// OCP FP8 E5M2 (IEEE-like, with infinities).
-pub const fcclFloat8e5m2: fcclDataType_t = 11;
-/// Number of data types.
-pub const fcclNumTypes: fcclDataType_t = 12;
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum fcclDataType {
+    fcclInt8 = 0,
+    fcclUint8 = 1,
+    fcclInt32 = 2,
+    fcclUint32 = 3,
+    fcclInt64 = 4,
+    fcclUint64 = 5,
+    fcclFloat16 = 6,
+    fcclFloat32 = 7,
+    fcclFloat64 = 8,
+    fcclBfloat16 = 9,
+    /// OCP FP8 E4M3 (no infinities, max 448; results saturate).
+    fcclFloat8e4m3 = 10,
+    /// OCP FP8 E5M2 (IEEE-like, with infinities).
+    fcclFloat8e5m2 = 11,
+    /// Number of data types.
+    fcclNumTypes = 12,
+}
+
+/// NCCL's other names of data types: macros for the enumerators in the header.
+pub mod aliases {
+    use super::fcclDataType;
+    /// Same as fcclInt8.
+    pub const fcclChar: fcclDataType = fcclDataType::fcclInt8;
+    /// Same as fcclInt32.
+    pub const fcclInt: fcclDataType = fcclDataType::fcclInt32;
+    /// Same as fcclFloat16.
+    pub const fcclHalf: fcclDataType = fcclDataType::fcclFloat16;
+    /// Same as fcclFloat32.
+    pub const fcclFloat: fcclDataType = fcclDataType::fcclFloat32;
+    /// Same as fcclFloat64.
+    pub const fcclDouble: fcclDataType = fcclDataType::fcclFloat64;
+}
 
 /// Reduction operator (NCCL's values). Half, bfloat16 and fp8 accumulate in float32 and round once.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum fcclRedOp {
+    fcclSum = 0,
+    fcclProd = 1,
+    fcclMax = 2,
+    fcclMin = 3,
+    /// Sum divided by the number of ranks (integer division for integer types).
+    fcclAvg = 4,
+    /// Number of reduction operators.
+    fcclNumOps = 5,
+}
+
+/// A result as the functions return it (a [`fcclResult`] value).
+/// cbindgen:no-export
+pub type fcclResult_t = c_int;
+/// A data type as the functions take it (a [`fcclDataType`] value, checked).
+/// cbindgen:no-export
+pub type fcclDataType_t = c_int;
+/// An operator as the functions take it (a [`fcclRedOp`] value, checked).
+/// cbindgen:no-export
 pub type fcclRedOp_t = c_int;
-pub const fcclSum: fcclRedOp_t = 0;
-pub const fcclProd: fcclRedOp_t = 1;
-pub const fcclMax: fcclRedOp_t = 2;
-pub const fcclMin: fcclRedOp_t = 3;
-/// Sum divided by the number of ranks (integer division for integer types).
-pub const fcclAvg: fcclRedOp_t = 4;
-/// Number of reduction operators.
-pub const fcclNumOps: fcclRedOp_t = 5;
+
+int_values!(fcclResult_t = fcclResult::{
+    fcclSuccess, fcclUnhandledCudaError, fcclSystemError, fcclInternalError, fcclInvalidArgument,
+    fcclInvalidUsage, fcclRemoteError, fcclInProgress, fcclTimeout, fcclCollectiveMismatch, fcclUnavailable,
+});
+int_values!(fcclDataType_t = fcclDataType::{
+    fcclInt8, fcclUint8, fcclInt32, fcclUint32, fcclInt64, fcclUint64, fcclFloat16, fcclFloat32,
+    fcclFloat64, fcclBfloat16, fcclFloat8e4m3, fcclFloat8e5m2, fcclNumTypes,
+});
+int_values!(fcclRedOp_t = fcclRedOp::{ fcclSum, fcclProd, fcclMax, fcclMin, fcclAvg, fcclNumOps });
+pub const fcclChar: fcclDataType_t = fcclInt8;
+pub const fcclInt: fcclDataType_t = fcclInt32;
+pub const fcclHalf: fcclDataType_t = fcclFloat16;
+pub const fcclFloat: fcclDataType_t = fcclFloat32;
+pub const fcclDouble: fcclDataType_t = fcclFloat64;
 
 /// Colour for fcclCommSplit: this rank joins no new communicator (newcomm becomes NULL).
 pub const FCCL_SPLIT_NOCOLOR: c_int = -1;

@@ -76,8 +76,7 @@ pub struct StoreChoice {
 impl StoreChoice {
     /// Streaming stores must be this many times faster for the writer before they
     /// are chosen: they also cost the reader, who then reads from memory instead
-    /// of the shared cache (1.2-1.4x slower end to end at 2-8 MiB while the CPUs
-    /// share a die; ordinary stores are about 5x slower when they do not).
+    /// of the shared cache.
     pub const MARGIN: f32 = 2.0;
 
     /// Whether the next copy should use streaming stores.

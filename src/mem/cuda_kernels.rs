@@ -139,7 +139,7 @@ impl Reduction {
 
 /// Device functions every kernel uses: bit casts, the host's float arithmetic, and the
 /// conversions of `reduce.rs` (see there for why each step is exact or rounds once).
-const HELPERS: &str = r#"// ferroccl device reductions: the host's arithmetic (src/mem/reduce.rs), bit for bit.
+const HELPERS: &str = r#"// ferroccl device reductions: the host's arithmetic (src/mem/reduce/), bit for bit.
 __device__ __forceinline__ float fccl_f32(unsigned int b) { return __uint_as_float(b); }
 __device__ __forceinline__ unsigned int fccl_b32(float x) { return __float_as_uint(x); }
 __device__ __forceinline__ double fccl_f64(unsigned long long b) { return __longlong_as_double((long long)b); }

@@ -5,7 +5,7 @@
 //! included) are in `mem::cuda_kernels`.
 
 use crate::error::{Code, Error, Result};
-use crate::mem::cuda;
+use crate::mem::cuda::{self, Ctx, Stream};
 pub use crate::mem::cuda_kernels::{Reduction, MAX_INPUTS};
 use cudarc::driver::sys as cu;
 use cudarc::nvrtc::sys as nv;
@@ -164,20 +164,30 @@ fn compile(r: &Reduction, device: i32) -> Result<Vec<u8>> {
     Ok(compile_for(&src, &r.program_name(), &format!("compute_{major}{minor}"))?.image)
 }
 
-/// The reduction of `c`'s type, operation and wire type.
-pub fn of(c: &crate::coll::Coll) -> Reduction {
-    Reduction { dtype: c.dtype, op: c.op, wire: c.wire }
-}
-
 /// Loaded programs: (context, data type, wire forms) -> CUmodule; and their kernels:
-/// (context, reduction) -> CUfunction (as integers).
-type ModuleKey = (usize, crate::types::DataType, bool);
-static MODULES: Mutex<Option<HashMap<ModuleKey, usize>>> = Mutex::new(None);
-static CACHE: Mutex<Option<HashMap<(usize, Reduction), usize>>> = Mutex::new(None);
+/// (context, reduction) -> CUfunction.
+type ModuleKey = (Ctx, crate::types::DataType, bool);
+static MODULES: Mutex<Option<HashMap<ModuleKey, Module>>> = Mutex::new(None);
+static CACHE: Mutex<Option<HashMap<(Ctx, Reduction), Function>>> = Mutex::new(None);
+
+/// A loaded program (`CUmodule`), kept for the process's life; an address, so that the
+/// caches can be shared between threads.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+struct Module(usize);
+
+/// A kernel of a loaded program (`CUfunction`), from [`kernel`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Function(usize);
+
+impl Function {
+    fn raw(self) -> cu::CUfunction {
+        self.0 as cu::CUfunction
+    }
+}
 
 /// The kernel for `r` in context `ctx` on `device`: its group's program is compiled and
 /// loaded at the first use of any of them.
-pub fn kernel(ctx: usize, device: i32, r: Reduction) -> Result<usize> {
+pub fn kernel(ctx: Ctx, device: i32, r: Reduction) -> Result<Function> {
     nvrtc_ready()?;
     if let Some(&f) = CACHE.lock().unwrap().get_or_insert_with(HashMap::new).get(&(ctx, r)) {
         return Ok(f);
@@ -186,13 +196,13 @@ pub fn kernel(ctx: usize, device: i32, r: Reduction) -> Result<usize> {
     let mkey = (ctx, r.dtype, r.wire.is_some());
     let known = MODULES.lock().unwrap().get_or_insert_with(HashMap::new).get(&mkey).copied();
     let module = match known {
-        Some(m) => m as cu::CUmodule,
+        Some(Module(m)) => m as cu::CUmodule,
         None => {
             let ptx = compile(&r, device)?;
             let mut module: cu::CUmodule = std::ptr::null_mut();
             // SAFETY: ptx is NUL-terminated PTX; the module stays loaded for the process's life.
             cu_check(unsafe { cu::cuModuleLoadData(&mut module, ptx.as_ptr() as *const c_void) }, "cuModuleLoadData")?;
-            MODULES.lock().unwrap().get_or_insert_with(HashMap::new).insert(mkey, module as usize);
+            MODULES.lock().unwrap().get_or_insert_with(HashMap::new).insert(mkey, Module(module as usize));
             module
         }
     };
@@ -200,8 +210,9 @@ pub fn kernel(ctx: usize, device: i32, r: Reduction) -> Result<usize> {
     let fname = CString::new(r.entry()).expect("no NUL");
     // SAFETY: a loaded module and a NUL-terminated name.
     cu_check(unsafe { cu::cuModuleGetFunction(&mut f, module, fname.as_ptr()) }, "cuModuleGetFunction")?;
-    CACHE.lock().unwrap().get_or_insert_with(HashMap::new).insert((ctx, r), f as usize);
-    Ok(f as usize)
+    let f = Function(f as usize);
+    CACHE.lock().unwrap().get_or_insert_with(HashMap::new).insert((ctx, r), f);
+    Ok(f)
 }
 
 /// Launches `f` (from [`kernel`] for `r`) on `stream`: `out[0..count] = op over ins[..]`
@@ -212,13 +223,13 @@ pub fn kernel(ctx: usize, device: i32, r: Reduction) -> Result<usize> {
 /// `out` and every input are device-accessible in the current context for `count`
 /// elements of the kernel's type until the stream has run the launch.
 pub unsafe fn launch(
-    f: usize,
+    f: Function,
     r: &Reduction,
     out: *mut u8,
     ins: &[*const u8],
     count: usize,
     win: usize,
-    stream: usize,
+    stream: Stream,
 ) -> Result<()> {
     if ins.is_empty() || ins.len() > MAX_INPUTS {
         return Err(Error::internal(format!("{} inputs for a device reduction", ins.len())));
@@ -248,7 +259,7 @@ pub unsafe fn launch(
     // long (, unsigned long long); buffers per the caller.
     let rc = unsafe {
         cu::cuLaunchKernel(
-            f as cu::CUfunction,
+            f.raw(),
             grid,
             1,
             1,
@@ -256,7 +267,7 @@ pub unsafe fn launch(
             1,
             1,
             0,
-            stream as cu::CUstream,
+            stream.raw(),
             params[..if r.wire.is_some() { 5 } else { 4 }].as_mut_ptr(),
             std::ptr::null_mut(),
         )

@@ -8,7 +8,6 @@ pub mod copy;
 pub mod cuda;
 pub mod cuda_kernels;
 pub mod cuda_reduce;
-pub mod local;
 pub mod pool;
 pub mod reduce;
 pub mod shared;
@@ -41,21 +40,21 @@ impl MemKind {
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Placement {
     Host,
-    /// Device or managed memory of context `ctx` (an opaque handle) on `device`.
+    /// Device or managed memory of context `ctx` on `device`.
     Device {
         device: i32,
-        ctx: usize,
+        ctx: cuda::Ctx,
     },
 }
 
 /// The kind of one buffer. Free (one relaxed atomic load) when CUDA is absent.
 #[inline]
-pub fn kind_of(p: *const u8) -> Result<(MemKind, i32, usize)> {
+pub fn kind_of(p: *const u8) -> Result<(MemKind, i32, cuda::Ctx)> {
     if p.is_null() || !cuda::active() {
-        return Ok((MemKind::Host, -1, 0));
+        return Ok((MemKind::Host, -1, cuda::Ctx::NONE));
     }
     let mut i = cuda::pointer_info(p)?;
-    if matches!(i.mem_type, 2 | 4) && i.ctx == 0 && i.device >= 0 {
+    if matches!(i.mem_type, 2 | 4) && i.ctx.is_none() && i.device >= 0 {
         // Memory mapped with cuMemMap (e.g. PyTorch's expandable segments) names no
         // context: use its device's primary context, as the runtime API does.
         i.ctx = cuda::primary_context(i.device)?;
@@ -63,10 +62,10 @@ pub fn kind_of(p: *const u8) -> Result<(MemKind, i32, usize)> {
     Ok(match i.mem_type {
         2 if i.managed => (MemKind::Managed, i.device, i.ctx),
         2 => (MemKind::Device, i.device, i.ctx),
-        1 => (MemKind::PinnedHost, -1, 0),
+        1 => (MemKind::PinnedHost, -1, cuda::Ctx::NONE),
         // Unified (managed) memory may also report CU_MEMORYTYPE_UNIFIED (4).
         4 => (MemKind::Managed, i.device, i.ctx),
-        _ => (MemKind::Host, -1, 0),
+        _ => (MemKind::Host, -1, cuda::Ctx::NONE),
     })
 }
 
@@ -133,7 +132,7 @@ enum Alloc {
     /// fcclMemAllocHost: page-locked with cuMemHostRegister when `registered`.
     Host { registered: bool },
     /// fcclMemAlloc, in CUDA context `ctx`.
-    Device { ctx: usize },
+    Device { ctx: cuda::Ctx },
 }
 static ALLOCS: Mutex<Option<HashMap<usize, Alloc>>> = Mutex::new(None);
 

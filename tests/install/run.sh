@@ -7,6 +7,10 @@
 #     package's version must be the header's; the prefix still works after being moved;
 #     a version the package does not satisfy is refused;
 #   - pkg-config: `pkg-config --cflags --libs ferroccl` (and ferroccl-nccl);
+#   - the library is libferroccl.so.<version> with SONAME libferroccl.so.<major> and the
+#     .so.<major> and .so links, and consumers record the SONAME; the shared libraries and
+#     the launcher are stripped, with debug links to their .debug files, from which
+#     addr2line and gdb (when installed) still name the source line of fcclAllReduce;
 #   - the installed launcher: ferroccl-run -n 2 consumer --env;
 #   - make uninstall leaves no file behind.
 # Usage: tests/install/run.sh          (cmake from PATH or .venv/bin; pkg-config from PATH,
@@ -47,13 +51,47 @@ if ! run "make install PREFIX=$prefix" "$tmp/make-install.log" make -C "$root" i
   finish
 fi
 missing=""
-for f in lib/libferroccl.so lib/libferroccl.a include/ferroccl.h include/ferroccl/nccl.h bin/ferroccl-run \
+major="${version%%.*}"
+for f in lib/libferroccl.so lib/libferroccl.so."$major" lib/libferroccl.so."$version" \
+         lib/.debug/libferroccl.so."$version".debug lib/ferroccl/.debug/libnccl.so.2.debug \
+         bin/.debug/ferroccl-run.debug lib/libferroccl.a include/ferroccl.h include/ferroccl/nccl.h bin/ferroccl-run \
          lib/ferroccl/libnccl.so.2 lib/ferroccl/libnccl.so \
          lib/cmake/ferroccl/ferrocclConfig.cmake lib/cmake/ferroccl/ferrocclConfigVersion.cmake \
          lib/pkgconfig/ferroccl.pc lib/pkgconfig/ferroccl-nccl.pc; do
   [ -f "$prefix/$f" ] || missing="$missing $f"
 done
 if [ -z "$missing" ]; then ok "installed files present"; else bad "installed files missing:$missing"; fi
+
+# ------------------------------------------------------------------ SONAME, links, debug information
+so="$prefix/lib/libferroccl.so.$version"
+soname="$(readelf -d "$so" 2>/dev/null | sed -n 's/.*(SONAME).*\[\(.*\)\]/\1/p')"
+if [ "$soname" = "libferroccl.so.$major" ]; then ok "SONAME of libferroccl.so.$version is libferroccl.so.$major"
+else bad "SONAME of libferroccl.so.$version is '$soname', expected libferroccl.so.$major"; fi
+links="$(readlink "$prefix/lib/libferroccl.so") -> $(readlink "$prefix/lib/libferroccl.so.$major")"
+if [ "$links" = "libferroccl.so.$major -> libferroccl.so.$version" ]; then
+  ok "libferroccl.so -> libferroccl.so.$major -> libferroccl.so.$version"
+else bad "libferroccl.so links: $links"; fi
+for f in lib/libferroccl.so."$version" lib/ferroccl/libnccl.so.2 bin/ferroccl-run; do
+  sections="$(readelf -S -W "$prefix/$f" 2>/dev/null)"
+  if grep -q '\.debug_info' <<<"$sections"; then bad "$f is not stripped (it has .debug_info)"
+  elif ! grep -q '\.gnu_debuglink' <<<"$sections"; then bad "$f has no .gnu_debuglink to its debug file"
+  else ok "$f is stripped, with a debug link"; fi
+done
+addr="$(nm -D --defined-only "$so" 2>/dev/null | awk '$3 == "fcclAllReduce" { print $1 }')"
+where="$(addr2line -e "$prefix/lib/.debug/libferroccl.so.$version.debug" "0x$addr" 2>&1)"
+case "$where" in
+  *src/ffi/coll.rs:[0-9]*) ok "addr2line on the .debug file: fcclAllReduce at ${where##*/}" ;;
+  *) bad "addr2line -e libferroccl.so.$version.debug 0x$addr: '$where' (expected src/ffi/coll.rs:N)" ;;
+esac
+if command -v gdb >/dev/null; then
+  line="$(gdb -nx -batch -ex 'info line fcclAllReduce' "$so" 2>&1)"
+  case "$line" in
+    *'of "src/ffi/coll.rs"'*) ok "gdb finds the debug file through the link: fcclAllReduce in src/ffi/coll.rs" ;;
+    *) bad "gdb 'info line fcclAllReduce' on the stripped library: $line" ;;
+  esac
+else
+  skip "gdb symbolization: gdb is not installed"
+fi
 
 cxx="${CXX:-c++}"
 command -v "$cxx" >/dev/null || { bad "no C++ compiler ($cxx)"; finish; }
@@ -88,10 +126,14 @@ else
                           *) ok "cmake: consumer_nccl needs libnccl.so.2 (ferroccl's), not libferroccl" ;; esac ;;
       *) bad "cmake: consumer_nccl does not need libnccl.so.2: $needed" ;;
     esac
+    needed="$(readelf -d "$b/consumer" 2>/dev/null | sed -n 's/.*(NEEDED).*\[\(.*\)\]/\1/p' | tr '\n' ' ')"
+    case " $needed" in
+      *" libferroccl.so.$major "*) ok "cmake: consumer needs libferroccl.so.$major (the SONAME)" ;;
+      *) bad "cmake: consumer does not need libferroccl.so.$major: $needed" ;;
+    esac
     run "installed ferroccl-run -n 2 consumer --env" "$tmp/run-launcher.log" \
         "$prefix/bin/ferroccl-run" -n 2 "$b/consumer" --env
   fi
-  major="${version%%.*}"
   if cmake_consumer "$tmp/build-cmake-bad" "$prefix" -DFERROCCL_EXPECT_VERSION="$((major + 1)).0.0" \
        >"$tmp/cmake-bad.log" 2>&1; then
     bad "cmake: find_package(ferroccl $((major + 1)).0.0) should be refused"
@@ -154,6 +196,7 @@ fi
 # ------------------------------------------------------------------ uninstall
 if run "make uninstall PREFIX=$prefix" "$tmp/make-uninstall.log" make -C "$root" uninstall PREFIX="$prefix"; then
   left="$(find "$prefix" \( -type f -o -type l \) 2>/dev/null | sed "s|^$prefix/||" | tr '\n' ' ')"
+  left="$left$(find "$prefix" -type d -name .debug 2>/dev/null | sed "s|^$prefix/||" | tr '\n' ' ')"
   if [ -z "$left" ]; then ok "uninstall leaves no file"; else bad "uninstall left: $left"; fi
 fi
 

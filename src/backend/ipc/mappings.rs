@@ -19,7 +19,7 @@ pub type Owner = (u32, usize);
 /// the GPU finished the calls that used them; all are closed with the communicator.
 #[derive(Default)]
 pub struct Mappings {
-    pub map: HashMap<(usize, Owner), Mapped>,
+    pub map: HashMap<(cuda::Ctx, Owner), Mapped>,
     tick: u64,
 }
 
@@ -34,7 +34,7 @@ pub const MAPPINGS_MAX: usize = 1024;
 
 impl Mappings {
     /// Drops the mappings of `pid`'s allocations at `bases` (freed); returns them.
-    pub fn forget(&mut self, ctx: usize, pid: u32, bases: &[usize], gone: &mut Vec<usize>) {
+    pub fn forget(&mut self, ctx: cuda::Ctx, pid: u32, bases: &[usize], gone: &mut Vec<usize>) {
         for &base in bases {
             if let Some(m) = self.map.remove(&(ctx, (pid, base))) {
                 gone.push(m.base);
@@ -44,7 +44,7 @@ impl Mappings {
 
     /// Drops every mapping of `pid`'s allocations (its log overran what we read).
     pub fn forget_all(&mut self, pid: u32, gone: &mut Vec<usize>) {
-        let keys: Vec<(usize, Owner)> = self.map.keys().filter(|k| k.1 .0 == pid).copied().collect();
+        let keys: Vec<(cuda::Ctx, Owner)> = self.map.keys().filter(|k| k.1 .0 == pid).copied().collect();
         for k in keys {
             gone.push(self.map.remove(&k).expect("present").base);
         }
@@ -52,7 +52,7 @@ impl Mappings {
 
     /// `owner`'s allocation (its IPC `handle`) mapped in context `ctx` (current).
     /// Mappings it replaces go to `gone`.
-    pub fn open(&mut self, ctx: usize, owner: Owner, handle: &[u8; 64], gone: &mut Vec<usize>) -> Result<usize> {
+    pub fn open(&mut self, ctx: cuda::Ctx, owner: Owner, handle: &[u8; 64], gone: &mut Vec<usize>) -> Result<usize> {
         self.tick += 1;
         let tick = self.tick;
         if let Some(e) = self.map.get_mut(&(ctx, owner)) {
@@ -149,7 +149,7 @@ impl FreedSeen {
         ctl: &Ctl,
         me: usize,
         pids: &[u32],
-        ctx: usize,
+        ctx: cuda::Ctx,
         maps: &mut Mappings,
         gone: &mut Vec<usize>,
     ) {

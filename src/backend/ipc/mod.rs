@@ -26,20 +26,22 @@
 //! memory operations) says so in the descriptor exchange, and then every rank stages
 //! the call through host memory instead.
 
+mod data;
 mod mappings;
 mod mps;
 mod p2p;
 mod watch;
 
 use super::ctl::{self, Ctl, Registered};
-use super::host::{self, Call};
-use super::{staging, Backend, Exec};
+use super::host::Call;
+use super::{host_run, staging, Backend, Exec, Outcome};
 use crate::backend::host::algo;
 use crate::coll::{Coll, CollKind, VCounts};
 use crate::error::{Error, Result};
 use crate::log;
 use crate::mem::{cuda, cuda_reduce, Placement};
 use crate::types::DataType;
+use data::move_data;
 use mappings::{close, Exported, FreedSeen, Mappings};
 use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex};
@@ -106,7 +108,7 @@ pub fn eligible(c: &Coll, nranks: usize, min: usize) -> bool {
         // input, so results are those of the host's rank order (owner order for wire
         // forms), Avg included.
         CollKind::AllReduce | CollKind::Reduce | CollKind::ReduceScatter | CollKind::ReduceScatterV => {
-            cuda_reduce::of(c).supported() && (c.wire.is_none() || c.kind == CollKind::AllReduce)
+            c.reduction().supported() && (c.wire.is_none() || c.kind == CollKind::AllReduce)
         }
         CollKind::AllGather
         | CollKind::AllGatherV
@@ -185,7 +187,7 @@ struct Inner {
     /// they went).
     closing: Vec<(Vec<(ctl::Word, u32)>, usize)>,
     /// The context the mappings and the registration belong to (the first call's).
-    ctx: usize,
+    ctx: cuda::Ctx,
     watchdog: Option<std::thread::JoinHandle<()>>,
 }
 
@@ -223,7 +225,7 @@ impl Backend for Ipc {
         eligible(c, self.nranks, self.min_bytes) && (!c.kind.is_p2p() || self.ctl.is_ok())
     }
 
-    fn run(&self, x: &mut Exec<'_>, calls: &[Call]) -> Result<Option<Error>> {
+    fn run(&self, x: &mut Exec<'_>, calls: &[Call]) -> Result<Outcome> {
         // A group's collectives run one after the other, in the order every rank gave
         // them; its send/recv are posted before them and finished after them, so that
         // a peer waiting for one of them is not held up by this rank's collectives.
@@ -241,10 +243,10 @@ impl Backend for Ipc {
                 None => self.run_one(x, call, &mut inner),
             };
             match res {
-                Ok(Some(e)) => {
+                Ok(Outcome::Failed(e)) => {
                     first_err.get_or_insert(e);
                 }
-                Ok(None) => {}
+                Ok(Outcome::Done) => {}
                 Err(e) => {
                     if let (Some(_), Ok(ctl)) = (&pending, &self.ctl) {
                         // Peers may have paired this run's send/recv records already.
@@ -256,14 +258,14 @@ impl Backend for Ipc {
         }
         if let Some(run) = pending {
             let algo = x.algo;
-            if let Some(e) = self.p2p_finish(x, run, &mut inner)? {
+            if let Outcome::Failed(e) = self.p2p_finish(x, run, &mut inner)? {
                 first_err.get_or_insert(e);
             }
             if p2p.len() < calls.len() {
                 x.algo = if algo == x.algo { algo } else { "collectives, then send/recv, on the streams" };
             }
         }
-        Ok(first_err)
+        Ok(first_err.into())
     }
 
     fn abort(&self) {
@@ -319,26 +321,26 @@ impl Ipc {
     /// Runs `coll` on the host backend at sequence number `seq`, or at the
     /// communicator's next one (None), as every rank does; `x.algo` keeps what this path
     /// set.
-    fn on_host(x: &mut Exec<'_>, coll: Coll, seq: Option<u64>) -> Result<Option<Error>> {
+    fn on_host(x: &mut Exec<'_>, coll: Coll, seq: Option<u64>) -> Result<Outcome> {
         let seq = seq.unwrap_or_else(|| {
             *x.seq += 1;
             *x.seq
         });
         let algo = x.algo;
-        let r = host::execute(x, &[Call { coll, seq }]);
+        let r = host_run(x, &[Call { coll, seq }]);
         x.algo = algo;
         r
     }
 
     /// A host-memory exchange of this path's own, at the communicator's next sequence
     /// number.
-    fn exchange(x: &mut Exec<'_>, coll: Coll) -> Result<Option<Error>> {
+    fn exchange(x: &mut Exec<'_>, coll: Coll) -> Result<Outcome> {
         Self::on_host(x, coll, None)
     }
 
     /// All ranks' `mine` (BLOB bytes each), at sequence number `seq` (the call's own
     /// for the first exchange of a call).
-    fn allgather(x: &mut Exec<'_>, mine: &[u8], n: usize, seq: Option<u64>) -> Result<(Vec<u8>, Option<Error>)> {
+    fn allgather(x: &mut Exec<'_>, mine: &[u8], n: usize, seq: Option<u64>) -> Result<(Vec<u8>, Outcome)> {
         let mut all = vec![0u8; mine.len() * n];
         let ex = Coll::new(CollKind::AllGather, mine.as_ptr(), all.as_mut_ptr(), mine.len(), DataType::Uint8);
         let r = Self::on_host(x, ex, seq)?;
@@ -348,12 +350,12 @@ impl Ipc {
     /// How this rank takes part in a call whose buffers live in `ctx` on `device`:
     /// ranks in separate processes register the control region's words in the first
     /// call's context (and start the watchdog) the first time.
-    fn stream_mode<'a>(&self, inner: &'a mut Inner, ctx: usize, device: i32) -> Mode<'a> {
+    fn stream_mode<'a>(&self, inner: &'a mut Inner, ctx: cuda::Ctx, device: i32) -> Mode<'a> {
         let ctl = match &self.ctl {
             Ok(c) => c,
             Err(m) => return Mode::Off(m.clone()),
         };
-        if inner.ctx == 0 {
+        if inner.ctx.is_none() {
             inner.ctx = ctx;
         }
         if inner.ctx != ctx {
@@ -397,14 +399,14 @@ impl Ipc {
         }
     }
 
-    fn prepare(&self, c: &Coll, ctx: usize, device: i32, inner: &mut Inner) -> Result<Vec<u8>> {
+    fn prepare(&self, c: &Coll, ctx: cuda::Ctx, device: i32, inner: &mut Inner) -> Result<Vec<u8>> {
         let reduces = matches!(
             c.kind,
             CollKind::AllReduce | CollKind::Reduce | CollKind::ReduceScatter | CollKind::ReduceScatterV
         );
         if (self.rank == EXECUTOR || self.shares()) && reduces {
             // Compiled now, so a rank without NVRTC says so in the exchange.
-            cuda_reduce::kernel(ctx, device, cuda_reduce::of(c))?;
+            cuda_reduce::kernel(ctx, device, c.reduction())?;
         }
         if matches!(c.kind, CollKind::AlltoAll | CollKind::AlltoAllv) && std::ptr::eq(c.send, c.recv) {
             return Err(Error::unavailable("an in-place all_to_all overwrites blocks that peers still read"));
@@ -445,7 +447,7 @@ impl Ipc {
 
     /// Runs one eligible collective: the descriptor exchange on the host, then stream
     /// operations only.
-    fn run_one(&self, x: &mut Exec<'_>, call: &Call, inner: &mut Inner) -> Result<Option<Error>> {
+    fn run_one(&self, x: &mut Exec<'_>, call: &Call, inner: &mut Inner) -> Result<Outcome> {
         let (rank, n) = (self.rank, self.nranks);
         let c = &call.coll;
         let (device, ctx) = match c.placement {
@@ -482,9 +484,9 @@ impl Ipc {
             }
         };
         let db = mine.len();
-        let (all, err) = Self::allgather(x, &mine, n, own_seq(x, call))?;
-        if let Some(e) = err {
-            return Ok(Some(e));
+        let (all, got) = Self::allgather(x, &mine, n, own_seq(x, call))?;
+        if let Outcome::Failed(_) = got {
+            return Ok(got);
         }
         let mut gone = Vec::new();
         if let Ok(ctl) = &self.ctl {
@@ -501,7 +503,7 @@ impl Ipc {
             }
             // A reduce_scatter along an axis is packed first (the host has no strided form).
             let coll = match c.strided {
-                Some(_) if c.kind == CollKind::ReduceScatter => crate::coll::ext::pack_reduce_scatter(c, n)?,
+                Some(_) if c.kind == CollKind::ReduceScatter => super::pack::pack_reduce_scatter(c, n)?,
                 _ => c.clone(),
             };
             // A fresh sequence number: the descriptor exchange used the call's own.
@@ -517,7 +519,7 @@ impl Ipc {
             if c.v.is_some() { all.chunks(db).map(|b| get_counts(b, n)).collect() } else { Vec::new() };
         if let Some(e) = counts_verdict(c, rank, &counts) {
             self.defer_close(inner, gone);
-            return Ok(Some(e));
+            return Ok(Outcome::Failed(e));
         }
         let s = c.stream;
         let Mode::Stream(reg) = self.stream_mode(inner, ctx, device) else {
@@ -589,7 +591,7 @@ impl Ipc {
         self.defer_close(inner, gone);
         let what = format!("device call #{k} (collective #{})", call.seq);
         self.watch.pending(&targets, Instant::now() + self.timeout, what);
-        Ok(None)
+        Ok(Outcome::Done)
     }
 
     /// Mappings that went in this call close once the GPU finished the calls so far.
@@ -606,7 +608,7 @@ impl Ipc {
 fn map_peers(
     all: &[u8],
     db: usize,
-    ctx: usize,
+    ctx: cuda::Ctx,
     maps: &mut Mappings,
     gone: &mut Vec<usize>,
 ) -> Result<Vec<(*const u8, *const u8)>> {
@@ -615,7 +617,7 @@ fn map_peers(
 
 /// A peer's (send, recv) pointers, usable in this process's context `ctx` (null
 /// where the peer's extent is empty).
-fn map_peer(b: &[u8], ctx: usize, maps: &mut Mappings, gone: &mut Vec<usize>) -> Result<(*const u8, *const u8)> {
+fn map_peer(b: &[u8], ctx: cuda::Ctx, maps: &mut Mappings, gone: &mut Vec<usize>) -> Result<(*const u8, *const u8)> {
     let pid = pid_of(b);
     let mut out = [0usize; 2];
     for (i, o) in out.iter_mut().enumerate() {
@@ -654,169 +656,6 @@ fn counts_verdict(c: &Coll, me: usize, counts: &[VCounts]) -> Option<Error> {
     let findings: Vec<Option<String>> = (0..n).map(finding).collect();
     let reporters: Vec<usize> = (0..n).filter(|&r| findings[r].is_some()).collect();
     algo::counts_error(findings[me].clone(), &reporters)
-}
-
-/// The whole call's data movement, enqueued on the executor's stream: every rank's
-/// receive buffer from every rank's buffers; or, with `share` (MPS), that rank's share
-/// of it. `counts[r]`: rank r's per-rank counts (calls that have them). Device
-/// addresses are offset with `wrapping_add`: the host never dereferences them.
-///
-/// # Safety
-/// `peers[q]` are rank q's (send, recv) mapped in `ctx`, valid for q's extents until
-/// the stream has run the work.
-unsafe fn move_data(
-    x: &mut Exec<'_>,
-    c: &Coll,
-    peers: &[(*const u8, *const u8)],
-    counts: &[VCounts],
-    ctx: usize,
-    device: i32,
-    share: Option<usize>,
-) -> Result<()> {
-    let n = peers.len();
-    let es = c.dtype.size();
-    let bytes = c.count * es;
-    let s = c.stream;
-    let recv = |q: usize| peers[q].1 as *mut u8;
-    let send = |q: usize| peers[q].0;
-    let copy = |dst: *mut u8, src: *const u8, len: usize| -> Result<()> {
-        if std::ptr::eq(dst, src) || len == 0 {
-            return Ok(());
-        }
-        // SAFETY: both ranges lie in mapped buffers of this call (caller).
-        unsafe { cuda::copy_dtod_async(dst, src, len, s) }
-    };
-    // out = op over ins, in rank order (wire forms: the host's owner order), in one launch.
-    let red = cuda_reduce::of(c);
-    let win = c.wire.map_or(0, algo::wire_window_elems);
-    let reduce = |out: *mut u8, ins: &[*const u8], elems: usize| -> Result<()> {
-        let f = cuda_reduce::kernel(ctx, device, red)?;
-        // SAFETY: as above; the kernel reads each element before writing it, so an
-        // output equal to one input (in place) is fine.
-        unsafe { cuda_reduce::launch(f, &red, out, ins, elems, win, s) }
-    };
-    let sends_at =
-        |off: &dyn Fn(usize) -> usize| -> Vec<*const u8> { (0..n).map(|p| send(p).wrapping_add(off(p))).collect() };
-    // Rows of `width` bytes, `dpitch` and `spitch` apart (the axis forms).
-    let copy2d = |dst: *mut u8, dpitch: usize, src: *const u8, spitch: usize, width: usize, rows: usize| {
-        // SAFETY: every row lies in mapped buffers of this call (caller).
-        unsafe { cuda::copy_2d_dtod_async(dst, dpitch, src, spitch, width, rows, s) }
-    };
-    // A reduce_scatter along an axis gives rank q block q of every row: the blocks of
-    // every rank's input are packed side by side (2D copies), then reduced in one launch.
-    let scratch = match c.strided {
-        Some(_) if c.kind == CollKind::ReduceScatter => Some(cuda::Scratch::new(n * bytes.max(1), ctx, s)?),
-        _ => None,
-    };
-    let reduce_strided = |q: usize| -> Result<()> {
-        let (st, tmp) = (c.strided.expect("strided"), scratch.as_ref().expect("scratch").ptr());
-        let w = st.block * es;
-        for p in 0..n {
-            copy2d(tmp.wrapping_add(p * bytes), w, send(p).wrapping_add(q * w), n * w, w, st.outer)?;
-        }
-        let ins: Vec<*const u8> = (0..n).map(|p| tmp.wrapping_add(p * bytes) as *const u8).collect();
-        reduce(recv(q), &ins, c.count)
-    };
-    if let Some(me) = share {
-        let m = mps::Movers { copy: &copy, copy2d: &copy2d, reduce: &reduce, reduce_strided: &reduce_strided };
-        // SAFETY: forwarded contract.
-        x.algo = unsafe { mps::share(c, me, peers, counts, &m)? };
-        return Ok(());
-    }
-    x.algo = "copies on rank 0's stream through IPC mappings";
-    match c.kind {
-        CollKind::AllReduce => {
-            // Into rank 0's recv (read in place before anything writes), then copied to
-            // the others.
-            reduce(recv(0), &sends_at(&|_| 0), c.count)?;
-            for q in 1..n {
-                copy(recv(q), recv(0), bytes)?;
-            }
-            x.algo = "reduce, then copies, on rank 0's stream through IPC mappings";
-        }
-        CollKind::ReduceScatter if c.strided.is_some() => {
-            for q in 0..n {
-                reduce_strided(q)?;
-            }
-            x.algo = "2D copies and reductions on rank 0's stream through IPC mappings";
-        }
-        CollKind::ReduceScatter => {
-            for q in 0..n {
-                reduce(recv(q), &sends_at(&|_| q * bytes), c.count)?;
-            }
-            x.algo = "reductions on rank 0's stream through IPC mappings";
-        }
-        CollKind::ReduceScatterV => {
-            for q in 0..n {
-                let elems = counts[q].recvcounts()[q];
-                if elems > 0 {
-                    reduce(recv(q), &sends_at(&|p| counts[p].sdispls()[q] * es), elems)?;
-                }
-            }
-            x.algo = "reductions on rank 0's stream through IPC mappings";
-        }
-        CollKind::Reduce => {
-            reduce(recv(c.root), &sends_at(&|_| 0), c.count)?;
-            x.algo = "reduction on rank 0's stream through IPC mappings";
-        }
-        CollKind::AllGather if c.strided.is_some() => {
-            // Rank p's block j lands at element (j * n + p) * block of every receive buffer.
-            let st = c.strided.expect("checked");
-            let w = st.block * es;
-            for q in 0..n {
-                for p in 0..n {
-                    copy2d(recv(q).wrapping_add(p * w), n * w, send(p), w, w, st.outer)?;
-                }
-            }
-            x.algo = "2D copies on rank 0's stream through IPC mappings";
-        }
-        CollKind::AllGather => {
-            for q in 0..n {
-                for p in 0..n {
-                    copy(recv(q).wrapping_add(p * bytes), send(p), bytes)?;
-                }
-            }
-        }
-        CollKind::AllGatherV => {
-            for (q, v) in counts.iter().enumerate() {
-                for p in 0..n {
-                    copy(recv(q).wrapping_add(v.rdispls()[p] * es), send(p), v.recvcounts()[p] * es)?;
-                }
-            }
-        }
-        CollKind::Broadcast => {
-            for q in 0..n {
-                copy(recv(q), send(c.root), bytes)?;
-            }
-        }
-        CollKind::Gather => {
-            for p in 0..n {
-                copy(recv(c.root).wrapping_add(p * bytes), send(p), bytes)?;
-            }
-        }
-        CollKind::Scatter => {
-            for q in 0..n {
-                copy(recv(q), send(c.root).wrapping_add(q * bytes), bytes)?;
-            }
-        }
-        CollKind::AlltoAll => {
-            for q in 0..n {
-                for p in 0..n {
-                    copy(recv(q).wrapping_add(p * bytes), send(p).wrapping_add(q * bytes), bytes)?;
-                }
-            }
-        }
-        CollKind::AlltoAllv => {
-            for (q, v) in counts.iter().enumerate() {
-                for (p, theirs) in counts.iter().enumerate() {
-                    let from = send(p).wrapping_add(theirs.sdispls()[q] * es);
-                    copy(recv(q).wrapping_add(v.rdispls()[p] * es), from, v.recvcounts()[p] * es)?;
-                }
-            }
-        }
-        k => return Err(Error::internal(format!("{} on the IPC path", k.c_name()))),
-    }
-    Ok(())
 }
 
 impl Drop for Ipc {

@@ -23,7 +23,7 @@
 
 use super::mappings::Owner;
 use super::watch::Target;
-use super::{Inner, Ipc};
+use super::{Inner, Ipc, Outcome};
 use crate::backend::ctl::{Ctl, Pair, RecvRec, SendRec, BOUNCE, SLOTS};
 use crate::backend::host::engine::{p2p_mismatch, P2pCall};
 use crate::backend::host::Call;
@@ -82,7 +82,7 @@ struct Op<'c> {
     verdict: Option<Verdict>,
     /// Receiver, GPU to GPU: the sender's buffer in this process.
     src: usize,
-    ctx: usize,
+    ctx: cuda::Ctx,
     /// Receiver whose buffer a send of the run reads (an exchange in place): the data
     /// lands here first and goes to the buffer once every send of the run is done.
     gated: Option<Tmp>,
@@ -119,7 +119,7 @@ fn pair(ctl: &Ctl, p: usize, q: usize) -> Pair<'_> {
 
 impl Ipc {
     /// The context a call's buffers live in (host memory: this rank's device's).
-    fn ctx_of(&self, c: &Coll) -> Result<usize> {
+    fn ctx_of(&self, c: &Coll) -> Result<cuda::Ctx> {
         match c.placement {
             Placement::Device { ctx, .. } => Ok(ctx),
             Placement::Host => cuda::primary_context(self.device),
@@ -128,7 +128,13 @@ impl Ipc {
 
     /// Whether this side of `c` can go GPU to GPU with `peer` (Err: why not), and the
     /// sender's record fields.
-    fn p2p_side(&self, c: &Coll, peer: usize, ctx: usize, inner: &mut Inner) -> std::result::Result<SendRec, String> {
+    fn p2p_side(
+        &self,
+        c: &Coll,
+        peer: usize,
+        ctx: cuda::Ctx,
+        inner: &mut Inner,
+    ) -> std::result::Result<SendRec, String> {
         let Placement::Device { device, .. } = c.placement else {
             return Err("host memory".into());
         };
@@ -218,9 +224,9 @@ impl Ipc {
     }
 
     /// Finishes a run's send/recv calls: pairs the records, moves bounced data, then
-    /// puts the GPU-to-GPU pairs on the streams. `Ok(Some(e))`: sizes that differed
+    /// puts the GPU-to-GPU pairs on the streams. `Ok(Outcome::Failed(e))`: sizes that differed
     /// (the communicator stays usable).
-    pub(super) fn p2p_finish(&self, x: &mut Exec<'_>, run: Run<'_>, inner: &mut Inner) -> Result<Option<Error>> {
+    pub(super) fn p2p_finish(&self, x: &mut Exec<'_>, run: Run<'_>, inner: &mut Inner) -> Result<Outcome> {
         let mut run = run;
         self.pair_selves(&mut run)?;
         if !run.ops.is_empty() {
@@ -236,7 +242,7 @@ impl Ipc {
         } else if !run.selfs.is_empty() {
             x.algo = "to itself, on its stream";
         }
-        Ok(run.errors.into_iter().next())
+        Ok(run.errors.into_iter().next().into())
     }
 
     /// Sends to and receives from this rank itself pair up in order, as on the host.
@@ -449,7 +455,7 @@ impl Ipc {
 
     /// The sender's buffer in this process: its own address in the sender's (a thread
     /// rank of this process), else this context's mapping of its allocation.
-    fn map_source(&self, s: &SendRec, ctx: usize, inner: &mut Inner) -> Result<usize> {
+    fn map_source(&self, s: &SendRec, ctx: cuda::Ctx, inner: &mut Inner) -> Result<usize> {
         if s.pid == std::process::id() {
             return Ok(s.ptr as usize);
         }
@@ -595,7 +601,7 @@ fn backoff(idle: u32) {
 ///
 /// # Safety
 /// Both ranges are valid for `len`; the stream has finished the work before the call.
-unsafe fn copy_out(dst: *mut u8, src: *const u8, len: usize, dev: bool, stream: usize) -> Result<()> {
+unsafe fn copy_out(dst: *mut u8, src: *const u8, len: usize, dev: bool, stream: cuda::Stream) -> Result<()> {
     if dev {
         // SAFETY: per the caller; synchronised before the bytes are published.
         unsafe { cuda::copy_dtoh_async(dst, src, len, stream)? };
@@ -611,7 +617,7 @@ unsafe fn copy_out(dst: *mut u8, src: *const u8, len: usize, dev: bool, stream: 
 ///
 /// # Safety
 /// As [`copy_out`].
-unsafe fn copy_in(dst: *mut u8, src: *const u8, len: usize, dev: bool, stream: usize) -> Result<()> {
+unsafe fn copy_in(dst: *mut u8, src: *const u8, len: usize, dev: bool, stream: cuda::Stream) -> Result<()> {
     if dev {
         // SAFETY: per the caller; synchronised before the ring's bytes are handed back.
         unsafe { cuda::copy_htod_async(dst, src, len, stream)? };
@@ -671,14 +677,14 @@ unsafe fn copy_self(s: &Coll, r: &Coll, bytes: usize) -> Result<()> {
                         let _g = cuda::CtxGuard::enter(ctx)?;
                         copy_out(tmp.as_mut_ptr(), src, bytes, true, s.stream)?;
                     }
-                    None => copy_out(tmp.as_mut_ptr(), src, bytes, false, 0)?,
+                    None => copy_out(tmp.as_mut_ptr(), src, bytes, false, cuda::Stream::DEFAULT)?,
                 }
                 match dr {
                     Some(ctx) => {
                         let _g = cuda::CtxGuard::enter(ctx)?;
                         copy_in(dst, tmp.as_ptr(), bytes, true, r.stream)
                     }
-                    None => copy_in(dst, tmp.as_ptr(), bytes, false, 0),
+                    None => copy_in(dst, tmp.as_ptr(), bytes, false, cuda::Stream::DEFAULT),
                 }
             }
         }

@@ -16,7 +16,7 @@ pub struct Nccl {
     api: &'static Api,
     comm: NcclComm,
     /// The device's primary context, made current around every NCCL call.
-    ctx: usize,
+    ctx: cuda::Ctx,
     /// Set by ncclCommAbort, which frees the communicator: no destroy after it.
     aborted: std::sync::atomic::AtomicBool,
 }
@@ -120,7 +120,7 @@ impl Nccl {
         let a = self.api;
         let (s, r) = (c.send as *const c_void, c.recv as *mut c_void);
         let (n, dt, op, root) = (c.count, c.dtype as c_int, c.op as c_int, c.root as c_int);
-        let st = c.stream as *mut c_void;
+        let st = c.stream.as_ptr();
         let comm = self.comm;
         let es = c.dtype.size();
         let name = c.kind.c_name();
@@ -232,11 +232,11 @@ impl super::Backend for NcclBackend {
         matches!(c.placement, crate::mem::Placement::Device { .. }) && self.nccl.supports(c)
     }
 
-    fn run(&self, x: &mut super::Exec<'_>, calls: &[super::host::Call]) -> Result<Option<Error>> {
+    fn run(&self, x: &mut super::Exec<'_>, calls: &[super::host::Call]) -> Result<super::Outcome> {
         x.algo = "enqueued on the caller's stream";
         let colls: Vec<&Coll> = calls.iter().map(|c| &c.coll).collect();
         self.nccl.run(&colls, self.rank, self.nranks)?;
-        Ok(None)
+        Ok(super::Outcome::Done)
     }
 
     fn abort(&self) {

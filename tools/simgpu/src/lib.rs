@@ -42,7 +42,7 @@ pub mod types;
 pub mod cuda_kernels;
 // The library builds for Rust 1.80, before `is_multiple_of`.
 #[allow(dead_code, clippy::manual_is_multiple_of)]
-#[path = "../../../src/mem/reduce.rs"]
+#[path = "../../../src/mem/reduce/mod.rs"]
 pub mod reduce;
 
 pub use api::*;

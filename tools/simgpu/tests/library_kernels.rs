@@ -1,6 +1,6 @@
 //! The library's device reduction kernels (src/mem/cuda_kernels.rs), compiled from their CUDA
 //! C source by the simulated NVRTC and run by the simulated driver, against the library's host
-//! reduction (src/mem/reduce.rs): every type and operation, special values (NaN payloads and
+//! reduction (src/mem/reduce/): every type and operation, special values (NaN payloads and
 //! signs, infinities, subnormals, signed zeros, values that overflow the narrow types), 1 to
 //! 64 inputs, in place; and the wire all_reduce kernels against the host's wire algorithm.
 

@@ -97,11 +97,8 @@ impl Buf {
     }
 }
 
-/// Balanced split of `count` elements into `n` parts: (start, len) of part `i`.
-pub fn part(count: usize, n: usize, i: usize) -> (usize, usize) {
-    let (base, rem) = (count / n, count % n);
-    (i * base + i.min(rem), base + usize::from(i < rem))
-}
+/// The balanced split the algorithms cut calls with (what a call means: in coll).
+pub use crate::coll::part;
 
 /// Segments of a chunk of `len` elements: (offset, len) pairs.
 fn segments(len: usize, dtype: DataType) -> impl Iterator<Item = (usize, usize)> {

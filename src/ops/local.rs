@@ -36,7 +36,7 @@ pub fn check_devices(devs: &[i32], what: &str) -> Result<Option<i32>> {
 /// is involved (in that device's primary context).
 pub enum Copier {
     Host,
-    Cuda { ctx: usize },
+    Cuda { ctx: cuda::Ctx },
 }
 
 impl Copier {
@@ -78,7 +78,7 @@ pub fn chunk_sizes(along: usize, n: usize, given: Option<&[usize]>) -> Result<Ve
             }
             Ok(g.to_vec())
         }
-        None => Ok((0..n).map(|i| crate::backend::host::algo::part(along, n, i).1).collect()),
+        None => Ok((0..n).map(|i| crate::coll::part(along, n, i).1).collect()),
     }
 }
 

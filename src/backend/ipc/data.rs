@@ -1,0 +1,172 @@
+//! The data movement of one call on the executor's stream: copies between the ranks'
+//! mapped buffers and the reduction kernel, in one pass per call.
+
+use super::super::Exec;
+use super::mps;
+use crate::backend::host::algo;
+use crate::coll::{Coll, CollKind, VCounts};
+use crate::error::{Error, Result};
+use crate::mem::{cuda, cuda_reduce};
+
+/// The whole call's data movement, enqueued on the executor's stream: every rank's
+/// receive buffer from every rank's buffers; or, with `share` (MPS), that rank's share
+/// of it. `counts[r]`: rank r's per-rank counts (calls that have them). Device
+/// addresses are offset with `wrapping_add`: the host never dereferences them.
+///
+/// # Safety
+/// `peers[q]` are rank q's (send, recv) mapped in `ctx`, valid for q's extents until
+/// the stream has run the work.
+pub(super) unsafe fn move_data(
+    x: &mut Exec<'_>,
+    c: &Coll,
+    peers: &[(*const u8, *const u8)],
+    counts: &[VCounts],
+    ctx: cuda::Ctx,
+    device: i32,
+    share: Option<usize>,
+) -> Result<()> {
+    let n = peers.len();
+    let es = c.dtype.size();
+    let bytes = c.count * es;
+    let s = c.stream;
+    let recv = |q: usize| peers[q].1 as *mut u8;
+    let send = |q: usize| peers[q].0;
+    let copy = |dst: *mut u8, src: *const u8, len: usize| -> Result<()> {
+        if std::ptr::eq(dst, src) || len == 0 {
+            return Ok(());
+        }
+        // SAFETY: both ranges lie in mapped buffers of this call (caller).
+        unsafe { cuda::copy_dtod_async(dst, src, len, s) }
+    };
+    // out = op over ins, in rank order (wire forms: the host's owner order), in one launch.
+    let red = c.reduction();
+    let win = c.wire.map_or(0, algo::wire_window_elems);
+    let reduce = |out: *mut u8, ins: &[*const u8], elems: usize| -> Result<()> {
+        let f = cuda_reduce::kernel(ctx, device, red)?;
+        // SAFETY: as above; the kernel reads each element before writing it, so an
+        // output equal to one input (in place) is fine.
+        unsafe { cuda_reduce::launch(f, &red, out, ins, elems, win, s) }
+    };
+    let sends_at =
+        |off: &dyn Fn(usize) -> usize| -> Vec<*const u8> { (0..n).map(|p| send(p).wrapping_add(off(p))).collect() };
+    // Rows of `width` bytes, `dpitch` and `spitch` apart (the axis forms).
+    let copy2d = |dst: *mut u8, dpitch: usize, src: *const u8, spitch: usize, width: usize, rows: usize| {
+        // SAFETY: every row lies in mapped buffers of this call (caller).
+        unsafe { cuda::copy_2d_dtod_async(dst, dpitch, src, spitch, width, rows, s) }
+    };
+    // A reduce_scatter along an axis gives rank q block q of every row: the blocks of
+    // every rank's input are packed side by side (2D copies), then reduced in one launch.
+    let scratch = match c.strided {
+        Some(_) if c.kind == CollKind::ReduceScatter => Some(cuda::Scratch::new(n * bytes.max(1), ctx, s)?),
+        _ => None,
+    };
+    let reduce_strided = |q: usize| -> Result<()> {
+        let (st, tmp) = (c.strided.expect("strided"), scratch.as_ref().expect("scratch").ptr());
+        let w = st.block * es;
+        for p in 0..n {
+            copy2d(tmp.wrapping_add(p * bytes), w, send(p).wrapping_add(q * w), n * w, w, st.outer)?;
+        }
+        let ins: Vec<*const u8> = (0..n).map(|p| tmp.wrapping_add(p * bytes) as *const u8).collect();
+        reduce(recv(q), &ins, c.count)
+    };
+    if let Some(me) = share {
+        let m = mps::Movers { copy: &copy, copy2d: &copy2d, reduce: &reduce, reduce_strided: &reduce_strided };
+        // SAFETY: forwarded contract.
+        x.algo = unsafe { mps::share(c, me, peers, counts, &m)? };
+        return Ok(());
+    }
+    x.algo = "copies on rank 0's stream through IPC mappings";
+    match c.kind {
+        CollKind::AllReduce => {
+            // Into rank 0's recv (read in place before anything writes), then copied to
+            // the others.
+            reduce(recv(0), &sends_at(&|_| 0), c.count)?;
+            for q in 1..n {
+                copy(recv(q), recv(0), bytes)?;
+            }
+            x.algo = "reduce, then copies, on rank 0's stream through IPC mappings";
+        }
+        CollKind::ReduceScatter if c.strided.is_some() => {
+            for q in 0..n {
+                reduce_strided(q)?;
+            }
+            x.algo = "2D copies and reductions on rank 0's stream through IPC mappings";
+        }
+        CollKind::ReduceScatter => {
+            for q in 0..n {
+                reduce(recv(q), &sends_at(&|_| q * bytes), c.count)?;
+            }
+            x.algo = "reductions on rank 0's stream through IPC mappings";
+        }
+        CollKind::ReduceScatterV => {
+            for q in 0..n {
+                let elems = counts[q].recvcounts()[q];
+                if elems > 0 {
+                    reduce(recv(q), &sends_at(&|p| counts[p].sdispls()[q] * es), elems)?;
+                }
+            }
+            x.algo = "reductions on rank 0's stream through IPC mappings";
+        }
+        CollKind::Reduce => {
+            reduce(recv(c.root), &sends_at(&|_| 0), c.count)?;
+            x.algo = "reduction on rank 0's stream through IPC mappings";
+        }
+        CollKind::AllGather if c.strided.is_some() => {
+            // Rank p's block j lands at element (j * n + p) * block of every receive buffer.
+            let st = c.strided.expect("checked");
+            let w = st.block * es;
+            for q in 0..n {
+                for p in 0..n {
+                    copy2d(recv(q).wrapping_add(p * w), n * w, send(p), w, w, st.outer)?;
+                }
+            }
+            x.algo = "2D copies on rank 0's stream through IPC mappings";
+        }
+        CollKind::AllGather => {
+            for q in 0..n {
+                for p in 0..n {
+                    copy(recv(q).wrapping_add(p * bytes), send(p), bytes)?;
+                }
+            }
+        }
+        CollKind::AllGatherV => {
+            for (q, v) in counts.iter().enumerate() {
+                for p in 0..n {
+                    copy(recv(q).wrapping_add(v.rdispls()[p] * es), send(p), v.recvcounts()[p] * es)?;
+                }
+            }
+        }
+        CollKind::Broadcast => {
+            for q in 0..n {
+                copy(recv(q), send(c.root), bytes)?;
+            }
+        }
+        CollKind::Gather => {
+            for p in 0..n {
+                copy(recv(c.root).wrapping_add(p * bytes), send(p), bytes)?;
+            }
+        }
+        CollKind::Scatter => {
+            for q in 0..n {
+                copy(recv(q), send(c.root).wrapping_add(q * bytes), bytes)?;
+            }
+        }
+        CollKind::AlltoAll => {
+            for q in 0..n {
+                for p in 0..n {
+                    copy(recv(q).wrapping_add(p * bytes), send(p).wrapping_add(q * bytes), bytes)?;
+                }
+            }
+        }
+        CollKind::AlltoAllv => {
+            for (q, v) in counts.iter().enumerate() {
+                for (p, theirs) in counts.iter().enumerate() {
+                    let from = send(p).wrapping_add(theirs.sdispls()[q] * es);
+                    copy(recv(q).wrapping_add(v.rdispls()[p] * es), from, v.recvcounts()[p] * es)?;
+                }
+            }
+        }
+        k => return Err(Error::internal(format!("{} on the IPC path", k.c_name()))),
+    }
+    Ok(())
+}

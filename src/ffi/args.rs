@@ -1,0 +1,62 @@
+//! Reading C arguments: enum values, ranks, counts and arrays, each refused with a
+//! message that names the argument and its valid range.
+
+use super::{fcclDataType_t, fcclRedOp_t};
+use crate::comm::Comm;
+use crate::error::{Error, Result};
+use crate::types::{DataType, RedOp};
+use std::os::raw::c_int;
+
+/// A fcclDataType_t value as the core's type.
+pub(super) fn dtype(v: fcclDataType_t) -> Result<DataType> {
+    DataType::try_from(v).map_err(|v| {
+        Error::invalid_arg(format!("datatype {v} is not a fcclDataType_t (valid: 0 fcclInt8 .. 11 fcclFloat8e5m2)"))
+    })
+}
+
+/// A fcclRedOp_t value as the core's operator.
+pub(super) fn redop(v: fcclRedOp_t) -> Result<RedOp> {
+    RedOp::try_from(v)
+        .map_err(|v| Error::invalid_arg(format!("op {v} is not a fcclRedOp_t (valid: 0 fcclSum .. 4 fcclAvg)")))
+}
+
+/// A rank argument (`what`: its name), in range for `comm`.
+pub(super) fn rank_arg(v: c_int, what: &str, comm: &Comm) -> Result<usize> {
+    usize::try_from(v).ok().filter(|&r| r < comm.nranks).ok_or_else(|| {
+        Error::invalid_arg(format!(
+            "{what} {v} out of range for a communicator of {} ranks (valid: 0..{})",
+            comm.nranks,
+            comm.nranks - 1
+        ))
+    })
+}
+
+/// Reads `n` entries of a C array; NULL is refused with the array's name.
+///
+/// # Safety
+/// `p` is NULL or valid for `n` reads.
+pub(super) unsafe fn array<T: Copy>(p: *const T, n: usize, name: &str) -> Result<Vec<T>> {
+    // SAFETY: as the caller promises.
+    Ok(unsafe { borrow_array(p, n, name) }?.to_vec())
+}
+
+/// The `n` entries of a C array in place, for the duration of the entry point that
+/// received it; NULL is refused with the array's name.
+///
+/// # Safety
+/// `p` is NULL or valid for `n` reads while the returned slice is used.
+pub(super) unsafe fn borrow_array<'a, T: Copy>(p: *const T, n: usize, name: &str) -> Result<&'a [T]> {
+    if n == 0 {
+        return Ok(&[]);
+    }
+    if p.is_null() {
+        return Err(Error::invalid_arg(format!("{name} is NULL; pass an array of {n} entries")));
+    }
+    // SAFETY: non-NULL and, by the API contract, n entries long.
+    Ok(unsafe { std::slice::from_raw_parts(p, n) })
+}
+
+/// A count argument (`what`: its name) that may not be negative.
+pub(super) fn count_arg(v: c_int, what: &str) -> Result<usize> {
+    usize::try_from(v).map_err(|_| Error::invalid_arg(format!("{what} is {v}; it cannot be negative")))
+}
