@@ -334,7 +334,7 @@ fn part(count: usize, n: usize, i: usize) -> (usize, usize) {
     (i * base + i.min(rem), base + usize::from(i < rem))
 }
 
-/// A wire all_reduce as the host runs it (backend/host/algorithms.rs, allreduce_wire), per
+/// A wire all_reduce as the host runs it (backend/host/algo/all_reduce.rs, allreduce_wire), per
 /// element with the host's own conversions and arithmetic: in each window, the owner of an
 /// element starts from its own value, adds every other rank's value rounded to the wire
 /// type in rank order after its own, divides for Avg, and rounds the result to the wire.
