@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Checks the shape of src/: the module import graph and the size of files.
 
-Three rules, each violation printed on its own line:
+Four rules, each violation printed on its own line:
 
 1. Layers. Every top-level module of the crate sits in one layer of LAYERS below
    (highest first); a module may use its own layer and the layers below it, never a
@@ -17,6 +17,8 @@ Three rules, each violation printed on its own line:
 3. Size. No file under src/ is longer than --max-lines (default 800), not counting
    `#[cfg(test)]` items, which are also left out of the graph (unit tests may build
    fixtures from any layer; they are not linked into the library).
+4. Map. README.md's layout table names every top-level file and folder of src/, and
+   every src/ path it names exists.
 
 Edges come from `use` declarations and from paths in code (`crate::a::b::f()`,
 `super::x`, and paths through a name a `use` brought in), resolved to the file that
@@ -484,10 +486,30 @@ def main():
                     print(f"long: {rel}: {n} lines outside #[cfg(test)] (limit {args.max_lines})")
                     problems += 1
 
+    # 4. The README's layout table names every top-level entry of src/ (and each path
+    # it names under src/ exists), so the map readers start from matches the tree.
+    readme = os.path.join(args.root, "README.md")
+    if os.path.exists(readme):
+        with open(readme, encoding="utf-8") as fh:
+            text = fh.read()
+        table = text.split("## Layout", 1)[1].split("\n## ", 1)[0] if "## Layout" in text else ""
+        named = set(re.findall(r"`(src/[A-Za-z0-9_./-]+)`", table))
+        for entry in sorted(os.listdir(src)):
+            if entry in ("lib.rs", "bin"):
+                continue
+            path = "src/" + entry + ("/" if os.path.isdir(os.path.join(src, entry)) else "")
+            if not any(n == path or n.startswith(path) or n == path.rstrip("/") for n in named):
+                print(f"unmapped: {path} is not in README.md's layout table")
+                problems += 1
+        for n in sorted(named):
+            if not os.path.exists(os.path.join(args.root, n)):
+                print(f"stale: README.md's layout table names {n}, which does not exist")
+                problems += 1
+
     if problems:
         print(f"check-layers: {problems} problem(s)")
         return 1
-    print(f"check-layers: {len(mods)} modules, {len(es)} edges: layers hold, no cycles, no file over {args.max_lines} lines")
+    print(f"check-layers: {len(mods)} modules, {len(es)} edges: layers hold, no cycles, no file over {args.max_lines} lines, README layout table matches")
     return 0
 
 
