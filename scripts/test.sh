@@ -14,7 +14,7 @@ cd "$root"
 bash scripts/setup.sh
 export PATH="$root/.venv/bin:$PATH"
 jobs="${FERROCCL_TEST_JOBS:-$(nproc)}"
-step() { printf '\n==> %s\n' "$*"; }
+step() { printf '\n==> %s (at %d s)\n' "$*" "$SECONDS"; }
 sim() { bash "$root/scripts/sim-gpu.sh" "$@"; }
 
 step "module layers, cycles and file sizes of src/ (tools/check-layers.py)"
