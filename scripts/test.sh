@@ -46,22 +46,24 @@ asan_env=(ASAN_OPTIONS="${ASAN_OPTIONS:-detect_leaks=1}" UBSAN_OPTIONS="print_st
 step "C contract suite (ctest; the device tests skip: no driver here)"
 ctest_build build/c_tests
 ctest_run build/c_tests
-step "C contract suite under ASan/UBSan (ctest)"
+step "C contract suite under ASan/UBSan (ctest; 1-4 ranks, the 7-rank runs are the plain suite's)"
 ctest_build build/c_tests_asan -DFERROCCL_SANITIZE=ON
-env "${asan_env[@]}" ctest --test-dir build/c_tests_asan -j "$jobs" --output-on-failure --timeout 300
+env "${asan_env[@]}" ctest --test-dir build/c_tests_asan -j "$jobs" --output-on-failure --timeout 300 -LE np7
 
 step "device suite on the simulated GPU (ctest -L 'device|cuda')"
 sim ctest --test-dir build/c_tests -j "$jobs" --output-on-failure --timeout 300 -L 'device|cuda'
-step "device suite on the simulated GPU under ASan/UBSan"
+step "device suite on the simulated GPU under ASan/UBSan (the 10-rank run is the plain suite's)"
 env "${asan_env[@]}" bash scripts/sim-gpu.sh \
-  ctest --test-dir build/c_tests_asan -j "$jobs" --output-on-failure --timeout 300 -L 'device|cuda'
-step "device suite on the simulated GPU with every call staged through host memory (FERROCCL_CUDA_IPC=0)"
-FERROCCL_CUDA_IPC=0 sim ctest --test-dir build/c_tests -j "$jobs" --output-on-failure --timeout 300 -L device
-step "host suite on a simulated GPU host: programs that never start CUDA"
-sim ctest --test-dir build/c_tests -j "$jobs" --output-on-failure --timeout 300 -LE 'device|cuda'
-step "host suite on a simulated GPU host: programs that have made device 0 current"
+  ctest --test-dir build/c_tests_asan -j "$jobs" --output-on-failure --timeout 300 -L 'device|cuda' -E 'ipc\.np10'
+step "device suite on the simulated GPU with every call staged through host memory (FERROCCL_CUDA_IPC=0; the MPS and 10-rank runs test the GPU-to-GPU path only)"
+FERROCCL_CUDA_IPC=0 sim ctest --test-dir build/c_tests -j "$jobs" --output-on-failure --timeout 300 -L device -E 'mps|ipc\.np10'
+# Whether a host program starts CUDA is decided at set-up: every program of the host
+# suite, as 2 processes and as 2 threads, covers it; the other sizes ran above.
+step "host suite on a simulated GPU host: programs that never start CUDA (every program, 2 ranks)"
+sim ctest --test-dir build/c_tests -j "$jobs" --output-on-failure --timeout 300 -LE 'device|cuda' -R '\.(np2|threads2)$'
+step "host suite on a simulated GPU host: programs that have made device 0 current (every program, 2 ranks)"
 ctest_build build/c_tests_cuda_user -DFERROCCL_TEST_CUDA_USER=ON
-sim ctest --test-dir build/c_tests_cuda_user -j "$jobs" --output-on-failure --timeout 300 -LE 'device|cuda'
+sim ctest --test-dir build/c_tests_cuda_user -j "$jobs" --output-on-failure --timeout 300 -LE 'device|cuda' -R '\.(np2|threads2)$'
 step "ferroccl-bench --mem cuda --nranks 4 all on the simulated GPU (exit 0: no wrong results)"
 sim "$lib/ferroccl-bench" --mem cuda --nranks 4 all >build/bench-sim.txt
 grep -E '^# Out of bounds' build/bench-sim.txt  # simulated: bandwidths mean nothing
