@@ -230,7 +230,7 @@ impl UniqueId {
     /// Serves the rendezvous for this id at its own address (rank 0 under
     /// FERROCCL_ROOT_ADDR) for one set-up of `nranks` ranks. `exact_ip`: the address
     /// was given as an IP literal, so listen on it alone where this host has it.
-    pub fn serve_here(&self, nranks: usize, exact_ip: bool) -> Result<()> {
+    pub fn serve_here(&self, nranks: usize, exact_ip: bool) -> Result<Server> {
         let addr = self.addr()?;
         let any = if addr.is_ipv4() { IpAddr::V4(Ipv4Addr::UNSPECIFIED) } else { IpAddr::V6(Ipv6Addr::UNSPECIFIED) };
         let bind_err = |e: std::io::Error| {
@@ -258,7 +258,7 @@ impl UniqueId {
             TcpListener::bind(SocketAddr::new(any, addr.port())).map_err(bind_err)?
         };
         let opts = ServerOptions { nranks: Some(nranks), ..ServerOptions::default() };
-        Server::spawn(listener, self.job_key(), opts).map(drop)
+        Server::spawn(listener, self.job_key(), opts)
     }
 
     /// The rendezvous point's address.

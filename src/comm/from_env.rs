@@ -2,14 +2,14 @@
 //! variables of the launcher that started it, and the rendezvous that goes with it
 //! (docs/launchers.md says how to start ranks with each launcher).
 
-use super::bootstrap::{JobKey, ServerOptions, UniqueId, UNIQUE_ID_BYTES};
+use super::bootstrap::{JobKey, Server, ServerOptions, UniqueId, UNIQUE_ID_BYTES};
 use super::torchstore::Store;
 use super::{Comm, Options};
 use crate::env::{self, Var};
 use crate::error::{Error, Result};
 use std::net::ToSocketAddrs;
 use std::sync::atomic::{AtomicUsize, Ordering};
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 /// The launchers whose variables fcclCommInitFromEnv understands, in the order tried.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -183,7 +183,7 @@ pub fn place(get: &dyn Fn(&Var) -> Option<String>) -> Result<Place> {
 }
 
 /// A rendezvous at a fixed `host:port`; rank 0 serves it.
-fn at_addr(addr: &str, place: &Place) -> Result<(UniqueId, String)> {
+fn at_addr(addr: &str, place: &Place) -> Result<Found> {
     let sock = addr
         .to_socket_addrs()
         .ok()
@@ -192,13 +192,12 @@ fn at_addr(addr: &str, place: &Place) -> Result<(UniqueId, String)> {
     // No default secret: a stranger must not join, nor two jobs on one port merge.
     let key = JobKey::from_env()?;
     let id = UniqueId::from_addr(sock, key);
-    if place.rank == 0 {
-        let literal = addr
+    let literal = place.rank == 0
+        && addr
             .rsplit_once(':')
             .is_some_and(|(h, _)| h.trim_start_matches('[').trim_end_matches(']').parse::<std::net::IpAddr>().is_ok());
-        id.serve_here(place.size, literal)?;
-    }
-    Ok((id, format!("the rendezvous at {addr} with the secret from {}", key.source.describe())))
+    let point = if place.rank == 0 { Some(id.serve_here(place.size, literal)?) } else { None };
+    Ok((id, format!("the rendezvous at {addr} with the secret from {}", key.source.describe()), point))
 }
 
 /// The n-th fcclCommInitFromEnv of this process under torchrun; every rank calls it
@@ -207,7 +206,7 @@ static STORE_CALLS: AtomicUsize = AtomicUsize::new(0);
 
 /// Rank 0 makes a unique id (a random key, its own port) and puts it in torchrun's
 /// store; the others read it from there.
-fn through_torch_store(place: &Place, host: &str, port: &str) -> Result<(UniqueId, String)> {
+fn through_torch_store(place: &Place, host: &str, port: &str) -> Result<Found> {
     let port: u16 = port.trim().parse().map_err(|_| {
         Error::invalid_arg(format!("MASTER_PORT is {port:?}, not a port number (torchrun sets it for every worker)"))
     })?;
@@ -218,12 +217,12 @@ fn through_torch_store(place: &Place, host: &str, port: &str) -> Result<(UniqueI
     let key = format!("/ferroccl/fcclCommInitFromEnv/{}/{}/{n}", run.trim(), restart.trim());
     let deadline = Instant::now() + env::default_timeout();
     let mut store = Store::connect(host, port, deadline)?;
-    let id = if place.rank == 0 {
+    let (id, point) = if place.rank == 0 {
         // Serve where the other hosts reach this one: the route to the store's host.
         let (ip, _) = super::addr::choose(store.local_ip(), true)?;
-        let id = UniqueId::serve(ServerOptions { ip: Some(ip), ..ServerOptions::default() })?.0;
+        let (id, point) = UniqueId::serve(ServerOptions { ip: Some(ip), ..ServerOptions::default() })?;
         store.set(&key, &id.0)?;
-        id
+        (id, Some(point))
     } else {
         let v = store.get(&key).map_err(|e| {
             e.context(format!(
@@ -238,9 +237,9 @@ fn through_torch_store(place: &Place, host: &str, port: &str) -> Result<(UniqueI
         })?;
         let id = UniqueId(b);
         id.addr()?;
-        id
+        (id, None)
     };
-    Ok((id, format!("a unique id passed through torchrun's store at {host}:{port} under {key}")))
+    Ok((id, format!("a unique id passed through torchrun's store at {host}:{port} under {key}"), point))
 }
 
 /// Says how to give the rendezvous address with this launcher.
@@ -254,11 +253,17 @@ fn how_to_give_addr(l: Launcher) -> &'static str {
     }
 }
 
+/// How long a failed rank 0 waits for the point it serves to tell the others.
+const POINT_FLUSH: Duration = Duration::from_secs(3);
+
+/// A job's unique id, how it was found, and the rendezvous point when this process serves it.
+type Found = (UniqueId, String, Option<Server>);
+
 /// The unique id of this process's job and how it was found.
-fn rendezvous(place: &Place) -> Result<(UniqueId, String)> {
+fn rendezvous(place: &Place) -> Result<Found> {
     if let Some(hex) = env::UNIQUE_ID.get() {
         let id = UniqueId::from_hex(&hex).map_err(|e| e.context(env::UNIQUE_ID.name))?;
-        return Ok((id, "FERROCCL_UNIQUE_ID".into()));
+        return Ok((id, "FERROCCL_UNIQUE_ID".into(), None));
     }
     if let Some(addr) = env::ROOT_ADDR.get() {
         return at_addr(addr.trim(), place);
@@ -266,7 +271,7 @@ fn rendezvous(place: &Place) -> Result<(UniqueId, String)> {
     if place.size == 1 {
         // A job of one rank meets no one: a private point on loopback.
         let opts = ServerOptions { loopback: true, nranks: Some(1), ..ServerOptions::default() };
-        return Ok((UniqueId::serve(opts)?.0, "none (a job of one rank)".into()));
+        return Ok((UniqueId::serve(opts)?.0, "none (a job of one rank)".into(), None));
     }
     let master = (env::TORCH_MASTER_ADDR.get(), env::TORCH_MASTER_PORT.get());
     let agent_store = place.launcher == Launcher::Torchrun
@@ -309,9 +314,15 @@ pub fn init() -> Result<Comm> {
         place.vars
     ));
     let who = format!("rank {} of {} from {} ({})", place.rank, place.size, place.launcher.describe(), place.vars);
-    let (id, via) = rendezvous(&place).map_err(|e| e.context(&who))?;
+    let (id, via, point) = rendezvous(&place).map_err(|e| e.context(&who))?;
     crate::log::info(format_args!("fcclCommInitFromEnv: rank {}'s rendezvous: {via}", place.rank));
-    Comm::init_rank(place.size, &id, place.rank, Options::default()).map_err(|e| e.context(format!("{who}, {via}")))
+    let made = Comm::init_rank(place.size, &id, place.rank, Options::default());
+    if let (Err(_), Some(point)) = (&made, point) {
+        // The other ranks learn why from the point, which lives in this process: the
+        // caller may exit as soon as we return.
+        point.wait_flushed(POINT_FLUSH);
+    }
+    made.map_err(|e| e.context(format!("{who}, {via}")))
 }
 
 #[cfg(test)]

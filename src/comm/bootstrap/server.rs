@@ -80,6 +80,8 @@ struct Shared {
     events: Mutex<Vec<Event>>,
     wake: OwnedFd,
     stopped: AtomicBool,
+    /// A set-up is in progress or a reply is still to be written (see [`Server::wait_flushed`]).
+    busy: AtomicBool,
 }
 
 impl Shared {
@@ -148,6 +150,20 @@ impl Server {
     /// once instead of at its timeout.
     pub fn process_ended(&self, rank: usize, world: usize, pid: u32, how: &str) {
         self.shared.send(Event::Ended { rank, world, pid, how: how.to_string() });
+    }
+
+    /// Waits, at most `most`, until no set-up is in progress and every reply is written:
+    /// a process that serves the point and whose own rank failed calls this before it
+    /// returns, so that its exit does not cut off the other ranks' failure notices.
+    pub fn wait_flushed(&self, most: Duration) -> bool {
+        let until = Instant::now() + most;
+        while self.shared.busy.load(Ordering::Acquire) {
+            if Instant::now() >= until {
+                return false;
+            }
+            std::thread::sleep(Duration::from_millis(2));
+        }
+        true
     }
 
     /// Stops the point: its thread closes every connection and the port.
@@ -323,7 +339,12 @@ impl Loop {
         }
         // SAFETY: fd is a fresh descriptor that nothing else owns.
         let wake = unsafe { OwnedFd::from_raw_fd(fd) };
-        let shared = Arc::new(Shared { events: Mutex::new(Vec::new()), wake, stopped: AtomicBool::new(false) });
+        let shared = Arc::new(Shared {
+            events: Mutex::new(Vec::new()),
+            wake,
+            stopped: AtomicBool::new(false),
+            busy: AtomicBool::new(true),
+        });
         let max_pending = if opts.max_pending > 0 { opts.max_pending } else { (fd_soft_limit() / 4).clamp(16, 1024) };
         Ok(Loop {
             local: listener.local_addr()?,
@@ -353,7 +374,11 @@ impl Loop {
     fn run(mut self) {
         let mut fds: Vec<libc::pollfd> = Vec::new();
         let mut slots: Vec<(usize, u64)> = Vec::new();
-        while self.step(&mut fds, &mut slots, None) {}
+        while self.step(&mut fds, &mut slots, None) {
+            let busy = self.session.is_some() || self.conns.iter().flatten().any(|c| !c.wq.is_empty());
+            self.shared.busy.store(busy, Ordering::Release);
+        }
+        self.shared.busy.store(false, Ordering::Release);
     }
 
     /// One wait in poll and what it found (`fds` and `slots` are scratch), sleeping
