@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Every check that needs a real GPU, in one command, and a record of what it saw:
 #
-#   scripts/gpu-validate.sh [--out FILE] [--bin DIR] [--quick] [PHASE...]
+#   scripts/gpu-validate.sh [--out FILE] [--bin DIR] [--quick] [--test-timeout S] [PHASE...]
 #
 # PHASE: suite (the whole C contract suite on the real driver: host tests, then the
 # same as programs that use CUDA, then the device tests), bench (ferroccl-bench
@@ -33,6 +33,7 @@ cd "$root"
 out_md="$root/docs/gpu-validation.md"
 bin=""
 quick=0
+test_timeout=300
 out_set=0
 phases=()
 while [ $# -gt 0 ]; do
@@ -40,6 +41,7 @@ while [ $# -gt 0 ]; do
     --out) out_md="$(realpath -m "$2")"; out_set=1; shift 2 ;;
     --bin) bin="$2"; shift 2 ;;
     --quick) quick=1; shift ;;
+    --test-timeout) test_timeout="$2"; shift 2 ;;
     suite|bench|compare|pingpong|startup|nccl|report) phases+=("$1"); shift ;;
     -h|--help) sed -n '2,29p' "$0"; exit 0 ;;
     *) echo "gpu-validate: unknown argument $1 (see --help)" >&2; exit 2 ;;
@@ -84,7 +86,7 @@ facts() {
   {
     echo "date: $(date -u '+%Y-%m-%d %H:%M UTC')"
     echo "host: $(hostname)"
-    echo "commit: $(git rev-parse --short HEAD 2>/dev/null || echo unknown)$(git diff --quiet 2>/dev/null || echo ' (with uncommitted changes)')"
+    echo "commit: $(git rev-parse --short HEAD 2>/dev/null || echo "${FERROCCL_COMMIT:-unknown}")$(git diff --quiet 2>/dev/null || echo ' (with uncommitted changes)')"
     if command -v nvidia-smi >/dev/null; then
       nvidia-smi --query-gpu=index,name,memory.total,driver_version,pci.bus_id --format=csv,noheader | sed 's/^/gpu: /'
       echo "mps: $(pgrep -f nvidia-cuda-mps-control >/dev/null && echo running || echo 'not running')"
@@ -121,13 +123,13 @@ run_suite() {
   log "C contract suite, every test (host memory, then device memory) on this machine's driver"
   "$cmake_bin" -S c_tests -B build/gpu-suite "${cfg[@]}" >/dev/null
   "$cmake_bin" --build build/gpu-suite -j "$jobs" >/dev/null
-  cmdlog "ctest --test-dir build/gpu-suite -j $jobs --timeout 300"
-  "$ctest_bin" --test-dir build/gpu-suite -j "$jobs" --timeout 300 --output-on-failure >"$res/suite.txt" 2>&1 || true
+  cmdlog "ctest --test-dir build/gpu-suite -j $jobs --timeout $test_timeout"
+  "$ctest_bin" --test-dir build/gpu-suite -j "$jobs" --timeout "$test_timeout" --output-on-failure >"$res/suite.txt" 2>&1 || true
   log "C contract suite as programs that use CUDA (host memory; device 0 current before main)"
   "$cmake_bin" -S c_tests -B build/gpu-suite-cuda-user "${cfg[@]}" -DFERROCCL_TEST_CUDA_USER=ON >/dev/null
   "$cmake_bin" --build build/gpu-suite-cuda-user -j "$jobs" >/dev/null
-  cmdlog "ctest --test-dir build/gpu-suite-cuda-user -LE 'device|cuda' -j $jobs  (cmake -DFERROCCL_TEST_CUDA_USER=ON)"
-  "$ctest_bin" --test-dir build/gpu-suite-cuda-user -LE 'device|cuda' -j "$jobs" --timeout 300 --output-on-failure \
+  cmdlog "ctest --test-dir build/gpu-suite-cuda-user -LE 'device|cuda' -j $jobs --timeout $test_timeout  (cmake -DFERROCCL_TEST_CUDA_USER=ON)"
+  "$ctest_bin" --test-dir build/gpu-suite-cuda-user -LE 'device|cuda' -j "$jobs" --timeout "$test_timeout" --output-on-failure \
     >"$res/suite-cuda-user.txt" 2>&1 || true
   tail -n 3 "$res/suite.txt" "$res/suite-cuda-user.txt" >&2
 }
