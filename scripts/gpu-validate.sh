@@ -86,7 +86,11 @@ facts() {
   {
     echo "date: $(date -u '+%Y-%m-%d %H:%M UTC')"
     echo "host: $(hostname)"
-    echo "commit: $(git rev-parse --short HEAD 2>/dev/null || echo "${FERROCCL_COMMIT:-unknown}")$(git diff --quiet 2>/dev/null || echo ' (with uncommitted changes)')"
+    if git rev-parse -q HEAD >/dev/null 2>&1; then
+      echo "commit: $(git rev-parse --short HEAD)$(git diff --quiet HEAD -- 2>/dev/null || echo ' (with uncommitted changes)')"
+    else
+      echo "commit: ${FERROCCL_COMMIT:-unknown} (a copy without .git; FERROCCL_COMMIT)"
+    fi
     if command -v nvidia-smi >/dev/null; then
       nvidia-smi --query-gpu=index,name,memory.total,driver_version,pci.bus_id --format=csv,noheader | sed 's/^/gpu: /'
       echo "mps: $(pgrep -f nvidia-cuda-mps-control >/dev/null && echo running || echo 'not running')"
