@@ -4,7 +4,8 @@
 #   scripts/gpu-validate.sh [--out FILE] [--bin DIR] [--quick] [--test-timeout S] [PHASE...]
 #
 # PHASE: suite (the whole C contract suite on the real driver: host tests, then the
-# same as programs that use CUDA, then the device tests), bench (ferroccl-bench
+# same as programs that use CUDA, then the device tests), suite-device (the device tests
+# alone, to rerun them after a fix within a short lease), bench (ferroccl-bench
 # --mem cuda at 1, 2 and 4 ranks, every collective), compare (bench/device_compare.sh:
 # ferroccl at 2 and 4 ranks sharing device 0, side by side with the device's own copy
 # and torch.distributed's Gloo on the same CUDA tensors, and the ping-pong below,
@@ -42,7 +43,7 @@ while [ $# -gt 0 ]; do
     --bin) bin="$2"; shift 2 ;;
     --quick) quick=1; shift ;;
     --test-timeout) test_timeout="$2"; shift 2 ;;
-    suite|bench|compare|pingpong|startup|nccl|report) phases+=("$1"); shift ;;
+    suite|suite-device|bench|compare|pingpong|startup|nccl|report) phases+=("$1"); shift ;;
     -h|--help) sed -n '2,29p' "$0"; exit 0 ;;
     *) echo "gpu-validate: unknown argument $1 (see --help)" >&2; exit 2 ;;
   esac
@@ -59,6 +60,12 @@ lib="$root/target/release"
 log() { printf '\n==> %s\n' "$*" >&2; }
 # Each phase records its commands in its own file, rewritten when it runs again.
 cmdlog() { printf '%s\n' "$*" >>"$res/commands-$phase.txt"; }
+commit_of() {
+  if [ -n "${FERROCCL_COMMIT:-}" ]; then echo "$FERROCCL_COMMIT"
+  elif git rev-parse -q HEAD >/dev/null 2>&1; then
+    echo "$(git rev-parse --short HEAD)$(git diff --quiet HEAD -- 2>/dev/null || echo ' (with uncommitted changes)')"
+  else echo unknown; fi
+}
 
 if [ -n "${FERROCCL_SIMGPU:-}" ]; then
   echo "gpu-validate: running on the simulated GPU (scripts/sim-gpu.sh); the record says so" >&2
@@ -68,6 +75,8 @@ fi
 if [ -n "$bin" ]; then
   mkdir -p "$lib"
   for f in libferroccl.so ferroccl-run ferroccl-bench; do cp -f "$bin/$f" "$lib/$f"; done
+  # Programs linked with -lferroccl ask for the SONAME, as cargo's build leaves it.
+  ln -sf libferroccl.so "$lib/libferroccl.so.0"
   if [ -f "$bin/libferroccl_nccl.so" ]; then cp -f "$bin/libferroccl_nccl.so" "$lib/"; fi
 elif command -v cargo >/dev/null; then
   cargo build --release --quiet
@@ -86,11 +95,7 @@ facts() {
   {
     echo "date: $(date -u '+%Y-%m-%d %H:%M UTC')"
     echo "host: $(hostname)"
-    if git rev-parse -q HEAD >/dev/null 2>&1; then
-      echo "commit: $(git rev-parse --short HEAD)$(git diff --quiet HEAD -- 2>/dev/null || echo ' (with uncommitted changes)')"
-    else
-      echo "commit: ${FERROCCL_COMMIT:-unknown} (a copy without .git; FERROCCL_COMMIT)"
-    fi
+    echo "commit: $(commit_of) (this run; each phase's commands name their own)"
     if command -v nvidia-smi >/dev/null; then
       nvidia-smi --query-gpu=index,name,memory.total,driver_version,pci.bus_id --format=csv,noheader | sed 's/^/gpu: /'
       echo "mps: $(pgrep -f nvidia-cuda-mps-control >/dev/null && echo running || echo 'not running')"
@@ -136,6 +141,18 @@ run_suite() {
   "$ctest_bin" --test-dir build/gpu-suite-cuda-user -LE 'device|cuda' -j "$jobs" --timeout "$test_timeout" --output-on-failure \
     >"$res/suite-cuda-user.txt" 2>&1 || true
   tail -n 3 "$res/suite.txt" "$res/suite-cuda-user.txt" >&2
+}
+
+run_suite_device() {
+  local cfg=(-DCMAKE_BUILD_TYPE=Release -DFERROCCL_LIB_DIR="$lib" -DFERROCCL_INCLUDE_DIR="$root/include"
+             -DFERROCCL_RUN="$lib/ferroccl-run")
+  log "C contract suite, the device tests alone"
+  "$cmake_bin" -S c_tests -B build/gpu-suite "${cfg[@]}" >/dev/null
+  "$cmake_bin" --build build/gpu-suite -j "$jobs" >/dev/null
+  cmdlog "ctest --test-dir build/gpu-suite -L device -j $jobs --timeout $test_timeout"
+  "$ctest_bin" --test-dir build/gpu-suite -L device -j "$jobs" --timeout "$test_timeout" --output-on-failure \
+    >"$res/suite-device.txt" 2>&1 || true
+  tail -n 3 "$res/suite-device.txt" >&2
 }
 
 run_bench() {
@@ -229,28 +246,36 @@ run_nccl() {
     echo "skipped: $shim missing (cargo build --release, or --bin with it)" >"$res/nccl-tests.txt"
     return
   fi
-  if [ -z "${NCCL_TESTS_DIR:-}" ]; then
+  : >"$res/nccl-tests.txt"
+  if [ -z "${NCCL_TESTS_DIR:-}${NCCL_TESTS_FERROCCL_DIR:-}" ]; then
     echo "skipped: NCCL_TESTS_DIR (a built nccl-tests' build/ folder) is not set" >"$res/nccl-tests.txt"
-  else
-    : >"$res/nccl-tests.txt"
+  fi
+  # NCCL_TESTS_DIR: built against NVIDIA's nccl.h, run with ferroccl's library preloaded;
+  # NCCL_TESTS_FERROCCL_DIR: built against ferroccl's nccl.h and linked to its libnccl.so.
+  local how dir
+  for how in nvidia ferroccl; do
+    dir="${NCCL_TESTS_DIR:-}"
+    [ "$how" = ferroccl ] && dir="${NCCL_TESTS_FERROCCL_DIR:-}"
+    [ -n "$dir" ] || continue
     for t in all_reduce broadcast reduce all_gather reduce_scatter alltoall sendrecv; do
-      local exe="$NCCL_TESTS_DIR/${t}_perf"
-      [ -x "$exe" ] || { echo "$t: $exe missing" >>"$res/nccl-tests.txt"; continue; }
-      log "nccl-tests ${t}_perf -g $ngpu on ferroccl's libnccl.so.2"
+      local exe="$dir/${t}_perf"
+      [ -x "$exe" ] || { echo "## $t (built against $how's nccl.h): $exe missing" >>"$res/nccl-tests.txt"; continue; }
+      log "nccl-tests ${t}_perf -g $ngpu (built against $how's nccl.h) on ferroccl's libnccl.so.2"
       cmdlog "LD_PRELOAD=target/release/libferroccl_nccl.so $exe -b 8 -e 64M -f 4 -g $ngpu -c 1"
       {
-        echo "## $t"
+        echo "## $t (built against $how's nccl.h)"
         LD_PRELOAD="$shim" FERROCCL_DEBUG=INFO timeout 600 "$exe" -b 8 -e 64M -f 4 -g "$ngpu" -c 1 2>&1 || echo "exit $?"
       } >>"$res/nccl-tests.txt"
     done
-  fi
+  done
   if ! python3 -c 'import torch, torch.distributed' 2>/dev/null; then
     echo "skipped: python3 cannot import torch" >"$res/nccl-torch.txt"
     return
   fi
   log "PyTorch backend=nccl, $ngpu rank(s), on ferroccl's libnccl.so.2"
   cmdlog "LD_PRELOAD=target/release/libferroccl_nccl.so python3 <all_reduce with backend nccl, $ngpu ranks>"
-  LD_PRELOAD="$shim" timeout 600 python3 - "$ngpu" >"$res/nccl-torch.txt" 2>&1 <<'EOF' || echo "exit $?" >>"$res/nccl-torch.txt"
+  # mp.spawn starts each rank by importing the main script again: it must be a file.
+  cat >"$res/nccl_torch.py" <<'EOF'
 import os, sys
 import torch, torch.distributed as dist, torch.multiprocessing as mp
 def rank_main(rank, n):
@@ -264,9 +289,12 @@ def rank_main(rank, n):
     dist.destroy_process_group()
     if not ok:
         sys.exit(1)
-n = int(sys.argv[1])
-mp.spawn(rank_main, args=(n,), nprocs=n)
+if __name__ == "__main__":
+    n = int(sys.argv[1])
+    mp.spawn(rank_main, args=(n,), nprocs=n)
 EOF
+  LD_PRELOAD="$shim" timeout 600 python3 "$res/nccl_torch.py" "$ngpu" >"$res/nccl-torch.txt" 2>&1 ||
+    echo "exit $?" >>"$res/nccl-torch.txt"
 }
 
 report() {
@@ -296,13 +324,18 @@ def ctest_summary(txt):
     skipped = len(re.findall(r"\(Skipped\)|\*\*\*Skipped", txt or ""))
     failed = re.findall(r"^\s*\d+ - (\S+) \((Failed|Timeout|SEGFAULT|Subprocess aborted|Child aborted)\)", txt or "", re.M)
     return m, skipped, failed
-if suite is not None or read("suite-cuda-user.txt") is not None:
+if any(read(f) is not None for f in ("suite.txt", "suite-cuda-user.txt", "suite-device.txt")):
     lines.append("## C contract suite on this driver")
     for name, title in (("suite.txt", "every test (host memory, then device memory)"),
-                        ("suite-cuda-user.txt", "host tests as programs that use CUDA")):
+                        ("suite-cuda-user.txt", "host tests as programs that use CUDA"),
+                        ("suite-device.txt", "the device tests alone")):
         txt = read(name)
         if txt is None:
             continue
+        ph = "suite-device" if name == "suite-device.txt" else "suite"
+        at = next((l[2:] for l in (read(f"commands-{ph}.txt") or "").splitlines() if l.startswith("# ")), "")
+        if at:
+            title += f" ({at})"
         m, skipped, failed = ctest_summary(txt)
         if m:
             total, nfail = int(m.group(2)), int(m.group(1) or 0)
@@ -413,7 +446,7 @@ if nt is not None or tt is not None:
 lines.append("## Commands")
 lines.append("")
 lines.append("```")
-for ph in ("suite", "bench", "compare", "pingpong", "startup", "nccl"):
+for ph in ("suite", "suite-device", "bench", "compare", "pingpong", "startup", "nccl"):
     lines += [l for l in (read(f"commands-{ph}.txt") or "").splitlines() if l.strip()]
 lines.append("```")
 open(out, "w").write("\n".join(lines) + "\n")
@@ -424,8 +457,10 @@ EOF
 facts
 for phase in "${phases[@]}"; do
   rm -f "$res/commands-$phase.txt"
+  [ "$phase" = report ] || cmdlog "# $phase at commit $(commit_of), $(date -u '+%Y-%m-%d %H:%M UTC')"
   case "$phase" in
     suite) run_suite ;;
+    suite-device) run_suite_device ;;
     bench) run_bench ;;
     compare) run_compare ;;
     pingpong) run_pingpong ;;

@@ -137,26 +137,7 @@ pub fn compile_for(src: &str, name: &str, arch: &str) -> Result<Compiled> {
 
 /// PTX of the program of `r`'s group (`Reduction::group`) for the device `device`.
 fn compile(r: &Reduction, device: i32) -> Result<Vec<u8>> {
-    let (mut major, mut minor) = (0, 0);
-    // SAFETY: valid out-pointers; the driver is loaded.
-    unsafe {
-        cu_check(
-            cu::cuDeviceGetAttribute(
-                &mut major,
-                cu::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR,
-                device,
-            ),
-            "cuDeviceGetAttribute",
-        )?;
-        cu_check(
-            cu::cuDeviceGetAttribute(
-                &mut minor,
-                cu::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR,
-                device,
-            ),
-            "cuDeviceGetAttribute",
-        )?;
-    }
+    let (major, minor) = cuda::compute_capability(device)?;
     if !r.supported() {
         return Err(Error::internal(format!("no device kernel for {r:?}")));
     }

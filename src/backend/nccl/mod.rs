@@ -7,6 +7,7 @@ pub mod lib;
 use crate::coll::{Coll, CollKind};
 use crate::error::{Error, Result};
 use crate::mem::cuda;
+use crate::types::{DataType, RedOp};
 use lib::{check, Api, NcclComm, NcclUniqueId};
 use std::ffi::c_void;
 use std::os::raw::c_int;
@@ -19,6 +20,8 @@ pub struct Nccl {
     ctx: cuda::Ctx,
     /// Set by ncclCommAbort, which frees the communicator: no destroy after it.
     aborted: std::sync::atomic::AtomicBool,
+    /// NCCL reduces fp8 only on sm90 and later ("FP8 reduction support begins with sm90").
+    fp8_reduce: bool,
 }
 
 // SAFETY: an ncclComm_t may be used from any thread as long as calls on it do not
@@ -50,7 +53,7 @@ impl Nccl {
             unsafe { (api.comm_init_rank)(&mut comm, nranks as c_int, uid, rank as c_int) },
             "ncclCommInitRank",
         )?;
-        Ok(Nccl { api, comm, ctx, aborted: Default::default() })
+        Ok(Nccl { api, comm, ctx, aborted: Default::default(), fp8_reduce: fp8_reduce(device) })
     }
 
     /// One communicator per device of `devs` in this process (ncclCommInitAll).
@@ -65,7 +68,10 @@ impl Nccl {
         )?;
         devs.iter()
             .zip(comms)
-            .map(|(&d, comm)| Ok(Nccl { api, comm, ctx: cuda::primary_context(d)?, aborted: Default::default() }))
+            .map(|(&d, comm)| {
+                let ctx = cuda::primary_context(d)?;
+                Ok(Nccl { api, comm, ctx, aborted: Default::default(), fp8_reduce: fp8_reduce(d) })
+            })
             .collect()
     }
 
@@ -73,6 +79,7 @@ impl Nccl {
     pub fn supports(&self, c: &Coll) -> bool {
         c.strided.is_none()
             && c.wire.is_none()
+            && (!is_fp8(c.dtype) || !reduces(c.kind) || (self.fp8_reduce && c.op != RedOp::Avg))
             && matches!(
                 c.kind,
                 CollKind::AllReduce
@@ -119,7 +126,9 @@ impl Nccl {
     unsafe fn enqueue(&self, c: &Coll, rank: usize, nranks: usize) -> Result<()> {
         let a = self.api;
         let (s, r) = (c.send as *const c_void, c.recv as *mut c_void);
-        let (n, dt, op, root) = (c.count, c.dtype as c_int, c.op as c_int, c.root as c_int);
+        // Moving fp8 is moving bytes: NCCL refuses fp8 before sm90, but never uint8.
+        let wire_type = if is_fp8(c.dtype) && !reduces(c.kind) { DataType::Uint8 } else { c.dtype };
+        let (n, dt, op, root) = (c.count, wire_type as c_int, c.op as c_int, c.root as c_int);
         let st = c.stream.as_ptr();
         let comm = self.comm;
         let es = c.dtype.size();
@@ -191,6 +200,19 @@ impl Nccl {
         };
         check(a, rc, name)
     }
+}
+
+fn is_fp8(t: DataType) -> bool {
+    matches!(t, DataType::Float8e4m3 | DataType::Float8e5m2)
+}
+
+fn reduces(k: CollKind) -> bool {
+    matches!(k, CollKind::AllReduce | CollKind::ReduceScatter | CollKind::Reduce)
+}
+
+/// Whether NCCL reduces fp8 on `device` (sm90 and later); NCCL refuses ncclAvg of fp8 on any device.
+fn fp8_reduce(device: i32) -> bool {
+    cuda::compute_capability(device).is_ok_and(|(major, _)| major >= 9)
 }
 
 impl Drop for Nccl {

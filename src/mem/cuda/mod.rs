@@ -323,6 +323,32 @@ pub fn primary_context(ordinal: i32) -> Result<Ctx> {
     Ok(Ctx::from_raw(ctx))
 }
 
+/// Device `ordinal`'s compute capability (major, minor).
+pub fn compute_capability(ordinal: i32) -> Result<(i32, i32)> {
+    driver()?;
+    let (mut major, mut minor) = (0, 0);
+    // SAFETY: valid out-pointers; the driver is loaded.
+    unsafe {
+        check(
+            cu::cuDeviceGetAttribute(
+                &mut major,
+                cu::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR,
+                ordinal,
+            ),
+            "cuDeviceGetAttribute",
+        )?;
+        check(
+            cu::cuDeviceGetAttribute(
+                &mut minor,
+                cu::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR,
+                ordinal,
+            ),
+            "cuDeviceGetAttribute",
+        )?;
+    }
+    Ok((major, minor))
+}
+
 /// Number of visible devices (0 when CUDA is absent).
 pub fn device_count() -> usize {
     if !active() {
