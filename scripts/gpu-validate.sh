@@ -86,8 +86,8 @@ for f in libferroccl.so ferroccl-run ferroccl-bench; do
 done
 cmake_bin="$(command -v cmake || true)"
 [ -n "$cmake_bin" ] || { [ -x "$root/.venv/bin/cmake" ] && cmake_bin="$root/.venv/bin/cmake"; }
-[ -n "$cmake_bin" ] || { echo "gpu-validate: cmake is needed" >&2; exit 1; }
-ctest_bin="$(dirname "$cmake_bin")/ctest"
+need_cmake() { [ -n "$cmake_bin" ] || { echo "gpu-validate: the suite needs cmake" >&2; exit 1; }; }
+ctest_bin="$(dirname "${cmake_bin:-.}")/ctest"
 jobs="$(nproc)"
 
 # ---------------------------------------------------------------- facts of the machine
@@ -459,8 +459,8 @@ for phase in "${phases[@]}"; do
   rm -f "$res/commands-$phase.txt"
   [ "$phase" = report ] || cmdlog "# $phase at commit $(commit_of), $(date -u '+%Y-%m-%d %H:%M UTC')"
   case "$phase" in
-    suite) run_suite ;;
-    suite-device) run_suite_device ;;
+    suite) need_cmake; run_suite ;;
+    suite-device) need_cmake; run_suite_device ;;
     bench) run_bench ;;
     compare) run_compare ;;
     pingpong) run_pingpong ;;
