@@ -19,7 +19,9 @@
 # report (writes the record). Default: all of them but pingpong. Each phase leaves its
 # raw output in build/gpu-validation/; `report` turns whatever is there into FILE
 # (default docs/gpu-validation.md) with the date, GPU, driver, CUDA and NCCL versions,
-# the commands, pass counts and figures. Nothing is written that was not measured.
+# the commands, pass counts and figures (`report` alone keeps the facts already in
+# build/gpu-validation/, so a record can be written here from a GPU machine's raw
+# outputs). Nothing is written that was not measured.
 # On the simulated GPU (scripts/sim-gpu.sh) the raw outputs go to
 # /tmp/ferroccl-gpu-validation-sim and the record, marked SIMULATED, to
 # /tmp/gpu-validation-simulated.md unless --out says otherwise.
@@ -44,7 +46,7 @@ while [ $# -gt 0 ]; do
     --quick) quick=1; shift ;;
     --test-timeout) test_timeout="$2"; shift 2 ;;
     suite|suite-device|bench|compare|pingpong|startup|nccl|report) phases+=("$1"); shift ;;
-    -h|--help) sed -n '2,29p' "$0"; exit 0 ;;
+    -h|--help) sed -n '2,32p' "$0"; exit 0 ;;
     *) echo "gpu-validate: unknown argument $1 (see --help)" >&2; exit 2 ;;
   esac
 done
@@ -454,7 +456,9 @@ print(f"wrote {out}")
 EOF
 }
 
-facts
+# `report` alone writes the record of raw outputs brought from the GPU machine: the
+# facts are that machine's, not this one's.
+if [ "${phases[*]}" != report ] || [ ! -f "$res/facts.txt" ]; then facts; fi
 for phase in "${phases[@]}"; do
   rm -f "$res/commands-$phase.txt"
   [ "$phase" = report ] || cmdlog "# $phase at commit $(commit_of), $(date -u '+%Y-%m-%d %H:%M UTC')"
