@@ -79,7 +79,7 @@ impl Nccl {
     pub fn supports(&self, c: &Coll) -> bool {
         c.strided.is_none()
             && c.wire.is_none()
-            && (!is_fp8(c.dtype) || !reduces(c.kind) || (self.fp8_reduce && c.op != RedOp::Avg))
+            && type_op_ok(c.kind, c.dtype, c.op, self.fp8_reduce)
             && matches!(
                 c.kind,
                 CollKind::AllReduce
@@ -127,7 +127,7 @@ impl Nccl {
         let a = self.api;
         let (s, r) = (c.send as *const c_void, c.recv as *mut c_void);
         // Moving fp8 is moving bytes: NCCL refuses fp8 before sm90, but never uint8.
-        let wire_type = if is_fp8(c.dtype) && !reduces(c.kind) { DataType::Uint8 } else { c.dtype };
+        let wire_type = nccl_type(c.kind, c.dtype);
         let (n, dt, op, root) = (c.count, wire_type as c_int, c.op as c_int, c.root as c_int);
         let st = c.stream.as_ptr();
         let comm = self.comm;
@@ -210,6 +210,21 @@ fn reduces(k: CollKind) -> bool {
     matches!(k, CollKind::AllReduce | CollKind::ReduceScatter | CollKind::Reduce)
 }
 
+/// Whether NCCL takes `dtype` with `op` for `kind`: it reduces fp8 only where
+/// `fp8_reduce` (sm90 and later) and never averages it.
+fn type_op_ok(kind: CollKind, dtype: DataType, op: RedOp, fp8_reduce: bool) -> bool {
+    !is_fp8(dtype) || !reduces(kind) || (fp8_reduce && op != RedOp::Avg)
+}
+
+/// The type NCCL is given: fp8 that is only moved travels as uint8 (same bytes).
+fn nccl_type(kind: CollKind, dtype: DataType) -> DataType {
+    if is_fp8(dtype) && !reduces(kind) {
+        DataType::Uint8
+    } else {
+        dtype
+    }
+}
+
 /// Whether NCCL reduces fp8 on `device` (sm90 and later); NCCL refuses ncclAvg of fp8 on any device.
 fn fp8_reduce(device: i32) -> bool {
     cuda::compute_capability(device).is_ok_and(|(major, _)| major >= 9)
@@ -263,5 +278,31 @@ impl super::Backend for NcclBackend {
 
     fn abort(&self) {
         self.nccl.abort();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn fp8_reductions_reach_nccl_only_where_it_takes_them() {
+        for t in [DataType::Float8e4m3, DataType::Float8e5m2] {
+            for k in [CollKind::AllReduce, CollKind::ReduceScatter, CollKind::Reduce] {
+                assert!(type_op_ok(k, t, RedOp::Sum, true));
+                assert!(type_op_ok(k, t, RedOp::Max, true));
+                assert!(!type_op_ok(k, t, RedOp::Avg, true), "{k:?} {t:?} avg");
+                assert!(!type_op_ok(k, t, RedOp::Sum, false), "{k:?} {t:?} before sm90");
+                assert_eq!(nccl_type(k, t), t);
+            }
+            for k in [CollKind::AllGather, CollKind::Broadcast, CollKind::AlltoAll, CollKind::Send] {
+                assert!(type_op_ok(k, t, RedOp::Avg, false));
+                assert_eq!(nccl_type(k, t), DataType::Uint8);
+            }
+        }
+        for t in [DataType::Float32, DataType::Bfloat16, DataType::Int8] {
+            assert!(type_op_ok(CollKind::AllReduce, t, RedOp::Avg, false));
+            assert_eq!(nccl_type(CollKind::AllGather, t), t);
+        }
     }
 }
