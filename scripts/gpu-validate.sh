@@ -184,9 +184,10 @@ run_pingpong() {
 
 # ferroccl at 2 and 4 ranks on device 0 against the device's own copy, Gloo on the same
 # CUDA tensors and the ping-pong, with issue 30's targets marked met or missed.
+# GPU_VALIDATE_MAX_TIME: seconds per size and side (default 0.25).
 run_compare() {
-  local span=()
-  [ "$quick" = 1 ] && span=(-e 1M)
+  local span=(--max-time "${GPU_VALIDATE_MAX_TIME:-0.25}")
+  [ "$quick" = 1 ] && span+=(-e 1M)
   log "side by side: ferroccl, the device's copy, Gloo on CUDA tensors, the ping-pong (bench/device_compare.sh)"
   cmdlog "bench/device_compare.sh --out ${res#$root/}/compare ${span[*]}"
   rm -rf "$res/compare"
