@@ -57,6 +57,8 @@ else
   echo "gpu-pack: NVIDIA's headers could not be had; nccl-tests will build against ferroccl's only" >&2
 fi
 if [ -n "$nt_src" ]; then
+  case "$nt_src/" in "$pack"/*) echo "gpu-pack: --nccl-tests must lie outside $pack" >&2; exit 2 ;; esac
+  [ -f "$nt_src/src/common.cu" ] || { echo "gpu-pack: $nt_src is not an nccl-tests tree (no src/common.cu)" >&2; exit 2; }
   rm -rf "$pack/nccl-tests"
   mkdir -p "$pack/nccl-tests"
   (cd "$nt_src" && tar -c --exclude=.git --exclude=build .) | tar -x -C "$pack/nccl-tests"
