@@ -128,33 +128,31 @@ EOF
 }
 
 # ---------------------------------------------------------------- phases
-run_suite() {
+# ctest_in DIR OUT [CMAKE_OPTION...] -- [CTEST_ARGS...]: configure and build the C suite
+# in DIR against this library, then run ctest there into OUT (the raw file).
+ctest_in() {
+  local dir="$1" outf="$2"; shift 2
   local cfg=(-DCMAKE_BUILD_TYPE=Release -DFERROCCL_LIB_DIR="$lib" -DFERROCCL_INCLUDE_DIR="$root/include"
              -DFERROCCL_RUN="$lib/ferroccl-run")
+  while [ $# -gt 0 ] && [ "$1" != -- ]; do cfg+=("$1"); shift; done
+  shift
+  "$cmake_bin" -S c_tests -B "$dir" "${cfg[@]}" >/dev/null
+  "$cmake_bin" --build "$dir" -j "$jobs" >/dev/null
+  cmdlog "ctest --test-dir $dir $(printf '%q ' "$@")-j $jobs --timeout $test_timeout${cfg[4]:+  (cmake ${cfg[*]:4})}"
+  "$ctest_bin" --test-dir "$dir" "$@" -j "$jobs" --timeout "$test_timeout" --output-on-failure >"$res/$outf" 2>&1 || true
+  tail -n 3 "$res/$outf" >&2
+}
+
+run_suite() {
   log "C contract suite, every test (host memory, then device memory) on this machine's driver"
-  "$cmake_bin" -S c_tests -B build/gpu-suite "${cfg[@]}" >/dev/null
-  "$cmake_bin" --build build/gpu-suite -j "$jobs" >/dev/null
-  cmdlog "ctest --test-dir build/gpu-suite -j $jobs --timeout $test_timeout"
-  "$ctest_bin" --test-dir build/gpu-suite -j "$jobs" --timeout "$test_timeout" --output-on-failure >"$res/suite.txt" 2>&1 || true
+  ctest_in build/gpu-suite suite.txt --
   log "C contract suite as programs that use CUDA (host memory; device 0 current before main)"
-  "$cmake_bin" -S c_tests -B build/gpu-suite-cuda-user "${cfg[@]}" -DFERROCCL_TEST_CUDA_USER=ON >/dev/null
-  "$cmake_bin" --build build/gpu-suite-cuda-user -j "$jobs" >/dev/null
-  cmdlog "ctest --test-dir build/gpu-suite-cuda-user -LE 'device|cuda' -j $jobs --timeout $test_timeout  (cmake -DFERROCCL_TEST_CUDA_USER=ON)"
-  "$ctest_bin" --test-dir build/gpu-suite-cuda-user -LE 'device|cuda' -j "$jobs" --timeout "$test_timeout" --output-on-failure \
-    >"$res/suite-cuda-user.txt" 2>&1 || true
-  tail -n 3 "$res/suite.txt" "$res/suite-cuda-user.txt" >&2
+  ctest_in build/gpu-suite-cuda-user suite-cuda-user.txt -DFERROCCL_TEST_CUDA_USER=ON -- -LE 'device|cuda'
 }
 
 run_suite_device() {
-  local cfg=(-DCMAKE_BUILD_TYPE=Release -DFERROCCL_LIB_DIR="$lib" -DFERROCCL_INCLUDE_DIR="$root/include"
-             -DFERROCCL_RUN="$lib/ferroccl-run")
   log "C contract suite, the device tests alone"
-  "$cmake_bin" -S c_tests -B build/gpu-suite "${cfg[@]}" >/dev/null
-  "$cmake_bin" --build build/gpu-suite -j "$jobs" >/dev/null
-  cmdlog "ctest --test-dir build/gpu-suite -L device -j $jobs --timeout $test_timeout"
-  "$ctest_bin" --test-dir build/gpu-suite -L device -j "$jobs" --timeout "$test_timeout" --output-on-failure \
-    >"$res/suite-device.txt" 2>&1 || true
-  tail -n 3 "$res/suite-device.txt" >&2
+  ctest_in build/gpu-suite suite-device.txt -- -L device
 }
 
 run_bench() {
