@@ -138,7 +138,7 @@ ctest_in() {
   shift
   "$cmake_bin" -S c_tests -B "$dir" "${cfg[@]}" >/dev/null
   "$cmake_bin" --build "$dir" -j "$jobs" >/dev/null
-  cmdlog "ctest --test-dir $dir $(printf '%q ' "$@")-j $jobs --timeout $test_timeout${cfg[4]:+  (cmake ${cfg[*]:4})}"
+  cmdlog "ctest --test-dir $dir $([ $# -eq 0 ] || printf '%q ' "$@")-j $jobs --timeout $test_timeout${cfg[4]:+  (cmake ${cfg[*]:4})}"
   "$ctest_bin" --test-dir "$dir" "$@" -j "$jobs" --timeout "$test_timeout" --output-on-failure >"$res/$outf" 2>&1 || true
   tail -n 3 "$res/$outf" >&2
 }
