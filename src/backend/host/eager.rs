@@ -13,12 +13,12 @@
 //! all messages to a peer that fit are published together, and every message that
 //! has arrived from a peer is released together.
 
-use super::engine::wire::{
+use super::engine::{self, p2p_mismatch, Idle, P2pCall, RunCtl};
+use super::plan;
+use super::wire::{
     gather, header, pad8, parse_header, HDR, K_DATA, K_DIRECT, K_P2P_DATA, K_P2P_DIRECT, K_P2P_EAGER, K_P2P_HDR,
     K_P2P_REPLY, K_SKIP,
 };
-use super::engine::{self, p2p_mismatch, Idle, P2pCall, RunCtl};
-use super::plan;
 use super::Call;
 use crate::coll::CollKind;
 use crate::error::{Error, Result};
@@ -452,8 +452,8 @@ fn take(
 
 #[cfg(test)]
 mod tests {
-    use super::super::engine::wire::{header, parse_header, HDR, K_P2P_EAGER, K_P2P_REPLY, K_SKIP};
     use super::super::engine::{self, RunCtl, Schedule, Sink};
+    use super::super::wire::{header, parse_header, HDR, K_P2P_EAGER, K_P2P_REPLY, K_SKIP};
     use super::super::{execute, Call};
     use crate::coll::{Coll, CollKind};
     use crate::error::{Code, Error};

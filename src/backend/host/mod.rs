@@ -12,6 +12,7 @@ pub mod fingerprint;
 pub mod mapped;
 pub mod plan;
 pub mod reuse;
+pub mod wire;
 
 use super::Exec;
 use crate::coll::{Coll, CollKind};

@@ -2,9 +2,9 @@
 //! the stream: decided alike when a send starts and when a receiver's count arrives.
 //! See docs/design/host.md, "The engine".
 
+use super::super::wire::{encode_desc, DESC};
 use super::inplace::overlaps_p2p;
 use super::schedule::{Action, Schedule};
-use super::wire::{encode_desc, DESC};
 use crate::backend::host::plan::{self, Plan};
 use crate::mem::shared;
 use crate::transport::{Link, Transport};

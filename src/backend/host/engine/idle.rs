@@ -1,9 +1,9 @@
 //! How a run waits when a poll found nothing to do, and what a timed-out run says
 //! it waited for. See docs/design/host.md, "Waiting".
 
+use super::super::wire::HDR;
 use super::schedule::Schedule;
 use super::state::Peer;
-use super::wire::HDR;
 use crate::error::{Error, Result};
 use crate::transport::failure::{cause_of, wait_word};
 use crate::transport::{Seen, Transport};

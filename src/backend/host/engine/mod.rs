@@ -29,14 +29,13 @@ mod schedule;
 mod split;
 mod state;
 mod tx;
-pub mod wire;
 
 #[cfg(test)]
 mod tests;
 
+pub use super::wire::ANY_TAG;
 pub use direct::goes_direct_to_all;
 pub use exchange::Exchange;
 pub use idle::{waiting_message, Idle, RunCtl, Waits};
 pub use run::run;
 pub use schedule::{p2p_mismatch, Action, Block, LocalFn, P2pCall, Schedule, Sink, Step, Via};
-pub use wire::ANY_TAG;

@@ -6,13 +6,13 @@
 //! offer when both ranks exchange in place. See docs/design/host.md, "Send and
 //! receive".
 
+use super::super::wire::{encode_desc, K_P2P_DATA, K_P2P_DIRECT, K_P2P_SWAP};
+#[cfg(doc)]
+use super::super::wire::{K_P2P_EAGER, K_P2P_REPLY};
 use super::direct::{p2p_direct, p2p_eager};
 use super::run::Run;
 use super::schedule::{p2p_mismatch, Action};
 use super::state::{Peer, Tx};
-use super::wire::{encode_desc, K_P2P_DATA, K_P2P_DIRECT, K_P2P_SWAP};
-#[cfg(doc)]
-use super::wire::{K_P2P_EAGER, K_P2P_REPLY};
 use crate::mem::shared;
 
 impl Run<'_, '_> {

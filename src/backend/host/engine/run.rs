@@ -6,12 +6,12 @@
 //! moves at most `Plan::piece` bytes, so every peer and copy progresses together.
 //! See docs/design/host.md, "The engine".
 
+use super::super::wire::K_P2P_REPLY;
 use super::exchange::{swap_capable, Offer};
 use super::idle::{describe_waiting, Idle, RunCtl};
 use super::inplace::InPlace;
 use super::schedule::{Action, Schedule};
 use super::state::{Peer, Tx};
-use super::wire::K_P2P_REPLY;
 use crate::backend::host::plan::{self, Plan};
 use crate::error::{Error, Result};
 use crate::mem::copy;

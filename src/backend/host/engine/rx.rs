@@ -3,6 +3,10 @@
 //! stream, or, for a direct message, out of the sender's buffer, piece by piece.
 //! See docs/design/host.md, "The engine".
 
+use super::super::wire::{
+    decode_desc, gather, pad8, parse_header, ANY_TAG, DESC, FLAG, HDR, K_DATA, K_DIRECT, K_P2P_DATA, K_P2P_DIRECT,
+    K_P2P_EAGER, K_P2P_HDR, K_P2P_REPLY, K_P2P_SWAP, K_SKIP, K_SWAP,
+};
 use super::exchange::{swap_offers, Exchange, Offer, PeerInput, Side};
 use super::inplace::overlaps_a_send;
 use super::run::Run;
@@ -10,10 +14,6 @@ use super::schedule::p2p_mismatch;
 use super::schedule::{Action, Sink, Step};
 use super::split::{receiver_takes_pieces, rx_tee, share_pieces};
 use super::state::{DirectRx, Held, Peer, Rx, RxSwap, Source};
-use super::wire::{
-    decode_desc, gather, pad8, parse_header, ANY_TAG, DESC, FLAG, HDR, K_DATA, K_DIRECT, K_P2P_DATA, K_P2P_DIRECT,
-    K_P2P_EAGER, K_P2P_HDR, K_P2P_REPLY, K_P2P_SWAP, K_SKIP, K_SWAP,
-};
 use crate::error::{Error, Result};
 use crate::mem::copy;
 use crate::mem::pool::PooledBuf;

@@ -3,9 +3,9 @@
 //! peer's reads. Kept between runs (their memory, and the store choice per peer),
 //! emptied at the start of each.
 
+use super::super::wire::{DESC, HDR, K_DIRECT, K_P2P_DIRECT, K_P2P_SWAP, K_SKIP, K_SWAP};
 use super::exchange::{Exchange, PeerInput, Side};
 use super::schedule::Sink;
-use super::wire::{DESC, HDR, K_DIRECT, K_P2P_DIRECT, K_P2P_SWAP, K_SKIP, K_SWAP};
 use crate::backend::host::plan::Plan;
 use crate::mem::copy;
 use crate::mem::pool::PooledBuf;

@@ -1,5 +1,5 @@
-//! The wire format of the host links: what the engine and the eager path
-//! (`eager`) write into a peer's stream and read out of it.
+//! The wire format of the host links: what the engine, the eager path (`eager`) and
+//! the mapped path's descriptors (`mapped`) write into a peer's stream and read out of it.
 //!
 //! Every message is a 16-byte header (its kind, a flag byte, the tag of the call it
 //! belongs to, and a length field), then its payload padded to a multiple of 8 bytes.
