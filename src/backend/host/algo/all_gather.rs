@@ -3,13 +3,13 @@
 //! out as rows. all_gather_v moves per-rank counts like all_to_allv and is built
 //! there (`all_to_allv::build`). Small calls take the board first (`fast`).
 
-use super::{Buf, Cx, P};
+use super::Cx;
 use crate::backend::host::engine::{Schedule, Sink};
 use crate::error::Result;
 
 pub(super) fn build(s: &mut Schedule<'_>, cx: &Cx<'_>) -> Result<()> {
     let (co, bytes, n) = (cx.co, cx.bytes, cx.n);
-    let recv = Buf::new(cx.recv, n * bytes);
+    let recv = cx.recv_buf(n * bytes);
     let Some(st) = co.strided else {
         cx.copy_local(s, cx.send, recv.at(cx.rank * bytes, bytes), bytes);
         for p in cx.peers() {
@@ -23,14 +23,14 @@ pub(super) fn build(s: &mut Schedule<'_>, cx: &Cx<'_>) -> Result<()> {
     // recvbuff holds `outer` rows of n blocks; block p of every row is rank p's.
     let es = co.dtype.size();
     let (block, stride) = (st.block * es, n * st.block * es);
-    let rows = |p: usize| recv.at(p * block, (st.outer - 1) * stride + block);
-    let (src, dst) = (P(cx.send), P(rows(cx.rank)));
+    let rows = |p: usize| recv.sub(p * block, (st.outer - 1) * stride + block);
+    let (src, dst) = (cx.send_buf(st.outer * block), rows(cx.rank));
     s.local(
         move || {
-            let (src, dst) = (src, dst);
             for j in 0..st.outer {
-                // SAFETY: row j of the source and of the destination (checked above).
-                unsafe { std::ptr::copy(src.0.add(j * block), dst.0.add(j * stride), block) };
+                let (from, to) = (src.at(j * block, block), dst.at(j * stride, block));
+                // SAFETY: row j of each (checked by at); memmove, as in place they may overlap.
+                unsafe { std::ptr::copy(from, to, block) };
             }
             Ok(())
         },
@@ -40,7 +40,7 @@ pub(super) fn build(s: &mut Schedule<'_>, cx: &Cx<'_>) -> Result<()> {
         s.send(p, cx.send, bytes, &[]);
     }
     for p in cx.peers() {
-        s.recv(p, bytes, Sink::Strided { dst: rows(p), block, stride }, &[]);
+        s.recv(p, bytes, Sink::Strided { dst: rows(p).at(0, block), block, stride }, &[]);
     }
     Ok(())
 }

@@ -6,7 +6,7 @@
 //! ones the board (`fast`); see `plan`.
 
 use super::reduce::{reduce_phase, Dest, Results};
-use super::{part, segments, Buf, Cx, Scratch, P};
+use super::{part, segments, Buf, Cx, Scratch};
 use crate::backend::host::engine::{Block, Exchange, Schedule, Sink};
 use crate::backend::host::plan;
 use crate::error::Result;
@@ -63,22 +63,16 @@ fn allreduce_wire(s: &mut Schedule<'_>, cx: &Cx<'_>, scratch: &mut Scratch) -> R
     if n == 1 {
         // One rank: nothing travels, but the result still goes through the wire type
         // so that it does not depend on the number of ranks.
-        let (src, dst, count) = (P(co.send as *mut u8), P(co.recv), co.count);
+        let count = co.count;
+        let (src, dst) = (cx.send_buf(count * es), cx.recv_buf(count * es));
         s.local(
             move || {
-                let (src, dst) = (src, dst);
                 let mut tmp = vec![0u8; win * ws];
                 for first in (0..count).step_by(win) {
                     let m = win.min(count - first);
-                    // SAFETY: both buffers hold count elements (validated); tmp is separate.
-                    let (a, b) = unsafe {
-                        (
-                            std::slice::from_raw_parts(src.0.add(first * es), m * es),
-                            std::slice::from_raw_parts_mut(dst.0.add(first * es), m * es),
-                        )
-                    };
-                    reduce::convert(dt, a, wire, &mut tmp[..m * ws]);
-                    reduce::convert(wire, &tmp[..m * ws], dt, b);
+                    // Through tmp, so that sendbuff is read before recvbuff (maybe the same) is written.
+                    reduce::convert(dt, src.bytes(first * es, m * es), wire, &mut tmp[..m * ws]);
+                    reduce::convert(wire, &tmp[..m * ws], dt, dst.bytes_mut(first * es, m * es));
                 }
                 Ok(())
             },
@@ -87,9 +81,9 @@ fn allreduce_wire(s: &mut Schedule<'_>, cx: &Cx<'_>, scratch: &mut Scratch) -> R
         return Ok(());
     }
     let slot = |scratch: &mut Scratch| WireSlot {
-        out: scratch.alloc(win * ws),
-        res: scratch.alloc(win * ws),
-        acc: scratch.alloc(win.div_ceil(n) * es + es),
+        out: scratch.buf(win * ws),
+        res: scratch.buf(win * ws),
+        acc: scratch.buf(win.div_ceil(n) * es + es),
     };
     let slots = [slot(scratch), slot(scratch)];
     // Steps that use each slot, which its next window waits for.
@@ -104,9 +98,9 @@ fn allreduce_wire(s: &mut Schedule<'_>, cx: &Cx<'_>, scratch: &mut Scratch) -> R
 /// Scratch of one window of a wire all_reduce: outgoing contributions and results in
 /// wire form, and this rank's accumulator.
 struct WireSlot {
-    out: *mut u8,
-    res: *mut u8,
-    acc: *mut u8,
+    out: Buf,
+    res: Buf,
+    acc: Buf,
 }
 
 /// Elements `first..first + count` of a wire all_reduce, split among the owners like a
@@ -123,46 +117,32 @@ fn wire_window(
     let (first, count) = window;
     let (dt, wire, op) = (co.dtype, co.wire.expect("wire type set"), co.op);
     let (es, ws) = (dt.size(), wire.size());
-    let whole = |p: *mut u8| Buf::new(p, co.count * es).at(first * es, count * es);
-    let (send, recv) = (whole(co.send as *mut u8), whole(co.recv));
-    let (out_wire, res_wire) = (slot.out, slot.res);
-    let (out_w, res_w, accp) = (P(out_wire), P(res_wire), P(slot.acc));
+    let whole = |b: Buf| b.sub(first * es, count * es);
+    let (send, recv) = (whole(cx.send_buf(co.count * es)), whole(cx.recv_buf(co.count * es)));
+    let &WireSlot { out, res, acc } = slot;
     let mut users = Vec::new();
     // 1. Contributions to the other owners, rounded to the wire type.
     for o in (0..n).filter(|&o| o != rank) {
         let (off, len) = part(count, n, o);
         for (a, m) in segments(len, wire) {
-            let (srcp, outp) = (P(send), out_w);
             let at = off + a;
             let conv = s.local(
                 move || {
-                    let (srcp, outp) = (srcp, outp);
-                    // SAFETY: in bounds of the window of sendbuff and of the slot.
-                    let (x, y) = unsafe {
-                        (
-                            std::slice::from_raw_parts(srcp.0.add(at * es), m * es),
-                            std::slice::from_raw_parts_mut(outp.0.add(at * ws), m * ws),
-                        )
-                    };
-                    reduce::convert(dt, x, wire, y);
+                    reduce::convert(dt, send.bytes(at * es, m * es), wire, out.bytes_mut(at * ws, m * ws));
                     Ok(())
                 },
                 after,
             );
-            // SAFETY: in bounds of the slot.
-            users.push(s.send(o, unsafe { out_wire.add(at * ws) }, m * ws, &[conv]));
+            users.push(s.send(o, out.at(at * ws, m * ws), m * ws, &[conv]));
         }
     }
     // 2. My chunk: accumulate in the data type, round once to the wire type.
     let (my_off, my_len) = part(count, n, rank);
     for (a, m) in segments(my_len, wire) {
         let at = my_off + a;
-        let srcp = P(send);
         let init = s.local(
             move || {
-                let (srcp, accp) = (srcp, accp);
-                // SAFETY: in bounds of the window of sendbuff and of the accumulator.
-                unsafe { std::ptr::copy_nonoverlapping(srcp.0.add(at * es), accp.0.add(a * es), m * es) };
+                acc.bytes_mut(a * es, m * es).copy_from_slice(send.bytes(at * es, m * es));
                 Ok(())
             },
             after,
@@ -170,33 +150,22 @@ fn wire_window(
         let mut prev = init;
         for j in 1..n {
             let peer = (rank + j) % n;
-            // SAFETY: in bounds of the accumulator.
-            let sink = Sink::ReduceConv { acc: unsafe { slot.acc.add(a * es) }, acc_type: dt, wire, op };
+            let sink = Sink::ReduceConv { acc: acc.at(a * es, m * es), acc_type: dt, wire, op };
             prev = s.recv(peer, m * ws, sink, &[prev]);
         }
-        let (resp, recvp) = (res_w, P(recv));
         let ready = s.local(
             move || {
-                let (accp, resp, recvp) = (accp, resp, recvp);
-                // SAFETY: in bounds of the accumulator, the slot and the window of recvbuff.
-                let (accs, w, out) = unsafe {
-                    (
-                        std::slice::from_raw_parts_mut(accp.0.add(a * es), m * es),
-                        std::slice::from_raw_parts_mut(resp.0.add(at * ws), m * ws),
-                        std::slice::from_raw_parts_mut(recvp.0.add(at * es), m * es),
-                    )
-                };
+                let (accs, w) = (acc.bytes_mut(a * es, m * es), res.bytes_mut(at * ws, m * ws));
                 reduce::finish_inplace(dt, op, n, accs);
                 reduce::convert(dt, accs, wire, w);
-                reduce::convert(wire, w, dt, out);
+                reduce::convert(wire, w, dt, recv.bytes_mut(at * es, m * es));
                 Ok(())
             },
             &[prev],
         );
         users.push(ready);
         for p in (0..n).filter(|&p| p != rank) {
-            // SAFETY: in bounds of the slot.
-            users.push(s.send(p, unsafe { res_wire.add(at * ws) }, m * ws, &[ready]));
+            users.push(s.send(p, res.at(at * ws, m * ws), m * ws, &[ready]));
         }
     }
     // 3. The other owners' results, widened back to the data type.
@@ -204,20 +173,10 @@ fn wire_window(
         let (off, len) = part(count, n, o);
         for (a, m) in segments(len, wire) {
             let at = off + a;
-            // SAFETY: in bounds of the slot.
-            let got = s.recv(o, m * ws, Sink::Copy(unsafe { res_wire.add(at * ws) }), after);
-            let (resp, recvp) = (res_w, P(recv));
+            let got = s.recv(o, m * ws, Sink::Copy(res.at(at * ws, m * ws)), after);
             users.push(s.local(
                 move || {
-                    let (resp, recvp) = (resp, recvp);
-                    // SAFETY: in bounds of the slot and the window of recvbuff.
-                    let (w, out) = unsafe {
-                        (
-                            std::slice::from_raw_parts(resp.0.add(at * ws), m * ws),
-                            std::slice::from_raw_parts_mut(recvp.0.add(at * es), m * es),
-                        )
-                    };
-                    reduce::convert(wire, w, dt, out);
+                    reduce::convert(wire, res.bytes(at * ws, m * ws), dt, recv.bytes_mut(at * es, m * es));
                     Ok(())
                 },
                 &[got],

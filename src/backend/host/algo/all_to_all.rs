@@ -10,7 +10,7 @@
 //! needed. Small blocks are one piece, which pairs up with a whole block. See
 //! docs/design/host.md, "all_to_all in place".
 
-use super::{Buf, Cx};
+use super::Cx;
 use crate::backend::host::engine::{Block, Exchange, Schedule};
 use crate::backend::host::plan;
 use crate::error::Result;
@@ -18,10 +18,10 @@ use crate::error::Result;
 pub(super) fn build(s: &mut Schedule<'_>, cx: &Cx<'_>) -> Result<()> {
     let (bytes, n, plan) = (cx.bytes, cx.n, plan::get());
     let in_place = cx.send == cx.recv;
-    let (send, recv) = (Buf::new(cx.send, n * bytes), Buf::new(cx.recv, n * bytes));
+    let (send, recv) = (cx.send_buf(n * bytes), cx.recv_buf(n * bytes));
     cx.copy_local(s, send.at(cx.rank * bytes, bytes), recv.at(cx.rank * bytes, bytes), bytes);
     for p in cx.peers() {
-        let (from, to) = (Buf::new(send.at(p * bytes, bytes), bytes), Buf::new(recv.at(p * bytes, bytes), bytes));
+        let (from, to) = (send.sub(p * bytes, bytes), recv.sub(p * bytes, bytes));
         let whole = |s: &mut Schedule<'_>| {
             s.send(p, from.at(0, bytes), bytes, &[]);
             s.recv(p, bytes, cx.sink(to.at(0, bytes)), &[]);

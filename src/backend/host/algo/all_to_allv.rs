@@ -23,7 +23,7 @@ pub(super) fn build(s: &mut Schedule<'_>, cx: &Cx<'_>) -> Result<()> {
     let (sc, sd, rc, rd) = (v.sendcounts(), v.sdispls(), v.recvcounts(), v.rdispls());
     let extent =
         |counts: &[usize], displs: &[usize]| (0..cx.n).map(|p| (displs[p] + counts[p]) * es).max().unwrap_or(0);
-    let (send, recv) = (Buf::new(cx.send, extent(sc, sd)), Buf::new(cx.recv, extent(rc, rd)));
+    let (send, recv) = (cx.send_buf(extent(sc, sd)), cx.recv_buf(extent(rc, rd)));
     let block = |b: &Buf, counts: &[usize], displs: &[usize], p: usize| b.at(displs[p] * es, counts[p] * es);
     for p in cx.peers() {
         s.send(p, block(&send, sc, sd, p), sc[p] * es, &[]);
@@ -143,21 +143,20 @@ pub fn alltoallv_agree(
                 .collect()
         })
         .collect();
-    let inbox: Vec<*mut u8> = (0..n).map(|_| scratch.alloc(nc * 16)).collect();
+    let inbox: Vec<Buf> = (0..n).map(|_| scratch.buf(nc * 16)).collect();
     let mut s = Schedule::new(calls[0].seq as u32);
     for p in (0..n).filter(|&p| p != me) {
         s.send(p, mine_out[p].as_ptr() as *const u8, nc * 16, &[]);
     }
     for p in (0..n).filter(|&p| p != me) {
-        s.recv(p, nc * 16, Sink::Copy(inbox[p]), &[]);
+        s.recv(p, nc * 16, Sink::Copy(inbox[p].at(0, nc * 16)), &[]);
     }
     if let Some(e) = engine::run(t, &mut s, ctl)? {
         return Err(e);
     }
     let read = |p: usize, i: usize| -> u64 {
-        // SAFETY: inbox[p] holds nc*16 bytes written by the run above.
-        let b = unsafe { std::slice::from_raw_parts(inbox[p].add(i * 8), 8) };
-        u64::from_le_bytes(b.try_into().unwrap())
+        // Written by the run above.
+        u64::from_le_bytes(inbox[p].bytes(i * 8, 8).try_into().unwrap())
     };
     // My findings per call: first mismatch description.
     let mut found: Vec<Option<String>> = vec![None; nc];
@@ -174,13 +173,13 @@ pub fn alltoallv_agree(
     }
     // Agreement: everyone learns which ranks found a mismatch in which call.
     let flags: Vec<u64> = found.iter().map(|f| u64::from(f.is_some())).collect();
-    let flag_in: Vec<*mut u8> = (0..n).map(|_| scratch.alloc(nc * 8)).collect();
+    let flag_in: Vec<Buf> = (0..n).map(|_| scratch.buf(nc * 8)).collect();
     let mut s = Schedule::new(calls[0].seq as u32);
     for p in (0..n).filter(|&p| p != me) {
         s.send(p, flags.as_ptr() as *const u8, nc * 8, &[]);
     }
     for p in (0..n).filter(|&p| p != me) {
-        s.recv(p, nc * 8, Sink::Copy(flag_in[p]), &[]);
+        s.recv(p, nc * 8, Sink::Copy(flag_in[p].at(0, nc * 8)), &[]);
     }
     if let Some(e) = engine::run(t, &mut s, ctl)? {
         return Err(e);
@@ -194,9 +193,8 @@ pub fn alltoallv_agree(
                     if p == me {
                         return flags[ci] != 0;
                     }
-                    // SAFETY: flag_in[p] holds nc*8 bytes written by the run above.
-                    let b = unsafe { std::slice::from_raw_parts(flag_in[p].add(ci * 8), 8) };
-                    u64::from_le_bytes(b.try_into().unwrap()) != 0
+                    // Written by the run above.
+                    u64::from_le_bytes(flag_in[p].bytes(ci * 8, 8).try_into().unwrap()) != 0
                 })
                 .collect();
             let err = counts_error(found[ci].take(), &reporters);

@@ -3,17 +3,17 @@
 //! recvbuff while it is in cache. Small broadcasts and those between mapped
 //! buffers take `fast` (board) or `mapped` first (see `plan`).
 
-use super::{Buf, Cx};
+use super::Cx;
 use crate::backend::host::engine::Schedule;
 use crate::error::Result;
 
 pub(super) fn build(s: &mut Schedule<'_>, cx: &Cx<'_>) -> Result<()> {
     let (co, bytes) = (cx.co, cx.bytes);
     if cx.rank != co.root {
-        s.recv(co.root, bytes, cx.sink(Buf::new(cx.recv, bytes).at(0, bytes)), &[]);
+        s.recv(co.root, bytes, cx.sink(cx.recv_buf(bytes).at(0, bytes)), &[]);
         return Ok(());
     }
-    let (send, recv) = (Buf::new(cx.send, bytes).at(0, bytes), cx.recv);
+    let (send, recv) = (cx.send_buf(bytes).at(0, bytes), cx.recv);
     let mut tee = (send != recv).then_some(recv);
     for p in cx.peers() {
         match tee.take() {

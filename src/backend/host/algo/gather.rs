@@ -1,7 +1,7 @@
 //! gather: every rank sends its block to the root, which receives each into its
 //! place in recvbuff. Small calls take the board first (`fast`).
 
-use super::{Buf, Cx};
+use super::Cx;
 use crate::backend::host::engine::Schedule;
 use crate::error::Result;
 
@@ -11,7 +11,7 @@ pub(super) fn build(s: &mut Schedule<'_>, cx: &Cx<'_>) -> Result<()> {
         s.send(co.root, cx.send, bytes, &[]);
         return Ok(());
     }
-    let recv = Buf::new(cx.recv, cx.n * bytes);
+    let recv = cx.recv_buf(cx.n * bytes);
     for p in cx.peers() {
         s.recv(p, bytes, cx.sink(recv.at(p * bytes, bytes)), &[]);
     }

@@ -63,6 +63,13 @@ impl Scratch {
         self.bufs.push(b);
         p
     }
+
+    /// [`Scratch::alloc`] as a [`Buf`] of exactly `bytes`.
+    fn buf(&mut self, bytes: usize) -> Buf {
+        let p = self.alloc(bytes);
+        // SAFETY: the scratch owns the memory until it is dropped, after the run.
+        unsafe { Buf::new(p, bytes) }
+    }
 }
 
 /// A raw pointer that a local step may carry to the thread that runs it.
@@ -72,17 +79,45 @@ struct P(*mut u8);
 // collective (or by Scratch) and outlive the run; steps touch them in dependency order.
 unsafe impl Send for P {}
 
-/// A caller's buffer as its start and the bytes the call may touch there, so that a
-/// step names a region by offset and length and the bounds are checked in one place.
+/// A buffer of the run (a caller's, or scratch) as its start and the bytes the call
+/// may touch there, so that a step names a region by offset and length and the bounds
+/// are checked in one place.
 #[derive(Clone, Copy)]
 struct Buf {
     base: *mut u8,
     len: usize,
 }
+// SAFETY: as for P; a Buf is only made over memory that outlives the run (`Buf::new`).
+unsafe impl Send for Buf {}
 
 impl Buf {
-    fn new(base: *mut u8, len: usize) -> Buf {
+    /// # Safety
+    /// `base` must be valid for reads and writes of `len` bytes until the run ends (a
+    /// caller's buffer of that length, validated, or the run's scratch), and the
+    /// schedule must order every step that writes a region against the others that
+    /// touch it (steps run in dependency order), so that regions given out by
+    /// [`Buf::bytes`] and [`Buf::bytes_mut`] never alias a live `&mut`.
+    unsafe fn new(base: *mut u8, len: usize) -> Buf {
         Buf { base, len }
+    }
+
+    /// The `len` bytes at `off` as a buffer of their own (checked as [`Buf::at`]).
+    fn sub(&self, off: usize, len: usize) -> Buf {
+        Buf { base: self.at(off, len), len }
+    }
+
+    /// The `len` bytes at `off`, read by a step (checked as [`Buf::at`]).
+    fn bytes<'a>(self, off: usize, len: usize) -> &'a [u8] {
+        let p = self.at(off, len);
+        // SAFETY: inside the buffer (at), valid and unaliased by a writer (Buf::new's contract).
+        unsafe { std::slice::from_raw_parts(p, len) }
+    }
+
+    /// The `len` bytes at `off`, written by a step (checked as [`Buf::at`]).
+    fn bytes_mut<'a>(self, off: usize, len: usize) -> &'a mut [u8] {
+        let p = self.at(off, len);
+        // SAFETY: inside the buffer (at); this step is the region's only user now (Buf::new's contract).
+        unsafe { std::slice::from_raw_parts_mut(p, len) }
     }
 
     /// The start of the `len` bytes at `off`, which must lie inside the buffer (the
@@ -135,6 +170,18 @@ impl Cx<'_> {
     fn peers(&self) -> impl Iterator<Item = usize> {
         let (rank, n) = (self.rank, self.n);
         (0..n).filter(move |&p| p != rank)
+    }
+
+    /// sendbuff as a [`Buf`] of `len` bytes, the extent the call's validation covers.
+    fn send_buf(&self, len: usize) -> Buf {
+        // SAFETY: the caller's sendbuff holds `len` bytes (validated) for the whole run.
+        unsafe { Buf::new(self.send, len) }
+    }
+
+    /// recvbuff as a [`Buf`] of `len` bytes, the extent the call's validation covers.
+    fn recv_buf(&self, len: usize) -> Buf {
+        // SAFETY: the caller's recvbuff holds `len` bytes (validated) for the whole run.
+        unsafe { Buf::new(self.recv, len) }
     }
 
     /// A local copy step (made in pieces between transfers) unless source and
@@ -214,6 +261,7 @@ mod tests {
     #[should_panic(expected = "outside a buffer")]
     fn a_region_past_the_buffer_is_refused() {
         let mut b = [0u8; 16];
-        Buf::new(b.as_mut_ptr(), 16).at(8, 9);
+        // SAFETY: b is 16 bytes and outlives the Buf.
+        unsafe { Buf::new(b.as_mut_ptr(), 16) }.at(8, 9);
     }
 }

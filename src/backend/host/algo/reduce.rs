@@ -11,7 +11,7 @@
 //! rounded once. Chunks are pipelined in segments so scratch memory stays bounded
 //! whatever the message size. See docs/design/host.md, "Reductions".
 
-use super::{copy_local, out_sink, part, Buf, Cx, Scratch, P};
+use super::{copy_local, out_sink, part, Cx, Scratch, P};
 use crate::backend::host::engine::{Schedule, Sink};
 use crate::backend::host::plan;
 use crate::error::Result;
@@ -80,12 +80,12 @@ pub(super) fn reduce_phase(
     let narrow = dtype.is_narrow_float();
     // The bytes the chunks span in sendbuff, and the results in recvbuff.
     let span = |off: &dyn Fn(usize) -> usize, o: usize| (off(o) + chunk(o).1) * es;
-    let send = Buf::new(co.send as *mut u8, (0..n).map(|o| span(&|o| chunk(o).0, o)).max().unwrap_or(0));
+    let send = cx.send_buf((0..n).map(|o| span(&|o| chunk(o).0, o)).max().unwrap_or(0));
     let recv_len = match dest {
         Dest::Keep => span(res_off, rank),
         _ => (0..n).map(|o| span(res_off, o)).max().unwrap_or(0),
     };
-    let recv = Buf::new(co.recv, recv_len);
+    let recv = cx.recv_buf(recv_len);
     // The result lands in this rank's recvbuff unless reduce's owner is not the root.
     let result_in_recv = match dest {
         Dest::Root(root) => rank == root,

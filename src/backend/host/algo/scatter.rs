@@ -1,7 +1,7 @@
 //! scatter: the root sends block p of its buffer to rank p. Small calls take the
 //! board first (`fast`).
 
-use super::{Buf, Cx};
+use super::Cx;
 use crate::backend::host::engine::Schedule;
 use crate::error::Result;
 
@@ -11,7 +11,7 @@ pub(super) fn build(s: &mut Schedule<'_>, cx: &Cx<'_>) -> Result<()> {
         s.recv(co.root, bytes, cx.sink(cx.recv), &[]);
         return Ok(());
     }
-    let send = Buf::new(cx.send, cx.n * bytes);
+    let send = cx.send_buf(cx.n * bytes);
     for p in cx.peers() {
         s.send(p, send.at(p * bytes, bytes), bytes, &[]);
     }
