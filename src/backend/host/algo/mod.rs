@@ -72,13 +72,6 @@ impl Scratch {
     }
 }
 
-/// A raw pointer that a local step may carry to the thread that runs it.
-#[derive(Clone, Copy)]
-struct P(*mut u8);
-// SAFETY: the buffers behind these pointers are owned by the caller of the
-// collective (or by Scratch) and outlive the run; steps touch them in dependency order.
-unsafe impl Send for P {}
-
 /// A buffer of the run (a caller's, or scratch) as its start and the bytes the call
 /// may touch there, so that a step names a region by offset and length and the bounds
 /// are checked in one place.
@@ -87,7 +80,8 @@ struct Buf {
     base: *mut u8,
     len: usize,
 }
-// SAFETY: as for P; a Buf is only made over memory that outlives the run (`Buf::new`).
+// SAFETY: a Buf is only made over memory that outlives the run and whose steps the
+// schedule orders (`Buf::new`), so a step may carry it to the thread that runs it.
 unsafe impl Send for Buf {}
 
 impl Buf {
@@ -99,6 +93,11 @@ impl Buf {
     /// [`Buf::bytes`] and [`Buf::bytes_mut`] never alias a live `&mut`.
     unsafe fn new(base: *mut u8, len: usize) -> Buf {
         Buf { base, len }
+    }
+
+    /// No bytes: what a slot that a call does not use holds.
+    fn empty() -> Buf {
+        Buf { base: std::ptr::NonNull::dangling().as_ptr(), len: 0 }
     }
 
     /// The `len` bytes at `off` as a buffer of their own (checked as [`Buf::at`]).

@@ -11,7 +11,7 @@
 //! rounded once. Chunks are pipelined in segments so scratch memory stays bounded
 //! whatever the message size. See docs/design/host.md, "Reductions".
 
-use super::{copy_local, out_sink, part, Cx, Scratch, P};
+use super::{copy_local, out_sink, part, Buf, Cx, Scratch};
 use crate::backend::host::engine::{Schedule, Sink};
 use crate::backend::host::plan;
 use crate::error::Result;
@@ -124,12 +124,10 @@ pub(super) fn reduce_phase(
     };
     let stream_out = stream && result_in_recv && !narrow && !own_in_place && !(by_address && dest == Dest::All);
     let needs_scratch_acc = narrow || !result_in_recv || stream_out;
-    let slots =
-        |bytes: usize, scratch: &mut Scratch| -> [*mut u8; SLOTS] { std::array::from_fn(|_| scratch.alloc(bytes)) };
-    let acc_slots = if needs_scratch_acc { slots(seg_elems * acs, scratch) } else { [std::ptr::null_mut(); SLOTS] };
+    let slots = |bytes: usize, scratch: &mut Scratch| -> [Buf; SLOTS] { std::array::from_fn(|_| scratch.buf(bytes)) };
+    let acc_slots = if needs_scratch_acc { slots(seg_elems * acs, scratch) } else { [Buf::empty(); SLOTS] };
     // Narrow results for the root are rounded into their own buffer before sending.
-    let out_slots =
-        if narrow && !result_in_recv { slots(seg_elems * es, scratch) } else { [std::ptr::null_mut(); SLOTS] };
+    let out_slots = if narrow && !result_in_recv { slots(seg_elems * es, scratch) } else { [Buf::empty(); SLOTS] };
     // Floating-point sums and products depend on the order of the operands: reduce
     // in rank order, so results do not depend on how elements are split among owners
     // (a coalesced call matches per-buffer calls bit for bit). Integer ops and
@@ -150,7 +148,7 @@ pub(super) fn reduce_phase(
         a == b
     };
     let save_slots =
-        if order[0] != rank && chunk_in_place { slots(seg_elems * es, scratch) } else { [std::ptr::null_mut(); SLOTS] };
+        if order[0] != rank && chunk_in_place { slots(seg_elems * es, scratch) } else { [Buf::empty(); SLOTS] };
     // Steps that must be done before a slot's buffers are written again.
     let mut slot_free: [Vec<usize>; SLOTS] = Default::default();
     // Per segment of my chunk: the step after which its result is complete.
@@ -172,19 +170,20 @@ pub(super) fn reduce_phase(
         // b. Reduce segment t of my chunk in a fixed order of contributors.
         if let Some((a, m)) = seg_of(rank, t) {
             let slot = t % SLOTS;
-            let own = send.at((my_off + a) * es, m * es) as *const u8;
-            let res = if result_in_recv { recv.at((res_off(rank) + a) * es, m * es) } else { out_slots[slot] };
-            let acc = if needs_scratch_acc { acc_slots[slot] } else { res };
+            let mut own_b = send.sub((my_off + a) * es, m * es);
+            let res_b = if result_in_recv { recv.sub((res_off(rank) + a) * es, m * es) } else { out_slots[slot] };
+            let acc_b = if needs_scratch_acc { acc_slots[slot] } else { res_b };
+            let acc = acc_b.at(0, m * acs);
             let mut prev: Vec<usize> = std::mem::take(&mut slot_free[slot]);
             // In place, my contribution sits where the accumulator starts; if it is
             // not first in the order it is saved before the accumulator overwrites it.
-            let in_place = std::ptr::eq(acc, own);
-            let mut own = own;
+            let in_place = std::ptr::eq(acc, own_b.at(0, m * es));
             if in_place && order[0] != rank {
                 let saved = save_slots[slot];
-                prev = vec![s.copy(own, saved, m * es, false, &prev)];
-                own = saved;
+                prev = vec![s.copy(own_b.at(0, m * es), saved.at(0, m * es), m * es, false, &prev)];
+                own_b = saved;
             }
+            let own = own_b.at(0, m * es) as *const u8;
             let mut started = false;
             let mut i = 0;
             while i < n {
@@ -200,17 +199,11 @@ pub(super) fn reduce_phase(
                         i += 1;
                         s.recv(order[i], m * es, Sink::ReduceInit { acc, other: own, dtype, op }, &prev)
                     } else {
-                        let (accp, ownp, first) = (P(acc), P(own as *mut u8), !started);
+                        let first = !started;
                         s.local(
                             move || {
-                                let (accp, ownp) = (accp, ownp);
-                                // SAFETY: m accumulators and m of my elements, exclusive to this step.
-                                let (accs, mine) = unsafe {
-                                    (
-                                        std::slice::from_raw_parts_mut(accp.0, m * acs),
-                                        std::slice::from_raw_parts(ownp.0, m * es),
-                                    )
-                                };
+                                // Not in place here (see above): two regions.
+                                let (accs, mine) = (acc_b.bytes_mut(0, m * acs), own_b.bytes(0, m * es));
                                 if first {
                                     reduce::acc_init(dtype, accs, mine);
                                 } else {
@@ -232,30 +225,17 @@ pub(super) fn reduce_phase(
             }
             // Round (narrow types) or divide (avg) once all contributions are in.
             let ready = if narrow {
-                let (accp, resp) = (P(acc), P(res));
                 s.local(
                     move || {
-                        let (accp, resp) = (accp, resp);
-                        // SAFETY: acc holds m accumulators, res m elements; both exclusive to this step now.
-                        let (accs, out) = unsafe {
-                            (
-                                std::slice::from_raw_parts(accp.0, m * acs),
-                                std::slice::from_raw_parts_mut(resp.0, m * es),
-                            )
-                        };
-                        reduce::acc_finish(dtype, op, n, accs, out);
+                        reduce::acc_finish(dtype, op, n, acc_b.bytes(0, m * acs), res_b.bytes_mut(0, m * es));
                         Ok(())
                     },
                     &prev,
                 )
             } else if op == RedOp::Avg {
-                let accp = P(acc);
                 s.local(
                     move || {
-                        let accp = accp;
-                        // SAFETY: as above.
-                        let buf = unsafe { std::slice::from_raw_parts_mut(accp.0, m * es) };
-                        reduce::finish_inplace(dtype, op, n, buf);
+                        reduce::finish_inplace(dtype, op, n, acc_b.bytes_mut(0, m * es));
                         Ok(())
                     },
                     &prev,
@@ -271,8 +251,16 @@ pub(super) fn reduce_phase(
         if let Some((a, m)) = seg_of(rank, j) {
             let slot = j % SLOTS;
             let ready = ready_of[j];
-            let res = if result_in_recv { recv.at((res_off(rank) + a) * es, m * es) } else { out_slots[slot] };
-            let acc = if needs_scratch_acc { acc_slots[slot] } else { res };
+            // Only narrow results for another rank use an out slot; other results
+            // for another rank leave from the accumulator (`out` below).
+            let res = if result_in_recv {
+                recv.at((res_off(rank) + a) * es, m * es)
+            } else if narrow {
+                out_slots[slot].at(0, m * es)
+            } else {
+                std::ptr::null_mut()
+            };
+            let acc = if needs_scratch_acc { acc_slots[slot].at(0, m * acs) } else { res };
             let out = if needs_scratch_acc && !narrow { acc } else { res };
             let frees = &mut slot_free[slot];
             frees.push(ready);
