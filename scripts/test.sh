@@ -46,17 +46,17 @@ asan_env=(ASAN_OPTIONS="${ASAN_OPTIONS:-detect_leaks=1}" UBSAN_OPTIONS="print_st
 step "C contract suite (ctest; the device tests skip: no driver here)"
 ctest_build build/c_tests
 ctest_run build/c_tests
-step "C contract suite under ASan/UBSan (ctest; 1-4 ranks, the 7-rank runs are the plain suite's)"
+step "C contract suite under ASan/UBSan (ctest; 1-3 ranks, the 4- and 7-rank runs are the plain suite's)"
 ctest_build build/c_tests_asan -DFERROCCL_SANITIZE=ON
-env "${asan_env[@]}" ctest --test-dir build/c_tests_asan -j "$jobs" --output-on-failure --timeout 300 -LE np7
+env "${asan_env[@]}" ctest --test-dir build/c_tests_asan -j "$jobs" --output-on-failure --timeout 300 -LE 'np4|np7' -E '4$'
 
 step "device suite on the simulated GPU (ctest -L 'device|cuda')"
 sim ctest --test-dir build/c_tests -j "$jobs" --output-on-failure --timeout 300 -L 'device|cuda'
-step "device suite on the simulated GPU under ASan/UBSan (the 10-rank run is the plain suite's)"
+step "device suite on the simulated GPU under ASan/UBSan (1-3 ranks; the 4-rank, MPS and 10-rank runs are the plain suite's)"
 env "${asan_env[@]}" bash scripts/sim-gpu.sh \
-  ctest --test-dir build/c_tests_asan -j "$jobs" --output-on-failure --timeout 300 -L 'device|cuda' -E 'ipc\.np10'
-step "device suite on the simulated GPU with every call staged through host memory (FERROCCL_CUDA_IPC=0; the MPS and 10-rank runs test the GPU-to-GPU path only)"
-FERROCCL_CUDA_IPC=0 sim ctest --test-dir build/c_tests -j "$jobs" --output-on-failure --timeout 300 -L device -E 'mps|ipc\.np10'
+  ctest --test-dir build/c_tests_asan -j "$jobs" --output-on-failure --timeout 300 -L 'device|cuda' -E 'ipc\.np10|mps|4$'
+step "device suite on the simulated GPU with every call staged through host memory (FERROCCL_CUDA_IPC=0; 1-3 ranks: the MPS and 10-rank runs test the GPU-to-GPU path only)"
+FERROCCL_CUDA_IPC=0 sim ctest --test-dir build/c_tests -j "$jobs" --output-on-failure --timeout 300 -L device -E 'mps|ipc\.np10|4$'
 # Whether a host program starts CUDA is decided at set-up: every program of the host
 # suite, as 2 processes and as 2 threads, covers it; the other sizes ran above.
 step "host suite on a simulated GPU host: programs that never start CUDA (every program, 2 ranks)"
