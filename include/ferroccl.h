@@ -603,6 +603,20 @@ fcclResult_t fcclCommCuDevice(fcclComm_t comm,
                               int *device);
 
 /**
+ * Writes what served the last call (or group) that ran on `comm`: `*backend` is
+ * "host" (host memory, the built-in algorithms), "staged" (device memory through host
+ * memory), "ipc" (ranks sharing one GPU, GPU to GPU), "nccl" (NVIDIA's NCCL), "mixed"
+ * (a group over several) or "none" (no call yet); `*algorithm` a short name for how
+ * (docs/api.md lists them). The same words as the FERROCCL_DEBUG=INFO line of the call;
+ * ranks of one call may differ in `algorithm` (rank 0 moves the data, the others wait),
+ * never in `backend`. The strings are static: never free them. Either pointer may be
+ * NULL to skip it. Waits while another thread is in a call on `comm`.
+ */
+fcclResult_t fcclCommGetLastPath(fcclComm_t comm,
+                                 const char **backend,
+                                 const char **algorithm);
+
+/**
  * A fixed description of a result code (never NULL, also for unknown values).
  */
 const char *fcclGetErrorString(fcclResult_t result);

@@ -299,10 +299,7 @@ fn narrow_float_wire_and_many_rank_reductions_are_served_by_the_ipc_backend() {
 #[test]
 fn device_send_recv_and_axis_forms_are_served_by_the_ipc_path() {
     let _one = ONE_AT_A_TIME.lock().unwrap_or_else(|p| p.into_inner());
-    for (mps, gather, scatter) in [
-        ("0", "2D copies on rank 0's stream", "2D copies and reductions on rank 0's stream"),
-        ("1", "every rank moves its share on its stream (MPS)", "every rank moves its share on its stream (MPS)"),
-    ] {
+    for (mps, gather, scatter) in [("0", "exec-copy2d", "exec-copy2d-reduce"), ("1", "mps-shares", "mps-shares")] {
         let dir = std::env::temp_dir().join(format!("fccl-log-p2p-mps{mps}-{}", std::process::id()));
         let args =
             ["send_recv", "all_gather_axis", "reduce_scatter_axis", "-b", "64K", "-e", "64K", "-n", "1", "-w", "0"];
@@ -312,14 +309,8 @@ fn device_send_recv_and_axis_forms_are_served_by_the_ipc_path() {
         let all: Vec<&str> = files.iter().flat_map(|(_, t)| t.lines()).collect();
         let calls = |needle: &str| -> Vec<&str> { all.iter().copied().filter(|l| l.contains(needle)).collect() };
         for (call, want) in [
-            (
-                "fcclSend count 16384 float",
-                "backend ipc algorithm the receiver copies from the sender's buffer on the GPU",
-            ),
-            (
-                "fcclRecv count 16384 float",
-                "backend ipc algorithm the receiver copies from the sender's buffer on the GPU",
-            ),
+            ("fcclSend count 16384 float", "backend ipc algorithm p2p-pull"),
+            ("fcclRecv count 16384 float", "backend ipc algorithm p2p-pull"),
             ("fcclAllGather count 8192 float", "backend ipc algorithm "),
             ("fcclReduceScatter count 8192 float", "backend ipc algorithm "),
         ] {

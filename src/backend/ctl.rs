@@ -13,7 +13,8 @@
 //! `fin[r]` (the last collective whose share rank r's stream finished, under MPS);
 //! then per ordered pair (p, q) two words on one 8-byte slot: `sent` (slot of the last
 //! fcclSend p -> q whose buffer p's stream had ready) and `recvd` (the last one q's
-//! stream copied).
+//! stream copied); then per rank a line of two words, `ping` and `pong`, on which it
+//! proves once that its stream memory operations work ([`Registered::prove`]).
 
 use crate::error::{Error, Result};
 use crate::mem::cuda;
@@ -71,8 +72,13 @@ impl Ctl {
         format!("/fccl-ctl-{nonce:016x}-p{pid}")
     }
 
+    /// Offset of the first rank's probe line (after the pairs' words).
+    fn probes(n: usize) -> usize {
+        round_up(LINE * (2 + 2 * n) + 8 * n * n, LINE)
+    }
+
     fn layout(n: usize) -> (usize, usize) {
-        let words = round_up(LINE * (2 + 2 * n) + 8 * n * n, PAGE);
+        let words = round_up(Self::probes(n) + LINE * n, PAGE);
         let len = words + round_up(n * FREED_BYTES, PAGE) + n * n * PAIR_BYTES;
         (words, len)
     }
@@ -186,6 +192,13 @@ impl Ctl {
         Word(self.pair_word(p, q) + 4)
     }
 
+    /// Rank `r`'s probe words (ping, pong): only `r` uses them, once.
+    pub fn probe(&self, r: usize) -> (Word, Word) {
+        assert!(r < self.n, "rank {r} beyond the control region");
+        let at = Self::probes(self.n) + LINE * r;
+        (Word(at), Word(at + 4))
+    }
+
     /// Non-zero once a rank gave up on the communicator.
     pub fn failed(&self) -> &AtomicU32 {
         self.at(Self::FAILED)
@@ -285,6 +298,22 @@ impl Registered {
     /// The device addresses, apart from this borrow.
     pub fn addrs(&self) -> Addrs {
         Addrs(self.dev)
+    }
+
+    /// Proves, with one round trip on rank `r`'s probe words, that this context's
+    /// streams can wait for words the host writes and write words the host reads (what
+    /// every call on this path relies on); returns how long it took. On Err the stream
+    /// may still hold the operations: the caller keeps the registration (forgets it).
+    pub fn prove(&self, r: usize, limit: std::time::Duration) -> Result<std::time::Duration> {
+        let _g = cuda::CtxGuard::enter(self.ctx)?;
+        let (ping, pong) = self.ctl.probe(r);
+        let token = self.ctl.at(ping).load(Ordering::Acquire).wrapping_add(1).max(1);
+        // SAFETY: the words are registered in this context (self) and stay so while self
+        // lives; on a timeout the caller keeps self alive for good.
+        unsafe {
+            cuda::memop_round_trip(self.ctl.at(ping), self.ctl.at(pong), self.dev(ping), self.dev(pong), token, limit)
+        }
+        .map_err(|e| e.context("proving stream memory operations on the control words"))
     }
 }
 

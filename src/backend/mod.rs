@@ -34,7 +34,11 @@ pub struct Exec<'a> {
     pub timeout: Duration,
     pub abort: &'a AtomicBool,
     pub check: bool,
-    /// How the last run was served (for the log line), set by the backend.
+    /// What served the last run (for the log line and fcclCommGetLastPath): the
+    /// backend's name for it ("host", "staged", "ipc", "nccl", "mixed"), set by the
+    /// router and changed by a backend that hands a call to another way of running it.
+    pub backend: &'static str,
+    /// How the last run was served: a short name, set by the backend (docs/api.md lists them).
     pub algo: &'static str,
 }
 
@@ -135,11 +139,14 @@ impl Router {
     /// order, which every rank follows, so a group split over backends still pairs up.
     pub fn run(&self, x: &mut Exec<'_>, calls: &[Call]) -> Result<Outcome> {
         if let [c] = calls {
-            return self.table[self.route(&c.coll, true)].run(x, calls);
+            let b = &self.table[self.route(&c.coll, true)];
+            x.backend = b.name(&c.coll);
+            return b.run(x, calls);
         }
         let routes: Vec<usize> = calls.iter().map(|c| self.route(&c.coll, false)).collect();
         let mut first_err = None;
         let mut algos: Vec<&'static str> = Vec::new();
+        let mut backends: Vec<&'static str> = Vec::new();
         for (i, b) in self.table.iter().enumerate() {
             let mine: Vec<Call> = calls
                 .iter()
@@ -150,13 +157,16 @@ impl Router {
             if mine.is_empty() {
                 continue;
             }
+            x.backend = mine.iter().map(|c| b.name(&c.coll)).find(|&n| n != "host").unwrap_or("host");
             if let Outcome::Failed(e) = b.run(x, &mine)? {
                 first_err.get_or_insert(e);
             }
             algos.push(x.algo);
+            backends.push(x.backend);
         }
         if algos.len() > 1 {
-            x.algo = "group over several backends";
+            x.algo = "mixed";
+            x.backend = if backends.iter().all(|&b| b == backends[0]) { backends[0] } else { "mixed" };
         }
         Ok(first_err.into())
     }
@@ -236,8 +246,15 @@ mod tests {
 
         let mut t = inproc::build(1).unwrap().pop().unwrap();
         let (abort, mut seq) = (AtomicBool::new(false), 0);
-        let mut x =
-            Exec { t: &mut t, seq: &mut seq, timeout: Duration::from_secs(1), abort: &abort, check: false, algo: "" };
+        let mut x = Exec {
+            t: &mut t,
+            seq: &mut seq,
+            timeout: Duration::from_secs(1),
+            abort: &abort,
+            check: false,
+            backend: "",
+            algo: "",
+        };
         let group = [
             call(CollKind::AllReduce, 1),
             call(CollKind::Broadcast, 2),
@@ -245,10 +262,10 @@ mod tests {
             call(CollKind::Barrier, 4),
         ];
         assert!(matches!(router.run(&mut x, &group).unwrap(), Outcome::Done));
-        assert_eq!(x.algo, "group over several backends");
+        assert_eq!((x.backend, x.algo), ("mixed", "mixed"));
         assert_eq!(router.names(&group), ["second", "first", "second", "shadowed"]);
         assert!(matches!(router.run(&mut x, &group[1..2]).unwrap(), Outcome::Done));
-        assert_eq!(x.algo, "first");
+        assert_eq!((x.backend, x.algo), ("first", "first"));
         let runs = |i: usize| logs[i].lock().unwrap().clone();
         // Each backend ran its share once, calls in their order; the lone call after.
         assert_eq!(runs(0), vec![vec![2], vec![2]]);

@@ -80,7 +80,7 @@ pub fn run(x: &mut Exec<'_>, call: &Call, rank: usize, n: usize) -> Result<Outco
     let check = std::mem::replace(&mut x.check, false);
     let res = pipe.run(x, &mut seq);
     x.check = check;
-    x.algo = "pipelined through host staging";
+    x.algo = "pipelined";
     // Every copy queued above reads or writes a slot: all must be done before the
     // slots return to the pool, whatever happened (the host's error comes first).
     let drained = pipe.events[0].record(stream).and_then(|()| pipe.events[0].synchronize());

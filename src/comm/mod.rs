@@ -73,6 +73,8 @@ struct State {
     /// Set by a fatal error: the communicator only accepts destroy/abort now.
     broken: Option<Error>,
     finalized: bool,
+    /// What served the last run of calls: (backend, algorithm), ("none", "none") before any.
+    last_path: (&'static str, &'static str),
 }
 
 /// One rank's communicator.
@@ -120,7 +122,7 @@ impl Comm {
             progress,
             splitting: AtomicUsize::new(0),
             waker,
-            state: Mutex::new(State { transport, seq: 0, broken: None, finalized: false }),
+            state: Mutex::new(State { transport, seq: 0, broken: None, finalized: false, last_path: ("none", "none") }),
             device: -1,
             router: Router::new(vec![Box::new(Builtin { rank, nranks })]),
             told_no_device: AtomicBool::new(false),
@@ -407,6 +409,7 @@ impl Comm {
             timeout: self.opts.timeout,
             abort: &self.abort,
             check: self.opts.check_mode,
+            backend: "host",
             algo: "",
         };
         // Without CUDA every buffer is host memory: one relaxed load, then the host path.
@@ -420,10 +423,13 @@ impl Comm {
         } else {
             host_run(&mut x, calls)
         };
-        let algo = x.algo;
+        let (served, algo) = (x.backend, x.algo);
+        st.last_path = (served, algo);
         if let Some(t0) = t0 {
             let us = t0.elapsed().as_secs_f64() * 1e6;
-            for (c, backend) in calls.iter().zip(self.router.names(calls)) {
+            for (c, routed) in calls.iter().zip(self.router.names(calls)) {
+                // A group over several backends: each call's own.
+                let backend = if served == "mixed" { routed } else { served };
                 log::info(format_args!(
                     "rank {} comm {} seq {} {} count {} {}{} backend {backend} algorithm {algo} {:.1} us",
                     self.rank,
@@ -447,6 +453,13 @@ impl Comm {
                 Err(e)
             }
         }
+    }
+
+    /// What served the last run of calls on this communicator: (backend, algorithm) as
+    /// the INFO log line names them; ("none", "none") before the first. Waits while
+    /// another thread is in a call on it.
+    pub fn last_path(&self) -> (&'static str, &'static str) {
+        self.state.lock().unwrap_or_else(|p| p.into_inner()).last_path
     }
 
     /// Device memory on a rank created without a current device is staged: say so once.

@@ -473,6 +473,48 @@ pub unsafe extern "C" fn fcclCommCuDevice(comm: fcclComm_t, device: *mut c_int) 
     })
 }
 
+/// Writes what served the last call (or group) that ran on `comm`: `*backend` is
+/// "host" (host memory, the built-in algorithms), "staged" (device memory through host
+/// memory), "ipc" (ranks sharing one GPU, GPU to GPU), "nccl" (NVIDIA's NCCL), "mixed"
+/// (a group over several) or "none" (no call yet); `*algorithm` a short name for how
+/// (docs/api.md lists them). The same words as the FERROCCL_DEBUG=INFO line of the call;
+/// ranks of one call may differ in `algorithm` (rank 0 moves the data, the others wait),
+/// never in `backend`. The strings are static: never free them. Either pointer may be
+/// NULL to skip it. Waits while another thread is in a call on `comm`.
+#[no_mangle]
+pub unsafe extern "C" fn fcclCommGetLastPath(
+    comm: fcclComm_t,
+    backend: *mut *const c_char,
+    algorithm: *mut *const c_char,
+) -> fcclResult_t {
+    call("fcclCommGetLastPath", || {
+        let c = handle::get(comm)?;
+        let (b, a) = c.last_path();
+        if !backend.is_null() {
+            // SAFETY: checked non-NULL; the caller passes a writable const char*.
+            unsafe { write_out(backend, static_c_str(b)) };
+        }
+        if !algorithm.is_null() {
+            // SAFETY: as above.
+            unsafe { write_out(algorithm, static_c_str(a)) };
+        }
+        Ok(())
+    })
+}
+
+/// A NUL-terminated copy of a static string, made once and kept for the life of the
+/// process (the set of names is fixed, so the table stays small).
+fn static_c_str(s: &'static str) -> *const c_char {
+    static TABLE: OnceLock<std::sync::Mutex<Vec<(&'static str, &'static CStr)>>> = OnceLock::new();
+    let mut t = TABLE.get_or_init(Default::default).lock().unwrap_or_else(|p| p.into_inner());
+    if let Some((_, c)) = t.iter().find(|(k, _)| *k == s) {
+        return c.as_ptr();
+    }
+    let c: &'static CStr = Box::leak(CString::new(s.replace('\0', "")).unwrap_or_default().into_boxed_c_str());
+    t.push((s, c));
+    c.as_ptr()
+}
+
 /// A fixed description of a result code (never NULL, also for unknown values).
 #[no_mangle]
 pub extern "C" fn fcclGetErrorString(result: fcclResult_t) -> *const c_char {

@@ -477,6 +477,7 @@ mod tests {
             timeout: Duration::from_secs(20),
             abort: &abort,
             check: true,
+            backend: "host",
             algo: "",
         };
         execute(&mut x, calls).expect("no fatal error")

@@ -29,6 +29,32 @@ pub(super) unsafe fn move_data(
     let es = c.dtype.size();
     let bytes = c.count * es;
     let s = c.stream;
+    // An all_to_all in place overwrites blocks that peers still read: the sends of the
+    // ranks in place are copied to scratch on this stream first and read there. Under
+    // MPS rank 0 moves the whole call (the others have no share of it).
+    let in_place = in_place_sends(c, peers, counts)?;
+    if !in_place.is_empty() {
+        if share.is_some_and(|me| me != 0) {
+            x.algo = "mps-idle";
+            return Ok(());
+        }
+        let total: usize = in_place.iter().map(|&(_, len)| len).sum();
+        let scratch = cuda::Scratch::new(total, ctx, s)?;
+        let mut moved = peers.to_vec();
+        let mut at = 0;
+        for &(q, len) in &in_place {
+            let dst = scratch.ptr().wrapping_add(at);
+            // SAFETY: rank q's send extent is mapped (caller); the scratch holds `total` bytes.
+            unsafe { cuda::copy_dtod_async(dst, peers[q].0, len, s)? };
+            moved[q].0 = dst;
+            at += len;
+        }
+        // SAFETY: the scratch lives on the stream until its work is done (freed in its
+        // order); the rest is the caller's contract.
+        unsafe { move_data(x, c, &moved, counts, ctx, device, None)? };
+        x.algo = "exec-copy-scratch";
+        return Ok(());
+    }
     let recv = |q: usize| peers[q].1 as *mut u8;
     let send = |q: usize| peers[q].0;
     let copy = |dst: *mut u8, src: *const u8, len: usize| -> Result<()> {
@@ -75,7 +101,7 @@ pub(super) unsafe fn move_data(
         x.algo = unsafe { mps::share(c, me, peers, counts, &m)? };
         return Ok(());
     }
-    x.algo = "copies on rank 0's stream through IPC mappings";
+    x.algo = "exec-copy";
     match c.kind {
         CollKind::AllReduce => {
             // Into rank 0's recv (read in place before anything writes), then copied to
@@ -84,19 +110,19 @@ pub(super) unsafe fn move_data(
             for q in 1..n {
                 copy(recv(q), recv(0), bytes)?;
             }
-            x.algo = "reduce, then copies, on rank 0's stream through IPC mappings";
+            x.algo = "exec-reduce-copy";
         }
         CollKind::ReduceScatter if c.strided.is_some() => {
             for q in 0..n {
                 reduce_strided(q)?;
             }
-            x.algo = "2D copies and reductions on rank 0's stream through IPC mappings";
+            x.algo = "exec-copy2d-reduce";
         }
         CollKind::ReduceScatter => {
             for q in 0..n {
                 reduce(recv(q), &sends_at(&|_| q * bytes), c.count)?;
             }
-            x.algo = "reductions on rank 0's stream through IPC mappings";
+            x.algo = "exec-reduce";
         }
         CollKind::ReduceScatterV => {
             for q in 0..n {
@@ -105,11 +131,11 @@ pub(super) unsafe fn move_data(
                     reduce(recv(q), &sends_at(&|p| counts[p].sdispls()[q] * es), elems)?;
                 }
             }
-            x.algo = "reductions on rank 0's stream through IPC mappings";
+            x.algo = "exec-reduce";
         }
         CollKind::Reduce => {
             reduce(recv(c.root), &sends_at(&|_| 0), c.count)?;
-            x.algo = "reduction on rank 0's stream through IPC mappings";
+            x.algo = "exec-reduce";
         }
         CollKind::AllGather if c.strided.is_some() => {
             // Rank p's block j lands at element (j * n + p) * block of every receive buffer.
@@ -120,7 +146,7 @@ pub(super) unsafe fn move_data(
                     copy2d(recv(q).wrapping_add(p * w), n * w, send(p), w, w, st.outer)?;
                 }
             }
-            x.algo = "2D copies on rank 0's stream through IPC mappings";
+            x.algo = "exec-copy2d";
         }
         CollKind::AllGather => {
             for q in 0..n {
@@ -169,4 +195,25 @@ pub(super) unsafe fn move_data(
         k => return Err(Error::internal(format!("{} on the IPC path", k.c_name()))),
     }
     Ok(())
+}
+
+/// The ranks of an all_to_all(v) whose send and receive extents overlap (in place), with
+/// the bytes of their send extents.
+fn in_place_sends(c: &Coll, peers: &[(*const u8, *const u8)], counts: &[VCounts]) -> Result<Vec<(usize, usize)>> {
+    if !matches!(c.kind, CollKind::AlltoAll | CollKind::AlltoAllv) {
+        return Ok(Vec::new());
+    }
+    let n = peers.len();
+    let mut out = Vec::new();
+    for (q, &(s, r)) in peers.iter().enumerate() {
+        let (sb, rb) = match counts.get(q) {
+            Some(v) => Coll { v: Some(v.clone()), ..c.clone() }.extents(q, n)?,
+            None => c.extents(q, n)?,
+        };
+        let (s, r) = (s as usize, r as usize);
+        if sb > 0 && rb > 0 && s < r + rb && r < s + sb {
+            out.push((q, sb));
+        }
+    }
+    Ok(out)
 }

@@ -56,6 +56,9 @@ pub use mps::local as mps_local;
 const BLOB: usize = 1 + 4 + 2 * (64 + 8 + 8);
 /// The rank that moves the data.
 const EXECUTOR: usize = 0;
+/// How long the one round trip that proves stream memory operations may take: a GPU
+/// busy with other processes' work answers within a few time slices.
+const PROBE_LIMIT: Duration = Duration::from_secs(5);
 
 /// Bytes of a descriptor for `c`: the fixed part, then for calls with per-rank counts
 /// the rank's four arrays (sendcounts, sdispls, recvcounts, rdispls), `n` u64 each.
@@ -154,6 +157,35 @@ pub struct Ipc {
     ctl: std::result::Result<Arc<Ctl>, String>,
     inner: Mutex<Inner>,
     watch: Arc<Watch>,
+    /// The remedies this communicator has warned about (each fallback's WARN is said once).
+    warned: Mutex<Vec<&'static str>>,
+}
+
+/// Why this rank cannot take a call GPU to GPU, and what its user can do about it.
+#[derive(Clone, Debug)]
+pub(super) struct Fallback {
+    pub why: String,
+    pub fix: &'static str,
+}
+
+impl Fallback {
+    fn new(why: impl Into<String>, fix: &'static str) -> Fallback {
+        Fallback { why: why.into(), fix }
+    }
+}
+
+/// What a user can do about each reason a call leaves the GPU-to-GPU path.
+pub(super) mod fix {
+    pub const REGION: &str =
+        "the control region is POSIX shared memory: check the free space and permissions of /dev/shm";
+    pub const CONTEXT: &str = "allocate every device buffer of a communicator in one context (the device's primary context, as the CUDA runtime and PyTorch do)";
+    pub const MEMOPS: &str = "the path orders the ranks' streams with stream memory operations (the _v2 entry points, on by default since CUDA 11.7) on host-mapped memory: update the NVIDIA driver, or set FERROCCL_CUDA_IPC=0 to stage on purpose";
+    pub const HOST_MEMORY: &str = "pass device memory on every rank (or host memory on every rank)";
+    pub const EXPORT: &str = "allocate buffers with cudaMalloc/cuMemAlloc: managed, cuMemCreate (PyTorch's expandable_segments:True) and stream-ordered pool memory cannot be shared through CUDA IPC";
+    pub const NVRTC: &str =
+        "the reduction kernels are compiled at run time: install NVRTC for this driver's CUDA version (libnvrtc.so)";
+    pub const OVERLAP: &str = "pass an output that does not overlap the input";
+    pub const PEER: &str = "see the warning of the rank named";
 }
 
 /// What every rank of a communicator on one GPU learns when it is created.
@@ -210,6 +242,31 @@ impl Ipc {
             ctl: setup.ctl,
             inner: Mutex::new(Inner::default()),
             watch: Arc::new(Watch::default()),
+            warned: Mutex::new(Vec::new()),
+        }
+    }
+
+    /// Says that `what` leaves the GPU-to-GPU path for host staging: a WARN the first
+    /// time this communicator meets `f.fix`, INFO after that.
+    pub(super) fn fell_back(&self, what: &str, f: &Fallback) {
+        let first = {
+            let mut w = self.warned.lock().unwrap_or_else(|p| p.into_inner());
+            !w.contains(&f.fix) && {
+                w.push(f.fix);
+                true
+            }
+        };
+        let line = format_args!(
+            "rank {}: {what} goes through host staging, not GPU to GPU: {}. To fix: {}{}",
+            self.rank,
+            f.why,
+            f.fix,
+            if first { " (said once per communicator; FERROCCL_DEBUG=INFO names the path of every call)" } else { "" }
+        );
+        if first {
+            log::warn(line);
+        } else {
+            log::info(line);
         }
     }
 }
@@ -262,7 +319,7 @@ impl Backend for Ipc {
                 first_err.get_or_insert(e);
             }
             if p2p.len() < calls.len() {
-                x.algo = if algo == x.algo { algo } else { "collectives, then send/recv, on the streams" };
+                x.algo = if algo == x.algo { algo } else { "group" };
             }
         }
         Ok(first_err.into())
@@ -288,7 +345,7 @@ enum Mode<'a> {
     /// waits for it, as the callers' streams cannot order each other.
     Synced,
     /// This rank cannot take part, for this reason: the call stages.
-    Off(String),
+    Off(Fallback),
 }
 
 impl Inner {
@@ -353,31 +410,58 @@ impl Ipc {
     fn stream_mode<'a>(&self, inner: &'a mut Inner, ctx: cuda::Ctx, device: i32) -> Mode<'a> {
         let ctl = match &self.ctl {
             Ok(c) => c,
-            Err(m) => return Mode::Off(m.clone()),
+            Err(m) => return Mode::Off(Fallback::new(format!("no device control region ({m})"), fix::REGION)),
         };
         if inner.ctx.is_none() {
             inner.ctx = ctx;
         }
         if inner.ctx != ctx {
-            return Mode::Off("buffers of another context than the communicator's first device call".to_string());
+            return Mode::Off(Fallback::new(
+                "its buffers belong to another context than the communicator's first device call",
+                fix::CONTEXT,
+            ));
         }
         if self.synced {
             return Mode::Synced;
         }
         if inner.reg.is_none() {
-            let reg = cuda::memops_ready(device).and_then(|_| ctl.register(ctx)).map_err(|e| e.msg);
+            let reg = self.register(ctl, ctx, device);
             match &reg {
                 Ok(_) => self.start_watchdog(ctl, inner),
-                Err(m) => log::info(format_args!(
-                    "rank {}: device calls through host staging: the stream-ordered path is unavailable: {m}",
-                    self.rank
-                )),
+                Err(m) => {
+                    log::info(format_args!("rank {}: the stream-ordered device path is unavailable: {m}", self.rank))
+                }
             }
             inner.reg = Some(reg);
         }
         match inner.reg.as_ref().expect("tried") {
             Ok(r) => Mode::Stream(r),
-            Err(m) => Mode::Off(m.clone()),
+            Err(m) => Mode::Off(Fallback::new(m.clone(), fix::MEMOPS)),
+        }
+    }
+
+    /// The stream-ordered path's prerequisites, each checked with its own reason: the
+    /// driver's `_v2` memory operations and the device attributes they rely on
+    /// (`memops_ready`), the control words registered in `ctx`, then one real round
+    /// trip on them (the host writes, the stream waits and writes, the host reads).
+    fn register(&self, ctl: &Arc<Ctl>, ctx: cuda::Ctx, device: i32) -> std::result::Result<Registered, String> {
+        cuda::memops_ready(device).map_err(|e| e.msg)?;
+        let reg = ctl.register(ctx).map_err(|e| e.msg)?;
+        match reg.prove(self.rank, PROBE_LIMIT) {
+            Ok(took) => {
+                log::info(format_args!(
+                    "rank {}: stream memory operations on the control words work (one round trip: {:.1} us)",
+                    self.rank,
+                    took.as_secs_f64() * 1e6
+                ));
+                Ok(reg)
+            }
+            Err(e) => {
+                // The stream may still hold the round trip's operations: the words stay
+                // registered and mapped for the life of the process.
+                std::mem::forget(reg);
+                Err(e.msg)
+            }
         }
     }
 
@@ -399,27 +483,31 @@ impl Ipc {
         }
     }
 
-    fn prepare(&self, c: &Coll, ctx: cuda::Ctx, device: i32, inner: &mut Inner) -> Result<Vec<u8>> {
+    /// This rank's descriptor of `c`, or why it cannot take the call GPU to GPU.
+    fn prepare(
+        &self,
+        c: &Coll,
+        ctx: cuda::Ctx,
+        device: i32,
+        inner: &mut Inner,
+    ) -> std::result::Result<Vec<u8>, Fallback> {
         let reduces = matches!(
             c.kind,
             CollKind::AllReduce | CollKind::Reduce | CollKind::ReduceScatter | CollKind::ReduceScatterV
         );
         if (self.rank == EXECUTOR || self.shares()) && reduces {
             // Compiled now, so a rank without NVRTC says so in the exchange.
-            cuda_reduce::kernel(ctx, device, c.reduction())?;
+            cuda_reduce::kernel(ctx, device, c.reduction()).map_err(|e| Fallback::new(e.msg, fix::NVRTC))?;
         }
-        if matches!(c.kind, CollKind::AlltoAll | CollKind::AlltoAllv) && std::ptr::eq(c.send, c.recv) {
-            return Err(Error::unavailable("an in-place all_to_all overwrites blocks that peers still read"));
-        }
-        let (sb, rb) = c.extents(self.rank, self.nranks)?;
+        let (sb, rb) = c.extents(self.rank, self.nranks).map_err(|e| Fallback::new(e.msg, ""))?;
         if c.placement == Placement::Host && sb + rb > 0 {
-            return Err(Error::unavailable("this rank's buffers are host memory"));
+            return Err(Fallback::new("this rank's buffers are host memory", fix::HOST_MEMORY));
         }
         let (s0, r0) = (c.send as usize, c.recv as usize);
         if c.strided.is_some() && c.kind == CollKind::ReduceScatter && sb > 0 && rb > 0 && s0 < r0 + rb && r0 < s0 + sb
         {
             // Its blocks are packed while the results are written.
-            return Err(Error::unavailable("the output of a reduce_scatter along an axis overlaps its input"));
+            return Err(Fallback::new("the output of a reduce_scatter along an axis overlaps its input", fix::OVERLAP));
         }
         let mut b = vec![0u8; desc_bytes(c, self.nranks)];
         if let Some(v) = &c.v {
@@ -430,7 +518,7 @@ impl Ipc {
         let mut at = 5;
         for (p, bytes) in [(c.send, sb), (c.recv as *const u8, rb)] {
             if bytes > 0 {
-                let (h, off) = inner.exported.handle(p)?;
+                let (h, off) = inner.exported.handle(p).map_err(|e| Fallback::new(e.msg, fix::EXPORT))?;
                 b[at..at + 64].copy_from_slice(&h);
                 b[at + 64..at + 72].copy_from_slice(&(off as u64).to_le_bytes());
                 b[at + 72..at + 80].copy_from_slice(&(p as u64).to_le_bytes());
@@ -469,18 +557,15 @@ impl Ipc {
             cuda::sync(c.stream)?;
         }
         let prepared = match &reason {
-            Some(m) => Err(Error::unavailable(m.clone())),
+            Some(f) => Err(f.clone()),
             None => self.prepare(c, ctx, device, inner),
         };
-        let mine = match prepared {
-            Ok(b) => b,
-            Err(e) => {
-                if reason.is_none() {
-                    log::info(format_args!("rank {rank}: {} through host staging: {}", c.kind.c_name(), e.msg));
-                }
+        let (mine, mut fallback) = match prepared {
+            Ok(b) => (b, None),
+            Err(f) => {
                 let mut b = vec![0u8; desc_bytes(c, n)];
                 b[1..5].copy_from_slice(&std::process::id().to_le_bytes());
-                b
+                (b, Some(f))
             }
         };
         let db = mine.len();
@@ -492,14 +577,22 @@ impl Ipc {
         if let Ok(ctl) = &self.ctl {
             inner.freed.apply(ctl, rank, &self.pids, ctx, &mut inner.maps, &mut gone);
         }
-        if reason.is_some() || all.chunks(db).any(|b| b[0] != 1) {
+        let unable: Vec<usize> = all.chunks(db).enumerate().filter(|(_, b)| b[0] != 1).map(|(q, _)| q).collect();
+        if fallback.is_none() && !unable.is_empty() {
+            let who = unable.iter().map(|q| q.to_string()).collect::<Vec<_>>().join(", ");
+            fallback = Some(Fallback::new(format!("rank(s) {who} cannot take it GPU to GPU"), fix::PEER));
+        }
+        if let Some(f) = fallback {
             // Somebody cannot: everyone runs the call on the built-in backend, device
             // buffers staged (after the calls before it on the stream).
             drop(guard);
             self.defer_close(inner, gone);
+            self.fell_back(c.kind.c_name(), &f);
             if c.placement == Placement::Host {
-                x.algo = "host (a rank's buffers are not all on the device)";
-                return Self::on_host(x, c.clone(), None);
+                // This rank's buffers are host memory: the host algorithms serve it.
+                x.backend = "host";
+                *x.seq += 1;
+                return host_run(x, &[Call { coll: c.clone(), seq: *x.seq }]);
             }
             // A reduce_scatter along an axis is packed first (the host has no strided form).
             let coll = match c.strided {
@@ -510,7 +603,7 @@ impl Ipc {
             *x.seq += 1;
             let staged = Call { coll, seq: *x.seq };
             let res = staging::run(x, &staged, rank, n)?;
-            x.algo = "staged (a rank cannot share this call's memory through IPC)";
+            x.backend = "staged";
             return Ok(res);
         }
         // Per-rank counts: every rank checks every pair from the same descriptors, so all
@@ -531,7 +624,7 @@ impl Ipc {
                 unsafe { move_data(x, c, &peers, &counts, ctx, device, None)? };
                 cuda::sync(s)?;
             } else {
-                x.algo = "the host waits while rank 0 moves the data";
+                x.algo = "host-wait";
             }
             for base in gone {
                 close(base);
@@ -581,7 +674,7 @@ impl Ipc {
                 cuda::stream_write(s, dev_ready(rank), k)?;
                 cuda::stream_wait_geq(s, dev_done, k)?;
             }
-            x.algo = "signal and wait on the stream; rank 0 moves the data";
+            x.algo = "signal-wait";
         }
         if !self.shares() {
             targets.extend((0..n).filter(|&q| q != EXECUTOR).map(|q| Target { w: ctl.ready(q), v: k, writer: q }));

@@ -86,7 +86,7 @@ pub unsafe fn share(
                     }
                 }
             }
-            return Ok("every rank reduces its slice into the buffers (MPS)");
+            return Ok("mps-slices");
         }
         CollKind::ReduceScatter if c.strided.is_some() => (m.reduce_strided)(me)?,
         CollKind::ReduceScatter => (m.reduce)(recv(me), &sends_at(&|_| me * bytes), c.count)?,
@@ -131,7 +131,7 @@ pub unsafe fn share(
         }
         k => return Err(Error::internal(format!("{} shared out under MPS", k.c_name()))),
     }
-    Ok("every rank moves its share on its stream (MPS)")
+    Ok("mps-shares")
 }
 
 #[cfg(test)]

@@ -23,14 +23,13 @@
 
 use super::mappings::Owner;
 use super::watch::Target;
-use super::{Inner, Ipc, Outcome};
+use super::{fix, Fallback, Inner, Ipc, Outcome};
 use crate::backend::ctl::{Ctl, Pair, RecvRec, SendRec, BOUNCE, SLOTS};
 use crate::backend::host::engine::{p2p_mismatch, P2pCall};
 use crate::backend::host::Call;
 use crate::backend::Exec;
 use crate::coll::{Coll, CollKind};
 use crate::error::{Error, Result};
-use crate::log;
 use crate::mem::{cuda, Placement};
 use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
@@ -76,7 +75,7 @@ struct Op<'c> {
     slot: u64,
     bytes: usize,
     /// This side's buffer may be used GPU to GPU; else why not.
-    device: std::result::Result<(), String>,
+    device: std::result::Result<(), Fallback>,
     rec: SendRec,
     st: St,
     verdict: Option<Verdict>,
@@ -134,9 +133,9 @@ impl Ipc {
         peer: usize,
         ctx: cuda::Ctx,
         inner: &mut Inner,
-    ) -> std::result::Result<SendRec, String> {
+    ) -> std::result::Result<SendRec, Fallback> {
         let Placement::Device { device, .. } = c.placement else {
-            return Err("host memory".into());
+            return Err(Fallback::new("its buffer is host memory", fix::HOST_MEMORY));
         };
         match self.stream_mode(inner, ctx, device) {
             super::Mode::Off(m) => return Err(m),
@@ -146,7 +145,7 @@ impl Ipc {
         if c.kind == CollKind::Send {
             r.ptr = c.send as u64;
             if self.pids[peer] != std::process::id() {
-                let (h, off) = inner.exported.handle(c.send).map_err(|e| e.msg)?;
+                let (h, off) = inner.exported.handle(c.send).map_err(|e| Fallback::new(e.msg, fix::EXPORT))?;
                 r.handle = h;
                 r.off = off as u64;
             }
@@ -239,8 +238,11 @@ impl Ipc {
                 return Err(e);
             }
             x.algo = algo_of(&run);
+            if x.algo == "p2p-bounce" {
+                x.backend = "staged";
+            }
         } else if !run.selfs.is_empty() {
-            x.algo = "to itself, on its stream";
+            x.algo = "p2p-self";
         }
         Ok(run.errors.into_iter().next().into())
     }
@@ -396,8 +398,12 @@ impl Ipc {
                     }
                 }
                 Verdict::Bounce => {
-                    if let Err(why) = &op.device {
-                        log::info(format_args!("rank {me}: {} through host memory: {why}", describe(op.c)));
+                    match &op.device {
+                        Err(f) => self.fell_back(&describe(op.c), f),
+                        Ok(()) => self.fell_back(
+                            &describe(op.c),
+                            &Fallback::new(format!("rank {} cannot take its side GPU to GPU", op.peer), fix::PEER),
+                        ),
                     }
                     op.st = if matches!(op.c.placement, Placement::Device { .. }) { St::Idle } else { St::Move(0) };
                 }
@@ -579,10 +585,10 @@ fn describe(c: &Coll) -> String {
 fn algo_of(run: &Run<'_>) -> &'static str {
     let has = |v: Verdict| run.ops.iter().any(|o| o.verdict == Some(v));
     match (has(Verdict::Device), has(Verdict::Bounce)) {
-        (true, false) => "the receiver copies from the sender's buffer on the GPU",
-        (true, true) => "GPU to GPU, and through host memory where a buffer cannot be shared",
-        (false, true) => "through host memory (a buffer cannot be shared on the GPU)",
-        (false, false) => "no data: the sizes differ",
+        (true, false) => "p2p-pull",
+        (true, true) => "p2p-pull+bounce",
+        (false, true) => "p2p-bounce",
+        (false, false) => "p2p-mismatch",
     }
 }
 

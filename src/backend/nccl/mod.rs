@@ -270,7 +270,7 @@ impl super::Backend for NcclBackend {
     }
 
     fn run(&self, x: &mut super::Exec<'_>, calls: &[super::host::Call]) -> Result<super::Outcome> {
-        x.algo = "enqueued on the caller's stream";
+        x.algo = "enqueued";
         let colls: Vec<&Coll> = calls.iter().map(|c| &c.coll).collect();
         self.nccl.run(&colls, self.rank, self.nranks)?;
         Ok(super::Outcome::Done)

@@ -429,7 +429,6 @@ pub fn set_current(ctx: Ctx) -> Result<()> {
     check(unsafe { cu::cuCtxSetCurrent(ctx.raw()) }, "cuCtxSetCurrent")
 }
 
-/// Page-locks host memory for fast, asynchronous copies from and to every context
 /// A CUDA event of the current context (no timing), destroyed on drop: marks a point
 /// on a stream that the host can wait for.
 pub struct Event(cu::CUevent);
