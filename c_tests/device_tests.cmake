@@ -107,3 +107,25 @@ else()
     endif()
   endforeach()
 endif()
+
+# What served each call (c_tests/test_device_path.c): every collective and extension of
+# ranks sharing device 0 says backend "ipc" (GPU to GPU), with and without MPS shares;
+# with FERROCCL_CUDA_IPC=0 every one says "staged"; managed memory falls back with one
+# WARN. Fails when the GPU-to-GPU path's gate refuses a stock driver.
+_fccl_missing_of(_fccl_path_miss ${_fccl_dev_req} fcclCommGetLastPath)
+set(_fccl_path_tests test_device_path.np2 test_device_path.np4 test_device_path.mps.np3
+    test_device_path.staged.np2)
+if(_fccl_path_miss)
+  _fccl_missing_tests(test_device_path "${_fccl_path_miss}" ${_fccl_path_tests})
+else()
+  add_executable(test_device_path test_device_path.c)
+  target_link_libraries(test_device_path PRIVATE ferroccl ${CMAKE_DL_LIBS})
+  foreach(_n 2 4)
+    _fccl_device_test(test_device_path.np${_n} ${_n} "${_fccl_env}"
+      "${FERROCCL_RUN}" -n ${_n} $<TARGET_FILE:test_device_path>)
+  endforeach()
+  _fccl_device_test(test_device_path.mps.np3 3 "${_fccl_env};FERROCCL_CUDA_MPS=1"
+    "${FERROCCL_RUN}" -n 3 $<TARGET_FILE:test_device_path>)
+  _fccl_device_test(test_device_path.staged.np2 2 "${_fccl_env};FERROCCL_CUDA_IPC=0;FCCL_TEST_BACKEND=staged"
+    "${FERROCCL_RUN}" -n 2 $<TARGET_FILE:test_device_path>)
+endif()

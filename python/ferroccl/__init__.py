@@ -32,7 +32,7 @@ import contextlib
 import ctypes
 import enum
 import threading
-from ctypes import byref, c_int, c_size_t, c_void_p
+from ctypes import byref, c_char_p, c_int, c_size_t, c_void_p
 
 from . import _buf, _lib, _mem, _work
 from ._lib import FcclError, error_string, last_error, library_path
@@ -576,6 +576,16 @@ class Comm:
         d = c_int()
         self._call("fcclCommCuDevice", self._h, byref(d))
         return d.value
+
+    @property
+    def last_path(self):
+        """fcclCommGetLastPath: (backend, algorithm) that served the last call on this
+        communicator, e.g. ("ipc", "exec-reduce-copy") for device memory moved GPU to
+        GPU, ("staged", ...) through host memory, ("host", ...) for host memory;
+        ("none", "none") before the first call."""
+        b, a = c_char_p(), c_char_p()
+        self._call("fcclCommGetLastPath", self._h, byref(b), byref(a))
+        return (b.value or b"").decode(), (a.value or b"").decode()
 
     @property
     def closed(self):

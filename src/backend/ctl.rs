@@ -482,6 +482,19 @@ mod tests {
         b.raise(b.sent(2, 1), 3);
         assert_eq!(a.at(a.sent(2, 1)).load(Ordering::Acquire), 7, "never lowered");
         assert_ne!(a.recvd(2, 1), a.sent(2, 1));
+        // Probe lines: one per rank, after every other word, inside the registered part.
+        let mut words: Vec<usize> = vec![Ctl::DONE.0, Ctl::FAILED.0];
+        for r in 0..3 {
+            words.extend([a.ready(r).0, a.fin(r).0]);
+            words.extend((0..3).flat_map(|q| [a.sent(r, q).0, a.recvd(r, q).0]));
+        }
+        let last = *words.iter().max().unwrap();
+        for r in 0..3 {
+            let (ping, pong) = a.probe(r);
+            assert!(ping.0 > last && pong.0 == ping.0 + 4 && ping.0 % LINE == 0, "rank {r}: {ping:?} {pong:?}");
+            assert!(pong.0 + 4 <= a.words, "rank {r}'s probe lies in the registered words");
+            assert!(r == 0 || ping.0 == a.probe(r - 1).0 .0 + LINE, "a line per rank");
+        }
         // Mailbox: a record is visible once stamped with its slot, and only for it.
         let s = SendRec { bytes: 40, device: true, pid: 9, off: 16, ptr: 0xabc0, handle: [7; 64] };
         assert!(b.pair(0, 2).get_send(0).is_none());

@@ -102,6 +102,8 @@ pub struct Comm {
     router: Router,
     /// Set once the first device call on a rank without a device was logged.
     told_no_device: AtomicBool,
+    /// Device memory the coalesced calls pack their buckets into, reused call after call.
+    pub buckets: Mutex<cuda::Arena>,
     /// The local address of the connection to the rendezvous point, for splits' wire-up.
     route: Option<std::net::IpAddr>,
 }
@@ -126,6 +128,7 @@ impl Comm {
             device: -1,
             router: Router::new(vec![Box::new(Builtin { rank, nranks })]),
             told_no_device: AtomicBool::new(false),
+            buckets: Mutex::new(cuda::Arena::default()),
             route: None,
         }
     }

@@ -123,24 +123,21 @@ pub fn broadcast_coalesced(comm: &Arc<Comm>, b: &Coalesced<'_>, root: usize, buc
     )
 }
 
-/// One bucket's packed bytes: host memory, or device memory freed in stream order.
+/// One bucket's packed bytes: host memory, or a part of the communicator's device
+/// arena (reused call after call, so the GPU-to-GPU path shares it with peers once).
 enum Bucket {
     Host(Vec<u8>),
-    Device(Arc<cuda::Scratch>, usize),
+    Device(*mut u8, usize),
 }
 
-impl Bucket {
-    fn new(bytes: usize, b: &Coalesced<'_>) -> Result<Bucket> {
-        Ok(match b.place {
-            Placement::Host => Bucket::Host(vec![0u8; bytes]),
-            Placement::Device { ctx, .. } => Bucket::Device(Arc::new(cuda::Scratch::new(bytes, ctx, b.stream)?), bytes),
-        })
-    }
+/// Buckets of one pass start at multiples of this (the reduction kernels' vector loads).
+const BUCKET_ALIGN: usize = 256;
 
+impl Bucket {
     fn ptr(&self) -> *mut u8 {
         match self {
             Bucket::Host(v) => v.as_ptr() as *mut u8,
-            Bucket::Device(s, _) => s.ptr(),
+            Bucket::Device(p, _) => *p,
         }
     }
 
@@ -243,31 +240,53 @@ fn run_buckets(
     let mut i = 0;
     while i < all.len() {
         // One pass: buckets up to PASS_BYTES of staging, at least one.
-        let mut pass: Vec<(std::ops::Range<usize>, Bucket)> = Vec::new();
+        let mut ranges: Vec<(std::ops::Range<usize>, usize)> = Vec::new();
         let mut direct: Vec<Coll> = Vec::new();
         let mut staged = 0usize;
-        while i < all.len() && (pass.is_empty() && direct.is_empty() || staged < PASS_BYTES) {
+        while i < all.len() && (ranges.is_empty() && direct.is_empty() || staged < PASS_BYTES) {
             let r = all[i].clone();
             let bytes: usize = sizes[r.clone()].iter().sum();
             if r.len() == 1 && bytes > limit {
                 direct.push(per_buffer(r.start)); // too big for a bucket: travels alone, unstaged
             } else if bytes > 0 {
-                staged += bytes;
-                pass.push((r, Bucket::new(bytes, b)?));
+                staged += bytes.next_multiple_of(BUCKET_ALIGN);
+                ranges.push((r, bytes));
             }
             i += 1;
         }
+        let mut arena = match b.place {
+            Placement::Device { ctx, .. } if staged > 0 => {
+                let mut a = comm.buckets.lock().unwrap_or_else(|p| p.into_inner());
+                let base = a.take(staged, ctx, b.stream)?;
+                Some((a, base))
+            }
+            _ => None,
+        };
+        let mut at = 0;
+        let pass: Vec<(std::ops::Range<usize>, Bucket)> = ranges
+            .into_iter()
+            .map(|(r, bytes)| {
+                let bk = match &arena {
+                    // The arena holds `staged` bytes: every bucket of the pass, aligned.
+                    Some((_, base)) => Bucket::Device(base.wrapping_add(at), bytes),
+                    None => Bucket::Host(vec![0u8; bytes]),
+                };
+                at += bytes.next_multiple_of(BUCKET_ALIGN);
+                (r, bk)
+            })
+            .collect();
         let mut calls: Vec<Coll> = pass.iter().map(|(r, bk)| make(r, bk)).collect::<Result<_>>()?;
         calls.extend(direct);
         for c in &calls {
             c.validate(comm.rank, comm.nranks)?;
         }
-        if !calls.is_empty() {
-            comm.run(calls)?;
+        let ran = if calls.is_empty() { Ok(()) } else { comm.run(calls) };
+        let finished = ran.and_then(|_| pass.iter().try_for_each(|(r, bk)| finish(r.clone(), bk)));
+        if let Some((a, _)) = arena.as_mut() {
+            // Whatever happened, the next use waits for what this pass queued.
+            a.used(b.stream)?;
         }
-        for (r, bk) in &pass {
-            finish(r.clone(), bk)?;
-        }
+        finished?;
     }
     Ok(())
 }

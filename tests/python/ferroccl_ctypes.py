@@ -84,6 +84,7 @@ _PROTOTYPES = {
     "fcclCommCount": (fcclResult_t, [fcclComm_t, POINTER(c_int)]),
     "fcclCommUserRank": (fcclResult_t, [fcclComm_t, POINTER(c_int)]),
     "fcclCommCuDevice": (fcclResult_t, [fcclComm_t, POINTER(c_int)]),
+    "fcclCommGetLastPath": (fcclResult_t, [fcclComm_t, POINTER(c_char_p), POINTER(c_char_p)]),
     "fcclGetErrorString": (c_char_p, [fcclResult_t]),
     "fcclGetLastError": (c_char_p, [fcclComm_t]),
     "fcclAllReduce": (fcclResult_t,

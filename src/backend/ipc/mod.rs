@@ -518,7 +518,12 @@ impl Ipc {
         let mut at = 5;
         for (p, bytes) in [(c.send, sb), (c.recv as *const u8, rb)] {
             if bytes > 0 {
-                let (h, off) = inner.exported.handle(p).map_err(|e| Fallback::new(e.msg, fix::EXPORT))?;
+                let (h, off) = inner.exported.handle(p).map_err(|e| {
+                    Fallback::new(
+                        format!("its buffer {p:p} cannot be shared through CUDA IPC ({})", e.msg),
+                        fix::EXPORT,
+                    )
+                })?;
                 b[at..at + 64].copy_from_slice(&h);
                 b[at + 64..at + 72].copy_from_slice(&(off as u64).to_le_bytes());
                 b[at + 72..at + 80].copy_from_slice(&(p as u64).to_le_bytes());

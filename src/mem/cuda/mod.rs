@@ -59,6 +59,7 @@ const SYMBOLS: &[&str] = &[
     "cuEventRecord",
     "cuEventSynchronize",
     "cuEventDestroy_v2",
+    "cuStreamWaitEvent",
 ];
 
 /// Stream-ordered allocation (CUDA 11.2+); without it scratch memory is freed after a
@@ -450,6 +451,13 @@ impl Event {
     pub fn record(&self, stream: Stream) -> Result<()> {
         // SAFETY: a live event; the stream is the caller's, of the event's context.
         check(unsafe { cu::cuEventRecord(self.0, stream.raw()) }, "cuEventRecord")
+    }
+
+    /// Makes the work queued on `stream` from now on wait for the last recorded point
+    /// (on the GPU; the host does not wait).
+    pub fn wait_on(&self, stream: Stream) -> Result<()> {
+        // SAFETY: a live event; the stream is the caller's (flags must be 0).
+        check(unsafe { cu::cuStreamWaitEvent(stream.raw(), self.0, 0) }, "cuStreamWaitEvent")
     }
 
     /// Waits until the stream has passed the last recorded point.

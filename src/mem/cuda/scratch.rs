@@ -70,3 +70,75 @@ fn async_alloc() -> bool {
     };
     rc == cu::CUresult::CUDA_SUCCESS && pools != 0
 }
+
+/// Device memory a communicator reuses call after call for packed data (the coalesced
+/// calls' buckets). Plain cuMemAlloc memory, so that the GPU-to-GPU path of ranks on one
+/// GPU can share it with peers through CUDA IPC once and keep the mapping (stream-ordered
+/// pool memory cannot be exported); each use waits on the stream for an event recorded
+/// after the previous one, so the host never waits for it.
+#[derive(Default)]
+pub struct Arena {
+    ptr: u64,
+    bytes: usize,
+    ctx: Ctx,
+    /// Recorded after the last use.
+    last: Option<Event>,
+}
+
+// SAFETY: the arena holds a device address and an event handle; the driver allows both
+// to be used from any thread, and the owner serialises the uses (a mutex).
+unsafe impl Send for Arena {}
+
+/// Arenas grow in steps of this many bytes.
+const ARENA_STEP: usize = 1 << 20;
+
+impl Arena {
+    /// `bytes` (> 0) of the arena in context `ctx` for work queued on `stream` from now
+    /// on, after every earlier use; call [`Arena::used`] once that work is queued.
+    pub fn take(&mut self, bytes: usize, ctx: Ctx, stream: Stream) -> Result<*mut u8> {
+        let _g = CtxGuard::enter(ctx)?;
+        if self.ptr == 0 || self.ctx != ctx || self.bytes < bytes {
+            self.release();
+            let size = bytes.max(2 * self.bytes).div_ceil(ARENA_STEP) * ARENA_STEP;
+            let mut ptr: cu::CUdeviceptr = 0;
+            // SAFETY: valid out-pointer; ctx is current.
+            check(unsafe { cu::cuMemAlloc_v2(&mut ptr, size) }, &format!("cuMemAlloc({size} bytes of buckets)"))?;
+            *self = Arena { ptr, bytes: size, ctx, last: None };
+        }
+        if let Some(e) = &self.last {
+            e.wait_on(stream)?;
+        }
+        Ok(self.ptr as usize as *mut u8)
+    }
+
+    /// Marks the end of the current use: the work queued on `stream` so far.
+    pub fn used(&mut self, stream: Stream) -> Result<()> {
+        let _g = CtxGuard::enter(self.ctx)?;
+        if self.last.is_none() {
+            self.last = Some(Event::new()?);
+        }
+        self.last.as_ref().expect("made above").record(stream)
+    }
+
+    /// Frees the memory once its last use is done (the host waits for it: only when the
+    /// arena grows or goes).
+    fn release(&mut self) {
+        if self.ptr == 0 {
+            return;
+        }
+        let Ok(_g) = CtxGuard::enter(self.ctx) else { return };
+        if let Some(e) = self.last.take() {
+            let _ = e.synchronize();
+        }
+        // SAFETY: allocated in take() and freed once; its last use is done (above).
+        let _ = unsafe { cu::cuMemFree_v2(self.ptr) };
+        self.ptr = 0;
+        self.bytes = 0;
+    }
+}
+
+impl Drop for Arena {
+    fn drop(&mut self) {
+        self.release();
+    }
+}

@@ -1,0 +1,291 @@
+/* What served each call: fcclCommGetLastPath on device memory of ranks sharing one GPU.
+ *
+ * Every rank selects device 0 before creating its communicator, so all ranks share one
+ * GPU and the GPU-to-GPU path ("ipc") must serve every collective and extension, out of
+ * place and in place (all_to_all and all_to_allv in place included). FCCL_TEST_BACKEND
+ * names the backend expected instead (FERROCCL_CUDA_IPC=0: "staged"). Host memory must
+ * say "host". Managed memory cannot be shared through CUDA IPC: it must say "staged",
+ * and the library must have logged one WARN for it on this communicator naming the
+ * reason and the fix (checked in the log file this test points FERROCCL_DEBUG_FILE at).
+ * A test of the gate: with the path gated on an attribute a stock driver reports as 0
+ * (the simulated GPU reports stock values), every device call here says "staged".
+ *
+ * Data goes in and out with the driver's cuMemcpy, loaded with dlopen; exits 77
+ * (skipped) without a driver or device. */
+#ifndef _POSIX_C_SOURCE
+#define _POSIX_C_SOURCE 200809L
+#endif
+#include <dlfcn.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "ferroccl.h"
+
+typedef int CUresult;
+typedef unsigned long long CUdeviceptr;
+static CUresult (*cuInit)(unsigned);
+static CUresult (*cuDeviceGetCount)(int*);
+static CUresult (*cuDeviceGet)(int*, int);
+static CUresult (*cuDevicePrimaryCtxRetain)(void**, int);
+static CUresult (*cuCtxSetCurrent)(void*);
+static CUresult (*cuCtxSynchronize)(void);
+static CUresult (*cuMemcpyHtoD)(CUdeviceptr, const void*, size_t);
+static CUresult (*cuMemcpyDtoH)(void*, CUdeviceptr, size_t);
+static CUresult (*cuMemAllocManaged)(CUdeviceptr*, size_t, unsigned);
+static CUresult (*cuMemFree)(CUdeviceptr);
+
+static int failures;
+static int g_rank, g_n;
+static const char* g_want;
+static char g_log[256];
+
+#define CHECK(cond, ...)                                               \
+  do {                                                                 \
+    if (!(cond)) {                                                     \
+      failures++;                                                      \
+      fprintf(stderr, "rank %d: %s:%d: ", g_rank, __FILE__, __LINE__); \
+      fprintf(stderr, __VA_ARGS__);                                    \
+      fprintf(stderr, "\n");                                           \
+    }                                                                  \
+  } while (0)
+#define OK(call)                                                                             \
+  do {                                                                                       \
+    fcclResult_t r_ = (call);                                                                \
+    CHECK(r_ == fcclSuccess, "%s returned %d: %s", #call, (int)r_, fcclGetLastError(NULL)); \
+  } while (0)
+
+static int skip(const char* why) {
+  printf("skipped: no CUDA driver/GPU (%s)\n", why);
+  return 77;
+}
+
+static int load_driver(void) {
+  void* h = dlopen("libcuda.so.1", RTLD_NOW | RTLD_LOCAL);
+  if (!h) return 0;
+  /* POSIX's way to turn dlsym's void* into a function pointer without a cast. */
+  *(void**)(&cuInit) = dlsym(h, "cuInit");
+  *(void**)(&cuDeviceGetCount) = dlsym(h, "cuDeviceGetCount");
+  *(void**)(&cuDeviceGet) = dlsym(h, "cuDeviceGet");
+  *(void**)(&cuDevicePrimaryCtxRetain) = dlsym(h, "cuDevicePrimaryCtxRetain");
+  *(void**)(&cuCtxSetCurrent) = dlsym(h, "cuCtxSetCurrent");
+  *(void**)(&cuCtxSynchronize) = dlsym(h, "cuCtxSynchronize");
+  *(void**)(&cuMemcpyHtoD) = dlsym(h, "cuMemcpyHtoD_v2");
+  *(void**)(&cuMemcpyDtoH) = dlsym(h, "cuMemcpyDtoH_v2");
+  *(void**)(&cuMemAllocManaged) = dlsym(h, "cuMemAllocManaged");
+  *(void**)(&cuMemFree) = dlsym(h, "cuMemFree_v2");
+  return cuInit && cuDeviceGetCount && cuDeviceGet && cuDevicePrimaryCtxRetain && cuCtxSetCurrent &&
+         cuCtxSynchronize && cuMemcpyHtoD && cuMemcpyDtoH && cuMemAllocManaged && cuMemFree;
+}
+
+static float* dev_alloc(size_t n) {
+  void* p = NULL;
+  OK(fcclMemAlloc(&p, n * sizeof(float) + 4));
+  return (float*)p;
+}
+static void put(float* d, const float* h, size_t n) {
+  CHECK(cuMemcpyHtoD((CUdeviceptr)(size_t)d, h, n * sizeof(float)) == 0, "cuMemcpyHtoD failed");
+}
+static void get(float* h, const float* d, size_t n) {
+  CHECK(cuCtxSynchronize() == 0, "cuCtxSynchronize failed");
+  CHECK(cuMemcpyDtoH(h, (CUdeviceptr)(size_t)d, n * sizeof(float)) == 0, "cuMemcpyDtoH failed");
+}
+static float in(int r, size_t i) { return (float)(r * 1000 + (int)i); }
+
+static void expect(const char* what, const float* got, const float* want, size_t n) {
+  for (size_t i = 0; i < n; i++) {
+    if (got[i] != want[i]) {
+      CHECK(0, "%s: element %zu is %g, expected %g", what, i, (double)got[i], (double)want[i]);
+      return;
+    }
+  }
+}
+
+/* The last call's path must name backend `want`; rank 0 prints it. */
+static void path_is(fcclComm_t comm, const char* what, const char* want) {
+  const char* b = NULL;
+  const char* a = NULL;
+  OK(fcclCommGetLastPath(comm, &b, &a));
+  if (!b || !a) {
+    CHECK(0, "%s: fcclCommGetLastPath left a NULL string", what);
+    return;
+  }
+  CHECK(strcmp(b, want) == 0, "%s: served by backend %s (algorithm %s), expected %s", what, b, a, want);
+  CHECK(a[0] != '\0', "%s: empty algorithm name", what);
+  if (g_rank == 0) printf("path: %-28s backend %-7s algorithm %s\n", what, b, a);
+}
+
+/* Every collective and extension on device memory, each path checked. */
+static void device_calls(fcclComm_t comm) {
+  const int r = g_rank, n = g_n;
+  const size_t c = 37;
+  const size_t big = c * (size_t)n;
+  float* h = calloc(big, sizeof(float));
+  float* w = calloc(big, sizeof(float));
+  float* s = dev_alloc(big);
+  float* d = dev_alloc(big);
+  size_t* counts = calloc((size_t)n, sizeof(size_t));
+  size_t* displs = calloc((size_t)n, sizeof(size_t));
+  size_t i;
+  int p;
+  for (i = 0; i < big; i++) h[i] = in(r, i);
+  put(s, h, big);
+  put(d, h, big);
+  for (p = 0; p < n; p++) {
+    counts[p] = c;
+    displs[p] = (size_t)p * c;
+  }
+
+  OK(fcclAllReduce(s, d, c, fcclFloat32, fcclSum, comm, NULL));
+  path_is(comm, "all_reduce", g_want);
+  OK(fcclAllReduce(d, d, c, fcclFloat32, fcclSum, comm, NULL));
+  path_is(comm, "all_reduce in place", g_want);
+  OK(fcclBroadcast(s, d, c, fcclFloat32, n - 1, comm, NULL));
+  path_is(comm, "broadcast", g_want);
+  OK(fcclReduce(s, d, c, fcclFloat32, fcclMax, 0, comm, NULL));
+  path_is(comm, "reduce", g_want);
+  OK(fcclAllGather(s, d, c, fcclFloat32, comm, NULL));
+  path_is(comm, "all_gather", g_want);
+  OK(fcclReduceScatter(s, d, c, fcclFloat32, fcclSum, comm, NULL));
+  path_is(comm, "reduce_scatter", g_want);
+  OK(fcclGather(s, d, c, fcclFloat32, 0, comm, NULL));
+  path_is(comm, "gather", g_want);
+  OK(fcclScatter(s, d, c, fcclFloat32, 0, comm, NULL));
+  path_is(comm, "scatter", g_want);
+  OK(fcclAllGatherV(s, c, d, counts, displs, fcclFloat32, comm, NULL));
+  path_is(comm, "all_gather_v", g_want);
+  OK(fcclReduceScatterV(s, counts, displs, d, fcclFloat32, fcclSum, comm, NULL));
+  path_is(comm, "reduce_scatter_v", g_want);
+  {
+    /* Inputs of 3 x 4 (gather) and 3 x 4n (scatter) elements: within the c*n buffers. */
+    size_t gshape[2] = {3, 4};
+    size_t sshape[2] = {3, (size_t)n * 4};
+    OK(fcclAllGatherAxis(s, d, 2, gshape, 1, fcclFloat32, comm, NULL));
+    path_is(comm, "all_gather_axis", g_want);
+    OK(fcclReduceScatterAxis(s, d, 2, sshape, 1, fcclFloat32, fcclSum, comm, NULL));
+    path_is(comm, "reduce_scatter_axis", g_want);
+  }
+  OK(fcclAllReduceWire(s, d, c, fcclFloat32, fcclSum, fcclBfloat16, comm, NULL));
+  path_is(comm, "all_reduce_wire", g_want);
+  {
+    const void* sb[2] = {s, s + c};
+    void* rb[2] = {d, d + c};
+    size_t cc[2] = {c, c};
+    OK(fcclAllReduceCoalesced(sb, rb, cc, 2, fcclFloat32, fcclSum, 0, comm, NULL));
+    path_is(comm, "all_reduce_coalesced", g_want);
+  }
+  OK(fcclGroupStart());
+  OK(fcclSend(s, c, fcclFloat32, (r + 1) % n, comm, NULL));
+  OK(fcclRecv(d, c, fcclFloat32, (r + n - 1) % n, comm, NULL));
+  OK(fcclGroupEnd());
+  path_is(comm, "send/recv ring", g_want);
+
+  /* all_to_all out of place and in place: block q of rank p's input is p*1000 + q*c + i */
+  for (i = 0; i < big; i++) h[i] = in(r, i);
+  put(s, h, big);
+  OK(fcclAlltoAll(s, d, c, fcclFloat32, comm, NULL));
+  path_is(comm, "all_to_all", g_want);
+  get(h, d, big);
+  for (p = 0; p < n; p++)
+    for (i = 0; i < c; i++) w[(size_t)p * c + i] = in(p, (size_t)r * c + i);
+  expect("all_to_all", h, w, big);
+  for (i = 0; i < big; i++) h[i] = in(r, i);
+  put(d, h, big);
+  OK(fcclAlltoAll(d, d, c, fcclFloat32, comm, NULL));
+  path_is(comm, "all_to_all in place", g_want);
+  get(h, d, big);
+  expect("all_to_all in place", h, w, big);
+  for (i = 0; i < big; i++) h[i] = in(r, i);
+  put(d, h, big);
+  OK(fcclAlltoAllv(d, counts, displs, d, counts, displs, fcclFloat32, comm, NULL));
+  path_is(comm, "all_to_allv in place", g_want);
+  get(h, d, big);
+  expect("all_to_allv in place", h, w, big);
+
+  OK(fcclMemFree(s));
+  OK(fcclMemFree(d));
+  free(h);
+  free(w);
+  free(counts);
+  free(displs);
+}
+
+/* How many times the log holds `needle`. */
+static int log_count(const char* needle) {
+  FILE* f = fopen(g_log, "r");
+  char line[4096];
+  int k = 0;
+  if (!f) return -1;
+  while (fgets(line, sizeof line, f))
+    if (strstr(line, needle)) k++;
+  fclose(f);
+  return k;
+}
+
+/* Managed memory cannot be exported through CUDA IPC: staged, with one WARN saying why. */
+static void managed_falls_back_with_a_warning(fcclComm_t comm) {
+  const size_t c = 64;
+  CUdeviceptr m = 0;
+  int k;
+  if (cuMemAllocManaged(&m, c * sizeof(float), 1 /* CU_MEM_ATTACH_GLOBAL */) != 0) {
+    CHECK(0, "cuMemAllocManaged failed");
+    return;
+  }
+  for (k = 0; k < 2; k++) {
+    OK(fcclAllReduce((void*)(size_t)m, (void*)(size_t)m, c, fcclFloat32, fcclSum, comm, NULL));
+    path_is(comm, "all_reduce of managed memory", "staged");
+  }
+  CHECK(cuCtxSynchronize() == 0, "cuCtxSynchronize failed");
+  k = log_count("Warn: rank");
+  CHECK(log_count("goes through host staging, not GPU to GPU") >= 1 && k >= 1,
+        "no WARN about the fallback in %s", g_log);
+  CHECK(log_count("cuMemCreate") == 1, "the WARN names the fix once per communicator (%d lines in %s)",
+        log_count("cuMemCreate"), g_log);
+  cuMemFree(m);
+}
+
+int main(void) {
+  void* ctx = NULL;
+  int ndev = 0, dev = 0;
+  fcclComm_t comm = NULL;
+  const char* b = "?";
+  const char* a = "?";
+  snprintf(g_log, sizeof g_log, "/tmp/fccl-test-path-%d.log", (int)getpid());
+  unlink(g_log);
+  setenv("FERROCCL_DEBUG_FILE", g_log, 1);
+  if (!load_driver()) return skip("libcuda.so.1 not loadable");
+  if (cuInit(0) != 0) return skip("cuInit failed");
+  if (cuDeviceGetCount(&ndev) != 0 || ndev == 0) return skip("no device");
+  if (cuDeviceGet(&dev, 0) != 0 || cuDevicePrimaryCtxRetain(&ctx, dev) != 0 || cuCtxSetCurrent(ctx) != 0)
+    return skip("device 0 unusable");
+  if (!getenv("FERROCCL_RANK")) {
+    printf("skipped: start it with ferroccl-run -n N (N >= 2)\n");
+    return 77;
+  }
+  OK(fcclCommInitFromEnv(&comm));
+  if (failures) return 1;
+  OK(fcclCommUserRank(comm, &g_rank));
+  OK(fcclCommCount(comm, &g_n));
+  g_want = getenv("FCCL_TEST_BACKEND") ? getenv("FCCL_TEST_BACKEND") : "ipc";
+
+  CHECK(fcclCommGetLastPath(NULL, &b, &a) == fcclInvalidArgument, "a NULL comm must be fcclInvalidArgument");
+  OK(fcclCommGetLastPath(comm, NULL, NULL));
+  OK(fcclCommGetLastPath(comm, &b, &a));
+  CHECK(strcmp(b, "none") == 0 && strcmp(a, "none") == 0, "before any call: %s/%s, expected none/none", b, a);
+  {
+    float x[4] = {1, 2, 3, 4};
+    OK(fcclAllReduce(x, x, 4, fcclFloat32, fcclSum, comm, NULL));
+    path_is(comm, "all_reduce of host memory", "host");
+  }
+  device_calls(comm);
+  if (strcmp(g_want, "ipc") == 0) managed_falls_back_with_a_warning(comm);
+  OK(fcclCommDestroy(comm));
+  if (failures) {
+    fprintf(stderr, "rank %d: %d failures (log: %s)\n", g_rank, failures, g_log);
+    return 1;
+  }
+  unlink(g_log);
+  printf("rank %d/%d: every device call was served by %s\n", g_rank, g_n, g_want);
+  return 0;
+}
