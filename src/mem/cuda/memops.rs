@@ -161,7 +161,7 @@ pub unsafe fn register_host_mapped(p: *mut u8, bytes: usize) -> Result<DevPtr> {
 pub unsafe fn stream_wait_geq(stream: Stream, addr: DevPtr, value: u32) -> Result<()> {
     // SAFETY: per the caller; flag 0 is CU_STREAM_WAIT_VALUE_GEQ.
     let rc = unsafe { cu::cuStreamWaitValue32_v2(stream.raw(), addr.raw(), value, 0) };
-    check(rc, "cuStreamWaitValue32")
+    check(rc, "cuStreamWaitValue32_v2")
 }
 
 /// Enqueues on `stream`: store `value` at device address `addr` once the work queued
@@ -172,7 +172,7 @@ pub unsafe fn stream_wait_geq(stream: Stream, addr: DevPtr, value: u32) -> Resul
 pub unsafe fn stream_write(stream: Stream, addr: DevPtr, value: u32) -> Result<()> {
     // SAFETY: per the caller; flag 0 is CU_STREAM_WRITE_VALUE_DEFAULT (with a memory barrier).
     let rc = unsafe { cu::cuStreamWriteValue32_v2(stream.raw(), addr.raw(), value, 0) };
-    check(rc, "cuStreamWriteValue32")
+    check(rc, "cuStreamWriteValue32_v2")
 }
 
 /// Page-locks `[p, p + bytes)` for fast, asynchronous copies from and to every context

@@ -114,8 +114,8 @@ pub unsafe extern "C" fn cuDeviceComputeCapability(major: *mut c_int, minor: *mu
     })
 }
 
-/// H100-like values for the common attributes (docs/sim-gpu.md), 0 for the other values
-/// of the enum, CUDA_ERROR_INVALID_VALUE outside it.
+/// The stock-driver profile's value (tools/simgpu/profile/stock-hopper.json; 0 for what
+/// the simulator does not implement), CUDA_ERROR_INVALID_VALUE outside the enum.
 #[no_mangle]
 pub unsafe extern "C" fn cuDeviceGetAttribute(pi: *mut c_int, attrib: c_int, dev: CUdevice) -> CUresult {
     api("cuDeviceGetAttribute", || {

@@ -1,7 +1,8 @@
 //! Stream memory operations: wait on and write 32/64-bit values, alone or batched.
 
 use super::non_null;
-use crate::error::{bail, Result};
+use crate::device;
+use crate::error::{bail, Error, Result};
 use crate::memop;
 use crate::state::{api, lock, State};
 use crate::stream::{self, op::OpKind};
@@ -68,20 +69,51 @@ memop_fn!(
     /// As cuStreamWriteValue32_v2 with a 64-bit value.
     cuStreamWriteValue64_v2, u64, write_op, true
 );
-memop_fn!(
-    /// Same as cuStreamWaitValue32_v2 (the names CUDA 12+ headers map to _v2).
+/// Err where the stock-driver profile says a stock driver refuses every call of `name`: the V1
+/// (unversioned) memory operations, disabled unless the nvidia module is loaded with
+/// NVreg_EnableStreamMemOPs=1.
+fn stock_refusal(name: &str) -> Result<()> {
+    if let Some(code) = device::profile().refusal(name) {
+        return Err(Error::new(
+            code,
+            format!(
+                "{name} is a V1 stream memory operation, which a stock driver disables (it needs the nvidia \
+                 module loaded with NVreg_EnableStreamMemOPs=1; CU_DEVICE_ATTRIBUTE_CAN_USE_STREAM_MEM_OPS_V1 \
+                 is 0): call {name}_v2"
+            ),
+        ));
+    }
+    Ok(())
+}
+
+macro_rules! memop_v1_fn {
+    ($(#[$doc:meta])* $name:ident, $ty:ty, $make:ident, $wide:expr) => {
+        $(#[$doc])*
+        #[no_mangle]
+        pub unsafe extern "C" fn $name(s: CUstream, addr: CUdeviceptr, value: $ty, flags: c_uint) -> CUresult {
+            api(stringify!($name), || {
+                stock_refusal(stringify!($name))?;
+                enqueue(s, |st| Ok(vec![$make(st, addr, u64::from(value), $wide, flags)?]))
+            })
+        }
+    };
+}
+
+memop_v1_fn!(
+    /// V1: CUDA_ERROR_NOT_SUPPORTED, as on a stock driver (the profile's entry_points); where a
+    /// profile says "available" (NVreg_EnableStreamMemOPs=1), the same as cuStreamWaitValue32_v2.
     cuStreamWaitValue32, u32, wait_op, false
 );
-memop_fn!(
-    /// Same as cuStreamWaitValue64_v2.
+memop_v1_fn!(
+    /// V1: as cuStreamWaitValue32 for cuStreamWaitValue64_v2.
     cuStreamWaitValue64, u64, wait_op, true
 );
-memop_fn!(
-    /// Same as cuStreamWriteValue32_v2.
+memop_v1_fn!(
+    /// V1: as cuStreamWaitValue32 for cuStreamWriteValue32_v2.
     cuStreamWriteValue32, u32, write_op, false
 );
-memop_fn!(
-    /// Same as cuStreamWriteValue64_v2.
+memop_v1_fn!(
+    /// V1: as cuStreamWaitValue32 for cuStreamWriteValue64_v2.
     cuStreamWriteValue64, u64, write_op, true
 );
 
@@ -113,6 +145,21 @@ unsafe fn batch_op(st: &State, p: *const CUstreamBatchMemOpParams, i: usize) -> 
     }
 }
 
+/// Checks and enqueues a batch (all or none).
+///
+/// # Safety
+/// `params` is NULL or has `count` entries.
+unsafe fn batch(s: CUstream, count: c_uint, params: *mut CUstreamBatchMemOpParams, flags: c_uint) -> Result<()> {
+    if flags != 0 || count == 0 || count > MAX_BATCH {
+        bail!(CUDA_ERROR_INVALID_VALUE, "count {count} (1..={MAX_BATCH}) and flags {flags:#x} (0)");
+    }
+    non_null(params, "paramArray")?;
+    enqueue(s, |st| {
+        // SAFETY: `params` has `count` entries (caller).
+        (0..count as usize).map(|i| unsafe { batch_op(st, params.add(i), i) }).collect()
+    })
+}
+
 /// Several wait/write/barrier/flush operations, checked together (all or none enqueued),
 /// run in order. Flags must be 0; at most 256 operations.
 #[no_mangle]
@@ -122,19 +169,12 @@ pub unsafe extern "C" fn cuStreamBatchMemOp_v2(
     params: *mut CUstreamBatchMemOpParams,
     flags: c_uint,
 ) -> CUresult {
-    api("cuStreamBatchMemOp_v2", || {
-        if flags != 0 || count == 0 || count > MAX_BATCH {
-            bail!(CUDA_ERROR_INVALID_VALUE, "count {count} (1..={MAX_BATCH}) and flags {flags:#x} (0)");
-        }
-        non_null(params, "paramArray")?;
-        enqueue(s, |st| {
-            // SAFETY: `params` has `count` entries (caller).
-            (0..count as usize).map(|i| unsafe { batch_op(st, params.add(i), i) }).collect()
-        })
-    })
+    // SAFETY: `params` has `count` entries (caller).
+    api("cuStreamBatchMemOp_v2", || unsafe { batch(s, count, params, flags) })
 }
 
-/// Same as cuStreamBatchMemOp_v2.
+/// V1: CUDA_ERROR_NOT_SUPPORTED, as on a stock driver (the profile's entry_points); where a
+/// profile says "available", the same as cuStreamBatchMemOp_v2.
 #[no_mangle]
 pub unsafe extern "C" fn cuStreamBatchMemOp(
     s: CUstream,
@@ -142,6 +182,9 @@ pub unsafe extern "C" fn cuStreamBatchMemOp(
     params: *mut CUstreamBatchMemOpParams,
     flags: c_uint,
 ) -> CUresult {
-    // SAFETY: same contract.
-    unsafe { cuStreamBatchMemOp_v2(s, count, params, flags) }
+    api("cuStreamBatchMemOp", || {
+        stock_refusal("cuStreamBatchMemOp")?;
+        // SAFETY: `params` has `count` entries (caller).
+        unsafe { batch(s, count, params, flags) }
+    })
 }

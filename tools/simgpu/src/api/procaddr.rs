@@ -171,6 +171,14 @@ pub fn lookup(symbol: &str, version: i32) -> Option<usize> {
         "cuStreamGetCtx" => Some("cuStreamGetCtx"),
         "cuGetProcAddress" if version >= 12000 => Some("cuGetProcAddress_v2"),
         "cuGetProcAddress" => Some("cuGetProcAddress"),
+        // The memory operations got their _v2 (on by default) in CUDA 11.7; an older caller
+        // gets the V1 entry points, which a stock driver refuses.
+        "cuStreamWaitValue32" | "cuStreamWaitValue64" | "cuStreamWriteValue32" | "cuStreamWriteValue64"
+        | "cuStreamBatchMemOp"
+            if version < 11070 =>
+        {
+            Some(symbol)
+        }
         _ => None,
     };
     if let Some(p) = pinned {
