@@ -173,7 +173,10 @@ pub fn lookup(symbol: &str, version: i32) -> Option<usize> {
         "cuGetProcAddress" => Some("cuGetProcAddress"),
         // The memory operations got their _v2 (on by default) in CUDA 11.7; an older caller
         // gets the V1 entry points, which a stock driver refuses.
-        "cuStreamWaitValue32" | "cuStreamWaitValue64" | "cuStreamWriteValue32" | "cuStreamWriteValue64"
+        "cuStreamWaitValue32"
+        | "cuStreamWaitValue64"
+        | "cuStreamWriteValue32"
+        | "cuStreamWriteValue64"
         | "cuStreamBatchMemOp"
             if version < 11070 =>
         {
