@@ -252,13 +252,24 @@ Output:
                            parameters, counts and each rank's resource counts)
   --csv FILE               results as CSV, one row per size and placement, header
                            collective,nranks,type,redop,root,size_bytes,count,placement,
-                           time_us,algbw_GBps,busbw_GBps,wrong,host_us (wrong is empty when
-                           not checked; host_us, in JSON too: with --mem cuda the time the
-                           calling thread spends in one call, enqueueing it, empty on host
-                           memory, where a call returns when it is done)
+                           time_us,algbw_GBps,busbw_GBps,wrong,host_us,backend,algorithm
+                           (wrong is empty when not checked; host_us, in JSON too: with
+                           --mem cuda the time the calling thread spends in one call,
+                           enqueueing it, empty on host memory, where a call returns when
+                           it is done; backend, algorithm: see Paths below)
   --plot FILE.svg          busbw against size (log2 axis), one line per collective and
                            placement
   -h, --help               this text
+
+Paths (the table's last four columns; backend and algorithm in CSV and JSON):
+  After the timed calls of each size and placement every rank reads what served its
+  last call (fcclCommGetLastPath) and the ranks share it. backend: host (host memory),
+  staged (device memory through host memory), ipc (ranks sharing one GPU, GPU to GPU),
+  nccl, mixed (a group over several); mixed(ranks) when ranks disagree, which fails the
+  row (a comment line names each rank's; the footer counts them). algorithm: rank 0's
+  (the rank that moves the data); JSON lists every rank's in algorithms_by_rank and
+  backends_by_rank. With --mem cuda a comment line under a table names the sizes that
+  staged or host calls served (calls of 0 elements excepted: they move nothing).
 
 Differences from nccl-tests:
   --max-time SECONDS       time budget per size and placement (default {dmt}): after the
@@ -309,8 +320,9 @@ Differences from nccl-tests:
   all_reduce's factor 2(n-1)/n. Its inputs are small integers chosen so that every
   contribution and every partial sum is exact in the wire type too, so results are
   still compared exactly.
-  Exit status: 0 all results right, 1 wrong results (--soak: or resources grew), 2 bad
-  arguments or memory kind not available, 3 a library call or an output file failed.
+  Exit status: 0 all results right, 1 wrong results or ranks that disagreed on a
+  backend (--soak: wrong results or resources grew), 2 bad arguments or memory kind not
+  available, 3 a library call or an output file failed.
 
 Test hook:
   FERROCCL_BENCH_CORRUPT=1 in the environment makes rank 0 flip one element of its

@@ -11,6 +11,9 @@ pub const EXIT_RUNTIME: i32 = 3;
 /// Exit status for bad arguments or a memory kind that is not available.
 pub const EXIT_USAGE: i32 = 2;
 
+/// Bytes of each name (backend, algorithm) in [`Comm::last_paths`]'s allgather, NUL included.
+const PATH_NAME: usize = 24;
+
 /// A failure that ends the run with `exit`.
 #[derive(Debug)]
 pub struct Fail {
@@ -191,6 +194,28 @@ impl Comm {
         let mut b = [v];
         self.allreduce_in_place(&mut b, fcclUint64, op, "fcclAllReduce (benchmark bookkeeping)")?;
         Ok(b[0])
+    }
+
+    /// What served the last call on this communicator, as every rank saw it: each rank's
+    /// (backend, algorithm) from fcclCommGetLastPath, in rank order. Reads this rank's
+    /// before the allgather that shares it (the allgather becomes the last call).
+    pub fn last_paths(&self) -> Result<Vec<(String, String)>, Fail> {
+        let (mut b, mut a) = (ptr::null(), ptr::null());
+        // SAFETY: live communicator; valid out pointers (the library writes static strings).
+        check(unsafe { fcclCommGetLastPath(self.raw, &mut b, &mut a) }, "fcclCommGetLastPath")?;
+        let (backend, algorithm) = (cstr(b), cstr(a));
+        // Fixed-width fields: names the library adds later travel unchanged.
+        let mut mine = [0u8; 2 * PATH_NAME];
+        for (i, s) in [&backend, &algorithm].into_iter().enumerate() {
+            let s = &s.as_bytes()[..s.len().min(PATH_NAME - 1)];
+            mine[i * PATH_NAME..i * PATH_NAME + s.len()].copy_from_slice(s);
+        }
+        let all = self.allgather_bytes(&mine)?;
+        let field = |f: &[u8]| {
+            let end = f.iter().position(|&c| c == 0).unwrap_or(f.len());
+            String::from_utf8_lossy(&f[..end]).into_owned()
+        };
+        Ok(all.chunks(2 * PATH_NAME).map(|c| (field(&c[..PATH_NAME]), field(&c[PATH_NAME..]))).collect())
     }
 
     /// Every rank's `mine` (same length on every rank), in rank order.

@@ -7,7 +7,8 @@ targets. One run measures:
                cuMemcpyDtoDAsync through ctypes (no torch needed)
   2. gloo      tools/compare/gloo_bench.py --device cuda: torch.distributed with backend
                gloo, ranks as processes on one GPU
-  3. ferroccl  ferroccl-bench --mem cuda (every rank on device 0), JSON output
+  3. ferroccl  ferroccl-bench --mem cuda (every rank on device 0: the first visible GPU
+               alone in CUDA_VISIBLE_DEVICES), JSON output
   4. pingpong  bench/memop_pingpong.c without MPS, and with MPS where this run can start
                it (root, nvidia-cuda-mps-control present, none running); under MPS also
                ferroccl-bench's small sizes, for the with-MPS targets
@@ -23,7 +24,9 @@ How a target is read from a sweep (out-of-place rows; in place where a side has 
 that): busbw: the best at sizes of 64 MiB and more (nccl-tests' size column); time per
 call, 8 B - 64 KiB: the slowest size in that range with at least one element per rank;
 1 MiB all_reduce: its time at 1 MiB; host time: the most the calling thread spent in
-one call at any size (ferroccl-bench's host_us, device memory only).
+one call at any size (ferroccl-bench's host_us, device memory only). The side-by-side
+tables show what served each ferroccl size (path: ferroccl-bench's backend/algorithm),
+and a note counts the sizes that staged or host calls served instead of the device path.
 
 --device cpu runs the same on the CPU (torch's copy of CPU tensors, Gloo on CPU tensors,
 ferroccl-bench on host memory, no ping-pong) so that CI can run it without a GPU: the
@@ -184,14 +187,15 @@ def side_by_side_md(n, recs, grecs):
         if not sizes:
             continue
         lines += [f"#### {c}, {n} ranks", "",
-                  "| size | ferroccl us | host us | ferroccl busbw | gloo us | gloo busbw | busbw ferroccl/gloo |",
-                  "|---|---|---|---|---|---|---|"]
+                  "| size | ferroccl us | host us | ferroccl busbw | gloo us | gloo busbw | busbw ferroccl/gloo | path |",
+                  "|---|---|---|---|---|---|---|---|"]
         for s in sizes:
             f, g = fr.get((c, s), {}), gr.get((c, s), {})
             fb, gb = num(f.get("busbw")), num(g.get("busbw"))
             ratio = f"{fb / gb:.2f}x" if fb and gb else "-"
             lines.append(f"| {fmt_size(s)} | {cell(num(f.get('time_us')), '.2f')} | {cell(num(f.get('host_us')), '.2f')} | "
-                         f"{cell(fb, '.3f')} | {cell(num(g.get('time_us')), '.2f')} | {cell(gb, '.3f')} | {ratio} |")
+                         f"{cell(fb, '.3f')} | {cell(num(g.get('time_us')), '.2f')} | {cell(gb, '.3f')} | {ratio} | "
+                         f"{f.get('path') or '-'} |")
         lines.append("")
     return lines
 
@@ -315,6 +319,13 @@ def json_lines(text):
     return out
 
 
+def path_of(r):
+    """"backend/algorithm" of a ferroccl-bench record; None where the sweep has no such
+    fields (Gloo's CSV, older ferroccl-bench)."""
+    b, a = r.get("backend"), r.get("algorithm")
+    return f"{b}/{a}" if b else None
+
+
 def read_csv(path):
     import csv
     if not os.path.exists(path):
@@ -323,6 +334,7 @@ def read_csv(path):
         rows = list(csv.DictReader(f))
     for r in rows:
         r["busbw"] = r.pop("busbw_GBps")
+        r["path"] = path_of(r)
     return rows
 
 
@@ -333,7 +345,27 @@ def read_bench_json(path):
         j = json.load(f)
     for r in j["results"]:
         r["busbw"] = r["busbw_GBps"]
+        r["path"] = path_of(r)
     return j["results"]
+
+
+def off_device(records):
+    """Sizes (collective, bytes, placement) that staged or host calls served: not the
+    device path, so their figures do not judge it. Calls of 0 elements move nothing."""
+    return [(r["collective"], int(r["size_bytes"]), r["placement"]) for r in records or []
+            if r.get("backend") in ("staged", "host") and int(r["count"]) > 0]
+
+
+def one_gpu_env(env=None):
+    """The environment with only the first visible GPU, so that every ferroccl-bench rank
+    is on device 0 as Gloo's are (ferroccl-bench spreads ranks over the visible GPUs)."""
+    env = dict(os.environ if env is None else env)
+    vis = env.get("CUDA_VISIBLE_DEVICES")
+    if vis is None:
+        env["CUDA_VISIBLE_DEVICES"] = "0"
+    elif vis.strip():
+        env["CUDA_VISIBLE_DEVICES"] = vis.split(",")[0].strip()
+    return env
 
 
 def mps_state():
@@ -447,10 +479,16 @@ def main(argv):
         if os.path.exists(path):
             os.remove(path)
         rc, _ = run([bench, "--nranks", str(n), "--mem", mem, *extra_span, "-c", "1", "-J", path, *colls],
-                    os.path.join(o.out, f"{name}-np{n}.txt"))
+                    os.path.join(o.out, f"{name}-np{n}.txt"), env=one_gpu_env() if cuda else None)
         if rc:
             notes.append(f"ferroccl-bench at {n} ranks ({name}): exit {rc} (see {name}-np{n}.txt)")
-        return read_bench_json(path)
+        recs = read_bench_json(path)
+        off = off_device(recs) if cuda else []
+        if off:
+            notes.append(f"ferroccl-bench at {n} ranks ({name}): {len(off)} of {len(recs)} sizes and placements were "
+                         f"not served by the device path (the path column says which; rerun with FERROCCL_DEBUG=WARN "
+                         f"to see why)")
+        return recs
 
     if "ferroccl" in parts:
         if not os.path.exists(bench):
@@ -540,8 +578,12 @@ def main(argv):
 
 def selftest():
     """The table math on made-up sweeps: prints 'selftest: N passed, N failed'."""
-    def rec(c, size, count, t, bw, host=None, placement="out"):
-        return dict(collective=c, size_bytes=size, count=count, placement=placement, time_us=t, busbw=bw, host_us=host)
+    def rec(c, size, count, t, bw, host=None, placement="out", backend=None, algorithm=None):
+        r = dict(collective=c, size_bytes=size, count=count, placement=placement, time_us=t, busbw=bw, host_us=host)
+        if backend:
+            r.update(backend=backend, algorithm=algorithm)
+        r["path"] = path_of(r)
+        return r
 
     f2 = [rec("all_reduce", 8, 2, 12.0, 0.001, 2.0), rec("all_reduce", 64 * KIB, 16384, 19.0, 3.0, 4.0),
           rec("all_reduce", MIB, 262144, 16.0, 60.0, 3.0), rec("all_reduce", 64 * MIB, 1 << 24, 200.0, 600.0, 3.5),
@@ -575,6 +617,19 @@ def selftest():
     md = "\n".join(targets_md(rows, ("The device's own copy", 128 * MIB, 1448.0)))
     checks += [("| busbw, sizes >= 64 MiB | all_reduce | 4 | >= 435 GB/s | 400.0 GB/s | - | **missed** |" in md, True),
                ("The device's own copy: 1448.0 GB/s at 128M" in md, True)]
+    # The path column: ferroccl's backend/algorithm, "-" where a sweep has none; sizes
+    # that staged or host calls served are named (0 elements excepted).
+    p2 = [rec("all_reduce", 8, 2, 12.0, 0.001, backend="ipc", algorithm="exec-reduce-copy"),
+          rec("all_reduce", 64 * KIB, 16384, 90.0, 1.0, backend="staged", algorithm="board"),
+          rec("all_gather", 0, 0, 5.0, 0.0, backend="host", algorithm="board")]
+    sbs = "\n".join(side_by_side_md(2, p2, g2))
+    checks += [("| 8 | 12.00 | - | 0.001 | 700.00 | 0.000 | - | ipc/exec-reduce-copy |" in sbs, True),
+               ("| 64M | - | - | - | 90000.00 | 1.900 | - | - |" in sbs, True),
+               (off_device(p2), [("all_reduce", 64 * KIB, "out")])]
+    # ferroccl's ranks go on Gloo's GPU: the first visible one.
+    checks += [(one_gpu_env({})["CUDA_VISIBLE_DEVICES"], "0"),
+               (one_gpu_env({"CUDA_VISIBLE_DEVICES": "3, 1"})["CUDA_VISIBLE_DEVICES"], "3"),
+               (one_gpu_env({"CUDA_VISIBLE_DEVICES": ""})["CUDA_VISIBLE_DEVICES"], "")]
     bad = [(i, got, want) for i, (got, want) in enumerate(checks) if got != want]
     for i, got, want in bad:
         print(f"selftest: check {i}: got {got!r}, want {want!r}")

@@ -235,7 +235,8 @@ fn run_rank(o: &Opts) -> Result<i32, Fail> {
     // Peak memory after the sweep (every buffer has been live by now).
     let infos = rank_infos(&comm)?;
     let peak = infos.iter().map(|i| i.peak_rss_kib).max().unwrap_or(0);
-    let failed = report::failures(&records);
+    // Wrong results and rows whose ranks disagreed on the backend fail the run.
+    let failed = report::failures(&records) + report::mixed(&records);
     if rank0 {
         out(&report::footer(&records, peak));
         if infos.len() > 1 {
@@ -300,9 +301,17 @@ fn bench_collective(ctx: &mut Ctx, coll: Collective) -> Result<Vec<Record>, Fail
         if comm.rank == 0 {
             ctx.progress.clear();
             out(&format!("{}\n", report::row(outp.as_ref(), inp.as_ref())));
+            for note in outp.iter().chain(inp.iter()).filter_map(report::mixed_note) {
+                out(&format!("{note}\n"));
+            }
         }
         recs.extend(outp);
         recs.extend(inp);
+    }
+    if comm.rank == 0 && o.mem == Mem::Cuda {
+        if let Some(note) = report::device_path_note(&recs) {
+            out(&format!("{note}\n"));
+        }
     }
     Ok(recs)
 }
@@ -381,6 +390,8 @@ fn measure(ctx: &Ctx, case: &Case, inplace: bool) -> Result<Record, Fail> {
     // Device memory: calls are stream-ordered; the time ends when the stream is done.
     case.wait()?;
     let local = t0.elapsed().as_secs_f64() / iters as f64;
+    // What served the timed calls, before the bookkeeping collectives below replace it.
+    let paths = comm.last_paths()?;
     let secs = combine(comm, o, local)?;
     let host_us = if on_device { Some(combine(comm, o, in_calls / iters as f64)? * 1e6) } else { None };
 
@@ -407,6 +418,7 @@ fn measure(ctx: &Ctx, case: &Case, inplace: bool) -> Result<Record, Fail> {
         wrong,
         iters,
         warmups: first + more_warmups,
+        paths,
     })
 }
 

@@ -25,6 +25,33 @@ pub struct Record {
     pub wrong: Option<u64>,
     pub iters: usize,
     pub warmups: usize,
+    /// What served the timed calls (fcclCommGetLastPath after the last one): every
+    /// rank's (backend, algorithm), in rank order.
+    pub paths: Vec<(String, String)>,
+}
+
+/// The backend of a row whose ranks reported different backends (a failed row).
+pub const MIXED_RANKS: &str = "mixed(ranks)";
+
+impl Record {
+    /// The backend every rank reported, or [`MIXED_RANKS`] when they differ.
+    pub fn backend(&self) -> &str {
+        match self.paths.first() {
+            Some((b, _)) if self.paths.iter().all(|(o, _)| o == b) => b,
+            Some(_) => MIXED_RANKS,
+            None => "none",
+        }
+    }
+
+    /// Rank 0's algorithm: the rank that moves the data where ranks differ.
+    pub fn algorithm(&self) -> &str {
+        self.paths.first().map_or("none", |(_, a)| a)
+    }
+
+    /// Ranks disagreed on the backend.
+    pub fn mixed(&self) -> bool {
+        self.backend() == MIXED_RANKS
+    }
 }
 
 /// Facts about one rank.
@@ -131,12 +158,12 @@ pub fn table_header(collective: &str, note: Option<&str>) -> String {
     }
     let _ = writeln!(
         s,
-        "# {:>10}  {:>12}  {:>8}  {:>6}  {:>6}           out-of-place                       in-place          ",
-        "", "", "", "", ""
+        "# {:>10}  {:>12}  {:>8}  {:>6}  {:>6}           out-of-place                       in-place          {:^29}{:^29}",
+        "", "", "", "", "", "out-of-place path", "in-place path"
     );
     let _ = writeln!(
         s,
-        "# {:>10}  {:>12}  {:>8}  {:>6}  {:>6}  {:>7}  {:>6}  {:>6} {:>6}  {:>7}  {:>6}  {:>6} {:>6}",
+        "# {:>10}  {:>12}  {:>8}  {:>6}  {:>6}  {:>7}  {:>6}  {:>6} {:>6}  {:>7}  {:>6}  {:>6} {:>6}{}{}",
         "size",
         "count",
         "type",
@@ -149,7 +176,9 @@ pub fn table_header(collective: &str, note: Option<&str>) -> String {
         "time",
         "algbw",
         "busbw",
-        "#wrong"
+        "#wrong",
+        path_cols("backend", "algorithm"),
+        path_cols("backend", "algorithm")
     );
     let _ = writeln!(
         s,
@@ -170,24 +199,78 @@ fn placement_cols(r: Option<&Record>) -> String {
     }
 }
 
+/// A placement's backend and algorithm columns (never empty: the table splits on blanks).
+fn path_cols(backend: &str, algorithm: &str) -> String {
+    let word = |s: &str| if s.is_empty() { "-".to_string() } else { s.to_string() };
+    format!("  {:>7}  {:>18}", word(backend), word(algorithm))
+}
+
 /// One table row: the out-of-place and in-place records of one size (at least one).
 pub fn row(out: Option<&Record>, inp: Option<&Record>) -> String {
     let Some(r) = out.or(inp) else { return String::new() };
+    let path =
+        |r: Option<&Record>| r.map_or_else(|| path_cols("N/A", "N/A"), |r| path_cols(r.backend(), r.algorithm()));
     format!(
-        "{:>12}  {:>12}  {:>8}  {:>6}  {:>6}{}{}",
+        "{:>12}  {:>12}  {:>8}  {:>6}  {:>6}{}{}{}{}",
         r.size_bytes,
         r.count,
         r.ty,
         r.redop,
         r.root,
         placement_cols(out),
-        placement_cols(inp)
+        placement_cols(inp),
+        path(out),
+        path(inp)
     )
+}
+
+/// A comment line naming each rank's backend where the ranks of a row disagreed.
+pub fn mixed_note(r: &Record) -> Option<String> {
+    if !r.mixed() {
+        return None;
+    }
+    let each: Vec<String> = r.paths.iter().enumerate().map(|(k, (b, a))| format!("rank {k} {b}/{a}")).collect();
+    Some(format!(
+        "# {} B {}: ranks disagree on the backend (a failure): {}",
+        r.size_bytes,
+        if r.placement == "in" { "in-place" } else { "out-of-place" },
+        each.join(", ")
+    ))
+}
+
+/// With device memory: a comment line under a table naming the sizes that staged or
+/// host calls served (not the device path). Calls of 0 elements move nothing and are
+/// served on the host whatever the memory, so they are left out.
+pub fn device_path_note(records: &[Record]) -> Option<String> {
+    let missed: Vec<&Record> =
+        records.iter().filter(|r| r.count > 0 && matches!(r.backend(), "staged" | "host")).collect();
+    if missed.is_empty() {
+        return None;
+    }
+    let mut sizes: Vec<String> = missed.iter().map(|r| format!("{} B", r.size_bytes)).collect();
+    sizes.dedup();
+    // A sweep of 24 sizes staged whole reads better as one word than as a list.
+    let moving = records.iter().filter(|r| r.count > 0).count();
+    let which = if missed.len() == moving && sizes.len() > 1 { "any size".to_string() } else { sizes.join(", ") };
+    let mut by: Vec<&str> = missed.iter().map(|r| r.backend()).collect();
+    by.sort_unstable();
+    by.dedup();
+    Some(format!(
+        "# the device path did not serve {which}: {} served {} of {} measurements; rerun with FERROCCL_DEBUG=WARN to see why",
+        by.join(" and "),
+        missed.len(),
+        records.len()
+    ))
 }
 
 /// Sizes and placements with wrong elements (nccl-tests' "Out of bounds values").
 pub fn failures(records: &[Record]) -> usize {
     records.iter().filter(|r| r.wrong.is_some_and(|w| w > 0)).count()
+}
+
+/// Sizes and placements whose ranks disagreed on the backend (mixed(ranks)): failures too.
+pub fn mixed(records: &[Record]) -> usize {
+    records.iter().filter(|r| r.mixed()).count()
 }
 
 pub fn avg_busbw(records: &[Record]) -> f64 {
@@ -201,6 +284,8 @@ pub fn footer(records: &[Record], peak_rss_kib: u64) -> String {
     let mut s = String::new();
     let f = failures(records);
     let _ = writeln!(s, "# Out of bounds values : {f} {}", if f > 0 { "FAILED" } else { "OK" });
+    let m = mixed(records);
+    let _ = writeln!(s, "# Backend mixed(ranks) : {m} {}", if m > 0 { "FAILED" } else { "OK" });
     let _ = writeln!(s, "# Avg bus bandwidth    : {} ", fmt_g(avg_busbw(records)));
     let _ = writeln!(s, "# Peak resident memory : {:.1} MiB (largest rank, VmHWM)", peak_rss_kib as f64 / 1024.0);
     let _ = writeln!(s, "#");
@@ -285,38 +370,47 @@ pub fn json(info: &RunInfo, records: &[Record]) -> String {
     let _ = writeln!(s, "  ],");
     let _ = writeln!(s, "  \"peak_rss_kib\": {peak},");
     let _ = writeln!(s, "  \"out_of_bounds\": {},", failures(records));
+    let _ = writeln!(s, "  \"backend_mixed_ranks\": {},", mixed(records));
     let _ = writeln!(s, "  \"avg_busbw_GBps\": {},", num(avg_busbw(records)));
     let _ = writeln!(s, "  \"duration_s\": {},", num(info.duration_s));
     let _ = writeln!(s, "  \"results\": [");
     for (i, r) in records.iter().enumerate() {
-        let _ = writeln!(
-            s,
-            "    {{\"collective\": {}, \"nranks\": {}, \"type\": {}, \"redop\": {}, \"root\": {}, \"size_bytes\": {}, \"count\": {}, \"placement\": {}, \"time_us\": {}, \"host_us\": {}, \"algbw_GBps\": {}, \"busbw_GBps\": {}, \"wrong\": {}, \"iters\": {}, \"warmup_iters\": {}}}{}",
-            esc(r.collective),
-            r.nranks,
-            esc(r.ty),
-            esc(r.redop),
-            r.root,
-            r.size_bytes,
-            r.count,
-            esc(r.placement),
-            num(r.time_us),
-            r.host_us.map_or_else(|| "null".to_string(), num),
-            num(r.algbw),
-            num(r.busbw),
-            r.wrong.map_or_else(|| "null".to_string(), |w| w.to_string()),
-            r.iters,
-            r.warmups,
-            if i + 1 < records.len() { "," } else { "" }
-        );
+        let _ = writeln!(s, "    {}{}", json_record(r), if i + 1 < records.len() { "," } else { "" });
     }
     let _ = writeln!(s, "  ]");
     let _ = writeln!(s, "}}");
     s
 }
 
+/// One record of the JSON's results, on one line.
+fn json_record(r: &Record) -> String {
+    let list = |f: &dyn Fn(&(String, String)) -> &str| r.paths.iter().map(|p| esc(f(p))).collect::<Vec<_>>().join(", ");
+    format!(
+        "{{\"collective\": {}, \"nranks\": {}, \"type\": {}, \"redop\": {}, \"root\": {}, \"size_bytes\": {}, \"count\": {}, \"placement\": {}, \"time_us\": {}, \"host_us\": {}, \"algbw_GBps\": {}, \"busbw_GBps\": {}, \"wrong\": {}, \"iters\": {}, \"warmup_iters\": {}, \"backend\": {}, \"algorithm\": {}, \"algorithms_by_rank\": [{}], \"backends_by_rank\": [{}]}}",
+        esc(r.collective),
+        r.nranks,
+        esc(r.ty),
+        esc(r.redop),
+        r.root,
+        r.size_bytes,
+        r.count,
+        esc(r.placement),
+        num(r.time_us),
+        r.host_us.map_or_else(|| "null".to_string(), num),
+        num(r.algbw),
+        num(r.busbw),
+        r.wrong.map_or_else(|| "null".to_string(), |w| w.to_string()),
+        r.iters,
+        r.warmups,
+        esc(r.backend()),
+        esc(r.algorithm()),
+        list(&|p| &p.1),
+        list(&|p| &p.0)
+    )
+}
+
 pub const CSV_HEADER: &str =
-    "collective,nranks,type,redop,root,size_bytes,count,placement,time_us,algbw_GBps,busbw_GBps,wrong,host_us";
+    "collective,nranks,type,redop,root,size_bytes,count,placement,time_us,algbw_GBps,busbw_GBps,wrong,host_us,backend,algorithm";
 
 pub fn csv(records: &[Record]) -> String {
     let mut s = String::new();
@@ -324,7 +418,7 @@ pub fn csv(records: &[Record]) -> String {
     for r in records {
         let _ = writeln!(
             s,
-            "{},{},{},{},{},{},{},{},{:.3},{:.6},{:.6},{},{}",
+            "{},{},{},{},{},{},{},{},{:.3},{:.6},{:.6},{},{},{},{}",
             r.collective,
             r.nranks,
             r.ty,
@@ -337,7 +431,9 @@ pub fn csv(records: &[Record]) -> String {
             r.algbw,
             r.busbw,
             r.wrong.map_or_else(String::new, |w| w.to_string()),
-            r.host_us.map_or_else(String::new, |h| format!("{h:.3}"))
+            r.host_us.map_or_else(String::new, |h| format!("{h:.3}")),
+            r.backend(),
+            r.algorithm()
         );
     }
     s
@@ -377,5 +473,77 @@ mod tests {
         let d = utc_now();
         assert_eq!(d.len(), 20, "{d}");
         assert!(d.starts_with("20"));
+    }
+
+    fn rec(count: usize, placement: &'static str, paths: &[(&str, &str)]) -> Record {
+        Record {
+            collective: "all_reduce",
+            nranks: paths.len(),
+            ty: "float",
+            redop: "sum",
+            root: -1,
+            size_bytes: count as u64 * 4,
+            count,
+            placement,
+            time_us: 1.0,
+            host_us: None,
+            algbw: 0.0,
+            busbw: 0.0,
+            wrong: Some(0),
+            iters: 1,
+            warmups: 0,
+            paths: paths.iter().map(|&(b, a)| (b.to_string(), a.to_string())).collect(),
+        }
+    }
+
+    #[test]
+    fn paths_agree_or_fail_the_row() {
+        let agreed = rec(16, "out", &[("ipc", "exec-copy"), ("ipc", "signal-wait")]);
+        assert_eq!((agreed.backend(), agreed.algorithm(), agreed.mixed()), ("ipc", "exec-copy", false));
+        assert!(mixed_note(&agreed).is_none());
+        let split = rec(16, "in", &[("ipc", "exec-copy"), ("staged", "board")]);
+        assert_eq!((split.backend(), split.algorithm(), split.mixed()), (MIXED_RANKS, "exec-copy", true));
+        assert_eq!(
+            mixed_note(&split).as_deref(),
+            Some(
+                "# 64 B in-place: ranks disagree on the backend (a failure): rank 0 ipc/exec-copy, rank 1 staged/board"
+            )
+        );
+        let recs = [agreed.clone(), split.clone()];
+        assert_eq!((failures(&recs), mixed(&recs)), (0, 1));
+        assert!(footer(&recs, 0).contains("# Backend mixed(ranks) : 1 FAILED"));
+        assert!(json_record(&split).contains("\"algorithms_by_rank\": [\"exec-copy\", \"board\"]"));
+        assert!(csv(&recs).lines().nth(2).unwrap().ends_with(",mixed(ranks),exec-copy"));
+        // The row keeps the numeric columns where they were and adds four words.
+        let row = row(Some(&agreed), Some(&split));
+        let f: Vec<&str> = row.split_whitespace().collect();
+        assert_eq!(f.len(), 17, "{row}");
+        assert_eq!(&f[13..], ["ipc", "exec-copy", MIXED_RANKS, "exec-copy"]);
+        assert_eq!(row.find("ipc"), Some(116 + 2 + 7 - 3), "{row}");
+        let only_in = super::row(None, Some(&agreed));
+        assert_eq!(only_in.split_whitespace().skip(13).collect::<Vec<_>>(), ["N/A", "N/A", "ipc", "exec-copy"]);
+        let head = table_header("all_reduce", None);
+        let names: Vec<&str> = head.lines().nth(3).unwrap().split_whitespace().collect();
+        assert_eq!(names.len(), 1 + 17, "{head}");
+    }
+
+    #[test]
+    fn device_path_note_names_staged_and_host_sizes() {
+        let ipc = rec(16, "out", &[("ipc", "exec-copy")]);
+        assert!(device_path_note(std::slice::from_ref(&ipc)).is_none());
+        // Nothing to move: served on the host whatever the memory, not a miss.
+        assert!(device_path_note(&[ipc.clone(), rec(0, "out", &[("host", "board")])]).is_none());
+        let recs = [ipc, rec(1024, "out", &[("staged", "board")]), rec(1024, "in", &[("host", "eager")])];
+        assert_eq!(
+            device_path_note(&recs).as_deref(),
+            Some(
+                "# the device path did not serve 4096 B: host and staged served 2 of 3 measurements; rerun with \
+                 FERROCCL_DEBUG=WARN to see why"
+            )
+        );
+        let all = [rec(4, "out", &[("staged", "board")]), rec(1024, "out", &[("staged", "schedule")])];
+        assert!(device_path_note(&all)
+            .unwrap()
+            .starts_with("# the device path did not serve any size: staged served 2 of 2"));
     }
 }

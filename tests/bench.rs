@@ -1,7 +1,8 @@
 //! ferroccl-bench end to end: short sweeps at 2 and 3 local ranks (NCCL's collectives
 //! and the extensions), the corruption test hook, the comparison modes, short soaks
-//! (and the hooks that make them fail), and the shape of the JSON, CSV and SVG
-//! outputs. No timing assertions.
+//! (and the hooks that make them fail), the shape of the JSON, CSV and SVG outputs,
+//! and what served each size (host memory; one simulated GPU through the GPU-to-GPU
+//! path, and staged without it). No timing assertions.
 
 use std::path::PathBuf;
 use std::process::{Command, Output};
@@ -45,12 +46,15 @@ fn rows(stdout: &str) -> Vec<(String, Vec<String>)> {
             coll = c.trim().to_string();
         } else if !l.starts_with('#') && !l.trim().is_empty() {
             let f: Vec<String> = l.split_whitespace().map(String::from).collect();
-            assert_eq!(f.len(), 13, "table row with 13 columns: {l:?}");
+            assert_eq!(f.len(), 17, "table row with 17 columns: {l:?}");
             out.push((coll.clone(), f));
         }
     }
     out
 }
+
+/// The host backend's algorithms (fcclCommGetLastPath on host memory).
+const HOST_ALGORITHMS: [&str; 4] = ["board", "mapped", "eager", "schedule"];
 
 const NOT_CHECKED_IN_PLACE: [&str; 1] = ["all_to_allv"];
 /// Extension collectives with no in-place form along axis 1 (the default --axis).
@@ -74,7 +78,8 @@ fn assert_all_right(o: &Output, colls: &[&str], nsizes: usize) {
 }
 
 /// As [`assert_all_right`], for a run with `--axis axis`; N/A in every column of a
-/// placement that the collective does not have.
+/// placement that the collective does not have. Host memory: each placement's path
+/// columns name the host backend and one of its algorithms.
 fn assert_all_right_on_axis(o: &Output, colls: &[&str], nsizes: usize, axis: usize) {
     let (out, err) = text(o);
     assert_eq!(o.status.code(), Some(0), "exit 0 expected\nstdout:\n{out}\nstderr:\n{err}");
@@ -83,20 +88,32 @@ fn assert_all_right_on_axis(o: &Output, colls: &[&str], nsizes: usize, axis: usi
     for (c, f) in &rows {
         let c = c.as_str();
         assert!(colls.contains(&c), "unexpected collective {c}");
-        if NO_OUT_OF_PLACE.contains(&c) {
+        let has_out = !NO_OUT_OF_PLACE.contains(&c);
+        let has_in = !(axis != 0 && NO_IN_PLACE_ON_AXIS_1.contains(&c));
+        if !has_out {
             assert!(f[5..9].iter().all(|x| x == "N/A"), "{c} has no out-of-place form: {f:?}");
         } else {
             assert_eq!(f[8], "0", "{c} out-of-place #wrong: {f:?}");
         }
-        if axis != 0 && NO_IN_PLACE_ON_AXIS_1.contains(&c) {
+        if !has_in {
             assert!(f[9..13].iter().all(|x| x == "N/A"), "{c} has no in-place form on axis {axis}: {f:?}");
         } else if NOT_CHECKED_IN_PLACE.contains(&c) {
             assert_eq!(f[12], "N/A", "{c} in-place is not checked: {f:?}");
         } else {
             assert_eq!(f[12], "0", "{c} in-place #wrong: {f:?}");
         }
+        for (has, path) in [(has_out, &f[13..15]), (has_in, &f[15..17])] {
+            if has {
+                assert_eq!(path[0], "host", "{c}: host memory is served by the host backend: {f:?}");
+                assert!(HOST_ALGORITHMS.contains(&path[1].as_str()), "{c}: a host algorithm: {f:?}");
+            } else {
+                assert!(path.iter().all(|x| x == "N/A"), "{c}: no such placement, no path: {f:?}");
+            }
+        }
     }
     assert!(out.contains("# Out of bounds values : 0 OK"), "{out}");
+    assert!(out.contains("# Backend mixed(ranks) : 0 OK"), "{out}");
+    assert!(!out.contains("the device path did not serve"), "host memory has no device path to miss:\n{out}");
     assert!(out.contains("# Avg bus bandwidth"), "{out}");
     assert!(out.contains("# Peak resident memory"), "{out}");
 }
@@ -544,29 +561,60 @@ fn json_csv_and_plot_have_their_shape() {
             "algbw_GBps",
             "busbw_GBps",
             "wrong",
+            "backend",
+            "algorithm",
+            "algorithms_by_rank",
+            "backends_by_rank",
         ] {
             assert!(r.get(key).is_some(), "record has {key}: {r:?}");
         }
+        // What served it: the host backend on every rank; rank 0's algorithm first.
+        let algo = r.get("algorithm").unwrap().str().unwrap();
+        assert_eq!(r.get("backend").unwrap().str(), Some("host"), "{r:?}");
+        assert!(HOST_ALGORITHMS.contains(&algo), "{r:?}");
+        let each = |k: &str| -> Vec<String> {
+            r.get(k).unwrap().arr().unwrap().iter().map(|x| x.str().unwrap().to_string()).collect()
+        };
+        assert_eq!(each("backends_by_rank"), ["host", "host"], "{r:?}");
+        let algos = each("algorithms_by_rank");
+        assert_eq!(algos.len(), 2, "{r:?}");
+        assert_eq!(algos[0], algo, "the algorithm shown is rank 0's: {r:?}");
+        assert!(algos.iter().all(|a| HOST_ALGORITHMS.contains(&a.as_str())), "{r:?}");
     }
     assert_eq!(v.get("ranks").unwrap().arr().unwrap().len(), 2);
+    assert_eq!(v.get("backend_mixed_ranks").unwrap().num(), Some(0.0));
 
     let csv = std::fs::read_to_string(&c).unwrap();
     let mut lines = csv.lines();
     assert_eq!(
         lines.next(),
         Some(
-            "collective,nranks,type,redop,root,size_bytes,count,placement,time_us,algbw_GBps,busbw_GBps,wrong,host_us"
+            "collective,nranks,type,redop,root,size_bytes,count,placement,time_us,algbw_GBps,busbw_GBps,wrong,host_us,\
+             backend,algorithm"
         )
     );
     let body: Vec<&str> = lines.collect();
     assert_eq!(body.len(), records, "one CSV row per size and placement");
-    for l in &body {
+    // The table's path columns of each collective, size and placement.
+    let (out, _) = text(&o);
+    let mut table = std::collections::HashMap::new();
+    for (c, f) in rows(&out) {
+        table.insert((c.clone(), f[0].clone(), "out"), (f[13].clone(), f[14].clone()));
+        table.insert((c, f[0].clone(), "in"), (f[15].clone(), f[16].clone()));
+    }
+    for (l, r) in body.iter().zip(res) {
         let f: Vec<&str> = l.split(',').collect();
-        assert_eq!(f.len(), 13, "{l}");
+        assert_eq!(f.len(), 15, "{l}");
         // Host memory: a call returns when done, so no separate host time.
         assert_eq!(f[12], "", "{l}");
         assert!(f[7] == "out" || f[7] == "in", "{l}");
         assert!(f[5].parse::<u64>().is_ok() && f[9].parse::<f64>().is_ok(), "{l}");
+        assert_eq!(f[13], "host", "{l}");
+        assert!(HOST_ALGORITHMS.contains(&f[14]), "{l}");
+        // Table, CSV and JSON say the same of each size and placement.
+        let shown = &table[&(f[0].to_string(), f[5].to_string(), f[7])];
+        assert_eq!((shown.0.as_str(), shown.1.as_str()), (f[13], f[14]), "table and CSV: {l}");
+        assert_eq!(Some(f[14]), r.get("algorithm").unwrap().str(), "CSV and JSON, in the same order: {l}");
     }
 
     let svg = std::fs::read_to_string(&p).unwrap();
@@ -942,4 +990,142 @@ fn device_soak_through_ipc_is_right_and_closes_mappings_of_freed_buffers() {
         .sum();
     assert!(served > 100, "only {served} calls went through the IPC path");
     let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// What the one-GPU path (the ipc backend) names its ways of moving data: rank 0 moves
+/// a collective's data (exec-*), the others signal and wait (or, under MPS, each moves
+/// its share); send/recv pull from the peer's buffer. Not the bounce forms: those
+/// stage through host memory.
+const IPC_ALGORITHMS: [&str; 13] = [
+    "exec-copy",
+    "exec-reduce-copy",
+    "exec-reduce",
+    "exec-copy2d",
+    "exec-copy2d-reduce",
+    "exec-copy-scratch",
+    "signal-wait",
+    "host-wait",
+    "mps-shares",
+    "mps-slices",
+    "mps-idle",
+    "p2p-pull",
+    "p2p-self",
+];
+
+/// Runs `all` at 64 KiB (one call per placement, checked) with `--mem cuda` on `n`
+/// ranks of the simulated GPU, every rank on device 0 (CUDA_VISIBLE_DEVICES=0 of the
+/// simulator's two), with `env`; asserts exit 0 (every result right) and returns
+/// stdout, the JSON and the CSV.
+fn one_gpu_all(n: usize, env: &[(&str, &str)]) -> (String, json::V, String) {
+    let tag = env.iter().map(|(k, v)| format!("{k}={v}")).collect::<Vec<_>>().join(",");
+    // A directory of its own: other tests remove tmp()'s when they end.
+    let dir = std::env::temp_dir().join(format!("ferroccl-one-gpu-{n}-{}-{}", env.len(), std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let (j, c) = (dir.join("r.json"), dir.join("r.csv"));
+    let mut cmd = Command::new("bash");
+    cmd.arg(concat!(env!("CARGO_MANIFEST_DIR"), "/scripts/sim-gpu.sh"))
+        .arg(BENCH)
+        .args(["--nranks", &n.to_string(), "--mem", "cuda", "all", "-b", "64K", "-e", "64K", "-n", "1", "-w", "0"])
+        .args(["-c", "1", "-J", j.to_str().unwrap(), "--csv", c.to_str().unwrap()])
+        .env("FERROCCL_TIMEOUT_MS", "60000")
+        .env("CUDA_VISIBLE_DEVICES", "0");
+    // The path the library picks by itself: none of the variables that steer it.
+    for v in [
+        "FERROCCL_BACKEND",
+        "FERROCCL_CUDA_IPC",
+        "FERROCCL_CUDA_MPS",
+        "FERROCCL_SIM_DEVICES",
+        "FERROCCL_RANK",
+        "FERROCCL_WORLD_SIZE",
+        "FERROCCL_UNIQUE_ID",
+        "FERROCCL_ROOT_ADDR",
+        "RANK",
+        "WORLD_SIZE",
+        "FERROCCL_BENCH_CORRUPT",
+    ] {
+        cmd.env_remove(v);
+    }
+    for (k, v) in env {
+        cmd.env(k, v);
+    }
+    let o = cmd.output().expect("scripts/sim-gpu.sh runs");
+    let (out, err) = text(&o);
+    assert_eq!(o.status.code(), Some(0), "{n} ranks {tag}: stdout:\n{out}\nstderr:\n{err}");
+    let js = std::fs::read_to_string(&j).unwrap();
+    let v = json::parse(&js).unwrap_or_else(|e| panic!("JSON does not parse: {e}\n{js}"));
+    let csv = std::fs::read_to_string(&c).unwrap();
+    let _ = std::fs::remove_dir_all(&dir);
+    (out, v, csv)
+}
+
+/// Asserts that every row, record and CSV line of a one-GPU `all` run on `n` ranks
+/// names `backend` for both placements, with algorithms `ok` accepts (rank 0's in the
+/// table and CSV, every rank's in the JSON); `rank0` must accept rank 0's.
+fn assert_served_by(
+    n: usize,
+    (out, v, csv): &(String, json::V, String),
+    backend: &str,
+    ok: &dyn Fn(&str) -> bool,
+    rank0: &dyn Fn(&str) -> bool,
+) {
+    let rows = rows(out);
+    assert_eq!(rows.len(), NCCL_SET.len(), "one row per collective:\n{out}");
+    for (c, f) in &rows {
+        for path in [&f[13..15], &f[15..17]] {
+            assert_eq!(path[0], backend, "{n} ranks: {c} served by {}, not {backend}: {f:?}\n{out}", path[0]);
+            assert!(ok(&path[1]) && rank0(&path[1]), "{n} ranks: {c}: algorithm {}: {f:?}", path[1]);
+        }
+    }
+    assert!(out.contains("# Backend mixed(ranks) : 0 OK"), "{out}");
+    let res = v.get("results").unwrap().arr().unwrap();
+    assert_eq!(res.len(), 2 * NCCL_SET.len(), "every collective in both placements");
+    for r in res {
+        assert_eq!(r.get("backend").unwrap().str(), Some(backend), "{n} ranks: {r:?}");
+        let each = |k: &str| -> Vec<String> {
+            r.get(k).unwrap().arr().unwrap().iter().map(|x| x.str().unwrap().to_string()).collect()
+        };
+        assert_eq!(each("backends_by_rank"), vec![backend; n], "{n} ranks: {r:?}");
+        let algos = each("algorithms_by_rank");
+        assert_eq!(algos.len(), n, "{r:?}");
+        assert_eq!(Some(algos[0].as_str()), r.get("algorithm").unwrap().str(), "rank 0's is shown: {r:?}");
+        assert!(rank0(&algos[0]) && algos.iter().all(|a| ok(a)), "{n} ranks: {r:?}");
+    }
+    let body: Vec<&str> = csv.lines().skip(1).collect();
+    assert_eq!(body.len(), 2 * NCCL_SET.len(), "{csv}");
+    for l in body {
+        let f: Vec<&str> = l.split(',').collect();
+        assert_eq!(f.len(), 15, "{l}");
+        assert_eq!(f[13], backend, "{n} ranks: {l}");
+        assert!(ok(f[14]) && rank0(f[14]), "{n} ranks: {l}");
+    }
+}
+
+/// Device memory, every rank on one simulated GPU: at 2 and 4 ranks every collective
+/// of `all`, out of place and in place, is served GPU to GPU (backend ipc; rank 0 moves
+/// the data, with an exec-* or p2p-* algorithm, the others signal and wait), and no
+/// table says the device path was missed. Fails if the library ever stages such a call.
+#[test]
+fn every_collective_on_one_gpu_is_served_by_the_ipc_path() {
+    for n in [2, 4] {
+        let run = one_gpu_all(n, &[]);
+        let ipc = |a: &str| IPC_ALGORITHMS.contains(&a);
+        let moves = |a: &str| ["exec-", "p2p-", "mps-"].iter().any(|p| a.starts_with(p));
+        assert_served_by(n, &run, "ipc", &ipc, &moves);
+        assert!(!run.0.contains("the device path did not serve"), "{}", run.0);
+    }
+}
+
+/// The same with FERROCCL_CUDA_IPC=0: every collective and placement is staged through
+/// host memory (the host algorithms, or the staging pipeline), and each of the ten
+/// tables says the device path did not serve its size and how to see why.
+#[test]
+fn every_collective_on_one_gpu_is_staged_without_the_ipc_path() {
+    for n in [2, 4] {
+        let run = one_gpu_all(n, &[("FERROCCL_CUDA_IPC", "0")]);
+        let staged = |a: &str| HOST_ALGORITHMS.contains(&a) || a == "pipelined";
+        assert_served_by(n, &run, "staged", &staged, &|_| true);
+        let notes: Vec<&str> = run.0.lines().filter(|l| l.starts_with("# the device path did not serve")).collect();
+        assert_eq!(notes.len(), NCCL_SET.len(), "one note per table:\n{}", run.0);
+        assert!(notes.iter().all(|l| l.contains("65536 B") && l.contains("FERROCCL_DEBUG=WARN")), "{notes:?}");
+    }
 }
