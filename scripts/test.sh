@@ -64,9 +64,13 @@ sim ctest --test-dir build/c_tests -j "$jobs" --output-on-failure --timeout 300 
 step "host suite on a simulated GPU host: programs that have made device 0 current (every program, 2 ranks)"
 ctest_build build/c_tests_cuda_user -DFERROCCL_TEST_CUDA_USER=ON
 sim ctest --test-dir build/c_tests_cuda_user -j "$jobs" --output-on-failure --timeout 300 -LE 'device|cuda' -R '\.(np2|threads2)$'
-step "ferroccl-bench --mem cuda --nranks 4 all on the simulated GPU (exit 0: no wrong results)"
+step "ferroccl-bench --mem cuda --nranks 4 all on two simulated GPUs, staged (exit 0: no wrong results)"
 sim "$lib/ferroccl-bench" --mem cuda --nranks 4 all >build/bench-sim.txt
 grep -E '^# Out of bounds' build/bench-sim.txt  # simulated: bandwidths mean nothing
+grep -E '^# Backend mixed' build/bench-sim.txt
+step "ferroccl-bench --mem cuda --nranks 4 all, every rank on one simulated GPU (no size may be staged)"
+CUDA_VISIBLE_DEVICES=0 sim "$lib/ferroccl-bench" --mem cuda --nranks 4 all -e 1M >build/bench-sim-1gpu.txt
+if grep -E '^# (the device path did not serve|Backend mixed\(ranks\) : [1-9])' build/bench-sim-1gpu.txt; then exit 1; fi
 step "bench/memop_pingpong.c on the simulated GPU (builds and completes; times mean nothing here)"
 cc -O2 -Wall -Werror bench/memop_pingpong.c -o build/memop_pingpong -ldl
 sim build/memop_pingpong --rounds 200

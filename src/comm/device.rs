@@ -119,6 +119,41 @@ pub fn use_nccl(req: Backend, all: &[RankInfo], me: usize) -> Result<bool> {
     }
 }
 
+/// Why neither NCCL nor the GPU-to-GPU path of ranks on one GPU serves this
+/// communicator's device memory, which is then staged through host memory: (reason,
+/// what to do), for the first device call's WARN. None where staging was asked for
+/// (FERROCCL_BACKEND=host, FERROCCL_CUDA_IPC=0 on one GPU). Called when neither serves.
+pub fn staging_reason(req: Backend, all: &[RankInfo], ipc_on: bool) -> Option<(String, &'static str)> {
+    if req == Backend::Host || all.len() < 2 || (one_gpu(all) && !ipc_on) {
+        return None;
+    }
+    if let Some(r) = all.iter().position(|i| i.device < 0) {
+        return Some((
+            format!("rank {r} has no current CUDA device"),
+            "make a device current (cudaSetDevice) on every rank before creating the communicator",
+        ));
+    }
+    if one_gpu(all) {
+        return Some((
+            "the ranks share one GPU but its GPU-to-GPU path could not be set up (FERROCCL_DEBUG=INFO says why)".into(),
+            "check the free space and permissions of /dev/shm",
+        ));
+    }
+    if let Some((a, b)) = shared_gpu(all) {
+        return Some((
+            format!("ranks {a} and {b} share GPU {} while other ranks do not: NCCL needs one GPU per rank, and the GPU-to-GPU path of a shared GPU needs every rank on it", all[a].bus),
+            "give every rank its own GPU (CUDA_VISIBLE_DEVICES, cudaSetDevice(local rank)), or put every rank on one GPU",
+        ));
+    }
+    if let Some(r) = all.iter().position(|i| !i.nccl) {
+        return Some((
+            format!("every rank has its own GPU, and rank {r} cannot load NCCL (libnccl.so.2)"),
+            "install NCCL (pip install nvidia-nccl-cu13, or the libnccl2 package) or point FERROCCL_NCCL_LIBRARY at libnccl.so.2",
+        ));
+    }
+    None
+}
+
 /// True when every rank (at least two) has a device and all share one GPU of one host.
 pub fn one_gpu(all: &[RankInfo]) -> bool {
     all.len() > 1 && all.iter().all(|i| i.device >= 0 && i.host == all[0].host && i.bus == all[0].bus)

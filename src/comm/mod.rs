@@ -102,6 +102,10 @@ pub struct Comm {
     router: Router,
     /// Set once the first device call on a rank without a device was logged.
     told_no_device: AtomicBool,
+    /// Why device memory is staged though the ranks have GPUs (neither NCCL nor the
+    /// one-GPU path serves it), and what to do: said once, at the first device call.
+    staged_why: Option<(String, &'static str)>,
+    told_staged: AtomicBool,
     /// Device memory the coalesced calls pack their buckets into, reused call after call.
     pub buckets: Mutex<cuda::Arena>,
     /// The local address of the connection to the rendezvous point, for splits' wire-up.
@@ -128,6 +132,8 @@ impl Comm {
             device: -1,
             router: Router::new(vec![Box::new(Builtin { rank, nranks })]),
             told_no_device: AtomicBool::new(false),
+            staged_why: None,
+            told_staged: AtomicBool::new(false),
             buckets: Mutex::new(cuda::Arena::default()),
             route: None,
         }
@@ -250,7 +256,11 @@ impl Comm {
             Some(id) => Some(Nccl::init_rank(nranks, &id, rank, me.device)?),
             None => None,
         };
+        let staged = nccl.is_none() && one_gpu.is_none();
         c.set_backends(nccl, one_gpu);
+        if staged && c.device >= 0 {
+            c.staged_why = device::staging_reason(req, &all, ipc::min_bytes().is_some());
+        }
         log::info(format_args!(
             "rank {rank}/{nranks} joined communicator {} (device {}, backends {})",
             c.label(),
@@ -304,7 +314,11 @@ impl Comm {
             c.device = i.device;
             let setup =
                 region.as_ref().map(|r| ipc::Setup { pids: vec![std::process::id(); n], mps: false, ctl: r.clone() });
+            let staged = nc.is_none() && setup.is_none();
             c.set_backends(nc, setup);
+            if staged && c.device >= 0 {
+                c.staged_why = device::staging_reason(req, &infos, ipc::min_bytes().is_some());
+            }
         }
         Ok(comms)
     }
@@ -422,6 +436,7 @@ impl Comm {
             && (calls.iter().any(|c| c.coll.placement != Placement::Host) || self.router.claims(calls))
         {
             self.warn_no_device();
+            self.warn_staged();
             self.router.run(&mut x, calls)
         } else {
             host_run(&mut x, calls)
@@ -463,6 +478,19 @@ impl Comm {
     /// another thread is in a call on it.
     pub fn last_path(&self) -> (&'static str, &'static str) {
         self.state.lock().unwrap_or_else(|p| p.into_inner()).last_path
+    }
+
+    /// Device memory staged because neither NCCL nor the one-GPU path serves it: say so once.
+    fn warn_staged(&self) {
+        if let Some((why, fix)) = &self.staged_why {
+            if !self.told_staged.swap(true, Ordering::Relaxed) {
+                log::warn(format_args!(
+                    "rank {} comm {}: device memory goes through host staging, not GPU to GPU: {why}. To fix: {fix} (said once per communicator)",
+                    self.rank,
+                    self.label()
+                ));
+            }
+        }
     }
 
     /// Device memory on a rank created without a current device is staged: say so once.
