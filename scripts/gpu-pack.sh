@@ -4,7 +4,8 @@
 #   scripts/gpu-pack.sh [--nccl-tests SRC]
 #
 # - bin/: libferroccl.so, libferroccl_nccl.so, ferroccl-run, ferroccl-bench from a fresh
-#   `cargo build --release`, without debug info (a lease carries at most 64 MiB);
+#   `cargo build --release`, without debug info (a lease carries at most 64 MiB), and
+#   memop_pingpong (bench/memop_pingpong.c; the lease compiles it there when this is absent);
 # - commit: the commit they were built from (the lease's copy of .git may be older);
 # - nvhome/include: NVIDIA's nccl.h and device-API headers of the version ferroccl mirrors
 #   (from the nvidia-nccl-cu13 wheel that tests/nccl/run.sh downloads), to build nccl-tests
@@ -12,7 +13,9 @@
 #   beside it, which ferroccl does not ship) and libnccl.so, to build it against ferroccl;
 # - nccl-tests/: the nccl-tests source tree SRC (a checkout; GPU machines reach no network).
 #
-# Then, on the GPU machine: scripts/gpu-lease.sh (see there). Nothing here needs a GPU.
+# Then, on the GPU machine: scripts/gpu-lease.sh (see there; it also needs bench/*.py,
+# tools/compare/gloo_bench.py and tools/simgpu/capture-profile.py with its profile, which
+# travel with the working tree). Nothing here needs a GPU.
 set -euo pipefail
 root="$(cd "$(dirname "$0")/.." && pwd)"
 cd "$root"
@@ -20,7 +23,7 @@ nt_src=""
 while [ $# -gt 0 ]; do
   case "$1" in
     --nccl-tests) nt_src="$(realpath "$2")"; shift 2 ;;
-    -h|--help) sed -n '2,16p' "$0"; exit 0 ;;
+    -h|--help) sed -n '2,18p' "$0"; exit 0 ;;
     *) echo "gpu-pack: unknown argument $1 (see --help)" >&2; exit 2 ;;
   esac
 done
@@ -34,6 +37,7 @@ mkdir -p "$pack/bin" "$pack/ncclhome/include" "$pack/ncclhome/lib"
 for f in libferroccl.so libferroccl_nccl.so ferroccl-run ferroccl-bench; do
   strip --strip-debug -o "$pack/bin/$f" "target/release/$f"
 done
+cc -O2 -Wall bench/memop_pingpong.c -o "$pack/bin/memop_pingpong" -ldl
 git rev-parse --short HEAD >"$pack/commit"
 git diff --quiet HEAD -- || echo "gpu-pack: the tree has uncommitted changes; the record will name $(cat "$pack/commit")" >&2
 cp include/ferroccl/nccl.h "$pack/ncclhome/include/"
@@ -64,4 +68,5 @@ if [ -n "$nt_src" ]; then
   (cd "$nt_src" && tar -c --exclude=.git --exclude=build .) | tar -x -C "$pack/nccl-tests"
 fi
 du -sh "$pack"
-echo "gpu-pack: now call the device tool's run with carry [\".gpubin\"] and: bash scripts/gpu-lease.sh --budget SECONDS"
+echo "gpu-pack: now call the device tool's run with carry [\".gpubin\"] and: bash scripts/gpu-lease.sh (at most 360 s;"
+echo "  then, with what is left: bash scripts/gpu-lease.sh --deeper --budget SECONDS [PHASE...])"

@@ -74,6 +74,8 @@ if grep -E '^# (the device path did not serve|Backend mixed\(ranks\) : [1-9])' b
 step "bench/memop_pingpong.c on the simulated GPU (builds and completes; times mean nothing here)"
 cc -O2 -Wall -Werror bench/memop_pingpong.c -o build/memop_pingpong -ldl
 sim build/memop_pingpong --rounds 200
+step "gpu-lease.sh on the simulated GPU: a --quick run, one killed by SIGTERM, a 30 s budget, faked torch/Gloo (tests/gpu_lease/run.sh)"
+bash tests/gpu_lease/run.sh
 step "ferroccl-bench --soak on the simulated GPU (random verified calls, host and device memory)"
 FERROCCL_TIMEOUT_MS=60000 sim "$lib/ferroccl-bench" --soak 300 --mem cuda --nranks 2 --seed 11
 
