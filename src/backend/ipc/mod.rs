@@ -27,6 +27,7 @@
 //! the call through host memory instead.
 
 mod data;
+mod fallback;
 mod mappings;
 mod mps;
 mod p2p;
@@ -42,6 +43,7 @@ use crate::log;
 use crate::mem::{cuda, cuda_reduce, Placement};
 use crate::types::DataType;
 use data::move_data;
+use fallback::{fix, Fallback};
 use mappings::{close, Exported, FreedSeen, Mappings};
 use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex};
@@ -161,33 +163,6 @@ pub struct Ipc {
     warned: Mutex<Vec<&'static str>>,
 }
 
-/// Why this rank cannot take a call GPU to GPU, and what its user can do about it.
-#[derive(Clone, Debug)]
-pub(super) struct Fallback {
-    pub why: String,
-    pub fix: &'static str,
-}
-
-impl Fallback {
-    fn new(why: impl Into<String>, fix: &'static str) -> Fallback {
-        Fallback { why: why.into(), fix }
-    }
-}
-
-/// What a user can do about each reason a call leaves the GPU-to-GPU path.
-pub(super) mod fix {
-    pub const REGION: &str =
-        "the control region is POSIX shared memory: check the free space and permissions of /dev/shm";
-    pub const CONTEXT: &str = "allocate every device buffer of a communicator in one context (the device's primary context, as the CUDA runtime and PyTorch do)";
-    pub const MEMOPS: &str = "the path orders the ranks' streams with stream memory operations (the _v2 entry points, on by default since CUDA 11.7) on host-mapped memory: update the NVIDIA driver, or set FERROCCL_CUDA_IPC=0 to stage on purpose";
-    pub const HOST_MEMORY: &str = "pass device memory on every rank (or host memory on every rank)";
-    pub const EXPORT: &str = "allocate buffers with cudaMalloc/cuMemAlloc: managed, cuMemCreate (PyTorch's expandable_segments:True) and stream-ordered pool memory cannot be shared through CUDA IPC";
-    pub const NVRTC: &str =
-        "the reduction kernels are compiled at run time: install NVRTC for this driver's CUDA version (libnvrtc.so)";
-    pub const OVERLAP: &str = "pass an output that does not overlap the input";
-    pub const PEER: &str = "see the warning of the rank named";
-}
-
 /// What every rank of a communicator on one GPU learns when it is created.
 pub struct Setup {
     /// Every rank's process id.
@@ -243,30 +218,6 @@ impl Ipc {
             inner: Mutex::new(Inner::default()),
             watch: Arc::new(Watch::default()),
             warned: Mutex::new(Vec::new()),
-        }
-    }
-
-    /// Says that `what` leaves the GPU-to-GPU path for host staging: a WARN the first
-    /// time this communicator meets `f.fix`, INFO after that.
-    pub(super) fn fell_back(&self, what: &str, f: &Fallback) {
-        let first = {
-            let mut w = self.warned.lock().unwrap_or_else(|p| p.into_inner());
-            !w.contains(&f.fix) && {
-                w.push(f.fix);
-                true
-            }
-        };
-        let line = format_args!(
-            "rank {}: {what} goes through host staging, not GPU to GPU: {}. To fix: {}{}",
-            self.rank,
-            f.why,
-            f.fix,
-            if first { " (said once per communicator; FERROCCL_DEBUG=INFO names the path of every call)" } else { "" }
-        );
-        if first {
-            log::warn(line);
-        } else {
-            log::info(line);
         }
     }
 }

@@ -21,9 +21,10 @@
 //! every `sent` first, then the receives, then the waits for `recvd`, so that two ranks
 //! that send to each other never wait for each other's copies.
 
+use super::fallback::{fix, Fallback};
 use super::mappings::Owner;
 use super::watch::Target;
-use super::{fix, Fallback, Inner, Ipc, Outcome};
+use super::{Inner, Ipc, Outcome};
 use crate::backend::ctl::{Ctl, Pair, RecvRec, SendRec, BOUNCE, SLOTS};
 use crate::backend::host::engine::{p2p_mismatch, P2pCall};
 use crate::backend::host::Call;
