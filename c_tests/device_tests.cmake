@@ -126,6 +126,6 @@ else()
   endforeach()
   _fccl_device_test(test_device_path.mps.np3 3 "${_fccl_env};FERROCCL_CUDA_MPS=1"
     "${FERROCCL_RUN}" -n 3 $<TARGET_FILE:test_device_path>)
-  _fccl_device_test(test_device_path.staged.np2 2 "${_fccl_env};FERROCCL_CUDA_IPC=0;FCCL_TEST_BACKEND=staged"
+  _fccl_device_test(test_device_path.staged.np2 2 "${_fccl_env};FERROCCL_CUDA_IPC=0"
     "${FERROCCL_RUN}" -n 2 $<TARGET_FILE:test_device_path>)
 endif()
