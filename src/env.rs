@@ -1,7 +1,13 @@
 //! Every environment variable ferroccl reads, in one place, with its default and meaning.
 
+use crate::error::{Error, Result};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
+
+mod names;
+mod parse;
+pub use names::{remarks, NCCL_NO_EFFECT};
+pub use parse::{resolve, take_warnings, Int};
 
 /// One documented environment variable.
 pub struct Var {
@@ -29,7 +35,7 @@ pub const SECRET: Var = Var {
     doc: "secret (any string, the same on every rank) that admits a rank to a FERROCCL_ROOT_ADDR or MASTER_ADDR/MASTER_PORT rendezvous and tells jobs apart; never sent, only proved. Unset: derived from TORCHELASTIC_RUN_ID, PMIX_NAMESPACE, OMPI_MCA_orte_ess_jobid or SLURM_JOB_ID/SLURM_STEP_ID (the first set), else fcclCommInitFromEnv refuses (ferroccl-run needs none)",
 };
 pub const TIMEOUT_MS: Var =
-    Var { name: "FERROCCL_TIMEOUT_MS", default: "600000", doc: "bound on every blocking wait, in ms" };
+    Var { name: "FERROCCL_TIMEOUT_MS", default: "600000", doc: "bound on every blocking wait, in ms (1 to 2^53)" };
 pub const DEBUG: Var = Var { name: "FERROCCL_DEBUG", default: "WARN", doc: "log level: WARN, INFO or TRACE" };
 pub const DEBUG_FILE: Var =
     Var { name: "FERROCCL_DEBUG_FILE", default: "", doc: "log file instead of stderr (%h host, %p pid)" };
@@ -94,7 +100,7 @@ pub const CHECK: Var = Var {
     name: "FERROCCL_CHECK",
     default: "1",
     doc:
-        "1: fingerprint every collective and compare across ranks before data moves (detects mismatched calls); 0: off",
+        "1: ranks on different hosts also show each other every collective's fingerprint before data moves (a mismatch fails every rank and leaves the communicator usable); 0: they skip that round, and a mismatch is found from the first message of the call instead (every receiving rank fails; the communicator is then unusable). On one host and on one GPU calls are always compared before data moves",
 };
 pub const SINGLE_COPY: Var = Var {
     name: "FERROCCL_SINGLE_COPY",
@@ -140,6 +146,11 @@ pub const LOCAL_RANK: Var = Var {
     name: "FERROCCL_LOCAL_RANK",
     default: "",
     doc: "rank of this process among the job's ranks on its host, with FERROCCL_RANK (set by ferroccl-run; logged)",
+};
+pub const LOCAL_SIZE: Var = Var {
+    name: "FERROCCL_LOCAL_SIZE",
+    default: "",
+    doc: "number of the job's ranks on this host (set by ferroccl-run for programs; ferroccl does not read it)",
 };
 pub const TORCH_LOCAL_RANK: Var =
     Var { name: "LOCAL_RANK", default: "", doc: "torchrun's local rank, with RANK (ferroccl-run sets it too)" };
@@ -235,6 +246,7 @@ pub const ALL: &[&Var] = &[
     &TORCH_MASTER_ADDR,
     &TORCH_MASTER_PORT,
     &LOCAL_RANK,
+    &LOCAL_SIZE,
     &TORCH_LOCAL_RANK,
     &TORCHELASTIC_USE_AGENT_STORE,
     &TORCHELASTIC_RESTART_COUNT,
@@ -262,12 +274,13 @@ pub const ALL: &[&Var] = &[
     &NCCL_SOCKET_NTHREADS,
 ];
 
-/// NCCL's variables that stand in for ferroccl's when ferroccl runs as libnccl.so.2
-/// (the ferroccl-nccl shim), each read only where ferroccl's own is unset.
+/// NCCL's variables that stand in for ferroccl's, each read only where ferroccl's own
+/// is unset: the log's in every library, the socket counts only when ferroccl runs as
+/// libnccl.so.2 (the ferroccl-nccl shim).
 pub const NCCL_DEBUG: Var = Var {
     name: "NCCL_DEBUG",
     default: "",
-    doc: "as libnccl.so.2: FERROCCL_DEBUG when that is unset (VERSION, WARN, ABORT: WARN; INFO; TRACE)",
+    doc: "as libnccl.so.2: FERROCCL_DEBUG when that is unset (NONE, VERSION, WARN, ABORT: WARN; INFO; TRACE)",
 };
 pub const NCCL_DEBUG_FILE: Var =
     Var { name: "NCCL_DEBUG_FILE", default: "", doc: "as libnccl.so.2: FERROCCL_DEBUG_FILE when that is unset" };
@@ -287,38 +300,43 @@ pub const NCCL_SOCKET_NTHREADS: Var = Var {
     doc: "as libnccl.so.2, when FERROCCL_NSOCKS is unset: threads per link; ferroccl drives every socket from its one progress thread and takes the product with NCCL_NSOCKS_PERTHREAD (unset: 1) as its number of sockets",
 };
 
-/// Whether NCCL's variables stand in for ferroccl's (set by the ferroccl-nccl shim).
+/// Whether NCCL's socket-count variables stand in for FERROCCL_NSOCKS (set by the
+/// ferroccl-nccl shim).
 static NCCL_ALIASES: AtomicBool = AtomicBool::new(false);
 
-/// Makes NCCL_DEBUG and NCCL_DEBUG_FILE stand in for FERROCCL_DEBUG and
-/// FERROCCL_DEBUG_FILE where those are unset: called by the
-/// library that serves NCCL's API, never by ferroccl's own (a real NCCL may read them).
+/// Makes NCCL_NSOCKS_PERTHREAD and NCCL_SOCKET_NTHREADS stand in for FERROCCL_NSOCKS
+/// where it is unset: called by the library that serves NCCL's API. (NCCL_DEBUG and
+/// NCCL_DEBUG_FILE stand in for FERROCCL_DEBUG and FERROCCL_DEBUG_FILE in every
+/// library, as libnccl.so.2 reads them; NCCL_SOCKET_IFNAME too.)
 pub fn enable_nccl_aliases() {
     NCCL_ALIASES.store(true, Ordering::Relaxed);
 }
 
-/// NCCL_DEBUG's levels as FERROCCL_DEBUG's.
-fn nccl_debug_level(v: &str) -> String {
-    match v.trim().to_ascii_uppercase().as_str() {
-        "INFO" => "INFO".into(),
-        "TRACE" => "TRACE".into(),
-        _ => "WARN".into(),
-    }
+/// The value of `name` if set and not blank; a value that is not UTF-8 is kept, with
+/// its odd bytes replaced, so that it is refused as what it is rather than taken as unset.
+fn raw(name: &str) -> Option<String> {
+    let v = std::env::var_os(name)?.into_string().unwrap_or_else(|v| v.to_string_lossy().into_owned());
+    Some(v).filter(|v| !v.trim().is_empty())
 }
 
 impl Var {
-    /// The value if set and non-empty (for two variables, NCCL's stand-in when enabled,
-    /// see [`enable_nccl_aliases`]).
-    pub fn get(&self) -> Option<String> {
-        let own = std::env::var(self.name).ok().filter(|v| !v.trim().is_empty());
-        if own.is_some() || !NCCL_ALIASES.load(Ordering::Relaxed) {
-            return own;
-        }
-        match self.name {
-            n if n == DEBUG.name => NCCL_DEBUG.get().map(|v| nccl_debug_level(&v)),
-            n if n == DEBUG_FILE.name => NCCL_DEBUG_FILE.get(),
+    /// The name of the variable the value comes from, and the value: this one if set
+    /// and not blank, else for FERROCCL_DEBUG and FERROCCL_DEBUG_FILE NCCL_DEBUG and
+    /// NCCL_DEBUG_FILE (FERROCCL_ > NCCL_, as libnccl.so.2 reads those).
+    pub fn lookup(&self) -> Option<(&'static str, String)> {
+        let stand_in = match self.name {
+            n if n == DEBUG.name => Some(NCCL_DEBUG.name),
+            n if n == DEBUG_FILE.name => Some(NCCL_DEBUG_FILE.name),
             _ => None,
+        };
+        match raw(self.name) {
+            Some(v) => Some((self.name, v)),
+            None => stand_in.and_then(|s| raw(s).map(|v| (s, v))),
         }
+    }
+    /// The value if set and not blank (see [`Var::lookup`] for NCCL's stand-ins).
+    pub fn get(&self) -> Option<String> {
+        self.lookup().map(|(_, v)| v)
     }
     /// The value, or the default.
     pub fn get_or_default(&self) -> String {
@@ -326,45 +344,95 @@ impl Var {
     }
 }
 
-/// The default timeout for blocking waits (`FERROCCL_TIMEOUT_MS`, 10 minutes if unset or invalid).
+/// FERROCCL_TIMEOUT_MS's form: a bound beyond 2^53 ms (285 000 years) is no bound,
+/// and every value up to it is exact as a double too.
+pub const TIMEOUT_FORM: Int = Int::new(1, 1 << 53, "milliseconds", 30000);
+/// FERROCCL_CONNECT_TIMEOUT_MS's form.
+pub const CONNECT_TIMEOUT_FORM: Int = Int::new(1, 1 << 53, "milliseconds", 10000);
+/// FERROCCL_PEER_LOST_MS's form: keepalive probes count whole seconds, and the socket
+/// option takes an int of ms.
+pub const PEER_LOST_FORM: Int =
+    Int { zero: Some("to leave it to the kernel"), ..Int::new(1000, i32::MAX as u64, "milliseconds", 30000) };
+
+/// The timeout for blocking waits (`FERROCCL_TIMEOUT_MS`; 10 minutes if unset).
+pub fn timeout() -> Result<Duration> {
+    Ok(TIMEOUT_MS.ms(TIMEOUT_FORM)?.unwrap_or(Duration::from_millis(600_000)))
+}
+
+/// [`timeout`], or 10 minutes where the value is refused (the default of options that
+/// cannot fail; communicator creation checks the variable with [`timeout`]).
 pub fn default_timeout() -> Duration {
-    let ms = TIMEOUT_MS.get().and_then(|v| v.trim().parse::<u64>().ok()).filter(|&v| v > 0).unwrap_or(600_000);
-    Duration::from_millis(ms)
+    timeout().unwrap_or(Duration::from_millis(600_000))
+}
+
+/// `FERROCCL_CHECK`: whether collectives are fingerprinted (default yes).
+pub fn check_mode() -> Result<bool> {
+    Ok(CHECK.flag()?.unwrap_or(true))
+}
+
+/// `FERROCCL_TRANSPORT`: true for tcp (TCP between every pair), false for auto.
+pub fn force_tcp() -> Result<bool> {
+    Ok(TRANSPORT.word(&[("auto", false), ("tcp", true)])?.unwrap_or(false))
+}
+
+/// `FERROCCL_CONNECT_TIMEOUT_MS` (10 s if unset).
+pub fn connect_timeout() -> Result<Duration> {
+    Ok(CONNECT_TIMEOUT_MS.ms(CONNECT_TIMEOUT_FORM)?.unwrap_or(Duration::from_millis(10_000)))
+}
+
+/// `FERROCCL_PEER_LOST_MS` from its value `v`: None for 0 (the kernel's bounds).
+pub fn parse_peer_lost(v: &str) -> Result<Option<Duration>> {
+    Ok(Some(PEER_LOST_MS.parse_ms(v, PEER_LOST_FORM)?).filter(|d| !d.is_zero()))
+}
+
+/// `FERROCCL_PEER_LOST_MS` (30 s if unset).
+pub fn peer_lost() -> Result<Option<Duration>> {
+    parse_peer_lost(&PEER_LOST_MS.get_or_default())
+}
+
+/// Checks the variables every communicator's creation depends on, whether or not this
+/// one reads them (a wrong one fails the first creation, not a later one that does):
+/// one error naming every wrong one.
+pub fn check() -> Result<()> {
+    let wrong: Vec<String> = [
+        timeout().err(),
+        check_mode().err(),
+        force_tcp().err(),
+        nsocks().err(),
+        connect_timeout().err(),
+        peer_lost().err(),
+        HOST_ADDR.ip().err(),
+    ]
+    .into_iter()
+    .flatten()
+    .map(|e| e.msg)
+    .collect();
+    match wrong.is_empty() {
+        true => Ok(()),
+        false => Err(Error::invalid_arg(wrong.join("; "))),
+    }
 }
 
 /// Sockets per TCP link: `FERROCCL_NSOCKS`, else (as libnccl.so.2) NCCL_NSOCKS_PERTHREAD
 /// x NCCL_SOCKET_NTHREADS capped at the most a link may have, else the default. An
 /// error naming the variable when a value is not a number in range.
-pub fn nsocks() -> crate::error::Result<usize> {
-    let own = std::env::var(NSOCKS.name).ok().filter(|v| !v.trim().is_empty());
+pub fn nsocks() -> Result<usize> {
     let nccl = NCCL_ALIASES.load(Ordering::Relaxed);
     let nccl_var = |v: &Var| if nccl { v.get() } else { None };
-    nsocks_from(own, nccl_var(&NCCL_NSOCKS_PERTHREAD), nccl_var(&NCCL_SOCKET_NTHREADS))
+    nsocks_from(NSOCKS.get(), nccl_var(&NCCL_NSOCKS_PERTHREAD), nccl_var(&NCCL_SOCKET_NTHREADS))
 }
 
 /// [`nsocks`] from the values of FERROCCL_NSOCKS, NCCL_NSOCKS_PERTHREAD and NCCL_SOCKET_NTHREADS.
-fn nsocks_from(
-    own: Option<String>,
-    per_thread: Option<String>,
-    threads: Option<String>,
-) -> crate::error::Result<usize> {
-    let max = NSOCKS_MAX;
-    let parse = |var: &Var, v: &str, hi: usize| {
-        v.trim().parse::<usize>().ok().filter(|n| (1..=hi).contains(n)).ok_or_else(|| {
-            crate::error::Error::invalid_arg(format!(
-                "{}={v:?} is not a number of sockets from 1 to {hi}; set it to one (default {}) or unset it",
-                var.name, NSOCKS.default
-            ))
-        })
-    };
+fn nsocks_from(own: Option<String>, per_thread: Option<String>, threads: Option<String>) -> Result<usize> {
+    let socks = |hi: usize, eg: u64| Int::new(1, hi as u64, "sockets", eg);
     if let Some(v) = own {
-        return parse(&NSOCKS, &v, max);
+        return Ok(NSOCKS.parse_int(&v, socks(NSOCKS_MAX, 4))? as usize);
     }
     // NCCL allows up to 64 sockets per link in all; ferroccl's links take at most NSOCKS_MAX.
-    let per = per_thread.map(|v| parse(&NCCL_NSOCKS_PERTHREAD, &v, 64)).transpose()?;
-    let threads = threads.map(|v| parse(&NCCL_SOCKET_NTHREADS, &v, 16)).transpose()?;
+    let per = per_thread.map(|v| NCCL_NSOCKS_PERTHREAD.parse_int(&v, socks(64, 4))).transpose()?;
+    let threads = threads.map(|v| NCCL_SOCKET_NTHREADS.parse_int(&v, socks(16, 2))).transpose()?;
     if per.is_some() || threads.is_some() {
-        return Ok((per.unwrap_or(1) * threads.unwrap_or(1)).min(max));
+        return Ok((per.unwrap_or(1) * threads.unwrap_or(1)).min(NSOCKS_MAX as u64) as usize);
     }
     Ok(NSOCKS.default.parse().expect("the default is a number"))
 }
@@ -378,7 +446,7 @@ pub fn parse_bytes(v: &str) -> Option<usize> {
         'G' => (&v[..v.len() - 1], 1 << 30),
         _ => (v, 1),
     };
-    num.trim().parse::<usize>().ok()?.checked_mul(mul)
+    usize::try_from(parse::whole(num)?).ok()?.checked_mul(mul)
 }
 
 /// What `FERROCCL_SINGLE_COPY` allows.
@@ -389,35 +457,42 @@ pub enum SingleCopy {
     Cma,
 }
 
-/// `FERROCCL_SINGLE_COPY` (read once): `0`/`off`, `mapped` (default), `1`/`cma`.
-/// An unknown value keeps the default, as every variable of this registry does.
+/// `FERROCCL_SINGLE_COPY`'s words.
+const SINGLE_COPY_WORDS: &[(&str, SingleCopy)] = &[
+    ("mapped", SingleCopy::Mapped),
+    ("cma", SingleCopy::Cma),
+    ("0", SingleCopy::Off),
+    ("1", SingleCopy::Cma),
+    ("off", SingleCopy::Off),
+    ("on", SingleCopy::Cma),
+    ("no", SingleCopy::Off),
+    ("yes", SingleCopy::Cma),
+    ("false", SingleCopy::Off),
+    ("true", SingleCopy::Cma),
+];
+
+/// `FERROCCL_SINGLE_COPY` (read once): `0`/`off`, `mapped` (default), `1`/`cma`; any
+/// other value warns and keeps the default.
 pub fn single_copy() -> SingleCopy {
     static V: std::sync::OnceLock<SingleCopy> = std::sync::OnceLock::new();
-    *V.get_or_init(|| parse_single_copy(&SINGLE_COPY.get().unwrap_or_default()).unwrap_or(SingleCopy::Mapped))
+    *V.get_or_init(|| SINGLE_COPY.or_default(SINGLE_COPY.word(SINGLE_COPY_WORDS), SingleCopy::Mapped))
 }
 
-fn parse_single_copy(v: &str) -> Option<SingleCopy> {
-    match v.trim().to_ascii_lowercase().as_str() {
-        "0" | "off" | "no" | "false" => Some(SingleCopy::Off),
-        "mapped" | "" => Some(SingleCopy::Mapped),
-        "1" | "cma" | "yes" | "true" | "on" => Some(SingleCopy::Cma),
-        _ => None,
-    }
-}
-
-/// `FERROCCL_STREAM_MIN` in bytes (read once; the default if unset or invalid).
+/// `FERROCCL_STREAM_MIN` in bytes (read once; the default if unset, and with a
+/// warning if not a byte count).
 pub fn stream_min() -> usize {
     static V: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
     *V.get_or_init(|| {
-        STREAM_MIN.get().and_then(|v| parse_bytes(&v)).unwrap_or_else(|| parse_bytes(STREAM_MIN.default).unwrap())
+        let default = parse_bytes(STREAM_MIN.default).expect("a byte count");
+        STREAM_MIN.or_default(STREAM_MIN.size(usize::MAX, "1M"), default)
     })
 }
 
 /// `FERROCCL_REUSE_MAX` in bytes (read once): the variable, or a quarter of the
-/// last-level cache where it is unset or invalid.
+/// last-level cache where it is unset (and with a warning where it is not a byte count).
 pub fn reuse_max() -> usize {
     static V: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
-    *V.get_or_init(|| REUSE_MAX.get().and_then(|v| parse_bytes(&v)).unwrap_or_else(|| last_level_cache() / 4))
+    *V.get_or_init(|| REUSE_MAX.or_default(REUSE_MAX.size(usize::MAX, "8M"), last_level_cache() / 4))
 }
 
 /// Size of the largest cache of CPU 0 as sysfs lists it (Linux); 32 MiB otherwise.
@@ -430,12 +505,34 @@ fn last_level_cache() -> usize {
     sizes.max().unwrap_or(32 << 20)
 }
 
-/// `FERROCCL_SPLIT_COPY` (read once): false only for `0`, `off`, `no` or `false`.
+/// `FERROCCL_SPLIT_COPY` (read once): 0 or 1 (default; a value of neither warns).
 pub fn split_copy() -> bool {
     static V: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-    *V.get_or_init(|| {
-        !matches!(SPLIT_COPY.get_or_default().trim().to_ascii_lowercase().as_str(), "0" | "off" | "no" | "false")
-    })
+    *V.get_or_init(|| SPLIT_COPY.or_default(SPLIT_COPY.flag(), true))
+}
+
+/// `FERROCCL_CUDA_IPC` (read once): 1 (default) or 0 (a value of neither warns).
+pub fn cuda_ipc() -> bool {
+    static V: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *V.get_or_init(|| CUDA_IPC.or_default(CUDA_IPC.flag(), true))
+}
+
+/// `FERROCCL_CUDA_MPS`: Some(yes or no) as 1 or 0 say, None for auto (the default; a
+/// value of none of them warns).
+pub fn cuda_mps() -> Option<bool> {
+    let words = [("auto", None), ("1", Some(true)), ("0", Some(false)), ("on", Some(true)), ("off", Some(false))];
+    CUDA_MPS.or_default(CUDA_MPS.word(&words), None)
+}
+
+/// Most bytes of host buffer a staged chunk may take (`FERROCCL_STAGING_CHUNK`; half
+/// the staging pool, `backend::staging::POOL_MAX_BYTES`).
+pub const STAGING_CHUNK_MAX: usize = 32 << 20;
+
+/// `FERROCCL_STAGING_CHUNK` in bytes (0: calls staged whole; a value that is no byte
+/// count up to [`STAGING_CHUNK_MAX`] warns and keeps the default).
+pub fn staging_chunk() -> usize {
+    let default = parse_bytes(STAGING_CHUNK.default).expect("a byte count");
+    STAGING_CHUNK.or_default(STAGING_CHUNK.size(STAGING_CHUNK_MAX, "4M"), default)
 }
 
 #[cfg(test)]
@@ -444,11 +541,120 @@ mod tests {
 
     #[test]
     fn single_copy_values() {
-        assert_eq!(parse_single_copy("0"), Some(SingleCopy::Off));
-        assert_eq!(parse_single_copy(" Mapped "), Some(SingleCopy::Mapped));
-        assert_eq!(parse_single_copy("1"), Some(SingleCopy::Cma));
-        assert_eq!(parse_single_copy("cma"), Some(SingleCopy::Cma));
-        assert_eq!(parse_single_copy("sometimes"), None);
+        let p = |v: &str| SINGLE_COPY.parse_word(v, SINGLE_COPY_WORDS);
+        assert_eq!(p("0").unwrap(), SingleCopy::Off);
+        assert_eq!(p(" Mapped ").unwrap(), SingleCopy::Mapped);
+        assert_eq!(p("1").unwrap(), SingleCopy::Cma);
+        assert_eq!(p("cma").unwrap(), SingleCopy::Cma);
+        let e = p("sometimes").unwrap_err();
+        assert!(e.msg.starts_with("FERROCCL_SINGLE_COPY is \"sometimes\": give one of mapped, cma, 0,"), "{e}");
+    }
+
+    /// `var`'s parse of `v` fails with fcclInvalidArgument naming the variable, the
+    /// value and `form`.
+    fn refused<T: std::fmt::Debug>(var: &Var, v: &str, r: Result<T>, form: &str) {
+        let e = r.expect_err(&format!("{}={v:?} is refused", var.name));
+        assert_eq!(e.code, crate::error::Code::InvalidArgument);
+        let want = format!("{} is {v:?}: give {form}", var.name);
+        assert!(e.msg.starts_with(&want), "{v:?}: {:?} does not start with {want:?}", e.msg);
+    }
+
+    #[test]
+    fn timeouts_are_whole_milliseconds_in_range() {
+        let form = "a whole number of milliseconds from 1 to 2^53 (e.g. 30000)";
+        for bad in ["abc", "-5", "3e3", "3000ms", "18446744073709551615", "0", "9007199254740993", " ", "+5", "1.5"] {
+            refused(&TIMEOUT_MS, bad, TIMEOUT_MS.parse_ms(bad, TIMEOUT_FORM), form);
+        }
+        assert_eq!(TIMEOUT_MS.parse_ms(" 3000\n", TIMEOUT_FORM).unwrap(), Duration::from_millis(3000));
+        assert_eq!(TIMEOUT_MS.parse_ms("1", TIMEOUT_FORM).unwrap(), Duration::from_millis(1));
+        assert_eq!(TIMEOUT_MS.parse_ms("9007199254740992", TIMEOUT_FORM).unwrap(), Duration::from_millis(1 << 53));
+        let form = "a whole number of milliseconds from 1 to 2^53 (e.g. 10000)";
+        refused(&CONNECT_TIMEOUT_MS, "10s", CONNECT_TIMEOUT_MS.parse_ms("10s", CONNECT_TIMEOUT_FORM), form);
+        // 0 is a word of its own where a variable allows it.
+        assert_eq!(parse_peer_lost("0").unwrap(), None);
+        assert_eq!(parse_peer_lost("1000").unwrap(), Some(Duration::from_millis(1000)));
+        let form =
+            "a whole number of milliseconds from 1000 to 2147483647 (e.g. 30000), or 0 to leave it to the kernel";
+        for bad in ["999", "1", "2147483648", "00x"] {
+            refused(&PEER_LOST_MS, bad, parse_peer_lost(bad), form);
+        }
+    }
+
+    #[test]
+    fn integers_name_their_range_and_unit() {
+        let f = Int::new(2, 9, "", 4);
+        assert_eq!(NSOCKS.parse_int("9", f).unwrap(), 9);
+        assert_eq!(NSOCKS.parse_int("02", f).unwrap(), 2);
+        refused(&NSOCKS, "1", NSOCKS.parse_int("1", f), "a whole number from 2 to 9 (e.g. 4)");
+        refused(&NSOCKS, "10", NSOCKS.parse_int("10", f), "a whole number from 2 to 9 (e.g. 4)");
+        let open = Int::new(0, u64::MAX, "", 1);
+        assert_eq!(RANK.parse_int("18446744073709551615", open).unwrap(), u64::MAX);
+        refused(&RANK, "-1", RANK.parse_int("-1", open), "a whole number, 0 or more (e.g. 1)");
+        refused(
+            &RANK,
+            "18446744073709551616",
+            RANK.parse_int("18446744073709551616", open),
+            "a whole number, 0 or more",
+        );
+    }
+
+    #[test]
+    fn flags_are_0_or_1() {
+        for (v, want) in [("0", false), ("1", true), (" 1 ", true), ("off", false), ("ON", true), ("false", false)] {
+            assert_eq!(CHECK.parse_flag(v).unwrap(), want, "{v:?}");
+        }
+        for bad in ["maybe", "2", "-1", "10", "y"] {
+            refused(&CHECK, bad, CHECK.parse_flag(bad), "0 or 1");
+        }
+    }
+
+    #[test]
+    fn words_are_listed() {
+        let transport = [("auto", false), ("tcp", true)];
+        assert!(TRANSPORT.parse_word(" TCP", &transport).unwrap());
+        assert!(!TRANSPORT.parse_word("auto", &transport).unwrap());
+        let r = TRANSPORT.parse_word("carrier-pigeon", &transport);
+        refused(&TRANSPORT, "carrier-pigeon", r, "one of auto or tcp");
+        let backend = [("auto", 0), ("host", 1), ("nccl", 2)];
+        assert_eq!(BACKEND.parse_word("Host", &backend).unwrap(), 1);
+        refused(&BACKEND, "gpu", BACKEND.parse_word("gpu", &backend), "one of auto, host or nccl");
+    }
+
+    #[test]
+    fn sizes_take_suffixes_up_to_a_bound() {
+        assert_eq!(STAGING_CHUNK.parse_size("0", STAGING_CHUNK_MAX, "4M").unwrap(), 0);
+        assert_eq!(STAGING_CHUNK.parse_size("32m", STAGING_CHUNK_MAX, "4M").unwrap(), 32 << 20);
+        assert_eq!(STAGING_CHUNK.parse_size("256", STAGING_CHUNK_MAX, "4M").unwrap(), 256);
+        let form =
+            "a byte count: a whole number with an optional suffix K, M or G (powers of 1024), at most 32M (e.g. 4M)";
+        for bad in ["33M", "4MB", "4 MiB", "-1", "1.5M", "M", "64G"] {
+            refused(&STAGING_CHUNK, bad, STAGING_CHUNK.parse_size(bad, STAGING_CHUNK_MAX, "4M"), form);
+        }
+        let form = "a byte count: a whole number with an optional suffix K, M or G (powers of 1024) (e.g. 1M)";
+        refused(&STREAM_MIN, "lots", STREAM_MIN.parse_size("lots", usize::MAX, "1M"), form);
+    }
+
+    #[test]
+    fn addresses() {
+        assert_eq!(HOST_ADDR.parse_ip(" 10.0.0.5 ").unwrap().to_string(), "10.0.0.5");
+        assert_eq!(HOST_ADDR.parse_ip("fd00::5").unwrap().to_string(), "fd00::5");
+        for bad in ["10.0.0.5:80", "host0", "10.0.0.256"] {
+            refused(&HOST_ADDR, bad, HOST_ADDR.parse_ip(bad), "an IP address");
+        }
+        assert_eq!(ROOT_ADDR.parse_host_port("127.0.0.1:29500").unwrap().port(), 29500);
+        assert_eq!(ROOT_ADDR.parse_host_port("[::1]:7").unwrap().to_string(), "[::1]:7");
+        for bad in ["127.0.0.1", "127.0.0.1:0", "127.0.0.1:65536", "127.0.0.1:http", "[::1]"] {
+            refused(&ROOT_ADDR, bad, ROOT_ADDR.parse_host_port(bad), "host:port");
+        }
+    }
+
+    #[test]
+    fn every_ferroccl_variable_is_listed_once() {
+        let mut names: Vec<&str> = ALL.iter().map(|v| v.name).collect();
+        let n = names.len();
+        names.sort();
+        names.dedup();
+        assert_eq!(names.len(), n, "a name listed twice in ALL");
     }
 
     #[test]

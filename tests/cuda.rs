@@ -120,6 +120,6 @@ fn without_cuda_every_cuda_entry_point_is_unavailable() {
     std::env::set_var("FERROCCL_BACKEND", "gpu");
     let (r, _) = init_one(null_mut());
     assert_eq!(r, fcclInvalidArgument);
-    assert!(last_error().contains("use auto, host or nccl"), "{}", last_error());
+    assert!(last_error().contains("FERROCCL_BACKEND is \"gpu\": give one of auto, host or nccl"), "{}", last_error());
     std::env::remove_var("FERROCCL_BACKEND");
 }

@@ -209,12 +209,31 @@ def __getattr__(name):  # PEP 562: __version__ is the loaded library's version
     raise AttributeError(f"module 'ferroccl' has no attribute {name!r}")
 
 
-def _config(timeout_ms=None, name=None, blocking=None, check=None):
+_INT_MAX = 2**31 - 1  # a C int's largest value: ctypes would truncate a larger one silently
+
+
+def _rank_arg(value, what, call, size, whole_range=False):
+    """`value` (a root or peer) as an int for C: FcclError (fcclInvalidArgument), before
+    any call, where it is negative or beyond a C int, which ctypes would truncate
+    (2**40 becomes 0); with `whole_range`, also where it is no rank of the communicator
+    (calls that never pass it to C)."""
+    v = int(value)
+    if v < 0 or v > _INT_MAX or (whole_range and v >= size):
+        raise _lib.FcclError(call, 4, f"{call}: {what} is {v}: give a rank of this communicator, "
+                                      f"from 0 to {size - 1}")
+    return v
+
+
+def _config(timeout_ms=None, name=None, blocking=None, check=None, call="fcclCommInitRankConfig"):
     if timeout_ms is None and name is None and blocking is None and check is None:
         return None, None
     c = _lib.ConfigStruct.default()
     if timeout_ms is not None:
-        c.timeoutMs = int(timeout_ms)
+        ms = int(timeout_ms)
+        if not 0 <= ms <= _INT_MAX:  # a C int: ctypes would truncate it silently
+            raise _lib.FcclError(call, 4, f"{call}: timeout_ms is {ms}: give a number of milliseconds from 1 to "
+                                          f"{_INT_MAX} (about 24.8 days), or 0 or None for the default")
+        c.timeoutMs = ms
     if blocking is not None:
         c.blocking = 1 if blocking else 0
     if check is not None:
@@ -546,7 +565,7 @@ class Comm:
         inherited) is returned at once; its calls wait for the split to finish."""
         self.synchronize()
         h = c_void_p()
-        cfg, _keepalive = _config(timeout_ms, name, blocking, check)
+        cfg, _keepalive = _config(timeout_ms, name, blocking, check, call="fcclCommSplit")
         rc = self._L.fcclCommSplit(self._h, int(color), self._rank if key is None else int(key), byref(h),
                                    byref(cfg) if cfg is not None else None)
         if rc and rc != _lib.IN_PROGRESS:
@@ -690,14 +709,16 @@ class Comm:
     def broadcast(self, array, root=0, out=None, *, stream=None, async_op=False):
         """Copies the root's `array` to every rank, in place (returned) or into `out`.
         Every rank passes an array of the root's size and dtype."""
+        root = _rank_arg(root, "root", "fcclBroadcast", self._size)
         a = _resolve(array, "broadcast", stream)
         d = _writable(a, "broadcast") if out is None else _resolve_out(out, a, a.count, "broadcast")
-        return self._run("fcclBroadcast", (a.ptr, d.ptr, a.count, a.code, int(root), self._h, a.stream), d.obj,
+        return self._run("fcclBroadcast", (a.ptr, d.ptr, a.count, a.code, root, self._h, a.stream), d.obj,
                          (a, d), async_op)
 
     def reduce(self, array, op="sum", root=0, out=None, *, stream=None, async_op=False):
         """Reduces `array` across ranks into the root, in place (or into `out`); returns
         the result on the root, None elsewhere (whose arrays are left as they were)."""
+        root = _rank_arg(root, "root", "fcclReduce", self._size)
         a = _resolve(array, "reduce", stream)
         o = _fccl_op(op)
         if self._rank == root:
@@ -705,7 +726,7 @@ class Comm:
             dptr, res = d.ptr, d.obj
         else:
             d, dptr, res = None, None, None
-        return self._run("fcclReduce", (a.ptr, dptr, a.count, a.code, o, int(root), self._h, a.stream), res,
+        return self._run("fcclReduce", (a.ptr, dptr, a.count, a.code, o, root, self._h, a.stream), res,
                          (a, d), async_op)
 
     def all_gather(self, array, out=None, *, stream=None, async_op=False):
@@ -815,6 +836,7 @@ class Comm:
     def gather(self, array, root=0, out=None, *, stream=None, async_op=False):
         """Gathers every rank's `array` into the root: shape ``(size,) + array.shape`` on
         the root (or `out`), None elsewhere."""
+        root = _rank_arg(root, "root", "fcclGather", self._size)
         a = _resolve(array, "gather", stream)
         if self._rank == root:
             d = _new_out(a, (self._size,) + tuple(a.shape), "gather") if out is None else \
@@ -822,13 +844,15 @@ class Comm:
             dptr, res = d.ptr, d.obj
         else:
             d, dptr, res = None, None, None
-        return self._run("fcclGather", (a.ptr, dptr, a.count, a.code, int(root), self._h, a.stream), res, (a, d),
+        return self._run("fcclGather", (a.ptr, dptr, a.count, a.code, root, self._h, a.stream), res, (a, d),
                          async_op)
 
     def gather_v(self, array, counts, root=0, out=None, *, stream=None, async_op=False):
         """Rank p sends its `array` (counts[p] elements) to the root, which gets them one
         after another in rank order (a flat array of sum(counts), or `out`); None
         elsewhere. One fcclAlltoAllv with every count but the root's zero."""
+        # Never passed to C: a root that is no rank would make every count zero.
+        root = _rank_arg(root, "root", "gather_v", self._size, whole_range=True)
         a = _resolve(array, "gather_v", stream)
         n, r = self._size, self._rank
         _, vals = _sizes(counts, n, "gather_v", "counts")
@@ -847,6 +871,7 @@ class Comm:
         p; every rank gets its block (new, or `out`). Off the root `array` is any array
         of the dtype (not read), or None with `out=` receiving the block. One
         fcclAlltoAllv with every count but the root's zero."""
+        root = _rank_arg(root, "root", "scatter_v", self._size, whole_range=True)
         n, r = self._size, self._rank
         _, vals = _sizes(counts, n, "scatter_v", "counts")
         if array is None:
@@ -880,6 +905,7 @@ class Comm:
         """Sends block r of the root's `array` (size equal blocks along axis 0) to rank r.
         Every rank passes an array of the root's shape and dtype (only the root's is
         read), or None with `out` giving the block's size and dtype."""
+        root = _rank_arg(root, "root", "fcclScatter", self._size)
         if array is None:
             if out is None:
                 raise ValueError("scatter: pass the array (any contents off the root) or out=")
@@ -891,20 +917,22 @@ class Comm:
             count = a.count // self._size
             d = _new_out(a, shape, "scatter") if out is None else _resolve_out(out, a, count, "scatter")
             aptr = a.ptr
-        return self._run("fcclScatter", (aptr, d.ptr, count, d.code, int(root), self._h, d.stream), d.obj, (a, d),
+        return self._run("fcclScatter", (aptr, d.ptr, count, d.code, root, self._h, d.stream), d.obj, (a, d),
                          async_op)
 
     def send(self, array, peer, *, stream=None, async_op=False):
         """Sends `array` to rank `peer`, which posts a matching recv (same size and dtype).
         Outside a group it returns once the peer has received it."""
+        peer = _rank_arg(peer, "peer", "fcclSend", self._size)
         a = _resolve(array, "send", stream)
-        return self._run("fcclSend", (a.ptr, a.count, a.code, int(peer), self._h, a.stream), None, (a,), async_op)
+        return self._run("fcclSend", (a.ptr, a.count, a.code, peer, self._h, a.stream), None, (a,), async_op)
 
     def recv(self, out, peer, *, stream=None, async_op=False):
         """Receives from rank `peer` into `out` (a C-contiguous writeable array of the
         sent size and dtype) and returns it."""
+        peer = _rank_arg(peer, "peer", "fcclRecv", self._size)
         d = _writable(_resolve(out, "recv", stream), "recv")
-        return self._run("fcclRecv", (d.ptr, d.count, d.code, int(peer), self._h, d.stream), d.obj, (d,), async_op)
+        return self._run("fcclRecv", (d.ptr, d.count, d.code, peer, self._h, d.stream), d.obj, (d,), async_op)
 
     def barrier(self, *, stream=None, async_op=False):
         """Returns once every rank has called barrier."""
@@ -926,12 +954,13 @@ class Comm:
     def broadcast_coalesced(self, arrays, root=0, bucket_bytes=0, *, stream=None, async_op=False):
         """fcclBroadcastCoalesced: broadcasts every array of the list (one dtype) from
         `root` in place, packed into buckets. Returns the list."""
+        root = _rank_arg(root, "root", "fcclBroadcastCoalesced", self._size)
         infos = [_writable(_resolve(x, "broadcast_coalesced", stream), "broadcast_coalesced") for x in arrays]
         code, strm = _one_type(infos, "broadcast_coalesced")
         n = len(infos)
         ptrs = (c_void_p * max(n, 1))(*[i.ptr for i in infos])
         counts = (c_size_t * max(n, 1))(*[i.count for i in infos])
-        return self._run("fcclBroadcastCoalesced", (ptrs, counts, n, code, int(root), int(bucket_bytes), self._h,
+        return self._run("fcclBroadcastCoalesced", (ptrs, counts, n, code, root, int(bucket_bytes), self._h,
                                                     strm), list(arrays), (infos, ptrs, counts), async_op)
 
     def all_reduce_wire(self, array, wire_dtype, op="sum", out=None, *, stream=None, async_op=False):

@@ -85,6 +85,10 @@ class ProcessGroupFerroccl(dist.ProcessGroup):
     def __init__(self, store, rank, size, timeout):
         super().__init__(rank, size)
         ms = int(timeout.total_seconds() * 1000) if isinstance(timeout, timedelta) else None
+        if ms is not None:
+            # ferroccl's bound is a C int of ms: a longer timeout (over 24.8 days) is as
+            # good as none, and must not wrap around into a short or negative one.
+            ms = min(ms, 2**31 - 1)
         # torch's store is already prefixed per process group: one key per group.
         if rank == 0:
             uid = get_unique_id()

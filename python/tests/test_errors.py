@@ -29,6 +29,47 @@ def test_invalid_root_raises_fccl_error(comm):
     assert pickle.loads(pickle.dumps(e)).message == e.message
 
 
+@pytest.mark.parametrize("value", [2**40, 2**32 + 1, 2**31, -1, -(2**40)])
+def test_roots_and_peers_beyond_a_c_int_are_refused_before_the_call(comm, value):
+    # ctypes passes an int through a C int by truncating it: 2**40 would be root 0.
+    x = np.arange(4, dtype=np.float32)
+    calls = [
+        ("fcclBroadcast", "root", lambda: comm.broadcast(x, root=value)),
+        ("fcclReduce", "root", lambda: comm.reduce(x, root=value)),
+        ("fcclGather", "root", lambda: comm.gather(x, root=value)),
+        ("fcclScatter", "root", lambda: comm.scatter(x, root=value)),
+        ("fcclBroadcastCoalesced", "root", lambda: comm.broadcast_coalesced([x], root=value)),
+        ("gather_v", "root", lambda: comm.gather_v(x, [4], root=value)),
+        ("scatter_v", "root", lambda: comm.scatter_v(x, [4], root=value)),
+        ("fcclSend", "peer", lambda: comm.send(x, value)),
+        ("fcclRecv", "peer", lambda: comm.recv(x, value)),
+    ]
+    for call, arg, run in calls:
+        with pytest.raises(ferroccl.FcclError) as ei:
+            run()
+        e = ei.value
+        assert (e.code, e.call) == (ferroccl.Result.INVALID_ARGUMENT, call), e
+        assert f"{arg} is {value}: give a rank of this communicator, from 0 to 0" in e.message, e.message
+    np.testing.assert_array_equal(x, np.arange(4, dtype=np.float32))
+
+
+def test_roots_that_are_no_rank_are_refused_where_c_never_sees_them():
+    comms = ferroccl.Comm.init_all(2)
+    try:
+        x = np.ones(2, np.float32)
+        for run in (lambda: comms[0].gather_v(x, [2, 2], root=2), lambda: comms[0].scatter_v(x, [1, 1], root=2)):
+            with pytest.raises(ferroccl.FcclError, match="root is 2: give a rank of this communicator, from 0 to 1"):
+                run()
+    finally:
+        for c in comms:
+            c.close()
+
+
+def test_a_timeout_beyond_a_c_int_is_refused():
+    with pytest.raises(ferroccl.FcclError, match="timeout_ms is 4294967296: give a number of milliseconds"):
+        ferroccl.Comm.init_rank(1, ferroccl.get_unique_id(), 0, timeout_ms=2**32)
+
+
 def test_closed_comm_raises_fccl_error(comm):
     (c,) = ferroccl.Comm.init_all(1)
     c.close()

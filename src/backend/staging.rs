@@ -156,12 +156,11 @@ impl Pipe<'_> {
 /// call staged whole), at most half the pool so that both slots stay in it.
 pub fn chunk_bytes() -> usize {
     static V: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
-    *V.get_or_init(|| {
-        let env = &crate::env::STAGING_CHUNK;
-        let v = env.get().and_then(|v| crate::env::parse_bytes(&v));
-        v.unwrap_or_else(|| crate::env::parse_bytes(env.default).expect("a byte count")).min(POOL_MAX_BYTES / 2)
-    })
+    *V.get_or_init(|| crate::env::staging_chunk().min(POOL_MAX_BYTES / 2))
 }
+
+// FERROCCL_STAGING_CHUNK's documented bound is half the pool.
+const _: () = assert!(crate::env::STAGING_CHUNK_MAX == POOL_MAX_BYTES / 2);
 
 /// How a call is cut into chunks: elements `[k * cols, (k + 1) * cols)` of each of its
 /// blocks (the whole buffer, or each rank's block) make chunk k. Made from what every

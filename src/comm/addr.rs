@@ -164,13 +164,10 @@ pub fn choose(route: Option<IpAddr>, other_hosts: bool) -> Result<(IpAddr, Sourc
 }
 
 fn choose_from(route: Option<IpAddr>, other_hosts: bool, ifaces: &[Iface]) -> Result<(IpAddr, Source)> {
-    if let Some(v) = env::HOST_ADDR.get() {
-        return v.trim().parse::<IpAddr>().map(|ip| (ip, Source::HostAddr)).map_err(|_| {
-            Error::invalid_arg(format!(
-                "{} is {v:?}, not an IP address; set it to this host's address that the other hosts can reach, or unset it to advertise the address this host reaches the rendezvous point from",
-                env::HOST_ADDR.name
-            ))
-        });
+    if let Some(ip) = env::HOST_ADDR.ip().map_err(|e| {
+        Error::invalid_arg(format!("{}; set it to this host's address that the other hosts can reach, or unset it to advertise the address this host reaches the rendezvous point from", e.msg))
+    })? {
+        return Ok((ip, Source::HostAddr));
     }
     if let Some((spec, var)) = ifname_spec() {
         let chosen = ifaces.iter().filter(|i| interface_matches(&spec, &i.name));

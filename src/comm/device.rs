@@ -66,15 +66,8 @@ pub fn requested(opts: &Options) -> Result<Backend> {
     if opts.backend != Backend::Auto {
         return Ok(opts.backend);
     }
-    match env::BACKEND.get().map(|v| v.trim().to_ascii_lowercase()) {
-        None => Ok(Backend::Auto),
-        Some(v) => match v.as_str() {
-            "auto" => Ok(Backend::Auto),
-            "host" => Ok(Backend::Host),
-            "nccl" => Ok(Backend::Nccl),
-            _ => Err(Error::invalid_arg(format!("{} is {v:?}; use auto, host or nccl", env::BACKEND.name))),
-        },
-    }
+    let words = [("auto", Backend::Auto), ("host", Backend::Host), ("nccl", Backend::Nccl)];
+    Ok(env::BACKEND.word(&words)?.unwrap_or(Backend::Auto))
 }
 
 /// True when NCCL serves the communicator's device memory. Deterministic in its

@@ -7,7 +7,7 @@ use super::torchstore::Store;
 use super::{Comm, Options};
 use crate::env::{self, Var};
 use crate::error::{Error, Result};
-use std::net::ToSocketAddrs;
+use std::net::SocketAddr;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
@@ -113,13 +113,11 @@ const SOURCES: &[Source] = &[
     },
 ];
 
+/// A rank, size or local rank: a whole number (how it relates to the others is
+/// checked by [`place`]).
 fn parse(var: &Var, v: &str) -> Result<usize> {
-    v.trim().parse::<usize>().map_err(|_| {
-        Error::invalid_arg(format!(
-            "{} is {v:?}, not a non-negative integer; it must be this process's value",
-            var.name
-        ))
-    })
+    let n = var.parse_int(v, env::Int::new(0, u64::MAX, "", 1))?;
+    Ok(usize::try_from(n).unwrap_or(usize::MAX))
 }
 
 /// This process's place from the first launcher whose variables are set, read through
@@ -183,12 +181,7 @@ pub fn place(get: &dyn Fn(&Var) -> Option<String>) -> Result<Place> {
 }
 
 /// A rendezvous at a fixed `host:port`; rank 0 serves it.
-fn at_addr(addr: &str, place: &Place) -> Result<Found> {
-    let sock = addr
-        .to_socket_addrs()
-        .ok()
-        .and_then(|mut a| a.next())
-        .ok_or_else(|| Error::invalid_arg(format!("rendezvous address {addr:?} is not host:port that resolves")))?;
+fn at_addr(addr: &str, sock: SocketAddr, place: &Place) -> Result<Found> {
     // No default secret: a stranger must not join, nor two jobs on one port merge.
     let key = JobKey::from_env()?;
     let id = UniqueId::from_addr(sock, key);
@@ -207,15 +200,13 @@ static STORE_CALLS: AtomicUsize = AtomicUsize::new(0);
 /// Rank 0 makes a unique id (a random key, its own port) and puts it in torchrun's
 /// store; the others read it from there.
 fn through_torch_store(place: &Place, host: &str, port: &str) -> Result<Found> {
-    let port: u16 = port.trim().parse().map_err(|_| {
-        Error::invalid_arg(format!("MASTER_PORT is {port:?}, not a port number (torchrun sets it for every worker)"))
-    })?;
+    let port = env::TORCH_MASTER_PORT.parse_int(port, PORT)? as u16;
     let run = env::TORCHELASTIC_RUN_ID.get_or_default();
-    let restart = env::TORCHELASTIC_RESTART_COUNT.get_or_default();
+    let restart = env::TORCHELASTIC_RESTART_COUNT.int(env::Int::new(0, u64::MAX, "", 0))?.unwrap_or(0);
     let n = STORE_CALLS.fetch_add(1, Ordering::Relaxed);
     // torch's clients put "/" before their keys; so does this one, so that torch sees the same key.
-    let key = format!("/ferroccl/fcclCommInitFromEnv/{}/{}/{n}", run.trim(), restart.trim());
-    let deadline = Instant::now() + env::default_timeout();
+    let key = format!("/ferroccl/fcclCommInitFromEnv/{}/{restart}/{n}", run.trim());
+    let deadline = Instant::now() + env::timeout()?;
     let mut store = Store::connect(host, port, deadline)?;
     let (id, point) = if place.rank == 0 {
         // Serve where the other hosts reach this one: the route to the store's host.
@@ -253,6 +244,41 @@ fn how_to_give_addr(l: Launcher) -> &'static str {
     }
 }
 
+impl Options {
+    /// The defaults the environment sets, for a communicator's creation: refuses a
+    /// wrong value of a variable that changes what a communicator does (naming it, its
+    /// value and the form: [`env::check`]), and once per process first warns about
+    /// FERROCCL_ names that are no variable and wrong tuning values, and logs at INFO
+    /// NCCL's variables that have no effect ([`first_creation`]). [`Options::default`]
+    /// takes the same values but cannot fail: a wrong one gives the built-in default.
+    pub fn from_env() -> Result<Options> {
+        first_creation();
+        env::check()?;
+        Ok(Options { timeout: env::timeout()?, check_mode: env::check_mode()?, ..Options::default() })
+    }
+}
+
+/// Once per process, at the first communicator's creation: the remarks about the
+/// environment ([`env::remarks`]), and the tuning knobs read so that the warnings
+/// about their values come now rather than at the call that first reads them.
+fn first_creation() {
+    static ONCE: std::sync::Once = std::sync::Once::new();
+    ONCE.call_once(|| {
+        for (warn, line) in env::remarks() {
+            match warn {
+                true => crate::log::warn(format_args!("{line}")),
+                false => crate::log::info(format_args!("{line}")),
+            }
+        }
+        let _ = (env::single_copy(), env::stream_min(), env::reuse_max(), env::split_copy(), env::cuda_ipc());
+        let _ = (env::cuda_mps(), crate::backend::staging::chunk_bytes(), crate::backend::host::plan::get());
+        crate::log::flush_env_warnings();
+    });
+}
+
+/// MASTER_PORT's form.
+const PORT: env::Int = env::Int::new(1, 65535, "", 29500);
+
 /// How long a failed rank 0 waits for the point it serves to tell the others.
 const POINT_FLUSH: Duration = Duration::from_secs(3);
 
@@ -266,7 +292,7 @@ fn rendezvous(place: &Place) -> Result<Found> {
         return Ok((id, "FERROCCL_UNIQUE_ID".into(), None));
     }
     if let Some(addr) = env::ROOT_ADDR.get() {
-        return at_addr(addr.trim(), place);
+        return at_addr(addr.trim(), env::ROOT_ADDR.parse_host_port(&addr)?, place);
     }
     if place.size == 1 {
         // A job of one rank meets no one: a private point on loopback.
@@ -275,14 +301,19 @@ fn rendezvous(place: &Place) -> Result<Found> {
     }
     let master = (env::TORCH_MASTER_ADDR.get(), env::TORCH_MASTER_PORT.get());
     let agent_store = place.launcher == Launcher::Torchrun
-        && env::TORCHELASTIC_USE_AGENT_STORE.get().is_some_and(|v| v.trim() == "True");
+        && env::TORCHELASTIC_USE_AGENT_STORE.word(&[("True", true), ("False", false)])?.unwrap_or(false);
     match master {
         (Some(h), Some(p)) if agent_store => through_torch_store(place, h.trim(), &p),
         (Some(h), Some(p)) => {
             let h = h.trim();
             // An IPv6 literal needs brackets before a port.
             let host = if h.contains(':') && !h.starts_with('[') { format!("[{h}]") } else { h.to_string() };
-            at_addr(&format!("{host}:{}", p.trim()), place)
+            let port = env::TORCH_MASTER_PORT.parse_int(&p, PORT)?;
+            let addr = format!("{host}:{port}");
+            let sock = env::resolve(&addr).ok_or_else(|| {
+                env::TORCH_MASTER_ADDR.refuse(h, "a host name or IP address that resolves (rank 0's host)")
+            })?;
+            at_addr(&addr, sock, place)
         }
         (Some(_), None) | (None, Some(_)) => Err(Error::invalid_usage(format!(
             "only one of MASTER_ADDR and MASTER_PORT is set ({}); set both, or FERROCCL_ROOT_ADDR=host:port",
@@ -304,6 +335,7 @@ fn rendezvous(place: &Place) -> Result<Found> {
 /// FERROCCL_ROOT_ADDR, none for a job of one rank, torchrun's store when its agent
 /// serves MASTER_PORT, else MASTER_ADDR:MASTER_PORT.
 pub fn init() -> Result<Comm> {
+    let opts = Options::from_env()?;
     let place = place(&|v: &Var| v.get())?;
     let local = place.local_rank.map_or_else(|| "unknown".to_string(), |l| l.to_string());
     crate::log::info(format_args!(
@@ -316,7 +348,7 @@ pub fn init() -> Result<Comm> {
     let who = format!("rank {} of {} from {} ({})", place.rank, place.size, place.launcher.describe(), place.vars);
     let (id, via, point) = rendezvous(&place).map_err(|e| e.context(&who))?;
     crate::log::info(format_args!("fcclCommInitFromEnv: rank {}'s rendezvous: {via}", place.rank));
-    let made = Comm::init_rank(place.size, &id, place.rank, Options::default());
+    let made = Comm::init_rank(place.size, &id, place.rank, opts);
     if let (Err(_), Some(point)) = (&made, point) {
         // The other ranks learn why from the point, which lives in this process: the
         // caller may exit as soon as we return.

@@ -19,10 +19,10 @@ use crate::mem::cuda;
 /// Whether this rank runs under MPS: FERROCCL_CUDA_MPS=1 or 0 say so; auto asks the
 /// driver about `device` (off where it cannot tell). With the reason, for logs.
 pub fn local(device: i32) -> (bool, String) {
-    match env::CUDA_MPS.get_or_default().trim().to_ascii_lowercase().as_str() {
-        "1" | "on" => (true, format!("{}=1", env::CUDA_MPS.name)),
-        "0" | "off" => (false, format!("{}=0", env::CUDA_MPS.name)),
-        _ => match cuda::mps_enabled(device) {
+    match env::cuda_mps() {
+        Some(true) => (true, format!("{}=1", env::CUDA_MPS.name)),
+        Some(false) => (false, format!("{}=0", env::CUDA_MPS.name)),
+        None => match cuda::mps_enabled(device) {
             Some(true) => (true, format!("device {device} runs under MPS")),
             Some(false) => (false, format!("device {device} does not run under MPS")),
             None => (false, "the driver cannot tell whether MPS runs (CU_DEVICE_ATTRIBUTE_MPS_ENABLED)".into()),
