@@ -31,13 +31,35 @@ pub(super) fn rank_arg(v: c_int, what: &str, comm: &Comm) -> Result<usize> {
     })
 }
 
-/// Reads `n` entries of a C array; NULL is refused with the array's name.
+/// Reads `n` entries of a C array; NULL is refused with the array's name, a copy
+/// there is no memory for with fcclSystemError.
 ///
 /// # Safety
 /// `p` is NULL or valid for `n` reads.
 pub(super) unsafe fn array<T: Copy>(p: *const T, n: usize, name: &str) -> Result<Vec<T>> {
     // SAFETY: as the caller promises.
-    Ok(unsafe { borrow_array(p, n, name) }?.to_vec())
+    let items = unsafe { borrow_array(p, n, name) }?;
+    crate::mem::fallible::to_vec(items).ok_or_else(|| {
+        crate::mem::fallible::out_of_memory(
+            std::mem::size_of_val(items),
+            format_args!("a copy of {name} ({n} entries)"),
+            "pass fewer entries per call",
+        )
+    })
+}
+
+/// `ptrs` (the array `name`) as read-only pointers, in a vector that there may be no
+/// memory for (fcclSystemError, as for [`array`]).
+pub(super) fn read_only(ptrs: &[*mut u8], name: &str) -> Result<Vec<*const u8>> {
+    let mut v = crate::mem::fallible::with_capacity(ptrs.len()).ok_or_else(|| {
+        crate::mem::fallible::out_of_memory(
+            std::mem::size_of_val(ptrs),
+            format_args!("a copy of {name} ({} entries)", ptrs.len()),
+            "pass fewer entries per call",
+        )
+    })?;
+    v.extend(ptrs.iter().map(|&p| p as *const u8));
+    Ok(v)
 }
 
 /// The `n` entries of a C array in place, for the duration of the entry point that

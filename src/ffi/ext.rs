@@ -1,7 +1,7 @@
 //! Extensions beyond NCCL (ABI.md's last section): uneven, axis-aware, coalesced,
 //! narrow-wire and local collectives, and planning helpers.
 
-use super::args::{array, borrow_array, count_arg, dtype, rank_arg, redop};
+use super::args::{array, borrow_array, count_arg, dtype, rank_arg, read_only, redop};
 use super::boundary::{call, write_out};
 use super::coll::submit;
 use super::handle;
@@ -193,6 +193,7 @@ pub unsafe extern "C" fn fcclReduceScatterAxis(
                     sendbuff as _,
                     recvbuff as _,
                     l,
+                    axis as usize,
                     dt,
                     op,
                     cm.nranks,
@@ -295,7 +296,7 @@ pub unsafe extern "C" fn fcclAllReduceCoalesced(
                 array(counts, nb, "counts")?,
             )
         };
-        let recv_ptrs: Vec<*const u8> = recvs.iter().map(|&p| p as *const u8).collect();
+        let recv_ptrs = read_only(&recvs, "recvbuffs")?;
         let place = coalesced_placement(&[("sendbuffs", &sends), ("recvbuffs", &recv_ptrs)], &counts)?;
         let a =
             Arrays { sends, recvs, counts, dtype: dt, place, stream: crate::mem::cuda::Stream::from_ptr(stream as _) };
@@ -326,7 +327,7 @@ pub unsafe extern "C" fn fcclBroadcastCoalesced(
         let root = rank_arg(root, "root", &c)?;
         // SAFETY: arrays are NULL (refused) or nbuffers long (API contract).
         let (bufs, counts) = unsafe { (array(buffs as *const *mut u8, nb, "buffs")?, array(counts, nb, "counts")?) };
-        let sends: Vec<*const u8> = bufs.iter().map(|&p| p as *const u8).collect();
+        let sends = read_only(&bufs, "buffs")?;
         let place = coalesced_placement(&[("buffs", &sends)], &counts)?;
         let a = Arrays {
             sends,

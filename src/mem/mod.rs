@@ -8,6 +8,7 @@ pub mod copy;
 pub mod cuda;
 pub mod cuda_kernels;
 pub mod cuda_reduce;
+pub mod fallible;
 pub mod pool;
 pub mod reduce;
 pub mod shared;

@@ -12,6 +12,7 @@ use crate::types::{DataType, RedOp};
 /// Axis 0 is a plain reduce_scatter; otherwise the input is first packed rank-major
 /// (one copy of the input, owned by the call) so each rank's share is contiguous:
 /// on the CPU for host memory, with strided copies on `stream` for device memory.
+/// Fails, with nothing counted or sent, when there is no memory for the copy.
 ///
 /// # Safety
 /// `send` is NULL or holds the whole tensor of layout `l`, in memory of `place`.
@@ -20,6 +21,7 @@ pub unsafe fn reduce_scatter_axis(
     send: *const u8,
     recv: *mut u8,
     l: AxisLayout,
+    axis: usize,
     dtype: DataType,
     op: RedOp,
     nranks: usize,
@@ -34,5 +36,5 @@ pub unsafe fn reduce_scatter_axis(
     c.placement = place;
     c.stream = stream;
     // SAFETY: forwarded contract.
-    unsafe { pack_reduce_scatter_at(&c, nranks) }
+    unsafe { pack_reduce_scatter_at(&c, nranks, Some(axis)) }
 }

@@ -4,7 +4,7 @@
 use crate::coll::{Coll, CollKind};
 use crate::comm::{group, Comm};
 use crate::error::{Error, Result};
-use crate::mem::{cuda, Placement};
+use crate::mem::{cuda, fallible, Placement};
 use crate::types::{DataType, RedOp};
 use std::sync::Arc;
 
@@ -51,7 +51,13 @@ impl Coalesced<'_> {
 
     fn validate(&self, send_used: bool, recv_used: bool) -> Result<Vec<usize>> {
         let es = self.dtype.size();
-        let mut sizes = Vec::with_capacity(self.counts.len());
+        let mut sizes = fallible::with_capacity(self.counts.len()).ok_or_else(|| {
+            fallible::out_of_memory(
+                std::mem::size_of_val(self.counts),
+                format_args!("the sizes of the {} buffers", self.counts.len()),
+                "pass fewer buffers per call",
+            )
+        })?;
         for (i, &c) in self.counts.iter().enumerate() {
             let b = c.checked_mul(es).filter(|&b| b <= isize::MAX as usize).ok_or_else(|| {
                 Error::invalid_arg(format!("counts[{i}] = {c} elements of {} overflows the address space", self.dtype))
@@ -126,7 +132,7 @@ pub fn broadcast_coalesced(comm: &Arc<Comm>, b: &Coalesced<'_>, root: usize, buc
 /// One bucket's packed bytes: host memory, or a part of the communicator's device
 /// arena (reused call after call, so the GPU-to-GPU path shares it with peers once).
 enum Bucket {
-    Host(Vec<u8>),
+    Host(Box<[u8]>),
     Device(*mut u8, usize),
 }
 
@@ -263,18 +269,26 @@ fn run_buckets(
             _ => None,
         };
         let mut at = 0;
+        // Every bucket of the pass is had before any of its calls runs: when there is
+        // no memory for one, this pass fails with nothing of it counted or sent.
         let pass: Vec<(std::ops::Range<usize>, Bucket)> = ranges
             .into_iter()
             .map(|(r, bytes)| {
                 let bk = match &arena {
                     // The arena holds `staged` bytes: every bucket of the pass, aligned.
                     Some((_, base)) => Bucket::Device(base.wrapping_add(at), bytes),
-                    None => Bucket::Host(vec![0u8; bytes]),
+                    None => Bucket::Host(fallible::zeroed(bytes).ok_or_else(|| {
+                        fallible::out_of_memory(
+                            bytes,
+                            format_args!("a bucket packing buffers {}..{} in host memory", r.start, r.end),
+                            "pass a smaller bucketBytes (0: 25 MiB); a buffer larger than bucketBytes travels alone, unpacked",
+                        )
+                    })?),
                 };
                 at += bytes.next_multiple_of(BUCKET_ALIGN);
-                (r, bk)
+                Ok((r, bk))
             })
-            .collect();
+            .collect::<Result<_>>()?;
         let mut calls: Vec<Coll> = pass.iter().map(|(r, bk)| make(r, bk)).collect::<Result<_>>()?;
         calls.extend(direct);
         for c in &calls {

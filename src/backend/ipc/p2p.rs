@@ -207,7 +207,10 @@ impl Ipc {
             let (d, n) = (o.c.recv as usize, o.bytes);
             if sends.iter().any(|&(s, m)| s < d + n && d < s + m) {
                 o.gated = Some(match o.c.placement {
-                    Placement::Host => Tmp::Host(vec![0u8; n]),
+                    Placement::Host => Tmp::Host(host_copy(
+                        n,
+                        "the payload of an fcclRecv whose buffer an fcclSend of the group reads (it lands here first)",
+                    )?),
                     Placement::Device { .. } => {
                         let _g = cuda::CtxGuard::enter(o.ctx)?;
                         Tmp::Device(cuda::Scratch::new(n, o.ctx, o.c.stream)?)
@@ -676,7 +679,8 @@ unsafe fn copy_self(s: &Coll, r: &Coll, bytes: usize) -> Result<()> {
                     cuda::sync(c.stream)?;
                 }
             }
-            let mut tmp = vec![0u8; bytes];
+            let mut tmp =
+                host_copy(bytes, "the payload of an fcclSend to this rank itself, between host and device memory")?;
             // SAFETY: per the caller; tmp holds `bytes`; both streams are idle.
             unsafe {
                 match ds {
@@ -696,6 +700,17 @@ unsafe fn copy_self(s: &Coll, r: &Coll, bytes: usize) -> Result<()> {
             }
         }
     }
+}
+
+/// `bytes` of host memory for `what`, or fcclSystemError saying what to do.
+fn host_copy(bytes: usize, what: &str) -> Result<Vec<u8>> {
+    crate::mem::fallible::zeroed(bytes).map(Vec::from).ok_or_else(|| {
+        crate::mem::fallible::out_of_memory(
+            bytes,
+            format_args!("host memory for {what}"),
+            "send less per call, or use buffers that do not overlap",
+        )
+    })
 }
 
 #[cfg(test)]

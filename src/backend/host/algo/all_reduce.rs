@@ -65,9 +65,10 @@ fn allreduce_wire(s: &mut Schedule<'_>, cx: &Cx<'_>, scratch: &mut Scratch) -> R
         // so that it does not depend on the number of ranks.
         let count = co.count;
         let (src, dst) = (cx.send_buf(count * es), cx.recv_buf(count * es));
+        let tmp = scratch.buf(win * ws)?;
         s.local(
             move || {
-                let mut tmp = vec![0u8; win * ws];
+                let tmp = tmp.bytes_mut(0, win * ws);
                 for first in (0..count).step_by(win) {
                     let m = win.min(count - first);
                     // Through tmp, so that sendbuff is read before recvbuff (maybe the same) is written.
@@ -80,12 +81,14 @@ fn allreduce_wire(s: &mut Schedule<'_>, cx: &Cx<'_>, scratch: &mut Scratch) -> R
         );
         return Ok(());
     }
-    let slot = |scratch: &mut Scratch| WireSlot {
-        out: scratch.buf(win * ws),
-        res: scratch.buf(win * ws),
-        acc: scratch.buf(win.div_ceil(n) * es + es),
+    let slot = |scratch: &mut Scratch| -> Result<WireSlot> {
+        Ok(WireSlot {
+            out: scratch.buf(win * ws)?,
+            res: scratch.buf(win * ws)?,
+            acc: scratch.buf(win.div_ceil(n) * es + es)?,
+        })
     };
-    let slots = [slot(scratch), slot(scratch)];
+    let slots = [slot(scratch)?, slot(scratch)?];
     // Steps that use each slot, which its next window waits for.
     let mut users: [Vec<usize>; 2] = Default::default();
     for (k, first) in (0..co.count).step_by(win).enumerate() {

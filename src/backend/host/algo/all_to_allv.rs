@@ -143,7 +143,7 @@ pub fn alltoallv_agree(
                 .collect()
         })
         .collect();
-    let inbox: Vec<Buf> = (0..n).map(|_| scratch.buf(nc * 16)).collect();
+    let inbox: Vec<Buf> = (0..n).map(|_| scratch.buf(nc * 16)).collect::<Result<_>>()?;
     let mut s = Schedule::new(calls[0].seq as u32);
     for p in (0..n).filter(|&p| p != me) {
         s.send(p, mine_out[p].as_ptr() as *const u8, nc * 16, &[]);
@@ -173,7 +173,7 @@ pub fn alltoallv_agree(
     }
     // Agreement: everyone learns which ranks found a mismatch in which call.
     let flags: Vec<u64> = found.iter().map(|f| u64::from(f.is_some())).collect();
-    let flag_in: Vec<Buf> = (0..n).map(|_| scratch.buf(nc * 8)).collect();
+    let flag_in: Vec<Buf> = (0..n).map(|_| scratch.buf(nc * 8)).collect::<Result<_>>()?;
     let mut s = Schedule::new(calls[0].seq as u32);
     for p in (0..n).filter(|&p| p != me) {
         s.send(p, flags.as_ptr() as *const u8, nc * 8, &[]);

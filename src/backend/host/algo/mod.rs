@@ -24,7 +24,7 @@ use super::engine::{Schedule, Sink};
 use super::plan;
 use crate::coll::{Coll, CollKind};
 use crate::error::Result;
-use crate::mem::pool::PooledBuf;
+use crate::mem::{fallible, pool::PooledBuf};
 use crate::types::DataType;
 
 /// Bytes `co` writes into this rank's recvbuff.
@@ -56,19 +56,27 @@ pub struct Scratch {
 
 impl Scratch {
     /// A buffer of at least `bytes` whose address stays fixed until the scratch is
-    /// dropped. Its contents are unspecified: every user writes before reading.
-    pub fn alloc(&mut self, bytes: usize) -> *mut u8 {
-        let mut b = PooledBuf::take(bytes);
+    /// dropped. Its contents are unspecified: every user writes before reading. Fails
+    /// when there is no memory for it: the call has been counted on this rank and its
+    /// peers may have begun it, so the communicator cannot be used any more.
+    pub fn alloc(&mut self, bytes: usize) -> Result<*mut u8> {
+        let mut b = PooledBuf::try_take(bytes).ok_or_else(|| {
+            fallible::out_of_memory(
+                bytes,
+                "scratch for the host algorithm",
+                "lower the host plan's segment or window (FERROCCL_HOST_PLAN seg_bytes, wire_window) or the count; the communicator is unusable now: destroy it",
+            )
+        })?;
         let p = b.as_mut_ptr();
         self.bufs.push(b);
-        p
+        Ok(p)
     }
 
     /// [`Scratch::alloc`] as a [`Buf`] of exactly `bytes`.
-    fn buf(&mut self, bytes: usize) -> Buf {
-        let p = self.alloc(bytes);
+    fn buf(&mut self, bytes: usize) -> Result<Buf> {
+        let p = self.alloc(bytes)?;
         // SAFETY: the scratch owns the memory until it is dropped, after the run.
-        unsafe { Buf::new(p, bytes) }
+        Ok(unsafe { Buf::new(p, bytes) })
     }
 }
 
@@ -254,6 +262,17 @@ mod tests {
                 assert_eq!(next, count);
             }
         }
+    }
+
+    /// Scratch there is no memory for is an error that says the communicator is done.
+    #[test]
+    fn scratch_without_memory_is_an_error() {
+        crate::mem::fallible::FAIL_ABOVE.with(|f| f.set(1 << 20));
+        let e = Scratch::default().alloc(crate::mem::pool::POOL_BYTES + 8).err();
+        crate::mem::fallible::FAIL_ABOVE.with(|f| f.set(usize::MAX));
+        let e = e.expect("no memory");
+        assert_eq!(e.code, crate::error::Code::SystemError);
+        assert!(e.msg.contains("unusable now: destroy it"), "{}", e.msg);
     }
 
     #[test]

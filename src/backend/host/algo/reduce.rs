@@ -124,10 +124,16 @@ pub(super) fn reduce_phase(
     };
     let stream_out = stream && result_in_recv && !narrow && !own_in_place && !(by_address && dest == Dest::All);
     let needs_scratch_acc = narrow || !result_in_recv || stream_out;
-    let slots = |bytes: usize, scratch: &mut Scratch| -> [Buf; SLOTS] { std::array::from_fn(|_| scratch.buf(bytes)) };
-    let acc_slots = if needs_scratch_acc { slots(seg_elems * acs, scratch) } else { [Buf::empty(); SLOTS] };
+    let slots = |bytes: usize, scratch: &mut Scratch| -> Result<[Buf; SLOTS]> {
+        let mut b = [Buf::empty(); SLOTS];
+        for slot in &mut b {
+            *slot = scratch.buf(bytes)?;
+        }
+        Ok(b)
+    };
+    let acc_slots = if needs_scratch_acc { slots(seg_elems * acs, scratch)? } else { [Buf::empty(); SLOTS] };
     // Narrow results for the root are rounded into their own buffer before sending.
-    let out_slots = if narrow && !result_in_recv { slots(seg_elems * es, scratch) } else { [Buf::empty(); SLOTS] };
+    let out_slots = if narrow && !result_in_recv { slots(seg_elems * es, scratch)? } else { [Buf::empty(); SLOTS] };
     // Floating-point sums and products depend on the order of the operands: reduce
     // in rank order, so results do not depend on how elements are split among owners
     // (a coalesced call matches per-buffer calls bit for bit). Integer ops and
@@ -148,7 +154,7 @@ pub(super) fn reduce_phase(
         a == b
     };
     let save_slots =
-        if order[0] != rank && chunk_in_place { slots(seg_elems * es, scratch) } else { [Buf::empty(); SLOTS] };
+        if order[0] != rank && chunk_in_place { slots(seg_elems * es, scratch)? } else { [Buf::empty(); SLOTS] };
     // Steps that must be done before a slot's buffers are written again.
     let mut slot_free: [Vec<usize>; SLOTS] = Default::default();
     // Per segment of my chunk: the step after which its result is complete.

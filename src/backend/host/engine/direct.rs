@@ -3,7 +3,7 @@
 //! See docs/design/host.md, "The engine".
 
 use super::super::wire::{encode_desc, DESC};
-use super::inplace::overlaps_p2p;
+use super::inplace::InPlace;
 use super::schedule::{Action, Schedule};
 use crate::backend::host::plan::{self, Plan};
 use crate::mem::shared;
@@ -43,24 +43,30 @@ pub fn goes_direct_to_all(t: &mut Transport, src: *const u8, len: usize) -> bool
 pub(super) fn p2p_direct(
     plan: &Plan,
     link: &mut dyn Link,
-    sched: &Schedule<'_>,
+    inplace: &InPlace,
     src: *const u8,
     len: usize,
     shares_cores: bool,
 ) -> Option<[u8; DESC]> {
     direct_desc(plan, link, src, len)
-        .filter(|_| (shares_cores && len >= plan.gated_min) || !overlaps_p2p(sched, src, len, false))
+        .filter(|_| (shares_cores && len >= plan.gated_min) || !inplace.overlaps_recv(src, len))
 }
 
 /// Whether an fcclSend goes eagerly (count and payload in one message): small, and
 /// not a payload the peer could read by address. Decided the same way when the
 /// send starts and when the receiver's count arrives.
-pub(super) fn p2p_eager(plan: &Plan, link: &mut dyn Link, sched: &Schedule<'_>, src: *const u8, len: usize) -> bool {
-    len <= plan.eager_max && p2p_direct(plan, link, sched, src, len, false).is_none()
+pub(super) fn p2p_eager(plan: &Plan, link: &mut dyn Link, inplace: &InPlace, src: *const u8, len: usize) -> bool {
+    len <= plan.eager_max && p2p_direct(plan, link, inplace, src, len, false).is_none()
 }
 
 /// Whether send step `i` announces its count and sends its payload only once the
 /// receiver's count is here.
-pub(super) fn p2p_rendezvous(plan: &Plan, link: &mut dyn Link, sched: &Schedule<'_>, i: usize) -> bool {
-    matches!(sched.steps[i].action, Action::P2pSend { src, len, .. } if !p2p_eager(plan, link, sched, src, len))
+pub(super) fn p2p_rendezvous(
+    plan: &Plan,
+    link: &mut dyn Link,
+    sched: &Schedule<'_>,
+    inplace: &InPlace,
+    i: usize,
+) -> bool {
+    matches!(sched.steps[i].action, Action::P2pSend { src, len, .. } if !p2p_eager(plan, link, inplace, src, len))
 }

@@ -25,7 +25,7 @@ impl Run<'_, '_> {
     pub(super) fn on_reply(&mut self, p: usize, st: &mut Peer, i: usize, want: usize, pair: bool) {
         let Action::P2pSend { src, len: mine, what, .. } = self.sched.steps[i].action else { unreachable!() };
         let tag = self.sched.steps[i].tag;
-        let eager = p2p_eager(self.plan, self.t.link(p), self.sched, src, mine);
+        let eager = p2p_eager(self.plan, self.t.link(p), self.inplace, src, mine);
         let shares_cores = self.t.policy.shares_cores;
         let me = self.t.rank;
         if want != mine || eager {
@@ -43,7 +43,7 @@ impl Run<'_, '_> {
             st.start_direct(self.t.link(p));
             let d = encode_desc(src, shared::lookup(src, mine));
             st.urgent.push_back(Tx::direct(K_P2P_SWAP, tag, src, mine, i, d, None));
-        } else if let Some(d) = p2p_direct(self.plan, self.t.link(p), self.sched, src, mine, shares_cores) {
+        } else if let Some(d) = p2p_direct(self.plan, self.t.link(p), self.inplace, src, mine, shares_cores) {
             st.start_direct(self.t.link(p));
             let mut tx = Tx::direct(K_P2P_DIRECT, tag, src, mine, i, d, None);
             // Receives of this run wait for the peer's read reports (see `Plan::gated_ahead`).

@@ -140,7 +140,14 @@ fn run_with(
                 && (std::ptr::eq(o.src, o.at) || swap_capable(link, o.src, o.len));
         }
     }
-    inplace.setup(t, sched, plan);
+    inplace.setup(t, sched, plan).map_err(|e| {
+        // Peers may have begun the run: their messages would be taken for the next call's.
+        let e = e.context((ctl.what)());
+        Error {
+            msg: format!("{}. This rank sent nothing of the call; the communicator is unusable now: destroy it", e.msg),
+            ..e
+        }
+    })?;
     for (i, s) in sched.steps.iter().enumerate() {
         match &s.action {
             Action::Send { peer, len, .. } => {

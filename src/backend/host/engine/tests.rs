@@ -397,3 +397,75 @@ fn small_messages_and_reductions_are_not_shared() {
     assert!(dst.iter().zip(&src).all(|(d, s)| *d == s.wrapping_add(1)), "1 + src");
     assert_eq!(pieces, 0);
 }
+
+/// A group of 16k fcclSend and 16k fcclRecv with one peer, each pair over the same
+/// 64 bytes of one buffer (an exchange in place, message by message): every rank
+/// ends with the peer's buffer. (The overlaps are found by sorting: `inplace`.)
+#[test]
+fn a_group_of_many_sends_and_receives_in_place_moves_every_message() {
+    const K: usize = 16 << 10;
+    const N: usize = 64;
+    let ts = inproc::build(2).expect("links");
+    let abort = AtomicBool::new(false);
+    let fill = |r: usize| -> Vec<u8> { (0..K * N).map(|i| (i * 31 + i / 4099 + 101 * r) as u8).collect() };
+    let mut bufs: Vec<Vec<u8>> = (0..2).map(fill).collect();
+    std::thread::scope(|s| {
+        let abort = &abort;
+        for ((r, mut t), buf) in ts.into_iter().enumerate().zip(bufs.iter_mut()) {
+            s.spawn(move || {
+                let ctl = RunCtl { timeout: Duration::from_secs(60), abort, what: &|| "test".to_string() };
+                let peer = 1 - r;
+                let what = |send| P2pCall { send, count: N, dtype: DataType::Uint8, peer };
+                let base = buf.as_mut_ptr();
+                let mut sched = Schedule::new(1);
+                for i in 0..K {
+                    // SAFETY: every message lies inside the buffer (K * N bytes).
+                    unsafe {
+                        sched.p2p_send(peer, base.add(i * N), N, what(true));
+                        sched.p2p_recv(peer, base.add(i * N), N, what(false));
+                    }
+                }
+                assert!(run(&mut t, &mut sched, &ctl).expect("run").is_none());
+            });
+        }
+    });
+    assert!(bufs[0] == fill(1) && bufs[1] == fill(0), "every rank ends with its peer's messages");
+}
+
+/// A send that must be copied aside (a receive of the group starts above it in
+/// the same buffer) when there is no memory for the copy: the run fails on both
+/// ranks with fcclSystemError naming the size and saying the communicator is
+/// unusable, before anything was sent; the process lives on.
+#[test]
+fn a_copy_aside_without_memory_fails_the_run_not_the_process() {
+    use crate::mem::fallible::FAIL_ABOVE;
+    // Larger than anything the process-wide pool may hold from other tests.
+    let len = (100 << 20) + 8;
+    let ts = inproc::build(2).expect("links");
+    let abort = AtomicBool::new(false);
+    std::thread::scope(|s| {
+        let abort = &abort;
+        for (r, mut t) in ts.into_iter().enumerate() {
+            s.spawn(move || {
+                let ctl = RunCtl { timeout: Duration::from_secs(20), abort, what: &|| "test".to_string() };
+                let peer = 1 - r;
+                let what = |send| P2pCall { send, count: len, dtype: DataType::Uint8, peer };
+                let mut buf = vec![0u8; len + 8];
+                let base = buf.as_mut_ptr();
+                let mut sched = Schedule::new(1);
+                // SAFETY: both ranges lie inside the buffer.
+                unsafe {
+                    sched.p2p_send(peer, base, len, what(true));
+                    sched.p2p_recv(peer, base.add(8), len, what(false));
+                }
+                FAIL_ABOVE.with(|c| c.set(1 << 20));
+                let res = run(&mut t, &mut sched, &ctl);
+                FAIL_ABOVE.with(|c| c.set(usize::MAX));
+                let e = res.expect_err("no memory for the copy");
+                assert_eq!(e.code, crate::error::Code::SystemError, "{}", e.msg);
+                assert!(e.msg.contains(&format!("cannot allocate {len} bytes")), "{}", e.msg);
+                assert!(e.msg.contains("the communicator is unusable now"), "{}", e.msg);
+            });
+        }
+    });
+}

@@ -110,7 +110,10 @@ impl Run<'_, '_> {
             // A send's first bytes never pass an earlier send's payload: the peer may
             // receive them in separate calls, and it reads its stream in order.
             if matches!(self.sched.steps[i].action, Action::P2pSend { .. })
-                && st.awaiting_reply.iter().any(|&k| p2p_rendezvous(self.plan, self.t.link(p), self.sched, k))
+                && st
+                    .awaiting_reply
+                    .iter()
+                    .any(|&k| p2p_rendezvous(self.plan, self.t.link(p), self.sched, self.inplace, k))
             {
                 return false;
             }
@@ -175,7 +178,7 @@ impl Run<'_, '_> {
                 st.cur_tx = Some(tx)
             }
             Action::P2pSend { src, len, .. } => {
-                st.cur_tx = Some(if p2p_eager(plan, self.t.link(p), self.sched, src, len) {
+                st.cur_tx = Some(if p2p_eager(plan, self.t.link(p), self.inplace, src, len) {
                     // Count and payload together; done when the receiver's count is here.
                     let mut tx = Tx::data(K_P2P_EAGER, tag, src, len, None);
                     tx.progress = self.inplace.sent.get(i).map(|_| i);
