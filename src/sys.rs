@@ -19,6 +19,26 @@ pub fn allowed_cpus() -> Vec<usize> {
     }
 }
 
+/// True once `pid` has ended or is ending: it does not exist, is a zombie, or is
+/// exiting (PF_EXITING: a killed process closes its descriptors before it becomes a
+/// zombie, so its peers can hear of its end first). False when it cannot be told.
+pub fn process_gone(pid: u32) -> bool {
+    if pid == 0 || pid > i32::MAX as u32 {
+        return false;
+    }
+    // SAFETY: signal 0 only checks for existence.
+    if unsafe { libc::kill(pid as libc::pid_t, 0) } != 0 {
+        return std::io::Error::last_os_error().raw_os_error() == Some(libc::ESRCH);
+    }
+    const PF_EXITING: u64 = 0x4;
+    let Ok(stat) = std::fs::read_to_string(format!("/proc/{pid}/stat")) else { return false };
+    // After the parenthesised command name: state, ppid, pgrp, session, tty, tpgid, flags.
+    let f: Vec<&str> = stat.rsplit_once(')').map_or(Vec::new(), |(_, rest)| rest.split_whitespace().collect());
+    let zombie = matches!(f.first(), Some(&"Z") | Some(&"X"));
+    let exiting = f.get(6).and_then(|v| v.parse::<u64>().ok()).is_some_and(|fl| fl & PF_EXITING != 0);
+    zombie || exiting
+}
+
 /// False once `pid` has exited, including while it waits to be reaped (a zombie
 /// still answers kill(pid, 0) but will never write to shared memory again).
 pub fn process_alive(pid: u32) -> bool {

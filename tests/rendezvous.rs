@@ -651,6 +651,39 @@ fn a_rank_that_fails_its_set_up_tells_every_rank_why() {
     assert!(t0.elapsed() < Duration::from_secs(2), "the others learnt of it after {:?}", t0.elapsed());
 }
 
+/// A key holder that says BYE before the first round (a rank whose init ended early, or
+/// a broken client) fails the set-up at once, naming it; the others used to wait for
+/// their timeout while the point said "every rank arrived".
+#[test]
+fn a_rank_that_leaves_before_round_0_fails_the_others_at_once_naming_it() {
+    let _g = serial();
+    let id = UniqueId::generate().unwrap();
+    let job = init_threads(id, 3, &[0, 1], 20_000);
+    // Ranks 0 and 1 wait in round 0 for rank 2.
+    std::thread::sleep(Duration::from_millis(300));
+    let mut r2 = Raw::connect(id.addr().unwrap());
+    let (st, msg) = r2.hello(&id.secret(), 3, 2, None);
+    assert_eq!(st, 0, "{msg}");
+    let t0 = Instant::now();
+    let mut bye = u32::MAX.to_le_bytes().to_vec();
+    bye.extend_from_slice(&0u32.to_le_bytes());
+    r2.s.write_all(&frame(&bye)).unwrap();
+    let pid = std::process::id();
+    for (r, (res, _)) in join_all(job).into_iter().enumerate() {
+        let e = res.unwrap_err();
+        assert_eq!(e.code, Code::RemoteError, "rank {r}: {}", e.msg);
+        assert!(
+            e.msg.contains(&format!("rank 2 (pid {pid} at ")) && e.msg.contains("left before the set-up finished"),
+            "rank {r}: {}",
+            e.msg
+        );
+        assert!(!e.msg.contains("every rank arrived"), "rank {r}: {}", e.msg);
+    }
+    let took = t0.elapsed();
+    assert!(took < Duration::from_secs(2), "the others learnt of it after {took:?} (timeout 20 s)");
+    eprintln!("BYE before round 0: the others failed {took:?} after it (timeout 20 s)");
+}
+
 /// Ranks 0 and 1 (threads here) with a hand-played rank 2 on `host` that sends its
 /// description in round 0 and then stalls in round 1. Returns the TCP ports the
 /// ranks opened meanwhile (local addresses as /proc/net/tcp gives them, hex) and

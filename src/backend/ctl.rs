@@ -49,9 +49,11 @@ pub struct Ctl {
     n: usize,
     /// Bytes of the words (registered with CUDA), page-rounded.
     words: usize,
-    /// The shared-memory name; the creator unlinks it when done.
+    /// The shared-memory name; the creator unlinks it once every rank mapped it
+    /// ([`Ctl::unlink`]), or when done.
     name: CString,
     owner: bool,
+    unlinked: std::sync::atomic::AtomicBool,
 }
 
 // SAFETY: the region is shared memory accessed only through atomics (host), stream
@@ -131,7 +133,16 @@ impl Ctl {
             unlink();
             return Err(Error::os(format!("mmap of the device control region {name}")));
         }
-        Ok(Ctl { host: p as *mut u8, len, n, words, name: cname, owner: create })
+        Ok(Ctl { host: p as *mut u8, len, n, words, name: cname, owner: create, unlinked: Default::default() })
+    }
+
+    /// Removes the region's name (the creator's, once every rank has mapped it: a rank
+    /// killed later then leaves nothing in /dev/shm). Idempotent; a no-op elsewhere.
+    pub fn unlink(&self) {
+        if self.owner && !self.unlinked.swap(true, Ordering::AcqRel) {
+            // SAFETY: name is a valid C string.
+            unsafe { libc::shm_unlink(self.name.as_ptr()) };
+        }
     }
 
     /// Registers the words with CUDA in context `ctx` (for stream operations there).
@@ -275,10 +286,7 @@ impl Drop for Ctl {
         // SAFETY: mapped in map(), unmapped once; every registration (which holds an
         // Arc of this region) is gone.
         unsafe { libc::munmap(self.host.cast(), self.len) };
-        if self.owner {
-            // SAFETY: name is a valid C string.
-            unsafe { libc::shm_unlink(self.name.as_ptr()) };
-        }
+        self.unlink();
     }
 }
 

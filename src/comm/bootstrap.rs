@@ -261,6 +261,24 @@ impl UniqueId {
         Server::spawn(listener, self.job_key(), opts)
     }
 
+    /// The id of a point that this process serves: it carries this process's pid and
+    /// host (bytes 60..72, zero in ids from older builds), so that ranks that find the
+    /// point gone can say whose process ended.
+    fn served_here(mut self) -> UniqueId {
+        self.0[60..64].copy_from_slice(&std::process::id().to_le_bytes());
+        self.0[64..72].copy_from_slice(&host_id().to_le_bytes());
+        self
+    }
+
+    /// The process that serves this id's rendezvous point, (pid, host id), if the id
+    /// says: ids of fcclGetUniqueId and ferroccl-run (whose point existed before the
+    /// id did), not those built from an address.
+    pub fn server_process(&self) -> Option<(u32, u64)> {
+        let pid = u32::from_le_bytes(self.0[60..64].try_into().expect("4 bytes"));
+        let host = u64::from_le_bytes(self.0[64..72].try_into().expect("8 bytes"));
+        (pid != 0).then_some((pid, host))
+    }
+
     /// The rendezvous point's address.
     pub fn addr(&self) -> Result<SocketAddr> {
         let b = &self.0;

@@ -185,7 +185,7 @@ pub fn connect(
     route: Option<IpAddr>,
     allgather: &mut Allgather<'_>,
 ) -> Result<Transport> {
-    let force_tcp = crate::env::TRANSPORT.get_or_default().eq_ignore_ascii_case("tcp");
+    let force_tcp = crate::env::force_tcp()?;
     let my_host = if force_tcp { host_id() ^ (std::process::id() as u64) << 1 ^ rank as u64 } else { host_id() };
     let (cpus, more_cpus) = cpu_mask();
     let me = Info { host: my_host, pid: std::process::id(), cpus, more_cpus };
@@ -223,7 +223,17 @@ pub fn connect(
     let mut segs: Vec<Option<Arc<Segment>>> = (0..nranks).map(|_| None).collect();
     segs[rank] = my_seg_arc.clone();
     for p in (0..nranks).filter(|&p| p != rank && local[p]) {
-        let peer_seg = Arc::new(Segment::open_shared(&seg_name(p), nranks, ring)?);
+        let peer_seg = match open_peer_segment(&seg_name(p), rank, p, infos[p].pid, nranks, ring) {
+            Ok(seg) => Arc::new(seg),
+            Err(e) if !crate::sys::process_gone(infos[p].pid) => {
+                // Its process runs: it most likely failed already (and removed its
+                // segment) because the set-up failed elsewhere, which the next round
+                // says; this error only if that round goes through.
+                allgather(&[])?;
+                return Err(e);
+            }
+            Err(e) => return Err(e),
+        };
         segs[p] = Some(peer_seg.clone());
         let mine = my_seg_arc.clone().expect("created when a local peer exists");
         let other_process = infos[p].pid != me.pid;
@@ -279,32 +289,47 @@ pub fn connect(
     Ok(t)
 }
 
+/// Maps rank `peer`'s segment `name` (created by its process `pid` before round two).
+/// When that fails because the peer died during set-up (the survivors then remove what
+/// it left), the error names the peer rather than the missing file.
+fn open_peer_segment(name: &str, rank: usize, peer: usize, pid: u32, nranks: usize, ring: usize) -> Result<Segment> {
+    Segment::open_shared(name, nranks, ring).map_err(|e| {
+        if crate::sys::process_gone(pid) {
+            Error::remote_rank(
+                peer,
+                format!(
+                    "rank {rank}: rank {peer} (pid {pid}) died during set-up, after it created its shared-memory segment {name} and before every rank had mapped it (the segment is gone: {})",
+                    e.msg
+                ),
+            )
+        } else if !std::path::Path::new("/dev/shm").join(name.trim_start_matches('/')).exists() {
+            Error::remote_rank(
+                peer,
+                format!(
+                    "rank {rank}: the shared-memory segment {name} of rank {peer} (pid {pid}, still running) is missing: something removed it from /dev/shm during set-up, or rank {peer} sees another /dev/shm than this rank (containers on one host must share /dev/shm, or run with FERROCCL_TRANSPORT=tcp) ({})",
+                    e.msg
+                ),
+            )
+        } else {
+            e
+        }
+    })
+}
+
 /// How long a rank keeps trying to reach a peer on another host (FERROCCL_CONNECT_TIMEOUT_MS).
 fn connect_timeout() -> Result<Duration> {
-    let var = &crate::env::CONNECT_TIMEOUT_MS;
-    let v = var.get_or_default();
-    match v.trim().parse::<u64>() {
-        Ok(ms) if ms > 0 => Ok(Duration::from_millis(ms)),
-        _ => Err(Error::invalid_arg(format!("{} is {v:?}; give a positive number of milliseconds", var.name))),
-    }
+    crate::env::connect_timeout()
 }
 
 /// How long a peer's host may stay silent before the peer is reported lost
 /// (FERROCCL_PEER_LOST_MS; None: 0, the kernel's own bounds).
 fn peer_lost() -> Result<Option<Duration>> {
-    parse_peer_lost(&crate::env::PEER_LOST_MS.get_or_default())
+    crate::env::peer_lost()
 }
 
+#[cfg(test)]
 fn parse_peer_lost(v: &str) -> Result<Option<Duration>> {
-    let var = &crate::env::PEER_LOST_MS;
-    match v.trim().parse::<u64>() {
-        Ok(0) => Ok(None),
-        Ok(ms) if (1000..=i32::MAX as u64).contains(&ms) => Ok(Some(Duration::from_millis(ms))),
-        _ => Err(Error::invalid_arg(format!(
-            "{} is {v:?}; give a number of milliseconds from 1000 (keepalive probes count whole seconds) or 0 to leave it to the kernel",
-            var.name
-        ))),
-    }
+    crate::env::parse_peer_lost(v)
 }
 
 /// A TCP link to `peer` (on `host`, whose silence `silence` bounds) over a pair's
@@ -346,7 +371,10 @@ fn connect_peer(remote: &Remote, deadline: Instant, rank: usize, peer: usize) ->
         if left.is_zero() {
             return Err(unreachable(&last));
         }
-        match TcpStream::connect_timeout(&addr, left.min(Duration::from_secs(2))) {
+        if super::creation::cancelled() {
+            return Err(super::creation::aborted());
+        }
+        match super::creation::connect(&addr, left.min(Duration::from_secs(2))) {
             Ok(s) => return Ok(s),
             Err(e) if e.kind() == std::io::ErrorKind::ConnectionRefused => {
                 return Err(Error::remote_rank(
@@ -363,7 +391,7 @@ fn connect_peer(remote: &Remote, deadline: Instant, rank: usize, peer: usize) ->
             }
             Err(e) => {
                 last = e.to_string();
-                std::thread::sleep(Duration::from_millis(10).min(give_up.saturating_duration_since(Instant::now())));
+                super::creation::sleep(Duration::from_millis(10).min(give_up.saturating_duration_since(Instant::now())));
             }
         }
     }
@@ -520,6 +548,9 @@ fn accept_peers(
         if waiting.is_empty() {
             break;
         }
+        if super::creation::cancelled() {
+            return Err(super::creation::aborted());
+        }
         if Instant::now() >= deadline {
             let list: Vec<String> = waiting
                 .iter()
@@ -555,6 +586,21 @@ mod tests {
         assert_eq!(bound.ip(), adv.addr.ip());
         assert_eq!(adv.source, Source::Route);
         assert!(!bound.ip().is_unspecified(), "bound to {bound}");
+    }
+
+    #[test]
+    fn a_peer_segment_that_is_gone_names_the_peer_and_whether_it_died() {
+        let name = format!("/fccl-test-{:x}-1-p1", std::process::id());
+        // A process that has ended: its pid answers no signal.
+        let mut child = std::process::Command::new("true").spawn().unwrap();
+        let dead = child.id();
+        child.wait().unwrap();
+        let e = open_peer_segment(&name, 0, 1, dead, 2, 256 << 10).err().unwrap();
+        assert_eq!(e.culprit, Some(1));
+        assert!(e.msg.contains(&format!("rank 1 (pid {dead}) died during set-up")) && e.msg.contains(&name), "{e}");
+        // A live peer whose segment is missing: not called dead.
+        let e = open_peer_segment(&name, 0, 1, std::process::id(), 2, 256 << 10).err().unwrap();
+        assert!(e.msg.contains("is missing") && !e.msg.contains("died"), "{e}");
     }
 
     #[test]

@@ -147,8 +147,10 @@ fn init_rank(comm: *mut fcclComm_t, nranks: c_int, id: &fcclUniqueId, rank: c_in
     let mut opts = opts;
     // The rank's device is the one current on this thread now: inside a group the
     // communicator is created later, on another thread (NCCL's one-thread,
-    // several-GPUs pattern: cudaSetDevice(i) then init, for each i).
-    if opts.device.is_none() {
+    // several-GPUs pattern: cudaSetDevice(i) then init, for each i). A blocking init
+    // on this thread asks after it has joined the rendezvous: loading the CUDA driver
+    // can take long, and a rank that dies before it joins cannot be named to the others.
+    if opts.device.is_none() && (!opts.blocking || group::active()) {
         opts.device = crate::mem::cuda::current_device();
     }
     if !opts.blocking {
@@ -213,7 +215,7 @@ pub unsafe extern "C" fn fcclCommInitRank(
     commId: fcclUniqueId,
     rank: c_int,
 ) -> fcclResult_t {
-    call("fcclCommInitRank", || init_rank(comm, nranks, &commId, rank, Options::default()))
+    call("fcclCommInitRank", || init_rank(comm, nranks, &commId, rank, Options::from_env()?))
 }
 
 /// Like fcclCommInitRank, with options (`config` NULL = defaults).
@@ -239,7 +241,7 @@ pub unsafe extern "C" fn fcclCommInitRankConfig(
 ) -> fcclResult_t {
     call("fcclCommInitRankConfig", || {
         // SAFETY: config is NULL or a fcclConfig_t (API contract).
-        let opts = unsafe { options_from(config, Options::default()) }?;
+        let opts = unsafe { options_from(config, Options::from_env()?) }?;
         init_rank(comm, nranks, &commId, rank, opts)
     })
 }
@@ -262,7 +264,7 @@ pub unsafe extern "C" fn fcclCommInitAll(comms: *mut fcclComm_t, ndev: c_int, de
             // SAFETY: a non-NULL devlist has ndev entries (API contract).
             Some(unsafe { std::slice::from_raw_parts(devlist, ndev as usize) }.to_vec())
         };
-        let all = Comm::init_all(ndev as usize, Options::default(), devs.as_deref())?;
+        let all = Comm::init_all(ndev as usize, Options::from_env()?, devs.as_deref())?;
         for (i, c) in all.into_iter().enumerate() {
             // SAFETY: the caller provides room for ndev handles.
             unsafe { write_out(comms.add(i), handle::register(c)) };

@@ -5,6 +5,7 @@ use super::{
     Challenge, Hello, UniqueId, BYE_ROUND, FAIL_ROUND, MAX_CLIENT_FRAME, MAX_SERVER_FRAME, MAX_TEXT, ST_FAILED, ST_OK,
     ST_TIMEOUT, WELCOME_BYTES,
 };
+use crate::comm::creation;
 use crate::error::{Error, Result};
 use std::net::{IpAddr, SocketAddr, TcpStream};
 use std::time::{Duration, Instant};
@@ -22,6 +23,32 @@ pub struct Client {
     pub rank: usize,
     /// Random per set-up: names shared-memory segments so jobs never collide.
     pub nonce: u64,
+    /// The process serving the point, (pid, host id), when the id says.
+    server: Option<(u32, u64)>,
+}
+
+/// How long a point whose id says it existed before the id did may refuse connections
+/// before a rank concludes that it is gone (refusals are never transient there: the
+/// point listened before the id was handed out, and closes only for good).
+const REFUSED_GRACE: Duration = Duration::from_millis(250);
+
+/// The error of a rank whose rendezvous point is gone for good: `lead` says what the
+/// rank saw, `server` is the process that served the point, (pid, host id).
+fn point_gone(lead: &str, (pid, host): (u32, u64)) -> Error {
+    let here = host == super::host_id();
+    if here && crate::sys::process_gone(pid) {
+        Error::remote(format!(
+            "{lead}: the process that created the unique id and served its rendezvous (pid {pid}) has exited. It must stay alive until every rank has joined; if it was a rank of this communicator, that rank died during set-up"
+        ))
+    } else if here {
+        Error::remote(format!(
+            "{lead}, though the process that created the unique id (pid {pid}) runs: the set-up of this id already ended (a completed or failed set-up closes its rendezvous point); every communicator needs a new unique id (fcclGetUniqueId)"
+        ))
+    } else {
+        Error::remote(format!(
+            "{lead}: the process that created the unique id (pid {pid}, on another host) has exited, or the set-up of this id already ended (or a firewall rejects connections to that port); that process must stay alive until every rank has joined"
+        ))
+    }
 }
 
 /// Why one attempt to join failed.
@@ -51,7 +78,12 @@ impl Client {
         let mut last = String::from("no attempt finished");
         let mut waiting_for = "to reach it";
         let mut backoff = Duration::from_millis(10);
+        let server = id.server_process();
+        let mut refused_since: Option<Instant> = None;
         loop {
+            if creation::cancelled() {
+                return Err(creation::aborted());
+            }
             let left = deadline.saturating_duration_since(Instant::now());
             if left.is_zero() {
                 return Err(Error::timeout(format!(
@@ -59,22 +91,31 @@ impl Client {
                     ms(started.elapsed())
                 )));
             }
-            let conn = match TcpStream::connect_timeout(&addr, left.min(Duration::from_secs(2))) {
+            let conn = match creation::connect(&addr, left.min(Duration::from_secs(2))) {
                 Ok(c) => c,
                 Err(e) => {
+                    if let (std::io::ErrorKind::ConnectionRefused, Some(srv)) = (e.kind(), server) {
+                        if refused_since.get_or_insert_with(Instant::now).elapsed() >= REFUSED_GRACE {
+                            let lead = format!("{who}: the rendezvous point at {addr} refuses connections ({e})");
+                            return Err(point_gone(&lead, srv));
+                        }
+                    } else {
+                        refused_since = None;
+                    }
                     last = format!("last connection attempt: {e}");
-                    std::thread::sleep(backoff.min(deadline.saturating_duration_since(Instant::now())));
+                    creation::sleep(backoff.min(deadline.saturating_duration_since(Instant::now())));
                     backoff = (backoff * 2).min(Duration::from_millis(200));
                     continue;
                 }
             };
-            let mut client = Client { conn, addr, round: 0, grace, started, nranks, rank, nonce: 0 };
+            refused_since = None;
+            let mut client = Client { conn, addr, round: 0, grace, started, nranks, rank, nonce: 0, server };
             match client.handshake(id, &mut waiting_for, deadline) {
                 Ok(()) => return Ok(client),
                 Err(Attempt::Fatal(e)) => return Err(e),
                 Err(Attempt::Retry(why)) => {
                     last = why;
-                    std::thread::sleep(backoff.min(deadline.saturating_duration_since(Instant::now())));
+                    creation::sleep(backoff.min(deadline.saturating_duration_since(Instant::now())));
                     backoff = (backoff * 2).min(Duration::from_millis(200));
                 }
             }
@@ -109,6 +150,7 @@ impl Client {
                 ))
             }
             Err(ReadErr::Timeout { .. }) => return Err(fatal_timeout("to finish its greeting")),
+            Err(ReadErr::Aborted) => return Err(Attempt::Fatal(creation::aborted())),
             Err(e) => return Err(Attempt::Retry(format!("the point closed the connection before greeting ({e})"))),
         };
         let left_ms = deadline.saturating_duration_since(Instant::now()).as_millis().min(u32::MAX as u128) as u32;
@@ -124,6 +166,7 @@ impl Client {
             Err(ReadErr::Timeout { .. }) => {
                 return Err(fatal_timeout(&format!("to admit {who} (it never answered the hello)")))
             }
+            Err(ReadErr::Aborted) => return Err(Attempt::Fatal(creation::aborted())),
             Err(e) => return Err(Attempt::Retry(format!("the point closed the connection after the hello ({e})"))),
         };
         match reply.first() {
@@ -174,10 +217,20 @@ impl Client {
                     ms(self.started.elapsed())
                 )))
             }
+            Err(ReadErr::Aborted) => {
+                // The others learn at once why this rank leaves, instead of that it died.
+                let e = creation::aborted();
+                self.send_fail(&e.msg, Instant::now() + Duration::from_millis(100));
+                return Err(e);
+            }
             Err(e) => {
-                return Err(Error::remote(format!(
-                    "rank {rank}: lost the rendezvous point at {addr} during set-up round {round} ({e}); the process serving it (ferroccl-run, the caller of fcclGetUniqueId, or rank 0 under FERROCCL_ROOT_ADDR) may have died"
-                )))
+                let lead = format!("rank {rank}: lost the rendezvous point at {addr} during set-up round {round} ({e})");
+                return Err(match self.server {
+                    Some(srv) if srv.1 == super::host_id() && crate::sys::process_gone(srv.0) => point_gone(&lead, srv),
+                    _ => Error::remote(format!(
+                        "{lead}; the process serving it (ferroccl-run, the caller of fcclGetUniqueId, or rank 0 under FERROCCL_ROOT_ADDR) may have died"
+                    )),
+                });
             }
         };
         match reply.first() {
@@ -214,16 +267,21 @@ impl Client {
     /// with that reason at once, and waits briefly for the point to confirm: rank 0's
     /// process may serve the point and exit right after.
     pub fn fail(mut self, why: &str) {
+        let by = Instant::now() + Duration::from_secs(2);
+        if self.send_fail(why, by) {
+            let _ = read_frame_by(&mut self.conn, 1 + MAX_TEXT, by);
+        }
+    }
+
+    /// Writes the report that this rank's set-up failed (see [`Client::fail`]).
+    fn send_fail(&mut self, why: &str, by: Instant) -> bool {
         let why = &why.as_bytes()[..why.len().min(MAX_TEXT)];
         let mut f = Vec::with_capacity(12 + why.len());
         f.extend_from_slice(&((8 + why.len()) as u32).to_le_bytes());
         f.extend_from_slice(&FAIL_ROUND.to_le_bytes());
         f.extend_from_slice(&0u32.to_le_bytes());
         f.extend_from_slice(why);
-        let by = Instant::now() + Duration::from_secs(2);
-        if write_all_by(&mut self.conn, &f, by).is_ok() {
-            let _ = read_frame_by(&mut self.conn, 1 + MAX_TEXT, by);
-        }
+        write_all_by(&mut self.conn, &f, by).is_ok()
     }
 
     /// Tells the point this rank is done with set-up.

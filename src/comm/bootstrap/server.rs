@@ -123,7 +123,7 @@ impl Server {
         };
         let port = listener.local_addr()?.port();
         let srv = Server::spawn(listener, key, opts)?;
-        Ok((UniqueId::build(SocketAddr::new(ip, port), &key), srv))
+        Ok((UniqueId::build(SocketAddr::new(ip, port), &key).served_here(), srv))
     }
 
     /// Serves `listener` on a new thread.

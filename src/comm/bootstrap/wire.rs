@@ -50,6 +50,8 @@ pub(super) enum ReadErr {
     },
     Io(std::io::Error),
     TooLong(usize),
+    /// The creation waiting here was given up (fcclCommAbort of a non-blocking init).
+    Aborted,
 }
 
 impl std::fmt::Display for ReadErr {
@@ -60,6 +62,7 @@ impl std::fmt::Display for ReadErr {
             ReadErr::Closed { got } => write!(f, "connection closed after {got} bytes of a frame"),
             ReadErr::Io(e) => write!(f, "{e}"),
             ReadErr::TooLong(n) => write!(f, "a frame of {n} bytes, more than the protocol allows"),
+            ReadErr::Aborted => f.write_str(&crate::comm::creation::aborted().msg),
         }
     }
 }
@@ -67,7 +70,22 @@ impl std::fmt::Display for ReadErr {
 /// Waits until `s` has something to read (or EOF) or `deadline` passes. poll(2)
 /// sleeps on a high-resolution timer; a socket's receive timeout is rounded to the
 /// kernel's coarse timer wheel, which can fire a long wait far past its deadline.
-fn readable_by(s: &TcpStream, deadline: Instant) -> std::io::Result<bool> {
+/// On the thread of a non-blocking creation the wait also ends when it is given up.
+fn readable_by(s: &TcpStream, deadline: Instant) -> std::result::Result<bool, ReadErr> {
+    use crate::comm::creation;
+    if creation::watching() {
+        return creation::poll_until(s.as_raw_fd(), libc::POLLIN, deadline).map_err(|e| {
+            if creation::cancelled() {
+                ReadErr::Aborted
+            } else {
+                ReadErr::Io(std::io::Error::other(e.msg))
+            }
+        });
+    }
+    readable_plain(s, deadline).map_err(ReadErr::Io)
+}
+
+fn readable_plain(s: &TcpStream, deadline: Instant) -> std::io::Result<bool> {
     loop {
         let left = deadline.saturating_duration_since(Instant::now());
         if left.is_zero() {
@@ -98,7 +116,7 @@ fn read_exact_by(
 ) -> std::result::Result<(), ReadErr> {
     let mut got = 0;
     while got < buf.len() {
-        if !readable_by(s, deadline).map_err(ReadErr::Io)? {
+        if !readable_by(s, deadline)? {
             return Err(ReadErr::Timeout { got: before + got });
         }
         match s.read(&mut buf[got..]) {

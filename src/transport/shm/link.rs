@@ -8,7 +8,9 @@
 
 use super::peer_mem::{probe_map, probe_read, read_process, Mappings, Share, ShareDest};
 use super::ring::{Reader, RingEnd, Writer};
-use super::segment::{Segment, OFF_CAN_MAP, OFF_CAN_READ, OFF_READS_DONE, OFF_READ_PROGRESS};
+use super::segment::{
+    Segment, LEFT_DESTROYED, LEFT_EXITED, OFF_CAN_MAP, OFF_CAN_READ, OFF_READS_DONE, OFF_READ_PROGRESS,
+};
 use crate::env::SingleCopy;
 use crate::error::{Error, Result};
 use crate::mem::shared::Desc;
@@ -96,7 +98,17 @@ impl ShmLink {
                 // A peer that failed because of another rank marks itself so before it
                 // exits, possibly just after the look above: that rank is the origin.
                 self.check_flag()?;
-                return Err(Error::remote_rank(self.peer, format!("rank {} (pid {pid}) died", self.peer)));
+                let p = self.peer;
+                let why = match self.peer_seg.left().load(Ordering::Acquire) {
+                    LEFT_DESTROYED => format!(
+                        "rank {p} (pid {pid}) destroyed its communicator and its process exited while this rank still waits for it in this call (did it make fewer calls on the communicator than this rank?)"
+                    ),
+                    LEFT_EXITED => format!(
+                        "rank {p} (pid {pid}) exited (returned from main or called exit) without destroying its communicator, while this rank still waits for it in this call"
+                    ),
+                    _ => format!("rank {p} (pid {pid}) died"),
+                };
+                return Err(Error::remote_rank(p, why));
             }
         }
         Ok(())

@@ -14,4 +14,4 @@ pub mod segment;
 
 pub use link::ShmLink;
 pub use peer_mem::{allow_peer_reads, Share, ShareDest};
-pub use segment::{remove_stale_segments, ring_bytes_for, segment_bytes, Segment};
+pub use segment::{remove_dead_of, remove_stale_segments, ring_bytes_for, segment_bytes, Segment, SweepOnFailure};

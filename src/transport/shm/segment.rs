@@ -30,6 +30,13 @@ pub(super) const OFF_SELF_ADDR: usize = 320;
 /// Whom the owner waits for while one of its waits is slow, and a tick it advances
 /// while it waits (see [`Segment::waiting`] and `failure::blame`).
 const OFF_WAITING: usize = 384;
+/// How the owner left, once it has: [`LEFT_DESTROYED`] or [`LEFT_EXITED`] (0: it has
+/// not, or it died), so that peers still waiting for it say so rather than "died".
+const OFF_LEFT: usize = 448;
+/// The owner destroyed its communicator.
+pub const LEFT_DESTROYED: u32 = 1;
+/// The owner's process exited (exit or a return from main) with the communicator open.
+pub const LEFT_EXITED: u32 = 2;
 
 // A ring's control page: one word per cache line, each written by one side.
 /// Bytes written into the ring (the writer's).
@@ -95,6 +102,99 @@ pub fn remove_stale_segments() {
             }
         }
     });
+}
+
+/// Removes the shared-memory names of the set-up `tag` (segments
+/// `/fccl-<tag>-<rank>-p<pid>`, control regions `/fccl-ctl-<tag>-p<pid>`) whose creating
+/// process has ended or is ending: a rank that died during set-up, before its names were
+/// unlinked, leaves them, and its peers know the set-up's tag (a later process would
+/// otherwise remove them only when it makes its first segment). A live process's names
+/// are its own to remove. Returns the names removed.
+pub fn remove_dead_of(tag: &str) -> Vec<String> {
+    let mut removed = Vec::new();
+    let Ok(dir) = std::fs::read_dir("/dev/shm") else { return removed };
+    let (seg, ctl) = (format!("fccl-{tag}-"), format!("fccl-ctl-{tag}-p"));
+    for e in dir.flatten() {
+        let name = e.file_name().to_string_lossy().into_owned();
+        if !name.starts_with(&seg) && !name.starts_with(&ctl) {
+            continue;
+        }
+        let Some(pid) = name.rsplit_once("-p").and_then(|(_, p)| p.parse::<u32>().ok()) else { continue };
+        if crate::sys::process_gone(pid) {
+            if let Ok(c) = CString::new(format!("/{name}")) {
+                // SAFETY: c is a valid C string.
+                if unsafe { libc::shm_unlink(c.as_ptr()) } == 0 {
+                    removed.push(name);
+                }
+            }
+        }
+    }
+    removed
+}
+
+/// Sweeps the names of ranks that died ([`remove_dead_of`]) when dropped, unless
+/// disarmed: held over a set-up so that every way it fails sweeps.
+pub struct SweepOnFailure {
+    tag: Option<String>,
+}
+
+impl SweepOnFailure {
+    pub fn new(tag: String) -> SweepOnFailure {
+        SweepOnFailure { tag: Some(tag) }
+    }
+
+    /// The set-up succeeded: nothing to sweep.
+    pub fn disarm(mut self) {
+        self.tag = None;
+    }
+}
+
+impl Drop for SweepOnFailure {
+    fn drop(&mut self) {
+        if let Some(tag) = self.tag.take() {
+            let gone = remove_dead_of(&tag);
+            if !gone.is_empty() {
+                crate::log::info(format_args!(
+                    "removed what ranks that died during set-up left in /dev/shm: {}",
+                    gone.join(", ")
+                ));
+            }
+        }
+    }
+}
+
+/// Base addresses of the shared segments this process created and has mapped: at
+/// exit each is marked [`LEFT_EXITED`] (see [`Segment::left`]).
+static OWN: std::sync::Mutex<Vec<usize>> = std::sync::Mutex::new(Vec::new());
+
+extern "C" fn mark_own_exited() {
+    // Another thread may hold the lock as the process exits: then say nothing.
+    if let Ok(own) = OWN.try_lock() {
+        let me = std::process::id();
+        for &base in own.iter() {
+            // SAFETY: as below; a child forked after the segment was made is not its owner.
+            if unsafe { ((base + OFF_PID) as *const u32).read_volatile() } != me {
+                continue;
+            }
+            // SAFETY: a registered segment is mapped (it is removed before its unmap,
+            // under this lock); OFF_LEFT is an aligned header word used atomically.
+            let w = unsafe { &*((base + OFF_LEFT) as *const AtomicU32) };
+            let _ = w.compare_exchange(0, LEFT_EXITED, Ordering::AcqRel, Ordering::Acquire);
+        }
+    }
+}
+
+fn register_own(base: usize) {
+    static AT_EXIT: std::sync::Once = std::sync::Once::new();
+    // SAFETY: registers a function that takes no arguments and never unwinds.
+    AT_EXIT.call_once(|| unsafe {
+        libc::atexit(mark_own_exited);
+    });
+    OWN.lock().unwrap_or_else(|p| p.into_inner()).push(base);
+}
+
+fn deregister_own(base: usize) {
+    OWN.lock().unwrap_or_else(|p| p.into_inner()).retain(|&b| b != base);
 }
 
 /// A mapped segment; unmapped on drop.
@@ -166,6 +266,7 @@ impl Segment {
                 s.ring_bytes = ring_bytes;
                 *s.shm_name.get_mut().unwrap() = Some(cname);
                 s.init_header();
+                register_own(s.base as usize);
                 Ok(s)
             }
             Err(e) => {
@@ -262,6 +363,17 @@ impl Segment {
     /// advances every poll of a slow wait, so a stopped waiter can be told from a live one.
     pub fn waiting(&self) -> &AtomicU64 {
         self.word64(OFF_WAITING)
+    }
+
+    /// How the owner left ([`LEFT_DESTROYED`], [`LEFT_EXITED`]; 0 while it has not, or
+    /// if it died). Peers read it only once the owner's process is gone, for the message.
+    pub fn left(&self) -> &AtomicU32 {
+        self.word32(OFF_LEFT)
+    }
+
+    /// Records that the owner destroyed its communicator (unless something was recorded).
+    pub fn mark_destroyed(&self) {
+        let _ = self.left().compare_exchange(0, LEFT_DESTROYED, Ordering::AcqRel, Ordering::Acquire);
     }
 
     /// An error if the owner, rank `owner`, has marked itself failed (see `failed`).
@@ -400,9 +512,77 @@ impl Segment {
 
 impl Drop for Segment {
     fn drop(&mut self) {
+        deregister_own(self.base as usize);
         self.unlink();
         // SAFETY: base/len describe a mapping we own; nothing borrows it past
         // drop because links hold an Arc to the segment.
         unsafe { libc::munmap(self.base as *mut libc::c_void, self.len) };
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn make(name: &str) {
+        let c = CString::new(name).unwrap();
+        // SAFETY: c is a valid C string; the descriptor is closed at once.
+        unsafe {
+            let fd = libc::shm_open(c.as_ptr(), libc::O_CREAT | libc::O_RDWR, 0o600);
+            assert!(fd >= 0, "shm_open({name})");
+            libc::close(fd);
+        }
+    }
+
+    fn exists(name: &str) -> bool {
+        std::path::Path::new("/dev/shm").join(name.trim_start_matches('/')).exists()
+    }
+
+    #[test]
+    fn a_set_up_s_names_whose_creator_is_gone_are_swept_and_no_others() {
+        let tag = format!("{:016x}", crate::comm::bootstrap::random_u64().unwrap());
+        let other = format!("{:016x}", crate::comm::bootstrap::random_u64().unwrap());
+        let mut child = std::process::Command::new("true").spawn().unwrap();
+        let dead = child.id();
+        child.wait().unwrap();
+        let live = std::process::id();
+        let gone = [
+            format!("/fccl-{tag}-1-p{dead}"),
+            format!("/fccl-ctl-{tag}-p{dead}"),
+            format!("/fccl-{tag}-s0-c1-2-p{dead}"),
+        ];
+        let kept = [format!("/fccl-{tag}-0-p{live}"), format!("/fccl-{other}-1-p{dead}")];
+        for n in gone.iter().chain(&kept) {
+            make(n);
+        }
+        let mut removed = remove_dead_of(&tag);
+        removed.sort();
+        let mut want: Vec<String> = gone.iter().map(|n| n.trim_start_matches('/').to_string()).collect();
+        want.sort();
+        assert_eq!(removed, want);
+        for n in &gone {
+            assert!(!exists(n), "{n} is left");
+        }
+        for n in &kept {
+            assert!(exists(n), "{n} was removed");
+            let c = CString::new(n.as_str()).unwrap();
+            // SAFETY: c is a valid C string.
+            unsafe { libc::shm_unlink(c.as_ptr()) };
+        }
+    }
+
+    #[test]
+    fn a_zombie_or_a_process_that_is_gone_counts_as_gone() {
+        let mut child = std::process::Command::new("true").spawn().unwrap();
+        let pid = child.id();
+        // Not reaped yet: a zombie once it has exited.
+        let t0 = std::time::Instant::now();
+        while !crate::sys::process_gone(pid) && t0.elapsed() < Duration::from_secs(5) {
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        assert!(crate::sys::process_gone(pid), "a zombie is not gone");
+        child.wait().unwrap();
+        assert!(crate::sys::process_gone(pid));
+        assert!(!crate::sys::process_gone(std::process::id()));
     }
 }

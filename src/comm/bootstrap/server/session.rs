@@ -197,14 +197,40 @@ impl Loop {
             return self.fail_session_reported_by(ST_FAILED, &msg, Some(slot));
         }
         if round == BYE_ROUND {
+            // A rank is done once it has the last round's reply, which every rank got
+            // with it: no round has started since. A BYE before any round completed,
+            // or while ranks wait in a round, comes from a rank that left early: the
+            // set-up can never finish, and the others would wait for it in vain.
+            let early = (s.round == 0 || s.submitted > 0) && !s.members[rank].as_ref().is_some_and(|m| m.finished);
             let m = s.members[rank].as_mut().expect("a member");
             if !m.finished {
                 m.finished = true;
                 s.finished += 1;
             }
             let all = s.finished == s.nranks;
+            let left_early = (early && !all).then(|| {
+                let m = s.members[rank].as_ref().expect("a member");
+                let waiting: Vec<usize> =
+                    (0..s.nranks).filter(|&r| s.members[r].as_ref().is_some_and(|m| m.submitted)).collect();
+                let state = if s.round == 0 && s.members.iter().any(Option::is_none) {
+                    format!(" ({})", s.describe_missing())
+                } else if !waiting.is_empty() {
+                    format!(" (ranks {} wait in round {} for it)", list(&waiting), s.round)
+                } else {
+                    String::new()
+                };
+                format!(
+                    "rank {rank} (pid {} at {}) left before the set-up finished: it said it was done at round {}{state}; its init ended early (see its own error)",
+                    m.pid,
+                    m.peer.ip(),
+                    s.round
+                )
+            });
             self.set_state(slot, St::Done);
             self.conn(slot).deadline = Some(Instant::now() + DONE_LINGER);
+            if let Some(msg) = left_early {
+                return self.fail_session(ST_FAILED, &msg);
+            }
             if all {
                 self.end_session();
             }
