@@ -8,6 +8,8 @@
  * say "host". Managed memory cannot be shared through CUDA IPC: it must say "staged",
  * and the library must have logged one WARN for it on this communicator naming the
  * reason and the fix (checked in the log file this test points FERROCCL_DEBUG_FILE at).
+ * Ranks that pass different counts get fcclCollectiveMismatch on every rank (the
+ * descriptors carry what each rank called), and the communicator goes on.
  * A test of the gate: with the path gated on an attribute a stock driver reports as 0
  * (the simulated GPU reports stock values), every device call here says "staged".
  *
@@ -203,6 +205,17 @@ static void device_calls(fcclComm_t comm) {
   path_is(comm, "all_to_allv in place", g_want);
   get(h, d, big);
   expect("all_to_allv in place", h, w, big);
+
+  /* Different counts on one rank: every rank gets the verdict before anything is
+   * enqueued, whatever FERROCCL_CHECK says, and the communicator goes on. */
+  {
+    fcclResult_t res = fcclAllReduce(s, d, r == 1 ? 2 * c : c, fcclFloat32, fcclSum, comm, NULL);
+    const char* msg = fcclGetLastError(NULL);
+    CHECK(res == fcclCollectiveMismatch, "all_reduce of different counts returned %d (%s)", (int)res, msg);
+    CHECK(strstr(msg, "rank 1 called fcclAllReduce(count 74"), "the verdict names rank 1's call: %s", msg);
+    OK(fcclAllReduce(s, d, c, fcclFloat32, fcclSum, comm, NULL));
+    path_is(comm, "all_reduce after a mismatch", g_want);
+  }
 
   OK(fcclMemFree(s));
   OK(fcclMemFree(d));

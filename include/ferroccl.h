@@ -45,7 +45,9 @@
 #define FCCL_BACKEND_NCCL 2
 
 /**
- * checkMode in fcclConfig_t: no cross-rank checking of calls (fastest for tiny messages).
+ * checkMode in fcclConfig_t: ranks on different hosts skip the round that compares
+ * calls before data moves (a mismatch is then found from the call's first message,
+ * and breaks the communicator). Ranks of one host, and of one GPU, always compare.
  */
 #define FCCL_CHECK_OFF 0
 

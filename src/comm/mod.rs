@@ -60,7 +60,7 @@ impl Default for Options {
             backend: Backend::Auto,
             name: String::new(),
             // On by default: it costs about one cache-line round trip a call (docs/robustness.md).
-            check_mode: crate::env::CHECK.get_or_default().trim() != "0",
+            check_mode: crate::env::check_mode().unwrap_or(true),
             device: None,
         }
     }
@@ -187,6 +187,8 @@ impl Comm {
         let deadline = Instant::now() + opts.timeout;
         let mut client = Client::join(id, nranks, rank, deadline)?;
         let nonce = client.nonce;
+        // Whatever ends this set-up early, the names of ranks that died in it go too.
+        let sweep = crate::transport::shm::SweepOnFailure::new(format!("{nonce:016x}"));
         let route = client.local_ip();
         let wired = wireup::connect(rank, nranks, &format!("{nonce:016x}"), nonce, deadline, route, &mut |blob| {
             client.allgather(blob, deadline)
@@ -267,6 +269,7 @@ impl Comm {
             c.device,
             c.router.describe()
         ));
+        sweep.disarm();
         Ok(c)
     }
 
@@ -308,7 +311,13 @@ impl Comm {
         // Ranks of one process share the control region (their send/recv mailboxes).
         let region = (one_gpu && !nccl && ipc::min_bytes().is_some()).then(|| {
             let pid = std::process::id();
-            Ctl::create(&Ctl::name(nonce, pid), n).map(Arc::new).map_err(|e| e.msg)
+            // Mapped by this process alone: the name is not needed past creation.
+            Ctl::create(&Ctl::name(nonce, pid), n)
+                .map(|c| {
+                    c.unlink();
+                    Arc::new(c)
+                })
+                .map_err(|e| e.msg)
         });
         for ((c, i), nc) in comms.iter_mut().zip(&infos).zip(nccls) {
             c.device = i.device;
@@ -467,7 +476,7 @@ impl Comm {
                 log::warn(format_args!("rank {} comm {}: {}", self.rank, self.label(), e.msg));
                 *self.async_err.lock().unwrap_or_else(|p| p.into_inner()) = Some(e.clone());
                 st.broken = Some(e.clone());
-                st.transport.mark_failed(e.culprit, e.code == Code::Timeout);
+                st.transport.mark_failed(e.culprit, e.code);
                 Err(e)
             }
         }
@@ -548,7 +557,9 @@ impl Comm {
         let new_rank = members.iter().position(|&r| r == self.rank).expect("a rank is a member of its colour");
         let nonce = self.nonce ^ (k + 1).wrapping_mul(0x9e37_79b9_7f4a_7c15) ^ (color as u64).rotate_left(32);
         let name = format!("{:016x}-s{k}-c{color}", self.nonce);
+        let sweep = crate::transport::shm::SweepOnFailure::new(name.clone());
         let t = wireup::connect(new_rank, members.len(), &name, nonce, deadline, self.route, &mut rounds)?;
+        sweep.disarm();
         let mut opts = opts;
         if opts.name.is_empty() && !self.opts.name.is_empty() {
             opts.name = format!("{}.{color}", self.opts.name);
@@ -631,7 +642,7 @@ impl Comm {
         }
         // If no call is running, tell peers right away.
         if let Ok(mut st) = self.state.try_lock() {
-            st.transport.mark_failed(None, false);
+            st.transport.mark_failed(None, Code::RemoteError);
         }
         self.progress.cancel(Error::remote("fcclCommAbort ended the communicator with this call pending"));
     }
@@ -750,6 +761,10 @@ fn ipc_setup(
         None => Err("rank 0 could not create the device control region".to_string()),
     };
     let oks = allgather(&[region.is_ok() as u8])?;
+    // Every rank has mapped the region or given up on it: its name can go.
+    if let Ok(r) = &region {
+        r.unlink();
+    }
     let ctl = match (region, oks.iter().position(|b| field(b, 0) != 1)) {
         (Ok(c), None) => Ok(Arc::new(c)),
         (Err(m), _) => Err(m),

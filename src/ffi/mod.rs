@@ -151,7 +151,9 @@ pub const FCCL_BACKEND_HOST: c_int = 1;
 /// Backend choice: NCCL (CUDA memory, one GPU per rank).
 pub const FCCL_BACKEND_NCCL: c_int = 2;
 
-/// checkMode in fcclConfig_t: no cross-rank checking of calls (fastest for tiny messages).
+/// checkMode in fcclConfig_t: ranks on different hosts skip the round that compares
+/// calls before data moves (a mismatch is then found from the call's first message,
+/// and breaks the communicator). Ranks of one host, and of one GPU, always compare.
 pub const FCCL_CHECK_OFF: c_int = 0;
 /// checkMode: fingerprint each call and compare across ranks to detect mismatches before
 /// any data moves (the default).

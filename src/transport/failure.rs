@@ -11,6 +11,9 @@ use std::time::Duration;
 /// in the high 8 (0: it died or failed; this: the word's owner timed out waiting for
 /// it); u32::MAX: an abort.
 pub const FAILED_TIMEOUT: u32 = 1 << 24;
+/// Why, in a failure word: the word's owner found that the ranks called different
+/// collectives (from a message of a peer), so peers fail with that verdict too.
+pub const FAILED_MISMATCH: u32 = 2 << 24;
 const FAILED_RANK: u32 = FAILED_TIMEOUT - 1;
 
 /// The error for a peer whose failure word holds `v` (see [`FAILED_TIMEOUT`]).
@@ -19,7 +22,11 @@ pub(crate) fn failure(peer: usize, v: u32) -> Error {
     let culprit = ((v & FAILED_RANK) - 1) as usize;
     if v == u32::MAX {
         Error::remote_rank(peer, format!("rank {peer} failed or aborted its communicator"))
-    } else if v & FAILED_TIMEOUT != 0 {
+    } else if v & !FAILED_RANK == FAILED_MISMATCH {
+        Error::mismatch(format!(
+            "rank {peer} found that the ranks called different collectives (this call's collective, count, type, op or root differs between ranks; its error names the calls). The communicator is unusable now: destroy it (FERROCCL_CHECK=1, the default, compares the calls before any data moves)"
+        ))
+    } else if v & !FAILED_RANK == FAILED_TIMEOUT {
         Error::remote_rank(
             culprit,
             format!(

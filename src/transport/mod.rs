@@ -17,7 +17,7 @@ pub mod shm;
 pub mod tcp;
 pub mod wait;
 
-use crate::error::Result;
+use crate::error::{Code, Result};
 use crate::mem::shared::Desc;
 use board::Board;
 use shm::Segment;
@@ -205,6 +205,16 @@ pub struct Transport {
     pub board: Option<Board>,
     /// How waits spin, yield and sleep (depends on ranks per core).
     pub policy: SpinPolicy,
+}
+
+/// A transport dropped is a communicator destroyed (or a set-up given up): peers that
+/// still wait for this rank, and find its process gone, say so instead of "died".
+impl Drop for Transport {
+    fn drop(&mut self) {
+        if let Some(s) = &self.my_seg {
+            s.mark_destroyed();
+        }
+    }
 }
 
 /// The peers' failure checks of a [`Transport`].
@@ -420,12 +430,15 @@ impl Transport {
     }
 
     /// Marks this rank failed so that peers stop waiting for it, and wakes them.
-    /// `culprit` is the rank the failure started with (this rank if None);
-    /// `timed_out`: this rank timed out waiting for it (peers then say so).
-    pub fn mark_failed(&mut self, culprit: Option<usize>, timed_out: bool) {
+    /// `culprit` is the rank the failure started with (this rank if None); `why`: the
+    /// failure's code, which peers learn where it is a timeout waiting for the culprit
+    /// or ranks that called different collectives (so they fail with the same verdict).
+    pub fn mark_failed(&mut self, culprit: Option<usize>, why: Code) {
         let mut v = culprit.unwrap_or(self.rank) as u32 + 1;
-        if timed_out && culprit.is_some_and(|c| c != self.rank) {
+        if why == Code::Timeout && culprit.is_some_and(|c| c != self.rank) {
             v |= failure::FAILED_TIMEOUT;
+        } else if why == Code::CollectiveMismatch {
+            v |= failure::FAILED_MISMATCH;
         }
         if let Some(s) = &self.my_seg {
             let _ = s.failed().compare_exchange(0, v, Ordering::AcqRel, Ordering::Acquire);

@@ -1,9 +1,12 @@
 //! Collectives on the bulletin board (`transport::board`), for ranks that all share
 //! one host.
 //!
-//! Every collective call first announces its fingerprint on the board; checkMode
-//! compares them there (one store and one read per peer instead of a round of
-//! messages). A small call goes further: each rank publishes its whole contribution
+//! Every collective call first announces its fingerprint on the board, and every rank
+//! compares every peer's there before it takes any data (one store and one read per
+//! peer instead of a round of messages), whatever FERROCCL_CHECK says: ranks that
+//! called different collectives, counts, types, ops or roots all fail the call with
+//! the same verdict and nothing moves. The verdict is read before the peers' failure
+//! flags, so a peer that published and then aborted does not hide it. A small call goes further: each rank publishes its whole contribution
 //! in its slot and every rank reads what it needs straight from its peers' slots.
 //! One copy in, one copy (or reduction) out, no message framing, no handshake: the
 //! latency of a small collective is that of a cache line moving between cores.
@@ -63,19 +66,18 @@ pub fn run(
     calls: &[Call],
     timeout: Duration,
     abort: &AtomicBool,
-    check: bool,
     what: &dyn Fn() -> String,
 ) -> Result<Board1> {
     if mapped::may_take(calls, t.nranks) {
         if let Some(mine) = mapped::prepare(t, calls) {
-            return run_mapped(t, calls, &mine, timeout, abort, check, what);
+            return run_mapped(t, calls, &mine, timeout, abort, what);
         }
     }
     let handoff = root_hands_off(t, calls);
     let (board, checks) = t.board_with_checks().expect("caller checked");
     let mut checker = |full: bool| if full { checks.alive() } else { checks.flags() };
     let mut w = Waiter::new(timeout, abort, &mut checker, what);
-    on_board(board, &mut w, calls, check, handoff)
+    on_board(board, &mut w, calls, handoff)
 }
 
 /// A call that may run between the ranks' buffers (`mapped`): announced with this
@@ -89,7 +91,6 @@ fn run_mapped(
     mine: &mapped::Mine,
     timeout: Duration,
     abort: &AtomicBool,
-    check: bool,
     what: &dyn Fn() -> String,
 ) -> Result<Board1> {
     let (b, checks) = t.board_with_checks().expect("caller checked");
@@ -103,12 +104,10 @@ fn run_mapped(
     for p in (0..n).filter(|&p| p != me) {
         b.wait_for(&mut w, p, s)?;
     }
-    w.check_flags(b)?;
-    if check {
-        if let Some(e) = all_agree(b, s, digest) {
-            return Ok(Board1::Done(Some(e)));
-        }
+    if let Some(e) = all_agree(b, s, digest) {
+        return Ok(Board1::Done(Some(e)));
     }
+    w.check_flags(b)?;
     match mapped::agree(b, s, mine) {
         Some(agreed) => Ok(Board1::Mapped(mapped::run(t, mine, agreed, timeout, abort, what)?)),
         // Fingerprints were compared (or are not checked): the links move the data.
@@ -134,7 +133,7 @@ fn root_hands_off(t: &mut Transport, calls: &[Call]) -> bool {
     engine::goes_direct_to_all(t, co.send, co.count * co.dtype.size())
 }
 
-fn on_board(b: &mut Board, w: &mut Waiter<'_>, calls: &[Call], check: bool, handoff: bool) -> Result<Board1> {
+fn on_board(b: &mut Board, w: &mut Waiter<'_>, calls: &[Call], handoff: bool) -> Result<Board1> {
     let (me, n) = (b.rank, b.nranks());
     // Peers' failure flags are checked once their slots are read (below), and by
     // every wait that does not end at once.
@@ -142,7 +141,7 @@ fn on_board(b: &mut Board, w: &mut Waiter<'_>, calls: &[Call], check: bool, hand
     let digest = fingerprint::message_into(calls, b.my_fp(s));
     if let [c] = calls {
         if c.coll.kind == CollKind::AlltoAllv && counts_fit(n, 1) {
-            return alltoallv(b, w, c, s, check, digest);
+            return alltoallv(b, w, c, s, digest);
         }
     }
     let fast = match calls {
@@ -157,17 +156,13 @@ fn on_board(b: &mut Board, w: &mut Waiter<'_>, calls: &[Call], check: bool, hand
             write_counts(b.my_data(s), calls, n);
         }
         b.publish(s, digest);
-        if check || counted {
-            for p in (0..n).filter(|&p| p != me) {
-                b.wait_for(w, p, s)?;
-            }
+        for p in (0..n).filter(|&p| p != me) {
+            b.wait_for(w, p, s)?;
+        }
+        if let Some(e) = all_agree(b, s, digest) {
+            return Ok(Board1::Done(Some(e)));
         }
         w.check_flags(b)?;
-        if check {
-            if let Some(e) = all_agree(b, s, digest) {
-                return Ok(Board1::Done(Some(e)));
-            }
-        }
         if counted {
             return Ok(Board1::Continue(Some(counts_verdicts(b, s, calls))));
         }
@@ -205,25 +200,17 @@ fn on_board(b: &mut Board, w: &mut Waiter<'_>, calls: &[Call], check: bool, hand
     }
     b.publish(s, digest);
 
-    // 2. Wait for the ranks whose data (or, with checkMode, fingerprint) we need.
-    // Checking a broadcast root's readers costs it about one cache-line round trip
-    // per call; deferring that check to the next call would save little, not
-    // enough to give up failing a mismatch in the call that made it.
-    let needs = |p: usize| match co.kind {
-        _ if check => true,
-        CollKind::Broadcast | CollKind::Scatter => p == root,
-        CollKind::Reduce | CollKind::Gather => me == root,
-        _ => true,
-    };
-    for p in (0..n).filter(|&p| p != me && needs(p)) {
+    // 2. Wait for every rank's announcement, even where its data is not needed here (a
+    // broadcast's readers, a reduce's senders): every rank must see a mismatch in the
+    // call that made it. That costs a broadcast root about one cache-line round trip
+    // per call; deferring the check to the next call would let the call return success.
+    for p in (0..n).filter(|&p| p != me) {
         b.wait_for(w, p, s)?;
     }
-    w.check_flags(b)?;
-    if check {
-        if let Some(e) = all_agree(b, s, digest) {
-            return Ok(Board1::Done(Some(e)));
-        }
+    if let Some(e) = all_agree(b, s, digest) {
+        return Ok(Board1::Done(Some(e)));
     }
+    w.check_flags(b)?;
     if range && b.flags(root, s) == HANDOFF {
         // Fingerprints were compared (or are not checked): the links move the data.
         return Ok(Board1::Continue(None));
@@ -407,7 +394,7 @@ fn counts_disagree(b: &Board, s: u64, vi: usize, co: &Coll) -> Option<Error> {
 /// fit, all the data it sends; each reads its blocks straight from the peers' slots.
 /// When some rank's data does not fit, the counts are still agreed here and the
 /// data goes over the links.
-fn alltoallv(b: &mut Board, w: &mut Waiter<'_>, c: &Call, s: u64, check: bool, digest: u64) -> Result<Board1> {
+fn alltoallv(b: &mut Board, w: &mut Waiter<'_>, c: &Call, s: u64, digest: u64) -> Result<Board1> {
     let (me, n) = (b.rank, b.nranks());
     let co = &c.coll;
     let v = co.v.as_ref().ok_or_else(|| Error::internal("all_to_allv without counts"))?;
@@ -433,15 +420,13 @@ fn alltoallv(b: &mut Board, w: &mut Waiter<'_>, c: &Call, s: u64, check: bool, d
     for p in (0..n).filter(|&p| p != me) {
         b.wait_for(w, p, s)?;
     }
-    w.check_flags(b)?;
-    if check {
-        if let Some(e) = all_agree(b, s, digest) {
-            return Ok(Board1::Done(Some(e)));
-        }
+    if let Some(e) = all_agree(b, s, digest) {
+        return Ok(Board1::Done(Some(e)));
     }
     if let Some(e) = counts_verdict(b, s, 0, co) {
         return Ok(Board1::Done(Some(e)));
     }
+    w.check_flags(b)?;
     let has_data = |r: usize| u64::from_le_bytes(b.data(r, s, 8).try_into().unwrap()) == 1;
     if !(0..n).all(has_data) {
         return Ok(Board1::Continue(Some(vec![(c.seq, None)])));

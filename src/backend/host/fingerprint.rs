@@ -131,6 +131,37 @@ pub fn message_into(calls: &[Call], m: &mut [u8]) -> u64 {
     d.0
 }
 
+/// The tag a collective's messages carry on the links: its sequence number and what it
+/// is (kind, type, op with the wire type, root, count) folded into 32 bits, so that a
+/// rank that called something else learns it from the first message a peer sends it,
+/// whatever FERROCCL_CHECK says (different calls get equal tags with a chance of 2^-32).
+/// Send/recv keep their sequence number: their counts are compared by their handshake.
+pub fn tag(c: &Call) -> u32 {
+    if !is_collective(&c.coll) {
+        return c.seq as u32;
+    }
+    let mut d = Digest::new();
+    record(c).into_iter().for_each(|w| d.add(w));
+    let t = (d.0 ^ (d.0 >> 32)) as u32;
+    // ANY_TAG marks messages of no particular call.
+    if t == engine::ANY_TAG {
+        t - 1
+    } else {
+        t
+    }
+}
+
+/// Bytes of one call's fingerprint (header and record) as [`one`] writes it.
+pub const ONE_BYTES: usize = 16 + REC;
+
+/// The fingerprint of a single call, for paths that carry it in messages of their own
+/// (the device path's descriptors); [`verdict`] compares such fingerprints.
+pub fn one(call: &Call) -> [u8; ONE_BYTES] {
+    let mut m = [0u8; MSG];
+    message_into(std::slice::from_ref(call), &mut m);
+    m[..ONE_BYTES].try_into().expect("ONE_BYTES <= MSG")
+}
+
 /// Start of the FNV-1a hash of the records beyond MAX_CALLS (the header's second word).
 const FNV_BASIS: u64 = 0xcbf2_9ce4_8422_2325;
 

@@ -48,7 +48,7 @@ pub fn execute(x: &mut Exec<'_>, calls: &[Call]) -> Result<Option<Error>> {
     let has_collective = calls.iter().any(|c| !c.coll.kind.is_p2p());
     if has_collective && t.board.is_some() {
         let rank = t.rank;
-        match fast::run(t, calls, timeout, abort, check, &|| describe(calls, rank))? {
+        match fast::run(t, calls, timeout, abort, &|| describe(calls, rank))? {
             fast::Board1::Done(r) => {
                 x.algo = "board";
                 return Ok(r);
@@ -116,8 +116,8 @@ pub fn execute(x: &mut Exec<'_>, calls: &[Call]) -> Result<Option<Error>> {
             }
             continue;
         }
-        // Steps added from here on carry this call's sequence number.
-        sched.tag = c.seq as u32;
+        // Steps added from here on carry this call's tag: its sequence number and what it is.
+        sched.tag = fingerprint::tag(c);
         let by_address = recv_by_address(t, co);
         let tr: &Transport = t;
         algo::build(&mut sched, co, t.rank, t.nranks, &mut scratch, by_address, &|p| tr.shares_memory(p))?;

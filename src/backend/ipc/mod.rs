@@ -36,7 +36,7 @@ mod watch;
 use super::ctl::{self, Ctl, Registered};
 use super::host::Call;
 use super::{host_run, staging, Backend, Exec, Outcome};
-use crate::backend::host::algo;
+use crate::backend::host::{algo, fingerprint};
 use crate::coll::{Coll, CollKind, VCounts};
 use crate::error::{Error, Result};
 use crate::log;
@@ -54,8 +54,10 @@ pub use mappings::MAPPINGS_MAX;
 pub use mps::local as mps_local;
 
 /// A descriptor: can this rank take part, its pid, its two buffers (handle, offset in
-/// the allocation, address).
-const BLOB: usize = 1 + 4 + 2 * (64 + 8 + 8);
+/// the allocation, address), then the call's fingerprint (what this rank called).
+const BLOB: usize = FP + fingerprint::ONE_BYTES;
+/// Where a descriptor's fingerprint starts.
+const FP: usize = 1 + 4 + 2 * (64 + 8 + 8);
 /// The rank that moves the data.
 const EXECUTOR: usize = 0;
 /// How long the one round trip that proves stream memory operations may take: a GPU
@@ -96,10 +98,7 @@ fn get_counts(b: &[u8], n: usize) -> VCounts {
 /// ordering costs no host wait, and staging costs two copies and two waits per call.
 pub fn min_bytes() -> Option<usize> {
     static ON: std::sync::OnceLock<Option<usize>> = std::sync::OnceLock::new();
-    *ON.get_or_init(|| match crate::env::CUDA_IPC.get_or_default().trim() {
-        "0" | "off" => None,
-        _ => Some(0),
-    })
+    *ON.get_or_init(|| crate::env::cuda_ipc().then_some(0))
 }
 
 /// True when this call takes the path on a communicator whose ranks share one GPU:
@@ -437,11 +436,12 @@ impl Ipc {
     /// This rank's descriptor of `c`, or why it cannot take the call GPU to GPU.
     fn prepare(
         &self,
-        c: &Coll,
+        call: &Call,
         ctx: cuda::Ctx,
         device: i32,
         inner: &mut Inner,
     ) -> std::result::Result<Vec<u8>, Fallback> {
+        let c = &call.coll;
         let reduces = matches!(
             c.kind,
             CollKind::AllReduce | CollKind::Reduce | CollKind::ReduceScatter | CollKind::ReduceScatterV
@@ -466,6 +466,7 @@ impl Ipc {
         }
         b[0] = 1;
         b[1..5].copy_from_slice(&std::process::id().to_le_bytes());
+        b[FP..BLOB].copy_from_slice(&fingerprint::one(call));
         let mut at = 5;
         for (p, bytes) in [(c.send, sb), (c.recv as *const u8, rb)] {
             if bytes > 0 {
@@ -514,13 +515,14 @@ impl Ipc {
         }
         let prepared = match &reason {
             Some(f) => Err(f.clone()),
-            None => self.prepare(c, ctx, device, inner),
+            None => self.prepare(call, ctx, device, inner),
         };
         let (mine, mut fallback) = match prepared {
             Ok(b) => (b, None),
             Err(f) => {
                 let mut b = vec![0u8; desc_bytes(c, n)];
                 b[1..5].copy_from_slice(&std::process::id().to_le_bytes());
+                b[FP..BLOB].copy_from_slice(&fingerprint::one(call));
                 (b, Some(f))
             }
         };
@@ -532,6 +534,13 @@ impl Ipc {
         let mut gone = Vec::new();
         if let Ok(ctl) = &self.ctl {
             inner.freed.apply(ctl, rank, &self.pids, ctx, &mut inner.maps, &mut gone);
+        }
+        // Every rank compares what every rank called, before anything is enqueued: a
+        // difference fails the call on every rank alike, whatever FERROCCL_CHECK says.
+        if let Some(e) = fingerprint::verdict(rank, n, &mine[FP..BLOB], |p| &all[p * db + FP..p * db + BLOB]) {
+            self.defer_close(inner, gone);
+            x.algo = "mismatch";
+            return Ok(Outcome::Failed(e));
         }
         let unable: Vec<usize> = all.chunks(db).enumerate().filter(|(_, b)| b[0] != 1).map(|(q, _)| q).collect();
         if fallback.is_none() && !unable.is_empty() {

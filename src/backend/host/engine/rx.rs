@@ -8,7 +8,6 @@ use super::super::wire::{
     K_P2P_EAGER, K_P2P_HDR, K_P2P_REPLY, K_P2P_SWAP, K_SKIP, K_SWAP,
 };
 use super::exchange::{swap_offers, Exchange, Offer, PeerInput, Side};
-use super::inplace::overlaps_a_send;
 use super::run::Run;
 use super::schedule::p2p_mismatch;
 use super::schedule::{Action, Sink, Step};
@@ -108,8 +107,13 @@ impl Run<'_, '_> {
                 let want_tag = self.sched.steps[i].tag;
                 if (want_tag != ANY_TAG && tag != want_tag) || len != want || (kind == K_SWAP) != swap.is_some() {
                     self.t.check_flags().map_err(|e| self.context(e))?;
+                    let what = if tag != want_tag {
+                        "for another call (its collective, count, type, op or root differs from this one's)".to_string()
+                    } else {
+                        format!("of {len} bytes where this call expects {want}")
+                    };
                     return Err(Error::mismatch(format!(
-                        "{}: rank {p} sent a message for its collective #{tag} of {len} bytes while rank {me} expected collective #{want_tag} with {want} bytes: the ranks called different collectives, counts or types. The communicator is unusable now; destroy it (checkMode, on unless FERROCCL_CHECK=0, detects this before any data moves)",
+                        "{}: rank {p} sent a message {what}: the ranks called different collectives, counts or types. Nothing of it was taken; the communicator is unusable now: destroy it (FERROCCL_CHECK=1, the default, compares the calls before any data moves and leaves the communicator usable)",
                         (self.ctl.what)()
                     )));
                 }
@@ -195,7 +199,7 @@ impl Run<'_, '_> {
                 // are in cache, and streaming stores would evict them.
                 // Nor into a buffer the previous call wrote (`reuse`).
                 let stream = len >= crate::env::stream_min()
-                    && !overlaps_a_send(self.sched, dst, len)
+                    && !self.inplace.overlaps_send(dst, len)
                     && !crate::backend::host::reuse::cached(dst, len);
                 let sink = if stream { Sink::Stream(dst) } else { Sink::Copy(dst) };
                 let direct = (kind != K_P2P_DATA).then(|| DirectRx::new(kind, 0));
@@ -504,7 +508,17 @@ fn gated_piece(
     rx: &mut Rx,
     src: Source,
 ) -> Result<(usize, usize)> {
-    let held = rx.held.get_or_insert_with(|| Held { buf: PooledBuf::take(ahead), written: 0 });
+    if rx.held.is_none() {
+        let buf = PooledBuf::try_take(ahead).ok_or_else(|| {
+            crate::mem::fallible::out_of_memory(
+                ahead,
+                "read-ahead for a receive in place (the host plan's gated_ahead)",
+                "lower gated_ahead in FERROCCL_HOST_PLAN; the communicator is unusable now: destroy it",
+            )
+        })?;
+        rx.held = Some(Held { buf, written: 0 });
+    }
+    let held = rx.held.as_mut().expect("set above");
     let at = |o: usize| o % ahead;
     // The bytes overwritten here were just read by the receiver of this rank's send,
     // on another core: ordinary stores would first take every line back from its
