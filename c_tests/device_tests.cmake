@@ -129,3 +129,15 @@ else()
   _fccl_device_test(test_device_path.staged.np2 2 "${_fccl_env};FERROCCL_CUDA_IPC=0"
     "${FERROCCL_RUN}" -n 2 $<TARGET_FILE:test_device_path>)
 endif()
+
+# A rank sharing the GPU dies with calls queued (c_tests/test_device_kill.c): the
+# survivor's queued copies and reductions end at once instead of running against the
+# dead rank's buffers.
+_fccl_missing_of(_fccl_kill_miss ${_fccl_dev_req} fcclCommAbort)
+if(_fccl_kill_miss)
+  _fccl_missing_tests(test_device_kill "${_fccl_kill_miss}" test_device_kill.np2)
+else()
+  add_executable(test_device_kill test_device_kill.c)
+  target_link_libraries(test_device_kill PRIVATE ferroccl ${CMAKE_DL_LIBS})
+  _fccl_device_test(test_device_kill.np2 2 "${_fccl_env}" $<TARGET_FILE:test_device_kill>)
+endif()

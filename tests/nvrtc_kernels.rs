@@ -30,3 +30,19 @@ fn every_kernel_compiles_with_the_real_nvrtc_for_sm_90() {
     }
     println!("{} programs ({} kernels) compiled for compute_90 and sm_90 without a warning", programs.len(), all.len());
 }
+
+#[test]
+#[ignore = "needs the real NVRTC on LD_LIBRARY_PATH: scripts/nvrtc-check.sh"]
+fn the_copy_kernels_compile_with_the_real_nvrtc_for_sm_90() {
+    use ferroccl::mem::cuda_kernels::{COPY_PROGRAM, COPY_PROGRAM_NAME};
+    for arch in ["compute_90", "sm_90"] {
+        let c = compile_for(COPY_PROGRAM, COPY_PROGRAM_NAME, arch).unwrap_or_else(|e| panic!("{arch}: {}", e.msg));
+        assert!(c.log.is_empty(), "{COPY_PROGRAM_NAME} for {arch}: NVRTC says:\n{}", c.log);
+        if arch == "compute_90" {
+            let ptx = String::from_utf8_lossy(&c.image);
+            for k in ["fccl_copy", "fccl_copy2d"] {
+                assert!(ptx.contains(&format!(".entry {k}(")), "{COPY_PROGRAM_NAME} lacks {k}");
+            }
+        }
+    }
+}

@@ -174,7 +174,8 @@ impl Ctl {
     }
 
     pub const DONE: Word = Word(0);
-    const FAILED: Word = Word(LINE);
+    /// Non-zero once a rank gave up (see [`Ctl::failed`]); kernels on the device path read it.
+    pub const FAILED: Word = Word(LINE);
 
     /// The last collective whose inputs rank `r`'s stream had ready.
     pub fn ready(&self, r: usize) -> Word {

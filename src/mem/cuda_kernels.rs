@@ -67,9 +67,11 @@ impl Reduction {
     /// The kernel's CUDA C source; None where no kernel exists.
     ///
     /// Parameters: `(T* out, struct <entry>_ins ins, int n, unsigned long long count)`,
-    /// with `struct <entry>_ins { const T* p[MAX_INPUTS]; }`, and for wire kernels one more,
-    /// `unsigned long long win` (the host's window, in elements). `out` may be one of
-    /// the inputs exactly: each element is read from every input before it is written.
+    /// with `struct <entry>_ins { const T* p[MAX_INPUTS]; }`, for wire kernels one more,
+    /// `unsigned long long win` (the host's window, in elements), and last `const
+    /// volatile unsigned int* failed` (the kernel does nothing when it points at a
+    /// non-zero word; null: never). `out` may be one of the inputs exactly: each element
+    /// is read from every input before it is written.
     pub fn source(&self) -> Option<String> {
         if !self.supported() {
             return None;
@@ -282,8 +284,75 @@ __device__ __forceinline__ unsigned char fccl_f32_to_f8e5m2(float x) { return fc
 
 "#;
 
-/// The grid-stride loop every kernel runs: `i` is the element.
-const LOOP: &str = "  unsigned long long stride = (unsigned long long)gridDim.x * blockDim.x;\n  \
+/// The copy kernels' program, compiled like the reductions': `fccl_copy(dst, src,
+/// units, w, failed)` copies `units` units of `w` bytes (16, 8, 4, 2 or 1: the largest
+/// that divides both addresses and the length, so aligned buffers move in 16-byte
+/// loads and stores), and `fccl_copy2d(dst, dpitch, src, spitch, width, rows, w,
+/// failed)` copies `rows` rows of `width` bytes (pitches and width in units of `w`).
+/// Both do nothing when `failed` points at a non-zero word (null: never): the device
+/// path's copies between ranks' buffers are these kernels, not the driver's copies,
+/// so that work queued behind a failed communicator ends at once and reads no memory
+/// of a peer that died.
+pub const COPY_PROGRAM: &str = r#"
+struct alignas(16) fccl_v16 { unsigned long long a, b; };
+template <typename U>
+__device__ __forceinline__ void fccl_copy_units(unsigned char* dst, const unsigned char* src, unsigned long long units,
+                                                unsigned long long first, unsigned long long stride) {
+  for (unsigned long long i = first; i < units; i += stride) ((U*)dst)[i] = ((const U*)src)[i];
+}
+extern "C" __global__ void fccl_copy(unsigned char* dst, const unsigned char* src, unsigned long long units,
+                                     unsigned int w, const volatile unsigned int* failed) {
+  if (failed && *failed) return;
+  unsigned long long stride = (unsigned long long)gridDim.x * blockDim.x;
+  unsigned long long first = (unsigned long long)blockIdx.x * blockDim.x + threadIdx.x;
+  switch (w) {
+  case 16: fccl_copy_units<fccl_v16>(dst, src, units, first, stride); break;
+  case 8: fccl_copy_units<unsigned long long>(dst, src, units, first, stride); break;
+  case 4: fccl_copy_units<unsigned int>(dst, src, units, first, stride); break;
+  case 2: fccl_copy_units<unsigned short>(dst, src, units, first, stride); break;
+  default: fccl_copy_units<unsigned char>(dst, src, units, first, stride); break;
+  }
+}
+template <typename U>
+__device__ __forceinline__ void fccl_copy2d_units(unsigned char* dst, unsigned long long dpitch, const unsigned char* src,
+                                                  unsigned long long spitch, unsigned long long width,
+                                                  unsigned long long rows, unsigned long long first,
+                                                  unsigned long long stride) {
+  for (unsigned long long i = first; i < width * rows; i += stride) {
+    unsigned long long r = i / width, c = i % width;
+    ((U*)dst)[r * dpitch + c] = ((const U*)src)[r * spitch + c];
+  }
+}
+extern "C" __global__ void fccl_copy2d(unsigned char* dst, unsigned long long dpitch, const unsigned char* src,
+                                       unsigned long long spitch, unsigned long long width, unsigned long long rows,
+                                       unsigned int w, const volatile unsigned int* failed) {
+  if (failed && *failed) return;
+  unsigned long long stride = (unsigned long long)gridDim.x * blockDim.x;
+  unsigned long long first = (unsigned long long)blockIdx.x * blockDim.x + threadIdx.x;
+  switch (w) {
+  case 16: fccl_copy2d_units<fccl_v16>(dst, dpitch, src, spitch, width, rows, first, stride); break;
+  case 8: fccl_copy2d_units<unsigned long long>(dst, dpitch, src, spitch, width, rows, first, stride); break;
+  case 4: fccl_copy2d_units<unsigned int>(dst, dpitch, src, spitch, width, rows, first, stride); break;
+  case 2: fccl_copy2d_units<unsigned short>(dst, dpitch, src, spitch, width, rows, first, stride); break;
+  default: fccl_copy2d_units<unsigned char>(dst, dpitch, src, spitch, width, rows, first, stride); break;
+  }
+}
+"#;
+
+/// The copy program's name (for NVRTC and its logs).
+pub const COPY_PROGRAM_NAME: &str = "fccl_copy.cu";
+
+/// The largest unit (16, 8, 4, 2 or 1 bytes) that divides every one of `vals` (addresses,
+/// pitches, lengths): what the copy kernels move at a time.
+pub fn copy_unit(vals: &[usize]) -> usize {
+    let all = vals.iter().fold(0usize, |a, &v| a | v);
+    [16, 8, 4, 2].into_iter().find(|&w| all % w == 0).unwrap_or(1)
+}
+
+/// The grid-stride loop every kernel runs: `i` is the element. Before it, a kernel
+/// whose communicator failed (a non-zero word at `failed`; null: none) returns at once,
+/// so that work queued behind a failure ends without touching a dead peer's memory.
+const LOOP: &str = "  if (failed && *failed) return;\n  unsigned long long stride = (unsigned long long)gridDim.x * blockDim.x;\n  \
      for (unsigned long long i = (unsigned long long)blockIdx.x * blockDim.x + threadIdx.x; i < count; i += stride) {\n";
 
 /// Storage type, accumulator type, widening and narrowing of a float type (None for
@@ -326,7 +395,8 @@ fn reduce_kernel(dt: DataType, op: RedOp, name: &str) -> String {
     let head = |t: &str| {
         format!(
             "#define T {t}\nstruct {name}_ins {{ const T* p[{m}]; }};\n\
-             extern \"C\" __global__ void {name}(T* out, struct {name}_ins ins, int n, unsigned long long count) {{\n{LOOP}    \
+             extern \"C\" __global__ void {name}(T* out, struct {name}_ins ins, int n, unsigned long long count,\n    \
+             const volatile unsigned int* failed) {{\n{LOOP}    \
              if (n == 1) {{\n      out[i] = ins.p[0][i];\n      continue;\n    }}\n"
         )
     };
@@ -391,7 +461,7 @@ fn wire_kernel(dt: DataType, wire: DataType, op: RedOp, name: &str) -> String {
         "#define T {t}\nstruct {name}_ins {{ const T* p[{m}]; }};\n\
          __device__ __forceinline__ T {name}_round(T x) {{ return {round}; }}\n\
          extern \"C\" __global__ void {name}(T* out, struct {name}_ins ins, int n, unsigned long long count,\n    \
-         unsigned long long win) {{\n{LOOP}    \
+         unsigned long long win, const volatile unsigned int* failed) {{\n{LOOP}    \
          unsigned long long first = i - i % win, wc = count - first < win ? count - first : win, l = i - first;\n    \
          unsigned long long part = wc / (unsigned long long)n, rem = wc % (unsigned long long)n, big = rem * (part + 1);\n    \
          int o = (int)(l < big ? l / (part + 1) : rem + (l - big) / part);\n    \

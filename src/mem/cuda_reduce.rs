@@ -6,6 +6,7 @@
 
 use crate::error::{Code, Error, Result};
 use crate::mem::cuda::{self, Ctx, Stream};
+use crate::mem::cuda_kernels::{copy_unit, COPY_PROGRAM, COPY_PROGRAM_NAME};
 pub use crate::mem::cuda_kernels::{Reduction, MAX_INPUTS};
 use cudarc::driver::sys as cu;
 use cudarc::nvrtc::sys as nv;
@@ -198,11 +199,14 @@ pub fn kernel(ctx: Ctx, device: i32, r: Reduction) -> Result<Function> {
 
 /// Launches `f` (from [`kernel`] for `r`) on `stream`: `out[0..count] = op over ins[..]`
 /// in input order; `win`: the host's window of a wire all_reduce, in elements (ignored
-/// otherwise).
+/// otherwise); `failed`: the device address of a word that, when non-zero as the
+/// kernel starts, makes it do nothing (0: none).
 ///
 /// # Safety
 /// `out` and every input are device-accessible in the current context for `count`
-/// elements of the kernel's type until the stream has run the launch.
+/// elements of the kernel's type until the stream has run the launch; `failed` is 0 or
+/// a device-readable word that lives as long.
+#[allow(clippy::too_many_arguments)]
 pub unsafe fn launch(
     f: Function,
     r: &Reduction,
@@ -210,6 +214,7 @@ pub unsafe fn launch(
     ins: &[*const u8],
     count: usize,
     win: usize,
+    failed: u64,
     stream: Stream,
 ) -> Result<()> {
     if ins.is_empty() || ins.len() > MAX_INPUTS {
@@ -226,32 +231,160 @@ pub unsafe fn launch(
     let mut n_arg = ins.len() as i32;
     let mut count_arg = count as u64;
     let mut win_arg = win.max(1) as u64;
-    let mut params: [*mut c_void; 5] = [
+    let mut failed_arg = failed;
+    let mut params: Vec<*mut c_void> = vec![
         (&mut out_arg as *mut u64).cast(),
         (&mut ins_arg as *mut [u64; MAX_INPUTS]).cast(),
         (&mut n_arg as *mut i32).cast(),
         (&mut count_arg as *mut u64).cast(),
-        (&mut win_arg as *mut u64).cast(),
     ];
+    if r.wire.is_some() {
+        params.push((&mut win_arg as *mut u64).cast());
+    }
+    params.push((&mut failed_arg as *mut u64).cast());
     let block = 256u32;
     let grid = count.div_ceil(block as usize).clamp(1, 1024) as u32;
-    // SAFETY: f is a loaded kernel whose parameters match the first 4 (5 for wire
-    // kernels) of `params`: pointer, struct of MAX_INPUTS pointers, int, unsigned long
-    // long (, unsigned long long); buffers per the caller.
+    // SAFETY: f is a loaded kernel whose parameters are `params`: pointer, struct of
+    // MAX_INPUTS pointers, int, unsigned long long (, unsigned long long for wire
+    // kernels), pointer; buffers per the caller.
+    let rc = unsafe {
+        cu::cuLaunchKernel(f.raw(), grid, 1, 1, block, 1, 1, 0, stream.raw(), params.as_mut_ptr(), std::ptr::null_mut())
+    };
+    cu_check(rc, &format!("cuLaunchKernel({})", r.entry()))
+}
+
+/// The copy kernels (`fccl_copy`, `fccl_copy2d`) of context `ctx` on `device`, compiled
+/// and loaded at the first use in the context.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Copiers {
+    copy: Function,
+    copy2d: Function,
+}
+
+static COPIERS: Mutex<Option<HashMap<Ctx, Copiers>>> = Mutex::new(None);
+
+/// The copy kernels of `ctx` (see [`Copiers`]).
+pub fn copiers(ctx: Ctx, device: i32) -> Result<Copiers> {
+    nvrtc_ready()?;
+    if let Some(&c) = COPIERS.lock().unwrap_or_else(|p| p.into_inner()).get_or_insert_with(HashMap::new).get(&ctx) {
+        return Ok(c);
+    }
+    let _g = cuda::CtxGuard::enter(ctx)?;
+    let (major, minor) = cuda::compute_capability(device)?;
+    let ptx = compile_for(COPY_PROGRAM, COPY_PROGRAM_NAME, &format!("compute_{major}{minor}"))?.image;
+    let mut module: cu::CUmodule = std::ptr::null_mut();
+    // SAFETY: ptx is NUL-terminated PTX; the module stays loaded for the process's life.
+    cu_check(unsafe { cu::cuModuleLoadData(&mut module, ptx.as_ptr() as *const c_void) }, "cuModuleLoadData")?;
+    let get = |name: &str| -> Result<Function> {
+        let mut f: cu::CUfunction = std::ptr::null_mut();
+        let cname = CString::new(name).expect("no NUL");
+        // SAFETY: a loaded module and a NUL-terminated name.
+        cu_check(unsafe { cu::cuModuleGetFunction(&mut f, module, cname.as_ptr()) }, "cuModuleGetFunction")?;
+        Ok(Function(f as usize))
+    };
+    let c = Copiers { copy: get("fccl_copy")?, copy2d: get("fccl_copy2d")? };
+    COPIERS.lock().unwrap_or_else(|p| p.into_inner()).get_or_insert_with(HashMap::new).insert(ctx, c);
+    Ok(c)
+}
+
+/// A grid for `units` units of work: blocks of 256 threads, at most 1024 blocks (each
+/// thread strides over the rest).
+fn grid_for(units: usize) -> u32 {
+    units.div_ceil(256).clamp(1, 1024) as u32
+}
+
+/// Launches `f` with `params` on `stream` over `units` units of work.
+///
+/// # Safety
+/// `f`'s parameters are exactly `params`; what they point at is valid per the kernel.
+unsafe fn launch_units(
+    f: Function,
+    params: &mut [*mut c_void],
+    units: usize,
+    stream: Stream,
+    what: &str,
+) -> Result<()> {
+    // SAFETY: per the caller.
     let rc = unsafe {
         cu::cuLaunchKernel(
             f.raw(),
-            grid,
+            grid_for(units),
             1,
             1,
-            block,
+            256,
             1,
             1,
             0,
             stream.raw(),
-            params[..if r.wire.is_some() { 5 } else { 4 }].as_mut_ptr(),
+            params.as_mut_ptr(),
             std::ptr::null_mut(),
         )
     };
-    cu_check(rc, &format!("cuLaunchKernel({})", r.entry()))
+    cu_check(rc, what)
+}
+
+impl Copiers {
+    /// Enqueues on `stream` the copy of `bytes` bytes from `src` to `dst` (device
+    /// addresses of the current context), unless the word at `failed` (0: none) is
+    /// non-zero when the kernel starts.
+    ///
+    /// # Safety
+    /// Both ranges are valid device memory of the current context, and `failed` is 0 or
+    /// a device-readable word, until the stream has run the copy; they do not overlap.
+    pub unsafe fn copy(&self, dst: *mut u8, src: *const u8, bytes: usize, failed: u64, stream: Stream) -> Result<()> {
+        if bytes == 0 {
+            return Ok(());
+        }
+        let w = copy_unit(&[dst as usize, src as usize, bytes]);
+        let (mut d, mut s, mut units, mut wu, mut fl) = (dst as u64, src as u64, (bytes / w) as u64, w as u32, failed);
+        let mut params: [*mut c_void; 5] = [
+            (&mut d as *mut u64).cast(),
+            (&mut s as *mut u64).cast(),
+            (&mut units as *mut u64).cast(),
+            (&mut wu as *mut u32).cast(),
+            (&mut fl as *mut u64).cast(),
+        ];
+        // SAFETY: fccl_copy takes (pointer, pointer, unsigned long long, unsigned int,
+        // pointer); buffers per the caller.
+        unsafe { launch_units(self.copy, &mut params, bytes / w, stream, "cuLaunchKernel(fccl_copy)") }
+    }
+
+    /// As [`Copiers::copy`] for `rows` rows of `width` bytes, `dpitch` and `spitch`
+    /// bytes apart.
+    ///
+    /// # Safety
+    /// As [`Copiers::copy`], for every row.
+    #[allow(clippy::too_many_arguments)]
+    pub unsafe fn copy2d(
+        &self,
+        dst: *mut u8,
+        dpitch: usize,
+        src: *const u8,
+        spitch: usize,
+        width: usize,
+        rows: usize,
+        failed: u64,
+        stream: Stream,
+    ) -> Result<()> {
+        if width == 0 || rows == 0 {
+            return Ok(());
+        }
+        let w = copy_unit(&[dst as usize, src as usize, dpitch, spitch, width]);
+        let (mut d, mut dp, mut s, mut sp) = (dst as u64, (dpitch / w) as u64, src as u64, (spitch / w) as u64);
+        let (mut wd, mut r, mut wu, mut fl) = ((width / w) as u64, rows as u64, w as u32, failed);
+        let mut params: [*mut c_void; 8] = [
+            (&mut d as *mut u64).cast(),
+            (&mut dp as *mut u64).cast(),
+            (&mut s as *mut u64).cast(),
+            (&mut sp as *mut u64).cast(),
+            (&mut wd as *mut u64).cast(),
+            (&mut r as *mut u64).cast(),
+            (&mut wu as *mut u32).cast(),
+            (&mut fl as *mut u64).cast(),
+        ];
+        let units = (width / w).saturating_mul(rows);
+        // SAFETY: fccl_copy2d takes (pointer, unsigned long long, pointer, unsigned long
+        // long x 3, unsigned int, pointer); buffers per the caller.
+        unsafe { launch_units(self.copy2d, &mut params, units, stream, "cuLaunchKernel(fccl_copy2d)") }
+    }
 }

@@ -11,11 +11,15 @@ use crate::mem::{cuda, cuda_reduce};
 /// The whole call's data movement, enqueued on the executor's stream: every rank's
 /// receive buffer from every rank's buffers; or, with `share` (MPS), that rank's share
 /// of it. `counts[r]`: rank r's per-rank counts (calls that have them). Device
-/// addresses are offset with `wrapping_add`: the host never dereferences them.
+/// addresses are offset with `wrapping_add`: the host never dereferences them. Every
+/// copy and reduction is a kernel that does nothing once the word at device address
+/// `failed` (the control region's, 0: none) is set: work queued behind a failed
+/// communicator ends at once and reads nothing of a dead peer's.
 ///
 /// # Safety
 /// `peers[q]` are rank q's (send, recv) mapped in `ctx`, valid for q's extents until
-/// the stream has run the work.
+/// the stream has run the work; `failed` is 0 or a word readable on the device as long.
+#[allow(clippy::too_many_arguments)]
 pub(super) unsafe fn move_data(
     x: &mut Exec<'_>,
     c: &Coll,
@@ -24,11 +28,13 @@ pub(super) unsafe fn move_data(
     ctx: cuda::Ctx,
     device: i32,
     share: Option<usize>,
+    failed: u64,
 ) -> Result<()> {
     let n = peers.len();
     let es = c.dtype.size();
     let bytes = c.count * es;
     let s = c.stream;
+    let copiers = cuda_reduce::copiers(ctx, device)?;
     // An all_to_all in place overwrites blocks that peers still read: the sends of the
     // ranks in place are copied to scratch on this stream first and read there. Under
     // MPS rank 0 moves the whole call (the others have no share of it).
@@ -45,13 +51,13 @@ pub(super) unsafe fn move_data(
         for &(q, len) in &in_place {
             let dst = scratch.ptr().wrapping_add(at);
             // SAFETY: rank q's send extent is mapped (caller); the scratch holds `total` bytes.
-            unsafe { cuda::copy_dtod_async(dst, peers[q].0, len, s)? };
+            unsafe { copiers.copy(dst, peers[q].0, len, failed, s)? };
             moved[q].0 = dst;
             at += len;
         }
         // SAFETY: the scratch lives on the stream until its work is done (freed in its
         // order); the rest is the caller's contract.
-        unsafe { move_data(x, c, &moved, counts, ctx, device, None)? };
+        unsafe { move_data(x, c, &moved, counts, ctx, device, None, failed)? };
         x.algo = "exec-copy-scratch";
         return Ok(());
     }
@@ -62,7 +68,7 @@ pub(super) unsafe fn move_data(
             return Ok(());
         }
         // SAFETY: both ranges lie in mapped buffers of this call (caller).
-        unsafe { cuda::copy_dtod_async(dst, src, len, s) }
+        unsafe { copiers.copy(dst, src, len, failed, s) }
     };
     // out = op over ins, in rank order (wire forms: the host's owner order), in one launch.
     let red = c.reduction();
@@ -71,14 +77,14 @@ pub(super) unsafe fn move_data(
         let f = cuda_reduce::kernel(ctx, device, red)?;
         // SAFETY: as above; the kernel reads each element before writing it, so an
         // output equal to one input (in place) is fine.
-        unsafe { cuda_reduce::launch(f, &red, out, ins, elems, win, s) }
+        unsafe { cuda_reduce::launch(f, &red, out, ins, elems, win, failed, s) }
     };
     let sends_at =
         |off: &dyn Fn(usize) -> usize| -> Vec<*const u8> { (0..n).map(|p| send(p).wrapping_add(off(p))).collect() };
     // Rows of `width` bytes, `dpitch` and `spitch` apart (the axis forms).
     let copy2d = |dst: *mut u8, dpitch: usize, src: *const u8, spitch: usize, width: usize, rows: usize| {
         // SAFETY: every row lies in mapped buffers of this call (caller).
-        unsafe { cuda::copy_2d_dtod_async(dst, dpitch, src, spitch, width, rows, s) }
+        unsafe { copiers.copy2d(dst, dpitch, src, spitch, width, rows, failed, s) }
     };
     // A reduce_scatter along an axis gives rank q block q of every row: the blocks of
     // every rank's input are packed side by side (2D copies), then reduced in one launch.

@@ -446,9 +446,12 @@ impl Ipc {
             c.kind,
             CollKind::AllReduce | CollKind::Reduce | CollKind::ReduceScatter | CollKind::ReduceScatterV
         );
-        if (self.rank == EXECUTOR || self.shares()) && reduces {
+        if self.rank == EXECUTOR || self.shares() {
             // Compiled now, so a rank without NVRTC says so in the exchange.
-            cuda_reduce::kernel(ctx, device, c.reduction()).map_err(|e| Fallback::new(e.msg, fix::NVRTC))?;
+            cuda_reduce::copiers(ctx, device).map_err(|e| Fallback::new(e.msg, fix::NVRTC))?;
+            if reduces {
+                cuda_reduce::kernel(ctx, device, c.reduction()).map_err(|e| Fallback::new(e.msg, fix::NVRTC))?;
+            }
         }
         let (sb, rb) = c.extents(self.rank, self.nranks).map_err(|e| Fallback::new(e.msg, ""))?;
         if c.placement == Placement::Host && sb + rb > 0 {
@@ -586,7 +589,7 @@ impl Ipc {
                 let peers = map_peers(&all, db, ctx, &mut inner.maps, &mut gone)?;
                 // SAFETY: the peers' buffers are mapped (or this process's own) and held by
                 // their ranks until the barrier below; the stream is synchronised before it.
-                unsafe { move_data(x, c, &peers, &counts, ctx, device, None)? };
+                unsafe { move_data(x, c, &peers, &counts, ctx, device, None, 0)? };
                 cuda::sync(s)?;
             } else {
                 x.algo = "host-wait";
@@ -600,6 +603,8 @@ impl Ipc {
         let (ctl, a) = (reg.ctl.clone(), reg.addrs());
         let k = inner.k.wrapping_add(1);
         let (dev_ready, dev_fin, dev_done) = (|q| a.of(ctl.ready(q)), |q| a.of(ctl.fin(q)), a.of(Ctl::DONE));
+        // Kernels queued behind a failure do nothing (see `move_data`).
+        let failed = a.of(Ctl::FAILED).raw();
         let mut targets: Vec<Target> = Vec::with_capacity(2 * n + 1);
         if self.shares() {
             let peers = map_peers(&all, db, ctx, &mut inner.maps, &mut gone)?;
@@ -612,7 +617,7 @@ impl Ipc {
                 for q in (0..n).filter(|&q| q != rank) {
                     cuda::stream_wait_geq(s, dev_ready(q), k)?;
                 }
-                move_data(x, c, &peers, &counts, ctx, device, Some(rank))?;
+                move_data(x, c, &peers, &counts, ctx, device, Some(rank), failed)?;
                 cuda::stream_write(s, dev_fin(rank), k)?;
                 for q in (0..n).filter(|&q| q != rank) {
                     cuda::stream_wait_geq(s, dev_fin(q), k)?;
@@ -630,7 +635,7 @@ impl Ipc {
                 for q in (0..n).filter(|&q| q != EXECUTOR) {
                     cuda::stream_wait_geq(s, dev_ready(q), k)?;
                 }
-                move_data(x, c, &peers, &counts, ctx, device, None)?;
+                move_data(x, c, &peers, &counts, ctx, device, None, failed)?;
                 cuda::stream_write(s, dev_done, k)?;
             }
         } else {

@@ -31,7 +31,7 @@ use crate::backend::host::Call;
 use crate::backend::Exec;
 use crate::coll::{Coll, CollKind};
 use crate::error::{Error, Result};
-use crate::mem::{cuda, Placement};
+use crate::mem::{cuda, cuda_reduce, Placement};
 use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
@@ -140,7 +140,14 @@ impl Ipc {
         };
         match self.stream_mode(inner, ctx, device) {
             super::Mode::Off(m) => return Err(m),
-            super::Mode::Synced | super::Mode::Stream(_) => {}
+            super::Mode::Synced => {}
+            super::Mode::Stream(_) => {
+                if c.kind == CollKind::Recv {
+                    // The receiver copies with a kernel: compiled now, so a rank without
+                    // NVRTC says so in its record.
+                    cuda_reduce::copiers(ctx, device).map_err(|e| Fallback::new(e.msg, fix::NVRTC))?;
+                }
+            }
         }
         let mut r = SendRec { device: true, pid: std::process::id(), ..SendRec::default() };
         if c.kind == CollKind::Send {
@@ -528,7 +535,13 @@ impl Ipc {
             }
             for o in device.iter().filter(|o| !o.send) {
                 cuda::stream_wait_geq(o.c.stream, reg.dev(ctl.sent(o.peer, me)), v(o))?;
-                cuda::copy_dtod_async(o.target(), o.src as *const u8, o.bytes, o.c.stream)?;
+                // A kernel that does nothing once the communicator failed: nothing of a
+                // sender that died is read after its death is known.
+                let Placement::Device { device: dev, .. } = o.c.placement else {
+                    return Err(Error::internal("a receive on the streams into host memory"));
+                };
+                let cp = cuda_reduce::copiers(reg.ctx, dev)?;
+                cp.copy(o.target(), o.src as *const u8, o.bytes, reg.dev(Ctl::FAILED).raw(), o.c.stream)?;
                 cuda::stream_write(o.c.stream, reg.dev(ctl.recvd(o.peer, me)), v(o))?;
                 targets.push(Target { w: ctl.sent(o.peer, me), v: v(o), writer: o.peer });
                 targets.push(Target { w: ctl.recvd(o.peer, me), v: v(o), writer: me });

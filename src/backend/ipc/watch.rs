@@ -109,10 +109,11 @@ impl Watch {
                 continue;
             }
             if let Some(e) = self.why_stuck(&ctl, &out, rank, pids) {
+                // Failed first: the kernels the raised words release then do nothing.
+                ctl.fail();
                 for (&w, &(v, _)) in &out.targets {
                     ctl.raise(w, v);
                 }
-                ctl.fail();
                 let mut failure = lock(&self.failure);
                 if failure.is_none() {
                     log::warn(format_args!("rank {rank}: {}", e.msg));
@@ -142,11 +143,8 @@ impl Watch {
         missing.dedup();
         for &q in missing.iter().filter(|&&q| q != rank) {
             let pid = pids[q];
-            // SAFETY: signal 0 only checks whether the process exists.
-            let gone = pid != std::process::id()
-                && unsafe { libc::kill(pid as i32, 0) } != 0
-                && std::io::Error::last_os_error().raw_os_error() == Some(libc::ESRCH);
-            if gone {
+            // A zombie counts: a rank whose parent has not reaped it yet is as dead.
+            if pid != std::process::id() && crate::sys::process_gone(pid) {
                 return Some(Error::remote_rank(
                     q,
                     format!("{what}: rank {q} (pid {pid}) died before the GPU finished the call; its stream operations will never come"),

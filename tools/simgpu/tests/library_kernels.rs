@@ -58,17 +58,21 @@ fn launch(f: CUfunction, wire: bool, out: CUdeviceptr, ins: &[CUdeviceptr], coun
     let mut o = out;
     let mut arr = [0u64; MAX_INPUTS];
     arr[..ins.len()].copy_from_slice(ins);
-    let (mut n, mut c, mut w) = (ins.len() as i32, count as u64, win as u64);
-    let mut params: [*mut c_void; 5] = [
+    let (mut n, mut c, mut w, mut failed) = (ins.len() as i32, count as u64, win as u64, 0u64);
+    let mut params: Vec<*mut c_void> = vec![
         (&mut o as *mut u64).cast(),
         (&mut arr as *mut [u64; MAX_INPUTS]).cast(),
         (&mut n as *mut i32).cast(),
         (&mut c as *mut u64).cast(),
-        (&mut w as *mut u64).cast(),
     ];
+    if wire {
+        params.push((&mut w as *mut u64).cast());
+    }
+    // No failure word: the kernel always runs.
+    params.push((&mut failed as *mut u64).cast());
     let block = 256;
     let grid = count.div_ceil(block).clamp(1, max_grid) as u32;
-    let used = if wire { 5 } else { 4 };
+    let used = params.len();
     // SAFETY: the parameters match the kernel's layout.
     unsafe {
         ok(cuLaunchKernel(
@@ -403,4 +407,104 @@ fn wire_all_reduce_gives_the_host_wire_algorithms_bits() {
             }
         }
     }
+}
+
+/// Launches the library's `fccl_copy` (as `cuda_reduce::Copiers::copy` does): `bytes`
+/// from `src` to `dst` in units of the largest width that divides all three.
+fn copy_kernel(f: CUfunction, dst: CUdeviceptr, src: CUdeviceptr, bytes: usize, failed: u64) {
+    let w = ferroccl_simgpu::cuda_kernels::copy_unit(&[dst as usize, src as usize, bytes]);
+    let (mut d, mut s, mut units, mut wu, mut fl) = (dst, src, (bytes / w) as u64, w as u32, failed);
+    let mut params: [*mut c_void; 5] = [
+        (&mut d as *mut u64).cast(),
+        (&mut s as *mut u64).cast(),
+        (&mut units as *mut u64).cast(),
+        (&mut wu as *mut u32).cast(),
+        (&mut fl as *mut u64).cast(),
+    ];
+    let grid = (bytes / w).div_ceil(256).clamp(1, 3) as u32;
+    // SAFETY: the parameters match fccl_copy's.
+    unsafe {
+        ok(cuLaunchKernel(
+            f,
+            grid,
+            1,
+            1,
+            256,
+            1,
+            1,
+            0,
+            std::ptr::null_mut(),
+            params.as_mut_ptr(),
+            std::ptr::null_mut(),
+        ));
+        ok(cuCtxSynchronize());
+    }
+}
+
+/// The copy kernels move exactly the bytes asked, at every alignment and unit (16-byte
+/// vectors included, with grids that loop), 2D rows with their pitches, and nothing at
+/// all once the failure word they are given is set.
+#[test]
+fn copy_kernels_move_exactly_their_bytes_and_nothing_after_a_failure() {
+    let _c = Ctx::new(0);
+    let m = module(ferroccl_simgpu::cuda_kernels::COPY_PROGRAM);
+    let get = |name: &str| {
+        let mut f = std::ptr::null_mut();
+        let c = CString::new(name).unwrap();
+        // SAFETY: a NUL-terminated name.
+        ok(unsafe { cuModuleGetFunction(&mut f, m, c.as_ptr()) });
+        f
+    };
+    let (copy, copy2d) = (get("fccl_copy"), get("fccl_copy2d"));
+    let total = 4096 + 64;
+    let src: Vec<u8> = (0..total).map(|i| (i * 7 + 3) as u8).collect();
+    let s = upload(&src);
+    for (so, doff, len) in [(0, 0, 4096), (16, 32, 1600), (8, 8, 24), (4, 12, 20), (2, 6, 30), (1, 3, 101), (0, 0, 0)] {
+        let d = upload(&vec![0xeeu8; total]);
+        copy_kernel(copy, d + doff as u64, s + so as u64, len, 0);
+        let got = dtoh(d, total);
+        let mut want = vec![0xeeu8; total];
+        want[doff..doff + len].copy_from_slice(&src[so..so + len]);
+        assert_eq!(got, want, "copy of {len} bytes from offset {so} to offset {doff}");
+    }
+    // 2D: 5 rows of 12 bytes, pitches 20 (source) and 16 (destination).
+    let d = upload(&[0u8; 128]);
+    let (mut dd, mut dp, mut ss, mut sp, mut wd, mut r, mut wu, mut fl) = (d, 4u64, s, 5u64, 3u64, 5u64, 4u32, 0u64);
+    let mut params: [*mut c_void; 8] = [
+        (&mut dd as *mut u64).cast(),
+        (&mut dp as *mut u64).cast(),
+        (&mut ss as *mut u64).cast(),
+        (&mut sp as *mut u64).cast(),
+        (&mut wd as *mut u64).cast(),
+        (&mut r as *mut u64).cast(),
+        (&mut wu as *mut u32).cast(),
+        (&mut fl as *mut u64).cast(),
+    ];
+    // SAFETY: the parameters match fccl_copy2d's (pitches and width in 4-byte units).
+    unsafe {
+        ok(cuLaunchKernel(
+            copy2d,
+            1,
+            1,
+            1,
+            8,
+            1,
+            1,
+            0,
+            std::ptr::null_mut(),
+            params.as_mut_ptr(),
+            std::ptr::null_mut(),
+        ));
+        ok(cuCtxSynchronize());
+    }
+    let got = dtoh(d, 128);
+    for row in 0..5 {
+        assert_eq!(&got[row * 16..row * 16 + 12], &src[row * 20..row * 20 + 12], "row {row}");
+        assert_eq!(&got[row * 16 + 12..row * 16 + 16], &[0u8; 4], "row {row}'s gap");
+    }
+    // A set failure word (device memory here; the library's is host-mapped): nothing moves.
+    let failed = upload(&1u32.to_le_bytes());
+    let d = upload(&vec![0xeeu8; total]);
+    copy_kernel(copy, d, s, 4096, failed);
+    assert_eq!(dtoh(d, total), vec![0xeeu8; total], "a copy after the failure moved bytes");
 }
