@@ -141,3 +141,20 @@ else()
   target_link_libraries(test_device_kill PRIVATE ferroccl ${CMAKE_DL_LIBS})
   _fccl_device_test(test_device_kill.np2 2 "${_fccl_env}" $<TARGET_FILE:test_device_kill>)
 endif()
+
+# The cost model (c_tests/test_device_costs.c): every collective of ranks sharing device
+# 0, per call, against the roofline's budget: HBM traffic, launches, host-blocking calls,
+# driver calls that do not grow with the live allocations. Needs the simulated GPU (its
+# counters); skipped on a real driver.
+_fccl_missing_of(_fccl_costs_miss ${_fccl_dev_req} fcclCommGetLastPath)
+if(_fccl_costs_miss)
+  _fccl_missing_tests(test_device_costs "${_fccl_costs_miss}" test_device_costs.np2 test_device_costs.np4
+    test_device_costs.np8)
+else()
+  add_executable(test_device_costs test_device_costs.c)
+  target_link_libraries(test_device_costs PRIVATE ferroccl ${CMAKE_DL_LIBS})
+  foreach(_n 2 4 8)
+    _fccl_device_test(test_device_costs.np${_n} ${_n} "${_fccl_env}"
+      "${FERROCCL_RUN}" -n ${_n} $<TARGET_FILE:test_device_costs>)
+  endforeach()
+endif()

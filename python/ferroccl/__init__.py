@@ -599,7 +599,7 @@ class Comm:
     @property
     def last_path(self):
         """fcclCommGetLastPath: (backend, algorithm) that served the last call on this
-        communicator, e.g. ("ipc", "exec-reduce-copy") for device memory moved GPU to
+        communicator, e.g. ("ipc", "exec-reduce") for device memory moved GPU to
         GPU, ("staged", ...) through host memory, ("host", ...) for host memory;
         ("none", "none") before the first call."""
         b, a = c_char_p(), c_char_p()

@@ -66,12 +66,17 @@ impl Reduction {
 
     /// The kernel's CUDA C source; None where no kernel exists.
     ///
-    /// Parameters: `(T* out, struct <entry>_ins ins, int n, unsigned long long count)`,
-    /// with `struct <entry>_ins { const T* p[MAX_INPUTS]; }`, for wire kernels one more,
-    /// `unsigned long long win` (the host's window, in elements), and last `const
+    /// Parameters: `(struct <entry>_outs outs, struct <entry>_ins ins, int n, int nout,
+    /// unsigned long long count, unsigned long long step)`, with `struct <entry>_ins {
+    /// const T* p[MAX_INPUTS]; }` and `_outs { T* p[MAX_INPUTS]; }`, for wire kernels one
+    /// more, `unsigned long long win` (the host's window, in elements), and last `const
     /// volatile unsigned int* failed` (the kernel does nothing when it points at a
-    /// non-zero word; null: never). `out` may be one of the inputs exactly: each element
-    /// is read from every input before it is written.
+    /// non-zero word; null: never). Block row `y` (blockIdx.y) reduces elements
+    /// `[y * step, y * step + count)` of the `n` inputs and writes the result to its
+    /// `nout` outputs `outs.p[y * nout ..]`: an all_reduce writes every rank's buffer in
+    /// one pass (one row, n outputs), a reduce_scatter gives each rank its block (n rows
+    /// of one output). An output may be one of the inputs exactly: each element is read
+    /// from every input before it is written.
     pub fn source(&self) -> Option<String> {
         if !self.supported() {
             return None;
@@ -288,8 +293,13 @@ __device__ __forceinline__ unsigned char fccl_f32_to_f8e5m2(float x) { return fc
 /// units, w, failed)` copies `units` units of `w` bytes (16, 8, 4, 2 or 1: the largest
 /// that divides both addresses and the length, so aligned buffers move in 16-byte
 /// loads and stores), and `fccl_copy2d(dst, dpitch, src, spitch, width, rows, w,
-/// failed)` copies `rows` rows of `width` bytes (pitches and width in units of `w`).
-/// Both do nothing when `failed` points at a non-zero word (null: never): the device
+/// failed)` copies `rows` rows of `width` bytes (pitches and width in units of `w`),
+/// and `fccl_copy_batch(batch, groups, failed)` a whole call's copies in one launch:
+/// block row `g` reads `len[g]` bytes at `src[g]` once and writes them to each of
+/// `dst[first[g]..first[g + 1]]` (one source to many destinations: a broadcast reads
+/// its root's buffer once), in the largest unit that divides the group's addresses
+/// and length.
+/// All do nothing when `failed` points at a non-zero word (null: never): the device
 /// path's copies between ranks' buffers are these kernels, not the driver's copies,
 /// so that work queued behind a failed communicator ends at once and reads no memory
 /// of a peer that died.
@@ -337,7 +347,46 @@ extern "C" __global__ void fccl_copy2d(unsigned char* dst, unsigned long long dp
   default: fccl_copy2d_units<unsigned char>(dst, dpitch, src, spitch, width, rows, first, stride); break;
   }
 }
+#define FCCL_BATCH 128
+struct fccl_batch {
+  const unsigned char* src[FCCL_BATCH];
+  unsigned long long len[FCCL_BATCH];
+  unsigned char* dst[FCCL_BATCH];
+  unsigned short first[FCCL_BATCH + 1];
+};
+#define FCCL_FAN(U)                                                                     \
+  for (unsigned long long i = at, units = len / sizeof(U); i < units; i += stride) {    \
+    U v = ((const U*)src)[i];                                                           \
+    for (unsigned int k = lo; k < hi; k++) ((U*)b.dst[k])[i] = v;                       \
+  }
+extern "C" __global__ void fccl_copy_batch(struct fccl_batch b, unsigned int groups, const volatile unsigned int* failed) {
+  if (failed && *failed) return;
+  unsigned int g = blockIdx.y;
+  if (g >= groups) return;
+  const unsigned char* src = b.src[g];
+  unsigned long long len = b.len[g];
+  unsigned int lo = b.first[g], hi = b.first[g + 1];
+  unsigned long long all = (unsigned long long)src | len;
+  for (unsigned int k = lo; k < hi; k++) all |= (unsigned long long)b.dst[k];
+  unsigned long long stride = (unsigned long long)gridDim.x * blockDim.x;
+  unsigned long long at = (unsigned long long)blockIdx.x * blockDim.x + threadIdx.x;
+  if (all % 16 == 0) {
+    FCCL_FAN(fccl_v16)
+  } else if (all % 8 == 0) {
+    FCCL_FAN(unsigned long long)
+  } else if (all % 4 == 0) {
+    FCCL_FAN(unsigned int)
+  } else if (all % 2 == 0) {
+    FCCL_FAN(unsigned short)
+  } else {
+    FCCL_FAN(unsigned char)
+  }
+}
 "#;
+
+/// Most sources, and most destinations, one `fccl_copy_batch` launch takes (its table
+/// travels in the kernel's arguments: 3,336 bytes, under the 4 KiB every driver takes).
+pub const BATCH: usize = 128;
 
 /// The copy program's name (for NVRTC and its logs).
 pub const COPY_PROGRAM_NAME: &str = "fccl_copy.cu";
@@ -352,8 +401,24 @@ pub fn copy_unit(vals: &[usize]) -> usize {
 /// The grid-stride loop every kernel runs: `i` is the element. Before it, a kernel
 /// whose communicator failed (a non-zero word at `failed`; null: none) returns at once,
 /// so that work queued behind a failure ends without touching a dead peer's memory.
-const LOOP: &str = "  if (failed && *failed) return;\n  unsigned long long stride = (unsigned long long)gridDim.x * blockDim.x;\n  \
+const LOOP: &str = "  if (failed && *failed) return;\n  \
+     unsigned long long base = (unsigned long long)blockIdx.y * step;\n  int o0 = (int)blockIdx.y * nout;\n  \
+     unsigned long long stride = (unsigned long long)gridDim.x * blockDim.x;\n  \
      for (unsigned long long i = (unsigned long long)blockIdx.x * blockDim.x + threadIdx.x; i < count; i += stride) {\n";
+
+/// The parameters every reduction kernel starts with (see [`Reduction::source`]).
+fn head_params(name: &str) -> String {
+    format!("struct {name}_outs outs, struct {name}_ins ins, int n, int nout, unsigned long long count,\n    unsigned long long step")
+}
+
+/// The input and output pointer tables of a kernel of element type `T`.
+fn tables(name: &str) -> String {
+    let m = MAX_INPUTS;
+    format!("struct {name}_ins {{ const T* p[{m}]; }};\nstruct {name}_outs {{ T* p[{m}]; }};\n")
+}
+
+/// The end of a kernel's loop: the row's outputs get `v`.
+const STORE: &str = "    for (int k = 0; k < nout; k++) outs.p[o0 + k][i] = v;\n  }\n}\n";
 
 /// Storage type, accumulator type, widening and narrowing of a float type (None for
 /// integers).
@@ -391,13 +456,12 @@ fn combine_fn(op: RedOp, acc: &str) -> String {
 
 /// `out[i] = op(ins.p[0][i], ..., ins.p[n-1][i])`; one input is a copy.
 fn reduce_kernel(dt: DataType, op: RedOp, name: &str) -> String {
-    let m = MAX_INPUTS;
     let head = |t: &str| {
         format!(
-            "#define T {t}\nstruct {name}_ins {{ const T* p[{m}]; }};\n\
-             extern \"C\" __global__ void {name}(T* out, struct {name}_ins ins, int n, unsigned long long count,\n    \
-             const volatile unsigned int* failed) {{\n{LOOP}    \
-             if (n == 1) {{\n      out[i] = ins.p[0][i];\n      continue;\n    }}\n"
+            "#define T {t}\n{}extern \"C\" __global__ void {name}({},\n    const volatile unsigned int* failed) {{\n{LOOP}    \
+             T v;\n    if (n == 1) {{\n      v = ins.p[0][base + i];\n    }} else {{\n",
+            tables(name),
+            head_params(name)
         )
     };
     let Some((t, acc, widen, narrow)) = float_parts(dt) else {
@@ -419,8 +483,8 @@ fn reduce_kernel(dt: DataType, op: RedOp, name: &str) -> String {
         // Signed division truncates toward zero, as the host's does.
         let finish = if op == RedOp::Avg { "(T)((T)acc / (T)n)" } else { "(T)acc" };
         return format!(
-            "#define U {u}\n{}    U acc = (U)ins.p[0][i];\n    for (int k = 1; k < n; k++) {{\n      \
-             T x = ins.p[k][i];\n      {combine}\n    }}\n    out[i] = {finish};\n  }}\n}}\n#undef T\n#undef U\n",
+            "#define U {u}\n{}      U acc = (U)ins.p[0][base + i];\n      for (int k = 1; k < n; k++) {{\n        \
+             T x = ins.p[k][base + i];\n        {combine}\n      }}\n      v = {finish};\n    }}\n{STORE}#undef T\n#undef U\n",
             head(t)
         );
     };
@@ -429,11 +493,11 @@ fn reduce_kernel(dt: DataType, op: RedOp, name: &str) -> String {
     let finish = if op == RedOp::Avg { format!("fccl_div_{acc}(acc, ({a})n)") } else { "acc".into() };
     let store = if narrow.is_empty() { finish } else { format!("{narrow}({finish})") };
     format!(
-        "{}    {a} acc = {};\n    for (int k = 1; k < n; k++) acc = {}(acc, {});\n    out[i] = {store};\n  }}\n}}\n#undef T\n",
+        "{}      {a} acc = {};\n      for (int k = 1; k < n; k++) acc = {}(acc, {});\n      v = {store};\n    }}\n{STORE}#undef T\n",
         head(t),
-        load("ins.p[0][i]"),
+        load("ins.p[0][base + i]"),
         combine_fn(op, acc),
-        load("ins.p[k][i]"),
+        load("ins.p[k][base + i]"),
     )
 }
 
@@ -456,19 +520,20 @@ fn wire_kernel(dt: DataType, wire: DataType, op: RedOp, name: &str) -> String {
         }
     };
     let finish = if op == RedOp::Avg { format!("    acc = fccl_div_{acc}(acc, (T)n);\n") } else { String::new() };
-    let m = MAX_INPUTS;
     format!(
-        "#define T {t}\nstruct {name}_ins {{ const T* p[{m}]; }};\n\
+        "#define T {t}\n{}\
          __device__ __forceinline__ T {name}_round(T x) {{ return {round}; }}\n\
-         extern \"C\" __global__ void {name}(T* out, struct {name}_ins ins, int n, unsigned long long count,\n    \
+         extern \"C\" __global__ void {name}({},\n    \
          unsigned long long win, const volatile unsigned int* failed) {{\n{LOOP}    \
          unsigned long long first = i - i % win, wc = count - first < win ? count - first : win, l = i - first;\n    \
          unsigned long long part = wc / (unsigned long long)n, rem = wc % (unsigned long long)n, big = rem * (part + 1);\n    \
          int o = (int)(l < big ? l / (part + 1) : rem + (l - big) / part);\n    \
-         T acc = ins.p[o][i];\n    \
+         T acc = ins.p[o][base + i];\n    \
          for (int j = 1; j < n; j++) {{\n      int p = o + j < n ? o + j : o + j - n;\n      \
-         acc = {}(acc, {name}_round(ins.p[p][i]));\n    }}\n{finish}    \
-         out[i] = {name}_round(acc);\n  }}\n}}\n#undef T\n",
+         acc = {}(acc, {name}_round(ins.p[p][base + i]));\n    }}\n{finish}    \
+         T v = {name}_round(acc);\n{STORE}#undef T\n",
+        tables(name),
+        head_params(name),
         combine_fn(op, acc)
     )
 }

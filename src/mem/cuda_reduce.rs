@@ -6,7 +6,7 @@
 
 use crate::error::{Code, Error, Result};
 use crate::mem::cuda::{self, Ctx, Stream};
-use crate::mem::cuda_kernels::{copy_unit, COPY_PROGRAM, COPY_PROGRAM_NAME};
+use crate::mem::cuda_kernels::{copy_unit, BATCH, COPY_PROGRAM, COPY_PROGRAM_NAME};
 pub use crate::mem::cuda_kernels::{Reduction, MAX_INPUTS};
 use cudarc::driver::sys as cu;
 use cudarc::nvrtc::sys as nv;
@@ -197,68 +197,95 @@ pub fn kernel(ctx: Ctx, device: i32, r: Reduction) -> Result<Function> {
     Ok(f)
 }
 
-/// Launches `f` (from [`kernel`] for `r`) on `stream`: `out[0..count] = op over ins[..]`
-/// in input order; `win`: the host's window of a wire all_reduce, in elements (ignored
+/// Launches `f` (from [`kernel`] for `r`) on `stream`: for each row `y` of
+/// `outs.len() / nout`, elements `[y * step, y * step + count)` of every input reduced
+/// in input order into each of `outs[y * nout .. (y + 1) * nout]` (`count` elements
+/// each); `win`: the host's window of a wire all_reduce, in elements (ignored
 /// otherwise); `failed`: the device address of a word that, when non-zero as the
 /// kernel starts, makes it do nothing (0: none).
 ///
 /// # Safety
-/// `out` and every input are device-accessible in the current context for `count`
-/// elements of the kernel's type until the stream has run the launch; `failed` is 0 or
-/// a device-readable word that lives as long.
+/// Every output and input is device-accessible in the current context for what the
+/// rows read or write (elements of the kernel's type) until the stream has run the
+/// launch; `failed` is 0 or a device-readable word that lives as long.
 #[allow(clippy::too_many_arguments)]
 pub unsafe fn launch(
     f: Function,
     r: &Reduction,
-    out: *mut u8,
+    outs: &[*mut u8],
+    nout: usize,
     ins: &[*const u8],
     count: usize,
+    step: usize,
     win: usize,
     failed: u64,
     stream: Stream,
 ) -> Result<()> {
-    if ins.is_empty() || ins.len() > MAX_INPUTS {
-        return Err(Error::internal(format!("{} inputs for a device reduction", ins.len())));
+    if ins.is_empty() || ins.len() > MAX_INPUTS || outs.len() > MAX_INPUTS || nout == 0 || outs.len() % nout != 0 {
+        return Err(Error::internal(format!(
+            "a device reduction of {} inputs into {} outputs in rows of {nout}",
+            ins.len(),
+            outs.len()
+        )));
     }
-    if count == 0 {
+    let rows = outs.len() / nout;
+    if count == 0 || rows == 0 {
         return Ok(());
     }
-    let mut out_arg = out as u64;
+    let mut outs_arg = [0u64; MAX_INPUTS];
+    for (a, p) in outs_arg.iter_mut().zip(outs) {
+        *a = *p as u64;
+    }
     let mut ins_arg = [0u64; MAX_INPUTS];
     for (a, p) in ins_arg.iter_mut().zip(ins) {
         *a = *p as u64;
     }
-    let mut n_arg = ins.len() as i32;
-    let mut count_arg = count as u64;
+    let (mut n_arg, mut nout_arg) = (ins.len() as i32, nout as i32);
+    let (mut count_arg, mut step_arg) = (count as u64, step as u64);
     let mut win_arg = win.max(1) as u64;
     let mut failed_arg = failed;
     let mut params: Vec<*mut c_void> = vec![
-        (&mut out_arg as *mut u64).cast(),
+        (&mut outs_arg as *mut [u64; MAX_INPUTS]).cast(),
         (&mut ins_arg as *mut [u64; MAX_INPUTS]).cast(),
         (&mut n_arg as *mut i32).cast(),
+        (&mut nout_arg as *mut i32).cast(),
         (&mut count_arg as *mut u64).cast(),
+        (&mut step_arg as *mut u64).cast(),
     ];
     if r.wire.is_some() {
         params.push((&mut win_arg as *mut u64).cast());
     }
     params.push((&mut failed_arg as *mut u64).cast());
     let block = 256u32;
-    let grid = count.div_ceil(block as usize).clamp(1, 1024) as u32;
-    // SAFETY: f is a loaded kernel whose parameters are `params`: pointer, struct of
-    // MAX_INPUTS pointers, int, unsigned long long (, unsigned long long for wire
-    // kernels), pointer; buffers per the caller.
+    let grid = grid_x(count, rows);
+    // SAFETY: f is a loaded kernel whose parameters are `params`: two structs of
+    // MAX_INPUTS pointers, int, int, unsigned long long x 2 (, unsigned long long for
+    // wire kernels), pointer; buffers per the caller.
     let rc = unsafe {
-        cu::cuLaunchKernel(f.raw(), grid, 1, 1, block, 1, 1, 0, stream.raw(), params.as_mut_ptr(), std::ptr::null_mut())
+        cu::cuLaunchKernel(
+            f.raw(),
+            grid,
+            rows as u32,
+            1,
+            block,
+            1,
+            1,
+            0,
+            stream.raw(),
+            params.as_mut_ptr(),
+            std::ptr::null_mut(),
+        )
     };
     cu_check(rc, &format!("cuLaunchKernel({})", r.entry()))
 }
 
-/// The copy kernels (`fccl_copy`, `fccl_copy2d`) of context `ctx` on `device`, compiled
+/// The copy kernels (`fccl_copy`, `fccl_copy2d`, `fccl_copy_batch`) of context `ctx` on `device`, compiled
 /// and loaded at the first use in the context.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Copiers {
     copy: Function,
     copy2d: Function,
+    batch: Function,
 }
 
 static COPIERS: Mutex<Option<HashMap<Ctx, Copiers>>> = Mutex::new(None);
@@ -282,7 +309,7 @@ pub fn copiers(ctx: Ctx, device: i32) -> Result<Copiers> {
         cu_check(unsafe { cu::cuModuleGetFunction(&mut f, module, cname.as_ptr()) }, "cuModuleGetFunction")?;
         Ok(Function(f as usize))
     };
-    let c = Copiers { copy: get("fccl_copy")?, copy2d: get("fccl_copy2d")? };
+    let c = Copiers { copy: get("fccl_copy")?, copy2d: get("fccl_copy2d")?, batch: get("fccl_copy_batch")? };
     COPIERS.lock().unwrap_or_else(|p| p.into_inner()).get_or_insert_with(HashMap::new).insert(ctx, c);
     Ok(c)
 }
@@ -290,7 +317,13 @@ pub fn copiers(ctx: Ctx, device: i32) -> Result<Copiers> {
 /// A grid for `units` units of work: blocks of 256 threads, at most 1024 blocks (each
 /// thread strides over the rest).
 fn grid_for(units: usize) -> u32 {
-    units.div_ceil(256).clamp(1, 1024) as u32
+    grid_x(units, 1)
+}
+
+/// Blocks of 256 threads along x for `units` units in each of `rows` block rows: about
+/// 1024 blocks in all at most (each thread strides over the rest).
+fn grid_x(units: usize, rows: usize) -> u32 {
+    units.div_ceil(256).clamp(1, (1024 / rows.max(1)).max(8)) as u32
 }
 
 /// Launches `f` with `params` on `stream` over `units` units of work.
@@ -386,5 +419,114 @@ impl Copiers {
         // SAFETY: fccl_copy2d takes (pointer, unsigned long long, pointer, unsigned long
         // long x 3, unsigned int, pointer); buffers per the caller.
         unsafe { launch_units(self.copy2d, &mut params, units, stream, "cuLaunchKernel(fccl_copy2d)") }
+    }
+
+    /// Enqueues on `stream` a whole call's copies in as few launches as the table
+    /// allows (one up to [`BATCH`] sources and destinations): each group reads `len`
+    /// bytes at `src` once and writes them to every one of its `dsts`. Groups of no
+    /// bytes or no destinations are left out. Nothing runs once the word at `failed`
+    /// (0: none) is non-zero.
+    ///
+    /// # Safety
+    /// As [`Copiers::copy`], for every source and destination; no destination overlaps
+    /// a source or another destination of the same batch.
+    pub unsafe fn copy_batch(&self, groups: &[Fan], failed: u64, stream: Stream) -> Result<()> {
+        let mut t = Table::default();
+        for g in groups.iter().filter(|g| g.len > 0 && !g.dsts.is_empty()) {
+            for part in g.dsts.chunks(BATCH) {
+                if t.groups == BATCH || t.ndst + part.len() > BATCH {
+                    // SAFETY: forwarded contract.
+                    unsafe { self.launch_table(&mut t, failed, stream)? };
+                }
+                t.push(g.src, g.len, part);
+            }
+        }
+        // SAFETY: forwarded contract.
+        unsafe { self.launch_table(&mut t, failed, stream) }
+    }
+
+    /// Launches `t` (if it holds anything) and empties it.
+    ///
+    /// # Safety
+    /// As [`Copiers::copy_batch`].
+    unsafe fn launch_table(&self, t: &mut Table, failed: u64, stream: Stream) -> Result<()> {
+        if t.groups == 0 {
+            return Ok(());
+        }
+        t.first[t.groups] = t.ndst as u16;
+        let (mut groups, mut fl) = (t.groups as u32, failed);
+        let most = t.len[..t.groups].iter().map(|&l| l as usize / 16 + 1).max().unwrap_or(1);
+        let mut raw = t.raw();
+        let mut params: [*mut c_void; 3] =
+            [(&mut raw as *mut RawTable).cast(), (&mut groups as *mut u32).cast(), (&mut fl as *mut u64).cast()];
+        // SAFETY: fccl_copy_batch takes (struct fccl_batch, unsigned int, pointer), and
+        // RawTable is struct fccl_batch's layout; buffers per the caller.
+        let rc = unsafe {
+            cu::cuLaunchKernel(
+                self.batch.raw(),
+                grid_x(most, t.groups),
+                t.groups as u32,
+                1,
+                256,
+                1,
+                1,
+                0,
+                stream.raw(),
+                params.as_mut_ptr(),
+                std::ptr::null_mut(),
+            )
+        };
+        *t = Table::default();
+        cu_check(rc, "cuLaunchKernel(fccl_copy_batch)")
+    }
+}
+
+/// One source copied to several destinations (see [`Copiers::copy_batch`]).
+pub struct Fan {
+    pub src: *const u8,
+    pub len: usize,
+    pub dsts: Vec<*mut u8>,
+}
+
+/// `struct fccl_batch` of the copy program, as it travels in the kernel's arguments.
+#[repr(C)]
+struct RawTable {
+    src: [u64; BATCH],
+    len: [u64; BATCH],
+    dst: [u64; BATCH],
+    first: [u16; BATCH + 1],
+}
+
+/// A batch being filled.
+struct Table {
+    src: [u64; BATCH],
+    len: [u64; BATCH],
+    dst: [u64; BATCH],
+    first: [u16; BATCH + 1],
+    groups: usize,
+    ndst: usize,
+}
+
+impl Default for Table {
+    fn default() -> Table {
+        Table { src: [0; BATCH], len: [0; BATCH], dst: [0; BATCH], first: [0; BATCH + 1], groups: 0, ndst: 0 }
+    }
+}
+
+impl Table {
+    fn push(&mut self, src: *const u8, len: usize, dsts: &[*mut u8]) {
+        let g = self.groups;
+        self.src[g] = src as u64;
+        self.len[g] = len as u64;
+        self.first[g] = self.ndst as u16;
+        for &d in dsts {
+            self.dst[self.ndst] = d as u64;
+            self.ndst += 1;
+        }
+        self.groups += 1;
+    }
+
+    fn raw(&self) -> RawTable {
+        RawTable { src: self.src, len: self.len, dst: self.dst, first: self.first }
     }
 }

@@ -6,7 +6,9 @@ use super::mps;
 use crate::backend::host::algo;
 use crate::coll::{Coll, CollKind, VCounts};
 use crate::error::{Error, Result};
-use crate::mem::{cuda, cuda_reduce};
+use crate::mem::cuda;
+use crate::mem::cuda_reduce::{self, Fan};
+use std::cell::RefCell;
 
 /// The whole call's data movement, enqueued on the executor's stream: every rank's
 /// receive buffer from every rank's buffers; or, with `share` (MPS), that rank's share
@@ -47,14 +49,17 @@ pub(super) unsafe fn move_data(
         let total: usize = in_place.iter().map(|&(_, len)| len).sum();
         let scratch = cuda::Scratch::new(total, ctx, s)?;
         let mut moved = peers.to_vec();
+        let mut to_scratch = Vec::new();
         let mut at = 0;
         for &(q, len) in &in_place {
             let dst = scratch.ptr().wrapping_add(at);
-            // SAFETY: rank q's send extent is mapped (caller); the scratch holds `total` bytes.
-            unsafe { copiers.copy(dst, peers[q].0, len, failed, s)? };
+            to_scratch.push(Fan { src: peers[q].0, len, dsts: vec![dst] });
             moved[q].0 = dst;
             at += len;
         }
+        // SAFETY: the in-place ranks' send extents are mapped (caller); the scratch
+        // holds `total` bytes.
+        unsafe { copiers.copy_batch(&to_scratch, failed, s)? };
         // SAFETY: the scratch lives on the stream until its work is done (freed in its
         // order); the rest is the caller's contract.
         unsafe { move_data(x, c, &moved, counts, ctx, device, None, failed)? };
@@ -63,22 +68,31 @@ pub(super) unsafe fn move_data(
     }
     let recv = |q: usize| peers[q].1 as *mut u8;
     let send = |q: usize| peers[q].0;
-    let copy = |dst: *mut u8, src: *const u8, len: usize| -> Result<()> {
-        if std::ptr::eq(dst, src) || len == 0 {
-            return Ok(());
+    // The call's plain copies, launched together at the end (one launch up to the
+    // table's size): none of them reads what another writes.
+    let fans = RefCell::new(Vec::<Fan>::new());
+    let fan = |src: *const u8, len: usize, dsts: &mut dyn Iterator<Item = *mut u8>| {
+        let dsts: Vec<*mut u8> = dsts.filter(|&d| !std::ptr::eq(d, src)).collect();
+        if len > 0 && !dsts.is_empty() {
+            fans.borrow_mut().push(Fan { src, len, dsts });
         }
-        // SAFETY: both ranges lie in mapped buffers of this call (caller).
-        unsafe { copiers.copy(dst, src, len, failed, s) }
     };
-    // out = op over ins, in rank order (wire forms: the host's owner order), in one launch.
+    let copy = |dst: *mut u8, src: *const u8, len: usize| -> Result<()> {
+        fan(src, len, &mut std::iter::once(dst));
+        Ok(())
+    };
+    // Each of `outs` = op over ins, in rank order (wire forms: the host's owner order),
+    // in one launch; with `step`, row y reads the inputs `y * step` elements on and
+    // writes outs[y] alone.
     let red = c.reduction();
     let win = c.wire.map_or(0, algo::wire_window_elems);
-    let reduce = |out: *mut u8, ins: &[*const u8], elems: usize| -> Result<()> {
+    let reduce_rows = |outs: &[*mut u8], nout: usize, ins: &[*const u8], elems: usize, step: usize| -> Result<()> {
         let f = cuda_reduce::kernel(ctx, device, red)?;
         // SAFETY: as above; the kernel reads each element before writing it, so an
         // output equal to one input (in place) is fine.
-        unsafe { cuda_reduce::launch(f, &red, out, ins, elems, win, failed, s) }
+        unsafe { cuda_reduce::launch(f, &red, outs, nout, ins, elems, step, win, failed, s) }
     };
+    let reduce = |outs: &[*mut u8], ins: &[*const u8], elems: usize| reduce_rows(outs, outs.len(), ins, elems, 0);
     let sends_at =
         |off: &dyn Fn(usize) -> usize| -> Vec<*const u8> { (0..n).map(|p| send(p).wrapping_add(off(p))).collect() };
     // Rows of `width` bytes, `dpitch` and `spitch` apart (the axis forms).
@@ -99,24 +113,25 @@ pub(super) unsafe fn move_data(
             copy2d(tmp.wrapping_add(p * bytes), w, send(p).wrapping_add(q * w), n * w, w, st.outer)?;
         }
         let ins: Vec<*const u8> = (0..n).map(|p| tmp.wrapping_add(p * bytes) as *const u8).collect();
-        reduce(recv(q), &ins, c.count)
+        reduce(&[recv(q)], &ins, c.count)
+    };
+    let flush = || -> Result<()> {
+        // SAFETY: every source and destination lies in mapped buffers of this call (caller).
+        unsafe { copiers.copy_batch(&fans.take(), failed, s) }
     };
     if let Some(me) = share {
         let m = mps::Movers { copy: &copy, copy2d: &copy2d, reduce: &reduce, reduce_strided: &reduce_strided };
         // SAFETY: forwarded contract.
         x.algo = unsafe { mps::share(c, me, peers, counts, &m)? };
-        return Ok(());
+        return flush();
     }
     x.algo = "exec-copy";
+    let all_recv: Vec<*mut u8> = (0..n).map(recv).collect();
     match c.kind {
         CollKind::AllReduce => {
-            // Into rank 0's recv (read in place before anything writes), then copied to
-            // the others.
-            reduce(recv(0), &sends_at(&|_| 0), c.count)?;
-            for q in 1..n {
-                copy(recv(q), recv(0), bytes)?;
-            }
-            x.algo = "exec-reduce-copy";
+            // Every rank's recv written by the one pass that reads the inputs.
+            reduce(&all_recv, &sends_at(&|_| 0), c.count)?;
+            x.algo = "exec-reduce";
         }
         CollKind::ReduceScatter if c.strided.is_some() => {
             for q in 0..n {
@@ -125,22 +140,21 @@ pub(super) unsafe fn move_data(
             x.algo = "exec-copy2d-reduce";
         }
         CollKind::ReduceScatter => {
-            for q in 0..n {
-                reduce(recv(q), &sends_at(&|_| q * bytes), c.count)?;
-            }
+            // Row q: block q of every input into rank q's recv.
+            reduce_rows(&all_recv, 1, &sends_at(&|_| 0), c.count, c.count)?;
             x.algo = "exec-reduce";
         }
         CollKind::ReduceScatterV => {
             for q in 0..n {
                 let elems = counts[q].recvcounts()[q];
                 if elems > 0 {
-                    reduce(recv(q), &sends_at(&|p| counts[p].sdispls()[q] * es), elems)?;
+                    reduce(&[recv(q)], &sends_at(&|p| counts[p].sdispls()[q] * es), elems)?;
                 }
             }
             x.algo = "exec-reduce";
         }
         CollKind::Reduce => {
-            reduce(recv(c.root), &sends_at(&|_| 0), c.count)?;
+            reduce(&[recv(c.root)], &sends_at(&|_| 0), c.count)?;
             x.algo = "exec-reduce";
         }
         CollKind::AllGather if c.strided.is_some() => {
@@ -155,24 +169,23 @@ pub(super) unsafe fn move_data(
             x.algo = "exec-copy2d";
         }
         CollKind::AllGather => {
-            for q in 0..n {
-                for p in 0..n {
-                    copy(recv(q).wrapping_add(p * bytes), send(p), bytes)?;
-                }
+            for p in 0..n {
+                fan(send(p), bytes, &mut (0..n).map(|q| recv(q).wrapping_add(p * bytes)));
             }
         }
         CollKind::AllGatherV => {
-            for (q, v) in counts.iter().enumerate() {
-                for p in 0..n {
-                    copy(recv(q).wrapping_add(v.rdispls()[p] * es), send(p), v.recvcounts()[p] * es)?;
+            for p in 0..n {
+                let len = |q: usize| counts[q].recvcounts()[p] * es;
+                if (0..n).all(|q| len(q) == len(0)) {
+                    fan(send(p), len(0), &mut (0..n).map(|q| recv(q).wrapping_add(counts[q].rdispls()[p] * es)));
+                } else {
+                    for (q, v) in counts.iter().enumerate() {
+                        copy(recv(q).wrapping_add(v.rdispls()[p] * es), send(p), len(q))?;
+                    }
                 }
             }
         }
-        CollKind::Broadcast => {
-            for q in 0..n {
-                copy(recv(q), send(c.root), bytes)?;
-            }
-        }
+        CollKind::Broadcast => fan(send(c.root), bytes, &mut (0..n).map(recv)),
         CollKind::Gather => {
             for p in 0..n {
                 copy(recv(c.root).wrapping_add(p * bytes), send(p), bytes)?;
@@ -200,7 +213,7 @@ pub(super) unsafe fn move_data(
         }
         k => return Err(Error::internal(format!("{} on the IPC path", k.c_name()))),
     }
-    Ok(())
+    flush()
 }
 
 /// The ranks of an all_to_all(v) whose send and receive extents overlap (in place), with

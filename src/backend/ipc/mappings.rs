@@ -6,7 +6,7 @@ use crate::backend::ctl::Ctl;
 use crate::error::Result;
 use crate::log;
 use crate::mem::cuda;
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
 
 /// A peer's allocation: the owner's pid and the allocation's base address there.
 pub type Owner = (u32, usize);
@@ -86,29 +86,42 @@ pub fn close(base: usize) {
 /// (peers close its mapping when they need room).
 const EXPORTED_MAX: usize = 4096;
 
+/// How many of this rank's exported allocations one call checks for a free: the
+/// check is a driver call each, so a call costs a constant however many allocations
+/// peers hold mappings of; a freed one is reported within `exported / FREE_CHECKS`
+/// calls (peers never use a stale mapping meanwhile: a new allocation at the same base
+/// has another handle).
+const FREE_CHECKS: usize = 4;
+
 /// This rank's allocations whose handles peers received: base -> (the driver's
-/// identity of the allocation, its handle).
+/// identity of the allocation, its handle), and where the next check for frees starts.
 #[derive(Default)]
 pub struct Exported {
-    map: HashMap<usize, (u64, [u8; 64])>,
+    map: BTreeMap<usize, (u64, [u8; 64])>,
+    cursor: usize,
 }
 
 impl Exported {
     /// Logs (rank `me` in `ctl`) the allocations that peers may have mapped and that
-    /// are freed now (or hold another allocation), and forgets them.
+    /// are freed now (or hold another allocation), and forgets them: the next
+    /// [`FREE_CHECKS`] of them in address order, round the map over the calls.
     pub fn report_dead(&mut self, ctl: &Ctl, me: usize) {
         if self.map.is_empty() {
             return;
         }
-        let dead: Vec<usize> = self
+        let next: Vec<(usize, u64)> = self
             .map
-            .iter()
-            .filter(|(&base, &(id, _))| cuda::buffer_id(base as *const u8) != Some(id))
-            .map(|(&base, _)| base)
+            .range(self.cursor..)
+            .chain(self.map.range(..self.cursor))
+            .take(FREE_CHECKS)
+            .map(|(&base, &(id, _))| (base, id))
             .collect();
-        for base in dead {
-            self.map.remove(&base);
-            ctl.freed_push(me, base);
+        self.cursor = next.last().map_or(0, |&(base, _)| base + 1);
+        for (base, id) in next {
+            if cuda::buffer_id(base as *const u8) != Some(id) {
+                self.map.remove(&base);
+                ctl.freed_push(me, base);
+            }
         }
     }
 

@@ -39,11 +39,12 @@ pub fn slice(count: usize, unit: usize, r: usize, n: usize) -> (usize, usize) {
     (at(r), at(r + 1))
 }
 
-/// `reduce(out, ins, elems)`: out = op over ins, in rank order.
-pub type Reduce<'a> = dyn Fn(*mut u8, &[*const u8], usize) -> Result<()> + 'a;
+/// `reduce(outs, ins, elems)`: each of outs = op over ins, in rank order, in one pass.
+pub type Reduce<'a> = dyn Fn(&[*mut u8], &[*const u8], usize) -> Result<()> + 'a;
 
 /// How a share moves bytes: `copy(dst, src, len)`, `copy2d(dst, dpitch, src, spitch,
-/// width, rows)` and `reduce(out, ins, elems)`, all on the rank's stream.
+/// width, rows)` and `reduce(outs, ins, elems)`, all on the rank's stream (plain copies
+/// may be gathered into one launch after the rest).
 pub struct Movers<'a> {
     pub copy: &'a dyn Fn(*mut u8, *const u8, usize) -> Result<()>,
     pub copy2d: &'a dyn Fn(*mut u8, usize, *const u8, usize, usize, usize) -> Result<()>,
@@ -78,22 +79,18 @@ pub unsafe fn share(
             let (lo, hi) = slice(c.count, unit, me, n);
             if hi > lo {
                 let out = |q: usize| recv(q).wrapping_add(lo * es);
-                let first = if c.kind == CollKind::Reduce { c.root } else { me };
-                (m.reduce)(out(first), &sends_at(&|_| lo * es), hi - lo)?;
-                if c.kind == CollKind::AllReduce {
-                    for q in (0..n).filter(|&q| q != me) {
-                        (m.copy)(out(q), out(me), (hi - lo) * es)?;
-                    }
-                }
+                let outs: Vec<*mut u8> =
+                    if c.kind == CollKind::Reduce { vec![out(c.root)] } else { (0..n).map(out).collect() };
+                (m.reduce)(&outs, &sends_at(&|_| lo * es), hi - lo)?;
             }
             return Ok("mps-slices");
         }
         CollKind::ReduceScatter if c.strided.is_some() => (m.reduce_strided)(me)?,
-        CollKind::ReduceScatter => (m.reduce)(recv(me), &sends_at(&|_| me * bytes), c.count)?,
+        CollKind::ReduceScatter => (m.reduce)(&[recv(me)], &sends_at(&|_| me * bytes), c.count)?,
         CollKind::ReduceScatterV => {
             let elems = counts[me].recvcounts()[me];
             if elems > 0 {
-                (m.reduce)(recv(me), &sends_at(&|p| counts[p].sdispls()[me] * es), elems)?;
+                (m.reduce)(&[recv(me)], &sends_at(&|p| counts[p].sdispls()[me] * es), elems)?;
             }
         }
         CollKind::AllGather if c.strided.is_some() => {

@@ -11,12 +11,14 @@
 //! Layout: [`api`] holds every exported C function; the modules below it hold the state
 //! they share: contexts ([`ctx`]), memory ([`mem`], [`attrs`]), streams and the executor
 //! ([`stream`]), [`event`]s, memory operations ([`memop`]), [`ipc`], modules and kernels
-//! ([`module`], [`kernels`], [`jit`]) and the compiler ([`nvrtc`]).
+//! ([`module`], [`kernels`], [`jit`]), the compiler ([`nvrtc`]) and the cost model
+//! ([`costs`]).
 #![deny(unsafe_op_in_unsafe_fn)]
 
 pub mod api;
 pub mod attrs;
 pub mod config;
+pub mod costs;
 pub mod ctx;
 pub mod device;
 pub mod error;

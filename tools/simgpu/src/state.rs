@@ -230,6 +230,7 @@ fn report(name: &str, r: Result<()>) -> CUresult {
 /// before it (and in a forked child), CUDA_ERROR_NOT_PERMITTED from a host function running
 /// on a stream (as the real driver forbids), CUDA_ERROR_UNKNOWN if the simulator panics.
 pub fn api(name: &'static str, f: impl FnOnce() -> Result<()>) -> CUresult {
+    crate::costs::on_call(name);
     let r = if FORKED.load(Ordering::Relaxed) {
         Err(Error::new(CUresult::CUDA_ERROR_NOT_INITIALIZED, "called in a child forked after cuInit"))
     } else if !initialized() {
@@ -247,5 +248,6 @@ pub fn api(name: &'static str, f: impl FnOnce() -> Result<()>) -> CUresult {
 
 /// Like [`api`] for the few functions that work before `cuInit`.
 pub fn api_pre_init(name: &'static str, f: impl FnOnce() -> Result<()>) -> CUresult {
+    crate::costs::on_call(name);
     report(name, guarded(f))
 }

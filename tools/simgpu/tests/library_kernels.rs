@@ -52,18 +52,40 @@ fn function(m: CUmodule, r: &Reduction) -> CUfunction {
     f
 }
 
-/// Launches `f` as the library does (`cuda_reduce::launch`), with `block` threads per block
-/// and at most `max_grid` blocks (fewer make threads loop over several elements).
+/// Launches `f` as the library does (`cuda_reduce::launch`) with one output, with
+/// `block` threads per block and at most `max_grid` blocks (fewer make threads loop over
+/// several elements).
 fn launch(f: CUfunction, wire: bool, out: CUdeviceptr, ins: &[CUdeviceptr], count: usize, win: usize, max_grid: usize) {
-    let mut o = out;
+    launch_rows(f, wire, &[out], 1, ins, count, 0, win, max_grid);
+}
+
+/// As [`launch`], over `outs.len() / nout` block rows: row y reduces the inputs `y * step`
+/// elements on into `outs[y * nout..][..nout]`.
+#[allow(clippy::too_many_arguments)]
+fn launch_rows(
+    f: CUfunction,
+    wire: bool,
+    outs: &[CUdeviceptr],
+    nout: usize,
+    ins: &[CUdeviceptr],
+    count: usize,
+    step: usize,
+    win: usize,
+    max_grid: usize,
+) {
+    let mut o = [0u64; MAX_INPUTS];
+    o[..outs.len()].copy_from_slice(outs);
     let mut arr = [0u64; MAX_INPUTS];
     arr[..ins.len()].copy_from_slice(ins);
-    let (mut n, mut c, mut w, mut failed) = (ins.len() as i32, count as u64, win as u64, 0u64);
+    let (mut n, mut no, mut c, mut st) = (ins.len() as i32, nout as i32, count as u64, step as u64);
+    let (mut w, mut failed) = (win as u64, 0u64);
     let mut params: Vec<*mut c_void> = vec![
-        (&mut o as *mut u64).cast(),
+        (&mut o as *mut [u64; MAX_INPUTS]).cast(),
         (&mut arr as *mut [u64; MAX_INPUTS]).cast(),
         (&mut n as *mut i32).cast(),
+        (&mut no as *mut i32).cast(),
         (&mut c as *mut u64).cast(),
+        (&mut st as *mut u64).cast(),
     ];
     if wire {
         params.push((&mut w as *mut u64).cast());
@@ -78,7 +100,7 @@ fn launch(f: CUfunction, wire: bool, out: CUdeviceptr, ins: &[CUdeviceptr], coun
         ok(cuLaunchKernel(
             f,
             grid,
-            1,
+            (outs.len() / nout) as u32,
             1,
             block as u32,
             1,
@@ -283,6 +305,14 @@ fn every_reduction_gives_the_host_reductions_bits() {
             assert_eq!(dtoh(out, count * es), inputs[1], "{} n=1", r.entry());
             launch(f, false, devs[0], &devs, count, 0, 1024);
             assert_eq!(dtoh(devs[0], count * es), got, "{} n={n} in place", r.entry());
+            // An all_reduce's one pass: every input is also an output (every rank in place).
+            for (d, v) in devs.iter().zip(&inputs) {
+                ok(unsafe { cuMemcpyHtoD_v2(*d, v.as_ptr().cast(), v.len()) });
+            }
+            launch_rows(f, false, &devs, n, &devs, count, 0, 0, 1024);
+            for (q, d) in devs.iter().enumerate() {
+                assert_eq!(dtoh(*d, count * es), got, "{} n={n}: output {q} of every rank in place", r.entry());
+            }
             for d in devs.into_iter().chain([out]) {
                 // SAFETY: allocations of the test.
                 ok(unsafe { cuMemFree_v2(d) });
@@ -507,4 +537,109 @@ fn copy_kernels_move_exactly_their_bytes_and_nothing_after_a_failure() {
     let d = upload(&vec![0xeeu8; total]);
     copy_kernel(copy, d, s, 4096, failed);
     assert_eq!(dtoh(d, total), vec![0xeeu8; total], "a copy after the failure moved bytes");
+}
+
+#[test]
+fn a_reduce_scatter_in_rows_gives_each_output_its_block() {
+    let _c = Ctx::new(0);
+    let all: Vec<Reduction> = [DataType::Float32, DataType::Bfloat16, DataType::Int64, DataType::Float8e4m3]
+        .iter()
+        .map(|&dt| Reduction::new(dt, ferroccl_simgpu::types::RedOp::Sum))
+        .collect();
+    let m = module(&Reduction::program(&all));
+    let mut rng = Rng(0x5eed);
+    for r in &all {
+        let f = function(m, r);
+        let es = r.dtype.size();
+        let (n, count) = (3, 77);
+        let inputs: Vec<Vec<u8>> = (0..n).map(|_| input(r.dtype, n * count, &mut rng)).collect();
+        let devs: Vec<CUdeviceptr> = inputs.iter().map(|v| upload(v)).collect();
+        let outs: Vec<CUdeviceptr> = (0..n).map(|_| alloc(count * es)).collect();
+        launch_rows(f, false, &outs, 1, &devs, count, count, 0, 1024);
+        for (q, &got) in outs.iter().enumerate() {
+            // Block q of every input, reduced by a launch of its own.
+            let one = alloc(count * es);
+            let at: Vec<CUdeviceptr> = devs.iter().map(|d| d + (q * count * es) as u64).collect();
+            launch(f, false, one, &at, count, 0, 1024);
+            assert_eq!(dtoh(got, count * es), dtoh(one, count * es), "{} row {q}", r.entry());
+        }
+    }
+}
+
+/// Launches fccl_copy_batch over `groups` of (source, length, destinations), as
+/// `cuda_reduce::Copiers::copy_batch` lays out its table.
+fn copy_batch(f: CUfunction, groups: &[(CUdeviceptr, usize, Vec<CUdeviceptr>)], failed: u64) {
+    use ferroccl_simgpu::cuda_kernels::BATCH;
+    #[repr(C)]
+    struct Table {
+        src: [u64; BATCH],
+        len: [u64; BATCH],
+        dst: [u64; BATCH],
+        first: [u16; BATCH + 1],
+    }
+    let mut t = Table { src: [0; BATCH], len: [0; BATCH], dst: [0; BATCH], first: [0; BATCH + 1] };
+    let mut k = 0;
+    for (g, (src, len, dsts)) in groups.iter().enumerate() {
+        t.src[g] = *src;
+        t.len[g] = *len as u64;
+        t.first[g] = k as u16;
+        for d in dsts {
+            t.dst[k] = *d;
+            k += 1;
+        }
+    }
+    t.first[groups.len()] = k as u16;
+    let (mut ng, mut fl) = (groups.len() as u32, failed);
+    let mut params: [*mut c_void; 3] =
+        [(&mut t as *mut Table).cast(), (&mut ng as *mut u32).cast(), (&mut fl as *mut u64).cast()];
+    // SAFETY: the parameters match fccl_copy_batch's.
+    unsafe {
+        ok(cuLaunchKernel(
+            f,
+            3,
+            groups.len() as u32,
+            1,
+            64,
+            1,
+            1,
+            0,
+            std::ptr::null_mut(),
+            params.as_mut_ptr(),
+            std::ptr::null_mut(),
+        ));
+        ok(cuCtxSynchronize());
+    }
+}
+
+#[test]
+fn one_batched_launch_copies_each_source_to_all_its_destinations_and_nothing_else() {
+    let _c = Ctx::new(0);
+    let m = module(ferroccl_simgpu::cuda_kernels::COPY_PROGRAM);
+    let mut f = std::ptr::null_mut();
+    let name = CString::new("fccl_copy_batch").unwrap();
+    // SAFETY: a NUL-terminated name.
+    ok(unsafe { cuModuleGetFunction(&mut f, m, name.as_ptr()) });
+    let total = 8192;
+    let src: Vec<u8> = (0..total).map(|i| (i * 13 + 5) as u8).collect();
+    let s = upload(&src);
+    let d = upload(&vec![0xeeu8; total]);
+    // Aligned (16-byte units), odd lengths and offsets (bytes), a fan of three, an empty group.
+    let groups: Vec<(usize, usize, Vec<usize>)> =
+        vec![(0, 1024, vec![0, 2048, 4096]), (1024, 333, vec![1101]), (3, 40, vec![6001, 7001]), (64, 0, vec![7900])];
+    let dev: Vec<(CUdeviceptr, usize, Vec<CUdeviceptr>)> =
+        groups.iter().map(|(so, len, ds)| (s + *so as u64, *len, ds.iter().map(|&o| d + o as u64).collect())).collect();
+    copy_batch(f, &dev, 0);
+    let mut want = vec![0xeeu8; total];
+    for (so, len, ds) in &groups {
+        for &o in ds {
+            want[o..o + len].copy_from_slice(&src[*so..so + len]);
+        }
+    }
+    assert_eq!(dtoh(d, total), want, "the batch moved other bytes than its groups'");
+    // After a failure nothing moves.
+    let failed = upload(&1u32.to_le_bytes());
+    let d2 = upload(&vec![0xeeu8; total]);
+    let dev2: Vec<(CUdeviceptr, usize, Vec<CUdeviceptr>)> = vec![(s, 4096, vec![d2])];
+    copy_batch(f, &dev2, failed);
+    assert_eq!(dtoh(d2, total), vec![0xeeu8; total], "a batch after the failure moved bytes");
 }

@@ -92,6 +92,7 @@ fn copy(dst: Endpoint, src: Endpoint, width: usize, height: usize, hstream: Opti
         bail!(CUDA_ERROR_INVALID_VALUE, "pitches {}/{} are below the width {width}", dst.pitch, src.pitch);
     }
     let (d, s) = (end(&st, dst, width, height)?, end(&st, src, width, height)?);
+    crate::costs::on_copy(width * height, s.device, d.device);
     let op = |d: End, s: Side, spitch: usize| {
         OpKind::Copy(Copy { dst: d.side, dpitch: dst.pitch, src: s, spitch, width, height })
     };

@@ -1,0 +1,243 @@
+/* The cost model: what each collective asks of a GPU shared by every rank, per call,
+ * held to the roofline's budget on the simulated GPU.
+ *
+ * Every rank selects device 0, so the GPU-to-GPU path serves every call. Each
+ * collective runs twice (buffers repeat: what is set up once per buffer is done), then
+ * once more between two readings of the simulated driver's counters (simgpuGetCosts,
+ * an export of the simulated driver alone: on a real driver this test skips). The
+ * ranks' counts are summed (bytes, launches) or maxed (per-rank costs) over a host
+ * all_reduce and rank 0 prints one row per collective:
+ *
+ *   HBM traffic   bytes read and written in device memory by every rank's kernels and
+ *                 copies, against the least any implementation moves (S: nccl-tests'
+ *                 size; all_reduce 2nS, reduce_scatter and all_gather (n+1)S, all_to_all
+ *                 2nS, broadcast and reduce (n+1)S, gather and scatter 2S)
+ *   launches      kernel launches and driver copies, all ranks together
+ *   memops        stream memory operations (waits and writes of values), all ranks
+ *   blocking      host-blocking driver calls (synchronisations, synchronous copies,
+ *                 frees) on the busiest rank
+ *   driver        driver calls on the busiest rank
+ *
+ * Held: traffic <= 1.05x the minimum and one launch per call (in-place all_to_all: two,
+ * its senders go through scratch first; reduce_scatter_v: one per rank), 3n - 2 stream
+ * memory operations (each other rank writes its ready and waits for done; the
+ * executor waits for each ready and writes done), no blocking
+ * call, no kernel the model does not know, and driver calls per call that do not grow
+ * with the number of live allocations (measured again after 64 more).
+ *
+ * Start with ferroccl-run -n N (N >= 2) under scripts/sim-gpu.sh. */
+#ifndef _POSIX_C_SOURCE
+#define _POSIX_C_SOURCE 200809L
+#endif
+#include <dlfcn.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "ferroccl.h"
+
+typedef int CUresult;
+static CUresult (*cuInit)(unsigned);
+static CUresult (*cuDeviceGetCount)(int*);
+static CUresult (*cuDevicePrimaryCtxRetain)(void**, int);
+static CUresult (*cuCtxSetCurrent)(void*);
+static CUresult (*cuCtxSynchronize)(void);
+static unsigned (*simgpuGetCosts)(unsigned long long*, unsigned);
+
+/* simgpuGetCosts's order (tools/simgpu/src/costs.rs). */
+enum { C_DRIVER, C_BLOCKING, C_LAUNCHES, C_COPIES, C_MEMOPS, C_READ, C_WRITTEN, C_UNMODELLED, C_N };
+
+static int failures, g_rank, g_n;
+
+#define CHECK(cond, ...)                                                \
+  do {                                                                  \
+    if (!(cond)) {                                                      \
+      failures++;                                                       \
+      fprintf(stderr, "rank %d: %s:%d: ", g_rank, __FILE__, __LINE__);  \
+      fprintf(stderr, __VA_ARGS__);                                     \
+      fprintf(stderr, "\n");                                            \
+    }                                                                   \
+  } while (0)
+#define OK(call)                                                                              \
+  do {                                                                                        \
+    fcclResult_t r_ = (call);                                                                 \
+    CHECK(r_ == fcclSuccess, "%s returned %d: %s", #call, (int)r_, fcclGetLastError(NULL));  \
+  } while (0)
+
+static int load_driver(void) {
+  void* h = dlopen("libcuda.so.1", RTLD_NOW | RTLD_LOCAL);
+  if (!h) return 0;
+  /* POSIX's way to turn dlsym's void* into a function pointer without a cast. */
+  *(void**)(&cuInit) = dlsym(h, "cuInit");
+  *(void**)(&cuDeviceGetCount) = dlsym(h, "cuDeviceGetCount");
+  *(void**)(&cuDevicePrimaryCtxRetain) = dlsym(h, "cuDevicePrimaryCtxRetain");
+  *(void**)(&cuCtxSetCurrent) = dlsym(h, "cuCtxSetCurrent");
+  *(void**)(&cuCtxSynchronize) = dlsym(h, "cuCtxSynchronize");
+  *(void**)(&simgpuGetCosts) = dlsym(h, "simgpuGetCosts");
+  return cuInit && cuDeviceGetCount && cuDevicePrimaryCtxRetain && cuCtxSetCurrent && cuCtxSynchronize;
+}
+
+enum Kind { ALL_REDUCE, ALL_REDUCE_IN_PLACE, REDUCE_SCATTER, ALL_GATHER, ALL_TO_ALL, ALL_TO_ALL_IN_PLACE,
+            BROADCAST, REDUCE, GATHER, SCATTER, ALL_GATHER_V, ALL_TO_ALLV, REDUCE_SCATTER_V, KINDS };
+static const char* const NAMES[KINDS] = {
+    "all_reduce",     "all_reduce in place", "reduce_scatter", "all_gather",   "all_to_all",
+    "all_to_all in place", "broadcast",     "reduce",         "gather",       "scatter",
+    "all_gather_v",   "all_to_allv",         "reduce_scatter_v"};
+
+#define C ((size_t)64 << 10) /* elements per rank and block: 256 KiB of float32 */
+
+static float *g_s, *g_d;
+static size_t *g_counts, *g_displs;
+
+static void call(fcclComm_t comm, int k) {
+  const size_t c = C;
+  switch (k) {
+  case ALL_REDUCE: OK(fcclAllReduce(g_s, g_d, c, fcclFloat32, fcclSum, comm, NULL)); break;
+  case ALL_REDUCE_IN_PLACE: OK(fcclAllReduce(g_d, g_d, c, fcclFloat32, fcclSum, comm, NULL)); break;
+  case REDUCE_SCATTER: OK(fcclReduceScatter(g_s, g_d, c, fcclFloat32, fcclSum, comm, NULL)); break;
+  case ALL_GATHER: OK(fcclAllGather(g_s, g_d, c, fcclFloat32, comm, NULL)); break;
+  case ALL_TO_ALL: OK(fcclAlltoAll(g_s, g_d, c, fcclFloat32, comm, NULL)); break;
+  case ALL_TO_ALL_IN_PLACE: OK(fcclAlltoAll(g_d, g_d, c, fcclFloat32, comm, NULL)); break;
+  case BROADCAST: OK(fcclBroadcast(g_s, g_d, c, fcclFloat32, g_n - 1, comm, NULL)); break;
+  case REDUCE: OK(fcclReduce(g_s, g_d, c, fcclFloat32, fcclSum, 0, comm, NULL)); break;
+  case GATHER: OK(fcclGather(g_s, g_d, c, fcclFloat32, 0, comm, NULL)); break;
+  case SCATTER: OK(fcclScatter(g_s, g_d, c, fcclFloat32, 0, comm, NULL)); break;
+  case ALL_GATHER_V: OK(fcclAllGatherV(g_s, c, g_d, g_counts, g_displs, fcclFloat32, comm, NULL)); break;
+  case ALL_TO_ALLV:
+    OK(fcclAlltoAllv(g_s, g_counts, g_displs, g_d, g_counts, g_displs, fcclFloat32, comm, NULL));
+    break;
+  case REDUCE_SCATTER_V:
+    OK(fcclReduceScatterV(g_s, g_counts, g_displs, g_d, fcclFloat32, fcclSum, comm, NULL));
+    break;
+  }
+}
+
+/* The least HBM traffic of kind k, in bytes (S as nccl-tests defines it). */
+static double minimum(int k) {
+  const double n = g_n, blk = (double)C * sizeof(float), all = blk * n;
+  switch (k) {
+  case ALL_REDUCE: case ALL_REDUCE_IN_PLACE: return 2 * n * blk;
+  case REDUCE_SCATTER: case REDUCE_SCATTER_V: case ALL_GATHER: case ALL_GATHER_V: return (n + 1) * all;
+  case ALL_TO_ALL: case ALL_TO_ALL_IN_PLACE: case ALL_TO_ALLV: return 2 * n * all;
+  case BROADCAST: case REDUCE: return (n + 1) * blk;
+  default: return 2 * all; /* gather, scatter */
+  }
+}
+
+/* One call of kind k between two readings; sums[] and maxes[] over all ranks; the
+ * backend and algorithm that served it. */
+static void measure(fcclComm_t comm, int k, unsigned long long* sums, unsigned long long* maxes, const char** b,
+                    const char** a) {
+  unsigned long long x[C_N], y[C_N], d[C_N];
+  int i;
+  call(comm, k);
+  call(comm, k);
+  CHECK(cuCtxSynchronize() == 0, "cuCtxSynchronize");
+  simgpuGetCosts(x, C_N);
+  call(comm, k);
+  simgpuGetCosts(y, C_N);
+  OK(fcclCommGetLastPath(comm, b, a));
+  CHECK(cuCtxSynchronize() == 0, "cuCtxSynchronize");
+  for (i = 0; i < C_N; i++) d[i] = y[i] - x[i];
+  OK(fcclAllReduce(d, sums, C_N, fcclUint64, fcclSum, comm, NULL));
+  OK(fcclAllReduce(d, maxes, C_N, fcclUint64, fcclMax, comm, NULL));
+}
+
+int main(void) {
+  void* ctx = NULL;
+  int ndev = 0, k, i;
+  fcclComm_t comm = NULL;
+  unsigned long long sums[C_N], maxes[C_N];
+  unsigned long long driver_before = 0;
+  if (!load_driver() || cuInit(0) != 0 || cuDeviceGetCount(&ndev) != 0 || ndev == 0) {
+    printf("skipped: no CUDA driver or device\n");
+    return 77;
+  }
+  if (!simgpuGetCosts) {
+    printf("skipped: the cost model needs the simulated GPU (scripts/sim-gpu.sh): this driver has no simgpuGetCosts\n");
+    return 77;
+  }
+  if (!getenv("FERROCCL_RANK")) {
+    printf("skipped: start it with ferroccl-run -n N (N >= 2)\n");
+    return 77;
+  }
+  if (cuDevicePrimaryCtxRetain(&ctx, 0) != 0 || cuCtxSetCurrent(ctx) != 0) {
+    printf("skipped: device 0 unusable\n");
+    return 77;
+  }
+  OK(fcclCommInitFromEnv(&comm));
+  if (failures) return 1;
+  OK(fcclCommUserRank(comm, &g_rank));
+  OK(fcclCommCount(comm, &g_n));
+  OK(fcclMemAlloc((void**)&g_s, C * (size_t)g_n * sizeof(float)));
+  OK(fcclMemAlloc((void**)&g_d, C * (size_t)g_n * sizeof(float)));
+  g_counts = calloc((size_t)g_n, sizeof(size_t));
+  g_displs = calloc((size_t)g_n, sizeof(size_t));
+  for (i = 0; i < g_n; i++) {
+    g_counts[i] = C;
+    g_displs[i] = (size_t)i * C;
+  }
+  if (failures) return 1;
+  if (g_rank == 0)
+    printf("%d ranks on one simulated GPU, %zu KiB per rank and block, per call:\n"
+           "%-20s %-18s %-10s %-6s %-8s %-6s %-8s %s\n",
+           g_n, C * sizeof(float) >> 10, "collective", "algorithm", "traffic", "x min", "launches", "memops",
+           "blocking", "driver calls");
+  for (k = 0; k < KINDS; k++) {
+    const char* b = "?";
+    const char* a = "?";
+    double traffic, ratio;
+    unsigned long long launches;
+    unsigned long long launch_budget = k == ALL_TO_ALL_IN_PLACE ? 2 : k == REDUCE_SCATTER_V ? (unsigned long long)g_n : 1;
+    measure(comm, k, sums, maxes, &b, &a);
+    traffic = (double)(sums[C_READ] + sums[C_WRITTEN]);
+    ratio = traffic / minimum(k);
+    launches = sums[C_LAUNCHES] + sums[C_COPIES];
+    if (g_rank == 0)
+      printf("%-20s %-18s %6.2f MiB %5.2fx %8llu %6llu %8llu %llu\n", NAMES[k], a, traffic / 1048576.0, ratio,
+             launches, sums[C_MEMOPS], maxes[C_BLOCKING], maxes[C_DRIVER]);
+    CHECK(strcmp(b, "ipc") == 0, "%s: served by %s/%s, not the GPU-to-GPU path", NAMES[k], b, a);
+    CHECK(sums[C_UNMODELLED] == 0, "%s: %llu launches of kernels the cost model does not know", NAMES[k],
+          sums[C_UNMODELLED]);
+    CHECK(maxes[C_BLOCKING] == 0, "%s: %llu host-blocking driver calls in one call", NAMES[k], maxes[C_BLOCKING]);
+    CHECK(sums[C_MEMOPS] <= 3 * (unsigned long long)g_n - 2,
+          "%s: %llu stream memory operations, the budget is %d", NAMES[k], sums[C_MEMOPS], 3 * g_n - 2);
+    CHECK(launches <= launch_budget, "%s: %llu launches, the budget is %llu", NAMES[k], launches, launch_budget);
+    if (k != ALL_TO_ALL_IN_PLACE)
+      CHECK(ratio <= 1.05, "%s: %.0f bytes of HBM traffic, %.2fx the least (%.0f); the budget is 1.05x", NAMES[k],
+            traffic, ratio, minimum(k));
+    if (k == ALL_REDUCE) driver_before = maxes[C_DRIVER];
+  }
+  {
+    /* Driver calls must not grow with the live allocations of the process, each one
+     * used in a call (so shared with the peers) first. */
+    void* more[64];
+    const char* b = "?";
+    const char* a = "?";
+    for (i = 0; i < 64; i++) {
+      OK(fcclMemAlloc(&more[i], 4096));
+      OK(fcclAllReduce(more[i], more[i], 1024, fcclFloat32, fcclSum, comm, NULL));
+    }
+    measure(comm, ALL_REDUCE, sums, maxes, &b, &a);
+    if (g_rank == 0)
+      printf("all_reduce with 64 more live allocations: %llu driver calls on the busiest rank (before: %llu)\n",
+             maxes[C_DRIVER], driver_before);
+    /* A call checks up to 4 of the rank's shared allocations for frees (2 before). */
+    CHECK(maxes[C_DRIVER] <= driver_before + 2,
+          "all_reduce: %llu driver calls with 64 more live allocations, against %llu: the per-call work grows "
+          "with the allocations",
+          maxes[C_DRIVER], driver_before);
+    for (i = 0; i < 64; i++) OK(fcclMemFree(more[i]));
+  }
+  OK(fcclMemFree(g_s));
+  OK(fcclMemFree(g_d));
+  OK(fcclCommDestroy(comm));
+  free(g_counts);
+  free(g_displs);
+  if (failures) {
+    fprintf(stderr, "rank %d: %d budgets missed\n", g_rank, failures);
+    return 1;
+  }
+  if (g_rank == 0) printf("every collective within its budget at %d ranks\n", g_n);
+  return 0;
+}

@@ -1,0 +1,207 @@
+//! The cost model: what this process has asked of the simulated GPU, counted by kind, so
+//! that tests can hold each collective to the roofline's budget per call (docs/sim-gpu.md,
+//! "The cost model"). Bytes are HBM traffic: what kernels and copies read and write in
+//! device memory. The library's kernels are modelled by name from their arguments (their
+//! sources in `cuda_kernels` say what each touches, and tests/library_kernels.rs holds
+//! them to it); any other kernel counts as unmodelled.
+//!
+//! Read with `simgpuGetCosts`, an export of the simulated driver alone: a program finds it
+//! with dlsym and, on a real driver, does not.
+
+use crate::kernels::Args;
+use crate::types::DataType;
+use std::ffi::c_uint;
+use std::sync::atomic::{AtomicU64, Ordering};
+
+/// The counters, in the order `simgpuGetCosts` writes them.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[repr(usize)]
+pub enum Cost {
+    /// Every driver entry point called.
+    DriverCalls,
+    /// Calls that block the host until the GPU gets somewhere: synchronisations,
+    /// synchronous copies and sets, frees and unregistrations.
+    Blocking,
+    /// Kernel launches.
+    Launches,
+    /// Copies and sets by the driver (synchronous or on a stream).
+    Copies,
+    /// Stream memory operations (waits and writes of values).
+    MemOps,
+    /// Bytes of device memory read by kernels and copies.
+    Read,
+    /// Bytes of device memory written by kernels, copies and sets.
+    Written,
+    /// Launches of kernels the model does not know (their bytes are not counted).
+    Unmodelled,
+}
+
+/// How many counters there are.
+pub const COUNT: usize = Cost::Unmodelled as usize + 1;
+
+static COSTS: [AtomicU64; COUNT] = [const { AtomicU64::new(0) }; COUNT];
+
+pub fn add(c: Cost, v: u64) {
+    COSTS[c as usize].fetch_add(v, Ordering::Relaxed);
+}
+
+/// Counts a call of driver entry point `name`.
+pub fn on_call(name: &str) {
+    add(Cost::DriverCalls, 1);
+    const BLOCKING: &[&str] = &[
+        "cuCtxSynchronize",
+        "cuStreamSynchronize",
+        "cuEventSynchronize",
+        "cuMemcpy",
+        "cuMemcpyHtoD_v2",
+        "cuMemcpyDtoH_v2",
+        "cuMemcpyDtoD_v2",
+        "cuMemcpyPeer",
+        "cuMemcpy2D_v2",
+        "cuMemcpy2DUnaligned_v2",
+        "cuMemsetD8_v2",
+        "cuMemsetD16_v2",
+        "cuMemsetD32_v2",
+        "cuMemsetD2D8_v2",
+        "cuMemsetD2D16_v2",
+        "cuMemsetD2D32_v2",
+        "cuMemFree_v2",
+        "cuMemFreeHost",
+        "cuMemHostUnregister",
+        "cuIpcCloseMemHandle",
+    ];
+    if BLOCKING.contains(&name) {
+        add(Cost::Blocking, 1);
+    }
+    if name.starts_with("cuStreamWaitValue") || name.starts_with("cuStreamWriteValue") {
+        add(Cost::MemOps, 1);
+    }
+}
+
+/// Counts a copy of `bytes` bytes by the driver: read where the source is device memory,
+/// written where the destination is.
+pub fn on_copy(bytes: usize, src_device: bool, dst_device: bool) {
+    add(Cost::Copies, 1);
+    if src_device {
+        add(Cost::Read, bytes as u64);
+    }
+    if dst_device {
+        add(Cost::Written, bytes as u64);
+    }
+}
+
+/// The element size of a reduction kernel's type token (`f32`, `bf16`, ...).
+fn elem_size(token: &str) -> Option<u64> {
+    DataType::ALL.iter().find(|d| d.kernel_token() == token).map(|d| d.size() as u64)
+}
+
+/// Parameter `i` of a launch as an unsigned integer of `size` bytes at offset `extra`
+/// into it.
+fn arg(args: &Args, i: usize, extra: usize, size: usize) -> u64 {
+    let at = args.offsets.get(i).map_or(usize::MAX, |o| o + extra);
+    let Some(b) = args.bytes.get(at..at.saturating_add(size)) else { return 0 };
+    let mut v = [0u8; 8];
+    v[..size].copy_from_slice(b);
+    u64::from_le_bytes(v)
+}
+
+/// Counts a launch of kernel `name` with `args` over `grid`: (read, written) bytes by
+/// the library's kernels' definitions, or unmodelled.
+pub fn on_launch(name: &str, args: &Args, grid: [u32; 3]) {
+    add(Cost::Launches, 1);
+    let rw = model(name, args, grid);
+    match rw {
+        Some((r, w)) => {
+            add(Cost::Read, r);
+            add(Cost::Written, w);
+        }
+        None => add(Cost::Unmodelled, 1),
+    }
+}
+
+/// What one launch of a library kernel reads and writes (see `cuda_kernels`).
+fn model(name: &str, args: &Args, grid: [u32; 3]) -> Option<(u64, u64)> {
+    match name {
+        // (dst, src, units, w, failed)
+        "fccl_copy" => {
+            let b = arg(args, 2, 0, 8) * arg(args, 3, 0, 4);
+            Some((b, b))
+        }
+        // (dst, dpitch, src, spitch, width, rows, w, failed)
+        "fccl_copy2d" => {
+            let b = arg(args, 4, 0, 8) * arg(args, 5, 0, 8) * arg(args, 6, 0, 4);
+            Some((b, b))
+        }
+        // (struct { src[B]; len[B]; dst[B]; unsigned short first[B + 1]; }, groups, failed)
+        "fccl_copy_batch" => {
+            let batch = crate::cuda_kernels::BATCH;
+            let groups = (arg(args, 1, 0, 4) as usize).min(batch);
+            let (mut r, mut w) = (0, 0);
+            for g in 0..groups {
+                let len = arg(args, 0, 8 * (batch + g), 8);
+                let first = |k: usize| arg(args, 0, 24 * batch + 2 * k, 2);
+                r += len;
+                w += len * first(g + 1).saturating_sub(first(g));
+            }
+            Some((r, w))
+        }
+        // (outs, ins, n, nout, count, step, [win,] failed) over grid[1] rows
+        _ => {
+            let rest = name.strip_prefix("fccl_reduce_")?;
+            let token = rest.strip_prefix("wire_").unwrap_or(rest).split('_').next()?;
+            let es = elem_size(token)?;
+            let (n, nout, count) = (arg(args, 2, 0, 4), arg(args, 3, 0, 4), arg(args, 4, 0, 8));
+            let rows = grid[1] as u64;
+            Some((rows * n * count * es, rows * nout * count * es))
+        }
+    }
+}
+
+/// Writes up to `n` counters (in [`Cost`]'s order) to `out` and returns how many there
+/// are. An export of the simulated driver alone (no real driver has it).
+///
+/// # Safety
+/// `out` is NULL or valid for `n` writes of u64.
+#[no_mangle]
+pub unsafe extern "C" fn simgpuGetCosts(out: *mut u64, n: c_uint) -> c_uint {
+    if !out.is_null() {
+        for (i, c) in COSTS.iter().enumerate().take(n as usize) {
+            // SAFETY: i < n, and out is valid for n writes (caller).
+            unsafe { out.add(i).write(c.load(Ordering::Relaxed)) };
+        }
+    }
+    COUNT as c_uint
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn args(vals: &[(usize, u64)]) -> Args {
+        let mut bytes = Vec::new();
+        let mut offsets = Vec::new();
+        for &(size, v) in vals {
+            let at = bytes.len().div_ceil(size) * size;
+            bytes.resize(at, 0);
+            offsets.push(at);
+            bytes.extend_from_slice(&v.to_le_bytes()[..size]);
+        }
+        Args { bytes, offsets }
+    }
+
+    #[test]
+    fn the_library_kernels_are_modelled_from_their_arguments() {
+        // fccl_copy of 100 units of 16 bytes.
+        assert_eq!(
+            model("fccl_copy", &args(&[(8, 1), (8, 2), (8, 100), (4, 16), (8, 0)]), [1, 1, 1]),
+            Some((1600, 1600))
+        );
+        // A reduce_scatter of 3 rows, 4 inputs of 10 bfloat16 per row, 1 output each.
+        let red = args(&[(8, 0), (8, 0), (4, 4), (4, 1), (8, 10), (8, 10), (8, 0)]);
+        assert_eq!(model("fccl_reduce_bf16_sum", &red, [1, 3, 1]), Some((3 * 4 * 20, 3 * 20)));
+        // An all_reduce over a wire: 1 row, 2 inputs, 2 outputs, 5 float64.
+        let wire = args(&[(8, 0), (8, 0), (4, 2), (4, 2), (8, 5), (8, 0), (8, 64), (8, 0)]);
+        assert_eq!(model("fccl_reduce_wire_f64_bf16_max", &wire, [4, 1, 1]), Some((80, 80)));
+        assert_eq!(model("my_kernel", &red, [1, 1, 1]), None);
+    }
+}
