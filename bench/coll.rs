@@ -22,7 +22,7 @@ pub enum Collective {
     Gather,
     Scatter,
     SendRecv,
-    // Extensions beyond NCCL (ABI.md's last section).
+    // Extensions beyond NCCL (docs/abi.md's last section).
     AllGatherV,
     ReduceScatterV,
     AllGatherAxis,

@@ -1,4 +1,4 @@
-# Contract tests of the "Extensions beyond NCCL" (ABI.md), included by CMakeLists.txt after
+# Contract tests of the "Extensions beyond NCCL" (docs/abi.md), included by CMakeLists.txt after
 # fccl_add_mpi_test and ${_core} are defined:
 #   include(${CMAKE_CURRENT_SOURCE_DIR}/ext_tests.cmake)
 # The multi-rank ones run at every size of FERROCCL_WORLD_SIZES, as processes under the

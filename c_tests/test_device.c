@@ -29,7 +29,7 @@
  *
  * Matrix: types int8, int32, int64, float16, bfloat16, float32, float64, float8e4m3;
  * every op (sum, prod, max, min, avg; the harness's schemes, so results are exact) for the
- * reducing calls; counts 0, 1, 37, 1001; in place and out of place where ABI.md defines it;
+ * reducing calls; counts 0, 1, 37, 1001; in place and out of place where docs/abi.md defines it;
  * every root for the rooted calls (at count 37; rotating at the others).  >= 16 MiB per
  * call: float32 sum, bfloat16 sum and int8 max for the reducing calls, float32 and int8 for
  * the others, at 1 and 2 ranks; a few at more ranks (FCCL_TEST_DEVICE_BIG=0 none, =all
@@ -1918,7 +1918,7 @@ static double order_val(int r, size_t i, unsigned long salt) {
 }
 
 /* Element i of the sum over ranks in rank order, accumulated in float32 and rounded once
- * to dt: what every backend must give, bit for bit (ABI.md), whatever the call's size and
+ * to dt: what every backend must give, bit for bit (docs/abi.md), whatever the call's size and
  * however it is cut. */
 static void order_sum(fcclDataType_t dt, int n, size_t i, unsigned long salt, void* out, size_t k) {
   unsigned char in[8];

@@ -1,4 +1,4 @@
-/* Bad input for every function of ABI.md's "Communicators", "Memory" and "Collectives":
+/* Bad input for every function of docs/abi.md's "Communicators", "Memory" and "Collectives":
  * NULL out-pointers, NULL / destroyed / foreign comms, nranks <= 0, ranks, roots and peers
  * out of range, unknown data types and ops, NULL buffers with count > 0, byte sizes that
  * overflow size_t.  Each must return the documented code, leave a last-error message

@@ -1,4 +1,4 @@
-/* Shape-aware collectives (ABI.md "Extensions beyond NCCL"): dense row-major tensors.
+/* Shape-aware collectives (docs/abi.md "Extensions beyond NCCL"): dense row-major tensors.
  *
  * fcclAllGatherAxis: ndims 1..4, every axis, several shapes (sizes of 1, a zero-size
  * tensor, a ~36k-element one) and types; rank r's block lands at offset r*shape[axis]
@@ -107,7 +107,7 @@ static void gather_case(fcclComm_t comm, int rank, int nranks, const fccl_patter
   free(in_r);
 }
 
-/* ABI.md: two ranks, each a 2x3 tensor, axis 1 -> 2x6 with rows [a0 a1 a2 b0 b1 b2];
+/* docs/abi.md: two ranks, each a 2x3 tensor, axis 1 -> 2x6 with rows [a0 a1 a2 b0 b1 b2];
  * generalised to nranks: row i = row i of rank 0, of rank 1, ... */
 static void abi_example(fcclComm_t comm, int rank, int nranks) {
   static const size_t shape[2] = {2, 3};

@@ -1,4 +1,4 @@
-/* Coalesced collectives (ABI.md "Extensions beyond NCCL"): many buffers packed into buckets
+/* Coalesced collectives (docs/abi.md "Extensions beyond NCCL"): many buffers packed into buckets
  * of at most bucketBytes (0 = default), one collective per bucket.
  *
  * fcclAllReduceCoalesced: 1000 buffers of 0..3000 elements (zeros, NULL pointers for some

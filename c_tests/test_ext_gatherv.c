@@ -1,4 +1,4 @@
-/* Uneven collectives (ABI.md "Extensions beyond NCCL").
+/* Uneven collectives (docs/abi.md "Extensions beyond NCCL").
  *
  * fcclAllGatherV: every type, uneven sendcounts with zeros, receive layouts with gaps
  * (each rank lays its receive buffer out its own way: forwards or backwards, the

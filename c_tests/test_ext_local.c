@@ -1,4 +1,4 @@
-/* Local (one process, no communicator) and planning extensions of ABI.md "Extensions
+/* Local (one process, no communicator) and planning extensions of docs/abi.md "Extensions
  * beyond NCCL".  Runs once, as a single process (the harness's 1-rank communicator is not
  * used).
  *
@@ -334,7 +334,7 @@ static void planning(void) {
   CHECK(fcclCollAllReduce == 0 && fcclCollBroadcast == 1 && fcclCollReduce == 2 &&
             fcclCollAllGather == 3 && fcclCollReduceScatter == 4 && fcclCollAlltoAll == 5 &&
             fcclCollGather == 6 && fcclCollScatter == 7,
-        "fcclCollective_t values differ from ABI.md");
+        "fcclCollective_t values differ from docs/abi.md");
   for (coll = 0; coll < 8; coll++)
     for (n = 1; n <= 8; n++)
       for (rank = 0; rank < n; rank++)

@@ -1,4 +1,4 @@
-/* fcclAllReduceWire (ABI.md "Extensions beyond NCCL"): partial results reduced in the
+/* fcclAllReduceWire (docs/abi.md "Extensions beyond NCCL"): partial results reduced in the
  * accumulation precision of datatype, cast to wireType only for transfer.
  *
  * Narrow wires, against a float64 reference computed here from the inputs of every rank:

@@ -1,5 +1,5 @@
 /* ferroccl.h alone, as C99 and (test_header_cxx11.cpp includes this file) as C++11,
- * with -Wall -Wextra -Wpedantic -Werror: every name of ABI.md
+ * with -Wall -Wextra -Wpedantic -Werror: every name of docs/abi.md
  * with its exact signature (a function pointer of the ABI's type is initialised with each
  * function, which fails to compile on any difference), the enum values, the unique-id
  * size, FCCL_SPLIT_NOCOLOR and FCCL_CONFIG_INITIALIZER. */

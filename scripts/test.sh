@@ -19,6 +19,8 @@ sim() { bash "$root/scripts/sim-gpu.sh" "$@"; }
 
 step "module layers, cycles and file sizes of src/ (tools/check-layers.py)"
 python3 tools/check-layers.py
+step "no tracked file points outside the repository (tools/check-refs.sh)"
+bash tools/check-refs.sh
 step "rustfmt"
 cargo fmt --all --check
 step "clippy"

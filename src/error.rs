@@ -2,7 +2,7 @@
 
 use std::fmt;
 
-/// Result codes of ABI.md (NCCL's values, plus two of our own).
+/// Result codes of docs/abi.md (NCCL's values, plus two of our own).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 #[repr(i32)]
 pub enum Code {

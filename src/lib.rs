@@ -1,7 +1,7 @@
 //! ferroccl: collective communication for tensors, with a C ABI.
 //!
-//! Layers, top to bottom (see ARCHITECTURE.md; `tools/check-layers.py` holds the order
-//! and checks that no module uses a layer above its own):
+//! Layers, top to bottom (`tools/check-layers.py` holds the order and checks that no
+//! module uses a layer above its own):
 //! - [`ffi`]: the only code that speaks C; every exported function lives there
 //!   ([`launch`], the launcher's library half, is the other entry point).
 //! - [`ops`]: composite calls built from collectives (coalesced, axis, local copies).

@@ -1,11 +1,11 @@
 //! Data types and reduction operators as the core sees them.
 //!
-//! Values cross the C ABI as plain integers (ABI.md fixes them); `TryFrom<i32>`
+//! Values cross the C ABI as plain integers (docs/abi.md fixes them); `TryFrom<i32>`
 //! is the only way in, so an unknown value is an error, never UB.
 
 use std::fmt;
 
-/// Element types of ABI.md, with NCCL's numbering.
+/// Element types of docs/abi.md, with NCCL's numbering.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum DataType {
     Int8 = 0,
@@ -134,7 +134,7 @@ impl fmt::Display for DataType {
     }
 }
 
-/// Reduction operators of ABI.md, with NCCL's numbering.
+/// Reduction operators of docs/abi.md, with NCCL's numbering.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum RedOp {
     Sum = 0,

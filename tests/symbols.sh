@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Symbol hygiene of libferroccl (ABI.md: the C prefix is fccl):
+# Symbol hygiene of libferroccl (docs/abi.md: the C prefix is fccl):
 #   1. libferroccl.so exports only fccl* symbols (nm -D --defined-only; the linker's own
 #      _init/_fini/_edata/_end/__bss_start and version nodes are ignored);
 #   2. what it exports is exactly the functions include/ferroccl.h declares;

@@ -36,8 +36,8 @@ import sys
 from collections import defaultdict
 
 # Highest first. A module may use its own layer and every layer after it; modules of
-# one layer may use each other as long as no cycle forms. The order follows
-# ARCHITECTURE.md's target layout, with two decisions of ours: `ops` sits above
+# one layer may use each other as long as no cycle forms. The order is src/lib.rs's
+# (its module documentation lists the layers), with two decisions of ours: `ops` sits above
 # `comm`, because a composite call runs collectives on a communicator (comm never
 # names an op: a queued one is a closure); and `coll` (what a call is) sits above
 # `transport` and `mem`, because a call names where its buffers live (a mem::Placement

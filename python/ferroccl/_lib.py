@@ -21,7 +21,7 @@ __all__ = ["FcclError", "lib", "library_path", "check", "error_string", "last_er
 _HERE = os.path.dirname(os.path.abspath(__file__))
 _LIBNAME = "libferroccl.so"
 
-# fcclResult_t names (ABI.md); values are NCCL's plus two of ferroccl's own.
+# fcclResult_t names (docs/abi.md); values are NCCL's plus two of ferroccl's own.
 RESULT_NAMES = {
     0: "fcclSuccess",
     1: "fcclUnhandledCudaError",

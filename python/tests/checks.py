@@ -55,7 +55,7 @@ def reference(op, arrays):
         r = acc.max(0)
     elif op == "min":
         r = acc.min(0)
-    else:  # avg: integer division for integer types (ABI.md)
+    else:  # avg: integer division for integer types (docs/abi.md)
         r = acc.sum(0) / len(arrays) if acc.dtype.kind == "f" else acc.sum(0) // len(arrays)
     return r.astype(arrays[0].dtype)
 

@@ -38,7 +38,7 @@ pub struct Exec<'a> {
     /// backend's name for it ("host", "staged", "ipc", "nccl", "mixed"), set by the
     /// router and changed by a backend that hands a call to another way of running it.
     pub backend: &'static str,
-    /// How the last run was served: a short name, set by the backend (docs/api.md lists them).
+    /// How the last run was served: a short name, set by the backend (docs/performance.md lists them).
     pub algo: &'static str,
 }
 

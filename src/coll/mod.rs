@@ -274,7 +274,7 @@ impl Coll {
         }
         let es = self.dtype.size();
         let v_off = |d: Option<&[usize]>| d.and_then(|d| d.get(rank)).map_or(0, |&d| d * es);
-        // Where sendbuff sits in place, relative to recvbuff, and how ABI.md says it.
+        // Where sendbuff sits in place, relative to recvbuff, and how docs/abi.md says it.
         let (at, layout): (Option<isize>, &str) = match self.kind {
             CollKind::AllReduce | CollKind::Broadcast | CollKind::Reduce | CollKind::AlltoAll | CollKind::AlltoAllv => {
                 (Some(0), "sendbuff == recvbuff")

@@ -176,7 +176,7 @@ fn hex(b: &[u8]) -> String {
     b.iter().map(|x| format!("{x:02x}")).collect()
 }
 
-/// The opaque id of ABI.md: address of the rendezvous point and the job's key.
+/// The opaque id of docs/abi.md: address of the rendezvous point and the job's key.
 #[derive(Clone, Copy, PartialEq, Eq)]
 pub struct UniqueId(pub [u8; UNIQUE_ID_BYTES]);
 

@@ -479,7 +479,7 @@ pub unsafe extern "C" fn fcclCommCuDevice(comm: fcclComm_t, device: *mut c_int) 
 /// "host" (host memory, the built-in algorithms), "staged" (device memory through host
 /// memory), "ipc" (ranks sharing one GPU, GPU to GPU), "nccl" (NVIDIA's NCCL), "mixed"
 /// (a group over several) or "none" (no call yet); `*algorithm` a short name for how
-/// (docs/api.md lists them). The same words as the FERROCCL_DEBUG=INFO line of the call;
+/// (docs/performance.md lists them). The same words as the FERROCCL_DEBUG=INFO line of the call;
 /// ranks of one call may differ in `algorithm` (rank 0 moves the data, the others wait),
 /// never in `backend`. The strings are static: never free them. Either pointer may be
 /// NULL to skip it. Waits while another thread is in a call on `comm`.

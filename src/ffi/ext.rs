@@ -1,4 +1,4 @@
-//! Extensions beyond NCCL (ABI.md's last section): uneven, axis-aware, coalesced,
+//! Extensions beyond NCCL (docs/abi.md's last section): uneven, axis-aware, coalesced,
 //! narrow-wire and local collectives, and planning helpers.
 
 use super::args::{array, borrow_array, count_arg, dtype, rank_arg, read_only, redop};

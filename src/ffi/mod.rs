@@ -1,4 +1,4 @@
-//! The C ABI: the only code that speaks C (ABI.md is the contract).
+//! The C ABI: the only code that speaks C (docs/abi.md is the contract).
 //!
 //! One file per area. Every exported function runs its body inside
 //! [`boundary::call`], which maps core errors to `fcclResult_t`, records the

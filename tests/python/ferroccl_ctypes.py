@@ -1,7 +1,7 @@
 """Minimal hand-written ctypes binding of libferroccl (no wrapper generator).
 
 Only what the Python tests use is bound; every function gets explicit argtypes and
-restype, written from the C contract (ABI.md / include/ferroccl.h):
+restype, written from the C contract (docs/abi.md / include/ferroccl.h):
 
   * fcclResult_t, fcclDataType_t and fcclRedOp_t are C ints;
   * fcclComm_t and fcclStream_t are opaque pointers (c_void_p);

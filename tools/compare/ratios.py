@@ -8,7 +8,7 @@ each pair measured back to back. For every collective, size and placement that b
 sides ran, the busbw ratio ferroccl/peer is taken within each repetition (it equals
 peer time / ferroccl time, as both use the same bytes and factor) and the median over
 the repetitions is reported, with the medians of each side's busbw; sizes <= 2 KiB also
-get the time ratio ferroccl/peer. Then the verdicts against shared/PERF.md's targets.
+get the time ratio ferroccl/peer. Then the verdicts against docs/performance.md's targets.
 --baseline names a 2-rank run's directory, for the oversubscribed (nranks > 2) target
 "large messages keep >= 50% of their 2-rank busbw"; where DIR also holds the ideal
 peer's N-rank run (and DIR2 its 2-rank one), the same table shows what the bare data
@@ -36,7 +36,7 @@ PEER_TITLE = {"ompi": "Open MPI", "gloo": "Gloo", "ideal": "the bare data moveme
 # Heads the tables of runs made with --rotate 0.
 NOT_ROTATED = ("Buffers not rotated (`--rotate 0`): every call of a size reuses the same buffers, which stay "
                "in the caches up to their size (a program that calls a collective again and again on one "
-               "tensor). With the default rotation (nccl-tests' and PERF.md's), calls up to 16M find them "
+               "tensor). With the default rotation (nccl-tests' and docs/performance.md's), calls up to 16M find them "
                "out of the caches.")
 
 # Size bands of the ideal summary, [lo, hi) in bytes. Below 32K a call's time is mostly
@@ -198,7 +198,7 @@ def medians(runs):
 
 
 def oversubscribed(a, nranks):
-    """PERF.md's "large messages keep >= 50% of their 2-rank busbw" at nranks > 2, and
+    """docs/performance.md's "large messages keep >= 50% of their 2-rank busbw" at nranks > 2, and
     what bounds it: the same ratio for the bare data movement (DIR/ideal.rep*.csv,
     when the ideal peer ran at nranks into the same --out), taken against ferroccl's
     2-rank busbw, which is what the target divides by. Where that is below 0.5 too, no
@@ -212,7 +212,7 @@ def oversubscribed(a, nranks):
     keys = sorted((k for k in fer if k[1] >= 8 << 20 and base.get(k)),
                   key=lambda k: (ORDER.index(k[0]) if k[0] in ORDER else 99, k[1], k[2] != "out"))
     lines = [f"## {nranks} ranks against 2 ranks (>= 8M; 2-rank run: {a.baseline})", "",
-             "PERF.md asks that large messages keep >= 50% of their 2-rank busbw. ferroccl N/2: ferroccl's",
+             "docs/performance.md asks that large messages keep >= 50% of their 2-rank busbw. ferroccl N/2: ferroccl's",
              f"{nranks}-rank busbw over its 2-rank busbw (the target); ideal N / ferroccl 2: the bare data movement's",
              f"{nranks}-rank busbw over ferroccl's 2-rank busbw (what moving the bytes alone reaches of the",
              "target); ideal N/2: the bare data movement over its own 2-rank busbw. Medians over each run's",
@@ -257,7 +257,7 @@ def main(argv):
     ap.add_argument("--peer", required=True, choices=sorted(PEER_TITLE))
     ap.add_argument("--baseline", help="a 2-rank run's directory (for the nranks > 2 target)")
     ap.add_argument("--rotate", type=int, choices=[0, 1], default=1,
-                    help="the runs' --rotate (run.sh passes it); 0 marks the verdicts as off PERF.md's regime")
+                    help="the runs' --rotate (run.sh passes it); 0 marks the verdicts as off docs/performance.md's regime")
     ap.add_argument("--noise", type=float, default=0.05,
                     help="with --peer base: a point is lost when slower in every repetition and by more than "
                          "this fraction at the median (default 0.05)")
@@ -299,7 +299,7 @@ def main(argv):
 
     sel = lambda f: {k: v for k, v in pts.items() if k[1] > 0 and f(*k)}
     if a.peer == "ideal":
-        # The ideal is a measured ceiling, not a target: PERF.md judges nothing against
+        # The ideal is a measured ceiling, not a target: docs/performance.md judges nothing against
         # it (its verdicts, ferroccl's absolute ones included, are in ompi.md and gloo.md).
         lines += [f"## ferroccl against the bare data movement ({nranks} ranks)", "",
                   "ferroccl/ideal busbw ratios, every collective and placement: how close ferroccl comes to what",
@@ -321,12 +321,12 @@ def main(argv):
         lines.append(lost_points(sel(lambda c, s, pl: True), a.noise))
         return finish(a, lines, pts, nranks, fer, peer)
 
-    # ---- verdicts against shared/PERF.md
-    lines += [f"## Verdicts against PERF.md ({title}, {nranks} ranks)", ""]
+    # ---- verdicts against docs/performance.md
+    lines += [f"## Verdicts against the targets ({title}, {nranks} ranks)", ""]
     if nranks != 2:
-        lines += ["(PERF.md states the peer targets for 2 ranks; shown here for information.)", ""]
+        lines += ["(docs/performance.md states the peer targets for 2 ranks; shown here for information.)", ""]
     if a.rotate == 0:
-        lines += ["(PERF.md's targets are measured with rotated buffers; these runs reuse them (--rotate 0), "
+        lines += ["(docs/performance.md's targets are measured with rotated buffers; these runs reuse them (--rotate 0), "
                   "so the verdicts are for information.)", ""]
     # A size of 0 bytes is what a small size becomes when its per-rank count rounds
     # to 0 elements (8 B of all_to_all over 4 ranks of 4-byte floats): both sides

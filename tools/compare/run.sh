@@ -2,7 +2,7 @@
 # ferroccl against its peers, side by side: builds what is missing, runs ferroccl-bench
 # and the peer alternately (ferroccl, peer, ferroccl, peer, ...) over the same
 # collectives and sizes, and prints ferroccl/peer ratios per collective and size with
-# verdicts against shared/PERF.md's targets, or, against the ideal peer (the bare data
+# verdicts against docs/performance.md's targets, or, against the ideal peer (the bare data
 # movement), how close ferroccl comes to it, or, against another build of ferroccl
 # (--peer base --base PATH), which points this build lost (see tools/compare/README.md).
 #
@@ -25,7 +25,7 @@ and sizes (MIN, MIN*4, MIN*16, ... up to MAX, plus MAX itself when the factor 4 
 not land on it; default 8 .. 64M: 8 32 128 512 2K 8K 32K 128K 512K 2M 8M 32M 64M),
 then prints per collective and size the busbw of both, the ratio ferroccl/peer (median
 of the ratios within each repetition), the time ratio for sizes <= 2K, and verdicts
-against shared/PERF.md's targets (for ideal instead: the median, range and lowest
+against docs/performance.md's targets (for ideal instead: the median, range and lowest
 points of the ratios from 32K up; for base: the points this build lost). Tables and
 CSVs go to DIR/n<N>/ (default tools/compare/out).
 
@@ -45,19 +45,19 @@ CSVs go to DIR/n<N>/ (default tools/compare/out).
   --nranks N[,N...]       ranks (default 2); more than the cores is oversubscribed.
                           A list (2,4) runs each rank count in turn for every
                           collective of every repetition, so that a 4-rank figure
-                          and the 2-rank one it is held against (PERF.md's 50%
+                          and the 2-rank one it is held against (docs/performance.md's 50%
                           target) are measured minutes apart at most
   -b MIN, -e MAX          sizes (default 8 and 64M; suffixes K M G)
   --reps R                repetitions of each side (default 3)
   --max-time S            time budget per size and placement (ferroccl-bench's
                           --max-time, default 0.25)
-  --rotate 0|1            1 (default, as nccl-tests and PERF.md's figures): each
+  --rotate 0|1            1 (default, as nccl-tests and docs/performance.md's figures): each
                           iteration uses the next slice of buffers as large as the
                           largest size, so calls up to 16M find them out of the
                           caches. 0: every call reuses the same buffers, which stay
                           in the caches up to their size, as in a program that calls
                           a collective again and again on one tensor. Both sides run
-                          alike; PERF.md's targets are for 1
+                          alike; docs/performance.md's targets are for 1
   --transport auto|tcp    ferroccl's transport (FERROCCL_TRANSPORT, for the ferroccl
                           side only): auto (default) uses shared memory between the
                           ranks of this host; tcp makes every rank a host of its own,

@@ -6,7 +6,7 @@
 //! own NCCL shim is skipped, and then the search path's directories are searched for
 //! one that is not (see [`load_from`]). Every symbol is resolved up front;
 //! collectives that only NCCL 2.28 has are optional. NCCL's enums stay integers
-//! (their values are ours, see ABI.md).
+//! (their values are ours, see docs/abi.md).
 
 use crate::env;
 use crate::error::{Error, Result};
@@ -277,7 +277,7 @@ pub fn nccl() -> Result<&'static Api> {
     }
 }
 
-/// Maps an NCCL result to ours: NCCL's codes are ours (ABI.md), with its message.
+/// Maps an NCCL result to ours: NCCL's codes are ours (docs/abi.md), with its message.
 pub fn check(api: &Api, rc: R, what: &str) -> Result<()> {
     if rc == 0 {
         return Ok(());

@@ -19,7 +19,7 @@
 //!   (`kernels!`), which is the only `unsafe` here: the narrow float conversions are
 //!   compute-bound, so 8 lanes beat the SSE2 baseline's 4.
 //!
-//! Semantics (ABI.md, NCCL):
+//! Semantics (docs/abi.md, NCCL):
 //! * Integers wrap (two's complement); `Avg` is the wrapped sum divided by `nranks`,
 //!   truncated toward zero like C.
 //! * Half, bfloat16 and fp8 accumulate in float32 and are rounded once per output
