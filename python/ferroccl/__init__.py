@@ -388,8 +388,17 @@ class Comm:
         """False for a non-blocking communicator (``blocking=False``)."""
         return not self._nb
 
+    def _live(self, name):
+        """FcclError (fcclInvalidArgument) for a call `name` on a closed communicator,
+        before the library sees a NULL handle."""
+        if self._h is None:
+            how = "abort()" if getattr(self, "_aborted", False) else "close()"
+            raise _lib.FcclError(name, 4, f"{name}: this communicator is closed ({how} was called): create a new "
+                                 "Comm for further calls")
+
     def _status(self):
         """fcclCommGetAsyncError's code; an error's message is then this thread's last_error()."""
+        self._live("fcclCommGetAsyncError")
         e = c_int()
         self._call("fcclCommGetAsyncError", self._h, byref(e))
         return e.value
@@ -468,6 +477,7 @@ class Comm:
         """Calls `name` now, or on the worker thread for async_op (and while async calls
         are queued, so that calls stay in order); returns result, or a Work. Non-blocking
         communicators need no worker: see _issue."""
+        self._live(name)
         if self._nb:
             return self._issue(name, args, result, keep, async_op)
         w = self._worker
@@ -602,6 +612,7 @@ class Comm:
         communicator, e.g. ("ipc", "exec-reduce") for device memory moved GPU to
         GPU, ("staged", ...) through host memory, ("host", ...) for host memory;
         ("none", "none") before the first call."""
+        self._live("fcclCommGetLastPath")
         b, a = c_char_p(), c_char_p()
         self._call("fcclCommGetLastPath", self._h, byref(b), byref(a))
         return (b.value or b"").decode(), (a.value or b"").decode()
@@ -628,6 +639,7 @@ class Comm:
 
     def finalize(self):
         """fcclCommFinalize: finish outstanding work (then only close() is allowed)."""
+        self._live("fcclCommFinalize")
         self.synchronize()
         if self._nb:
             self._wait_ready()
@@ -696,6 +708,7 @@ class Comm:
                 else:
                     rc = self._all_reduce(p, p, array.size, code, o, self._h, None)
                     if rc:
+                        self._live("fcclAllReduce")  # a closed communicator, in Python's words
                         _lib.check("fcclAllReduce", rc)
                     return array
         a = _resolve(array, "all_reduce", stream)

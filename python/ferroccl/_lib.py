@@ -59,10 +59,16 @@ class FcclError(RuntimeError):
         self.code = int(code)
         self.name = RESULT_NAMES.get(self.code, f"result {self.code}")
         self.message = message
-        super().__init__(f"{call}: {self.name} ({self.code}): {message}")
+        # The library's messages start with the call: say it once.
+        said = message[len(call) + 2:] if message.startswith(call + ": ") else message
+        super().__init__(f"{call}: {self.name} ({self.code}): {said}")
 
     def __reduce__(self):  # picklable (multiprocessing, pytest-xdist)
         return (FcclError, (self.call, self.code, self.message))
+
+
+# Users catch and see it as ferroccl.FcclError, where the package exports it.
+FcclError.__module__ = "ferroccl"
 
 
 class UniqueIdStruct(ctypes.Structure):

@@ -25,7 +25,7 @@ def test_invalid_root_raises_fccl_error(comm):
     assert e.name == "fcclInvalidArgument"
     assert e.call == "fcclBroadcast"
     assert "root" in e.message  # the library's own message
-    assert e.message in str(e)
+    assert e.message.split(": ", 1)[1] in str(e)
     assert pickle.loads(pickle.dumps(e)).message == e.message
 
 
@@ -74,10 +74,29 @@ def test_closed_comm_raises_fccl_error(comm):
     (c,) = ferroccl.Comm.init_all(1)
     c.close()
     c.close()  # idempotent
-    with pytest.raises(ferroccl.FcclError) as ei:
-        c.all_reduce(np.ones(2))
-    assert ei.value.code == ferroccl.Result.INVALID_ARGUMENT
+    for run in (lambda: c.all_reduce(np.ones(2)), lambda: c.last_path, c.async_error, c.finalize):
+        with pytest.raises(ferroccl.FcclError) as ei:
+            run()
+        assert ei.value.code == ferroccl.Result.INVALID_ARGUMENT
+        # Python's words, not the C library's "comm is NULL".
+        assert "this communicator is closed (close() was called)" in str(ei.value), ei.value
+        assert "NULL" not in str(ei.value)
     assert "closed" in repr(c)
+    (d,) = ferroccl.Comm.init_all(1)
+    d.abort()
+    with pytest.raises(ferroccl.FcclError, match=r"closed \(abort\(\) was called\)"):
+        d.broadcast(np.ones(2))
+
+
+def test_the_error_is_ferroccl_fcclerror_and_names_the_call_once(comm):
+    assert ferroccl.FcclError.__module__ == "ferroccl"
+    assert ferroccl.FcclError.__qualname__ == "FcclError"
+    with pytest.raises(ferroccl.FcclError) as ei:
+        comm.broadcast(np.zeros(4, np.float32), root=3)
+    text = str(ei.value)
+    assert text.startswith("fcclBroadcast: fcclInvalidArgument (4): "), text
+    assert text.count("fcclBroadcast") == 1, text
+    assert ei.value.message.startswith("fcclBroadcast"), "the attribute keeps the library's message whole"
 
 
 def test_python_side_checks(comm):
