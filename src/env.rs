@@ -6,7 +6,7 @@ use std::time::Duration;
 
 mod names;
 mod parse;
-pub use names::{remarks, NCCL_NO_EFFECT};
+pub use names::{closest_word, remarks, NCCL_NO_EFFECT};
 pub use parse::{resolve, take_warnings, Int};
 
 /// One documented environment variable.
@@ -214,7 +214,7 @@ pub const SLURM_JOB_ID: Var = Var {
 };
 pub const SLURM_STEP_ID: Var = Var { name: "SLURM_STEP_ID", default: "", doc: "Slurm's step id (see SLURM_JOB_ID)" };
 
-/// All variables, for documentation and `ferroccl-run --help`.
+/// All variables, for documentation and `ferroccl-run --help-env`.
 pub const ALL: &[&Var] = &[
     &RANK,
     &WORLD_SIZE,

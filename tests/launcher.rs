@@ -235,16 +235,32 @@ fn usage_errors_are_three_lines_on_stderr_with_status_2() {
 }
 
 #[test]
-fn help_is_the_full_text_on_stdout() {
+fn help_is_one_screen_and_help_env_lists_the_variables() {
     let out = run(&["--help"]);
     assert!(out.status.success(), "{out:?}");
     let t = text(&out.stdout);
     assert!(t.starts_with("usage: ferroccl-run -n N "), "{t}");
-    for s in
-        ["-x VAR=VALUE", "LOCAL_WORLD_SIZE", "MASTER_PORT", "--version", "FERROCCL_TIMEOUT_MS", "SLURM_STEP_NUM_TASKS"]
-    {
+    assert!(t.lines().count() <= 24, "--help is {} lines: keep it to a screen\n{t}", t.lines().count());
+    for s in ["-x VAR[=VALUE]", "--bind core|none", "--grace", "--no-prefix", "--help-env", "--version"] {
         assert!(t.contains(s), "{s} missing from --help");
     }
+    let out = run(&["--help-env"]);
+    assert!(out.status.success(), "{out:?}");
+    let t = text(&out.stdout);
+    for s in ["LOCAL_WORLD_SIZE", "MASTER_PORT", "FERROCCL_TIMEOUT_MS", "SLURM_STEP_NUM_TASKS"] {
+        assert!(t.contains(s), "{s} missing from --help-env");
+    }
+}
+
+#[test]
+fn a_mistyped_option_gets_the_closest_one() {
+    let out = run(&["--nrank", "2", "true"]);
+    assert_eq!(out.status.code(), Some(2), "{out:?}");
+    let err = text(&out.stderr);
+    assert!(err.starts_with("ferroccl-run: unknown option --nrank; did you mean --nranks?"), "{err}");
+    let out = run(&["--frobnicate", "true"]);
+    let err = text(&out.stderr);
+    assert!(err.starts_with("ferroccl-run: unknown option --frobnicate\n"), "no guess when none is near: {err}");
 }
 
 // ------------------------------------------------ other launchers, by hand

@@ -29,35 +29,55 @@ struct Args {
 enum Cmd {
     Run(Args),
     Help,
+    HelpEnv,
     Version,
 }
 
+/// Every option, for "did you mean".
+const OPTIONS: &[&str] = &[
+    "-n",
+    "-np",
+    "--np",
+    "--nranks",
+    "-x",
+    "--bind",
+    "--grace",
+    "--no-prefix",
+    "-h",
+    "--help",
+    "--help-env",
+    "-V",
+    "--version",
+];
+
 fn help() -> String {
-    let mut s = format!(
+    format!(
         "{USAGE}\n\n\
-         Starts N ranks of `program` as local processes that find each other through\n\
-         fcclCommInitFromEnv. Output lines are prefixed with [rank]. The exit status is\n\
-         0 when every rank exits 0, otherwise the first failing rank's status; when one\n\
-         rank fails the others get SECONDS (default 5) to finish before they are killed.\n\
-         --bind core pins rank r to the r-th CPU the launcher may use when there are at\n\
-         least N of them (mpirun's default), so that ranks waiting for each other never\n\
-         share a CPU; the default, none, leaves placement to the scheduler (right for\n\
-         ranks with threads of their own).\n\n\
-         Ranks inherit this environment. -x VAR=VALUE sets VAR in every rank; -x VAR\n\
-         passes this process's VAR on (as mpirun's -x; here a check that it is set).\n\
-         Each rank gets FERROCCL_RANK, FERROCCL_WORLD_SIZE, FERROCCL_LOCAL_RANK,\n\
-         FERROCCL_LOCAL_SIZE, FERROCCL_UNIQUE_ID and FERROCCL_ROOT_ADDR, and torchrun's\n\
-         RANK, WORLD_SIZE, LOCAL_RANK and LOCAL_WORLD_SIZE; unless MASTER_ADDR or\n\
-         MASTER_PORT is given, also MASTER_ADDR=127.0.0.1 and a MASTER_PORT kept free for\n\
-         rank 0 (torch.distributed's env:// then works unchanged).\n\n\
-         The rendezvous point listens on 127.0.0.1 only and admits only ranks that prove\n\
-         they hold this run's random key (in FERROCCL_UNIQUE_ID); when a rank exits before\n\
-         its communicator is set up, the other ranks' set-up fails at once, naming it.\n\
-         ferroccl-run starts ranks on this host only; for several hosts use mpirun, srun or\n\
-         torchrun, which fcclCommInitFromEnv understands too (docs/launchers.md).\n\n\
-         Options: -n/-np N, -x VAR[=VALUE] (repeatable), --bind core|none, --grace SECONDS,\n\
-         --no-prefix, -h/--help, -V/--version.\n\n\
-         Environment variables ferroccl reads:\n"
+         Starts N ranks of `program` on this host; they find each other through\n\
+         fcclCommInitFromEnv (and torch.distributed's env://). Output lines are prefixed\n\
+         with [rank]; the exit status is the first failing rank's, 0 when all succeed.\n\
+         For several hosts use mpirun, srun or torchrun (docs/launchers.md).\n\n\
+         Options:\n  \
+           -n, -np N            the number of ranks\n  \
+           -x VAR[=VALUE]       set VAR in every rank, or pass this process's VAR on (repeatable)\n  \
+           --bind core|none     pin rank r to the r-th usable CPU (core), or leave it (none, default)\n  \
+           --grace SECONDS      when a rank fails, time the others get before they are killed (5)\n  \
+           --no-prefix          leave output lines as the ranks wrote them\n  \
+           --help-env           the variables each rank gets, and every variable ferroccl reads\n  \
+           -h, --help           this text\n  \
+           -V, --version        the version\n"
+    )
+}
+
+fn help_env() -> String {
+    let mut s = String::from(
+        "Each rank inherits this environment and gets FERROCCL_RANK, FERROCCL_WORLD_SIZE,\n\
+         FERROCCL_LOCAL_RANK, FERROCCL_LOCAL_SIZE, FERROCCL_UNIQUE_ID and FERROCCL_ROOT_ADDR,\n\
+         and torchrun's RANK, WORLD_SIZE, LOCAL_RANK and LOCAL_WORLD_SIZE; unless MASTER_ADDR\n\
+         or MASTER_PORT is given, also MASTER_ADDR=127.0.0.1 and a MASTER_PORT kept free for\n\
+         rank 0. The rendezvous point listens on 127.0.0.1 only and admits only ranks that\n\
+         hold this run's random key (in FERROCCL_UNIQUE_ID).\n\n\
+         Environment variables ferroccl reads:\n",
     );
     for v in ferroccl::env::ALL {
         s += &format!(
@@ -126,9 +146,16 @@ fn parse(mut it: impl Iterator<Item = OsString>) -> Result<Cmd, String> {
                 };
             }
             "-h" | "--help" => return Ok(Cmd::Help),
+            "--help-env" => return Ok(Cmd::HelpEnv),
             "-V" | "--version" => return Ok(Cmd::Version),
             "--" => a.prog.extend(it.by_ref()),
-            _ if xs.starts_with('-') => return Err(format!("unknown option {xs}")),
+            _ if xs.starts_with('-') => {
+                let guess = ferroccl::env::closest_word(&xs, OPTIONS);
+                return Err(format!(
+                    "unknown option {xs}{}",
+                    guess.map_or(String::new(), |g| format!("; did you mean {g}?"))
+                ));
+            }
             _ => {
                 a.prog.push(x);
                 a.prog.extend(it.by_ref());
@@ -149,6 +176,10 @@ fn main() {
         Ok(Cmd::Run(a)) => a,
         Ok(Cmd::Help) => {
             print!("{}", help());
+            return;
+        }
+        Ok(Cmd::HelpEnv) => {
+            print!("{}", help_env());
             return;
         }
         Ok(Cmd::Version) => {

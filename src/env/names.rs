@@ -52,6 +52,13 @@ fn closest(name: &str) -> Option<&'static str> {
     (d <= (tail / 3).max(2)).then_some(best)
 }
 
+/// The word of `known` closest to `word`, where one is close enough to be a slip (a
+/// third of its length, at least 2 edits): for "did you mean" in command lines.
+pub fn closest_word<'a>(word: &str, known: &[&'a str]) -> Option<&'a str> {
+    let (d, best) = known.iter().map(|&k| (levenshtein(word, k), k)).min()?;
+    (d <= (word.len() / 3).max(2)).then_some(best)
+}
+
 /// Edits (insertions, deletions, substitutions of one byte) that turn `a` into `b`.
 fn levenshtein(a: &str, b: &str) -> usize {
     let (a, b) = (a.as_bytes(), b.as_bytes());
@@ -79,7 +86,7 @@ fn remark(name: &str, nccl_aliases: bool) -> Option<(bool, String)> {
         }
         let line = match closest(name) {
             Some(k) => format!("{name} is not a ferroccl variable; did you mean {k}?"),
-            None => format!("{name} is not a ferroccl variable and has no effect (ferroccl-run --help lists them)"),
+            None => format!("{name} is not a ferroccl variable and has no effect (ferroccl-run --help-env lists them)"),
         };
         return Some((true, line));
     }
@@ -117,10 +124,14 @@ mod tests {
         assert_eq!(closest("FERROCCL_NSOCK"), Some("FERROCCL_NSOCKS"));
         assert_eq!(closest("FERROCCL_ZZZ"), None);
         assert_eq!(levenshtein("kitten", "sitting"), 3);
+        let opts = ["-n", "--nranks", "--bind", "--grace", "--no-prefix"];
+        assert_eq!(closest_word("--nrank", &opts), Some("--nranks"));
+        assert_eq!(closest_word("--noprefix", &opts), Some("--no-prefix"));
+        assert_eq!(closest_word("--verbose", &opts), None, "no near word: no guess");
         let (warn, line) = remark("FERROCCL_TIMOUT_MS", false).unwrap();
         assert!(warn);
         assert_eq!(line, "FERROCCL_TIMOUT_MS is not a ferroccl variable; did you mean FERROCCL_TIMEOUT_MS?");
-        assert!(remark("FERROCCL_ZZZ", false).unwrap().1.contains("ferroccl-run --help"));
+        assert!(remark("FERROCCL_ZZZ", false).unwrap().1.contains("ferroccl-run --help-env"));
         // Known variables, and those of ferroccl's tools, are no mistake.
         for ok in ["FERROCCL_TIMEOUT_MS", "FERROCCL_LOCAL_SIZE", "FERROCCL_SIM_DEVICES", "FERROCCL_LIB", "PATH"] {
             assert_eq!(remark(ok, false), None, "{ok}");
