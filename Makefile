@@ -49,6 +49,7 @@ LIBS       := $(OUT)/libferroccl.so $(OUT)/libferroccl.a
 NCCL_LIB   := $(OUT)/libferroccl_nccl.so
 NCCLDIR    := $(LIBDIR)/ferroccl
 LAUNCHER   := $(OUT)/ferroccl-run
+BENCH      := $(OUT)/ferroccl-bench
 
 HASH := \#
 VERSION := $(shell awk '$$1 == "$(HASH)define" && $$2 ~ /^FCCL_(MAJOR|MINOR|PATCH)$$/ { v[$$2] = $$3 } \
@@ -106,7 +107,7 @@ BUILD_FIRST := $(if $(shell command -v $(CARGO) 2>/dev/null),build,)
 
 install: $(BUILD_FIRST)
 	@test -n "$(VERSION)" || { echo "install: no FCCL_MAJOR/MINOR/PATCH in $(HEADER)" >&2; exit 1; }
-	@for f in $(LIBS) $(NCCL_LIB) $(LAUNCHER); do test -f "$$f" || { echo "install: $$f missing; run make first" >&2; exit 1; }; done
+	@for f in $(LIBS) $(NCCL_LIB) $(LAUNCHER) $(BENCH); do test -f "$$f" || { echo "install: $$f missing; run make first" >&2; exit 1; }; done
 	$(INSTALL) -d '$(DESTDIR)$(LIBDIR)' '$(DESTDIR)$(INCLUDEDIR)/ferroccl' '$(DESTDIR)$(BINDIR)' \
 	  '$(DESTDIR)$(CMAKEDIR)' '$(DESTDIR)$(PCDIR)' '$(DESTDIR)$(NCCLDIR)'
 	@if [ "$(SPLIT_DEBUG)" = 1 ] && ! command -v $(OBJCOPY) >/dev/null; then \
@@ -120,6 +121,7 @@ install: $(BUILD_FIRST)
 	$(INSTALL) -m 644 $(HEADER) '$(DESTDIR)$(INCLUDEDIR)/ferroccl.h'
 	$(INSTALL) -m 644 $(NCCL_HDR) '$(DESTDIR)$(INCLUDEDIR)/ferroccl/nccl.h'
 	$(call install_elf,$(LAUNCHER),$(BINDIR)/ferroccl-run,$(BINDEBUGDIR))
+	$(call install_elf,$(BENCH),$(BINDIR)/ferroccl-bench,$(BINDEBUGDIR))
 	sed -e 's|@FERROCCL_PREFIX_REL@|$(call relpath,$(PREFIX),$(CMAKEDIR))|g' \
 	    -e 's|@FERROCCL_LIBDIR_REL@|$(call relpath,$(LIBDIR),$(PREFIX))|g' \
 	    -e 's|@FERROCCL_INCLUDEDIR_REL@|$(call relpath,$(INCLUDEDIR),$(PREFIX))|g' \
@@ -143,9 +145,9 @@ uninstall:
 	rm -f '$(DESTDIR)$(LIBDIR)/libferroccl.so' '$(DESTDIR)$(LIBDIR)/libferroccl.so.$(MAJOR)' \
 	  '$(DESTDIR)$(LIBDIR)/$(SOFILE)' '$(DESTDIR)$(DEBUGDIR)/$(SOFILE).debug' '$(DESTDIR)$(LIBDIR)/libferroccl.a' \
 	  '$(DESTDIR)$(NCCLDIR)/libnccl.so.2' '$(DESTDIR)$(NCCLDIR)/libnccl.so' '$(DESTDIR)$(NCCLDEBUGDIR)/libnccl.so.2.debug' \
-	  '$(DESTDIR)$(BINDEBUGDIR)/ferroccl-run.debug' \
+	  '$(DESTDIR)$(BINDEBUGDIR)/ferroccl-run.debug' '$(DESTDIR)$(BINDEBUGDIR)/ferroccl-bench.debug' \
 	  '$(DESTDIR)$(INCLUDEDIR)/ferroccl.h' '$(DESTDIR)$(INCLUDEDIR)/ferroccl/nccl.h' \
-	  '$(DESTDIR)$(BINDIR)/ferroccl-run' \
+	  '$(DESTDIR)$(BINDIR)/ferroccl-run' '$(DESTDIR)$(BINDIR)/ferroccl-bench' \
 	  '$(DESTDIR)$(CMAKEDIR)/ferrocclConfig.cmake' '$(DESTDIR)$(CMAKEDIR)/ferrocclConfigVersion.cmake' \
 	  '$(DESTDIR)$(PCDIR)/ferroccl.pc' '$(DESTDIR)$(PCDIR)/ferroccl-nccl.pc'
 	-rmdir '$(DESTDIR)$(INCLUDEDIR)/ferroccl' '$(DESTDIR)$(CMAKEDIR)' '$(DESTDIR)$(NCCLDEBUGDIR)' '$(DESTDIR)$(NCCLDIR)' \

@@ -454,3 +454,14 @@ fn mpirun_without_an_address_says_how_to_give_one() {
     assert!(o.contains("INITFAIL rc=5") && o.contains("mpirun -x FERROCCL_ROOT_ADDR=host:port"), "{o}");
     assert!(o.contains("rank 0 of 2 from Open MPI's mpirun (OMPI_COMM_WORLD_RANK=0, OMPI_COMM_WORLD_SIZE=2)"), "{o}");
 }
+
+#[test]
+fn ranks_set_up_by_hand_are_not_said_to_come_from_ferroccl_run() {
+    let outs = job(1, &[("FERROCCL_RANK", "0"), ("FERROCCL_WORLD_SIZE", "2")]);
+    let o = &outs[0];
+    assert!(o.contains("INITFAIL rc=5"), "{o}");
+    assert!(o.contains("rank 0 of 2 from FERROCCL_ variables set by hand"), "{o}");
+    assert!(!o.contains("from ferroccl-run"), "{o}");
+    let outs = job(1, &[("FERROCCL_RANK", "0")]);
+    assert!(outs[0].contains("FERROCCL_RANK=0 comes from FERROCCL_ variables set by hand"), "{}", outs[0]);
+}

@@ -5,7 +5,8 @@
  *      -Wl,-rpath,<ferroccl>/target/release -o allreduce
  *   ferroccl-run -n 4 ./allreduce
  *
- * (With an installed copy: cc allreduce.c $(pkg-config --cflags --libs ferroccl).) */
+ * (With an installed copy: cc allreduce.c $(pkg-config --cflags --libs ferroccl) \
+ *   -Wl,-rpath,$(pkg-config --variable=libdir ferroccl), or the loader finds no libferroccl.so.0.) */
 #include <ferroccl.h>
 #include <stdio.h>
 #include <stdlib.h>

@@ -29,9 +29,13 @@ pub enum Launcher {
 }
 
 impl Launcher {
-    /// A name for messages.
+    /// A name for messages. FERROCCL_RANK without the unique id ferroccl-run also
+    /// gives is not ferroccl-run's.
     pub fn describe(self) -> &'static str {
         match self {
+            Launcher::Ferroccl if std::env::var_os(env::UNIQUE_ID.name).is_none() => {
+                "FERROCCL_ variables set by hand (or by a launcher ferroccl does not know)"
+            }
             Launcher::Ferroccl => "ferroccl-run",
             Launcher::Torchrun => "torchrun",
             Launcher::OpenMpi => "Open MPI's mpirun",
@@ -131,7 +135,7 @@ pub fn place(get: &dyn Fn(&Var) -> Option<String>) -> Result<Place> {
             }
             let names: Vec<&str> = s.sizes.iter().map(|(v, _)| v.name).collect();
             return Err(Error::invalid_usage(format!(
-                "{}={} says {} started this process, but {} is not set: the world size must come from the same launcher as the rank. Set {}, or FERROCCL_RANK and FERROCCL_WORLD_SIZE",
+                "{}={} comes from {}, but {} is not set: the world size must come from the same launcher as the rank. Set {}, or FERROCCL_RANK and FERROCCL_WORLD_SIZE",
                 s.rank.name,
                 rank_v.trim(),
                 s.launcher.describe(),

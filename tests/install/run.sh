@@ -55,6 +55,7 @@ major="${version%%.*}"
 for f in lib/libferroccl.so lib/libferroccl.so."$major" lib/libferroccl.so."$version" \
          lib/.debug/libferroccl.so."$version".debug lib/ferroccl/.debug/libnccl.so.2.debug \
          bin/.debug/ferroccl-run.debug lib/libferroccl.a include/ferroccl.h include/ferroccl/nccl.h bin/ferroccl-run \
+         bin/ferroccl-bench bin/.debug/ferroccl-bench.debug \
          lib/ferroccl/libnccl.so.2 lib/ferroccl/libnccl.so \
          lib/cmake/ferroccl/ferrocclConfig.cmake lib/cmake/ferroccl/ferrocclConfigVersion.cmake \
          lib/pkgconfig/ferroccl.pc lib/pkgconfig/ferroccl-nccl.pc; do
@@ -71,7 +72,7 @@ links="$(readlink "$prefix/lib/libferroccl.so") -> $(readlink "$prefix/lib/libfe
 if [ "$links" = "libferroccl.so.$major -> libferroccl.so.$version" ]; then
   ok "libferroccl.so -> libferroccl.so.$major -> libferroccl.so.$version"
 else bad "libferroccl.so links: $links"; fi
-for f in lib/libferroccl.so."$version" lib/ferroccl/libnccl.so.2 bin/ferroccl-run; do
+for f in lib/libferroccl.so."$version" lib/ferroccl/libnccl.so.2 bin/ferroccl-run bin/ferroccl-bench; do
   sections="$(readelf -S -W "$prefix/$f" 2>/dev/null)"
   if grep -q '\.debug_info' <<<"$sections"; then bad "$f is not stripped (it has .debug_info)"
   elif ! grep -q '\.gnu_debuglink' <<<"$sections"; then bad "$f has no .gnu_debuglink to its debug file"
