@@ -465,3 +465,12 @@ fn ranks_set_up_by_hand_are_not_said_to_come_from_ferroccl_run() {
     let outs = job(1, &[("FERROCCL_RANK", "0")]);
     assert!(outs[0].contains("FERROCCL_RANK=0 comes from FERROCCL_ variables set by hand"), "{}", outs[0]);
 }
+
+#[test]
+fn a_program_started_on_its_own_is_a_job_of_one_rank() {
+    // As an MPI singleton: no launcher variable at all gives rank 0 of 1, no rendezvous.
+    assert_job_ok(1, &[]);
+    // A launcher's size without its rank is a launch gone wrong, not a lone program.
+    let outs = job(1, &[("WORLD_SIZE", "2")]);
+    assert!(outs[0].contains("INITFAIL rc=5") && outs[0].contains("yet WORLD_SIZE is set"), "{}", outs[0]);
+}

@@ -525,7 +525,8 @@ class Comm:
     @classmethod
     def from_env(cls):
         """This process's rank of a job started by ``ferroccl-run`` (FERROCCL_RANK,
-        FERROCCL_WORLD_SIZE, FERROCCL_UNIQUE_ID / FERROCCL_ROOT_ADDR) or by torchrun.
+        FERROCCL_WORLD_SIZE, FERROCCL_UNIQUE_ID / FERROCCL_ROOT_ADDR), torchrun, mpirun or
+        srun (docs/launchers.md); a process started on its own is rank 0 of 1.
 
         Under torchrun (TORCHELASTIC_USE_AGENT_STORE=True: torchrun's TCPStore already
         listens on MASTER_PORT) and with torch importable, the unique id travels

@@ -26,6 +26,9 @@ pub enum Launcher {
     Pmi,
     /// SLURM_PROCID/SLURM_STEP_NUM_TASKS: a task of srun.
     Slurm,
+    /// None of them: a program started on its own is a job of one rank (as an MPI
+    /// singleton, or torch.distributed with world size 1).
+    Alone,
 }
 
 impl Launcher {
@@ -42,6 +45,7 @@ impl Launcher {
             Launcher::Pmix => "a PMIx launcher",
             Launcher::Pmi => "a PMI launcher such as MPICH's or Intel MPI's mpiexec",
             Launcher::Slurm => "Slurm's srun",
+            Launcher::Alone => "no launcher: a program started on its own is a job of one rank",
         }
     }
 }
@@ -171,17 +175,40 @@ pub fn place(get: &dyn Fn(&Var) -> Option<String>) -> Result<Place> {
         }
         return Ok(Place { rank, size, local_rank, launcher: s.launcher, vars });
     }
-    let mut msg = String::from(
-        "this process was not started by a launcher ferroccl knows: none of FERROCCL_RANK (ferroccl-run), RANK (torchrun), OMPI_COMM_WORLD_RANK (Open MPI's mpirun), PMIX_RANK (PMIx), PMI_RANK (MPICH's or Intel MPI's mpiexec) or SLURM_PROCID with SLURM_STEP_NUM_TASKS (srun) is set. Start N ranks with ferroccl-run -n N program, torchrun --nproc-per-node N --no-python program, or mpirun/mpiexec/srun with FERROCCL_ROOT_ADDR=host:port (rank 0's host, a free port) and FERROCCL_SECRET given to every rank (docs/launchers.md)",
-    );
-    if let Some(p) = get(&env::SLURM_PROCID) {
-        msg += &format!(
-            ". SLURM_PROCID={} without SLURM_STEP_NUM_TASKS{}: that is a Slurm batch script or its child, not a task of srun; start the ranks with srun",
-            p.trim(),
-            get(&env::SLURM_NTASKS).map(|n| format!(" (SLURM_NTASKS={} is the allocation's)", n.trim())).unwrap_or_default()
-        );
+    // A launcher's size without its rank, or a Slurm batch script (SLURM_PROCID without
+    // a task count): a launch gone wrong, not a program started on its own.
+    let sizes = SOURCES.iter().flat_map(|s| s.sizes.iter().map(|(v, _)| *v));
+    let mut stray: Vec<&str> = Vec::new();
+    for v in sizes.filter(|v| get(v).is_some()) {
+        if !stray.contains(&v.name) {
+            stray.push(v.name);
+        }
     }
-    Err(Error::invalid_usage(msg))
+    if !stray.is_empty() || get(&env::SLURM_PROCID).is_some() {
+        let mut msg = format!(
+            "this process was not started by a launcher ferroccl knows{}: none of FERROCCL_RANK (ferroccl-run), RANK (torchrun), OMPI_COMM_WORLD_RANK (Open MPI's mpirun), PMIX_RANK (PMIx), PMI_RANK (MPICH's or Intel MPI's mpiexec) or SLURM_PROCID with SLURM_STEP_NUM_TASKS (srun) is set. Start N ranks with ferroccl-run -n N program, torchrun --nproc-per-node N --no-python program, or mpirun/mpiexec/srun with FERROCCL_ROOT_ADDR=host:port (rank 0's host, a free port) and FERROCCL_SECRET given to every rank (docs/launchers.md); a program started with none of these variables is a job of one rank",
+            match stray.len() {
+                0 => String::new(),
+                1 => format!(", yet {} is set", stray[0]),
+                _ => format!(", yet {} are set", stray.join(", ")),
+            }
+        );
+        if let Some(p) = get(&env::SLURM_PROCID) {
+            msg += &format!(
+                ". SLURM_PROCID={} without SLURM_STEP_NUM_TASKS{}: that is a Slurm batch script or its child, not a task of srun; start the ranks with srun",
+                p.trim(),
+                get(&env::SLURM_NTASKS).map(|n| format!(" (SLURM_NTASKS={} is the allocation's)", n.trim())).unwrap_or_default()
+            );
+        }
+        return Err(Error::invalid_usage(msg));
+    }
+    Ok(Place {
+        rank: 0,
+        size: 1,
+        local_rank: Some(0),
+        launcher: Launcher::Alone,
+        vars: "no launcher variable set".into(),
+    })
 }
 
 /// A rendezvous at a fixed `host:port`; rank 0 serves it.
@@ -244,7 +271,9 @@ fn how_to_give_addr(l: Launcher) -> &'static str {
         Launcher::Pmix => "mpirun -x FERROCCL_ROOT_ADDR=host:port, or export it before srun",
         Launcher::Pmi => "mpiexec -genv FERROCCL_ROOT_ADDR host:port -genv FERROCCL_SECRET ...",
         Launcher::Slurm => "export FERROCCL_ROOT_ADDR=host:port before srun (srun passes the environment on)",
-        Launcher::Ferroccl | Launcher::Torchrun => "export FERROCCL_ROOT_ADDR=host:port on every rank",
+        Launcher::Ferroccl | Launcher::Torchrun | Launcher::Alone => {
+            "export FERROCCL_ROOT_ADDR=host:port on every rank"
+        }
     }
 }
 
@@ -467,8 +496,15 @@ mod tests {
     }
 
     #[test]
-    fn nothing_set_says_what_was_looked_for_and_how_to_start() {
+    fn a_program_started_on_its_own_is_a_job_of_one_rank() {
+        assert_eq!(ok(&[]), (0, 1, Some(0), Launcher::Alone));
+        assert_eq!(ok(&[("SLURM_NTASKS", "4"), ("LOCAL_RANK", "3")]), (0, 1, Some(0), Launcher::Alone));
+    }
+
+    #[test]
+    fn a_size_without_a_rank_says_what_was_looked_for_and_how_to_start() {
         let e = place_of(&[("WORLD_SIZE", "4"), ("OMPI_COMM_WORLD_SIZE", "4")]).unwrap_err();
+        assert!(e.msg.contains("yet WORLD_SIZE, OMPI_COMM_WORLD_SIZE are set:"), "{}", e.msg);
         assert_eq!(e.code, Code::InvalidUsage);
         for s in [
             "FERROCCL_RANK",

@@ -278,7 +278,8 @@ pub unsafe extern "C" fn fcclCommInitAll(comms: *mut fcclComm_t, ndev: c_int, de
 /// FERROCCL_WORLD_SIZE (ferroccl-run, or by hand); torchrun's RANK and WORLD_SIZE; Open
 /// MPI's OMPI_COMM_WORLD_RANK and _SIZE; PMIX_RANK (with the size of Open MPI, PMI or
 /// srun); PMI_RANK and PMI_SIZE (MPICH's or Intel MPI's mpiexec); Slurm's SLURM_PROCID
-/// and SLURM_STEP_NUM_TASKS (a task of srun). The ranks meet at FERROCCL_UNIQUE_ID
+/// and SLURM_STEP_NUM_TASKS (a task of srun); with none of these set, the program is
+/// a job of one rank (as an MPI singleton). The ranks meet at FERROCCL_UNIQUE_ID
 /// (set by ferroccl-run), else at FERROCCL_ROOT_ADDR (host:port where rank 0 serves
 /// the rendezvous); a job of one rank needs neither; under torchrun rank 0 passes a
 /// fresh id through the agent's store on MASTER_PORT; else MASTER_ADDR:MASTER_PORT. A
