@@ -473,7 +473,7 @@ impl<'a> Case<'a> {
         let steps = if total > 0 && self.rotate { (self.buf_bytes / total).max(1) } else { 1 };
         let shift = total * (iter % steps);
         let (sb, rb) = self.device.unwrap_or((self.send_base, self.recv_base));
-        // SAFETY (pointer arithmetic): shift + total <= buf_bytes.
+        // SAFETY: (pointer arithmetic) shift + total <= buf_bytes.
         let (s, r) = unsafe { (sb.add(shift), rb.add(shift)) };
         if inplace {
             let rank = self.comm.rank;
@@ -686,6 +686,7 @@ impl<'a> Case<'a> {
         let sentinel = T::sentinel();
         // SAFETY: both allocations hold at least max(send, recv) elements of T.
         let send: &mut [T] = unsafe { slice(sb, l.send) };
+        // SAFETY: as above; the two allocations are distinct, so the slices do not alias.
         let recv: &mut [T] = unsafe { slice(rb, l.recv.max(l.send)) };
         let fill_data = |dst: &mut [T], r: usize, off: usize| {
             for (k, x) in dst.iter_mut().enumerate() {

@@ -164,11 +164,13 @@ impl Comm {
             let mut id = fcclUniqueId { internal: [0; FCCL_UNIQUE_ID_BYTES] };
             // SAFETY: valid out pointers; the id is used unchanged.
             check(unsafe { fcclGetUniqueId(&mut id) }, "fcclGetUniqueId")?;
+            // SAFETY: a valid out pointer and the id just made.
             check(unsafe { fcclCommInitRank(&mut c, 1, id, 0) }, "fcclCommInitRank")?;
         }
         let (mut rank, mut n): (c_int, c_int) = (0, 0);
         // SAFETY: c is a live communicator; valid out pointers.
         check(unsafe { fcclCommUserRank(c, &mut rank) }, "fcclCommUserRank")?;
+        // SAFETY: as above.
         check(unsafe { fcclCommCount(c, &mut n) }, "fcclCommCount")?;
         Ok(Comm { raw: c, rank: rank as usize, nranks: n as usize })
     }
@@ -221,8 +223,8 @@ impl Comm {
     /// Every rank's `mine` (same length on every rank), in rank order.
     pub fn allgather_bytes(&self, mine: &[u8]) -> Result<Vec<u8>, Fail> {
         let mut out = vec![0u8; mine.len() * self.nranks];
-        // SAFETY: buffers of the sizes the call implies.
         check(
+            // SAFETY: buffers of the sizes the call implies.
             unsafe {
                 fcclAllGather(
                     mine.as_ptr() as *const c_void,

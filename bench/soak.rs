@@ -727,8 +727,9 @@ fn run_call(
     // Case fills and checks max(send, recv) elements of both buffers.
     let need = l.send.max(l.recv) * esize;
     let [sb, rb] = c.bufs[me];
-    // SAFETY (pointer arithmetic): each allocation holds the offset plus `need`.
+    // SAFETY: (pointer arithmetic) each allocation holds the offset plus `need`.
     let sp = unsafe { pool.get(sb.kind, 0, sb.offset * esize + need, sb.fresh)?.add(sb.offset * esize) };
+    // SAFETY: as above.
     let rp = unsafe { pool.get(rb.kind, 1, rb.offset * esize + need, rb.fresh)?.add(rb.offset * esize) };
     let device = sb.kind == Kind::Device;
     let (hs, hr) = if device { (pool.mirror(0, need), pool.mirror(1, need)) } else { (sp, rp) };

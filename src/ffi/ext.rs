@@ -454,6 +454,7 @@ pub unsafe extern "C" fn fcclLocalScatter(
                 array(dstDevices, n, "dstDevices")?,
             )
         };
+        // SAFETY: chunkSizes is non-NULL here, and holds ndst sizes per the contract.
         let given = if chunkSizes.is_null() { None } else { Some(unsafe { array(chunkSizes, n, "chunkSizes")? }) };
         let sizes = local::chunk_sizes(l.along, n, given.as_deref())?;
         let first = local::check_devices(&[srcDevice], "srcDevice")?;

@@ -268,6 +268,7 @@ mod tests {
         assert!(w.writable());
         // SAFETY: the mapping and `a` hold the same region_len bytes (offsets from the allocation's start).
         unsafe { *(w.at(100) as *mut u8) = 0xA5 };
+        // SAFETY: `a` is valid for region_len bytes, of which 100 is one.
         assert_eq!(unsafe { *a.add(100) }, 0xA5);
         drop(w);
         let epoch = d.epoch;

@@ -523,7 +523,7 @@ impl Ipc {
         let _g = cuda::CtxGuard::enter(reg.ctx)?;
         let mut targets = Vec::with_capacity(2 * device.len());
         let v = |o: &Op<'_>| (o.slot + 1) as u32;
-        // SAFETY (the stream operations and copies below): the words are registered in
+        // SAFETY: (the stream operations and copies below) the words are registered in
         // this context and outlive the streams' use of them (Drop waits for every
         // target); the sender's buffer stays mapped until the GPU finished this call
         // (closing waits for it) and its owner keeps it until its stream passed

@@ -47,9 +47,9 @@ impl Nccl {
         let _g = cuda::CtxGuard::enter(ctx)?;
         let uid = NcclUniqueId { internal: id.map(|b| b as std::os::raw::c_char) };
         let mut comm: NcclComm = std::ptr::null_mut();
-        // SAFETY: comm is a valid out-pointer; the device's context is current.
         check(
             api,
+            // SAFETY: comm is a valid out-pointer; the device's context is current.
             unsafe { (api.comm_init_rank)(&mut comm, nranks as c_int, uid, rank as c_int) },
             "ncclCommInitRank",
         )?;
@@ -60,9 +60,9 @@ impl Nccl {
     pub fn init_all(devs: &[i32]) -> Result<Vec<Nccl>> {
         let api = lib::nccl()?;
         let mut comms: Vec<NcclComm> = vec![std::ptr::null_mut(); devs.len()];
-        // SAFETY: comms has room for devs.len() handles; devs is that long.
         check(
             api,
+            // SAFETY: comms has room for devs.len() handles; devs is that long.
             unsafe { (api.comm_init_all)(comms.as_mut_ptr(), devs.len() as c_int, devs.as_ptr()) },
             "ncclCommInitAll",
         )?;
@@ -133,7 +133,7 @@ impl Nccl {
         let comm = self.comm;
         let es = c.dtype.size();
         let name = c.kind.c_name();
-        // SAFETY (whole block): guaranteed by the caller; NCCL's signatures as in lib.rs.
+        // SAFETY: (whole block) guaranteed by the caller; NCCL's signatures as in lib.rs.
         let rc = unsafe {
             match c.kind {
                 CollKind::AllReduce => (a.all_reduce)(s, r, n, dt, op, comm, st),

@@ -307,7 +307,7 @@ fn every_reduction_gives_the_host_reductions_bits() {
             assert_eq!(dtoh(devs[0], count * es), got, "{} n={n} in place", r.entry());
             // An all_reduce's one pass: every input is also an output (every rank in place).
             for (d, v) in devs.iter().zip(&inputs) {
-                ok(unsafe { cuMemcpyHtoD_v2(*d, v.as_ptr().cast(), v.len()) });
+                htod(*d, v);
             }
             launch_rows(f, false, &devs, n, &devs, count, 0, 0, 1024);
             for (q, d) in devs.iter().enumerate() {
