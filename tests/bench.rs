@@ -542,9 +542,9 @@ fn json_csv_and_plot_have_their_shape() {
     for key in ["library_version", "host", "date", "mem", "nranks", "params", "ranks", "peak_rss_kib", "results"] {
         assert!(v.get(key).is_some(), "JSON has {key}");
     }
-    assert_eq!(v.get("nranks").unwrap().num(), Some(2.0));
-    assert_eq!(v.get("mem").unwrap().str(), Some("host"));
-    let res = v.get("results").unwrap().arr().unwrap();
+    assert_eq!(v.get("nranks").unwrap().as_f64(), Some(2.0));
+    assert_eq!(v.get("mem").unwrap().as_str(), Some("host"));
+    let res = v.get("results").unwrap().as_array().unwrap();
     assert_eq!(res.len(), records, "one JSON record per size and placement");
     for r in res {
         for key in [
@@ -569,11 +569,11 @@ fn json_csv_and_plot_have_their_shape() {
             assert!(r.get(key).is_some(), "record has {key}: {r:?}");
         }
         // What served it: the host backend on every rank; rank 0's algorithm first.
-        let algo = r.get("algorithm").unwrap().str().unwrap();
-        assert_eq!(r.get("backend").unwrap().str(), Some("host"), "{r:?}");
+        let algo = r.get("algorithm").unwrap().as_str().unwrap();
+        assert_eq!(r.get("backend").unwrap().as_str(), Some("host"), "{r:?}");
         assert!(HOST_ALGORITHMS.contains(&algo), "{r:?}");
         let each = |k: &str| -> Vec<String> {
-            r.get(k).unwrap().arr().unwrap().iter().map(|x| x.str().unwrap().to_string()).collect()
+            r.get(k).unwrap().as_array().unwrap().iter().map(|x| x.as_str().unwrap().to_string()).collect()
         };
         assert_eq!(each("backends_by_rank"), ["host", "host"], "{r:?}");
         let algos = each("algorithms_by_rank");
@@ -581,8 +581,8 @@ fn json_csv_and_plot_have_their_shape() {
         assert_eq!(algos[0], algo, "the algorithm shown is rank 0's: {r:?}");
         assert!(algos.iter().all(|a| HOST_ALGORITHMS.contains(&a.as_str())), "{r:?}");
     }
-    assert_eq!(v.get("ranks").unwrap().arr().unwrap().len(), 2);
-    assert_eq!(v.get("backend_mixed_ranks").unwrap().num(), Some(0.0));
+    assert_eq!(v.get("ranks").unwrap().as_array().unwrap().len(), 2);
+    assert_eq!(v.get("backend_mixed_ranks").unwrap().as_f64(), Some(0.0));
 
     let csv = std::fs::read_to_string(&c).unwrap();
     let mut lines = csv.lines();
@@ -614,7 +614,7 @@ fn json_csv_and_plot_have_their_shape() {
         // Table, CSV and JSON say the same of each size and placement.
         let shown = &table[&(f[0].to_string(), f[5].to_string(), f[7])];
         assert_eq!((shown.0.as_str(), shown.1.as_str()), (f[13], f[14]), "table and CSV: {l}");
-        assert_eq!(Some(f[14]), r.get("algorithm").unwrap().str(), "CSV and JSON, in the same order: {l}");
+        assert_eq!(Some(f[14]), r.get("algorithm").unwrap().as_str(), "CSV and JSON, in the same order: {l}");
     }
 
     let svg = std::fs::read_to_string(&p).unwrap();
@@ -667,7 +667,7 @@ fn num_at(v: &json::V, path: &[&str]) -> f64 {
     for k in path {
         x = x.get(k).unwrap_or_else(|| panic!("JSON has {path:?}"));
     }
-    x.num().unwrap_or_else(|| panic!("{path:?} is a number"))
+    x.as_f64().unwrap_or_else(|| panic!("{path:?} is a number"))
 }
 
 /// The CI soak: random checked calls of every collective and extension (count 0,
@@ -683,7 +683,7 @@ fn soak_is_right_and_grows_nothing_at_2_and_3_ranks() {
         assert_eq!(o.status.code(), Some(0), "{ctx}");
         assert!(out.contains("# Soak                 : OK"), "{ctx}");
         assert!(out.contains(&format!("--soak {calls} --seed {seed} --nranks {n}")), "replay line: {ctx}");
-        assert_eq!(v.get("mode").and_then(|m| m.str()), Some("soak"));
+        assert_eq!(v.get("mode").and_then(|m| m.as_str()), Some("soak"));
         assert_eq!(num_at(&v, &["nranks"]), n.parse::<f64>().unwrap());
         assert_eq!(num_at(&v, &["params", "seed"]), seed.parse::<f64>().unwrap());
         assert_eq!(num_at(&v, &["wrong"]), 0.0, "{ctx}");
@@ -708,11 +708,11 @@ fn soak_is_right_and_grows_nothing_at_2_and_3_ranks() {
             assert!(num_at(&v, &["buffers", k]) > 0.0, "{k} buffers: {ctx}");
         }
         assert_eq!(num_at(&v, &["buffers", "fcclMemAlloc"]), 0.0);
-        let ranks = v.get("ranks").and_then(|r| r.arr()).expect("ranks");
+        let ranks = v.get("ranks").and_then(|r| r.as_array()).expect("ranks");
         assert_eq!(ranks.len(), n.parse::<usize>().unwrap());
         for r in ranks {
             assert!(num_at(r, &["end", "fds"]) > 0.0 && num_at(r, &["end", "threads"]) >= 1.0, "{r:?}");
-            assert_eq!(r.get("rss_kib_steps").and_then(|s| s.arr()).map(|s| s.len()), Some(10));
+            assert_eq!(r.get("rss_kib_steps").and_then(|s| s.as_array()).map(|s| s.len()), Some(10));
         }
     }
 }
@@ -762,164 +762,12 @@ fn soak_arguments_are_checked() {
     }
 }
 
-/// Just enough JSON to check that the output parses and to look inside it.
+/// The bench's JSON, read with serde_json.
 mod json {
-    #[derive(Debug)]
-    pub enum V {
-        Null,
-        Bool,
-        Num(f64),
-        Str(String),
-        Arr(Vec<V>),
-        Obj(Vec<(String, V)>),
-    }
-
-    impl V {
-        pub fn get(&self, k: &str) -> Option<&V> {
-            match self {
-                V::Obj(m) => m.iter().find(|(a, _)| a == k).map(|(_, v)| v),
-                _ => None,
-            }
-        }
-        pub fn arr(&self) -> Option<&[V]> {
-            match self {
-                V::Arr(a) => Some(a),
-                _ => None,
-            }
-        }
-        pub fn num(&self) -> Option<f64> {
-            match self {
-                V::Num(n) => Some(*n),
-                _ => None,
-            }
-        }
-        pub fn str(&self) -> Option<&str> {
-            match self {
-                V::Str(s) => Some(s),
-                _ => None,
-            }
-        }
-    }
+    pub use serde_json::Value as V;
 
     pub fn parse(s: &str) -> Result<V, String> {
-        let b = s.as_bytes();
-        let mut i = 0;
-        let v = value(b, &mut i)?;
-        ws(b, &mut i);
-        if i != b.len() {
-            return Err(format!("trailing text at byte {i}"));
-        }
-        Ok(v)
-    }
-
-    fn ws(b: &[u8], i: &mut usize) {
-        while *i < b.len() && b[*i].is_ascii_whitespace() {
-            *i += 1;
-        }
-    }
-
-    fn lit(b: &[u8], i: &mut usize, w: &str) -> Result<(), String> {
-        if b[*i..].starts_with(w.as_bytes()) {
-            *i += w.len();
-            Ok(())
-        } else {
-            Err(format!("expected {w} at byte {i}"))
-        }
-    }
-
-    fn string(b: &[u8], i: &mut usize) -> Result<String, String> {
-        lit(b, i, "\"")?;
-        let mut out = String::new();
-        while *i < b.len() {
-            let c = b[*i];
-            *i += 1;
-            match c {
-                b'"' => return Ok(out),
-                b'\\' => {
-                    let e = *b.get(*i).ok_or("bad escape")?;
-                    *i += 1;
-                    match e {
-                        b'"' | b'\\' | b'/' => out.push(e as char),
-                        b'n' | b'r' | b't' | b'b' | b'f' => out.push(' '),
-                        b'u' => {
-                            let h =
-                                std::str::from_utf8(b.get(*i..*i + 4).ok_or("bad \\u")?).map_err(|e| e.to_string())?;
-                            u32::from_str_radix(h, 16).map_err(|e| e.to_string())?;
-                            *i += 4;
-                            out.push('?');
-                        }
-                        _ => return Err(format!("bad escape at byte {i}")),
-                    }
-                }
-                c if c < 0x20 => return Err(format!("control character in string at byte {i}")),
-                c => out.push(c as char),
-            }
-        }
-        Err("unterminated string".into())
-    }
-
-    fn value(b: &[u8], i: &mut usize) -> Result<V, String> {
-        ws(b, i);
-        match b.get(*i).ok_or("unexpected end")? {
-            b'{' => {
-                *i += 1;
-                let mut m = Vec::new();
-                ws(b, i);
-                if b.get(*i) == Some(&b'}') {
-                    *i += 1;
-                    return Ok(V::Obj(m));
-                }
-                loop {
-                    ws(b, i);
-                    let k = string(b, i)?;
-                    ws(b, i);
-                    lit(b, i, ":")?;
-                    m.push((k, value(b, i)?));
-                    ws(b, i);
-                    match b.get(*i) {
-                        Some(b',') => *i += 1,
-                        Some(b'}') => {
-                            *i += 1;
-                            return Ok(V::Obj(m));
-                        }
-                        _ => return Err(format!("expected , or }} at byte {i}")),
-                    }
-                }
-            }
-            b'[' => {
-                *i += 1;
-                let mut a = Vec::new();
-                ws(b, i);
-                if b.get(*i) == Some(&b']') {
-                    *i += 1;
-                    return Ok(V::Arr(a));
-                }
-                loop {
-                    a.push(value(b, i)?);
-                    ws(b, i);
-                    match b.get(*i) {
-                        Some(b',') => *i += 1,
-                        Some(b']') => {
-                            *i += 1;
-                            return Ok(V::Arr(a));
-                        }
-                        _ => return Err(format!("expected , or ] at byte {i}")),
-                    }
-                }
-            }
-            b'"' => Ok(V::Str(string(b, i)?)),
-            b't' => lit(b, i, "true").map(|_| V::Bool),
-            b'f' => lit(b, i, "false").map(|_| V::Bool),
-            b'n' => lit(b, i, "null").map(|_| V::Null),
-            _ => {
-                let start = *i;
-                while *i < b.len() && matches!(b[*i], b'-' | b'+' | b'.' | b'e' | b'E' | b'0'..=b'9') {
-                    *i += 1;
-                }
-                let t = std::str::from_utf8(&b[start..*i]).unwrap();
-                t.parse::<f64>().map(V::Num).map_err(|_| format!("bad number {t:?} at byte {start}"))
-            }
-        }
+        serde_json::from_str(s).map_err(|e| e.to_string())
     }
 }
 
@@ -944,7 +792,7 @@ fn device_sweeps_report_the_host_time_of_a_call() {
         let (out, err) = text(&o);
         assert_eq!(o.status.code(), Some(0), "stdout:\n{out}\nstderr:\n{err}");
         let v = json::parse(&std::fs::read_to_string(&j).unwrap()).unwrap();
-        let res = v.get("results").unwrap().arr().unwrap();
+        let res = v.get("results").unwrap().as_array().unwrap();
         assert_eq!(res.len(), 2 * 2 * 5, "2 collectives, 2 placements, 5 sizes");
         for r in res {
             let (host, total) = (num_at(r, &["host_us"]), num_at(r, &["time_us"]));
@@ -1076,17 +924,17 @@ fn assert_served_by(
         }
     }
     assert!(out.contains("# Backend mixed(ranks) : 0 OK"), "{out}");
-    let res = v.get("results").unwrap().arr().unwrap();
+    let res = v.get("results").unwrap().as_array().unwrap();
     assert_eq!(res.len(), 2 * NCCL_SET.len(), "every collective in both placements");
     for r in res {
-        assert_eq!(r.get("backend").unwrap().str(), Some(backend), "{n} ranks: {r:?}");
+        assert_eq!(r.get("backend").unwrap().as_str(), Some(backend), "{n} ranks: {r:?}");
         let each = |k: &str| -> Vec<String> {
-            r.get(k).unwrap().arr().unwrap().iter().map(|x| x.str().unwrap().to_string()).collect()
+            r.get(k).unwrap().as_array().unwrap().iter().map(|x| x.as_str().unwrap().to_string()).collect()
         };
         assert_eq!(each("backends_by_rank"), vec![backend; n], "{n} ranks: {r:?}");
         let algos = each("algorithms_by_rank");
         assert_eq!(algos.len(), n, "{r:?}");
-        assert_eq!(Some(algos[0].as_str()), r.get("algorithm").unwrap().str(), "rank 0's is shown: {r:?}");
+        assert_eq!(Some(algos[0].as_str()), r.get("algorithm").unwrap().as_str(), "rank 0's is shown: {r:?}");
         assert!(rank0(&algos[0]) && algos.iter().all(|a| ok(a)), "{n} ranks: {r:?}");
     }
     let body: Vec<&str> = csv.lines().skip(1).collect();
