@@ -149,7 +149,7 @@ endif()
 _fccl_missing_of(_fccl_costs_miss ${_fccl_dev_req} fcclCommGetLastPath)
 if(_fccl_costs_miss)
   _fccl_missing_tests(test_device_costs "${_fccl_costs_miss}" test_device_costs.np2 test_device_costs.np4
-    test_device_costs.np8)
+    test_device_costs.np8 test_device_costs.mps.np4)
 else()
   add_executable(test_device_costs test_device_costs.c)
   target_link_libraries(test_device_costs PRIVATE ferroccl ${CMAKE_DL_LIBS})
@@ -157,4 +157,6 @@ else()
     _fccl_device_test(test_device_costs.np${_n} ${_n} "${_fccl_env}"
       "${FERROCCL_RUN}" -n ${_n} $<TARGET_FILE:test_device_costs>)
   endforeach()
+  _fccl_device_test(test_device_costs.mps.np4 4 "${_fccl_env};FERROCCL_CUDA_MPS=1"
+    "${FERROCCL_RUN}" -n 4 $<TARGET_FILE:test_device_costs>)
 endif()

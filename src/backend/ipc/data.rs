@@ -120,7 +120,8 @@ pub(super) unsafe fn move_data(
         unsafe { copiers.copy_batch(&fans.take(), failed, s) }
     };
     if let Some(me) = share {
-        let m = mps::Movers { copy: &copy, copy2d: &copy2d, reduce: &reduce, reduce_strided: &reduce_strided };
+        let m =
+            mps::Movers { copy: &copy, fan: &fan, copy2d: &copy2d, reduce: &reduce, reduce_strided: &reduce_strided };
         // SAFETY: forwarded contract.
         x.algo = unsafe { mps::share(c, me, peers, counts, &m)? };
         return flush();

@@ -5,11 +5,13 @@
 //! `ready` (its inputs are ready), then its share, then its `fin`, and it waits for
 //! every rank's `fin` before anything after the call runs.
 //!
-//! Shares: a rank fills its own receive buffer where it can (pulling from its peers'
-//! inputs: all_gather, broadcast, scatter, all_to_all(v), reduce_scatter(_v)); it
-//! reduces its slice of the elements into every rank's buffer for all_reduce (into the
-//! root's for reduce), and pushes its input into the root's buffer for gather. No rank
-//! writes what another reads in the same call, in place included.
+//! Shares: a rank fills its own receive buffer where that reads each byte once (pulling
+//! from its peers' inputs: scatter, all_to_all(v), reduce_scatter(_v)); it pushes its
+//! own block to every rank's buffer for all_gather(_v), and its slice of the root's
+//! buffer for broadcast (each byte read once, written to every rank); it reduces its
+//! slice of the elements into every rank's buffer for all_reduce (into the root's for
+//! reduce), and pushes its input into the root's buffer for gather. No rank writes what
+//! another reads in the same call, in place included.
 
 use crate::coll::{Coll, CollKind, VCounts};
 use crate::env;
@@ -47,6 +49,8 @@ pub type Reduce<'a> = dyn Fn(&[*mut u8], &[*const u8], usize) -> Result<()> + 'a
 /// may be gathered into one launch after the rest).
 pub struct Movers<'a> {
     pub copy: &'a dyn Fn(*mut u8, *const u8, usize) -> Result<()>,
+    /// `fan(src, len, dsts)`: `len` bytes read once at `src`, written to every one of `dsts`.
+    pub fan: &'a dyn Fn(*const u8, usize, &mut dyn Iterator<Item = *mut u8>),
     pub copy2d: &'a dyn Fn(*mut u8, usize, *const u8, usize, usize, usize) -> Result<()>,
     pub reduce: &'a Reduce<'a>,
     /// Packs and reduces the blocks of a reduce_scatter along an axis for one rank.
@@ -100,18 +104,25 @@ pub unsafe fn share(
                 (m.copy2d)(recv(me).wrapping_add(p * w), n * w, send(p), w, w, st.outer)?;
             }
         }
-        CollKind::AllGather => {
-            for p in 0..n {
-                (m.copy)(recv(me).wrapping_add(p * bytes), send(p), bytes)?;
-            }
-        }
+        // Each rank pushes its own block to every receive buffer: each block read once.
+        CollKind::AllGather => (m.fan)(send(me), bytes, &mut (0..n).map(|q| recv(q).wrapping_add(me * bytes))),
         CollKind::AllGatherV => {
-            let v = &counts[me];
-            for p in 0..n {
-                (m.copy)(recv(me).wrapping_add(v.rdispls()[p] * es), send(p), v.recvcounts()[p] * es)?;
+            let len = |q: usize| counts[q].recvcounts()[me] * es;
+            let at = |q: usize| recv(q).wrapping_add(counts[q].rdispls()[me] * es);
+            if (0..n).all(|q| len(q) == len(0)) {
+                (m.fan)(send(me), len(0), &mut (0..n).map(at));
+            } else {
+                for q in 0..n {
+                    (m.copy)(at(q), send(me), len(q))?;
+                }
             }
         }
-        CollKind::Broadcast => (m.copy)(recv(me), send(c.root), bytes)?,
+        // Each rank reads its slice of the root's buffer once and writes it to every rank.
+        CollKind::Broadcast => {
+            let (lo, hi) = slice(c.count, 1, me, n);
+            let src = send(c.root).wrapping_add(lo * es);
+            (m.fan)(src, (hi - lo) * es, &mut (0..n).map(|q| recv(q).wrapping_add(lo * es)));
+        }
         CollKind::Gather => (m.copy)(recv(c.root).wrapping_add(me * bytes), send(me), bytes)?,
         CollKind::Scatter => (m.copy)(recv(me), send(c.root).wrapping_add(me * bytes), bytes)?,
         CollKind::AlltoAll => {
