@@ -8,7 +8,6 @@
 //! Read with `simgpuGetCosts`, an export of the simulated driver alone: a program finds it
 //! with dlsym and, on a real driver, does not.
 
-use crate::kernels::Args;
 use crate::types::DataType;
 use std::ffi::c_uint;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -95,9 +94,16 @@ fn elem_size(token: &str) -> Option<u64> {
     DataType::ALL.iter().find(|d| d.kernel_token() == token).map(|d| d.size() as u64)
 }
 
+/// A launch's argument buffer and each parameter's offset in it (as the driver copied
+/// them at the launch).
+pub struct Args<'a> {
+    pub bytes: &'a [u8],
+    pub offsets: &'a [usize],
+}
+
 /// Parameter `i` of a launch as an unsigned integer of `size` bytes at offset `extra`
 /// into it.
-fn arg(args: &Args, i: usize, extra: usize, size: usize) -> u64 {
+fn arg(args: &Args<'_>, i: usize, extra: usize, size: usize) -> u64 {
     let at = args.offsets.get(i).map_or(usize::MAX, |o| o + extra);
     let Some(b) = args.bytes.get(at..at.saturating_add(size)) else { return 0 };
     let mut v = [0u8; 8];
@@ -107,7 +113,7 @@ fn arg(args: &Args, i: usize, extra: usize, size: usize) -> u64 {
 
 /// Counts a launch of kernel `name` with `args` over `grid`: (read, written) bytes by
 /// the library's kernels' definitions, or unmodelled.
-pub fn on_launch(name: &str, args: &Args, grid: [u32; 3]) {
+pub fn on_launch(name: &str, args: &Args<'_>, grid: [u32; 3]) {
     add(Cost::Launches, 1);
     let rw = model(name, args, grid);
     match rw {
@@ -120,7 +126,7 @@ pub fn on_launch(name: &str, args: &Args, grid: [u32; 3]) {
 }
 
 /// What one launch of a library kernel reads and writes (see `cuda_kernels`).
-fn model(name: &str, args: &Args, grid: [u32; 3]) -> Option<(u64, u64)> {
+fn model(name: &str, args: &Args<'_>, grid: [u32; 3]) -> Option<(u64, u64)> {
     match name {
         // (dst, src, units, w, failed)
         "fccl_copy" => {
@@ -177,7 +183,8 @@ pub unsafe extern "C" fn simgpuGetCosts(out: *mut u64, n: c_uint) -> c_uint {
 mod tests {
     use super::*;
 
-    fn args(vals: &[(usize, u64)]) -> Args {
+    /// A model of `name` over arguments of (size, value).
+    fn run(name: &str, vals: &[(usize, u64)], grid: [u32; 3]) -> Option<(u64, u64)> {
         let mut bytes = Vec::new();
         let mut offsets = Vec::new();
         for &(size, v) in vals {
@@ -186,22 +193,19 @@ mod tests {
             offsets.push(at);
             bytes.extend_from_slice(&v.to_le_bytes()[..size]);
         }
-        Args { bytes, offsets }
+        model(name, &Args { bytes: &bytes, offsets: &offsets }, grid)
     }
 
     #[test]
     fn the_library_kernels_are_modelled_from_their_arguments() {
         // fccl_copy of 100 units of 16 bytes.
-        assert_eq!(
-            model("fccl_copy", &args(&[(8, 1), (8, 2), (8, 100), (4, 16), (8, 0)]), [1, 1, 1]),
-            Some((1600, 1600))
-        );
+        assert_eq!(run("fccl_copy", &[(8, 1), (8, 2), (8, 100), (4, 16), (8, 0)], [1, 1, 1]), Some((1600, 1600)));
         // A reduce_scatter of 3 rows, 4 inputs of 10 bfloat16 per row, 1 output each.
-        let red = args(&[(8, 0), (8, 0), (4, 4), (4, 1), (8, 10), (8, 10), (8, 0)]);
-        assert_eq!(model("fccl_reduce_bf16_sum", &red, [1, 3, 1]), Some((3 * 4 * 20, 3 * 20)));
+        let red = [(8, 0), (8, 0), (4, 4), (4, 1), (8, 10), (8, 10), (8, 0)];
+        assert_eq!(run("fccl_reduce_bf16_sum", &red, [1, 3, 1]), Some((3 * 4 * 20, 3 * 20)));
         // An all_reduce over a wire: 1 row, 2 inputs, 2 outputs, 5 float64.
-        let wire = args(&[(8, 0), (8, 0), (4, 2), (4, 2), (8, 5), (8, 0), (8, 64), (8, 0)]);
-        assert_eq!(model("fccl_reduce_wire_f64_bf16_max", &wire, [4, 1, 1]), Some((80, 80)));
-        assert_eq!(model("my_kernel", &red, [1, 1, 1]), None);
+        let wire = [(8, 0), (8, 0), (4, 2), (4, 2), (8, 5), (8, 0), (8, 64), (8, 0)];
+        assert_eq!(run("fccl_reduce_wire_f64_bf16_max", &wire, [4, 1, 1]), Some((80, 80)));
+        assert_eq!(run("my_kernel", &red, [1, 1, 1]), None);
     }
 }

@@ -127,7 +127,8 @@ pub unsafe extern "C" fn cuLaunchKernel(
         module::check_dims(grid, block, shared)?;
         // SAFETY: the parameter arrays are the caller's, as cuLaunchKernel documents them.
         let args = unsafe { module::copy_args(&kernel, params, extra)? };
-        crate::costs::on_launch(&kernel.0.name, &args, grid);
+        let cost_args = crate::costs::Args { bytes: &args.bytes, offsets: &args.offsets };
+        crate::costs::on_launch(&kernel.0.name, &cost_args, grid);
         stream::enqueue(&mut st, sid, OpKind::Kernel(Launch { kernel, args, ctx: fctx, grid, block }), Vec::new());
         Ok(())
     })
