@@ -256,27 +256,10 @@ pub unsafe fn launch(
         params.push((&mut win_arg as *mut u64).cast());
     }
     params.push((&mut failed_arg as *mut u64).cast());
-    let block = 256u32;
-    let grid = grid_x(count, rows);
     // SAFETY: f is a loaded kernel whose parameters are `params`: two structs of
     // MAX_INPUTS pointers, int, int, unsigned long long x 2 (, unsigned long long for
     // wire kernels), pointer; buffers per the caller.
-    let rc = unsafe {
-        cu::cuLaunchKernel(
-            f.raw(),
-            grid,
-            rows as u32,
-            1,
-            block,
-            1,
-            1,
-            0,
-            stream.raw(),
-            params.as_mut_ptr(),
-            std::ptr::null_mut(),
-        )
-    };
-    cu_check(rc, &format!("cuLaunchKernel({})", r.entry()))
+    unsafe { launch_grid(f, &mut params, [grid_x(count, rows), rows as u32], stream, &r.entry()) }
 }
 
 /// The copy kernels (`fccl_copy`, `fccl_copy2d`, `fccl_copy_batch`) of context `ctx` on `device`, compiled
@@ -314,26 +297,21 @@ pub fn copiers(ctx: Ctx, device: i32) -> Result<Copiers> {
     Ok(c)
 }
 
-/// A grid for `units` units of work: blocks of 256 threads, at most 1024 blocks (each
-/// thread strides over the rest).
-fn grid_for(units: usize) -> u32 {
-    grid_x(units, 1)
-}
-
 /// Blocks of 256 threads along x for `units` units in each of `rows` block rows: about
 /// 1024 blocks in all at most (each thread strides over the rest).
 fn grid_x(units: usize, rows: usize) -> u32 {
     units.div_ceil(256).clamp(1, (1024 / rows.max(1)).max(8)) as u32
 }
 
-/// Launches `f` with `params` on `stream` over `units` units of work.
+/// Launches kernel `what` (`f`) with `params` on `stream` over `grid` (x, y) blocks of
+/// 256 threads.
 ///
 /// # Safety
 /// `f`'s parameters are exactly `params`; what they point at is valid per the kernel.
-unsafe fn launch_units(
+unsafe fn launch_grid(
     f: Function,
     params: &mut [*mut c_void],
-    units: usize,
+    grid: [u32; 2],
     stream: Stream,
     what: &str,
 ) -> Result<()> {
@@ -341,8 +319,8 @@ unsafe fn launch_units(
     let rc = unsafe {
         cu::cuLaunchKernel(
             f.raw(),
-            grid_for(units),
-            1,
+            grid[0],
+            grid[1],
             1,
             256,
             1,
@@ -353,7 +331,7 @@ unsafe fn launch_units(
             std::ptr::null_mut(),
         )
     };
-    cu_check(rc, what)
+    cu_check(rc, &format!("cuLaunchKernel({what})"))
 }
 
 impl Copiers {
@@ -379,7 +357,7 @@ impl Copiers {
         ];
         // SAFETY: fccl_copy takes (pointer, pointer, unsigned long long, unsigned int,
         // pointer); buffers per the caller.
-        unsafe { launch_units(self.copy, &mut params, bytes / w, stream, "cuLaunchKernel(fccl_copy)") }
+        unsafe { launch_grid(self.copy, &mut params, [grid_x(bytes / w, 1), 1], stream, "fccl_copy") }
     }
 
     /// As [`Copiers::copy`] for `rows` rows of `width` bytes, `dpitch` and `spitch`
@@ -418,7 +396,7 @@ impl Copiers {
         let units = (width / w).saturating_mul(rows);
         // SAFETY: fccl_copy2d takes (pointer, unsigned long long, pointer, unsigned long
         // long x 3, unsigned int, pointer); buffers per the caller.
-        unsafe { launch_units(self.copy2d, &mut params, units, stream, "cuLaunchKernel(fccl_copy2d)") }
+        unsafe { launch_grid(self.copy2d, &mut params, [grid_x(units, 1), 1], stream, "fccl_copy2d") }
     }
 
     /// Enqueues on `stream` a whole call's copies in as few launches as the table
@@ -453,31 +431,17 @@ impl Copiers {
         if t.groups == 0 {
             return Ok(());
         }
-        t.first[t.groups] = t.ndst as u16;
+        t.raw.first[t.groups] = t.ndst as u16;
         let (mut groups, mut fl) = (t.groups as u32, failed);
-        let most = t.len[..t.groups].iter().map(|&l| l as usize / 16 + 1).max().unwrap_or(1);
-        let mut raw = t.raw();
+        let most = t.raw.len[..t.groups].iter().map(|&l| l as usize / 16 + 1).max().unwrap_or(1);
+        let grid = [grid_x(most, t.groups), t.groups as u32];
         let mut params: [*mut c_void; 3] =
-            [(&mut raw as *mut RawTable).cast(), (&mut groups as *mut u32).cast(), (&mut fl as *mut u64).cast()];
+            [(&mut t.raw as *mut RawTable).cast(), (&mut groups as *mut u32).cast(), (&mut fl as *mut u64).cast()];
         // SAFETY: fccl_copy_batch takes (struct fccl_batch, unsigned int, pointer), and
         // RawTable is struct fccl_batch's layout; buffers per the caller.
-        let rc = unsafe {
-            cu::cuLaunchKernel(
-                self.batch.raw(),
-                grid_x(most, t.groups),
-                t.groups as u32,
-                1,
-                256,
-                1,
-                1,
-                0,
-                stream.raw(),
-                params.as_mut_ptr(),
-                std::ptr::null_mut(),
-            )
-        };
+        let r = unsafe { launch_grid(self.batch, &mut params, grid, stream, "fccl_copy_batch") };
         *t = Table::default();
-        cu_check(rc, "cuLaunchKernel(fccl_copy_batch)")
+        r
     }
 }
 
@@ -499,34 +463,28 @@ struct RawTable {
 
 /// A batch being filled.
 struct Table {
-    src: [u64; BATCH],
-    len: [u64; BATCH],
-    dst: [u64; BATCH],
-    first: [u16; BATCH + 1],
+    raw: RawTable,
     groups: usize,
     ndst: usize,
 }
 
 impl Default for Table {
     fn default() -> Table {
-        Table { src: [0; BATCH], len: [0; BATCH], dst: [0; BATCH], first: [0; BATCH + 1], groups: 0, ndst: 0 }
+        let raw = RawTable { src: [0; BATCH], len: [0; BATCH], dst: [0; BATCH], first: [0; BATCH + 1] };
+        Table { raw, groups: 0, ndst: 0 }
     }
 }
 
 impl Table {
     fn push(&mut self, src: *const u8, len: usize, dsts: &[*mut u8]) {
-        let g = self.groups;
-        self.src[g] = src as u64;
-        self.len[g] = len as u64;
-        self.first[g] = self.ndst as u16;
+        let (g, t) = (self.groups, &mut self.raw);
+        t.src[g] = src as u64;
+        t.len[g] = len as u64;
+        t.first[g] = self.ndst as u16;
         for &d in dsts {
-            self.dst[self.ndst] = d as u64;
+            t.dst[self.ndst] = d as u64;
             self.ndst += 1;
         }
         self.groups += 1;
-    }
-
-    fn raw(&self) -> RawTable {
-        RawTable { src: self.src, len: self.len, dst: self.dst, first: self.first }
     }
 }
