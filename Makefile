@@ -128,14 +128,15 @@ install: $(BUILD_FIRST)
 	    -e 's|@FERROCCL_BINDIR_REL@|$(call relpath,$(BINDIR),$(PREFIX))|g' \
 	    -e 's|@FERROCCL_NCCLDIR_REL@|$(call relpath,$(NCCLDIR),$(PREFIX))|g' \
 	    -e 's|@FERROCCL_STATIC_DEPS@|$(STATIC_DEPS)|g' \
-	    -e 's|@FERROCCL_SONAME@|libferroccl.so.$(MAJOR)|g' \
+	    -e 's|@FERROCCL_SONAME@|libferroccl.so.$(MAJOR)|g' -e 's|@FERROCCL_LIBFILE@|libferroccl.so|g' \
 	    '$(ROOT)/cmake/ferrocclConfig.cmake.in' > '$(DESTDIR)$(CMAKEDIR)/ferrocclConfig.cmake'
 	sed -e 's|@FERROCCL_VERSION@|$(VERSION)|g' \
 	    '$(ROOT)/cmake/ferrocclConfigVersion.cmake.in' > '$(DESTDIR)$(CMAKEDIR)/ferrocclConfigVersion.cmake'
 	for pc in ferroccl ferroccl-nccl; do \
 	  sed -e 's|@FERROCCL_VERSION@|$(VERSION)|g' -e 's|@PREFIX@|$(PREFIX)|g' \
 	      -e 's|@LIBDIR@|$(LIBDIR)|g' -e 's|@INCLUDEDIR@|$(INCLUDEDIR)|g' -e 's|@BINDIR@|$(BINDIR)|g' \
-	      -e 's|@NCCLDIR@|$(NCCLDIR)|g' \
+	      -e 's|@NCCLDIR@|$(NCCLDIR)|g' -e 's|@FERROCCL_LINK@|-L$${libdir} -lferroccl|g' \
+	      -e 's|@FERROCCL_NCCL_LINK@|-L$${nccllibdir} -lnccl|g' \
 	      -e 's|@FERROCCL_STATIC_LIBS@|$(addprefix -l,$(STATIC_DEPS))|g' \
 	      '$(ROOT)/cmake/'$$pc.pc.in > '$(DESTDIR)$(PCDIR)/'$$pc.pc || exit 1; \
 	done

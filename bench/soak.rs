@@ -346,7 +346,7 @@ struct Res {
     maps: u64,
     rss_kib: u64,
     /// Bytes malloc has handed out and not taken back (mallinfo2), KiB; 0 where the
-    /// C library is not glibc.
+    /// C library has no mallinfo2 (not glibc, or glibc before 2.33).
     heap_kib: u64,
 }
 
@@ -366,8 +366,16 @@ fn trim() {
 fn heap_in_use_kib() -> u64 {
     #[cfg(all(target_os = "linux", target_env = "gnu"))]
     {
-        // SAFETY: returns a struct by value.
-        let m = unsafe { libc::mallinfo2() };
+        // Looked up at run time: the wheel's binaries link against glibc 2.28, which has none.
+        // SAFETY: a NUL-terminated name; RTLD_DEFAULT searches the objects already loaded.
+        let f = unsafe { libc::dlsym(libc::RTLD_DEFAULT, c"mallinfo2".as_ptr()) };
+        if f.is_null() {
+            return 0;
+        }
+        // SAFETY: glibc's mallinfo2 takes nothing and returns the struct by value.
+        let mallinfo2: unsafe extern "C" fn() -> libc::mallinfo2 = unsafe { std::mem::transmute(f) };
+        // SAFETY: as above; safe at any time.
+        let m = unsafe { mallinfo2() };
         (m.uordblks + m.hblkhd) as u64 / 1024
     }
     #[cfg(not(all(target_os = "linux", target_env = "gnu")))]

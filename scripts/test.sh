@@ -138,7 +138,7 @@ s_python() {
   FERROCCL_LIB="$lib/libferroccl.so" FERROCCL_RUN="$lib/ferroccl-run" \
     sim python -m pytest -q -rs -p no:cacheprovider tests/python python/tests
 }
-step python-install "Python: pip install ./python in a fresh venv, no FERROCCL_LIB; the package tests against it"
+step python-install "Python: the sdist, the manylinux wheel built from it, installed without cargo; package tests, C builds against it, torch's tests (scripts/wheel.sh)"
 s_python-install() { bash scripts/python-install-test.sh; }
 step multinode "cross-host: the contract suite, a killed host, an unreachable address and torchrun on 2 and 3 hosts as network namespaces (tests/multinode; skips without root)"
 s_multinode() { need_cargo; bash tests/multinode/run.sh; }

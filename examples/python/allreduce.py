@@ -1,7 +1,7 @@
 """ferroccl from Python: sum a numpy array over all ranks, gather one block from every
 rank, and handle an error.
 
-    pip install ./python              # from a ferroccl checkout (needs cargo)
+    pip install .                     # from a ferroccl checkout (needs cargo), or the wheel
     ferroccl-run -n 4 python allreduce.py
 
 From a checkout without installing: PYTHONPATH=python FERROCCL_LIB=target/release.

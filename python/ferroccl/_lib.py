@@ -3,7 +3,7 @@
 The library is looked for, in order, at:
 
 1. ``$FERROCCL_LIB``: the path of ``libferroccl.so``, or a directory holding it;
-2. next to this package (``ferroccl/libferroccl.so``, for copies that bundle it);
+2. inside this package (``ferroccl/lib/libferroccl.so.<major>``, where a wheel puts it);
 3. ``<checkout>/target/release`` (and ``$CARGO_TARGET_DIR/release``) when the package
    is used from a source checkout (``python/ferroccl`` two levels under the root);
 4. the system's search path (``ctypes.util.find_library("ferroccl")``, then
@@ -12,6 +12,7 @@ The library is looked for, in order, at:
 
 import ctypes
 import ctypes.util
+import glob
 import os
 import threading
 from ctypes import POINTER, c_char, c_char_p, c_int, c_size_t, c_uint32, c_void_p
@@ -160,7 +161,9 @@ def _candidates():
     if env:
         yield os.path.join(env, _LIBNAME) if os.path.isdir(env) else env
         return  # an explicit choice: nothing else is tried
-    yield os.path.join(_HERE, _LIBNAME)
+    bundled = sorted(glob.glob(os.path.join(_HERE, "lib", _LIBNAME + ".[0-9]*")))
+    if bundled:
+        yield bundled[-1]
     checkout = os.path.normpath(os.path.join(_HERE, "..", ".."))
     if os.path.isfile(os.path.join(checkout, "Cargo.toml")):
         target = os.environ.get("CARGO_TARGET_DIR")

@@ -3,7 +3,7 @@
 set; the multi-process tests use FERROCCL_RUN (default: the package's launcher).
 
 With FERROCCL_TEST_INSTALLED=1 the tests use the package installed in this Python
-(`pip install ./python`) as a user would: no checkout on the path, no FERROCCL_LIB."""
+(the wheel, or `pip install .` of the checkout) as a user would: no checkout on the path, no FERROCCL_LIB."""
 
 import os
 import sys

@@ -55,13 +55,27 @@ def test_bfloat16_all_reduce():
 
 
 @pytest.mark.skipif(os.environ.get("FERROCCL_TEST_INSTALLED") != "1", reason="checks an installed package "
-                    "(FERROCCL_TEST_INSTALLED=1 after pip install ./python)")
+                    "(FERROCCL_TEST_INSTALLED=1 after pip install of the wheel or the checkout)")
 def test_installed_package_bundles_library_and_launcher():
     pkg = os.path.dirname(os.path.abspath(ferroccl.__file__))
     assert "site-packages" in pkg, pkg
     assert "FERROCCL_LIB" not in os.environ
-    assert ferroccl.library_path() == os.path.join(pkg, "libferroccl.so")
+    major = ferroccl.version()[0]
+    assert ferroccl.library_path() == os.path.join(pkg, "lib", f"libferroccl.so.{major}")
     assert ferroccl.launcher_path() == os.path.join(pkg, "bin", "ferroccl-run")
+    # What a C build against the install needs, where `python -m ferroccl` says it is.
+    from ferroccl import __main__ as cli
+    assert os.path.isfile(os.path.join(cli._paths.include_dir(), "ferroccl.h"))
+    assert os.path.isfile(os.path.join(cli._paths.nccl_lib_dir(), "libnccl.so.2"))
+    assert os.path.isfile(os.path.join(cli._paths.cmake_dir(), "ferroccl", "ferrocclConfig.cmake"))
+    pc = open(os.path.join(cli._paths.pkgconfig_dir(), "ferroccl.pc")).read()
+    assert f"Version: {ferroccl.__version__}" in pc and "-Wl,-rpath,${libdir}" in pc, pc
+    p = subprocess.run([sys.executable, "-m", "ferroccl", "--libdir", "--version"], stdout=subprocess.PIPE,
+                       check=True, timeout=60)
+    assert p.stdout.decode().split() == [ferroccl.__version__, os.path.join(pkg, "lib")]
+    bench = os.path.join(os.path.dirname(sys.executable), "ferroccl-bench")
+    p = subprocess.run([bench, "--help"], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, timeout=60, check=False)
+    assert p.returncode == 0 and b"usage: ferroccl-bench" in p.stdout, p.stdout
     script = os.path.join(os.path.dirname(sys.executable), "ferroccl-run")
     p = subprocess.run([script, "-n", "2", sys.executable, "-c",
                         "import ferroccl, numpy as np\n"
