@@ -513,10 +513,12 @@ fcclResult_t fcclCommInitAll(fcclComm_t *comms,
  * a job of one rank (as an MPI singleton). The ranks meet at FERROCCL_UNIQUE_ID
  * (set by ferroccl-run), else at FERROCCL_ROOT_ADDR (host:port where rank 0 serves
  * the rendezvous); a job of one rank needs neither; under torchrun rank 0 passes a
- * fresh id through the agent's store on MASTER_PORT; else MASTER_ADDR:MASTER_PORT. A
- * rendezvous at an address needs a secret: FERROCCL_SECRET, else one derived from the
- * launcher's job id (torchrun, mpirun, srun); without either it returns
- * fcclInvalidUsage. See docs/launchers.md for each launcher's command line.
+ * fresh id through the agent's store on MASTER_PORT; else MASTER_ADDR:MASTER_PORT;
+ * else, under mpirun or srun --mpi=pmix, rank 0 passes a fresh id through PMIx
+ * (libpmix loaded at run time; PMIx_Finalize runs at exit, so MPI_Init may come before
+ * or after). A rendezvous at an address needs a secret: FERROCCL_SECRET, else one
+ * derived from the launcher's job id (torchrun, mpirun, srun); without either it
+ * returns fcclInvalidUsage. See docs/launchers.md for each launcher's command line.
  */
 fcclResult_t fcclCommInitFromEnv(fcclComm_t *comm);
 

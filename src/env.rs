@@ -22,7 +22,7 @@ pub const WORLD_SIZE: Var =
 pub const ROOT_ADDR: Var = Var {
     name: "FERROCCL_ROOT_ADDR",
     default: "",
-    doc: "host:port of the rendezvous point; rank 0 serves it when no unique id is given",
+    doc: "host:port of the rendezvous point; rank 0 serves it when no unique id is given. Unset with MASTER_ADDR/MASTER_PORT unset under mpirun or srun --mpi=pmix: rank 0's unique id passes through PMIx (libpmix loaded at run time)",
 };
 pub const UNIQUE_ID: Var = Var {
     name: "FERROCCL_UNIQUE_ID",

@@ -456,6 +456,24 @@ fn mpirun_without_an_address_says_how_to_give_one() {
 }
 
 #[test]
+fn mpirun_variables_without_a_pmix_server_fail_naming_pmix_and_the_fix() {
+    // PMIX_NAMESPACE without the server mpirun runs: PMIx cannot stand in for an address.
+    let vars = [
+        ("OMPI_COMM_WORLD_RANK", "1"),
+        ("OMPI_COMM_WORLD_SIZE", "2"),
+        ("PMIX_RANK", "1"),
+        ("PMIX_NAMESPACE", "prterun-by-hand-2"),
+    ];
+    let t0 = Instant::now();
+    let o = &job(1, &vars)[0];
+    assert!(t0.elapsed() < Duration::from_secs(20), "{:?}", t0.elapsed());
+    assert!(o.contains("INITFAIL"), "{o}");
+    // Where libpmix is installed PMIx_Init fails; where it is not, loading it does.
+    assert!(o.contains("PMIx_Init failed") || o.contains("libpmix could not be loaded"), "{o}");
+    assert!(o.contains("FERROCCL_ROOT_ADDR") && o.contains("mpirun -x FERROCCL_ROOT_ADDR=host:port"), "{o}");
+}
+
+#[test]
 fn ranks_set_up_by_hand_are_not_said_to_come_from_ferroccl_run() {
     let outs = job(1, &[("FERROCCL_RANK", "0"), ("FERROCCL_WORLD_SIZE", "2")]);
     let o = &outs[0];

@@ -3,10 +3,11 @@
 //! (docs/launchers.md says how to start ranks with each launcher).
 
 use super::bootstrap::{JobKey, Server, ServerOptions, UniqueId, UNIQUE_ID_BYTES};
+use super::pmix;
 use super::torchstore::Store;
 use super::{Comm, Options};
 use crate::env::{self, Var};
-use crate::error::{Error, Result};
+use crate::error::{Code, Error, Result};
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
@@ -277,6 +278,87 @@ fn how_to_give_addr(l: Launcher) -> &'static str {
     }
 }
 
+/// The n-th rendezvous of this process through PMIx; every rank makes them in the
+/// same order, so the n-th of all ranks share a key.
+static PMIX_CALLS: AtomicUsize = AtomicUsize::new(0);
+
+/// What rank 0 publishes in place of an id when it cannot serve the rendezvous, so
+/// the others fail with its reason instead of waiting.
+const PMIX_FAILED: &str = "failed: ";
+
+/// Under mpirun or srun --mpi=pmix: rank 0 makes a unique id (a random key, its own
+/// port) and publishes it with PMIx; after a fence of the job, the others read it.
+fn through_pmix(place: &Place, pmix: &pmix::Client) -> Result<Found> {
+    let ns = pmix.namespace();
+    if pmix.rank() as usize != place.rank {
+        return Err(Error::invalid_usage(format!(
+            "PMIx_Init gave rank {} of namespace {ns}, but {} gives rank {}: the launcher's variables do not belong to this PMIx job",
+            pmix.rank(),
+            place.vars,
+            place.rank
+        )));
+    }
+    let key = format!("ferroccl.fcclCommInitFromEnv.{}", PMIX_CALLS.fetch_add(1, Ordering::Relaxed));
+    let timeout = env::timeout()?;
+    if place.rank == 0 {
+        let served = UniqueId::serve(ServerOptions { nranks: Some(place.size), ..ServerOptions::default() });
+        let value = match &served {
+            Ok((id, _)) => id.to_hex(),
+            Err(e) => format!("{PMIX_FAILED}{}", e.msg),
+        };
+        pmix.put(&key, &value)?;
+        pmix.fence(timeout)?;
+        let (id, point) = served?;
+        return Ok((id, format!("a unique id rank 0 passed through PMIx (namespace {ns}, key {key})"), Some(point)));
+    }
+    pmix.fence(timeout)?;
+    let id =
+        id_from_pmix(&pmix.get(0, &key)?).map_err(|e| e.context(format!("{key} of rank 0 in PMIx namespace {ns}")))?;
+    Ok((id, format!("a unique id rank 0 passed through PMIx (namespace {ns}, key {key})"), None))
+}
+
+/// The unique id in what rank 0 published, or rank 0's reason for having none.
+fn id_from_pmix(value: &str) -> Result<UniqueId> {
+    if let Some(why) = value.strip_prefix(PMIX_FAILED) {
+        return Err(Error::remote_rank(0, format!("rank 0 could not serve the rendezvous: {why}")));
+    }
+    let id = UniqueId::from_hex(value)?;
+    id.addr()?;
+    Ok(id)
+}
+
+/// True when the ranks may meet through PMIx: the rank comes from mpirun or a PMIx
+/// launcher, and a PMIx server started this process (it sets PMIX_NAMESPACE).
+fn pmix_applies(launcher: Launcher, namespace: Option<&str>) -> bool {
+    matches!(launcher, Launcher::OpenMpi | Launcher::Pmix) && namespace.is_some()
+}
+
+/// The error when no rendezvous is given; `pmix` says why PMIx did not stand in.
+fn no_rendezvous(l: Launcher, pmix: Option<&str>) -> Error {
+    let mut msg = format!(
+        "no rendezvous given: set FERROCCL_ROOT_ADDR to host:port of a free port on rank 0's host, the same on every rank ({}), or MASTER_ADDR and MASTER_PORT",
+        how_to_give_addr(l)
+    );
+    if let Some(p) = pmix {
+        msg += &format!(
+            "; PMIx, through which the ranks of mpirun and srun --mpi=pmix meet when none of these is set, {p}"
+        );
+    }
+    Error::invalid_usage(msg)
+}
+
+/// A failed rendezvous through PMIx, with the way to do without it.
+fn pmix_failed(e: Error, l: Launcher) -> Error {
+    Error {
+        msg: format!(
+            "the rendezvous through PMIx (no FERROCCL_ROOT_ADDR or MASTER_ADDR/MASTER_PORT given) failed: {}; to meet without PMIx, set FERROCCL_ROOT_ADDR=host:port ({})",
+            e.msg,
+            how_to_give_addr(l)
+        ),
+        ..e
+    }
+}
+
 impl Options {
     /// The defaults the environment sets, for a communicator's creation: refuses a
     /// wrong value of a variable that changes what a communicator does (naming it, its
@@ -356,17 +438,28 @@ fn rendezvous(place: &Place) -> Result<Found> {
                 .collect::<Vec<_>>()
                 .join(", ")
         ))),
-        (None, None) => Err(Error::invalid_usage(format!(
-            "no rendezvous given: set FERROCCL_ROOT_ADDR to host:port of a free port on rank 0's host, the same on every rank ({}), or MASTER_ADDR and MASTER_PORT",
-            how_to_give_addr(place.launcher)
-        ))),
+        (None, None) => {
+            let ns = env::PMIX_NAMESPACE.get();
+            if !pmix_applies(place.launcher, ns.as_deref()) {
+                let why = matches!(place.launcher, Launcher::OpenMpi | Launcher::Pmix)
+                    .then_some("was not tried: PMIX_NAMESPACE is not set, so no PMIx server started this process");
+                return Err(no_rendezvous(place.launcher, why));
+            }
+            match pmix::client() {
+                Ok(c) => through_pmix(place, c).map_err(|e| pmix_failed(e, place.launcher)),
+                Err(e) if e.code == Code::Unavailable => {
+                    Err(no_rendezvous(place.launcher, Some(&format!("could not be used: {}", e.msg))))
+                }
+                Err(e) => Err(pmix_failed(e, place.launcher)),
+            }
+        }
     }
 }
 
 /// Creates this process's rank as fcclCommInitFromEnv does: its place from the
 /// launcher's variables ([`place`]), then the rendezvous: FERROCCL_UNIQUE_ID,
 /// FERROCCL_ROOT_ADDR, none for a job of one rank, torchrun's store when its agent
-/// serves MASTER_PORT, else MASTER_ADDR:MASTER_PORT.
+/// serves MASTER_PORT, MASTER_ADDR:MASTER_PORT, else PMIx under mpirun or srun --mpi=pmix.
 pub fn init() -> Result<Comm> {
     let opts = Options::from_env()?;
     let place = place(&|v: &Var| v.get())?;
@@ -537,6 +630,52 @@ mod tests {
         assert!(e.msg.contains("SLURM_LOCALID=2 is not below SLURM_STEP_NUM_TASKS=2"), "{}", e.msg);
         let e = place_of(&[("RANK", "0"), ("WORLD_SIZE", "2"), ("LOCAL_RANK", "-1")]).unwrap_err();
         assert!(e.msg.contains("LOCAL_RANK is \"-1\""), "{}", e.msg);
+    }
+
+    #[test]
+    fn pmix_stands_in_only_for_mpirun_and_pmix_launchers_it_started() {
+        use Launcher::*;
+        assert!(pmix_applies(OpenMpi, Some("prterun-host-1@1")));
+        assert!(pmix_applies(Pmix, Some("slurm.pmix.7.0")));
+        // OMPI_* set by hand without a PMIx server: PMIx_Init would make a singleton.
+        assert!(!pmix_applies(OpenMpi, None));
+        // Ranks set by hand need not be PMIx's ranks, even under mpirun.
+        for l in [Ferroccl, Torchrun, Pmi, Slurm, Alone] {
+            assert!(!pmix_applies(l, Some("ns")), "{l:?}");
+        }
+    }
+
+    #[test]
+    fn without_a_rendezvous_the_message_says_how_to_give_one_and_why_not_pmix() {
+        let e =
+            no_rendezvous(Launcher::OpenMpi, Some("could not be used: libpmix could not be loaded (libpmix.so.2: x)"));
+        assert_eq!(e.code, Code::InvalidUsage);
+        for s in [
+            "no rendezvous given: set FERROCCL_ROOT_ADDR",
+            "mpirun -x FERROCCL_ROOT_ADDR=host:port",
+            "PMIx",
+            "libpmix.so.2: x",
+        ] {
+            assert!(e.msg.contains(s), "{s}: {}", e.msg);
+        }
+        let e = no_rendezvous(Launcher::Pmi, None);
+        assert!(e.msg.contains("mpiexec -genv FERROCCL_ROOT_ADDR") && !e.msg.contains("PMIx"), "{}", e.msg);
+        let e = pmix_failed(Error::system("PMIx_Fence of namespace ns failed: TIMEOUT"), Launcher::Pmix);
+        assert_eq!(e.code, Code::SystemError);
+        for s in ["through PMIx", "PMIx_Fence of namespace ns failed", "set FERROCCL_ROOT_ADDR=host:port", "srun"] {
+            assert!(e.msg.contains(s), "{s}: {}", e.msg);
+        }
+    }
+
+    #[test]
+    fn what_rank_0_publishes_through_pmix() {
+        let key = JobKey::derive(super::super::bootstrap::KeySource::Secret, "s");
+        let id = UniqueId::from_addr("127.0.0.1:5000".parse().unwrap(), key);
+        assert_eq!(id_from_pmix(&id.to_hex()).unwrap(), id);
+        let e = id_from_pmix(&format!("{PMIX_FAILED}cannot open the rendezvous port: no address")).unwrap_err();
+        assert_eq!((e.code, e.culprit), (Code::RemoteError, Some(0)));
+        assert!(e.msg.contains("rank 0 could not serve the rendezvous: cannot open the rendezvous port"), "{}", e.msg);
+        assert!(id_from_pmix("hello").is_err());
     }
 
     #[test]

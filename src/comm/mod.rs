@@ -6,6 +6,7 @@ pub mod creation;
 pub mod device;
 pub mod from_env;
 pub mod group;
+pub mod pmix;
 pub mod progress;
 pub mod torchstore;
 mod wireup;

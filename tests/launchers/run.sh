@@ -2,7 +2,9 @@
 # fcclCommInitFromEnv under real launchers, with the C contract suite's binaries
 # (Slurm and PMI, which cannot run here, are covered by tests/launcher.rs by hand):
 #   1. Open MPI's mpirun -np 3 with -x FERROCCL_ROOT_ADDR, with -x FERROCCL_SECRET and
-#      without it (the secret then comes from PMIX_NAMESPACE / Open MPI's job id);
+#      without it (the secret then comes from PMIX_NAMESPACE / Open MPI's job id), and
+#      with nothing set (rank 0 passes its unique id through PMIx), also in an MPI
+#      program calling MPI_Init before and after fcclCommInitFromEnv (mpi_interop.c);
 #   2. torchrun --nproc-per-node 3 --no-python (rank 0 passes the unique id through the
 #      agent's store on MASTER_PORT), and with TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1
 #      (rank 0 serves at MASTER_ADDR:MASTER_PORT, the secret from TORCHELASTIC_RUN_ID);
@@ -57,6 +59,18 @@ if command -v mpirun >/dev/null && mpirun --version 2>/dev/null | grep -q "Open 
     "$build/test_allreduce"
   expect "mpirun -np 3 -x FERROCCL_ROOT_ADDR test_comm (the job's own secret)" 3 \
     "${mpi[@]}" -x FERROCCL_ROOT_ADDR="127.0.0.1:$(free_port)" "$build/test_comm"
+  expect "mpirun -np 3 test_allreduce (nothing set: through PMIx)" 3 "${mpi[@]}" "$build/test_allreduce"
+  expect "mpirun -np 3 test_comm (nothing set: through PMIx)" 3 "${mpi[@]}" "$build/test_comm"
+  if cc -O1 -I"$root/include" "$root/tests/launchers/mpi_interop.c" -o "$tmp/mpi_interop" -L"$libdir" \
+    -lferroccl -ldl -Wl,-rpath,"$libdir" 2>"$tmp/cc.log"; then
+    for order in before after; do
+      expect "mpirun -np 3 mpi_interop $order (MPI_Init $order fcclCommInitFromEnv, through PMIx)" 3 \
+        "${mpi[@]}" "$tmp/mpi_interop" "$order"
+    done
+  else
+    bad "mpi_interop.c does not compile:"
+    sed 's/^/        /' "$tmp/cc.log" | tail -10
+  fi
 else
   skip "mpirun: Open MPI is not installed (scripts/setup.sh installs openmpi-bin with apt-get where it can)"
 fi
