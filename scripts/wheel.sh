@@ -27,8 +27,10 @@ bad() { failed=$((failed + 1)); echo "  FAIL  $*"; }
 skip() { skipped=$((skipped + 1)); echo "  skip  $*"; }
 run() {  # NAME LOG CMD...: records pass/fail, shows the log's tail on failure
   local name="$1" log="$2"; shift 2
-  if "$@" >"$log" 2>&1; then ok "$name"; return 0; fi
-  bad "$name (exit $?; $log):"; sed 's/^/        /' "$log" | tail -30; return 1
+  "$@" >"$log" 2>&1
+  local rc=$?
+  if [ "$rc" -eq 0 ]; then ok "$name"; return 0; fi
+  bad "$name (exit $rc; $log):"; sed 's/^/        /' "$log" | tail -30; return 1
 }
 finish() {
   [ "$skipped" -gt 0 ] && echo "wheel: $skipped skipped (see above)"
@@ -102,8 +104,9 @@ case "$where" in
   "$venv"/lib/python3*/site-packages/ferroccl/lib/libferroccl.so.0*) ok "import ferroccl loads the wheel's library (${where##*$'\n'})" ;;
   *) bad "import ferroccl: '$where' (expected the venv's ferroccl/lib/libferroccl.so.0)" ;;
 esac
-(cd "$out" && run "package tests (python/tests) against the installed wheel" "$logs/pytest.log" \
-   in_venv env FERROCCL_TEST_INSTALLED=1 python -m pytest -q -rs -p no:cacheprovider "$root/python/tests")
+# From $out, so the checkout's python/ is not on sys.path (conftest.py drops it too).
+run "package tests (python/tests) against the installed wheel" "$logs/pytest.log" in_venv env -C "$out" \
+  FERROCCL_TEST_INSTALLED=1 python -m pytest -q -rs -p no:cacheprovider "$root/python/tests"
 tail -1 "$logs/pytest.log" | sed 's/^/        /'
 run "ferroccl-run -n 2 python (all_reduce of the ranks)" "$logs/run.log" in_venv ferroccl-run -n 2 python -c \
   'import numpy as np, ferroccl

@@ -2,7 +2,7 @@
 
 The library is looked for, in order, at:
 
-1. ``$FERROCCL_LIB``: the path of ``libferroccl.so``, or a directory holding it;
+1. ``$FERROCCL_LIB``: the path of the library, or a directory holding it;
 2. inside this package (``ferroccl/lib/libferroccl.so.<major>``, where a wheel puts it);
 3. ``<checkout>/target/release`` (and ``$CARGO_TARGET_DIR/release``) when the package
    is used from a source checkout (``python/ferroccl`` two levels under the root);
@@ -156,14 +156,19 @@ _lib = None
 _lib_path = None
 
 
+def _in_dir(d):
+    """The library in directory d: libferroccl.so, else libferroccl.so.<major> (a wheel's)."""
+    plain = os.path.join(d, _LIBNAME)
+    versioned = sorted(glob.glob(plain + ".[0-9]*"))
+    return plain if os.path.isfile(plain) or not versioned else versioned[-1]
+
+
 def _candidates():
     env = os.environ.get("FERROCCL_LIB")
     if env:
-        yield os.path.join(env, _LIBNAME) if os.path.isdir(env) else env
+        yield _in_dir(env) if os.path.isdir(env) else env
         return  # an explicit choice: nothing else is tried
-    bundled = sorted(glob.glob(os.path.join(_HERE, "lib", _LIBNAME + ".[0-9]*")))
-    if bundled:
-        yield bundled[-1]
+    yield _in_dir(os.path.join(_HERE, "lib"))
     checkout = os.path.normpath(os.path.join(_HERE, "..", ".."))
     if os.path.isfile(os.path.join(checkout, "Cargo.toml")):
         target = os.environ.get("CARGO_TARGET_DIR")
