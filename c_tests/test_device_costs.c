@@ -17,6 +17,7 @@
  *   blocking      host-blocking driver calls (synchronisations, synchronous copies,
  *                 frees) on the busiest rank
  *   driver        driver calls on the busiest rank
+ *   blocks        thread blocks of the launches' grids, all ranks together
  *
  * Held: traffic <= 1.05x the minimum and one launch per call (in-place all_to_all: two,
  * its senders go through scratch first; reduce_scatter_v: one per rank), 3n - 2 stream
@@ -24,8 +25,10 @@
  * executor waits for each ready and writes done); with FERROCCL_CUDA_MPS=1 (every rank
  * moves its share) one launch per rank and 2n^2 memory operations (each rank writes a
  * ready and a fin and waits for every other rank's); no blocking
- * call, no kernel the model does not know, and driver calls per call that do not grow
- * with the number of live allocations (measured again after 64 more).
+ * call, no kernel the model does not know, driver calls per call that do not grow
+ * with the number of live allocations (measured again after 64 more), and a large
+ * all_reduce's grid sized from the device: its SMs times the 256-thread blocks one SM
+ * holds (the driver's MULTIPROCESSOR_COUNT and MAX_THREADS_PER_MULTIPROCESSOR).
  *
  * Start with ferroccl-run -n N (N >= 2) under scripts/sim-gpu.sh. */
 #ifndef _POSIX_C_SOURCE
@@ -44,10 +47,11 @@ static CUresult (*cuDeviceGetCount)(int*);
 static CUresult (*cuDevicePrimaryCtxRetain)(void**, int);
 static CUresult (*cuCtxSetCurrent)(void*);
 static CUresult (*cuCtxSynchronize)(void);
+static CUresult (*cuDeviceGetAttribute)(int*, int, int);
 static unsigned (*simgpuGetCosts)(unsigned long long*, unsigned);
 
 /* simgpuGetCosts's order (tools/simgpu/src/costs.rs). */
-enum { C_DRIVER, C_BLOCKING, C_LAUNCHES, C_COPIES, C_MEMOPS, C_READ, C_WRITTEN, C_UNMODELLED, C_N };
+enum { C_DRIVER, C_BLOCKING, C_LAUNCHES, C_COPIES, C_MEMOPS, C_READ, C_WRITTEN, C_UNMODELLED, C_BLOCKS, C_N };
 
 static int failures, g_rank, g_n, g_mps;
 
@@ -75,8 +79,10 @@ static int load_driver(void) {
   *(void**)(&cuDevicePrimaryCtxRetain) = dlsym(h, "cuDevicePrimaryCtxRetain");
   *(void**)(&cuCtxSetCurrent) = dlsym(h, "cuCtxSetCurrent");
   *(void**)(&cuCtxSynchronize) = dlsym(h, "cuCtxSynchronize");
+  *(void**)(&cuDeviceGetAttribute) = dlsym(h, "cuDeviceGetAttribute");
   *(void**)(&simgpuGetCosts) = dlsym(h, "simgpuGetCosts");
-  return cuInit && cuDeviceGetCount && cuDevicePrimaryCtxRetain && cuCtxSetCurrent && cuCtxSynchronize;
+  return cuInit && cuDeviceGetCount && cuDevicePrimaryCtxRetain && cuCtxSetCurrent && cuCtxSynchronize &&
+         cuDeviceGetAttribute;
 }
 
 enum Kind { ALL_REDUCE, ALL_REDUCE_IN_PLACE, REDUCE_SCATTER, ALL_GATHER, ALL_TO_ALL, ALL_TO_ALL_IN_PLACE,
@@ -224,6 +230,37 @@ int main(void) {
       CHECK(ratio <= 1.05, "%s: %.0f bytes of HBM traffic, %.2fx the least (%.0f); the budget is 1.05x", NAMES[k],
             traffic, ratio, minimum(k));
     if (k == ALL_REDUCE) driver_before = maxes[C_DRIVER];
+  }
+  if (!g_mps) {
+    /* Enough elements for more than one block per thread of the device: the grid is the
+     * device filled once, whatever the size. */
+    int sms = 0, threads = 0;
+    size_t big = (size_t)4 << 20, j;
+    float *s = NULL, *d = NULL;
+    unsigned long long x[C_N], y[C_N], got[C_N], full;
+    CHECK(cuDeviceGetAttribute(&sms, 16 /* MULTIPROCESSOR_COUNT */, 0) == 0 &&
+              cuDeviceGetAttribute(&threads, 39 /* MAX_THREADS_PER_MULTIPROCESSOR */, 0) == 0,
+          "cuDeviceGetAttribute");
+    full = (unsigned long long)sms * (unsigned long long)(threads / 256);
+    OK(fcclMemAlloc((void**)&s, big * sizeof(float)));
+    OK(fcclMemAlloc((void**)&d, big * sizeof(float)));
+    for (j = 0; j < 2; j++) OK(fcclAllReduce(s, d, big, fcclFloat32, fcclSum, comm, NULL));
+    CHECK(cuCtxSynchronize() == 0, "cuCtxSynchronize");
+    simgpuGetCosts(x, C_N);
+    OK(fcclAllReduce(s, d, big, fcclFloat32, fcclSum, comm, NULL));
+    simgpuGetCosts(y, C_N);
+    CHECK(cuCtxSynchronize() == 0, "cuCtxSynchronize");
+    for (j = 0; j < C_N; j++) got[j] = y[j] - x[j];
+    OK(fcclAllReduce(got, sums, C_N, fcclUint64, fcclSum, comm, NULL));
+    if (g_rank == 0)
+      printf("all_reduce of %zu MiB per rank: %llu launch(es) of %llu blocks in all; the device holds %d SMs x %d "
+             "blocks of 256 threads = %llu\n",
+             big * sizeof(float) >> 20, sums[C_LAUNCHES], sums[C_BLOCKS], sms, threads / 256, full);
+    CHECK(sums[C_LAUNCHES] == 1 && sums[C_BLOCKS] == full,
+          "all_reduce of %zu floats: %llu launches of %llu blocks in all, expected one of %llu (the device filled once)",
+          big, sums[C_LAUNCHES], sums[C_BLOCKS], full);
+    OK(fcclMemFree(s));
+    OK(fcclMemFree(d));
   }
   {
     /* Driver calls must not grow with the live allocations of the process, each one

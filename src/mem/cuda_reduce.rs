@@ -157,15 +157,22 @@ static CACHE: Mutex<Option<HashMap<(Ctx, Reduction), Function>>> = Mutex::new(No
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 struct Module(usize);
 
-/// A kernel of a loaded program (`CUfunction`), from [`kernel`].
+/// A kernel of a loaded program (`CUfunction`), from [`kernel`], with the number of
+/// blocks that fill its device once (its grid's bound).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct Function(usize);
+pub struct Function {
+    f: usize,
+    full: u32,
+}
 
 impl Function {
     fn raw(self) -> cu::CUfunction {
-        self.0 as cu::CUfunction
+        self.f as cu::CUfunction
     }
 }
+
+/// Threads per block of every launch.
+const THREADS: u32 = 256;
 
 /// The kernel for `r` in context `ctx` on `device`: its group's program is compiled and
 /// loaded at the first use of any of them.
@@ -192,7 +199,7 @@ pub fn kernel(ctx: Ctx, device: i32, r: Reduction) -> Result<Function> {
     let fname = CString::new(r.entry()).expect("no NUL");
     // SAFETY: a loaded module and a NUL-terminated name.
     cu_check(unsafe { cu::cuModuleGetFunction(&mut f, module, fname.as_ptr()) }, "cuModuleGetFunction")?;
-    let f = Function(f as usize);
+    let f = Function { f: f as usize, full: cuda::resident_blocks(device, THREADS)? };
     CACHE.lock().unwrap().get_or_insert_with(HashMap::new).insert((ctx, r), f);
     Ok(f)
 }
@@ -259,7 +266,7 @@ pub unsafe fn launch(
     // SAFETY: f is a loaded kernel whose parameters are `params`: two structs of
     // MAX_INPUTS pointers, int, int, unsigned long long x 2 (, unsigned long long for
     // wire kernels), pointer; buffers per the caller.
-    unsafe { launch_grid(f, &mut params, [grid_x(count, rows), rows as u32], stream, &r.entry()) }
+    unsafe { launch_grid(f, &mut params, [grid_x(count, rows, f.full), rows as u32], stream, &r.entry()) }
 }
 
 /// The copy kernels (`fccl_copy`, `fccl_copy2d`, `fccl_copy_batch`) of context `ctx` on `device`, compiled
@@ -285,26 +292,28 @@ pub fn copiers(ctx: Ctx, device: i32) -> Result<Copiers> {
     let mut module: cu::CUmodule = std::ptr::null_mut();
     // SAFETY: ptx is NUL-terminated PTX; the module stays loaded for the process's life.
     cu_check(unsafe { cu::cuModuleLoadData(&mut module, ptx.as_ptr() as *const c_void) }, "cuModuleLoadData")?;
+    let full = cuda::resident_blocks(device, THREADS)?;
     let get = |name: &str| -> Result<Function> {
         let mut f: cu::CUfunction = std::ptr::null_mut();
         let cname = CString::new(name).expect("no NUL");
         // SAFETY: a loaded module and a NUL-terminated name.
         cu_check(unsafe { cu::cuModuleGetFunction(&mut f, module, cname.as_ptr()) }, "cuModuleGetFunction")?;
-        Ok(Function(f as usize))
+        Ok(Function { f: f as usize, full })
     };
     let c = Copiers { copy: get("fccl_copy")?, copy2d: get("fccl_copy2d")?, batch: get("fccl_copy_batch")? };
     COPIERS.lock().unwrap_or_else(|p| p.into_inner()).get_or_insert_with(HashMap::new).insert(ctx, c);
     Ok(c)
 }
 
-/// Blocks of 256 threads along x for `units` units in each of `rows` block rows: about
-/// 1024 blocks in all at most (each thread strides over the rest).
-fn grid_x(units: usize, rows: usize) -> u32 {
-    units.div_ceil(256).clamp(1, (1024 / rows.max(1)).max(8)) as u32
+/// Blocks along x for `units` units (one per thread) in each of `rows` block rows: at
+/// most about `full` blocks in all, the device filled once (each thread strides over the
+/// rest), and at least 8 per row.
+fn grid_x(units: usize, rows: usize, full: u32) -> u32 {
+    units.div_ceil(THREADS as usize).clamp(1, (full as usize / rows.max(1)).max(8)) as u32
 }
 
 /// Launches kernel `what` (`f`) with `params` on `stream` over `grid` (x, y) blocks of
-/// 256 threads.
+/// `THREADS` threads.
 ///
 /// # Safety
 /// `f`'s parameters are exactly `params`; what they point at is valid per the kernel.
@@ -322,7 +331,7 @@ unsafe fn launch_grid(
             grid[0],
             grid[1],
             1,
-            256,
+            THREADS,
             1,
             1,
             0,
@@ -357,7 +366,7 @@ impl Copiers {
         ];
         // SAFETY: fccl_copy takes (pointer, pointer, unsigned long long, unsigned int,
         // pointer); buffers per the caller.
-        unsafe { launch_grid(self.copy, &mut params, [grid_x(bytes / w, 1), 1], stream, "fccl_copy") }
+        unsafe { launch_grid(self.copy, &mut params, [grid_x(bytes / w, 1, self.copy.full), 1], stream, "fccl_copy") }
     }
 
     /// As [`Copiers::copy`] for `rows` rows of `width` bytes, `dpitch` and `spitch`
@@ -396,7 +405,7 @@ impl Copiers {
         let units = (width / w).saturating_mul(rows);
         // SAFETY: fccl_copy2d takes (pointer, unsigned long long, pointer, unsigned long
         // long x 3, unsigned int, pointer); buffers per the caller.
-        unsafe { launch_grid(self.copy2d, &mut params, [grid_x(units, 1), 1], stream, "fccl_copy2d") }
+        unsafe { launch_grid(self.copy2d, &mut params, [grid_x(units, 1, self.copy2d.full), 1], stream, "fccl_copy2d") }
     }
 
     /// Enqueues on `stream` a whole call's copies in as few launches as the table
@@ -434,7 +443,7 @@ impl Copiers {
         t.raw.first[t.groups] = t.ndst as u16;
         let (mut groups, mut fl) = (t.groups as u32, failed);
         let most = t.raw.len[..t.groups].iter().map(|&l| l as usize / 16 + 1).max().unwrap_or(1);
-        let grid = [grid_x(most, t.groups), t.groups as u32];
+        let grid = [grid_x(most, t.groups, self.batch.full), t.groups as u32];
         let mut params: [*mut c_void; 3] =
             [(&mut t.raw as *mut RawTable).cast(), (&mut groups as *mut u32).cast(), (&mut fl as *mut u64).cast()];
         // SAFETY: fccl_copy_batch takes (struct fccl_batch, unsigned int, pointer), and

@@ -350,6 +350,33 @@ pub fn compute_capability(ordinal: i32) -> Result<(i32, i32)> {
     Ok((major, minor))
 }
 
+/// How many blocks of `threads` threads device `ordinal` holds at once: its SMs times
+/// the blocks one SM fits by threads (registers and shared memory permitting).
+pub fn resident_blocks(ordinal: i32, threads: u32) -> Result<u32> {
+    driver()?;
+    let (mut sms, mut per_sm) = (0, 0);
+    // SAFETY: valid out-pointers; the driver is loaded.
+    unsafe {
+        check(
+            cu::cuDeviceGetAttribute(
+                &mut sms,
+                cu::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT,
+                ordinal,
+            ),
+            "cuDeviceGetAttribute(MULTIPROCESSOR_COUNT)",
+        )?;
+        check(
+            cu::cuDeviceGetAttribute(
+                &mut per_sm,
+                cu::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MAX_THREADS_PER_MULTIPROCESSOR,
+                ordinal,
+            ),
+            "cuDeviceGetAttribute(MAX_THREADS_PER_MULTIPROCESSOR)",
+        )?;
+    }
+    Ok((sms.max(1) as u32) * (per_sm.max(threads as i32) as u32 / threads.max(1)))
+}
+
 /// Number of visible devices (0 when CUDA is absent).
 pub fn device_count() -> usize {
     if !active() {

@@ -33,10 +33,12 @@ pub enum Cost {
     Written,
     /// Launches of kernels the model does not know (their bytes are not counted).
     Unmodelled,
+    /// Thread blocks of every launch's grid (x * y * z), summed.
+    Blocks,
 }
 
 /// How many counters there are.
-pub const COUNT: usize = Cost::Unmodelled as usize + 1;
+pub const COUNT: usize = Cost::Blocks as usize + 1;
 
 static COSTS: [AtomicU64; COUNT] = [const { AtomicU64::new(0) }; COUNT];
 
@@ -115,6 +117,7 @@ fn arg(args: &Args<'_>, i: usize, extra: usize, size: usize) -> u64 {
 /// the library's kernels' definitions, or unmodelled.
 pub fn on_launch(name: &str, args: &Args<'_>, grid: [u32; 3]) {
     add(Cost::Launches, 1);
+    add(Cost::Blocks, grid.iter().map(|&g| g as u64).product());
     let rw = model(name, args, grid);
     match rw {
         Some((r, w)) => {
