@@ -64,6 +64,11 @@ pub const CUDA_MPS: Var = Var {
     default: "auto",
     doc: "ranks sharing one GPU through MPS (nvidia-cuda-mps-control -d): auto (the driver's CU_DEVICE_ATTRIBUTE_MPS_ENABLED; off where the driver does not know it), 1 (every rank moves its share of each call at once), 0 (one rank moves each call's data, the others signal and wait: right without MPS, where the GPU time-slices between processes). Every rank must say yes for every rank to work",
 };
+pub const KERNEL_CACHE: Var = Var {
+    name: "FERROCCL_KERNEL_CACHE",
+    default: "",
+    doc: "directory of compiled device kernels (NVRTC's CUBIN per program, architecture and NVRTC version), kept between processes so only the first pays for compiling; 0 or off: none. Unset: $XDG_CACHE_HOME/ferroccl/kernels, else ~/.cache/ferroccl/kernels",
+};
 pub const TRANSPORT: Var = Var {
     name: "FERROCCL_TRANSPORT",
     default: "auto",
@@ -229,6 +234,7 @@ pub const ALL: &[&Var] = &[
     &CUDA_IPC,
     &STAGING_CHUNK,
     &CUDA_MPS,
+    &KERNEL_CACHE,
     &TRANSPORT,
     &NSOCKS,
     &HOST_ADDR,

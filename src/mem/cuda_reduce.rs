@@ -1,13 +1,16 @@
 //! Device reductions, compiled with NVRTC at first use (one program per data type and
-//! per data type's wire forms) and cached per context: `out[i] = op(ins[0][i], ..., ins[n-1][i])` over up to [`MAX_INPUTS`]
+//! per data type's wire forms) to the device's CUBIN, kept on disk between processes
+//! (`kernel_cache`) and loaded once per context: `out[i] = op(ins[0][i], ..., ins[n-1][i])` over up to [`MAX_INPUTS`]
 //! device pointers (peers' buffers mapped through CUDA IPC), and all_reduce over a
 //! wire type. The sources and their semantics (the host's, bit for bit, narrow floats
 //! included) are in `mem::cuda_kernels`.
 
 use crate::error::{Code, Error, Result};
+use crate::log;
 use crate::mem::cuda::{self, Ctx, Stream};
 use crate::mem::cuda_kernels::{copy_unit, BATCH, COPY_PROGRAM, COPY_PROGRAM_NAME};
 pub use crate::mem::cuda_kernels::{Reduction, MAX_INPUTS};
+use crate::mem::kernel_cache;
 use cudarc::driver::sys as cu;
 use cudarc::nvrtc::sys as nv;
 use std::collections::HashMap;
@@ -22,6 +25,9 @@ const NVRTC_SYMBOLS: &[&str] = &[
     "nvrtcGetProgramLogSize",
     "nvrtcGetProgramLog",
     "nvrtcDestroyProgram",
+    "nvrtcGetCUBINSize",
+    "nvrtcGetCUBIN",
+    "nvrtcVersion",
 ];
 const DRIVER_SYMBOLS: &[&str] = &["cuModuleLoadData", "cuModuleGetFunction", "cuLaunchKernel", "cuDeviceGetAttribute"];
 
@@ -122,7 +128,14 @@ pub fn compile_for(src: &str, name: &str, arch: &str) -> Result<Compiled> {
             let mut image;
             if cubin {
                 nv_check(nv::nvrtcGetCUBINSize(prog, &mut n), "nvrtcGetCUBINSize")?;
-                image = vec![0u8; n.max(1)];
+                if n == 0 {
+                    let _ = nv::nvrtcDestroyProgram(&mut prog);
+                    return Err(Error::new(
+                        Code::UnhandledCudaError,
+                        format!("NVRTC made no CUBIN of {name} for {arch}"),
+                    ));
+                }
+                image = vec![0u8; n];
                 nv_check(nv::nvrtcGetCUBIN(prog, image.as_mut_ptr().cast()), "nvrtcGetCUBIN")?;
             } else {
                 nv_check(nv::nvrtcGetPTXSize(prog, &mut n), "nvrtcGetPTXSize")?;
@@ -136,14 +149,62 @@ pub fn compile_for(src: &str, name: &str, arch: &str) -> Result<Compiled> {
     }
 }
 
-/// PTX of the program of `r`'s group (`Reduction::group`) for the device `device`.
-fn compile(r: &Reduction, device: i32) -> Result<Vec<u8>> {
+/// NVRTC's version (major, minor), part of a cached kernel's key.
+fn nvrtc_version() -> (i32, i32) {
+    static V: OnceLock<(i32, i32)> = OnceLock::new();
+    *V.get_or_init(|| {
+        let (mut major, mut minor) = (0, 0);
+        // SAFETY: NVRTC is loaded (callers passed nvrtc_ready); valid out-pointers.
+        let _ = unsafe { nv::nvrtcVersion(&mut major, &mut minor) };
+        (major, minor)
+    })
+}
+
+/// Loads `image` (a CUBIN, or NUL-terminated PTX) into the current context.
+fn module_load(image: &[u8]) -> Result<cu::CUmodule> {
+    let mut module: cu::CUmodule = std::ptr::null_mut();
+    // SAFETY: a whole image the driver parses itself; the module stays loaded for the process's life.
+    cu_check(unsafe { cu::cuModuleLoadData(&mut module, image.as_ptr() as *const c_void) }, "cuModuleLoadData")?;
+    Ok(module)
+}
+
+/// Loads program `src` (named `name`) into the current context of device `device`:
+/// the device's own CUBIN, from the kernel cache or from NVRTC (then stored for the
+/// next process; `kernel_cache`), so the driver has nothing to compile; PTX, which the
+/// driver compiles at load, only where NVRTC or the driver cannot do the CUBIN.
+fn load_program(src: &str, name: &str, device: i32) -> Result<cu::CUmodule> {
     let (major, minor) = cuda::compute_capability(device)?;
-    if !r.supported() {
-        return Err(Error::internal(format!("no device kernel for {r:?}")));
+    let arch = format!("sm_{major}{minor}");
+    let cached =
+        kernel_cache::dir().map(|d| d.join(kernel_cache::file_name(src, name, &arch, OPTIONS, nvrtc_version())));
+    if let Some(path) = &cached {
+        if let Some(image) = kernel_cache::read(path) {
+            match module_load(&image) {
+                Ok(m) => return Ok(m),
+                Err(e) => log::info(format_args!("kernel cache: {} not loaded ({e}); compiling again", path.display())),
+            }
+        }
     }
-    let src = Reduction::program(&r.group());
-    Ok(compile_for(&src, &r.program_name(), &format!("compute_{major}{minor}"))?.image)
+    let cubin = compile_for(src, name, &arch).map(|c| c.image);
+    match cubin.and_then(|image| module_load(&image).map(|m| (m, image))) {
+        Ok((m, image)) => {
+            if let Some(path) = &cached {
+                if let Err(e) = kernel_cache::write(path, &image) {
+                    log::info(format_args!(
+                        "kernel cache: cannot store {} ({e}); set FERROCCL_KERNEL_CACHE to a writable directory",
+                        path.display()
+                    ));
+                }
+            }
+            Ok(m)
+        }
+        Err(e) => {
+            log::warn(format_args!(
+                "{name}: no {arch} CUBIN ({e}); loading its PTX, which the driver compiles at load instead"
+            ));
+            module_load(&compile_for(src, name, &format!("compute_{major}{minor}"))?.image)
+        }
+    }
 }
 
 /// Loaded programs: (context, data type, wire forms) -> CUmodule; and their kernels:
@@ -187,10 +248,10 @@ pub fn kernel(ctx: Ctx, device: i32, r: Reduction) -> Result<Function> {
     let module = match known {
         Some(Module(m)) => m as cu::CUmodule,
         None => {
-            let ptx = compile(&r, device)?;
-            let mut module: cu::CUmodule = std::ptr::null_mut();
-            // SAFETY: ptx is NUL-terminated PTX; the module stays loaded for the process's life.
-            cu_check(unsafe { cu::cuModuleLoadData(&mut module, ptx.as_ptr() as *const c_void) }, "cuModuleLoadData")?;
+            if !r.supported() {
+                return Err(Error::internal(format!("no device kernel for {r:?}")));
+            }
+            let module = load_program(&Reduction::program(&r.group()), &r.program_name(), device)?;
             MODULES.lock().unwrap().get_or_insert_with(HashMap::new).insert(mkey, Module(module as usize));
             module
         }
@@ -287,11 +348,7 @@ pub fn copiers(ctx: Ctx, device: i32) -> Result<Copiers> {
         return Ok(c);
     }
     let _g = cuda::CtxGuard::enter(ctx)?;
-    let (major, minor) = cuda::compute_capability(device)?;
-    let ptx = compile_for(COPY_PROGRAM, COPY_PROGRAM_NAME, &format!("compute_{major}{minor}"))?.image;
-    let mut module: cu::CUmodule = std::ptr::null_mut();
-    // SAFETY: ptx is NUL-terminated PTX; the module stays loaded for the process's life.
-    cu_check(unsafe { cu::cuModuleLoadData(&mut module, ptx.as_ptr() as *const c_void) }, "cuModuleLoadData")?;
+    let module = load_program(COPY_PROGRAM, COPY_PROGRAM_NAME, device)?;
     let full = cuda::resident_blocks(device, THREADS)?;
     let get = |name: &str| -> Result<Function> {
         let mut f: cu::CUfunction = std::ptr::null_mut();

@@ -9,6 +9,7 @@ pub mod cuda;
 pub mod cuda_kernels;
 pub mod cuda_reduce;
 pub mod fallible;
+pub mod kernel_cache;
 pub mod pool;
 pub mod reduce;
 pub mod shared;

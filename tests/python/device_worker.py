@@ -10,6 +10,7 @@ driver or device.
 
 import argparse
 import ctypes
+import os
 import sys
 import threading
 from ctypes import byref, c_int, c_size_t, c_uint, c_void_p
@@ -272,7 +273,23 @@ def main():
         return 1
     finally:
         f.call("fcclCommDestroy", comm)
+    compiles = nvrtc_compilations(cu)
+    if compiles is not None:
+        print(f"rank {os.environ.get('FERROCCL_RANK', '0')}: {compiles} NVRTC compilations", flush=True)
     return 0
+
+
+def nvrtc_compilations(cu):
+    """NVRTC compilations of this process so far, from the simulated GPU's cost model
+    (simgpuGetCosts, counter 9); None on a real driver, which has no such export."""
+    get = getattr(cu, "simgpuGetCosts", None)
+    if get is None:
+        return None
+    costs = (ctypes.c_ulonglong * 16)()
+    get.argtypes = [ctypes.POINTER(ctypes.c_ulonglong), c_uint]
+    get.restype = c_uint
+    n = get(costs, 16)
+    return costs[9] if n > 9 else None
 
 
 if __name__ == "__main__":

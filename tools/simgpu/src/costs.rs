@@ -35,10 +35,12 @@ pub enum Cost {
     Unmodelled,
     /// Thread blocks of every launch's grid (x * y * z), summed.
     Blocks,
+    /// NVRTC compilations (nvrtcCompileProgram calls).
+    Compiles,
 }
 
 /// How many counters there are.
-pub const COUNT: usize = Cost::Blocks as usize + 1;
+pub const COUNT: usize = Cost::Compiles as usize + 1;
 
 static COSTS: [AtomicU64; COUNT] = [const { AtomicU64::new(0) }; COUNT];
 

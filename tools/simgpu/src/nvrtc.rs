@@ -27,6 +27,9 @@ pub struct Program {
     pub src: String,
     pub name: String,
     pub ptx: Option<CString>,
+    /// Whether the last compilation was for a real architecture (`sm_*`): only then
+    /// does NVRTC have a CUBIN (its size is 0 for a virtual `compute_*` one).
+    pub real_arch: bool,
     pub log: CString,
     pub exprs: Vec<String>,
     pub lowered: HashMap<String, CString>,
@@ -190,6 +193,15 @@ pub fn check_options(opts: &[String]) -> Result<(), String> {
     Ok(())
 }
 
+/// The architecture the options ask for (the last one given), NVRTC's default
+/// (`compute_75`, virtual) when none is.
+pub fn arch_of(opts: &[String]) -> &str {
+    opts.iter()
+        .rev()
+        .find_map(|o| o.strip_prefix("--gpu-architecture=").or_else(|| o.strip_prefix("-arch=")))
+        .unwrap_or("compute_75")
+}
+
 /// Preprocessor options NVRTC takes, as the host compiler's (`-DX=1`, `-UX`, `-Idir`);
 /// the others (architecture, precision, ...) do not apply to the host compiler.
 fn host_options(opts: &[String]) -> Vec<String> {
@@ -288,6 +300,7 @@ impl Program {
             }
         }
         self.lowered = lowered;
+        self.real_arch = arch_of(opts).starts_with("sm_");
         self.log = CString::new(compiled.log.replace('\0', " ")).unwrap_or_default();
         self.ptx = Some(CString::new(ptx(&self.name, &compiled.object.path, &kernels)).unwrap_or_default());
         Ok(())
@@ -336,6 +349,12 @@ extern "C" __global__ int not_void() { return 0; }
         let ptx = p.ptx.as_ref().unwrap().to_str().unwrap().to_string();
         assert!(ptx.contains(".visible .entry fccl_reduce_i8_max(") && ptx.contains(".target sm_90"), "{ptx}");
         assert_eq!(p.lowered["&fccl_reduce_i8_max"].to_str().unwrap(), "fccl_reduce_i8_max");
+        // As NVRTC: a CUBIN only for a real architecture (the last one given).
+        assert!(!p.real_arch);
+        assert_eq!(p.compile(&["-arch=compute_90".into(), "--gpu-architecture=sm_90".into()]), Ok(()));
+        assert!(p.real_arch);
+        assert_eq!(p.compile(&[]), Ok(()));
+        assert!(!p.real_arch, "NVRTC's default architecture is virtual");
         assert_eq!(p.compile(&["-arch".into()]), Err(Fail::InvalidOption));
         assert_eq!(p.compile(&["arch=sm_90".into()]), Err(Fail::InvalidOption));
         assert_eq!(p.compile(&["-arch=sm_999".into(), "-default-device".into()]), Ok(()));

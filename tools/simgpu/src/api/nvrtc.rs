@@ -188,6 +188,7 @@ pub unsafe extern "C" fn nvrtcCompileProgram(
             // SAFETY: a NUL-terminated option (caller).
             opts.push(unsafe { CStr::from_ptr(o) }.to_string_lossy().into_owned());
         }
+        crate::costs::add(crate::costs::Cost::Compiles, 1);
         with_program(prog, |p| {
             p.compile(&opts).map_err(|e| {
                 let code = match e {
@@ -242,10 +243,37 @@ size_and_text!(
     /// The PTX-like text of a compiled program (size includes the NUL).
     nvrtcGetPTXSize, nvrtcGetPTX, "PTX", ptx_of
 );
-size_and_text!(
-    /// The same text as nvrtcGetPTX: the simulated driver loads it either way.
-    nvrtcGetCUBINSize, nvrtcGetCUBIN, "CUBIN", ptx_of
-);
+/// The same text as nvrtcGetPTX (the simulated driver loads it either way), only for a
+/// program compiled for a real architecture (`sm_*`): for a virtual one NVRTC has no
+/// CUBIN, its size is 0 and nvrtcGetCUBIN fails.
+#[no_mangle]
+pub unsafe extern "C" fn nvrtcGetCUBINSize(prog: *mut c_void, size: *mut usize) -> N {
+    nv("nvrtcGetCUBINSize", || {
+        let n = with_program(prog, |p| match (&p.ptx, p.real_arch) {
+            (None, _) => Err((N::NVRTC_ERROR_INVALID_PROGRAM, "the program has no CUBIN (not compiled)".into())),
+            (Some(_), false) => Ok(0),
+            (Some(s), true) => Ok(s.as_bytes_with_nul().len()),
+        })?;
+        // SAFETY: `put` checks NULL.
+        unsafe { put(size, n) }
+    })
+}
+
+/// See nvrtcGetCUBINSize.
+#[no_mangle]
+pub unsafe extern "C" fn nvrtcGetCUBIN(prog: *mut c_void, buf: *mut c_char) -> N {
+    nv("nvrtcGetCUBIN", || {
+        with_program(prog, |p| match (&p.ptx, p.real_arch) {
+            (None, _) => fail(N::NVRTC_ERROR_INVALID_PROGRAM, "the program has no CUBIN (not compiled)"),
+            (Some(_), false) => fail(
+                N::NVRTC_ERROR_INVALID_INPUT,
+                "no CUBIN: the program was compiled for a virtual architecture (compute_*); use sm_*",
+            ),
+            // SAFETY: the buffer holds what the size call reported (caller).
+            (Some(s), true) => unsafe { copy_out(buf, s) },
+        })
+    })
+}
 size_and_text!(
     /// The compilation log ("" before or after a successful compile; size includes the NUL).
     nvrtcGetProgramLogSize, nvrtcGetProgramLog, "log", log_of
