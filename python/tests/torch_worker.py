@@ -148,7 +148,7 @@ def batch_p2p(r, n):
     # A refused op inside a coalesced batch raises, and the group it opened is closed
     # again. Driven through the process group itself: after an exception inside
     # batch_isend_irecv, torch 2.15 leaves the group in its Python coalescing state and
-    # drops later dist.* calls of that group, whatever the backend.
+    # records later dist.* calls of that group there instead of running them.
     pg = dist.distributed_c10d._get_default_group()
     pg._start_coalescing(torch.device("cpu"))
     try:
