@@ -23,9 +23,9 @@ tv="${FERROCCL_TORCH_VENV:-$HOME/.cache/ferroccl/torch-venv}"
 if [ ! -x "$tv/bin/python" ]; then
   "$py" -m venv "$tv"
 fi
-if ! "$tv/bin/python" -c "import torch, numpy, pytest" 2>/dev/null; then
+if ! "$tv/bin/python" -c "import torch, numpy, pytest, ninja" 2>/dev/null; then
   echo "python-install-test: installing torch (CPU use; PyPI's wheel) into $tv, kept for later runs" >&2
-  if ! "$tv/bin/python" -m pip install "${quiet[@]}" torch numpy pytest; then
+  if ! "$tv/bin/python" -m pip install "${quiet[@]}" torch numpy pytest ninja; then
     echo "python-install-test: torch could not be installed: its tests will skip" >&2
   fi
 fi

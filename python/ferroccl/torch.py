@@ -15,20 +15,34 @@ message.
 Point-to-point: ``send``/``recv`` of one rank run in the order posted and a send
 returns when the peer has received (NCCL's semantics outside a group), so two ranks
 that both send first (or both receive first) deadlock where gloo would not: order
-them (even ranks send first, odd ranks receive first). ``dist.batch_isend_irecv``
-needs a C++ backend object per device, which torch does not give Python process
-groups: it raises "No backend type associated with device type cpu".
+them (even ranks send first, odd ranks receive first); ``dist.batch_isend_irecv``
+never deadlocks (one fcclGroupStart/End).
+
+What serves the calls: a native c10d backend (csrc/ProcessGroupFerroccl.cpp, a
+``c10d::Backend`` calling libferroccl's C functions), built with
+torch.utils.cpp_extension at the first process group (cached in torch's extension
+directory; needs a C++ compiler where torch is). It runs each call on the calling
+thread and returns a completed Work (CUDA tensors: queued on the current stream), so
+``async_op=True`` on CPU tensors returns after the call is done. Where it cannot be
+built, the Python backend below serves instead, with a warning naming why.
+``FERROCCL_TORCH_BACKEND=python`` forces the Python one, ``=native`` makes a failed
+build an error. ``served_by()`` says which one a group has.
 """
 
+import os
+import shutil
+import sys
+import threading
+import warnings
 from datetime import timedelta
 
 import torch
 import torch.distributed as dist
 
-from . import Comm, UniqueId, get_unique_id
+from . import Comm, UniqueId, _lib, get_unique_id
 
 
-__all__ = ["ProcessGroupFerroccl", "BACKEND"]
+__all__ = ["ProcessGroupFerroccl", "BACKEND", "served_by", "native_module"]
 
 BACKEND = "ferroccl"
 
@@ -69,6 +83,23 @@ def _op(reduce_op):
     raise ValueError(f"ferroccl backend: reduce op {reduce_op} is not supported (SUM, PRODUCT, MAX, MIN, AVG are)")
 
 
+def _timeout_ms(timeout):
+    if not isinstance(timeout, timedelta):
+        return None
+    # ferroccl's bound is a C int of ms: a longer timeout (over 24.8 days) is as good as
+    # none, and must not wrap around into a short or negative one.
+    return min(int(timeout.total_seconds() * 1000), 2**31 - 1)
+
+
+def _unique_id(store, rank):
+    # torch's store is already prefixed per process group: one key per group.
+    if rank == 0:
+        uid = get_unique_id()
+        store.set("ferroccl/unique_id", bytes(uid))
+        return uid
+    return UniqueId(store.get("ferroccl/unique_id"))
+
+
 def _split_counts(splits, total_rows, n, row, what):
     if not splits:
         if total_rows % n:
@@ -84,18 +115,8 @@ class ProcessGroupFerroccl(dist.ProcessGroup):
 
     def __init__(self, store, rank, size, timeout):
         super().__init__(rank, size)
-        ms = int(timeout.total_seconds() * 1000) if isinstance(timeout, timedelta) else None
-        if ms is not None:
-            # ferroccl's bound is a C int of ms: a longer timeout (over 24.8 days) is as
-            # good as none, and must not wrap around into a short or negative one.
-            ms = min(ms, 2**31 - 1)
-        # torch's store is already prefixed per process group: one key per group.
-        if rank == 0:
-            uid = get_unique_id()
-            store.set("ferroccl/unique_id", bytes(uid))
-        else:
-            uid = UniqueId(store.get("ferroccl/unique_id"))
-        self._comm = Comm.init_rank(size, uid, rank, timeout_ms=ms, name=f"torch-pg-r{rank}")
+        ms = _timeout_ms(timeout)
+        self._comm = Comm.init_rank(size, _unique_id(store, rank), rank, timeout_ms=ms, name=f"torch-pg-r{rank}")
 
     # ---------------------------------------------------------------- plumbing
 
@@ -253,7 +274,58 @@ class ProcessGroupFerroccl(dist.ProcessGroup):
         self._comm.abort()
 
 
+_CSRC = os.path.join(os.path.dirname(os.path.abspath(__file__)), "csrc", "ProcessGroupFerroccl.cpp")
+_native_lock = threading.Lock()
+_native = None  # (module or None, why not)
+
+
+def native_module():
+    """The compiled native backend's module, building it on first use (minutes the first
+    time, cached after); None with the reason where it cannot be built or loaded."""
+    global _native
+    with _native_lock:
+        if _native is None:
+            try:
+                from torch.utils import cpp_extension
+
+                bindir = os.path.dirname(sys.executable)
+                if shutil.which("ninja") is None and os.path.isfile(os.path.join(bindir, "ninja")):
+                    # pip's ninja sits next to a venv's python, off PATH when the venv is not activated
+                    os.environ["PATH"] = bindir + os.pathsep + os.environ.get("PATH", "")
+
+                mod = cpp_extension.load(name="ferroccl_c10d", sources=[_CSRC], extra_cflags=["-O2"],
+                                         verbose=os.environ.get("FERROCCL_TORCH_VERBOSE") == "1")
+                _native = (mod, None)
+            except Exception as e:  # noqa: BLE001 - any build failure falls back, saying why
+                _native = (None, f"{type(e).__name__}: {e}")
+        return _native
+
+
+def served_by(group=None):
+    """"native" or "python": which backend serves a "ferroccl" process group (default: the world)."""
+    pg = group if group is not None else dist.distributed_c10d._get_default_group()
+    if isinstance(pg, ProcessGroupFerroccl):
+        return "python"
+    mod = _native[0] if _native else None
+    if mod is not None and isinstance(pg._get_backend(torch.device("cpu")), mod.ProcessGroupFerroccl):
+        return "native"
+    raise ValueError(f"process group {pg} is not served by ferroccl")
+
+
 def _create(store, rank, size, timeout):
+    choice = os.environ.get("FERROCCL_TORCH_BACKEND", "auto")
+    if choice not in ("auto", "native", "python"):
+        raise ValueError(f"FERROCCL_TORCH_BACKEND={choice!r}: expected auto, native or python")
+    if choice != "python":
+        mod, why = native_module()
+        if mod is not None:
+            ms = _timeout_ms(timeout)
+            uid = _unique_id(store, rank)
+            return mod.ProcessGroupFerroccl(_lib.library_path(), bytes(uid), rank, size, ms or 0, f"torch-pg-r{rank}")
+        if choice == "native":
+            raise RuntimeError(f"ferroccl: the native torch backend could not be built ({why})")
+        warnings.warn(f"ferroccl: the native torch backend could not be built, the Python one serves "
+                      f"(slower, no batch_isend_irecv): {why}", RuntimeWarning, stacklevel=2)
     return ProcessGroupFerroccl(store, rank, size, timeout)
 
 
