@@ -112,6 +112,9 @@ run "ferroccl-run -n 2 python (all_reduce of the ranks)" "$logs/run.log" in_venv
   'import numpy as np, ferroccl
 with ferroccl.Comm.from_env() as c:
     x = np.full(4, c.rank + 1, np.float32); c.all_reduce(x); assert (x == 3).all(), x'
+run "ferroccl-run --nccl: a program that dlopens libnccl.so.2 by name gets the wheel's" "$logs/nccl.log" \
+  in_venv ferroccl-run --nccl python -c \
+  'import ctypes; assert hasattr(ctypes.CDLL("libnccl.so.2"), "ferroccl_nccl_shim")'
 run "ferroccl-bench --nranks 2 (one size, host memory)" "$logs/bench.log" in_venv ferroccl-bench --nranks 2 \
   -b 64K -e 64K -n 5 -w 1
 grep -q "all_reduce" "$logs/bench.log" || bad "ferroccl-bench printed no all_reduce row"

@@ -263,6 +263,31 @@ fn a_mistyped_option_gets_the_closest_one() {
     assert!(err.starts_with("ferroccl-run: unknown option --frobnicate\n"), "no guess when none is near: {err}");
 }
 
+#[test]
+fn nccl_makes_every_rank_load_ferroccls_nccl_library_by_name() {
+    // What PyTorch does: dlopen("libnccl.so.2") by name; it must get ferroccl's (the shim
+    // exports its marker), however LD_PRELOAD and LD_LIBRARY_PATH were before.
+    let probe = "import ctypes, os; l = ctypes.CDLL('libnccl.so.2'); \
+                 print('shim', hasattr(l, 'ferroccl_nccl_shim'), os.environ['LD_PRELOAD'].split(':')[0])";
+    let out = Command::new(RUN)
+        .args(["--nccl", "-n", "2", "python3", "-c", probe])
+        .env("LD_PRELOAD", "")
+        .output()
+        .expect("ferroccl-run");
+    assert!(out.status.success(), "{out:?}");
+    let t = text(&out.stdout);
+    assert_eq!(t.matches("shim True ").count(), 2, "{t}");
+    let lib = t.lines().next().unwrap().rsplit(' ').next().unwrap().to_string();
+    assert!(std::path::Path::new(&lib).is_file(), "{lib}");
+    // Without -n: one command (a launcher such as torchrun) runs with it, as itself.
+    let out = Command::new(RUN).args(["--nccl", "python3", "-c", probe]).output().expect("ferroccl-run");
+    assert!(out.status.success(), "{out:?}");
+    assert_eq!(text(&out.stdout), format!("shim True {lib}\n"));
+    let out = run(&["--nccl=/no/such/libnccl.so.2", "true"]);
+    assert_eq!(out.status.code(), Some(2), "{out:?}");
+    assert!(text(&out.stderr).contains("--nccl=/no/such/libnccl.so.2: no such file"), "{out:?}");
+}
+
 // ------------------------------------------------ other launchers, by hand
 
 fn free_port() -> u16 {

@@ -8,16 +8,23 @@
 //! the launcher dies). It is a launcher for one host; across hosts use mpirun, srun or
 //! torchrun (docs/launchers.md).
 //!
+//! With `--nccl` every process it starts loads ferroccl's NCCL library in place of
+//! NCCL (LD_PRELOAD), so unchanged NCCL programs and PyTorch's backend "nccl" run on
+//! ferroccl; without -n it runs one command that way (`ferroccl-run --nccl torchrun ...`).
+//!
 //! The work is done by [`ferroccl::launch`]; this is its command line.
 
 use ferroccl::launch::{Launch, PER_RANK_VARS};
 use std::ffi::OsString;
+use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-const USAGE: &str = "usage: ferroccl-run -n N [-x VAR[=VALUE]]... [--bind core|none] [--grace SECONDS] [--no-prefix] [--] program [args...]";
+const USAGE: &str = "usage: ferroccl-run -n N [-x VAR[=VALUE]]... [--nccl[=PATH]] [--bind core|none] [--grace SECONDS] [--no-prefix] [--] program [args...]";
 
 struct Args {
     n: usize,
+    /// `--nccl`: None, Some(None) to find ferroccl's NCCL library, Some(Some(path)).
+    nccl: Option<Option<PathBuf>>,
     prefix: bool,
     bind: bool,
     grace: Duration,
@@ -43,6 +50,7 @@ const OPTIONS: &[&str] = &[
     "--bind",
     "--grace",
     "--no-prefix",
+    "--nccl",
     "-h",
     "--help",
     "--help-env",
@@ -62,6 +70,8 @@ fn help() -> String {
            -x VAR[=VALUE]       set VAR in every rank, or pass this process's VAR on (repeatable)\n  \
            --bind core|none     pin rank r to the r-th usable CPU (core), or leave it (none, default)\n  \
            --grace SECONDS      when a rank fails, time the others get before they are killed (5)\n  \
+           --nccl[=PATH]        NCCL programs and torch's backend \"nccl\" run on ferroccl's NCCL\n  \
+                                library; without -n, runs one command so: --nccl torchrun ...\n  \
            --no-prefix          leave output lines as the ranks wrote them\n  \
            --help-env           the variables each rank gets, and every variable ferroccl reads\n  \
            -h, --help           this text\n  \
@@ -113,8 +123,15 @@ fn export(spec: &str, env: &mut Vec<(OsString, OsString)>) -> Result<(), String>
 }
 
 fn parse(mut it: impl Iterator<Item = OsString>) -> Result<Cmd, String> {
-    let mut a =
-        Args { n: 0, prefix: true, bind: false, grace: Duration::from_secs(5), env: Vec::new(), prog: Vec::new() };
+    let mut a = Args {
+        n: 0,
+        nccl: None,
+        prefix: true,
+        bind: false,
+        grace: Duration::from_secs(5),
+        env: Vec::new(),
+        prog: Vec::new(),
+    };
     let text = |x: OsString, what: &str| x.into_string().map_err(|x| format!("{what} {x:?}: not valid UTF-8"));
     while let Some(x) = it.next() {
         let xs = x.to_string_lossy().into_owned();
@@ -131,6 +148,8 @@ fn parse(mut it: impl Iterator<Item = OsString>) -> Result<Cmd, String> {
                 export(&v, &mut a.env)?;
             }
             "--no-prefix" => a.prefix = false,
+            "--nccl" => a.nccl = Some(None),
+            _ if xs.starts_with("--nccl=") => a.nccl = Some(Some(PathBuf::from(&xs["--nccl=".len()..]))),
             "--bind" => {
                 a.bind = match it.next().map(|v| v.to_string_lossy().into_owned()).as_deref() {
                     Some("core") => true,
@@ -162,7 +181,7 @@ fn parse(mut it: impl Iterator<Item = OsString>) -> Result<Cmd, String> {
             }
         }
     }
-    if a.n == 0 {
+    if a.n == 0 && a.nccl.is_none() {
         return Err("give the number of ranks with -n N".into());
     }
     if a.prog.is_empty() {
@@ -191,10 +210,74 @@ fn main() {
             std::process::exit(2);
         }
     };
+    let mut env = args.env;
+    if let Some(given) = args.nccl {
+        match nccl_env(given) {
+            Ok(vars) => env.extend(vars),
+            Err(e) => {
+                eprintln!("ferroccl-run: {e}");
+                std::process::exit(2);
+            }
+        }
+    }
+    if args.n == 0 {
+        // One command (a launcher such as torchrun) with ferroccl's NCCL in place.
+        use std::os::unix::process::CommandExt;
+        let e = std::process::Command::new(&args.prog[0]).args(&args.prog[1..]).envs(env).exec();
+        eprintln!("ferroccl-run: cannot run {}: {e}", args.prog[0].to_string_lossy());
+        std::process::exit(127);
+    }
     let mut l = Launch::new(args.n, args.prog);
     l.prefix = args.prefix;
     l.grace = args.grace;
     l.bind = args.bind;
-    l.env = args.env;
+    l.env = env;
     std::process::exit(l.run());
+}
+
+/// Where ferroccl's NCCL library is, relative to this launcher: `make install` and the
+/// Python package put it in ../lib/ferroccl/libnccl.so.2; a cargo build beside it.
+fn nccl_candidates(exe: &Path) -> Vec<PathBuf> {
+    let dir = exe.parent().unwrap_or(Path::new("."));
+    vec![
+        dir.join("../lib/ferroccl/libnccl.so.2"),
+        dir.join("../lib64/ferroccl/libnccl.so.2"),
+        dir.join("libferroccl_nccl.so"),
+    ]
+}
+
+/// LD_PRELOAD and LD_LIBRARY_PATH that put ferroccl's NCCL library (`given`, or the one
+/// found beside this launcher) first, ahead of what this environment already has: a
+/// program linked against libnccl.so.2, or dlopening it (PyTorch), gets ferroccl's.
+fn nccl_env(given: Option<PathBuf>) -> Result<Vec<(OsString, OsString)>, String> {
+    let lib = match given {
+        Some(p) if p.is_file() => p,
+        Some(p) => {
+            return Err(format!("--nccl={}: no such file; give the path of ferroccl's libnccl.so.2", p.display()))
+        }
+        None => {
+            let exe =
+                std::env::current_exe().map_err(|e| format!("--nccl: cannot tell where this launcher is ({e})"))?;
+            let tried = nccl_candidates(&exe);
+            tried.iter().find(|p| p.is_file()).cloned().ok_or_else(|| {
+                let list: Vec<String> = tried.iter().map(|p| p.display().to_string()).collect();
+                format!(
+                    "--nccl: ferroccl's NCCL library is not beside this launcher (tried {}); give its path \
+                     with --nccl=PATH (make install puts it in <prefix>/lib/ferroccl/libnccl.so.2)",
+                    list.join(", ")
+                )
+            })?
+        }
+    };
+    let lib = lib.canonicalize().map_err(|e| format!("--nccl: {}: {e}", lib.display()))?;
+    let dir = lib.parent().unwrap_or(Path::new("/")).as_os_str().to_owned();
+    let prepend = |name: &str, first: &std::ffi::OsStr| {
+        let mut v = first.to_owned();
+        if let Some(old) = std::env::var_os(name).filter(|o| !o.is_empty()) {
+            v.push(":");
+            v.push(old);
+        }
+        (OsString::from(name), v)
+    };
+    Ok(vec![prepend("LD_PRELOAD", lib.as_os_str()), prepend("LD_LIBRARY_PATH", &dir)])
 }
