@@ -33,7 +33,8 @@ __all__ = ["ProcessGroupFerroccl", "BACKEND"]
 BACKEND = "ferroccl"
 
 _OPS = [(dist.ReduceOp.SUM, "sum"), (dist.ReduceOp.PRODUCT, "prod"), (dist.ReduceOp.MAX, "max"),
-        (dist.ReduceOp.MIN, "min"), (dist.ReduceOp.AVG, "avg")]
+        (dist.ReduceOp.MIN, "min"), (dist.ReduceOp.AVG, "avg"), (dist.ReduceOp.BAND, "band"),
+        (dist.ReduceOp.BOR, "bor"), (dist.ReduceOp.BXOR, "bxor")]
 
 
 class _Work(dist._Work):
@@ -66,7 +67,7 @@ def _op(reduce_op):
     for t, name in _OPS:
         if reduce_op == t:
             return name
-    raise ValueError(f"ferroccl backend: reduce op {reduce_op} is not supported (SUM, PRODUCT, MAX, MIN, AVG are)")
+    raise ValueError(f"ferroccl backend: reduce op {reduce_op} is not supported (SUM, PRODUCT, MAX, MIN, AVG, BAND, BOR, BXOR are)")
 
 
 def _split_counts(splits, total_rows, n, row, what):
