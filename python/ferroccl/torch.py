@@ -67,7 +67,8 @@ def _op(reduce_op):
     for t, name in _OPS:
         if reduce_op == t:
             return name
-    raise ValueError(f"ferroccl backend: reduce op {reduce_op} is not supported (SUM, PRODUCT, MAX, MIN, AVG, BAND, BOR, BXOR are)")
+    raise ValueError(f"ferroccl backend: reduce op {reduce_op} is not supported "
+                     "(SUM, PRODUCT, MAX, MIN, AVG, BAND, BOR, BXOR are)")
 
 
 def _split_counts(splits, total_rows, n, row, what):
