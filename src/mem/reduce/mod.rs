@@ -9,8 +9,9 @@
 //!   is ever reinterpreted as `&[f32]`.
 //! * The (type, operator) pair is matched once per call. Each arm calls a generic
 //!   kernel monomorphized for that pair, so the per-element body is straight-line code
-//!   with no dispatch. The 12 types x 5 operators come from a few traits (`Elem`,
-//!   `Arith`, `Reducible`, `Combine`) and dispatch macros, not 60 hand-written loops.
+//!   with no dispatch. The 12 types x 8 operators come from a few traits (`Elem`,
+//!   `Arith`, `Reducible`, `Combine`) and dispatch macros, not 96 hand-written loops.
+//!   The bitwise operators are refused for float types before they get here.
 //! * Conversions between float32 and the narrow float types (half, bfloat16, fp8) are
 //!   written branch-free with integer and float arithmetic only, so that they vectorize
 //!   inside the loops. (The `half` crate's per-value conversions branch on run-time CPU
