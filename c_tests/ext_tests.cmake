@@ -12,6 +12,9 @@ fccl_add_mpi_test(test_ext_coalesced test_ext_coalesced.c REQUIRES ${_core}
   fcclAllReduceCoalesced fcclBroadcastCoalesced fcclBroadcast fcclGetLastError)
 fccl_add_mpi_test(test_ext_wire test_ext_wire.c REQUIRES ${_core}
   fcclAllReduceWire fcclAllGather fcclGetLastError)
+# ferroccl's bitwise operators through every reducing call, and their refusal for floats.
+fccl_add_mpi_test(test_bitwise test_bitwise.c REQUIRES ${_core} fcclReduce fcclReduceScatter
+  fcclReduceScatterV fcclReduceScatterAxis fcclAllReduceCoalesced fcclAllReduceWire fcclGetLastError)
 # Scratch memory bounded whatever the count (peak RSS of one rank per process).
 fccl_add_mpi_test(test_scratch_bound test_scratch_bound.c REQUIRES ${_core} fcclAllReduceWire SIZES 2 3)
 

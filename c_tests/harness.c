@@ -566,6 +566,7 @@ const fcclDataType_t fccl_types[FCCL_NTYPES] = {
     fcclInt8,    fcclUint8,   fcclInt32,   fcclUint32,     fcclInt64,      fcclUint64,
     fcclFloat16, fcclFloat32, fcclFloat64, fcclBfloat16, fcclFloat8e4m3, fcclFloat8e5m2};
 const fcclRedOp_t fccl_ops[FCCL_NOPS] = {fcclSum, fcclProd, fcclMax, fcclMin, fcclAvg};
+const fcclRedOp_t fccl_bitops[FCCL_NBITOPS] = {fcclBand, fcclBor, fcclBxor};
 
 size_t fccl_dt_size(fcclDataType_t dt) {
   switch ((int)dt) {
@@ -602,6 +603,9 @@ const char* fccl_op_name(fcclRedOp_t op) {
     case fcclMax: return "fcclMax";
     case fcclMin: return "fcclMin";
     case fcclAvg: return "fcclAvg";
+    case fcclBand: return "fcclBand";
+    case fcclBor: return "fcclBor";
+    case fcclBxor: return "fcclBxor";
     default: return "unknown-op";
   }
 }
@@ -864,6 +868,8 @@ int fccl_scheme_for_op(fcclRedOp_t op) {
   switch ((int)op) {
     case fcclProd: return FCCL_SCHEME_PROD;
     case fcclMax: case fcclMin: return FCCL_SCHEME_FULL;
+    /* every bit of every element random, so each bit position is checked */
+    case fcclBand: case fcclBor: case fcclBxor: return FCCL_SCHEME_FULL;
     default: return FCCL_SCHEME_SUM;
   }
 }
@@ -1038,6 +1044,9 @@ void fccl_ref_init(fccl_ref* R, const fccl_pattern* in, fcclRedOp_t op, int nran
           case fcclMin:
             if (sgn ? as_i64(x) < as_i64(acc) : x < acc) acc = x;
             break;
+          case fcclBand: acc &= x; break;
+          case fcclBor: acc |= x; break;
+          case fcclBxor: acc ^= x; break;
           default: acc += x; break;
         }
       }

@@ -133,6 +133,9 @@ const char* fccl_res_name(fcclResult_t res);
 #define FCCL_NOPS 5
 extern const fcclDataType_t fccl_types[FCCL_NTYPES];
 extern const fcclRedOp_t fccl_ops[FCCL_NOPS];
+/* ferroccl's bitwise operators (fcclBand, fcclBor, fcclBxor): integer types only. */
+#define FCCL_NBITOPS 3
+extern const fcclRedOp_t fccl_bitops[FCCL_NBITOPS];
 
 size_t fccl_dt_size(fcclDataType_t dt); /* 0 for unknown */
 const char* fccl_dt_name(fcclDataType_t dt);

@@ -2048,6 +2048,22 @@ static void part_reducing(dctx* D) {
         }
       pr_free(&p);
     }
+  /* ferroccl's bitwise operators, on the integer types (the device kernels' own code) */
+  for (t = 0; t < NT; t++) {
+    if (fccl_dt_is_float(TYPES[t])) continue;
+    for (o = 0; o < FCCL_NBITOPS; o++) {
+      pr_init(&p, TYPES[t], fccl_bitops[o], fccl_scheme_for_op(fccl_bitops[o]), n);
+      for (c = 1; c < NC; c++)
+        EACH_MODE(D) {
+          int root = (k++) % n;
+          t_allreduce(D, &p.pat, &p.ref, COUNTS[c], c % 2);
+          t_reduce(D, &p.pat, &p.ref, COUNTS[c], root, (c + o) % 2, c % 2);
+          t_reducescatter(D, &p.pat, &p.ref, COUNTS[c], (c + 1) % 2);
+          t_reducescatterv(D, &p.pat, &p.ref, COUNTS[c], t + c, c % 2);
+        }
+      pr_free(&p);
+    }
+  }
 }
 
 /* Reduce at every root for every type and op (count 37). */
@@ -2157,6 +2173,16 @@ static void part_axis(dctx* D) {
       }
       pr_free(&p);
     }
+  for (t = 0; t < NT; t++) {
+    if (fccl_dt_is_float(TYPES[t])) continue;
+    for (o = 0; o < FCCL_NBITOPS; o++) {
+      pr_init(&p, TYPES[t], fccl_bitops[o], fccl_scheme_for_op(fccl_bitops[o]), n);
+      sh2[0] = 3;
+      sh2[1] = (size_t)n * 3;
+      EACH_MODE(D) t_reducescatter_axis(D, &p.pat, &p.ref, 2, sh2, 1);
+      pr_free(&p);
+    }
+  }
 }
 
 static void part_coalesced(dctx* D) {
@@ -2172,6 +2198,14 @@ static void part_coalesced(dctx* D) {
                               (t + o + ip) % 3 == 0, 0);
       pr_free(&p);
     }
+  for (t = 0; t < NT; t++) {
+    if (fccl_dt_is_float(TYPES[t])) continue;
+    for (o = 0; o < FCCL_NBITOPS; o++) {
+      pr_init(&p, TYPES[t], fccl_bitops[o], fccl_scheme_for_op(fccl_bitops[o]), n);
+      EACH_MODE(D) t_allreduce_coalesced(D, &p.pat, &p.ref, o % 2, o == 1 ? 0 : 256, t % 2, 0);
+      pr_free(&p);
+    }
+  }
   for (t = 0; t < NT; t++) {
     fccl_pattern_init(&pat, TYPES[t], FCCL_SCHEME_FULL);
     for (root = 0; root < n; root++)

@@ -180,9 +180,23 @@ typedef enum {
    */
   fcclAvg = 4,
   /**
-   * Number of reduction operators.
+   * Number of NCCL's reduction operators (0 .. 4); the bitwise ones below are
+   * ferroccl's extension, numbered from 64 so that NCCL's values never reach them.
    */
   fcclNumOps = 5,
+  /**
+   * Bitwise and: ferroccl's extension (as Gloo and MPI have), integer types only
+   * (fcclInt8 .. fcclUint64); a float type is fcclInvalidArgument.
+   */
+  fcclBand = 64,
+  /**
+   * Bitwise or: ferroccl's extension, integer types only.
+   */
+  fcclBor = 65,
+  /**
+   * Bitwise exclusive or: ferroccl's extension, integer types only.
+   */
+  fcclBxor = 66,
 } fcclRedOp_t;
 
 /**

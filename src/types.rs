@@ -49,6 +49,14 @@ impl DataType {
         }
     }
 
+    /// Int8 .. Uint64: the types bitwise operators take.
+    pub const fn is_integer(self) -> bool {
+        matches!(
+            self,
+            DataType::Int8 | DataType::Uint8 | DataType::Int32 | DataType::Uint32 | DataType::Int64 | DataType::Uint64
+        )
+    }
+
     /// Types that are reduced in a wider accumulator (float32) and rounded once.
     pub const fn is_narrow_float(self) -> bool {
         matches!(self, DataType::Float16 | DataType::Bfloat16 | DataType::Float8e4m3 | DataType::Float8e5m2)
@@ -134,7 +142,8 @@ impl fmt::Display for DataType {
     }
 }
 
-/// Reduction operators of docs/abi.md, with NCCL's numbering.
+/// Reduction operators of docs/abi.md, with NCCL's numbering; the bitwise ones are
+/// ferroccl's own (as Gloo and MPI have), numbered from 64 so NCCL's never reach them.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum RedOp {
     Sum = 0,
@@ -142,11 +151,25 @@ pub enum RedOp {
     Max = 2,
     Min = 3,
     Avg = 4,
+    Band = 64,
+    Bor = 65,
+    Bxor = 66,
 }
 
 impl RedOp {
     /// Every operator, in numbering order.
-    pub const ALL: [RedOp; 5] = [RedOp::Sum, RedOp::Prod, RedOp::Max, RedOp::Min, RedOp::Avg];
+    pub const ALL: [RedOp; 8] =
+        [RedOp::Sum, RedOp::Prod, RedOp::Max, RedOp::Min, RedOp::Avg, RedOp::Band, RedOp::Bor, RedOp::Bxor];
+
+    /// Bitwise and/or/xor: defined on integer types only.
+    pub const fn is_bitwise(self) -> bool {
+        matches!(self, RedOp::Band | RedOp::Bor | RedOp::Bxor)
+    }
+
+    /// Whether the operator is defined on `dtype` (bitwise ones on integers only).
+    pub const fn takes(self, dtype: DataType) -> bool {
+        !self.is_bitwise() || dtype.is_integer()
+    }
 
     /// The C name, as used in messages.
     pub const fn c_name(self) -> &'static str {
@@ -156,6 +179,9 @@ impl RedOp {
             RedOp::Max => "fcclMax",
             RedOp::Min => "fcclMin",
             RedOp::Avg => "fcclAvg",
+            RedOp::Band => "fcclBand",
+            RedOp::Bor => "fcclBor",
+            RedOp::Bxor => "fcclBxor",
         }
     }
 
@@ -167,6 +193,9 @@ impl RedOp {
             RedOp::Max => "max",
             RedOp::Min => "min",
             RedOp::Avg => "avg",
+            RedOp::Band => "band",
+            RedOp::Bor => "bor",
+            RedOp::Bxor => "bxor",
         }
     }
 }
@@ -174,7 +203,7 @@ impl RedOp {
 impl TryFrom<i32> for RedOp {
     type Error = i32;
     fn try_from(v: i32) -> Result<Self, i32> {
-        RedOp::ALL.get(usize::try_from(v).map_err(|_| v)?).copied().ok_or(v)
+        RedOp::ALL.into_iter().find(|op| *op as i32 == v).ok_or(v)
     }
 }
 
@@ -196,10 +225,20 @@ mod tests {
         }
         assert!(DataType::try_from(12).is_err());
         assert!(DataType::try_from(-1).is_err());
-        for (i, op) in RedOp::ALL.iter().enumerate() {
-            assert_eq!(RedOp::try_from(i as i32), Ok(*op));
+        for op in RedOp::ALL {
+            assert_eq!(RedOp::try_from(op as i32), Ok(op));
         }
-        assert!(RedOp::try_from(5).is_err());
-        assert!(RedOp::try_from(i32::MIN).is_err());
+        assert_eq!(RedOp::try_from(4), Ok(RedOp::Avg));
+        assert_eq!(RedOp::try_from(64), Ok(RedOp::Band));
+        assert_eq!(RedOp::try_from(66), Ok(RedOp::Bxor));
+        for v in [5, 63, 67, -1, i32::MIN] {
+            assert!(RedOp::try_from(v).is_err(), "{v}");
+        }
+        let ints = DataType::ALL.iter().filter(|t| t.is_integer()).count();
+        assert_eq!(ints, 6);
+        for t in DataType::ALL {
+            assert_eq!(RedOp::Bxor.takes(t), t.is_integer(), "{t}");
+            assert!(RedOp::Sum.takes(t) && RedOp::Avg.takes(t));
+        }
     }
 }

@@ -210,15 +210,28 @@ pub fn dtype(d: ncclDataType_t) -> f::fcclDataType_t {
     }
 }
 
-/// NCCL's built-in operators as ferroccl's (as [`dtype`]).
-pub fn redop(o: ncclRedOp_t) -> f::fcclRedOp_t {
-    match o {
+/// NCCL's built-in operators as ferroccl's (as [`dtype`]); None for any other value,
+/// so that ferroccl's own operators (the bitwise ones, 64 and up) are never reached.
+pub fn redop(o: ncclRedOp_t) -> Option<f::fcclRedOp_t> {
+    Some(match o {
         0 => f::fcclSum,
         1 => f::fcclProd,
         2 => f::fcclMax,
         3 => f::fcclMin,
         4 => f::fcclAvg,
-        other => other,
+        _ => return None,
+    })
+}
+
+/// Calls `body` with `op` as ferroccl's operator, or refuses an op NCCL does not have.
+fn with_op(name: &str, op: ncclRedOp_t, body: impl FnOnce(f::fcclRedOp_t) -> ncclResult_t) -> ncclResult_t {
+    match redop(op) {
+        Some(o) => body(o),
+        None => fail(
+            name,
+            ncclInvalidArgument,
+            format_args!("op {op} is not an ncclRedOp_t (valid: 0 ncclSum .. 4 ncclAvg; no operator can be created)"),
+        ),
     }
 }
 
@@ -715,8 +728,10 @@ nccl_api! {
         stream: cudaStream_t,
     ) -> ncclResult_t {
         guard("ncclReduce", || {
-            // SAFETY: forwarded under the same contract.
-            ret("ncclReduce", unsafe { f::fcclReduce(sendbuff, recvbuff, count, dtype(datatype), redop(op), root, comm, stream) })
+            with_op("ncclReduce", op, |op| {
+                // SAFETY: forwarded under the same contract.
+                ret("ncclReduce", unsafe { f::fcclReduce(sendbuff, recvbuff, count, dtype(datatype), op, root, comm, stream) })
+            })
         })
     }
 }
@@ -768,8 +783,10 @@ nccl_api! {
         stream: cudaStream_t,
     ) -> ncclResult_t {
         guard("ncclAllReduce", || {
-            // SAFETY: forwarded under the same contract.
-            ret("ncclAllReduce", unsafe { f::fcclAllReduce(sendbuff, recvbuff, count, dtype(datatype), redop(op), comm, stream) })
+            with_op("ncclAllReduce", op, |op| {
+                // SAFETY: forwarded under the same contract.
+                ret("ncclAllReduce", unsafe { f::fcclAllReduce(sendbuff, recvbuff, count, dtype(datatype), op, comm, stream) })
+            })
         })
     }
 }
@@ -786,9 +803,11 @@ nccl_api! {
         stream: cudaStream_t,
     ) -> ncclResult_t {
         guard("ncclReduceScatter", || {
-            ret("ncclReduceScatter", {
-                // SAFETY: forwarded under the same contract.
-                unsafe { f::fcclReduceScatter(sendbuff, recvbuff, recvcount, dtype(datatype), redop(op), comm, stream) }
+            with_op("ncclReduceScatter", op, |op| {
+                ret("ncclReduceScatter", {
+                    // SAFETY: forwarded under the same contract.
+                    unsafe { f::fcclReduceScatter(sendbuff, recvbuff, recvcount, dtype(datatype), op, comm, stream) }
+                })
             })
         })
     }

@@ -23,9 +23,13 @@ the producer's stream (torch's current stream, the interface's ``stream``) or
 
 Every failure of the library raises :class:`FcclError`, carrying the result code and the
 library's message. Dtypes: int8, uint8, int32, uint32, int64, uint64, float16, float32,
-float64, bfloat16, float8_e4m3fn, float8_e5m2 (numpy's bfloat16/fp8 through ml_dtypes).
-Reduction operators: ``"sum"``, ``"prod"``, ``"max"``, ``"min"``, ``"avg"`` (or
-:class:`Op`).
+float64, bfloat16, float8_e4m3fn, float8_e5m2 (numpy's bfloat16/fp8 through ml_dtypes),
+and bool and int16, which the library has no type for: they move as their bytes; bool
+reduces as uint8 with the logical operator (sum, max and bor: or; prod, min and band:
+and; bxor: xor, as torch does), int16 reduces in int32 and is narrowed back (sums and
+products wrap modulo 2**16, as int16 arithmetic does); "avg" of either is refused.
+Reduction operators: ``"sum"``, ``"prod"``, ``"max"``, ``"min"``, ``"avg"`` and, for
+integer types only, the bitwise ``"band"``, ``"bor"``, ``"bxor"`` (or :class:`Op`).
 """
 
 import contextlib
@@ -73,6 +77,9 @@ class Op(enum.IntEnum):
     MAX = 2
     MIN = 3
     AVG = 4
+    BAND = 64  # bitwise and, or, xor: ferroccl's own (integer types only)
+    BOR = 65
+    BXOR = 66
 
 
 # ------------------------------------------------------------------ dtypes
@@ -90,7 +97,11 @@ def _wire_code(dtype):
     return _mem._code_of(dtype)
 
 
-_OPS = {"sum": 0, "prod": 1, "max": 2, "min": 3, "avg": 4}
+_OPS = {"sum": 0, "prod": 1, "max": 2, "min": 3, "avg": 4, "band": 64, "bor": 65, "bxor": 66}
+_OP_NAMES = {v: k for k, v in _OPS.items()}
+# bool reduces as uint8 (0 or 1) with the logical operator: or for sum/max/bor, and for
+# prod/min/band, xor for bxor (torch's semantics for bool; avg has none).
+_BOOL_OPS = {0: 2, 1: 3, 2: 2, 3: 3, 64: 3, 65: 2, 66: 66}
 
 
 def _fccl_op(op):
@@ -249,7 +260,66 @@ def _config(timeout_ms=None, name=None, blocking=None, check=None, call="fcclCom
 
 _resolve = _buf.resolve
 _ndarray = _buf.np.ndarray
-_NP_CODES = _buf.NP_CODES
+_NP_CODES = {d: c for d, c in _buf.NP_CODES.items() if c not in _buf.C_TYPE}  # the fast path's
+_C_TYPE = _buf.C_TYPE
+
+
+def _cc(code):
+    """The fcclDataType_t a buffer of `code` is passed as (bool and int16: uint8)."""
+    t = _C_TYPE.get(code)
+    return code if t is None else t[0]
+
+
+def _cn(code, n):
+    """`n` elements of `code` counted in the library's elements (int16: 2 bytes each)."""
+    t = _C_TYPE.get(code)
+    return n if t is None else n * t[1]
+
+
+def _red_args(call, info, op):
+    """(fcclDataType_t, fcclRedOp_t) of a reduction of `info` with `op`; None for int16,
+    which reduces widened (Comm._int16). Refuses what has no meaning for bool or int16."""
+    o = _OPS.get(op) if type(op) is str else None
+    if o is None:
+        o = _fccl_op(op)
+    code = info.code
+    if code not in _C_TYPE:
+        return code, o
+    name = _buf.TYPE_NAMES[code]
+    if o == 4:
+        raise FcclError(call, 4, f"{call}: op avg of {name} data has no {name} result; convert the data "
+                                 "(e.g. to float32) and average that")
+    if code == _buf.BOOL:
+        return 1, _BOOL_OPS[o]
+    return None
+
+
+def _i16_view(info):
+    """A numpy int16 view of host memory described by `info`."""
+    raw = (ctypes.c_int16 * info.count).from_address(info.ptr) if info.count else b""
+    return _buf.np.frombuffer(raw, dtype=_buf.np.int16).reshape(info.shape)
+
+
+def _widen(info, what):
+    """An int32 copy of the int16 data of `info` (torch for torch, else numpy)."""
+    if info.kind == "torch":
+        import torch
+
+        return info.obj.to(torch.int32)
+    if info.device:
+        raise TypeError(f"{what}: int16 device memory reduces widened to int32, which this package does with "
+                        "torch only: pass a torch tensor, or int32 data")
+    return _i16_view(info).astype(_buf.np.int32)
+
+
+def _narrow_into(info, wide):
+    """Writes int32 `wide` (as many elements) into the int16 array of `info`, keeping
+    the low 16 bits (int16 arithmetic's wrap-around); returns the array."""
+    if info.kind == "torch":
+        info.obj.copy_(wide.reshape(info.obj.shape))
+    else:
+        _i16_view(info)[...] = wide.astype(_buf.np.int16).reshape(info.shape)
+    return info.obj
 _addressof = ctypes.addressof
 _from_buffer = ctypes.c_char.from_buffer
 
@@ -302,6 +372,22 @@ def _displs(vals):
         out.append(acc)
         acc += v
     return (c_size_t * len(vals))(*out), acc
+
+
+def _c_counts(code, vals):
+    """Counts and their displacements (packed one after another) in the library's
+    elements, for a buffer of `code`: two C arrays."""
+    vals = [_cn(code, v) for v in vals]
+    return (c_size_t * len(vals))(*vals), _displs(vals)[0]
+
+
+def _c_shape(code, shape):
+    """`shape` in the library's elements: int16 moves as uint8 pairs, so the last (fastest)
+    dimension doubles, which keeps every block along any axis whole."""
+    shape = list(shape)
+    if shape:
+        shape[-1] = _cn(code, shape[-1])
+    return shape
 
 
 def _stream_arg(stream):
@@ -501,6 +587,25 @@ class Comm:
             return result
 
         work = self._ensure_worker().submit(call, name)
+        return work if async_op else work.wait()
+
+    def _int16(self, name, async_op, run):
+        """An int16 reduction: `run()` widens to int32, reduces and narrows back; here, or
+        on the worker in call order (async_op, or while async calls are queued)."""
+        self._live(name)
+        if _in_group():
+            raise ValueError(f"{name}: an int16 reduction inside ferroccl.group(); it reduces an int32 copy and "
+                             "narrows the result when the call is done, which in a group is only at its end: "
+                             "make the call outside the group (or pass int32 data)")
+        if self._nb:
+            if async_op:
+                raise ValueError(f"{name}: async_op=True with int16 data on a non-blocking communicator; the "
+                                 "call narrows its int32 result when done: leave async_op out (or pass int32)")
+            return run()
+        w = self._worker
+        if not async_op and (w is None or not w.busy() or w.is_current()):
+            return run()
+        work = self._ensure_worker().submit(run, name)
         return work if async_op else work.wait()
 
     def _ensure_worker(self):
@@ -713,11 +818,13 @@ class Comm:
                         _lib.check("fcclAllReduce", rc)
                     return array
         a = _resolve(array, "all_reduce", stream)
-        o = _OPS.get(op) if type(op) is str else None
-        if o is None:
-            o = _fccl_op(op)
+        ra = _red_args("fcclAllReduce", a, op)
         d = _writable(a, "all_reduce") if out is None else _resolve_out(out, a, a.count, "all_reduce")
-        return self._run("fcclAllReduce", (a.ptr, d.ptr, a.count, a.code, o, self._h, a.stream), d.obj, (a, d),
+        if ra is None:
+            return self._int16("fcclAllReduce", async_op, lambda: _narrow_into(
+                d, self.all_reduce(_widen(a, "all_reduce"), op, stream=stream)))
+        code, o = ra
+        return self._run("fcclAllReduce", (a.ptr, d.ptr, a.count, code, o, self._h, a.stream), d.obj, (a, d),
                          async_op)
 
     def broadcast(self, array, root=0, out=None, *, stream=None, async_op=False):
@@ -726,21 +833,28 @@ class Comm:
         root = _rank_arg(root, "root", "fcclBroadcast", self._size)
         a = _resolve(array, "broadcast", stream)
         d = _writable(a, "broadcast") if out is None else _resolve_out(out, a, a.count, "broadcast")
-        return self._run("fcclBroadcast", (a.ptr, d.ptr, a.count, a.code, root, self._h, a.stream), d.obj,
-                         (a, d), async_op)
+        return self._run("fcclBroadcast", (a.ptr, d.ptr, _cn(a.code, a.count), _cc(a.code), root, self._h,
+                                           a.stream), d.obj, (a, d), async_op)
 
     def reduce(self, array, op="sum", root=0, out=None, *, stream=None, async_op=False):
         """Reduces `array` across ranks into the root, in place (or into `out`); returns
         the result on the root, None elsewhere (whose arrays are left as they were)."""
         root = _rank_arg(root, "root", "fcclReduce", self._size)
         a = _resolve(array, "reduce", stream)
-        o = _fccl_op(op)
+        ra = _red_args("fcclReduce", a, op)
         if self._rank == root:
             d = _writable(a, "reduce") if out is None else _resolve_out(out, a, a.count, "reduce")
             dptr, res = d.ptr, d.obj
         else:
             d, dptr, res = None, None, None
-        return self._run("fcclReduce", (a.ptr, dptr, a.count, a.code, o, root, self._h, a.stream), res,
+        if ra is None:
+            def run():
+                r = self.reduce(_widen(a, "reduce"), op, root, stream=stream)
+                return None if d is None else _narrow_into(d, r)
+
+            return self._int16("fcclReduce", async_op, run)
+        code, o = ra
+        return self._run("fcclReduce", (a.ptr, dptr, a.count, code, o, root, self._h, a.stream), res,
                          (a, d), async_op)
 
     def all_gather(self, array, out=None, *, stream=None, async_op=False):
@@ -751,19 +865,20 @@ class Comm:
         n = self._size
         d = _new_out(a, (n,) + tuple(a.shape), "all_gather") if out is None else \
             _resolve_out(out, a, a.count * n, "all_gather")
-        return self._run("fcclAllGather", (a.ptr, d.ptr, a.count, a.code, self._h, a.stream), d.obj, (a, d),
-                         async_op)
+        return self._run("fcclAllGather", (a.ptr, d.ptr, _cn(a.code, a.count), _cc(a.code), self._h, a.stream),
+                         d.obj, (a, d), async_op)
 
     def all_gather_v(self, array, counts, out=None, *, stream=None, async_op=False):
         """fcclAllGatherV: rank p contributes counts[p] elements (its whole `array`);
         every rank gets them one after another in rank order (a flat array of
         sum(counts) elements, or `out`)."""
         a = _resolve(array, "all_gather_v", stream)
-        cc, vals = _sizes(counts, self._size, "all_gather_v", "counts")
-        dd, total = _displs(vals)
+        _, vals = _sizes(counts, self._size, "all_gather_v", "counts")
+        total = sum(vals)
+        cc, dd = _c_counts(a.code, vals)
         d = _new_out(a, (total,), "all_gather_v") if out is None else _resolve_out(out, a, total, "all_gather_v")
-        return self._run("fcclAllGatherV", (a.ptr, a.count, d.ptr, cc, dd, a.code, self._h, a.stream), d.obj,
-                         (a, d, cc, dd), async_op)
+        return self._run("fcclAllGatherV", (a.ptr, _cn(a.code, a.count), d.ptr, cc, dd, _cc(a.code), self._h,
+                                            a.stream), d.obj, (a, d, cc, dd), async_op)
 
     def all_gather_axis(self, array, axis, out=None, *, stream=None, async_op=False):
         """fcclAllGatherAxis: concatenates every rank's `array` (one shape) along `axis`."""
@@ -773,26 +888,30 @@ class Comm:
         res = shape[:ax] + (shape[ax] * self._size,) + shape[ax + 1:]
         d = _new_out(a, res, "all_gather_axis") if out is None else \
             _resolve_out(out, a, a.count * self._size, "all_gather_axis")
-        cshape = (c_size_t * max(len(shape), 1))(*shape)
-        return self._run("fcclAllGatherAxis", (a.ptr, d.ptr, len(shape), cshape, ax, a.code, self._h, a.stream),
-                         d.obj, (a, d, cshape), async_op)
+        cshape = (c_size_t * max(len(shape), 1))(*_c_shape(a.code, shape))
+        return self._run("fcclAllGatherAxis", (a.ptr, d.ptr, len(shape), cshape, ax, _cc(a.code), self._h,
+                                               a.stream), d.obj, (a, d, cshape), async_op)
 
     def reduce_scatter(self, array, op="sum", out=None, *, stream=None, async_op=False):
         """Reduces `array` (size equal blocks along axis 0, or of the flat data) across
         ranks; rank r gets block r of the result (new, or `out`)."""
         a = _resolve(array, "reduce_scatter", stream)
-        o = _fccl_op(op)
+        ra = _red_args("fcclReduceScatter", a, op)
         shape = _blocks(a, self._size, "reduce_scatter")
         count = a.count // self._size
         d = _new_out(a, shape, "reduce_scatter") if out is None else _resolve_out(out, a, count, "reduce_scatter")
-        return self._run("fcclReduceScatter", (a.ptr, d.ptr, count, a.code, o, self._h, a.stream), d.obj, (a, d),
+        if ra is None:
+            return self._int16("fcclReduceScatter", async_op, lambda: _narrow_into(
+                d, self.reduce_scatter(_widen(a, "reduce_scatter"), op, stream=stream)))
+        code, o = ra
+        return self._run("fcclReduceScatter", (a.ptr, d.ptr, count, code, o, self._h, a.stream), d.obj, (a, d),
                          async_op)
 
     def reduce_scatter_v(self, array, counts, op="sum", out=None, *, stream=None, async_op=False):
         """fcclReduceScatterV: `array` holds counts[0], counts[1], ... elements one after
         another; rank r gets the reduction of block r (counts[r] elements)."""
         a = _resolve(array, "reduce_scatter_v", stream)
-        o = _fccl_op(op)
+        ra = _red_args("fcclReduceScatterV", a, op)
         cc, vals = _sizes(counts, self._size, "reduce_scatter_v", "counts")
         dd, total = _displs(vals)
         if total > a.count:
@@ -800,14 +919,18 @@ class Comm:
         mine = vals[self._rank]
         d = _new_out(a, (mine,), "reduce_scatter_v") if out is None else \
             _resolve_out(out, a, mine, "reduce_scatter_v")
-        return self._run("fcclReduceScatterV", (a.ptr, cc, dd, d.ptr, a.code, o, self._h, a.stream), d.obj,
+        if ra is None:
+            return self._int16("fcclReduceScatterV", async_op, lambda: _narrow_into(
+                d, self.reduce_scatter_v(_widen(a, "reduce_scatter_v"), vals, op, stream=stream)))
+        code, o = ra
+        return self._run("fcclReduceScatterV", (a.ptr, cc, dd, d.ptr, code, o, self._h, a.stream), d.obj,
                          (a, d, cc, dd), async_op)
 
     def reduce_scatter_axis(self, array, axis, op="sum", out=None, *, stream=None, async_op=False):
         """fcclReduceScatterAxis: reduces `array` across ranks; rank r gets block r along
         `axis` (which must divide by the number of ranks)."""
         a = _resolve(array, "reduce_scatter_axis", stream)
-        o = _fccl_op(op)
+        ra = _red_args("fcclReduceScatterAxis", a, op)
         shape = tuple(a.shape)
         ax = _axis(axis, len(shape), "reduce_scatter_axis")
         if shape[ax] % self._size:
@@ -816,9 +939,13 @@ class Comm:
         res = shape[:ax] + (shape[ax] // self._size,) + shape[ax + 1:]
         d = _new_out(a, res, "reduce_scatter_axis") if out is None else \
             _resolve_out(out, a, a.count // self._size, "reduce_scatter_axis")
+        if ra is None:
+            return self._int16("fcclReduceScatterAxis", async_op, lambda: _narrow_into(
+                d, self.reduce_scatter_axis(_widen(a, "reduce_scatter_axis"), ax, op, stream=stream)))
+        code, o = ra
         cshape = (c_size_t * max(len(shape), 1))(*shape)
         return self._run("fcclReduceScatterAxis",
-                         (a.ptr, d.ptr, len(shape), cshape, ax, a.code, o, self._h, a.stream), d.obj,
+                         (a.ptr, d.ptr, len(shape), cshape, ax, code, o, self._h, a.stream), d.obj,
                          (a, d, cshape), async_op)
 
     def all_to_all(self, array, out=None, *, stream=None, async_op=False):
@@ -829,22 +956,23 @@ class Comm:
         count = a.count // self._size
         d = _new_out(a, tuple(a.shape), "all_to_all") if out is None else \
             _resolve_out(out, a, a.count, "all_to_all")
-        return self._run("fcclAlltoAll", (a.ptr, d.ptr, count, a.code, self._h, a.stream), d.obj, (a, d),
-                         async_op)
+        return self._run("fcclAlltoAll", (a.ptr, d.ptr, _cn(a.code, count), _cc(a.code), self._h, a.stream),
+                         d.obj, (a, d), async_op)
 
     def all_to_allv(self, array, send_counts, recv_counts, out=None, *, stream=None, async_op=False):
         """fcclAlltoAllv: sends send_counts[p] elements (blocks one after another in
         `array`) to rank p and receives recv_counts[p] from rank p, one after another in
         the result (a flat array of sum(recv_counts), or `out`)."""
         a = _resolve(array, "all_to_allv", stream)
-        sc, svals = _sizes(send_counts, self._size, "all_to_allv", "send_counts")
-        rc, rvals = _sizes(recv_counts, self._size, "all_to_allv", "recv_counts")
-        sd, stotal = _displs(svals)
-        rd, rtotal = _displs(rvals)
+        _, svals = _sizes(send_counts, self._size, "all_to_allv", "send_counts")
+        _, rvals = _sizes(recv_counts, self._size, "all_to_allv", "recv_counts")
+        stotal, rtotal = sum(svals), sum(rvals)
+        sc, sd = _c_counts(a.code, svals)
+        rc, rd = _c_counts(a.code, rvals)
         if stotal > a.count:
             raise ValueError(f"all_to_allv: send_counts add up to {stotal} elements, the array has {a.count}")
         d = _new_out(a, (rtotal,), "all_to_allv") if out is None else _resolve_out(out, a, rtotal, "all_to_allv")
-        return self._run("fcclAlltoAllv", (a.ptr, sc, sd, d.ptr, rc, rd, a.code, self._h, a.stream), d.obj,
+        return self._run("fcclAlltoAllv", (a.ptr, sc, sd, d.ptr, rc, rd, _cc(a.code), self._h, a.stream), d.obj,
                          (a, d, sc, sd, rc, rd), async_op)
 
     def gather(self, array, root=0, out=None, *, stream=None, async_op=False):
@@ -858,8 +986,8 @@ class Comm:
             dptr, res = d.ptr, d.obj
         else:
             d, dptr, res = None, None, None
-        return self._run("fcclGather", (a.ptr, dptr, a.count, a.code, root, self._h, a.stream), res, (a, d),
-                         async_op)
+        return self._run("fcclGather", (a.ptr, dptr, _cn(a.code, a.count), _cc(a.code), root, self._h, a.stream),
+                         res, (a, d), async_op)
 
     def gather_v(self, array, counts, root=0, out=None, *, stream=None, async_op=False):
         """Rank p sends its `array` (counts[p] elements) to the root, which gets them one
@@ -907,13 +1035,12 @@ class Comm:
                             stream=d.stream)
 
     def _v_call(self, what, a, send, recv, d, result, async_op, code=None, stream=None):
-        n = self._size
-        sc, sd = (c_size_t * n)(*send), _displs(send)[0]
-        rc, rd = (c_size_t * n)(*recv), _displs(recv)[0]
         code = a.code if code is None else code
+        sc, sd = _c_counts(code, send)
+        rc, rd = _c_counts(code, recv)
         stream = a.stream if stream is None and a is not None else stream
-        return self._run("fcclAlltoAllv", (a.ptr if a else None, sc, sd, d.ptr if d else None, rc, rd, code, self._h,
-                                           stream), result, (a, d, sc, sd, rc, rd), async_op)
+        return self._run("fcclAlltoAllv", (a.ptr if a else None, sc, sd, d.ptr if d else None, rc, rd, _cc(code),
+                                           self._h, stream), result, (a, d, sc, sd, rc, rd), async_op)
 
     def scatter(self, array, root=0, out=None, *, stream=None, async_op=False):
         """Sends block r of the root's `array` (size equal blocks along axis 0) to rank r.
@@ -931,22 +1058,24 @@ class Comm:
             count = a.count // self._size
             d = _new_out(a, shape, "scatter") if out is None else _resolve_out(out, a, count, "scatter")
             aptr = a.ptr
-        return self._run("fcclScatter", (aptr, d.ptr, count, d.code, root, self._h, d.stream), d.obj, (a, d),
-                         async_op)
+        return self._run("fcclScatter", (aptr, d.ptr, _cn(d.code, count), _cc(d.code), root, self._h, d.stream),
+                         d.obj, (a, d), async_op)
 
     def send(self, array, peer, *, stream=None, async_op=False):
         """Sends `array` to rank `peer`, which posts a matching recv (same size and dtype).
         Outside a group it returns once the peer has received it."""
         peer = _rank_arg(peer, "peer", "fcclSend", self._size)
         a = _resolve(array, "send", stream)
-        return self._run("fcclSend", (a.ptr, a.count, a.code, peer, self._h, a.stream), None, (a,), async_op)
+        return self._run("fcclSend", (a.ptr, _cn(a.code, a.count), _cc(a.code), peer, self._h, a.stream), None, (a,),
+                         async_op)
 
     def recv(self, out, peer, *, stream=None, async_op=False):
         """Receives from rank `peer` into `out` (a C-contiguous writeable array of the
         sent size and dtype) and returns it."""
         peer = _rank_arg(peer, "peer", "fcclRecv", self._size)
         d = _writable(_resolve(out, "recv", stream), "recv")
-        return self._run("fcclRecv", (d.ptr, d.count, d.code, peer, self._h, d.stream), d.obj, (d,), async_op)
+        return self._run("fcclRecv", (d.ptr, _cn(d.code, d.count), _cc(d.code), peer, self._h, d.stream), d.obj,
+                         (d,), async_op)
 
     def barrier(self, *, stream=None, async_op=False):
         """Returns once every rank has called barrier."""
@@ -957,8 +1086,18 @@ class Comm:
         place, packed into buckets of at most `bucket_bytes` (0: 25 MiB). Returns the
         list."""
         infos = [_writable(_resolve(x, "all_reduce_coalesced", stream), "all_reduce_coalesced") for x in arrays]
-        o = _fccl_op(op)
         code, strm = _one_type(infos, "all_reduce_coalesced")
+        ra = _red_args("fcclAllReduceCoalesced", infos[0], op) if infos else (code, _fccl_op(op))
+        if ra is None:
+            def run():
+                wides = [_widen(i, "all_reduce_coalesced") for i in infos]
+                self.all_reduce_coalesced(wides, op, bucket_bytes, stream=stream)
+                for i, w in zip(infos, wides):
+                    _narrow_into(i, w)
+                return list(arrays)
+
+            return self._int16("fcclAllReduceCoalesced", async_op, run)
+        code, o = ra
         n = len(infos)
         ptrs = (c_void_p * max(n, 1))(*[i.ptr for i in infos])
         counts = (c_size_t * max(n, 1))(*[i.count for i in infos])
@@ -973,8 +1112,8 @@ class Comm:
         code, strm = _one_type(infos, "broadcast_coalesced")
         n = len(infos)
         ptrs = (c_void_p * max(n, 1))(*[i.ptr for i in infos])
-        counts = (c_size_t * max(n, 1))(*[i.count for i in infos])
-        return self._run("fcclBroadcastCoalesced", (ptrs, counts, n, code, root, int(bucket_bytes), self._h,
+        counts = (c_size_t * max(n, 1))(*[_cn(code, i.count) for i in infos])
+        return self._run("fcclBroadcastCoalesced", (ptrs, counts, n, _cc(code), root, int(bucket_bytes), self._h,
                                                     strm), list(arrays), (infos, ptrs, counts), async_op)
 
     def all_reduce_wire(self, array, wire_dtype, op="sum", out=None, *, stream=None, async_op=False):
@@ -982,6 +1121,11 @@ class Comm:
         (e.g. float32 data over a "bfloat16" wire); in place unless `out`."""
         a = _resolve(array, "all_reduce_wire", stream)
         o, w = _fccl_op(op), _wire_code(wire_dtype)
+        for c in (a.code, w):
+            if c in _C_TYPE:
+                raise FcclError("fcclAllReduceWire", 4, f"fcclAllReduceWire: {_buf.TYPE_NAMES[c]} has no "
+                                                        "library type; the wire all_reduce takes float32 or "
+                                                        "float64 data over a float wire type")
         d = _writable(a, "all_reduce_wire") if out is None else _resolve_out(out, a, a.count, "all_reduce_wire")
         return self._run("fcclAllReduceWire", (a.ptr, d.ptr, a.count, a.code, o, w, self._h, a.stream), d.obj,
                          (a, d), async_op)

@@ -20,12 +20,19 @@ import sys
 
 import numpy as np
 
-# fcclDataType_t values (include/ferroccl.h) and their names.
+# fcclDataType_t values (include/ferroccl.h) and their names; then bool and int16, which
+# the library has no type for: codes of this package only, carried as other types
+# (C_TYPE) and never passed to the library as themselves.
 TYPE_NAMES = ["int8", "uint8", "int32", "uint32", "int64", "uint64", "float16", "float32", "float64",
-              "bfloat16", "float8_e4m3fn", "float8_e5m2"]
-ITEMSIZE = [1, 1, 4, 4, 8, 8, 2, 4, 8, 2, 1, 1]
+              "bfloat16", "float8_e4m3fn", "float8_e5m2", "bool", "int16"]
+ITEMSIZE = [1, 1, 4, 4, 8, 8, 2, 4, 8, 2, 1, 1, 1, 2]
+BOOL, INT16 = 12, 13
+# A carried code -> (the fcclDataType_t its bytes move as, library elements per element).
+C_TYPE = {BOOL: (1, 1), INT16: (1, 2)}
 
 NP_CODES = {np.dtype(n): i for i, n in enumerate(TYPE_NAMES[:9])}
+NP_CODES[np.dtype(np.bool_)] = BOOL
+NP_CODES[np.dtype(np.int16)] = INT16
 try:  # bfloat16 and fp8 come from ml_dtypes (as in JAX); offered only when it is there
     import ml_dtypes as _ml
 
@@ -38,11 +45,11 @@ NP_BY_CODE = {c: d for d, c in NP_CODES.items()}
 
 # Array-interface type strings (little-endian machines; '|' for one byte).
 _TYPESTR = {"|i1": 0, "<i1": 0, "|u1": 1, "<u1": 1, "<i4": 2, "<u4": 3, "<i8": 4, "<u8": 5, "<f2": 6,
-            "<f4": 7, "<f8": 8}
+            "<f4": 7, "<f8": 8, "|b1": BOOL, "<b1": BOOL, "<i2": INT16}
 # DLPack (code, bits) -> fcclDataType_t (dlpack.h: kDLInt 0, kDLUInt 1, kDLFloat 2, kDLBfloat 4,
-# kDLFloat8_e4m3fn 10, kDLFloat8_e5m2 12).
+# kDLFloat8_e4m3fn 10, kDLFloat8_e5m2 12, kDLBool 6).
 _DLPACK = {(0, 8): 0, (1, 8): 1, (0, 32): 2, (1, 32): 3, (0, 64): 4, (1, 64): 5, (2, 16): 6, (2, 32): 7,
-           (2, 64): 8, (4, 16): 9, (10, 8): 10, (12, 8): 11}
+           (2, 64): 8, (4, 16): 9, (10, 8): 10, (12, 8): 11, (6, 8): BOOL, (0, 16): INT16}
 _DL_CPU, _DL_CUDA, _DL_CUDA_HOST = 1, 2, 3
 
 _TORCH_CODES = None

@@ -8,7 +8,7 @@ import numpy as np
 
 from . import _buf, _lib
 
-_TYPESTR = ["|i1", "|u1", "<i4", "<u4", "<i8", "<u8", "<f2", "<f4", "<f8", "<V2", "|V1", "|V1"]
+_TYPESTR = ["|i1", "|u1", "<i4", "<u4", "<i8", "<u8", "<f2", "<f4", "<f8", "<V2", "|V1", "|V1", "|b1", "<i2"]
 
 
 def _alloc(kind, nbytes):

@@ -47,7 +47,8 @@ __all__ = ["ProcessGroupFerroccl", "BACKEND", "served_by", "native_module"]
 BACKEND = "ferroccl"
 
 _OPS = [(dist.ReduceOp.SUM, "sum"), (dist.ReduceOp.PRODUCT, "prod"), (dist.ReduceOp.MAX, "max"),
-        (dist.ReduceOp.MIN, "min"), (dist.ReduceOp.AVG, "avg")]
+        (dist.ReduceOp.MIN, "min"), (dist.ReduceOp.AVG, "avg"), (dist.ReduceOp.BAND, "band"),
+        (dist.ReduceOp.BOR, "bor"), (dist.ReduceOp.BXOR, "bxor")]
 
 
 class _Work(dist._Work):
@@ -80,7 +81,8 @@ def _op(reduce_op):
     for t, name in _OPS:
         if reduce_op == t:
             return name
-    raise ValueError(f"ferroccl backend: reduce op {reduce_op} is not supported (SUM, PRODUCT, MAX, MIN, AVG are)")
+    raise ValueError(f"ferroccl backend: reduce op {reduce_op} is not supported "
+                     "(SUM, PRODUCT, MAX, MIN, AVG, BAND, BOR, BXOR are)")
 
 
 def _timeout_ms(timeout):

@@ -55,9 +55,74 @@ def reference(op, arrays):
         r = acc.max(0)
     elif op == "min":
         r = acc.min(0)
+    elif op in ("band", "bor", "bxor"):
+        f = {"band": np.bitwise_and, "bor": np.bitwise_or, "bxor": np.bitwise_xor}[op]
+        r = f.reduce(acc, 0)
     else:  # avg: integer division for integer types (docs/abi.md)
         r = acc.sum(0) / len(arrays) if acc.dtype.kind == "f" else acc.sum(0) // len(arrays)
     return r.astype(arrays[0].dtype)
+
+
+def bits(rank, n, dtype):
+    """Distinct bit patterns per rank: every bit of the type set on some ranks, clear on others."""
+    v = np.array([1 << (rank % 8), 0x5A ^ rank, -1 - rank, 0x7F00 + 3 * rank, rank * 0x0101], dtype=np.int64)
+    return np.resize(v, n).astype(dtype)
+
+
+def run_carried(comm, expect):
+    """The bitwise ops on every integer type; bool and int16, which move as bytes and
+    reduce as uint8 (bool, with the logical op) or widened to int32 (int16)."""
+    r, n = comm.rank, comm.size
+    for dtype in INT_TYPES + [np.int16]:
+        for op in ("band", "bor", "bxor"):
+            want = reference(op, [bits(p, 10, dtype) for p in range(n)])
+            expect(f"all_reduce {np.dtype(dtype)} {op}", comm.all_reduce(bits(r, 10, dtype), op=op), want)
+    try:
+        comm.all_reduce(np.ones(3, np.float64), op=ferroccl.Op.BXOR)
+        expect("bxor of float64 refused", np.zeros(0), None)
+    except ferroccl.FcclError as e:
+        if "fcclBxor" not in str(e) or "fcclFloat64" not in str(e):
+            expect(f"bxor of float64: message {e}", np.zeros(0), None)
+
+    # int16: reductions wrap as int16 arithmetic does
+    big = [np.array([30000, -30000, 2 + p, 181 * (p + 1)], dtype=np.int16) for p in range(n)]
+    for op in ("sum", "prod", "max", "min"):
+        wide = [b.astype(np.int64) for b in big]
+        want = reference(op, wide).astype(np.int16)
+        expect(f"all_reduce int16 {op}", comm.all_reduce(big[r].copy(), op=op), want)
+    expect("reduce_scatter int16", comm.reduce_scatter(np.concatenate([big[r][:2]] * n)),
+           reference("sum", [b[:2].astype(np.int64) for b in big]).astype(np.int16))
+    got = comm.reduce(big[r].copy(), op="max", root=n - 1)
+    expect("reduce int16", got, reference("max", big) if r == n - 1 else None)
+    x = np.arange(6, dtype=np.int16).reshape(2, 3) * (r + 1)
+    expect("all_gather int16", comm.all_gather(x), np.stack([np.arange(6, dtype=np.int16).reshape(2, 3) * (p + 1)
+                                                             for p in range(n)]))
+    expect("all_gather_axis int16", comm.all_gather_axis(x, 1),
+           np.concatenate([np.arange(6, dtype=np.int16).reshape(2, 3) * (p + 1) for p in range(n)], axis=1))
+    expect("all_gather_v int16", comm.all_gather_v(np.full(r + 1, -r, np.int16), [p + 1 for p in range(n)]),
+           np.concatenate([np.full(p + 1, -p, np.int16) for p in range(n)]))
+    expect("broadcast int16", comm.broadcast(np.array([r - 7, 300], np.int16), root=0), np.array([-7, 300], np.int16))
+    # async (a non-blocking communicator refuses it for int16: the result is narrowed when done)
+    w = comm.all_reduce(big[r].copy(), op="sum", async_op=comm.blocking)
+    expect("all_reduce int16 (async when blocking)", w.wait() if comm.blocking else w,
+           reference("sum", [b.astype(np.int64) for b in big]).astype(np.int16))
+
+    # bool: sum/max/bor are or, prod/min/band are and, bxor is xor (torch's semantics)
+    flags = [np.array([p == 0, True, False, p % 2 == 1, p != n - 1]) for p in range(n)]
+    logical = {"sum": np.logical_or, "max": np.logical_or, "bor": np.logical_or, "prod": np.logical_and,
+               "min": np.logical_and, "band": np.logical_and, "bxor": np.logical_xor}
+    for op, f in logical.items():
+        # as bytes: a bool holding 2 or 3 (a sum) compares equal to True, but is not a bool
+        expect(f"all_reduce bool {op}", comm.all_reduce(flags[r].copy(), op=op).view(np.uint8),
+               f.reduce(np.stack(flags), 0).view(np.uint8))
+    expect("all_gather bool", comm.all_gather(flags[r]), np.stack(flags))
+    for dtype in (np.bool_, np.int16):
+        try:
+            comm.all_reduce(np.ones(2, dtype), op="avg")
+            expect(f"avg of {np.dtype(dtype)} refused", np.zeros(0), None)
+        except ferroccl.FcclError as e:
+            if "avg" not in str(e) or e.name != "fcclInvalidArgument":
+                expect(f"avg of {np.dtype(dtype)}: message {e}", np.zeros(0), None)
 
 
 def run_all(comm):
@@ -136,6 +201,8 @@ def run_all(comm):
         comm.send(np.full(6, r, dtype=np.int32), nxt)
         comm.recv(out, prv)
     expect("send/recv ring in a group", out, np.full(6, prv, dtype=np.int32))
+
+    run_carried(comm, expect)
 
     # split by parity
     sub = comm.split(r % 2)

@@ -100,10 +100,14 @@ def test_the_error_is_ferroccl_fcclerror_and_names_the_call_once(comm):
 
 
 def test_python_side_checks(comm):
-    with pytest.raises(TypeError, match="does not support dtype bool"):
-        comm.all_reduce(np.ones(3, dtype=bool))
-    with pytest.raises(TypeError, match="int16"):
-        comm.all_reduce(np.ones(3, dtype=np.int16))
+    with pytest.raises(TypeError, match="does not support dtype complex64"):
+        comm.all_reduce(np.ones(3, dtype=np.complex64))
+    with pytest.raises(TypeError, match="float16, float32, float64.*bool, int16"):
+        comm.all_reduce(np.ones(3, dtype=np.complex128))
+    # bool and int16 have no library type: avg of them has no meaning, and says so
+    for dt in (bool, np.int16):
+        with pytest.raises(ferroccl.FcclError, match="avg of"):
+            comm.all_reduce(np.ones(3, dtype=dt), op="avg")
     with pytest.raises(TypeError, match="byte order"):
         comm.all_reduce(np.ones(3, dtype=">f4" if np.little_endian else "<f4"))
     with pytest.raises(ValueError, match="unknown reduction op"):

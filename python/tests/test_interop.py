@@ -115,7 +115,9 @@ def test_refusals_name_the_fix():
         with pytest.raises(TypeError, match="not an array"):
             c.all_reduce(object())
         with pytest.raises(TypeError, match="does not support dtype"):
-            c.all_reduce(array.array("h", [1, 2]))  # int16
+            c.all_reduce(memoryview(np.ones(2, np.complex64)))
+        h = array.array("h", [-2, 30000])  # int16 through the buffer protocol: widened, narrowed back
+        assert c.all_reduce(h, op="max") is h and list(h) == [-2, 30000]
         with pytest.raises(ValueError, match="read-only.*out="):
             c.all_reduce(b"abcd")
         out = np.empty(4, np.uint8)
@@ -225,7 +227,7 @@ def test_async_inside_a_group_is_refused():
 # ---------------------------------------------------------------- torch CPU tensors
 
 TORCH_DTYPES = ["int8", "uint8", "int32", "uint32", "int64", "uint64", "float16", "float32", "float64", "bfloat16",
-                "float8_e4m3fn", "float8_e5m2"]
+                "float8_e4m3fn", "float8_e5m2", "int16"]
 
 
 @pytest.mark.parametrize("name", TORCH_DTYPES)
@@ -261,8 +263,13 @@ def test_torch_out_shapes_and_refusals():
         np.testing.assert_array_equal(out, 2)
         with pytest.raises(ValueError, match=r"not C-contiguous.*\.contiguous\(\)"):
             c.all_reduce(torch.ones(4, 4).t())
-        with pytest.raises(TypeError, match="bool"):
-            c.all_reduce(torch.ones(2, dtype=torch.bool))
+        with pytest.raises(TypeError, match="complex64"):
+            c.all_reduce(torch.ones(2, dtype=torch.complex64))
+        # bool: sum is logical or, stored as a bool (as torch's own backends give it)
+        b = torch.tensor([c.rank == 0, False])
+        assert c.all_reduce(b) is b and b.view(torch.uint8).tolist() == [1, 0]
+        with pytest.raises(ferroccl.FcclError, match="avg of bool"):
+            c.all_reduce(b, op="avg")
         # a torch tensor through DLPack alone (bfloat16: a DLPack kDLBfloat)
         d = DLPackOnly(torch.full((3,), float(c.rank + 1), dtype=torch.bfloat16))
         c.all_reduce(d)

@@ -152,11 +152,11 @@ def batch_p2p(r, n):
     pg = dist.distributed_c10d._get_default_group()
     pg._start_coalescing(torch.device("cpu"))
     try:
-        pg.send([torch.zeros(2, dtype=torch.int16)], nxt, 0)
-        FAILS.append("a coalesced send of an int16 tensor (no ferroccl type) did not fail")
+        pg.send([torch.zeros(2, dtype=torch.complex64)], nxt, 0)
+        FAILS.append("a coalesced send of a complex64 tensor (no ferroccl type) did not fail")
     except RuntimeError as e:
         if "dtype" not in str(e):
-            FAILS.append(f"a coalesced send of an int16 tensor: {e}")
+            FAILS.append(f"a coalesced send of a complex64 tensor: {e}")
     t = torch.full((2,), float(r))
     dist.all_reduce(t)
     expect("all_reduce after a failed coalesced send", t, torch.full((2,), n * (n - 1) / 2))
@@ -194,6 +194,73 @@ def ddp_check(r, n, steps=20):
         FAILS.append(f"DDP did not train: {losses['ferroccl']}")
 
 
+_LOGICAL = {"SUM": any, "MAX": any, "BOR": any, "PRODUCT": all, "MIN": all, "BAND": all,
+            "BXOR": lambda bits: sum(bits) % 2 == 1}
+_INTEGER = {"SUM": lambda a, b: a + b, "PRODUCT": lambda a, b: a * b, "MAX": max, "MIN": min,
+            "BAND": lambda a, b: a & b, "BOR": lambda a, b: a | b, "BXOR": lambda a, b: a ^ b}
+
+
+def dtypes_check(r, n):
+    """bitwise ops, bool and int16 tensors: each result against the value torch's
+    semantics give (bool: or for SUM/MAX/BOR, and for PRODUCT/MIN/BAND; int16 wraps)
+    and, where gloo takes the call, against gloo's."""
+    gloo = dist.new_group(backend="gloo")
+
+    def ints(p, dtype):
+        return torch.tensor([1 << p, 0x7ff ^ (1 << p), -1 - p, 181 * (p + 1), 30000 - p], dtype=dtype)
+
+    def bools(p):
+        return torch.tensor([p == 0, True, False, p % 2 == 1, p != n - 1])
+
+    for opname in _LOGICAL:
+        op = getattr(dist.ReduceOp, opname)
+        want_b = torch.tensor([_LOGICAL[opname]([bool(bools(p)[i]) for p in range(n)]) for i in range(5)])
+        for dtype in (torch.int16, torch.int32, torch.int64):
+            vals = [ints(p, torch.int64).tolist() for p in range(n)]
+            acc = vals[0]
+            for v in vals[1:]:
+                acc = [_INTEGER[opname](a, b) for a, b in zip(acc, v)]
+            want = torch.tensor(acc, dtype=torch.int64).to(dtype)  # wraps as the type's arithmetic does
+            t = ints(r, dtype)
+            dist.all_reduce(t, op=op)
+            expect(f"all_reduce {opname} {dtype}", t, want)
+            out = torch.empty(1, dtype=dtype)
+            dist.reduce_scatter_tensor(out, torch.cat([ints(r, dtype)[:1]] * n), op=op)
+            expect(f"reduce_scatter_tensor {opname} {dtype}", out, want[:1])
+        t = bools(r)
+        dist.all_reduce(t, op=op)
+        # as bytes: a bool holding 2 (a sum) equals True, but is no bool
+        expect(f"all_reduce {opname} bool", t.view(torch.uint8), want_b.view(torch.uint8))
+        g = bools(r)
+        try:
+            dist.all_reduce(g, op=op, group=gloo)
+        except Exception as e:  # noqa: BLE001 - gloo lacks some (op, dtype) pairs: nothing to compare
+            print(f"rank {r}: gloo refuses {opname} on bool ({str(e).splitlines()[0][:80]})", flush=True)
+        else:
+            expect(f"gloo all_reduce {opname} bool (the semantics followed)", g, want_b)
+    for dtype in (torch.int16, torch.bool):
+        try:
+            dist.all_reduce(torch.ones(2, dtype=dtype), op=dist.ReduceOp.AVG)
+            FAILS.append(f"AVG of {dtype} did not fail")
+        except ferroccl.FcclError as e:
+            if "avg" not in str(e):
+                FAILS.append(f"AVG of {dtype}: the message does not say why: {e}")
+    try:
+        dist.all_reduce(torch.ones(2), op=dist.ReduceOp.BXOR)
+        FAILS.append("BXOR of float32 did not fail")
+    except ferroccl.FcclError as e:
+        if "fcclBxor" not in str(e) or "fcclFloat32" not in str(e):
+            FAILS.append(f"BXOR of float32: the message does not name the op and type: {e}")
+    # moved, not reduced: their bytes
+    outs = [torch.empty(3, dtype=torch.int16) for _ in range(n)]
+    dist.all_gather(outs, torch.tensor([r, -r, 300 * r], dtype=torch.int16))
+    for p in range(n):
+        expect(f"all_gather int16[{p}]", outs[p], torch.tensor([p, -p, 300 * p], dtype=torch.int16))
+    t = bools(r)
+    dist.broadcast(t, src=n - 1)
+    expect("broadcast bool", t, bools(n - 1))
+
+
 def errors_check(r, n):
     # the library's message comes out of wait() on a bad root (every rank calls: nothing is sent)
     pg = dist.distributed_c10d._get_default_group()
@@ -225,6 +292,7 @@ def main():
             batch_p2p(r, n)
         if os.environ.get("FERROCCL_TORCH_ONLY_P2P") != "1":
             collectives(r, n)
+            dtypes_check(r, n)
             errors_check(r, n)
             if os.environ.get("FERROCCL_TORCH_DDP", "1") == "1":
                 ddp_check(r, n)

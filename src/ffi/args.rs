@@ -14,10 +14,33 @@ pub(super) fn dtype(v: fcclDataType_t) -> Result<DataType> {
     })
 }
 
-/// A fcclRedOp_t value as the core's operator.
-pub(super) fn redop(v: fcclRedOp_t) -> Result<RedOp> {
-    RedOp::try_from(v)
-        .map_err(|v| Error::invalid_arg(format!("op {v} is not a fcclRedOp_t (valid: 0 fcclSum .. 4 fcclAvg)")))
+/// A fcclRedOp_t value as the core's operator, refused where it is not defined on
+/// `dt` (the bitwise operators on float types).
+pub(super) fn redop(v: fcclRedOp_t, dt: DataType) -> Result<RedOp> {
+    let op = RedOp::try_from(v).map_err(|v| {
+        Error::invalid_arg(format!(
+            "op {v} is not a fcclRedOp_t (valid: 0 fcclSum .. 4 fcclAvg, 64 fcclBand, 65 fcclBor, 66 fcclBxor)"
+        ))
+    })?;
+    if !op.takes(dt) {
+        return Err(bitwise_on_float(op, dt));
+    }
+    Ok(op)
+}
+
+/// Why a bitwise operator refuses a float type, and the integer type of the same bytes.
+#[cold]
+fn bitwise_on_float(op: RedOp, dt: DataType) -> Error {
+    let same_bits = match dt.size() {
+        8 => "fcclUint64 with the same count",
+        4 => "fcclUint32 with the same count",
+        2 => "fcclUint8 with twice the count",
+        _ => "fcclUint8 with the same count",
+    };
+    Error::invalid_arg(format!(
+        "op {op} is bitwise and takes integer types only (fcclInt8 .. fcclUint64), not {dt}; \
+         to combine the bits, pass the buffer as {same_bits}"
+    ))
 }
 
 /// A rank argument (`what`: its name), in range for `comm`.

@@ -51,7 +51,7 @@ pub unsafe extern "C" fn fcclAllReduce(
     call("fcclAllReduce", || {
         submit(comm, stream, |_| {
             let mut c = Coll::new(CollKind::AllReduce, sendbuff as _, recvbuff as _, count, dtype(datatype)?);
-            c.op = redop(op)?;
+            c.op = redop(op, c.dtype)?;
             Ok(c)
         })
     })
@@ -94,7 +94,7 @@ pub unsafe extern "C" fn fcclReduce(
     call("fcclReduce", || {
         submit(comm, stream, |cm| {
             let mut c = Coll::new(CollKind::Reduce, sendbuff as _, recvbuff as _, count, dtype(datatype)?);
-            c.op = redop(op)?;
+            c.op = redop(op, c.dtype)?;
             c.root = rank_arg(root, "root", cm)?;
             Ok(c)
         })
@@ -134,7 +134,7 @@ pub unsafe extern "C" fn fcclReduceScatter(
     call("fcclReduceScatter", || {
         submit(comm, stream, |_| {
             let mut c = Coll::new(CollKind::ReduceScatter, sendbuff as _, recvbuff as _, recvcount, dtype(datatype)?);
-            c.op = redop(op)?;
+            c.op = redop(op, c.dtype)?;
             Ok(c)
         })
     })

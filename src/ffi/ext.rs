@@ -91,7 +91,7 @@ pub unsafe extern "C" fn fcclReduceScatterV(
                 unsafe { (borrow_array(recvcounts, n, "recvcounts")?, borrow_array(sdispls, n, "sdispls")?) };
             let mine = recvcounts[cm.rank];
             let mut c = Coll::new(CollKind::ReduceScatterV, sendbuff as _, recvbuff as _, mine, dtype(datatype)?);
-            c.op = redop(op)?;
+            c.op = redop(op, c.dtype)?;
             c.v = Some(VCounts::new(&[], sdispls, recvcounts, &[]));
             Ok(c)
         })
@@ -166,7 +166,7 @@ pub unsafe extern "C" fn fcclReduceScatterAxis(
     call("fcclReduceScatterAxis", || {
         submit(comm, stream, |cm| {
             let dt = dtype(datatype)?;
-            let op = redop(op)?;
+            let op = redop(op, dt)?;
             // SAFETY: shape is NULL (refused) or ndims long (API contract).
             let l = unsafe { layout(ndims, shape, axis, dt) }?;
             if l.total() > 0 && sendbuff.is_null() {
@@ -287,7 +287,8 @@ pub unsafe extern "C" fn fcclAllReduceCoalesced(
     call("fcclAllReduceCoalesced", || {
         let c = handle::get(comm)?;
         let nb = count_arg(nbuffers, "nbuffers")?;
-        let (dt, op) = (dtype(datatype)?, redop(op)?);
+        let dt = dtype(datatype)?;
+        let op = redop(op, dt)?;
         // SAFETY: arrays are NULL (refused) or nbuffers long (API contract).
         let (sends, recvs, counts) = unsafe {
             (
@@ -375,7 +376,7 @@ pub unsafe extern "C" fn fcclAllReduceWire(
                 )));
             }
             let mut c = Coll::new(CollKind::AllReduce, sendbuff as _, recvbuff as _, count, dt);
-            c.op = redop(op)?;
+            c.op = redop(op, dt)?;
             c.wire = (wire != dt).then_some(wire);
             Ok(c)
         })

@@ -112,8 +112,16 @@ pub enum fcclRedOp {
     fcclMin = 3,
     /// Sum divided by the number of ranks (integer division for integer types).
     fcclAvg = 4,
-    /// Number of reduction operators.
+    /// Number of NCCL's reduction operators (0 .. 4); the bitwise ones below are
+    /// ferroccl's extension, numbered from 64 so that NCCL's values never reach them.
     fcclNumOps = 5,
+    /// Bitwise and: ferroccl's extension (as Gloo and MPI have), integer types only
+    /// (fcclInt8 .. fcclUint64); a float type is fcclInvalidArgument.
+    fcclBand = 64,
+    /// Bitwise or: ferroccl's extension, integer types only.
+    fcclBor = 65,
+    /// Bitwise exclusive or: ferroccl's extension, integer types only.
+    fcclBxor = 66,
 }
 
 /// A result as the functions return it (a [`fcclResult`] value).
@@ -134,7 +142,9 @@ int_values!(fcclDataType_t = fcclDataType::{
     fcclInt8, fcclUint8, fcclInt32, fcclUint32, fcclInt64, fcclUint64, fcclFloat16, fcclFloat32,
     fcclFloat64, fcclBfloat16, fcclFloat8e4m3, fcclFloat8e5m2, fcclNumTypes,
 });
-int_values!(fcclRedOp_t = fcclRedOp::{ fcclSum, fcclProd, fcclMax, fcclMin, fcclAvg, fcclNumOps });
+int_values!(fcclRedOp_t = fcclRedOp::{
+    fcclSum, fcclProd, fcclMax, fcclMin, fcclAvg, fcclNumOps, fcclBand, fcclBor, fcclBxor,
+});
 pub const fcclChar: fcclDataType_t = fcclInt8;
 pub const fcclInt: fcclDataType_t = fcclInt32;
 pub const fcclHalf: fcclDataType_t = fcclFloat16;

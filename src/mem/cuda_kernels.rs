@@ -40,9 +40,13 @@ impl Reduction {
         Reduction { dtype, op, wire: Some(wire) }
     }
 
-    /// Whether a kernel exists: every type for plain reductions; float32 data over a
-    /// narrow float wire, float64 data over float32 or a narrow float wire.
+    /// Whether a kernel exists: every type for plain reductions (the bitwise operators:
+    /// integer types only, as the API takes them); float32 data over a narrow float
+    /// wire, float64 data over float32 or a narrow float wire.
     pub fn supported(&self) -> bool {
+        if !self.op.takes(self.dtype) {
+            return false;
+        }
         match self.wire {
             None => true,
             Some(w) => match self.dtype {
@@ -81,11 +85,11 @@ impl Reduction {
         if !self.supported() {
             return None;
         }
-        Some(format!("{HELPERS}{}", self.kernel()))
+        Some(format!("{HELPERS}{}", self.kernel()?))
     }
 
-    /// The kernel alone (after HELPERS).
-    fn kernel(&self) -> String {
+    /// The kernel alone (after HELPERS); None where no kernel exists.
+    fn kernel(&self) -> Option<String> {
         let name = self.entry();
         match self.wire {
             None => reduce_kernel(self.dtype, self.op, &name),
@@ -120,8 +124,8 @@ impl Reduction {
     /// One program with the kernels of `rs` (each kernel's names are its own).
     pub fn program(rs: &[Reduction]) -> String {
         let mut s = String::from(HELPERS);
-        for r in rs.iter().filter(|r| r.supported()) {
-            s.push_str(&r.kernel());
+        for k in rs.iter().filter(|r| r.supported()).filter_map(|r| r.kernel()) {
+            s.push_str(&k);
         }
         s
     }
@@ -131,7 +135,10 @@ impl Reduction {
         let mut v = Vec::new();
         for dt in DataType::ALL {
             for op in RedOp::ALL {
-                v.push(Reduction::new(dt, op));
+                let r = Reduction::new(dt, op);
+                if r.supported() {
+                    v.push(r);
+                }
                 for w in DataType::ALL {
                     let r = Reduction::wire(dt, w, op);
                     if r.supported() {
@@ -443,19 +450,21 @@ fn acc_c(acc: &str) -> &'static str {
     }
 }
 
-/// The combining function on a float accumulator (`Avg` sums).
-fn combine_fn(op: RedOp, acc: &str) -> String {
+/// The combining function on a float accumulator (`Avg` sums); None for the bitwise
+/// operators, which take no float type.
+fn combine_fn(op: RedOp, acc: &str) -> Option<String> {
     let f = match op {
         RedOp::Sum | RedOp::Avg => "add",
         RedOp::Prod => "mul",
         RedOp::Max => "max",
         RedOp::Min => "min",
+        RedOp::Band | RedOp::Bor | RedOp::Bxor => return None,
     };
-    format!("fccl_{f}_{acc}")
+    Some(format!("fccl_{f}_{acc}"))
 }
 
 /// `out[i] = op(ins.p[0][i], ..., ins.p[n-1][i])`; one input is a copy.
-fn reduce_kernel(dt: DataType, op: RedOp, name: &str) -> String {
+fn reduce_kernel(dt: DataType, op: RedOp, name: &str) -> Option<String> {
     let head = |t: &str| {
         format!(
             "#define T {t}\n{}extern \"C\" __global__ void {name}({},\n    const volatile unsigned int* failed) {{\n{LOOP}    \
@@ -479,26 +488,30 @@ fn reduce_kernel(dt: DataType, op: RedOp, name: &str) -> String {
             RedOp::Prod => "acc = (U)(acc * (U)x);",
             RedOp::Max => "if (x > (T)acc) acc = (U)x;",
             RedOp::Min => "if (x < (T)acc) acc = (U)x;",
+            RedOp::Band => "acc = (U)(acc & (U)x);",
+            RedOp::Bor => "acc = (U)(acc | (U)x);",
+            RedOp::Bxor => "acc = (U)(acc ^ (U)x);",
         };
         // Signed division truncates toward zero, as the host's does.
         let finish = if op == RedOp::Avg { "(T)((T)acc / (T)n)" } else { "(T)acc" };
-        return format!(
+        return Some(format!(
             "#define U {u}\n{}      U acc = (U)ins.p[0][base + i];\n      for (int k = 1; k < n; k++) {{\n        \
              T x = ins.p[k][base + i];\n        {combine}\n      }}\n      v = {finish};\n    }}\n{STORE}#undef T\n#undef U\n",
             head(t)
-        );
+        ));
     };
     let a = acc_c(acc);
     let load = |e: &str| if widen.is_empty() { e.to_string() } else { format!("{widen}({e})") };
     let finish = if op == RedOp::Avg { format!("fccl_div_{acc}(acc, ({a})n)") } else { "acc".into() };
     let store = if narrow.is_empty() { finish } else { format!("{narrow}({finish})") };
-    format!(
+    let combine = combine_fn(op, acc)?;
+    Some(format!(
         "{}      {a} acc = {};\n      for (int k = 1; k < n; k++) acc = {}(acc, {});\n      v = {store};\n    }}\n{STORE}#undef T\n",
         head(t),
         load("ins.p[0][base + i]"),
-        combine_fn(op, acc),
+        combine,
         load("ins.p[k][base + i]"),
-    )
+    ))
 }
 
 /// all_reduce over a wire type, as the host runs it: in each window of `win`
@@ -506,7 +519,7 @@ fn reduce_kernel(dt: DataType, op: RedOp, name: &str) -> String {
 /// it; the owner's own value (unrounded) comes first, then every other rank's value
 /// rounded to the wire type, in rank order after the owner's; `Avg` divides by `n`;
 /// the result is rounded to the wire type and widened back.
-fn wire_kernel(dt: DataType, wire: DataType, op: RedOp, name: &str) -> String {
+fn wire_kernel(dt: DataType, wire: DataType, op: RedOp, name: &str) -> Option<String> {
     let (t, acc) = if dt == DataType::Float64 { ("double", "f64") } else { ("float", "f32") };
     let round = match (dt, wire) {
         (DataType::Float64, DataType::Float32) => "fccl_f32_to_f64(fccl_f64_to_f32(x))".to_string(),
@@ -520,7 +533,8 @@ fn wire_kernel(dt: DataType, wire: DataType, op: RedOp, name: &str) -> String {
         }
     };
     let finish = if op == RedOp::Avg { format!("    acc = fccl_div_{acc}(acc, (T)n);\n") } else { String::new() };
-    format!(
+    let combine = combine_fn(op, acc)?;
+    Some(format!(
         "#define T {t}\n{}\
          __device__ __forceinline__ T {name}_round(T x) {{ return {round}; }}\n\
          extern \"C\" __global__ void {name}({},\n    \
@@ -534,8 +548,8 @@ fn wire_kernel(dt: DataType, wire: DataType, op: RedOp, name: &str) -> String {
          T v = {name}_round(acc);\n{STORE}#undef T\n",
         tables(name),
         head_params(name),
-        combine_fn(op, acc)
-    )
+        combine
+    ))
 }
 
 #[cfg(test)]
@@ -545,8 +559,9 @@ mod tests {
     #[test]
     fn every_type_op_and_wire_has_one_kernel_named_by_the_convention() {
         let all = Reduction::all();
-        // 12 types x 5 ops, plus float32 over 4 narrow wires and float64 over 5 wires.
-        assert_eq!(all.len(), 60 + 5 * (4 + 5));
+        // 12 types x 5 ops, 6 integer types x 3 bitwise ops, plus float32 over 4 narrow
+        // wires and float64 over 5 wires.
+        assert_eq!(all.len(), 60 + 18 + 5 * (4 + 5));
         let names: std::collections::HashSet<String> = all.iter().map(|r| r.entry()).collect();
         assert_eq!(names.len(), all.len());
         for r in &all {
@@ -572,5 +587,12 @@ mod tests {
         assert!(s.contains("#define T int\n") && s.contains("#define U unsigned int\n"), "{s}");
         let s = Reduction::new(DataType::Bfloat16, RedOp::Avg).source().unwrap();
         assert!(s.contains("fccl_f32_to_bf16(fccl_div_f32(acc, (float)n))"), "{s}");
+        let s = Reduction::new(DataType::Int8, RedOp::Bxor).source().unwrap();
+        assert!(s.contains("void fccl_reduce_i8_bxor(") && s.contains("acc = (U)(acc ^ (U)x);"), "{s}");
+        for op in [RedOp::Band, RedOp::Bor, RedOp::Bxor] {
+            assert!(Reduction::new(DataType::Float32, op).source().is_none(), "{op}");
+            assert!(Reduction::new(DataType::Bfloat16, op).source().is_none(), "{op}");
+            assert!(Reduction::wire(DataType::Float32, DataType::Bfloat16, op).source().is_none(), "{op}");
+        }
     }
 }

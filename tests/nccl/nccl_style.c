@@ -303,6 +303,16 @@ static void errors(ncclComm_t comm, int rank, int* checks) {
   CHECK(rank, strstr(last(comm), "ncclAllReduce") != NULL, "message names the call: %s", last(comm));
   r = ncclAllReduce(&x, &y, 1, ncclInt32, (ncclRedOp_t)42, comm, NULL);
   CHECK(rank, r == ncclInvalidArgument, "bad op: %d", (int)r);
+  /* 64..66 are ferroccl's bitwise operators: NCCL has no such op, so the shim refuses them. */
+  for (int v = 64; v <= 66; v++) {
+    r = ncclAllReduce(&x, &y, 1, ncclInt32, (ncclRedOp_t)v, comm, NULL);
+    CHECK(rank, r == ncclInvalidArgument, "op %d is not NCCL's: %d", v, (int)r);
+    CHECK(rank, strstr(last(comm), "ncclAllReduce: op") != NULL, "%s", last(comm));
+    r = ncclReduceScatter(&x, &y, 1, ncclInt32, (ncclRedOp_t)v, comm, NULL);
+    CHECK(rank, r == ncclInvalidArgument, "reduce_scatter op %d: %d", v, (int)r);
+    r = ncclReduce(&x, &y, 1, ncclInt32, (ncclRedOp_t)v, 0, comm, NULL);
+    CHECK(rank, r == ncclInvalidArgument, "reduce op %d: %d", v, (int)r);
+  }
   r = ncclBroadcast(&x, &y, 1, ncclInt32, 1 << 20, comm, NULL);
   CHECK(rank, r == ncclInvalidArgument, "bad root: %d", (int)r);
   r = ncclRedOpCreatePreMulSum(&op, &scalar, ncclFloat, ncclScalarHostImmediate, comm);

@@ -1,7 +1,8 @@
-"""Minimal hand-written ctypes binding of libferroccl (no wrapper generator).
+"""ctypes access to libferroccl for the tests, with the Python package's prototypes.
 
-Only what the Python tests use is bound; every function gets explicit argtypes and
-restype, written from the C contract (docs/abi.md / include/ferroccl.h):
+The C functions' argtypes and restypes are the package's one table
+(python/ferroccl/_lib.py, read from this checkout, which test_prototypes.py holds to
+include/ferroccl.h); this module adds the enum values by name and small helpers:
 
   * fcclResult_t, fcclDataType_t and fcclRedOp_t are C ints;
   * fcclComm_t and fcclStream_t are opaque pointers (c_void_p);
@@ -14,8 +15,9 @@ while the others make progress.
 """
 
 import ctypes
+import importlib.util
 import os
-from ctypes import POINTER, byref, c_char, c_char_p, c_int, c_size_t, c_void_p
+from ctypes import byref, c_int, c_size_t, c_void_p
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 DEFAULT_LIB = os.path.normpath(os.path.join(HERE, "..", "..", "target", "release", "libferroccl.so"))
@@ -23,6 +25,19 @@ DEFAULT_LIB = os.path.normpath(os.path.join(HERE, "..", "..", "target", "release
 
 def lib_path():
     return os.environ.get("FERROCCL_LIB") or DEFAULT_LIB
+
+
+def _package_lib():
+    """python/ferroccl/_lib.py of this checkout, loaded on its own (it loads no library
+    and imports only the standard library), whatever ferroccl is installed."""
+    path = os.path.normpath(os.path.join(HERE, "..", "..", "python", "ferroccl", "_lib.py"))
+    spec = importlib.util.spec_from_file_location("ferroccl_checkout_lib", path)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+_pkg = _package_lib()
 
 
 # fcclResult_t
@@ -58,8 +73,9 @@ fcclProd = 1
 fcclMax = 2
 fcclMin = 3
 fcclAvg = 4
-
-FCCL_UNIQUE_ID_BYTES = 128
+fcclBand = 64  # ferroccl's bitwise operators (integer types only)
+fcclBor = 65
+fcclBxor = 66
 
 fcclResult_t = c_int
 fcclDataType_t = c_int
@@ -68,53 +84,11 @@ fcclComm_t = c_void_p
 fcclStream_t = c_void_p
 
 
-class fcclUniqueId(ctypes.Structure):
-    _fields_ = [("internal", c_char * FCCL_UNIQUE_ID_BYTES)]
+fcclUniqueId = _pkg.UniqueIdStruct
+FCCL_UNIQUE_ID_BYTES = _pkg.UNIQUE_ID_BYTES
 
-
-_PROTOTYPES = {
-    # name: (restype, [argtypes])
-    "fcclGetVersion": (fcclResult_t, [POINTER(c_int)]),
-    "fcclGetUniqueId": (fcclResult_t, [POINTER(fcclUniqueId)]),
-    "fcclCommInitRank": (fcclResult_t, [POINTER(fcclComm_t), c_int, fcclUniqueId, c_int]),
-    "fcclCommInitAll": (fcclResult_t, [POINTER(fcclComm_t), c_int, POINTER(c_int)]),
-    "fcclCommInitFromEnv": (fcclResult_t, [POINTER(fcclComm_t)]),
-    "fcclCommDestroy": (fcclResult_t, [fcclComm_t]),
-    "fcclCommAbort": (fcclResult_t, [fcclComm_t]),
-    "fcclCommCount": (fcclResult_t, [fcclComm_t, POINTER(c_int)]),
-    "fcclCommUserRank": (fcclResult_t, [fcclComm_t, POINTER(c_int)]),
-    "fcclCommCuDevice": (fcclResult_t, [fcclComm_t, POINTER(c_int)]),
-    "fcclCommGetLastPath": (fcclResult_t, [fcclComm_t, POINTER(c_char_p), POINTER(c_char_p)]),
-    "fcclGetErrorString": (c_char_p, [fcclResult_t]),
-    "fcclGetLastError": (c_char_p, [fcclComm_t]),
-    "fcclAllReduce": (fcclResult_t,
-                      [c_void_p, c_void_p, c_size_t, fcclDataType_t, fcclRedOp_t, fcclComm_t, fcclStream_t]),
-    "fcclBroadcast": (fcclResult_t,
-                      [c_void_p, c_void_p, c_size_t, fcclDataType_t, c_int, fcclComm_t, fcclStream_t]),
-    "fcclReduce": (fcclResult_t,
-                   [c_void_p, c_void_p, c_size_t, fcclDataType_t, fcclRedOp_t, c_int, fcclComm_t,
-                    fcclStream_t]),
-    "fcclAllGather": (fcclResult_t, [c_void_p, c_void_p, c_size_t, fcclDataType_t, fcclComm_t, fcclStream_t]),
-    "fcclReduceScatter": (fcclResult_t,
-                          [c_void_p, c_void_p, c_size_t, fcclDataType_t, fcclRedOp_t, fcclComm_t,
-                           fcclStream_t]),
-    "fcclAlltoAll": (fcclResult_t, [c_void_p, c_void_p, c_size_t, fcclDataType_t, fcclComm_t, fcclStream_t]),
-    "fcclGather": (fcclResult_t,
-                   [c_void_p, c_void_p, c_size_t, fcclDataType_t, c_int, fcclComm_t, fcclStream_t]),
-    "fcclScatter": (fcclResult_t,
-                    [c_void_p, c_void_p, c_size_t, fcclDataType_t, c_int, fcclComm_t, fcclStream_t]),
-    "fcclAlltoAllv": (fcclResult_t,
-                      [c_void_p, POINTER(c_size_t), POINTER(c_size_t), c_void_p, POINTER(c_size_t),
-                       POINTER(c_size_t), fcclDataType_t, fcclComm_t, fcclStream_t]),
-    "fcclSend": (fcclResult_t, [c_void_p, c_size_t, fcclDataType_t, c_int, fcclComm_t, fcclStream_t]),
-    "fcclRecv": (fcclResult_t, [c_void_p, c_size_t, fcclDataType_t, c_int, fcclComm_t, fcclStream_t]),
-    "fcclBarrier": (fcclResult_t, [fcclComm_t, fcclStream_t]),
-    "fcclGroupStart": (fcclResult_t, []),
-    "fcclGroupEnd": (fcclResult_t, []),
-    "fcclMemAlloc": (fcclResult_t, [POINTER(c_void_p), c_size_t]),
-    "fcclMemAllocHost": (fcclResult_t, [POINTER(c_void_p), c_size_t]),
-    "fcclMemFree": (fcclResult_t, [c_void_p]),
-}
+# The package's table: one list of prototypes for the package and the tests.
+_PROTOTYPES = _pkg._PROTOTYPES
 
 
 class FcclError(RuntimeError):

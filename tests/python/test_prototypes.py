@@ -1,11 +1,12 @@
-"""pytest: every ctypes prototype table of the repository against include/ferroccl.h.
+"""pytest: the one ctypes prototype table of the repository against include/ferroccl.h.
 
-The Python package (python/ferroccl/_lib.py) and the ctypes test (ferroccl_ctypes.py)
-each bind the C functions by hand; a parameter bound with the wrong width or kind is
-truncated or misread without a word from ctypes. This reads every function declaration
-of the header and holds both tables to it: the same functions exist, with as many
-parameters, each of the same kind (integer of the same width, pointer, or the same
-struct by value), and the same return kind. Needs no library: it reads files only.
+The Python package (python/ferroccl/_lib.py) binds the C functions by hand, and the
+ctypes tests (ferroccl_ctypes.py) use that same table; a parameter bound with the
+wrong width or kind is truncated or misread without a word from ctypes. This reads
+every function declaration of the header and holds the table to it: the same
+functions exist, with as many parameters, each of the same kind (integer of the same
+width, pointer, or the same struct by value), and the same return kind; and it checks
+that no second table has grown back. Needs no library: it reads files only.
 """
 
 import ctypes
@@ -71,13 +72,43 @@ def header_functions():
 
 def _tables():
     sys.path.insert(0, os.path.join(ROOT, "python"))
-    sys.path.insert(0, HERE)
     try:
         from ferroccl import _lib  # noqa: E402 (the package's table; loads no library)
-        import ferroccl_ctypes  # noqa: E402
     finally:
-        sys.path[:2] = []
-    return {"python/ferroccl/_lib.py": _lib._PROTOTYPES, "tests/python/ferroccl_ctypes.py": ferroccl_ctypes._PROTOTYPES}
+        sys.path[:1] = []
+    return {"python/ferroccl/_lib.py": _lib._PROTOTYPES}
+
+
+def test_the_ctypes_tests_bind_with_the_package_table():
+    sys.path.insert(0, HERE)
+    try:
+        import ferroccl_ctypes  # noqa: E402 (loads no library until load())
+    finally:
+        sys.path[:1] = []
+    pkg = ferroccl_ctypes._pkg
+    assert os.path.samefile(pkg.__file__, os.path.join(ROOT, "python", "ferroccl", "_lib.py"))
+    assert ferroccl_ctypes._PROTOTYPES is pkg._PROTOTYPES
+    assert ferroccl_ctypes.fcclUniqueId is pkg.UniqueIdStruct
+    # the table of the package's module as the package imports it: the same entries
+    pkg_table = _tables()["python/ferroccl/_lib.py"]
+    assert {n: (_py_kind(r), [_py_kind(a) for a in args]) for n, (r, args) in pkg_table.items()} == \
+        {n: (_py_kind(r), [_py_kind(a) for a in args]) for n, (r, args) in pkg._PROTOTYPES.items()}
+
+
+def test_no_second_prototype_table():
+    """Only python/ferroccl/_lib.py writes out argtypes: another table would drift."""
+    found = []
+    for top in ("python", "tests", "tools", "examples", "bench"):
+        for dirpath, dirnames, files in os.walk(os.path.join(ROOT, top)):
+            dirnames[:] = [d for d in dirnames if not d.startswith(".") and d != "__pycache__"]
+            for f in files:
+                if not f.endswith(".py"):
+                    continue
+                path = os.path.join(dirpath, f)
+                text = open(path, encoding="utf-8").read()
+                if re.search(r"[\"']fcclAllReduce[\"']\s*:\s*\(", text):
+                    found.append(os.path.relpath(path, ROOT))
+    assert found == [os.path.join("python", "ferroccl", "_lib.py")], found
 
 
 def test_the_header_parses_into_the_functions_it_declares():

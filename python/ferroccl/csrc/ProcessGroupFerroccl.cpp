@@ -126,11 +126,14 @@ void check(const char* call, Res r) {
   throw CallError(call, r, msg);
 }
 
+// The library's type for t; bool travels as uint8, int16 as two uint8 per element (`n`),
+// and reductions of int16 run on an int32 copy (`reducing`).
 int dtype(const at::Tensor& t) {
   switch (t.scalar_type()) {
     case c10::ScalarType::Char: return 0;
     case c10::ScalarType::Byte: return 1;
     case c10::ScalarType::Bool: return 1;
+    case c10::ScalarType::Short: return 1;
     case c10::ScalarType::Int: return 2;
     case c10::ScalarType::UInt32: return 3;
     case c10::ScalarType::Long: return 4;
@@ -153,9 +156,28 @@ int redop(const c10d::ReduceOp& op) {
     case c10d::ReduceOp::MAX: return 2;
     case c10d::ReduceOp::MIN: return 3;
     case c10d::ReduceOp::AVG: return 4;
+    case c10d::ReduceOp::BAND: return 64;
+    case c10d::ReduceOp::BOR: return 65;
+    case c10d::ReduceOp::BXOR: return 66;
     default:
       TORCH_CHECK(false, "ferroccl backend: reduce op ", static_cast<int>(op.op_),
-                  " is not supported (SUM, PRODUCT, MAX, MIN, AVG are)");
+                  " is not supported (SUM, PRODUCT, MAX, MIN, AVG, BAND, BOR, BXOR are)");
+  }
+}
+
+// The library's op for reducing t with `op` (from redop): bool as torch means it (or for
+// SUM, MAX and BOR; and for PRODUCT, MIN and BAND) on its uint8 carrier; no avg of bool or int16.
+int op_for(int op, const at::Tensor& t, const char* call) {
+  auto st = t.scalar_type();
+  if (op == 4 && (st == c10::ScalarType::Bool || st == c10::ScalarType::Short))
+    throw CallError(call, 4, std::string("avg of ") + c10::toString(st) +
+                                 " tensors is not defined (the mean of integers or truth values is neither); "
+                                 "use SUM and divide, on a float copy");
+  if (st != c10::ScalarType::Bool) return op;
+  switch (op) {
+    case 0: case 2: case 65: return 2;  // max of 0/1: or
+    case 1: case 3: case 64: return 3;  // min of 0/1: and
+    default: return op;                 // bxor of 0/1 stays 0/1
   }
 }
 
@@ -174,7 +196,23 @@ Stream stream(const at::Tensor& t) {
   return impl.getStream(t.device()).native_handle();
 }
 
-size_t n(const at::Tensor& t) { return static_cast<size_t>(t.numel()); }
+// Elements of t as the library counts them: its bytes for int16 (carried as uint8).
+size_t n(const at::Tensor& t) {
+  return static_cast<size_t>(t.numel()) * (t.scalar_type() == c10::ScalarType::Short ? 2 : 1);
+}
+
+// Runs the reduction f on t, or for int16 on an int32 copy narrowed back after it: the
+// library has no int16, and sums and products wrap as int16's own do once narrowed.
+template <typename F>
+void reducing(const at::Tensor& t, F&& f) {
+  if (t.scalar_type() != c10::ScalarType::Short) {
+    f(t);
+    return;
+  }
+  at::Tensor w = t.to(at::kInt);
+  f(w);
+  t.copy_(w);
+}
 
 class FcclWork : public c10d::Work {
  public:
@@ -261,10 +299,13 @@ class ProcessGroupFerroccl : public c10d::Backend {
   c10::intrusive_ptr<c10d::Work> allreduce(std::vector<at::Tensor>& ts,
                                            const c10d::AllreduceOptions& o = c10d::AllreduceOptions()) override {
     int op = redop(o.reduceOp);
-    return run(c10d::OpType::ALLREDUCE, ts, true, [&] {
+    return run(c10d::OpType::ALLREDUCE, ts, !has_short(ts), [&] {
       for (auto& t : ts) {
         dense(t, "all_reduce");
-        check("fcclAllReduce", A->AllReduce(t.data_ptr(), t.data_ptr(), n(t), dtype(t), op, comm_, stream(t)));
+        int o = op_for(op, t, "fcclAllReduce");
+        reducing(t, [&](const at::Tensor& x) {
+          check("fcclAllReduce", A->AllReduce(x.data_ptr(), x.data_ptr(), n(x), dtype(x), o, comm_, stream(x)));
+        });
       }
     });
   }
@@ -276,6 +317,8 @@ class ProcessGroupFerroccl : public c10d::Backend {
       if (ts.empty()) return;
       std::vector<void*> ptrs;
       std::vector<size_t> counts;
+      TORCH_CHECK(ts[0].scalar_type() != c10::ScalarType::Short,
+                  "ferroccl backend: all_reduce_coalesced of int16 tensors: all_reduce them one by one");
       for (auto& t : ts) {
         dense(t, "all_reduce_coalesced");
         TORCH_CHECK(t.scalar_type() == ts[0].scalar_type(), "ferroccl backend: all_reduce_coalesced of ",
@@ -284,7 +327,8 @@ class ProcessGroupFerroccl : public c10d::Backend {
         counts.push_back(n(t));
       }
       check("fcclAllReduceCoalesced", A->AllReduceCoalesced(ptrs.data(), ptrs.data(), counts.data(),
-                                                            static_cast<int>(ts.size()), dtype(ts[0]), op, 0,
+                                                            static_cast<int>(ts.size()), dtype(ts[0]),
+                                                            op_for(op, ts[0], "fcclAllReduceCoalesced"), 0,
                                                             comm_, stream(ts[0])));
     });
   }
@@ -303,10 +347,13 @@ class ProcessGroupFerroccl : public c10d::Backend {
   c10::intrusive_ptr<c10d::Work> reduce(std::vector<at::Tensor>& ts,
                                         const c10d::ReduceOptions& o = c10d::ReduceOptions()) override {
     int op = redop(o.reduceOp), root = static_cast<int>(o.rootRank);
-    return run(c10d::OpType::REDUCE, ts, true, [&] {
+    return run(c10d::OpType::REDUCE, ts, !has_short(ts), [&] {
       for (auto& t : ts) {
         dense(t, "reduce");
-        check("fcclReduce", A->Reduce(t.data_ptr(), t.data_ptr(), n(t), dtype(t), op, root, comm_, stream(t)));
+        int o = op_for(op, t, "fcclReduce");
+        reducing(t, [&](const at::Tensor& x) {
+          check("fcclReduce", A->Reduce(x.data_ptr(), x.data_ptr(), n(x), dtype(x), o, root, comm_, stream(x)));
+        });
       }
     });
   }
@@ -376,8 +423,16 @@ class ProcessGroupFerroccl : public c10d::Backend {
           off += n(t);
         }
         at::Tensor flatin = at::cat(parts);
-        check("fcclReduceScatterV", A->ReduceScatterV(flatin.data_ptr(), counts.data(), displs.data(), out.data_ptr(),
-                                                      dtype(out), op, comm_, stream(out)));
+        if (flatin.scalar_type() == c10::ScalarType::Short) flatin = flatin.to(at::kInt);
+        int o = op_for(op, out, "fcclReduceScatterV");
+        reducing(out, [&](const at::Tensor& x) {
+          if (x.scalar_type() != out.scalar_type()) {  // int16 was counted in bytes; its int32 copy in elements
+            for (auto& c : counts) c /= 2;
+            for (auto& d : displs) d /= 2;
+          }
+          check("fcclReduceScatterV", A->ReduceScatterV(flatin.data_ptr(), counts.data(), displs.data(), x.data_ptr(),
+                                                        dtype(x), o, comm_, stream(x)));
+        });
       }
     });
   }
@@ -386,7 +441,7 @@ class ProcessGroupFerroccl : public c10d::Backend {
       at::Tensor& out, at::Tensor& in, const c10d::ReduceScatterOptions& o = c10d::ReduceScatterOptions()) override {
     int op = redop(o.reduceOp);
     std::vector<at::Tensor> os{out};
-    return run(c10d::OpType::_REDUCE_SCATTER_BASE, os, true, [&] { scatter_one(out, in, op); });
+    return run(c10d::OpType::_REDUCE_SCATTER_BASE, os, !has_short(os), [&] { scatter_one(out, in, op); });
   }
 
   c10::intrusive_ptr<c10d::Work> _reduce_scatter_base(
@@ -400,6 +455,8 @@ class ProcessGroupFerroccl : public c10d::Backend {
     int op = redop(o.reduceOp);
     return run(c10d::OpType::REDUCE_SCATTER_TENSOR_COALESCED, outs, true, [&] {
       TORCH_CHECK(outs.size() == ins.size(), "ferroccl backend: ", ins.size(), " inputs for ", outs.size(), " outputs");
+      TORCH_CHECK(!has_short(outs), "ferroccl backend: reduce_scatter_tensor_coalesced of int16 tensors: "
+                  "reduce_scatter them one by one");
       grouped([&] {
         for (size_t i = 0; i < ins.size(); ++i) scatter_one(outs[i], ins[i], op);
       });
@@ -420,7 +477,7 @@ class ProcessGroupFerroccl : public c10d::Backend {
       dense(out, "all_to_all_single");
       dense(in, "all_to_all_single");
       if (outSplits.empty() && inSplits.empty()) {
-        TORCH_CHECK(n(in) % size_ == 0, "ferroccl backend: all_to_all_single of ", n(in), " elements for ", size_,
+        TORCH_CHECK(in.numel() % size_ == 0, "ferroccl backend: all_to_all_single of ", n(in), " elements for ", size_,
                     " ranks");
         check("fcclAlltoAll", A->AlltoAll(in.data_ptr(), out.data_ptr(), n(in) / size_, dtype(in), comm_, stream(in)));
         return;
@@ -600,8 +657,18 @@ class ProcessGroupFerroccl : public c10d::Backend {
     dense(in, "reduce_scatter_tensor");
     TORCH_CHECK(n(in) == n(out) * size_, "ferroccl backend: reduce_scatter_tensor of ", n(in), " elements into ",
                 n(out), " for ", size_, " ranks");
-    check("fcclReduceScatter",
-          A->ReduceScatter(in.data_ptr(), out.data_ptr(), n(out), dtype(out), op, comm_, stream(out)));
+    at::Tensor src = in.scalar_type() == c10::ScalarType::Short ? in.to(at::kInt) : in;
+    int o = op_for(op, out, "fcclReduceScatter");
+    reducing(out, [&](const at::Tensor& x) {
+      check("fcclReduceScatter", A->ReduceScatter(src.data_ptr(), x.data_ptr(), n(x), dtype(x), o, comm_, stream(x)));
+    });
+  }
+
+  // Reductions of int16 copy their result back after the call: they cannot queue in a batch.
+  static bool has_short(const std::vector<at::Tensor>& ts) {
+    for (auto& t : ts)
+      if (t.scalar_type() == c10::ScalarType::Short) return true;
+    return false;
   }
 
   void splits(const at::Tensor& t, const std::vector<int64_t>& s, std::vector<size_t>& counts,

@@ -211,9 +211,13 @@ fn reduces(k: CollKind) -> bool {
 }
 
 /// Whether NCCL takes `dtype` with `op` for `kind`: it reduces fp8 only where
-/// `fp8_reduce` (sm90 and later) and never averages it.
+/// `fp8_reduce` (sm90 and later) and never averages it; it has no bitwise operators
+/// (ferroccl's own, served by the built-in backend).
 fn type_op_ok(kind: CollKind, dtype: DataType, op: RedOp, fp8_reduce: bool) -> bool {
-    !is_fp8(dtype) || !reduces(kind) || (fp8_reduce && op != RedOp::Avg)
+    if !reduces(kind) {
+        return true;
+    }
+    !op.is_bitwise() && (!is_fp8(dtype) || (fp8_reduce && op != RedOp::Avg))
 }
 
 /// The type NCCL is given: fp8 that is only moved travels as uint8 (same bytes).
@@ -303,6 +307,12 @@ mod tests {
         for t in [DataType::Float32, DataType::Bfloat16, DataType::Int8] {
             assert!(type_op_ok(CollKind::AllReduce, t, RedOp::Avg, false));
             assert_eq!(nccl_type(CollKind::AllGather, t), t);
+        }
+        for op in [RedOp::Band, RedOp::Bor, RedOp::Bxor] {
+            for k in [CollKind::AllReduce, CollKind::ReduceScatter, CollKind::Reduce] {
+                assert!(!type_op_ok(k, DataType::Int32, op, true), "{k:?} {op}");
+            }
+            assert!(type_op_ok(CollKind::AllGather, DataType::Int32, op, true));
         }
     }
 }

@@ -21,6 +21,9 @@ pub(super) trait Arith: Elem {
     fn red_prod(self, other: Self) -> Self;
     fn red_max(self, other: Self) -> Self;
     fn red_min(self, other: Self) -> Self;
+    fn red_and(self, other: Self) -> Self;
+    fn red_or(self, other: Self) -> Self;
+    fn red_xor(self, other: Self) -> Self;
     /// `self / nranks` for `Avg`: truncating for integers, rounded for floats.
     fn div_ranks(self, nranks: usize) -> Self;
 }
@@ -105,6 +108,18 @@ macro_rules! impl_int {
             fn red_min(self, other: Self) -> Self {
                 Ord::min(self, other)
             }
+            #[inline(always)]
+            fn red_and(self, other: Self) -> Self {
+                self & other
+            }
+            #[inline(always)]
+            fn red_or(self, other: Self) -> Self {
+                self | other
+            }
+            #[inline(always)]
+            fn red_xor(self, other: Self) -> Self {
+                self ^ other
+            }
             impl_int!(@div $t, $div);
         }
 
@@ -182,6 +197,20 @@ macro_rules! impl_native_float {
             #[inline(always)]
             fn red_min(self, other: Self) -> Self {
                 <$t>::min(self, other)
+            }
+            // The API refuses bitwise operators on floats (RedOp::takes); defined on
+            // the bits so that every (type, operator) pair still compiles to a kernel.
+            #[inline(always)]
+            fn red_and(self, other: Self) -> Self {
+                <$t>::from_bits(self.to_bits() & other.to_bits())
+            }
+            #[inline(always)]
+            fn red_or(self, other: Self) -> Self {
+                <$t>::from_bits(self.to_bits() | other.to_bits())
+            }
+            #[inline(always)]
+            fn red_xor(self, other: Self) -> Self {
+                <$t>::from_bits(self.to_bits() ^ other.to_bits())
             }
             #[inline(always)]
             fn div_ranks(self, nranks: usize) -> Self {
@@ -314,6 +343,9 @@ pub(super) struct SumOp;
 pub(super) struct ProdOp;
 pub(super) struct MaxOp;
 pub(super) struct MinOp;
+pub(super) struct AndOp;
+pub(super) struct OrOp;
+pub(super) struct XorOp;
 
 impl Combine for SumOp {
     #[inline(always)]
@@ -337,5 +369,23 @@ impl Combine for MinOp {
     #[inline(always)]
     fn apply<A: Arith>(a: A, b: A) -> A {
         a.red_min(b)
+    }
+}
+impl Combine for AndOp {
+    #[inline(always)]
+    fn apply<A: Arith>(a: A, b: A) -> A {
+        a.red_and(b)
+    }
+}
+impl Combine for OrOp {
+    #[inline(always)]
+    fn apply<A: Arith>(a: A, b: A) -> A {
+        a.red_or(b)
+    }
+}
+impl Combine for XorOp {
+    #[inline(always)]
+    fn apply<A: Arith>(a: A, b: A) -> A {
+        a.red_xor(b)
     }
 }

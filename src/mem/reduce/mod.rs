@@ -9,8 +9,9 @@
 //!   is ever reinterpreted as `&[f32]`.
 //! * The (type, operator) pair is matched once per call. Each arm calls a generic
 //!   kernel monomorphized for that pair, so the per-element body is straight-line code
-//!   with no dispatch. The 12 types x 5 operators come from a few traits (`Elem`,
-//!   `Arith`, `Reducible`, `Combine`) and dispatch macros, not 60 hand-written loops.
+//!   with no dispatch. The 12 types x 8 operators come from a few traits (`Elem`,
+//!   `Arith`, `Reducible`, `Combine`) and dispatch macros, not 96 hand-written loops.
+//!   The bitwise operators are refused for float types before they get here.
 //! * Conversions between float32 and the narrow float types (half, bfloat16, fp8) are
 //!   written branch-free with integer and float arithmetic only, so that they vectorize
 //!   inside the loops. (The `half` crate's per-value conversions branch on run-time CPU
@@ -157,6 +158,18 @@ macro_rules! with_op {
             }
             RedOp::Min => {
                 type $O = MinOp;
+                $body
+            }
+            RedOp::Band => {
+                type $O = AndOp;
+                $body
+            }
+            RedOp::Bor => {
+                type $O = OrOp;
+                $body
+            }
+            RedOp::Bxor => {
+                type $O = XorOp;
                 $body
             }
         }
@@ -674,6 +687,10 @@ mod tests {
             RedOp::Prod => wrap(dt, a.wrapping_mul(b)),
             RedOp::Max => a.max(b),
             RedOp::Min => a.min(b),
+            // Sign extension commutes with the bitwise operators, so i128 gives the bits.
+            RedOp::Band => a & b,
+            RedOp::Bor => a | b,
+            RedOp::Bxor => a ^ b,
         }
     }
 
@@ -683,6 +700,7 @@ mod tests {
             RedOp::Prod => a * b,
             RedOp::Max => a.max(b),
             RedOp::Min => a.min(b),
+            RedOp::Band | RedOp::Bor | RedOp::Bxor => unreachable!("no bitwise operator on floats"),
         }
     }
 
@@ -850,7 +868,7 @@ mod tests {
 
     fn every_type_and_op_matches_reference_once() {
         for dt in DataType::ALL {
-            for op in RedOp::ALL {
+            for op in RedOp::ALL.into_iter().filter(|op| op.takes(dt)) {
                 for len in LENS {
                     for nranks in NRANKS {
                         for off in [0, 1] {
@@ -916,6 +934,37 @@ mod tests {
         assert_eq!(reduce2(DataType::Int8, RedOp::Max, &[0xff], &[1]), [1]);
         assert_eq!(reduce2(DataType::Uint8, RedOp::Max, &[0xff], &[1]), [0xff]);
         assert_eq!(reduce2(DataType::Int8, RedOp::Min, &[0x80], &[0x7f]), [0x80]);
+    }
+
+    #[test]
+    fn bitwise_operators_combine_every_bit_of_every_integer_width() {
+        for_each_kernel_set(|| {
+            assert_eq!(reduce2(DataType::Uint8, RedOp::Band, &[0xf0], &[0x3c]), [0x30]);
+            assert_eq!(reduce2(DataType::Int8, RedOp::Bor, &[0x81], &[0x42]), [0xc3]);
+            assert_eq!(reduce2(DataType::Int8, RedOp::Bxor, &[0xff], &[0x0f]), [0xf0]);
+            // Three operands whose bits differ in every combination: bit b of operand k
+            // is bit k of b, so and/or/xor each give a known pattern in every byte.
+            for dt in DataType::ALL.into_iter().filter(|t| t.is_integer()) {
+                let n = dt.size();
+                let operand = |k: usize| -> Vec<u8> {
+                    (0..n).map(|_| (0..8).fold(0u8, |a, b| a | ((((b >> k) & 1) as u8) << b))).collect()
+                };
+                let (a, b, c) = (operand(0), operand(1), operand(2));
+                // Bit i of every byte of the result is f(bits 0, 1 and 2 of i).
+                let want = |f: fn(u8, u8, u8) -> u8| -> Vec<u8> {
+                    vec![(0..8).fold(0u8, |acc, i| acc | (f(i & 1, (i >> 1) & 1, (i >> 2) & 1) << i)); n]
+                };
+                for (op, f) in [
+                    (RedOp::Band, (|x, y, z| x & y & z) as fn(u8, u8, u8) -> u8),
+                    (RedOp::Bor, |x, y, z| x | y | z),
+                    (RedOp::Bxor, |x, y, z| x ^ y ^ z),
+                ] {
+                    let mut dst = vec![0; n];
+                    reduce_all(dt, op, 3, |k| [&a, &b, &c][k].as_slice(), &mut dst, &mut []);
+                    assert_eq!(dst, want(f), "{dt} {op}");
+                }
+            }
+        });
     }
 
     #[test]
