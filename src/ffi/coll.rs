@@ -314,3 +314,82 @@ pub extern "C" fn fcclGroupStart() -> fcclResult_t {
 pub extern "C" fn fcclGroupEnd() -> fcclResult_t {
     call("fcclGroupEnd", group::end)
 }
+
+/// Which reduction a pre-multiplied sum ([`premul_sum`]) is.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum PreMulKind {
+    AllReduce,
+    /// To this root.
+    Reduce(c_int),
+    ReduceScatter,
+}
+
+/// NCCL's PreMulSum operator (not part of ferroccl's C API; the NCCL library calls
+/// it): the sum over ranks of each rank's input times `scalar` (one `datatype` element,
+/// native byte order). The product is taken now, on the host, into a copy the call
+/// owns, so the sum runs, queues in a group or goes to the progress thread like any
+/// fcclSum call; device memory is refused with fcclInvalidUsage. `count` is the
+/// collective's count (per rank for reduce_scatter); `name` names the call in errors.
+///
+/// # Safety
+/// The buffers' contract is that of the matching `fccl` collective.
+#[allow(clippy::too_many_arguments)]
+pub unsafe fn premul_sum(
+    name: &str,
+    kind: PreMulKind,
+    sendbuff: *const c_void,
+    recvbuff: *mut c_void,
+    count: usize,
+    datatype: fcclDataType_t,
+    scalar: &[u8],
+    comm: fcclComm_t,
+    stream: fcclStream_t,
+) -> fcclResult_t {
+    call(name, || {
+        submit(comm, stream, |cm| {
+            let ck = match kind {
+                PreMulKind::AllReduce => CollKind::AllReduce,
+                PreMulKind::Reduce(_) => CollKind::Reduce,
+                PreMulKind::ReduceScatter => CollKind::ReduceScatter,
+            };
+            let mut c = Coll::new(ck, sendbuff as _, recvbuff as _, count, dtype(datatype)?);
+            if let PreMulKind::Reduce(root) = kind {
+                c.root = rank_arg(root, "root", cm)?;
+            }
+            if scalar.len() != c.dtype.size() {
+                return Err(crate::error::Error::internal(format!(
+                    "a {}-byte scalar for {}-byte {} elements",
+                    scalar.len(),
+                    c.dtype.size(),
+                    c.dtype
+                )));
+            }
+            c.validate(cm.rank, cm.nranks)?;
+            for (what, p) in c.buffers(cm.rank, cm.nranks)? {
+                let (k, device, _) = crate::mem::kind_of(p)?;
+                if !k.host_accessible() {
+                    return Err(crate::error::Error::invalid_usage(format!(
+                        "{what} is CUDA memory on device {device}; a PreMulSum operator (ncclRedOpCreatePreMulSum) \
+                         runs on host memory only here: pass host memory, or reduce with ncclSum and scale the result"
+                    )));
+                }
+            }
+            let (bytes, _) = c.extents(cm.rank, cm.nranks)?;
+            // u64 words: the copy is aligned for every element type.
+            let mut scaled = vec![0u64; bytes.div_ceil(8)];
+            if bytes > 0 {
+                // SAFETY: validate() checked sendbuff non-NULL for `bytes` > 0, and the
+                // caller's contract makes it readable for the call's extent; host memory
+                // (checked above).
+                let src = unsafe { std::slice::from_raw_parts(c.send, bytes) };
+                // SAFETY: `scaled` holds at least `bytes` bytes; u8 has no alignment.
+                let dst = unsafe { std::slice::from_raw_parts_mut(scaled.as_mut_ptr().cast::<u8>(), bytes) };
+                crate::mem::reduce::pre_multiply(c.dtype, scalar, src, dst);
+            }
+            // The heap buffer does not move when the Vec moves into the Arc.
+            c.send = scaled.as_ptr().cast();
+            c.keep = Some(std::sync::Arc::new(scaled));
+            Ok(c)
+        })
+    })
+}
