@@ -428,6 +428,11 @@ static void errors(ncclComm_t comm, int rank, int* checks) {
   /* The program's own weak fallback is what its calls reach (as with NVIDIA's library). */
   CHECK(rank, strstr(ncclGetLastError(comm), "fallback of the program") != NULL, "weak fallback");
 
+  /* Functions newer than NCCL 2.28 are absent, as from NVIDIA's 2.28.9 library, so
+   * probes for them (vLLM loads functions by name) take the older NCCL's path. */
+  CHECK(rank, dlsym(RTLD_DEFAULT, "ncclCommSuspend") == NULL && dlsym(RTLD_DEFAULT, "ncclCommResume") == NULL &&
+                  dlsym(RTLD_DEFAULT, "ncclCommQueryProperties") == NULL,
+        "NCCL 2.29's functions are not exported by a 2.28 library");
   /* Optional functions found by dlsym and through the weak declarations. */
   CHECK(rank, dlsym(RTLD_DEFAULT, "ncclCommWindowRegister") != NULL, "dlsym ncclCommWindowRegister");
   CHECK(rank, ncclCommWindowRegister != NULL, "weak ncclCommWindowRegister resolved");
