@@ -13,6 +13,10 @@
 #      ncclCommInitAll and 3 of ncclCommInitRank inside a group, and 2-4 processes
 #      (ferroccl-run -n N).
 #      NCCL_DEBUG and NCCL_DEBUG_FILE set ferroccl's log when FERROCCL_DEBUG is unset.
+#      tests/nccl/pg_replay.c replays PyTorch's ProcessGroupNCCL (config init, split,
+#      batched send/recv, PREMUL_SUM, a watchdog thread polling ncclCommGetAsyncError
+#      that aborts a hung all_reduce) at 2 and 4 ranks, threads and processes,
+#      blocking and non-blocking.
 #   3. The same program linked against a stand-in libnccl.so.2 whose functions all fail:
 #      it fails alone, and passes with LD_PRELOAD=libferroccl_nccl.so and nothing else.
 # Usage: tests/nccl/run.sh [LIBDIR]   (default $CARGO_TARGET_DIR/release or target/release)
@@ -143,6 +147,18 @@ if run "nccl_style.c: cc -I<prefix>/include/ferroccl -L<prefix>/lib/ferroccl -ln
   run "nccl_style: 4 ranks of ncclCommInitAll, one thread, groups" "$tmp/a4.log" "$exe" --initall 4
   run "nccl_style: 3 ranks of ncclCommInitRank in a group, one thread" "$tmp/g3.log" "$exe" --group 3
   for n in 2 3 4; do run "nccl_style: ferroccl-run -n $n (processes)" "$tmp/p$n.log" "$run_bin" -n $n "$exe"; done
+  # ProcessGroupNCCL's call pattern (tests/nccl/pg_replay.c), blocking and non-blocking.
+  pexe="$tmp/pg_replay"
+  if run "pg_replay.c (ProcessGroupNCCL's calls): cc ... -lnccl" "$tmp/pbuild.log" \
+         "$cc" "${flags[@]}" "$here/pg_replay.c" -o "$pexe" -L"$prefix/lib/ferroccl" -lnccl \
+         -Wl,-rpath,"$prefix/lib/ferroccl" -lpthread; then
+    for mode in "" --nonblocking; do
+      for n in 2 4; do
+        run "pg_replay $n ranks as threads ${mode:-blocking}" "$tmp/pg-t$n$mode.log" "$pexe" --threads $n $mode
+        run "pg_replay ferroccl-run -n $n ${mode:-blocking}" "$tmp/pg-p$n$mode.log" "$run_bin" -n $n "$pexe" $mode
+      done
+    done
+  fi
   # NCCL's logging variables stand in for ferroccl's, which win when set.
   if NCCL_DEBUG=INFO NCCL_DEBUG_FILE="$tmp/nccl-debug.%p" timeout 60 "$exe" --threads 2 >"$tmp/dbg.log" 2>&1 &&
      grep -qs 'Info: rank 1/2 joined' "$tmp"/nccl-debug.*; then
