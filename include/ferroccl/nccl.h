@@ -364,7 +364,7 @@ ncclResult_t pncclCommWindowDeregister(ncclComm_t comm, ncclWindow_t win);
  * times `*scalar` (one `datatype` element), for ncclAllReduce(), ncclReduce() and
  * ncclReduceScatter() on host memory. ncclScalarHostImmediate reads the scalar now;
  * ncclScalarDevice reads it at each collective's call (a host pointer on ferroccl).
- * `*op` is ncclNumOps + k; another communicator or type refuses it (ncclInvalidArgument).
+ * `*op` is ncclNumOps + k (opaque); another communicator or type refuses it (ncclInvalidArgument).
  */
 ncclResult_t ncclRedOpCreatePreMulSum(ncclRedOp_t* op, void* scalar, ncclDataType_t datatype,
                                       ncclScalarResidence_t residence, ncclComm_t comm);

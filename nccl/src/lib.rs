@@ -689,17 +689,37 @@ struct PreMulOp {
     scalar: Scalar,
 }
 
-/// The operators made by ncclRedOpCreatePreMulSum, by (communicator address, op value).
-static PREMUL_OPS: std::sync::Mutex<Vec<((usize, ncclRedOp_t), PreMulOp)>> = std::sync::Mutex::new(Vec::new());
+/// One communicator's operators: op value ncclNumOps + k is `slots[k]`; freed slots
+/// are reused last-freed first, as NCCL's free list does.
+struct CommOps {
+    comm: usize,
+    slots: Vec<Option<PreMulOp>>,
+    free: Vec<usize>,
+}
 
-fn premul_ops() -> std::sync::MutexGuard<'static, Vec<((usize, ncclRedOp_t), PreMulOp)>> {
-    // A panic while held leaves the list consistent (every change is one push/remove).
+impl CommOps {
+    fn get(&self, op: ncclRedOp_t) -> Option<PreMulOp> {
+        let k = usize::try_from(op.checked_sub(5)?).ok()?;
+        *self.slots.get(k)?
+    }
+}
+
+/// The operators made by ncclRedOpCreatePreMulSum, per communicator address.
+static PREMUL_OPS: std::sync::Mutex<Vec<CommOps>> = std::sync::Mutex::new(Vec::new());
+
+fn premul_ops() -> std::sync::MutexGuard<'static, Vec<CommOps>> {
+    // A panic while held leaves the list consistent (no change spans a fallible step).
     PREMUL_OPS.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+/// `comm`'s operator `op`, if it has one.
+fn premul_op(comm: ncclComm_t, op: ncclRedOp_t) -> Option<PreMulOp> {
+    premul_ops().iter().find(|c| c.comm == comm as usize).and_then(|c| c.get(op))
 }
 
 /// Forgets `comm`'s operators (it is being destroyed; its address may be reused).
 fn forget_ops(comm: ncclComm_t) {
-    premul_ops().retain(|((c, _), _)| *c != comm as usize);
+    premul_ops().retain(|c| c.comm != comm as usize);
 }
 
 /// Bytes of one element of NCCL type `d` (None: not a type).
@@ -717,8 +737,9 @@ nccl_api! {
     /// An operator for `comm` and `datatype`: the sum of each rank's input times the
     /// scalar. ncclScalarHostImmediate reads `*scalar` now; ncclScalarDevice reads it at
     /// each collective's call (here it must be host memory: the collectives that take
-    /// the operator run on host memory only). The value is ncclNumOps + k, k the
-    /// smallest free on `comm`, as NCCL numbers them.
+    /// the operator run on host memory only). The value is ncclNumOps + k, k NCCL's
+    /// slot index (freed slots reused last-freed first); NCCL 2.28.9 also XORs it with
+    /// a hash of the communicator's address, which programs cannot rely on.
     fn ncclRedOpCreatePreMulSum(
         op: *mut ncclRedOp_t,
         scalar: *mut c_void,
@@ -756,12 +777,23 @@ nccl_api! {
                     return fail(name, ncclInvalidArgument, format_args!("residence {residence} is not an ncclScalarResidence_t (0 ncclScalarDevice, 1 ncclScalarHostImmediate)"));
                 }
             };
-            let mut ops = premul_ops();
-            let c = comm as usize;
-            let Some(value) = (5..c_int::MAX).find(|v| !ops.iter().any(|(key, _)| *key == (c, *v))) else {
+            let mut all = premul_ops();
+            let i = match all.iter().position(|c| c.comm == comm as usize) {
+                Some(i) => i,
+                None => {
+                    all.push(CommOps { comm: comm as usize, slots: Vec::new(), free: Vec::new() });
+                    all.len() - 1
+                }
+            };
+            let ops = &mut all[i];
+            let k = ops.free.pop().unwrap_or(ops.slots.len());
+            let Some(value) = c_int::try_from(k).ok().and_then(|k| k.checked_add(5)) else {
                 return fail(name, ncclInvalidUsage, "every operator value is taken; destroy operators with ncclRedOpDestroy");
             };
-            ops.push(((c, value), PreMulOp { datatype, scalar }));
+            if k == ops.slots.len() {
+                ops.slots.push(None);
+            }
+            ops.slots[k] = Some(PreMulOp { datatype, scalar });
             // SAFETY: checked non-NULL.
             unsafe { op.write(value) };
             ncclSuccess
@@ -782,10 +814,12 @@ nccl_api! {
             if r != ncclSuccess {
                 return r;
             }
-            let mut ops = premul_ops();
-            match ops.iter().position(|(key, _)| *key == (comm as usize, op)) {
-                Some(i) => {
-                    ops.remove(i);
+            let mut all = premul_ops();
+            match all.iter_mut().find(|c| c.comm == comm as usize && c.get(op).is_some()) {
+                Some(ops) => {
+                    let k = (op - 5) as usize;
+                    ops.slots[k] = None;
+                    ops.free.push(k);
                     ncclSuccess
                 }
                 None => fail(name, ncclInvalidArgument, format_args!("op {op} was not made by ncclRedOpCreatePreMulSum on this communicator (or was destroyed already)")),
@@ -807,8 +841,7 @@ fn resolve_op(name: &str, op: ncclRedOp_t, datatype: ncclDataType_t, comm: ncclC
     if let Some(o) = redop(op) {
         return Ok(Op::Builtin(o));
     }
-    let found = premul_ops().iter().find(|(key, _)| *key == (comm as usize, op)).map(|(_, p)| *p);
-    let Some(p) = found else {
+    let Some(p) = premul_op(comm, op) else {
         return Err(fail(name, ncclInvalidArgument, format_args!("op {op} is neither a built-in ncclRedOp_t (0 ncclSum .. 4 ncclAvg) nor an operator of ncclRedOpCreatePreMulSum on this communicator")));
     };
     if p.datatype != datatype {

@@ -380,8 +380,12 @@ static void premulsum(ncclComm_t comm, int rank, int n, int* checks) {
   CHECK(rank, r == ncclInvalidArgument, "a destroyed operator: %d", (int)r);
   r = ncclRedOpDestroy(ncclSum, comm);
   CHECK(rank, r == ncclInvalidArgument, "destroying ncclSum: %d", (int)r);
+  NCCLOK(rank, ncclRedOpDestroy(d_op, comm));
+  /* NCCL's free list: the last freed slot first (ncclNumOps + 2, then ncclNumOps). */
+  NCCLOK(rank, ncclRedOpCreatePreMulSum(&d_op, &quarter, ncclDouble, ncclScalarHostImmediate, comm));
   NCCLOK(rank, ncclRedOpCreatePreMulSum(&half_op, &half, ncclFloat, ncclScalarHostImmediate, comm));
-  CHECK(rank, half_op == ncclNumOps, "the freed value is reused: %d", (int)half_op);
+  CHECK(rank, d_op == ncclNumOps + 2 && half_op == ncclNumOps, "freed values reused last-freed first: %d %d",
+        (int)d_op, (int)half_op);
   NCCLOK(rank, ncclRedOpDestroy(half_op, comm));
   NCCLOK(rank, ncclRedOpDestroy(dev_op, comm));
   NCCLOK(rank, ncclRedOpDestroy(d_op, comm));
