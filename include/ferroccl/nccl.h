@@ -362,8 +362,9 @@ ncclResult_t pncclCommWindowDeregister(ncclComm_t comm, ncclWindow_t win);
 /**
  * Makes an operator for `comm` and `datatype`: the sum over ranks of each rank's input
  * times `*scalar` (one `datatype` element), for ncclAllReduce(), ncclReduce() and
- * ncclReduceScatter() on host memory. ncclScalarHostImmediate reads the scalar now;
- * ncclScalarDevice reads it at each collective's call (a host pointer on ferroccl).
+ * ncclReduceScatter(). ncclScalarHostImmediate reads the scalar now; ncclScalarDevice
+ * reads it (host or device memory) when each collective is called. Device buffers are
+ * staged through the host: such a call waits for its stream.
  * `*op` is ncclNumOps + k (opaque); another communicator or type refuses it (ncclInvalidArgument).
  */
 ncclResult_t ncclRedOpCreatePreMulSum(ncclRedOp_t* op, void* scalar, ncclDataType_t datatype,

@@ -675,7 +675,7 @@ nccl_api! {
 }
 
 /// A PreMulSum operator's scalar: its bytes, read at creation (ncclScalarHostImmediate),
-/// or the address to read them from at each call (ncclScalarDevice, host memory here).
+/// or the address to read them from at each call (ncclScalarDevice: host or device memory).
 #[derive(Clone, Copy)]
 enum Scalar {
     Now([u8; 8]),
@@ -735,9 +735,8 @@ fn type_size(d: ncclDataType_t) -> Option<usize> {
 
 nccl_api! {
     /// An operator for `comm` and `datatype`: the sum of each rank's input times the
-    /// scalar. ncclScalarHostImmediate reads `*scalar` now; ncclScalarDevice reads it at
-    /// each collective's call (here it must be host memory: the collectives that take
-    /// the operator run on host memory only). The value is ncclNumOps + k, k NCCL's
+    /// scalar. ncclScalarHostImmediate reads `*scalar` now; ncclScalarDevice reads it
+    /// when each collective is called (on its stream, for device memory). The value is ncclNumOps + k, k NCCL's
     /// slot index (freed slots reused last-freed first); NCCL 2.28.9 also XORs it with
     /// a hash of the communicator's address, which programs cannot rely on.
     fn ncclRedOpCreatePreMulSum(
@@ -766,13 +765,7 @@ nccl_api! {
                     unsafe { std::ptr::copy_nonoverlapping(scalar.cast::<u8>(), b.as_mut_ptr(), size) };
                     Scalar::Now(b)
                 }
-                0 => match ferroccl::mem::kind_of(scalar.cast::<u8>()) {
-                    Ok((k, _, _)) if k.host_accessible() => Scalar::AtCall(scalar as usize),
-                    Ok((_, device, _)) => {
-                        return fail(name, ncclInvalidUsage, format_args!("scalar {scalar:?} is CUDA memory on device {device}; ferroccl's PreMulSum runs on host memory only: pass the scalar with ncclScalarHostImmediate, or reduce with ncclSum and scale the result"));
-                    }
-                    Err(e) => return fail(name, nccl_code(e.code as fcclResult_t), format_args!("scalar {scalar:?}: {}", e.msg)),
-                },
+                0 => Scalar::AtCall(scalar as usize),
                 _ => {
                     return fail(name, ncclInvalidArgument, format_args!("residence {residence} is not an ncclScalarResidence_t (0 ncclScalarDevice, 1 ncclScalarHostImmediate)"));
                 }
@@ -831,7 +824,7 @@ nccl_api! {
 /// An operator as a call takes it: a built-in one, or a PreMulSum scalar's bytes.
 enum Op {
     Builtin(f::fcclRedOp_t),
-    PreMul([u8; 8], usize),
+    PreMul(f::coll::PreMulScalar),
 }
 
 /// `op` for a call on `comm` with `datatype`, or NCCL's refusal (message set): an
@@ -854,16 +847,11 @@ fn resolve_op(name: &str, op: ncclRedOp_t, datatype: ncclDataType_t, comm: ncclC
             ),
         ));
     }
-    let size = type_size(datatype).unwrap_or(0);
-    Ok(match p.scalar {
-        Scalar::Now(b) => Op::PreMul(b, size),
-        Scalar::AtCall(addr) => {
-            let mut b = [0u8; 8];
-            // SAFETY: host memory holding one element, which NCCL's contract keeps valid while the operator lives.
-            unsafe { std::ptr::copy_nonoverlapping(addr as *const u8, b.as_mut_ptr(), size) };
-            Op::PreMul(b, size)
-        }
-    })
+    Ok(Op::PreMul(match p.scalar {
+        Scalar::Now(b) => f::coll::PreMulScalar::Bytes(b),
+        // Read by the call (host or device memory), which NCCL's contract keeps valid.
+        Scalar::AtCall(addr) => f::coll::PreMulScalar::At(addr as *const u8),
+    }))
 }
 
 /// Runs a reduction with `op`: the ferroccl collective `builtin` for a built-in
@@ -884,11 +872,9 @@ fn reduction(
     match resolve_op(name, op, datatype, comm) {
         Err(r) => r,
         Ok(Op::Builtin(o)) => ret(name, builtin(o)),
-        Ok(Op::PreMul(b, size)) => ret(name, {
-            // SAFETY: forwarded under the collective's contract.
-            unsafe {
-                f::coll::premul_sum(name, kind, sendbuff, recvbuff, count, dtype(datatype), &b[..size], comm, stream)
-            }
+        Ok(Op::PreMul(sc)) => ret(name, {
+            // SAFETY: forwarded under the collective's and the operator's contracts.
+            unsafe { f::coll::premul_sum(name, kind, sendbuff, recvbuff, count, dtype(datatype), sc, comm, stream) }
         }),
     }
 }
