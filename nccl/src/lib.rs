@@ -736,9 +736,10 @@ fn type_size(d: ncclDataType_t) -> Option<usize> {
 nccl_api! {
     /// An operator for `comm` and `datatype`: the sum of each rank's input times the
     /// scalar. ncclScalarHostImmediate reads `*scalar` now; ncclScalarDevice reads it
-    /// when each collective is called (on its stream, for device memory). The value is ncclNumOps + k, k NCCL's
-    /// slot index (freed slots reused last-freed first); NCCL 2.28.9 also XORs it with
-    /// a hash of the communicator's address, which programs cannot rely on.
+    /// when each collective is called (on its stream, for device memory). The value is
+    /// ncclNumOps + k, k NCCL's slot index (freed slots reused last-freed first); NCCL
+    /// 2.28.9 also XORs it with a hash of the communicator's address, which programs
+    /// cannot rely on.
     fn ncclRedOpCreatePreMulSum(
         op: *mut ncclRedOp_t,
         scalar: *mut c_void,
@@ -753,10 +754,18 @@ nccl_api! {
                 return r;
             }
             if op.is_null() || scalar.is_null() {
-                return fail(name, ncclInvalidArgument, format_args!("op is {op:?} and scalar is {scalar:?}; pass the address of an ncclRedOp_t and of the scalar"));
+                return fail(
+                    name,
+                    ncclInvalidArgument,
+                    format_args!("op is {op:?} and scalar is {scalar:?}; pass the address of an ncclRedOp_t and of the scalar"),
+                );
             }
             let Some(size) = type_size(datatype) else {
-                return fail(name, ncclInvalidArgument, format_args!("datatype {datatype} is not an ncclDataType_t (valid: 0 ncclInt8 .. 11 ncclFloat8e5m2)"));
+                return fail(
+                    name,
+                    ncclInvalidArgument,
+                    format_args!("datatype {datatype} is not an ncclDataType_t (valid: 0 ncclInt8 .. 11 ncclFloat8e5m2)"),
+                );
             };
             let scalar = match residence {
                 1 => {
@@ -767,7 +776,11 @@ nccl_api! {
                 }
                 0 => Scalar::AtCall(scalar as usize),
                 _ => {
-                    return fail(name, ncclInvalidArgument, format_args!("residence {residence} is not an ncclScalarResidence_t (0 ncclScalarDevice, 1 ncclScalarHostImmediate)"));
+                    return fail(
+                        name,
+                        ncclInvalidArgument,
+                        format_args!("residence {residence} is not an ncclScalarResidence_t (0 ncclScalarDevice, 1 ncclScalarHostImmediate)"),
+                    );
                 }
             };
             let mut all = premul_ops();
@@ -781,7 +794,11 @@ nccl_api! {
             let ops = &mut all[i];
             let k = ops.free.pop().unwrap_or(ops.slots.len());
             let Some(value) = c_int::try_from(k).ok().and_then(|k| k.checked_add(5)) else {
-                return fail(name, ncclInvalidUsage, "every operator value is taken; destroy operators with ncclRedOpDestroy");
+                return fail(
+                    name,
+                    ncclInvalidUsage,
+                    "every operator value is taken; destroy operators with ncclRedOpDestroy",
+                );
             };
             if k == ops.slots.len() {
                 ops.slots.push(None);
@@ -801,7 +818,11 @@ nccl_api! {
         let name = "ncclRedOpDestroy";
         guard(name, || {
             if (0..5).contains(&op) {
-                return fail(name, ncclInvalidArgument, format_args!("op {op} is a built-in operator; only operators of ncclRedOpCreatePreMulSum are destroyed"));
+                return fail(
+                    name,
+                    ncclInvalidArgument,
+                    format_args!("op {op} is a built-in operator; only operators of ncclRedOpCreatePreMulSum are destroyed"),
+                );
             }
             let r = check_comm(name, comm);
             if r != ncclSuccess {
@@ -821,7 +842,7 @@ nccl_api! {
     }
 }
 
-/// An operator as a call takes it: a built-in one, or a PreMulSum scalar's bytes.
+/// An operator as a call takes it: a built-in one, or a PreMulSum operator's scalar.
 enum Op {
     Builtin(f::fcclRedOp_t),
     PreMul(f::coll::PreMulScalar),
