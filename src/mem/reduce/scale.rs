@@ -8,7 +8,8 @@ use crate::types::DataType;
 /// Writes `src * scalar` element by element into `dst` (same length as `src`);
 /// `scalar` is one element of `dt` in native byte order. Integers wrap (two's
 /// complement), float32 and float64 multiply in their own precision, half, bfloat16
-/// and fp8 in float32 and are rounded once, to nearest even, as NCCL's kernels do.
+/// and fp8 in float32, where their product is exact, and are rounded once, to nearest
+/// even: the correctly rounded product that NCCL's `__hmul` gives.
 pub fn pre_multiply(dt: DataType, scalar: &[u8], src: &[u8], dst: &mut [u8]) {
     assert_eq!(scalar.len(), dt.size(), "pre_multiply: the scalar is one {dt} element");
     assert_eq!(src.len(), dst.len(), "pre_multiply: src and dst differ in length");
