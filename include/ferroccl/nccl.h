@@ -359,12 +359,19 @@ ncclResult_t pncclCommWindowRegister(ncclComm_t comm, void* buff, size_t size, n
 ncclResult_t ncclCommWindowDeregister(ncclComm_t comm, ncclWindow_t win);
 ncclResult_t pncclCommWindowDeregister(ncclComm_t comm, ncclWindow_t win);
 
-/** Not supported by ferroccl (ncclInvalidUsage): reduce with ncclSum and scale, or use ncclAvg. */
+/**
+ * Makes an operator for `comm` and `datatype`: the sum over ranks of each rank's input
+ * times `*scalar` (one `datatype` element), for ncclAllReduce(), ncclReduce() and
+ * ncclReduceScatter(). ncclScalarHostImmediate reads the scalar now; ncclScalarDevice
+ * reads it (host or device memory) when each collective is called. Device buffers are
+ * staged through the host: such a call waits for its stream.
+ * `*op` is ncclNumOps + k (opaque); another communicator or type refuses it (ncclInvalidArgument).
+ */
 ncclResult_t ncclRedOpCreatePreMulSum(ncclRedOp_t* op, void* scalar, ncclDataType_t datatype,
                                       ncclScalarResidence_t residence, ncclComm_t comm);
 ncclResult_t pncclRedOpCreatePreMulSum(ncclRedOp_t* op, void* scalar, ncclDataType_t datatype,
                                        ncclScalarResidence_t residence, ncclComm_t comm);
-/** Destroys an operator of ncclRedOpCreatePreMulSum() (none can exist: ncclInvalidArgument). */
+/** Destroys an operator of ncclRedOpCreatePreMulSum() (a built-in or unknown one: ncclInvalidArgument). */
 ncclResult_t ncclRedOpDestroy(ncclRedOp_t op, ncclComm_t comm);
 ncclResult_t pncclRedOpDestroy(ncclRedOp_t op, ncclComm_t comm);
 

@@ -223,18 +223,6 @@ pub fn redop(o: ncclRedOp_t) -> Option<f::fcclRedOp_t> {
     })
 }
 
-/// Calls `body` with `op` as ferroccl's operator, or refuses an op NCCL does not have.
-fn with_op(name: &str, op: ncclRedOp_t, body: impl FnOnce(f::fcclRedOp_t) -> ncclResult_t) -> ncclResult_t {
-    match redop(op) {
-        Some(o) => body(o),
-        None => fail(
-            name,
-            ncclInvalidArgument,
-            format_args!("op {op} is not an ncclRedOp_t (valid: 0 ncclSum .. 4 ncclAvg; no operator can be created)"),
-        ),
-    }
-}
-
 /// Runs `call` with `cfg` converted to ferroccl's config (NULL stays NULL) and maps its
 /// result; a config NCCL would refuse fails here, naming `name`.
 ///
@@ -442,16 +430,24 @@ nccl_api! {
 nccl_api! {
     /// fcclCommDestroy.
     fn ncclCommDestroy(comm: ncclComm_t) -> ncclResult_t {
-        // SAFETY: ferroccl checks the handle.
-        guard("ncclCommDestroy", || ret("ncclCommDestroy", unsafe { f::fcclCommDestroy(comm) }))
+        guard("ncclCommDestroy", || {
+            // Before the handle goes: its address may be reused by the next communicator.
+            forget_ops(comm);
+            // SAFETY: ferroccl checks the handle.
+            ret("ncclCommDestroy", unsafe { f::fcclCommDestroy(comm) })
+        })
     }
 }
 
 nccl_api! {
     /// fcclCommAbort: callable from any thread; every blocked call on `comm` returns.
     fn ncclCommAbort(comm: ncclComm_t) -> ncclResult_t {
-        // SAFETY: ferroccl checks the handle.
-        guard("ncclCommAbort", || ret("ncclCommAbort", unsafe { f::fcclCommAbort(comm) }))
+        guard("ncclCommAbort", || {
+            // Before the handle goes: its address may be reused by the next communicator.
+            forget_ops(comm);
+            // SAFETY: ferroccl checks the handle.
+            ret("ncclCommAbort", unsafe { f::fcclCommAbort(comm) })
+        })
     }
 }
 
@@ -678,9 +674,72 @@ nccl_api! {
     }
 }
 
+/// A PreMulSum operator's scalar: its bytes, read at creation (ncclScalarHostImmediate),
+/// or the address to read them from at each call (ncclScalarDevice: host or device memory).
+#[derive(Clone, Copy)]
+enum Scalar {
+    Now([u8; 8]),
+    AtCall(usize),
+}
+
+/// One operator of ncclRedOpCreatePreMulSum.
+#[derive(Clone, Copy)]
+struct PreMulOp {
+    datatype: ncclDataType_t,
+    scalar: Scalar,
+}
+
+/// One communicator's operators: op value ncclNumOps + k is `slots[k]`; freed slots
+/// are reused last-freed first, as NCCL's free list does.
+struct CommOps {
+    comm: usize,
+    slots: Vec<Option<PreMulOp>>,
+    free: Vec<usize>,
+}
+
+impl CommOps {
+    fn get(&self, op: ncclRedOp_t) -> Option<PreMulOp> {
+        let k = usize::try_from(op.checked_sub(5)?).ok()?;
+        *self.slots.get(k)?
+    }
+}
+
+/// The operators made by ncclRedOpCreatePreMulSum, per communicator address.
+static PREMUL_OPS: std::sync::Mutex<Vec<CommOps>> = std::sync::Mutex::new(Vec::new());
+
+fn premul_ops() -> std::sync::MutexGuard<'static, Vec<CommOps>> {
+    // A panic while held leaves the list consistent (no change spans a fallible step).
+    PREMUL_OPS.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+/// `comm`'s operator `op`, if it has one.
+fn premul_op(comm: ncclComm_t, op: ncclRedOp_t) -> Option<PreMulOp> {
+    premul_ops().iter().find(|c| c.comm == comm as usize).and_then(|c| c.get(op))
+}
+
+/// Forgets `comm`'s operators (it is being destroyed; its address may be reused).
+fn forget_ops(comm: ncclComm_t) {
+    premul_ops().retain(|c| c.comm != comm as usize);
+}
+
+/// Bytes of one element of NCCL type `d` (None: not a type).
+fn type_size(d: ncclDataType_t) -> Option<usize> {
+    Some(match d {
+        0 | 1 | 10 | 11 => 1,
+        6 | 9 => 2,
+        2 | 3 | 7 => 4,
+        4 | 5 | 8 => 8,
+        _ => return None,
+    })
+}
+
 nccl_api! {
-    /// Not supported (ncclInvalidUsage): ferroccl has no scaled-sum operator; reduce
-    /// with ncclSum and scale the result (ncclAvg divides by the number of ranks).
+    /// An operator for `comm` and `datatype`: the sum of each rank's input times the
+    /// scalar. ncclScalarHostImmediate reads `*scalar` now; ncclScalarDevice reads it
+    /// when each collective is called (on its stream, for device memory). The value is
+    /// ncclNumOps + k, k NCCL's slot index (freed slots reused last-freed first); NCCL
+    /// 2.28.9 also XORs it with a hash of the communicator's address, which programs
+    /// cannot rely on.
     fn ncclRedOpCreatePreMulSum(
         op: *mut ncclRedOp_t,
         scalar: *mut c_void,
@@ -688,28 +747,156 @@ nccl_api! {
         residence: c_int,
         comm: ncclComm_t,
     ) -> ncclResult_t {
-        let _ = (op, scalar, datatype, residence, comm);
-        guard("ncclRedOpCreatePreMulSum", || {
-            unsupported(
-                "ncclRedOpCreatePreMulSum",
-                "no scaled-sum operator; reduce with ncclSum and scale the result, or use ncclAvg for a mean",
-            )
+        let name = "ncclRedOpCreatePreMulSum";
+        guard(name, || {
+            let r = check_comm(name, comm);
+            if r != ncclSuccess {
+                return r;
+            }
+            if op.is_null() || scalar.is_null() {
+                return fail(
+                    name,
+                    ncclInvalidArgument,
+                    format_args!("op is {op:?} and scalar is {scalar:?}; pass the address of an ncclRedOp_t and of the scalar"),
+                );
+            }
+            let Some(size) = type_size(datatype) else {
+                return fail(
+                    name,
+                    ncclInvalidArgument,
+                    format_args!("datatype {datatype} is not an ncclDataType_t (valid: 0 ncclInt8 .. 11 ncclFloat8e5m2)"),
+                );
+            };
+            let scalar = match residence {
+                1 => {
+                    let mut b = [0u8; 8];
+                    // SAFETY: scalar is non-NULL and points to one `datatype` element (NCCL's contract).
+                    unsafe { std::ptr::copy_nonoverlapping(scalar.cast::<u8>(), b.as_mut_ptr(), size) };
+                    Scalar::Now(b)
+                }
+                0 => Scalar::AtCall(scalar as usize),
+                _ => {
+                    return fail(
+                        name,
+                        ncclInvalidArgument,
+                        format_args!("residence {residence} is not an ncclScalarResidence_t (0 ncclScalarDevice, 1 ncclScalarHostImmediate)"),
+                    );
+                }
+            };
+            let mut all = premul_ops();
+            let i = match all.iter().position(|c| c.comm == comm as usize) {
+                Some(i) => i,
+                None => {
+                    all.push(CommOps { comm: comm as usize, slots: Vec::new(), free: Vec::new() });
+                    all.len() - 1
+                }
+            };
+            let ops = &mut all[i];
+            let k = ops.free.pop().unwrap_or(ops.slots.len());
+            let Some(value) = c_int::try_from(k).ok().and_then(|k| k.checked_add(5)) else {
+                return fail(
+                    name,
+                    ncclInvalidUsage,
+                    "every operator value is taken; destroy operators with ncclRedOpDestroy",
+                );
+            };
+            if k == ops.slots.len() {
+                ops.slots.push(None);
+            }
+            ops.slots[k] = Some(PreMulOp { datatype, scalar });
+            // SAFETY: checked non-NULL.
+            unsafe { op.write(value) };
+            ncclSuccess
         })
     }
 }
 
 nccl_api! {
-    /// No operator can have been created (ncclRedOpCreatePreMulSum is not supported):
-    /// ncclInvalidArgument.
+    /// Frees an operator of ncclRedOpCreatePreMulSum; a built-in one, or one `comm`
+    /// does not have, is ncclInvalidArgument. Calls already made with it are unaffected.
     fn ncclRedOpDestroy(op: ncclRedOp_t, comm: ncclComm_t) -> ncclResult_t {
-        let _ = comm;
-        guard("ncclRedOpDestroy", || {
-            fail(
-                "ncclRedOpDestroy",
-                ncclInvalidArgument,
-                format_args!("op {op} was not made by ncclRedOpCreatePreMulSum (built-in operators are never destroyed)"),
-            )
+        let name = "ncclRedOpDestroy";
+        guard(name, || {
+            if (0..5).contains(&op) {
+                return fail(
+                    name,
+                    ncclInvalidArgument,
+                    format_args!("op {op} is a built-in operator; only operators of ncclRedOpCreatePreMulSum are destroyed"),
+                );
+            }
+            let r = check_comm(name, comm);
+            if r != ncclSuccess {
+                return r;
+            }
+            let mut all = premul_ops();
+            match all.iter_mut().find(|c| c.comm == comm as usize && c.get(op).is_some()) {
+                Some(ops) => {
+                    let k = (op - 5) as usize;
+                    ops.slots[k] = None;
+                    ops.free.push(k);
+                    ncclSuccess
+                }
+                None => fail(name, ncclInvalidArgument, format_args!("op {op} was not made by ncclRedOpCreatePreMulSum on this communicator (or was destroyed already)")),
+            }
         })
+    }
+}
+
+/// An operator as a call takes it: a built-in one, or a PreMulSum operator's scalar.
+enum Op {
+    Builtin(f::fcclRedOp_t),
+    PreMul(f::coll::PreMulScalar),
+}
+
+/// `op` for a call on `comm` with `datatype`, or NCCL's refusal (message set): an
+/// operator of ncclRedOpCreatePreMulSum only serves the communicator and type it was
+/// made for.
+fn resolve_op(name: &str, op: ncclRedOp_t, datatype: ncclDataType_t, comm: ncclComm_t) -> Result<Op, ncclResult_t> {
+    if let Some(o) = redop(op) {
+        return Ok(Op::Builtin(o));
+    }
+    let Some(p) = premul_op(comm, op) else {
+        return Err(fail(name, ncclInvalidArgument, format_args!("op {op} is neither a built-in ncclRedOp_t (0 ncclSum .. 4 ncclAvg) nor an operator of ncclRedOpCreatePreMulSum on this communicator")));
+    };
+    if p.datatype != datatype {
+        return Err(fail(
+            name,
+            ncclInvalidArgument,
+            format_args!(
+                "op {op} was made for datatype {} and the call's datatype is {datatype}; create one operator per type",
+                p.datatype
+            ),
+        ));
+    }
+    Ok(Op::PreMul(match p.scalar {
+        Scalar::Now(b) => f::coll::PreMulScalar::Bytes(b),
+        // Read by the call (host or device memory), which NCCL's contract keeps valid.
+        Scalar::AtCall(addr) => f::coll::PreMulScalar::At(addr as *const u8),
+    }))
+}
+
+/// Runs a reduction with `op`: the ferroccl collective `builtin` for a built-in
+/// operator, a pre-multiplied sum of `kind` for a PreMulSum one.
+#[allow(clippy::too_many_arguments)]
+fn reduction(
+    name: &str,
+    kind: f::coll::PreMulKind,
+    sendbuff: *const c_void,
+    recvbuff: *mut c_void,
+    count: usize,
+    datatype: ncclDataType_t,
+    op: ncclRedOp_t,
+    comm: ncclComm_t,
+    stream: cudaStream_t,
+    builtin: impl FnOnce(f::fcclRedOp_t) -> fcclResult_t,
+) -> ncclResult_t {
+    match resolve_op(name, op, datatype, comm) {
+        Err(r) => r,
+        Ok(Op::Builtin(o)) => ret(name, builtin(o)),
+        Ok(Op::PreMul(sc)) => ret(name, {
+            // SAFETY: forwarded under the collective's and the operator's contracts.
+            unsafe { f::coll::premul_sum(name, kind, sendbuff, recvbuff, count, dtype(datatype), sc, comm, stream) }
+        }),
     }
 }
 
@@ -727,10 +914,12 @@ nccl_api! {
         comm: ncclComm_t,
         stream: cudaStream_t,
     ) -> ncclResult_t {
-        guard("ncclReduce", || {
-            with_op("ncclReduce", op, |op| {
+        let name = "ncclReduce";
+        guard(name, || {
+            let kind = f::coll::PreMulKind::Reduce(root);
+            reduction(name, kind, sendbuff, recvbuff, count, datatype, op, comm, stream, |op| {
                 // SAFETY: forwarded under the same contract.
-                ret("ncclReduce", unsafe { f::fcclReduce(sendbuff, recvbuff, count, dtype(datatype), op, root, comm, stream) })
+                unsafe { f::fcclReduce(sendbuff, recvbuff, count, dtype(datatype), op, root, comm, stream) }
             })
         })
     }
@@ -782,10 +971,12 @@ nccl_api! {
         comm: ncclComm_t,
         stream: cudaStream_t,
     ) -> ncclResult_t {
-        guard("ncclAllReduce", || {
-            with_op("ncclAllReduce", op, |op| {
+        let name = "ncclAllReduce";
+        guard(name, || {
+            let kind = f::coll::PreMulKind::AllReduce;
+            reduction(name, kind, sendbuff, recvbuff, count, datatype, op, comm, stream, |op| {
                 // SAFETY: forwarded under the same contract.
-                ret("ncclAllReduce", unsafe { f::fcclAllReduce(sendbuff, recvbuff, count, dtype(datatype), op, comm, stream) })
+                unsafe { f::fcclAllReduce(sendbuff, recvbuff, count, dtype(datatype), op, comm, stream) }
             })
         })
     }
@@ -802,12 +993,12 @@ nccl_api! {
         comm: ncclComm_t,
         stream: cudaStream_t,
     ) -> ncclResult_t {
-        guard("ncclReduceScatter", || {
-            with_op("ncclReduceScatter", op, |op| {
-                ret("ncclReduceScatter", {
-                    // SAFETY: forwarded under the same contract.
-                    unsafe { f::fcclReduceScatter(sendbuff, recvbuff, recvcount, dtype(datatype), op, comm, stream) }
-                })
+        let name = "ncclReduceScatter";
+        guard(name, || {
+            let kind = f::coll::PreMulKind::ReduceScatter;
+            reduction(name, kind, sendbuff, recvbuff, recvcount, datatype, op, comm, stream, |op| {
+                // SAFETY: forwarded under the same contract.
+                unsafe { f::fcclReduceScatter(sendbuff, recvbuff, recvcount, dtype(datatype), op, comm, stream) }
             })
         })
     }
@@ -1182,12 +1373,11 @@ mod tests {
 
     #[test]
     fn unsupported_calls_say_why() {
-        // SAFETY: NULL arguments are never dereferenced by these functions.
-        let r =
-            unsafe { ncclRedOpCreatePreMulSum(std::ptr::null_mut(), std::ptr::null_mut(), 7, 1, std::ptr::null_mut()) };
+        // SAFETY: a NULL simInfo is never dereferenced.
+        let r = unsafe { ncclGroupSimulateEnd(std::ptr::null_mut()) };
         assert_eq!(r, ncclInvalidUsage);
         let msg = last_error();
-        assert!(msg.starts_with("ncclRedOpCreatePreMulSum: not supported"), "{msg}");
+        assert!(msg.starts_with("ncclGroupSimulateEnd: not supported"), "{msg}");
         // SAFETY: plain arithmetic on its arguments.
         assert_eq!(unsafe { ncclLLA2ACalcSlots(10, 12) }, 20);
     }

@@ -314,3 +314,119 @@ pub extern "C" fn fcclGroupStart() -> fcclResult_t {
 pub extern "C" fn fcclGroupEnd() -> fcclResult_t {
     call("fcclGroupEnd", group::end)
 }
+
+/// Which reduction a pre-multiplied sum ([`premul_sum`]) is.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum PreMulKind {
+    AllReduce,
+    /// To this root.
+    Reduce(c_int),
+    ReduceScatter,
+}
+
+/// A PreMulSum operator's scalar: its bytes (one element, native byte order), or the
+/// address of host or device memory to read them from when the call is made.
+#[derive(Clone, Copy, Debug)]
+pub enum PreMulScalar {
+    Bytes([u8; 8]),
+    At(*const u8),
+}
+
+/// NCCL's PreMulSum operator (not part of ferroccl's C API; the NCCL library calls
+/// it): the sum over ranks of each rank's input times the scalar. The product is
+/// taken when the call is made, into a copy the call owns, so the sum then runs,
+/// queues in a group or goes to the progress thread like any fcclSum call. Host
+/// memory is multiplied on the CPU; device memory is staged through the host on the
+/// call's stream, which this waits for (copy out, multiply, copy into device scratch
+/// freed in stream order). A scalar in device memory is read on the stream too.
+/// `count` is the collective's count (per rank for reduce_scatter).
+///
+/// # Safety
+/// The buffers' contract is that of the matching `fccl` collective; a `At` scalar
+/// points to one `datatype` element.
+#[allow(clippy::too_many_arguments)]
+pub unsafe fn premul_sum(
+    name: &str,
+    kind: PreMulKind,
+    sendbuff: *const c_void,
+    recvbuff: *mut c_void,
+    count: usize,
+    datatype: fcclDataType_t,
+    scalar: PreMulScalar,
+    comm: fcclComm_t,
+    stream: fcclStream_t,
+) -> fcclResult_t {
+    use crate::mem::{cuda, Placement};
+    call(name, || {
+        submit(comm, stream, |cm| {
+            let ck = match kind {
+                PreMulKind::AllReduce => CollKind::AllReduce,
+                PreMulKind::Reduce(_) => CollKind::Reduce,
+                PreMulKind::ReduceScatter => CollKind::ReduceScatter,
+            };
+            let mut c = Coll::new(ck, sendbuff as _, recvbuff as _, count, dtype(datatype)?);
+            if let PreMulKind::Reduce(root) = kind {
+                c.root = rank_arg(root, "root", cm)?;
+            }
+            c.validate(cm.rank, cm.nranks)?;
+            let size = c.dtype.size();
+            let st = cuda::Stream::from_ptr(stream as _);
+            let mut sc = [0u8; 8];
+            match scalar {
+                PreMulScalar::Bytes(b) => sc = b,
+                PreMulScalar::At(p) => match crate::mem::kind_of(p)? {
+                    (k, _, _) if k.host_accessible() => {
+                        // SAFETY: host memory holding one element (the caller's contract).
+                        unsafe { std::ptr::copy_nonoverlapping(p, sc.as_mut_ptr(), size) }
+                    }
+                    (_, _, ctx) => {
+                        let _g = cuda::CtxGuard::enter(ctx)?;
+                        // SAFETY: one element of device memory; `sc` is waited for below.
+                        unsafe { cuda::copy_dtoh_async(sc.as_mut_ptr(), p, size, st)? };
+                        cuda::sync(st)?;
+                    }
+                },
+            }
+            let (bytes, _) = c.extents(cm.rank, cm.nranks)?;
+            let place = crate::mem::placement(&c.buffers(cm.rank, cm.nranks)?)?;
+            // u64 words: the copies are aligned for every element type.
+            let mut scaled = vec![0u64; bytes.div_ceil(8)];
+            if bytes == 0 {
+                // Nothing to read: the call moves no input.
+            } else if place == Placement::Host {
+                // SAFETY: validate() checked sendbuff non-NULL for `bytes` > 0, and the
+                // caller's contract makes it readable for the call's extent (host memory).
+                let src = unsafe { std::slice::from_raw_parts(c.send, bytes) };
+                // SAFETY: `scaled` holds at least `bytes` bytes; u8 has no alignment.
+                let dst = unsafe { std::slice::from_raw_parts_mut(scaled.as_mut_ptr().cast::<u8>(), bytes) };
+                crate::mem::reduce::pre_multiply(c.dtype, &sc[..size], src, dst);
+            } else if let Placement::Device { ctx, .. } = place {
+                let _g = cuda::CtxGuard::enter(ctx)?;
+                let mut staged = vec![0u64; bytes.div_ceil(8)];
+                // SAFETY: sendbuff is device memory of `bytes` (the caller's contract), `staged`
+                // host memory of as many; waited for before it is read.
+                unsafe { cuda::copy_dtoh_async(staged.as_mut_ptr().cast(), c.send, bytes, st)? };
+                cuda::sync(st)?;
+                {
+                    // SAFETY: both hold at least `bytes` bytes; u8 has no alignment.
+                    let src = unsafe { std::slice::from_raw_parts(staged.as_ptr().cast::<u8>(), bytes) };
+                    // SAFETY: as above.
+                    let dst = unsafe { std::slice::from_raw_parts_mut(scaled.as_mut_ptr().cast::<u8>(), bytes) };
+                    crate::mem::reduce::pre_multiply(c.dtype, &sc[..size], src, dst);
+                }
+                let dev = cuda::Scratch::new(bytes, ctx, st)?;
+                // SAFETY: the scratch holds `bytes` on the device; `scaled` is host memory
+                // kept until the stream has passed the copy (waited for).
+                unsafe { cuda::copy_htod_async(dev.ptr(), scaled.as_ptr().cast(), bytes, st)? };
+                cuda::sync(st)?;
+                c.send = dev.ptr();
+                c.keep = Some(std::sync::Arc::new(dev));
+                return Ok(c);
+            }
+            // The heap buffer does not move when the Vec moves into the Arc.
+            c.send = scaled.as_ptr().cast();
+            c.keep = Some(std::sync::Arc::new(scaled));
+            Ok(c)
+        })
+    })
+}

@@ -12,7 +12,7 @@
  *
  * Checks every collective (AllReduce with every operator on several types, Broadcast,
  * Bcast, Reduce, AllGather, ReduceScatter, AlltoAll, Gather, Scatter, Send/Recv in
- * groups), CommSplit and error paths. Exit 0 when every check passed.
+ * groups), PreMulSum operators, CommSplit and error paths. Exit 0 when every check passed.
  */
 #define _GNU_SOURCE
 #include <nccl.h>
@@ -288,6 +288,111 @@ static void split(ncclComm_t comm, int rank, int n, int* checks) {
   NCCLOK(rank, ncclCommDestroy(sub));
 }
 
+/* PreMulSum (PyTorch's ReduceOp.PREMUL_SUM): the sum of each rank's input times the
+ * scalar, with distinct per-rank values; an operator serves one communicator and one
+ * type; ncclScalarHostImmediate reads the scalar at creation, ncclScalarDevice (a host
+ * pointer here) at each call. */
+static void premulsum(ncclComm_t comm, int rank, int n, int* checks) {
+  const char* (*last)(ncclComm_t) = pncclGetLastError;
+  ncclRedOp_t half_op = ncclSum, dev_op = ncclSum, d_op = ncclSum, h_op = ncclSum;
+  float half = 0.5f, fs[N], fr[N];
+  int32_t three = 3, is[N], ir[N];
+  double quarter = 0.25, ds[N], dr[N];
+  uint16_t h_scalar = f32_to_f16(0.5f), *hs = calloc((size_t)n * N, 2), hr[N];
+  ncclComm_t other = NULL;
+  ncclResult_t r;
+  size_t i;
+  int p, bad;
+
+  NCCLOK(rank, ncclRedOpCreatePreMulSum(&half_op, &half, ncclFloat, ncclScalarHostImmediate, comm));
+  CHECK(rank, half_op == ncclNumOps, "first operator is ncclNumOps: %d", (int)half_op);
+  half = 100.0f; /* read at creation: the change is not seen */
+  for (i = 0; i < N; i++) fs[i] = (float)(rank * 3 + (int)i + 1);
+  NCCLDO(rank, comm, ncclAllReduce(fs, fr, N, ncclFloat, half_op, comm, NULL));
+  for (i = 0, bad = 0; i < N && !bad; i++) {
+    double want = 0;
+    for (p = 0; p < n; p++) want += 0.5 * (p * 3 + (int)i + 1);
+    bad = fr[i] != (float)want;
+    CHECK(rank, !bad, "PreMulSum 0.5 allreduce element %zu: %g, want %g", i, fr[i], want);
+  }
+  /* In place, and a second operator gets the next value. */
+  NCCLOK(rank, ncclRedOpCreatePreMulSum(&dev_op, &three, ncclInt32, ncclScalarDevice, comm));
+  CHECK(rank, dev_op == ncclNumOps + 1, "second operator: %d", (int)dev_op);
+  three = -5; /* ncclScalarDevice: read when the collective is called */
+  for (i = 0; i < N; i++) is[i] = rank + 1 + (int)i;
+  NCCLDO(rank, comm, ncclAllReduce(is, is, N, ncclInt32, dev_op, comm, NULL));
+  for (i = 0, bad = 0; i < N && !bad; i++) {
+    int want = 0;
+    for (p = 0; p < n; p++) want += -5 * (p + 1 + (int)i);
+    bad = is[i] != want;
+    CHECK(rank, !bad, "PreMulSum -5 (device residence) element %zu: %d, want %d", i, (int)is[i], want);
+  }
+  /* Reduce to the last rank, inside a group with a plain sum. */
+  NCCLOK(rank, ncclRedOpCreatePreMulSum(&d_op, &quarter, ncclDouble, ncclScalarHostImmediate, comm));
+  for (i = 0; i < N; i++) ds[i] = (double)(rank * 7 + (int)i);
+  for (i = 0; i < N; i++) is[i] = rank;
+  NCCLOK(rank, ncclGroupStart());
+  NCCLOK(rank, ncclReduce(ds, dr, N, ncclDouble, d_op, n - 1, comm, NULL));
+  NCCLOK(rank, ncclAllReduce(is, ir, N, ncclInt32, ncclSum, comm, NULL));
+  NCCLDO(rank, comm, ncclGroupEnd());
+  if (rank == n - 1)
+    for (i = 0, bad = 0; i < N && !bad; i++) {
+      double want = 0;
+      for (p = 0; p < n; p++) want += 0.25 * (p * 7 + (int)i);
+      bad = dr[i] != want;
+      CHECK(rank, !bad, "PreMulSum 0.25 reduce element %zu: %g, want %g", i, dr[i], want);
+    }
+  CHECK(rank, ir[0] == n * (n - 1) / 2, "plain sum beside it in the group: %d", (int)ir[0]);
+  /* ReduceScatter on half: rank r gets block r. */
+  NCCLOK(rank, ncclRedOpCreatePreMulSum(&h_op, &h_scalar, ncclHalf, ncclScalarHostImmediate, comm));
+  for (p = 0; p < n; p++)
+    for (i = 0; i < N; i++) hs[(size_t)p * N + i] = f32_to_f16((float)(p + rank + 1));
+  NCCLDO(rank, comm, ncclReduceScatter(hs, hr, N, ncclHalf, h_op, comm, NULL));
+  {
+    double want = 0;
+    for (p = 0; p < n; p++) want += 0.5 * (rank + p + 1);
+    for (i = 0, bad = 0; i < N && !bad; i++) {
+      bad = f16_to_f32(hr[i]) != (float)want;
+      CHECK(rank, !bad, "PreMulSum half reduce_scatter element %zu: %g, want %g", i, f16_to_f32(hr[i]), want);
+    }
+  }
+  /* An operator serves its type and its communicator only. */
+  r = ncclAllReduce(is, ir, N, ncclInt32, half_op, comm, NULL);
+  CHECK(rank, r == ncclInvalidArgument, "float operator on int32: %d", (int)r);
+  CHECK(rank, strstr(last(comm), "ncclAllReduce: op 5 was made for datatype 7") != NULL, "%s", last(comm));
+  NCCLDO(rank, other, ncclCommSplit(comm, 0, rank, &other, NULL));
+  if (other != NULL) {
+    r = ncclAllReduce(fs, fr, N, ncclFloat, half_op, other, NULL);
+    CHECK(rank, r == ncclInvalidArgument, "operator on another communicator: %d", (int)r);
+    r = ncclRedOpDestroy(half_op, other);
+    CHECK(rank, r == ncclInvalidArgument, "destroying on another communicator: %d", (int)r);
+    NCCLOK(rank, ncclCommDestroy(other));
+  }
+  r = ncclRedOpCreatePreMulSum(&h_op, &half, ncclFloat, (ncclScalarResidence_t)2, comm);
+  CHECK(rank, r == ncclInvalidArgument, "residence 2: %d", (int)r);
+  r = ncclRedOpCreatePreMulSum(&h_op, NULL, ncclFloat, ncclScalarHostImmediate, comm);
+  CHECK(rank, r == ncclInvalidArgument, "NULL scalar: %d", (int)r);
+  /* Destroy: once; built-in operators never. A destroyed value is free again. */
+  NCCLOK(rank, ncclRedOpDestroy(half_op, comm));
+  r = ncclRedOpDestroy(half_op, comm);
+  CHECK(rank, r == ncclInvalidArgument, "destroying twice: %d", (int)r);
+  r = ncclAllReduce(fs, fr, N, ncclFloat, half_op, comm, NULL);
+  CHECK(rank, r == ncclInvalidArgument, "a destroyed operator: %d", (int)r);
+  r = ncclRedOpDestroy(ncclSum, comm);
+  CHECK(rank, r == ncclInvalidArgument, "destroying ncclSum: %d", (int)r);
+  NCCLOK(rank, ncclRedOpDestroy(d_op, comm));
+  /* NCCL's free list: the last freed slot first (ncclNumOps + 2, then ncclNumOps). */
+  NCCLOK(rank, ncclRedOpCreatePreMulSum(&d_op, &quarter, ncclDouble, ncclScalarHostImmediate, comm));
+  NCCLOK(rank, ncclRedOpCreatePreMulSum(&half_op, &half, ncclFloat, ncclScalarHostImmediate, comm));
+  CHECK(rank, d_op == ncclNumOps + 2 && half_op == ncclNumOps, "freed values reused last-freed first: %d %d",
+        (int)d_op, (int)half_op);
+  NCCLOK(rank, ncclRedOpDestroy(half_op, comm));
+  NCCLOK(rank, ncclRedOpDestroy(dev_op, comm));
+  NCCLOK(rank, ncclRedOpDestroy(d_op, comm));
+  NCCLOK(rank, ncclRedOpDestroy(h_op, comm));
+  free(hs);
+}
+
 static void errors(ncclComm_t comm, int rank, int* checks) {
   int x = 0, y = 0;
   ncclResult_t r;
@@ -315,9 +420,9 @@ static void errors(ncclComm_t comm, int rank, int* checks) {
   }
   r = ncclBroadcast(&x, &y, 1, ncclInt32, 1 << 20, comm, NULL);
   CHECK(rank, r == ncclInvalidArgument, "bad root: %d", (int)r);
-  r = ncclRedOpCreatePreMulSum(&op, &scalar, ncclFloat, ncclScalarHostImmediate, comm);
-  CHECK(rank, r == ncclInvalidUsage, "ncclRedOpCreatePreMulSum: %d", (int)r);
-  CHECK(rank, strstr(last(comm), "ncclRedOpCreatePreMulSum: not supported") != NULL, "%s", last(comm));
+  r = ncclRedOpCreatePreMulSum(&op, &scalar, ncclFloat, ncclScalarHostImmediate, NULL);
+  CHECK(rank, r == ncclInvalidArgument, "ncclRedOpCreatePreMulSum on a NULL comm: %d", (int)r);
+  CHECK(rank, strstr(last(comm), "ncclRedOpCreatePreMulSum") != NULL, "%s", last(comm));
   r = ncclCommShrink(comm, &x, 1, &nc, NULL, NCCL_SHRINK_DEFAULT);
   CHECK(rank, r == ncclInvalidUsage && nc == NULL, "ncclCommShrink: %d", (int)r);
   r = ncclAllReduce(&x, &y, 1, ncclInt32, ncclSum, NULL, NULL);
@@ -327,6 +432,11 @@ static void errors(ncclComm_t comm, int rank, int* checks) {
   /* The program's own weak fallback is what its calls reach (as with NVIDIA's library). */
   CHECK(rank, strstr(ncclGetLastError(comm), "fallback of the program") != NULL, "weak fallback");
 
+  /* Functions newer than NCCL 2.28 are absent, as from NVIDIA's 2.28.9 library, so
+   * probes for them (vLLM loads functions by name) take the older NCCL's path. */
+  CHECK(rank, dlsym(RTLD_DEFAULT, "ncclCommSuspend") == NULL && dlsym(RTLD_DEFAULT, "ncclCommResume") == NULL &&
+                  dlsym(RTLD_DEFAULT, "ncclCommQueryProperties") == NULL,
+        "NCCL 2.29's functions are not exported by a 2.28 library");
   /* Optional functions found by dlsym and through the weak declarations. */
   CHECK(rank, dlsym(RTLD_DEFAULT, "ncclCommWindowRegister") != NULL, "dlsym ncclCommWindowRegister");
   CHECK(rank, ncclCommWindowRegister != NULL, "weak ncclCommWindowRegister resolved");
@@ -362,6 +472,7 @@ static void run_rank(ncclComm_t comm, int rank, int n, int* checks) {
   CHECK(rank, ae == ncclSuccess, "async error %d", (int)ae);
   collectives(comm, rank, n, checks);
   split(comm, rank, n, checks);
+  premulsum(comm, rank, n, checks);
   errors(comm, rank, checks);
 }
 

@@ -13,6 +13,11 @@
 #      ncclCommInitAll and 3 of ncclCommInitRank inside a group, and 2-4 processes
 #      (ferroccl-run -n N).
 #      NCCL_DEBUG and NCCL_DEBUG_FILE set ferroccl's log when FERROCCL_DEBUG is unset.
+#      tests/nccl/pg_replay.c replays PyTorch's ProcessGroupNCCL (config init, split,
+#      batched send/recv, PREMUL_SUM, a watchdog thread polling ncclCommGetAsyncError
+#      that aborts a hung all_reduce) at 2 and 4 ranks, threads and processes,
+#      blocking and non-blocking.
+#      tests/nccl/premul_device.c runs PreMulSum on device memory on the simulated GPU.
 #   3. The same program linked against a stand-in libnccl.so.2 whose functions all fail:
 #      it fails alone, and passes with LD_PRELOAD=libferroccl_nccl.so and nothing else.
 # Usage: tests/nccl/run.sh [LIBDIR]   (default $CARGO_TARGET_DIR/release or target/release)
@@ -143,6 +148,34 @@ if run "nccl_style.c: cc -I<prefix>/include/ferroccl -L<prefix>/lib/ferroccl -ln
   run "nccl_style: 4 ranks of ncclCommInitAll, one thread, groups" "$tmp/a4.log" "$exe" --initall 4
   run "nccl_style: 3 ranks of ncclCommInitRank in a group, one thread" "$tmp/g3.log" "$exe" --group 3
   for n in 2 3 4; do run "nccl_style: ferroccl-run -n $n (processes)" "$tmp/p$n.log" "$run_bin" -n $n "$exe"; done
+  # ProcessGroupNCCL's call pattern (tests/nccl/pg_replay.c), blocking and non-blocking.
+  pexe="$tmp/pg_replay"
+  if run "pg_replay.c (ProcessGroupNCCL's calls): cc ... -lnccl" "$tmp/pbuild.log" \
+         "$cc" "${flags[@]}" "$here/pg_replay.c" -o "$pexe" -L"$prefix/lib/ferroccl" -lnccl \
+         -Wl,-rpath,"$prefix/lib/ferroccl" -lpthread; then
+    for mode in "" --nonblocking; do
+      for n in 2 4; do
+        run "pg_replay $n ranks as threads ${mode:-blocking}" "$tmp/pg-t$n$mode.log" "$pexe" --threads $n $mode
+        run "pg_replay ferroccl-run -n $n ${mode:-blocking}" "$tmp/pg-p$n$mode.log" "$run_bin" -n $n "$pexe" $mode
+      done
+    done
+  fi
+  # PreMulSum on device memory, on the simulated GPU (2 devices; 1 for 4 ranks on one).
+  dexe="$tmp/premul_device"
+  if run "premul_device.c: cc ... -lnccl" "$tmp/dbuild.log" \
+         "$cc" "${flags[@]}" "$here/premul_device.c" -o "$dexe" -L"$prefix/lib/ferroccl" -lnccl \
+         -Wl,-rpath,"$prefix/lib/ferroccl" -lpthread -ldl; then
+    for spec in "2 2" "2 4" "1 4"; do
+      set -- $spec
+      log="$tmp/pd-$1-$2.log"
+      FERROCCL_SIM_DEVICES=$1 timeout 300 bash "$root/scripts/sim-gpu.sh" "$dexe" "$2" >"$log" 2>&1
+      case $? in
+        0) ok "premul_device: $2 ranks on $1 simulated GPUs (ncclScalarDevice, device buffers)" ;;
+        77) skip "premul_device: no simulated GPU ($(tail -1 "$log"))" ;;
+        *) bad "premul_device: $2 ranks on $1 simulated GPUs ($log):"; tail -20 "$log" | sed 's/^/        /' ;;
+      esac
+    done
+  fi
   # NCCL's logging variables stand in for ferroccl's, which win when set.
   if NCCL_DEBUG=INFO NCCL_DEBUG_FILE="$tmp/nccl-debug.%p" timeout 60 "$exe" --threads 2 >"$tmp/dbg.log" 2>&1 &&
      grep -qs 'Info: rank 1/2 joined' "$tmp"/nccl-debug.*; then

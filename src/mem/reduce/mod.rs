@@ -44,11 +44,13 @@
 
 mod convert;
 mod elem;
+mod scale;
 
 #[cfg(test)]
 use convert::*;
 pub use convert::{f32_to_f8e4m3, f32_to_f8e5m2, f8e4m3_to_f32, f8e5m2_to_f32};
 use elem::*;
+pub use scale::pre_multiply;
 
 use crate::types::{DataType, RedOp};
 
