@@ -347,45 +347,16 @@ pub(super) struct AndOp;
 pub(super) struct OrOp;
 pub(super) struct XorOp;
 
-impl Combine for SumOp {
-    #[inline(always)]
-    fn apply<A: Arith>(a: A, b: A) -> A {
-        a.red_sum(b)
-    }
+/// Each operator applies its `Arith` method.
+macro_rules! combine {
+    ($($op:ident => $m:ident),* $(,)?) => {$(
+        impl Combine for $op {
+            #[inline(always)]
+            fn apply<A: Arith>(a: A, b: A) -> A {
+                a.$m(b)
+            }
+        }
+    )*};
 }
-impl Combine for ProdOp {
-    #[inline(always)]
-    fn apply<A: Arith>(a: A, b: A) -> A {
-        a.red_prod(b)
-    }
-}
-impl Combine for MaxOp {
-    #[inline(always)]
-    fn apply<A: Arith>(a: A, b: A) -> A {
-        a.red_max(b)
-    }
-}
-impl Combine for MinOp {
-    #[inline(always)]
-    fn apply<A: Arith>(a: A, b: A) -> A {
-        a.red_min(b)
-    }
-}
-impl Combine for AndOp {
-    #[inline(always)]
-    fn apply<A: Arith>(a: A, b: A) -> A {
-        a.red_and(b)
-    }
-}
-impl Combine for OrOp {
-    #[inline(always)]
-    fn apply<A: Arith>(a: A, b: A) -> A {
-        a.red_or(b)
-    }
-}
-impl Combine for XorOp {
-    #[inline(always)]
-    fn apply<A: Arith>(a: A, b: A) -> A {
-        a.red_xor(b)
-    }
-}
+combine!(SumOp => red_sum, ProdOp => red_prod, MaxOp => red_max, MinOp => red_min, AndOp => red_and,
+    OrOp => red_or, XorOp => red_xor);
