@@ -17,7 +17,12 @@ Four rules, each violation printed on its own line:
 3. Size. No file under src/ is longer than --max-lines (default 800), not counting
    `#[cfg(test)]` items, which are also left out of the graph (unit tests may build
    fixtures from any layer; they are not linked into the library).
-4. Map. README.md's layout table names every top-level file and folder of src/, and
+4. Backends keep their insides. A file outside a backend's folder (each folder under
+   src/backend/: host, ipc, nccl) may use only that backend's face (its mod.rs), never
+   a file inside it: what several backends share belongs in coll/ or in backend/
+   itself, and a `pub use` at the face does not make an inner item shared (edges follow
+   re-exports to the file that holds the item).
+5. Map. README.md's layout table names every top-level file and folder of src/, and
    every src/ path it names exists.
 
 Edges come from `use` declarations and from paths in code (`crate::a::b::f()`,
@@ -486,7 +491,18 @@ def main():
                     print(f"long: {rel}: {n} lines outside #[cfg(test)] (limit {args.max_lines})")
                     problems += 1
 
-    # 4. The README's layout table names every top-level entry of src/ (and each path
+    # 4. Backends keep their insides.
+    backends = sorted({m.path[:2] for m in mods.values() if len(m.path) >= 3 and m.path[0] == "backend"})
+    for (a, b), line in sorted(es.items()):
+        ma, mb = by_file[a], by_file[b]
+        for f in backends:
+            inside_b = mb.path[: len(f)] == f and len(mb.path) > len(f)
+            inside_a = ma.path[: len(f)] == f
+            if inside_b and not inside_a:
+                print(f"private: src/{a}:{line} uses src/{b}, inside {'::'.join(f)}; use that backend's face (src/{'/'.join(f)}/mod.rs) or move what is shared to coll/ or backend/")
+                problems += 1
+
+    # 5. The README's layout table names every top-level entry of src/ (and each path
     # it names under src/ exists), so the map readers start from matches the tree.
     readme = os.path.join(args.root, "README.md")
     if os.path.exists(readme):
@@ -509,7 +525,7 @@ def main():
     if problems:
         print(f"check-layers: {problems} problem(s)")
         return 1
-    print(f"check-layers: {len(mods)} modules, {len(es)} edges: layers hold, no cycles, no file over {args.max_lines} lines, README layout table matches")
+    print(f"check-layers: {len(mods)} modules, {len(es)} edges: layers hold, no cycles, backends keep their insides, no file over {args.max_lines} lines, README layout table matches")
     return 0
 
 

@@ -3,9 +3,8 @@
 //! alone in chunks, pipelined; a group whole). It takes every call, so it ends every
 //! communicator's table.
 
-use super::host::Call;
-use super::{host_run, staging, Backend, Exec, Outcome};
-use crate::coll::Coll;
+use super::{host, staging, Backend, Exec, Outcome};
+use crate::coll::{Call, Coll};
 use crate::error::Result;
 use crate::mem::Placement;
 
@@ -32,7 +31,7 @@ impl Backend for Builtin {
 
     fn run(&self, x: &mut Exec<'_>, calls: &[Call]) -> Result<Outcome> {
         if calls.iter().all(|c| c.coll.placement == Placement::Host || c.coll.is_noop()) {
-            return host_run(x, calls);
+            return host::execute(x, calls);
         }
         if let [call] = calls {
             return staging::run(x, call, self.rank, self.nranks);
@@ -48,7 +47,7 @@ impl Backend for Builtin {
             }
             copies.push(Call { coll, seq: c.seq });
         }
-        let res = host_run(x, &copies)?;
+        let res = host::execute(x, &copies)?;
         for s in staged {
             s.stage_out()?;
         }

@@ -11,19 +11,22 @@
 //!   staged through host memory.
 
 pub mod builtin;
-pub mod ctl;
 pub mod host;
 pub mod ipc;
 pub mod nccl;
 pub mod pack;
 pub mod staging;
 
-use crate::coll::Coll;
+use crate::coll::{Call, Coll, CollKind};
 use crate::error::{Error, Result};
 use crate::transport::Transport;
-use host::Call;
+use crate::types::DataType;
 use std::sync::atomic::AtomicBool;
 use std::time::Duration;
+
+/// The rendezvous's allgather as a backend's set-up sees it: every rank's blob, rank
+/// by rank.
+pub type Allgather<'a> = dyn FnMut(&[u8]) -> Result<Vec<Vec<u8>>> + 'a;
 
 /// What a backend needs of its communicator to run calls.
 pub struct Exec<'a> {
@@ -63,16 +66,39 @@ impl Outcome {
     }
 }
 
-/// The host algorithms' two-level form (`None`: done).
 impl From<Option<Error>> for Outcome {
     fn from(e: Option<Error>) -> Outcome {
         e.map_or(Outcome::Done, Outcome::Failed)
     }
 }
 
-/// Runs `calls` on the host algorithms (host memory), as an [`Outcome`].
-pub fn host_run(x: &mut Exec<'_>, calls: &[Call]) -> Result<Outcome> {
-    host::execute(x, calls).map(Outcome::from)
+impl Exec<'_> {
+    /// Every rank's `mine` (the same length on every rank), rank by rank, gathered over
+    /// the communicator's links at sequence number `seq` (None: the communicator's
+    /// next, as every rank takes it): the exchange a backend makes for its own
+    /// protocol (descriptors, plans). What served the call (`algo`) is left as it was.
+    pub fn allgather(&mut self, mine: &[u8], seq: Option<u64>) -> Result<(Vec<u8>, Outcome)> {
+        let mut all = vec![0u8; mine.len() * self.t.nranks];
+        let ex = Coll::new(CollKind::AllGather, mine.as_ptr(), all.as_mut_ptr(), mine.len(), DataType::Uint8);
+        let r = self.on_links(ex, seq)?;
+        Ok((all, r))
+    }
+
+    /// A barrier over the communicator's links at its next sequence number.
+    pub fn barrier(&mut self) -> Result<Outcome> {
+        self.on_links(Coll::new(CollKind::Barrier, std::ptr::null(), std::ptr::null_mut(), 0, DataType::Uint8), None)
+    }
+
+    fn on_links(&mut self, coll: Coll, seq: Option<u64>) -> Result<Outcome> {
+        let seq = seq.unwrap_or_else(|| {
+            *self.seq += 1;
+            *self.seq
+        });
+        let algo = self.algo;
+        let r = host::execute(self, &[Call { coll, seq }]);
+        self.algo = algo;
+        r
+    }
 }
 
 /// One way of executing collectives.
@@ -169,6 +195,12 @@ impl Router {
             x.backend = if backends.iter().all(|&b| b == backends[0]) { backends[0] } else { "mixed" };
         }
         Ok(first_err.into())
+    }
+
+    /// Runs `calls` of host memory that no backend but the last claims (see
+    /// [`Router::claims`]) on the last, without routing each: the host path's fast lane.
+    pub fn run_host(&self, x: &mut Exec<'_>, calls: &[Call]) -> Result<Outcome> {
+        self.table[self.table.len() - 1].run(x, calls)
     }
 
     /// The first backend's error that broke the communicator outside any call.

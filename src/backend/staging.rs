@@ -17,9 +17,9 @@
 //! axis; all_reduce over a wire type, whose rounding follows the host algorithm's cut
 //! of the whole vector; groups, whose calls run as one host schedule) is staged whole.
 
-use super::host::{algo, engine::RunCtl, Call};
-use super::{host_run, Exec, Outcome};
-use crate::coll::{Coll, CollKind, VCounts};
+use super::host;
+use super::{Exec, Outcome};
+use crate::coll::{Call, Coll, CollKind, VCounts};
 use crate::error::{Error, Result};
 use crate::mem::{cuda, Placement};
 
@@ -33,7 +33,7 @@ pub fn run(x: &mut Exec<'_>, call: &Call, rank: usize, n: usize) -> Result<Outco
     let Some(plan) = Plan::new(c, n, chunk_bytes()) else {
         let mut coll = c.clone();
         let st = stage_in(&mut coll, c.placement, rank, n)?;
-        let res = host_run(x, &[Call { coll, seq: call.seq }])?;
+        let res = host::execute(x, &[Call { coll, seq: call.seq }])?;
         st.stage_out()?;
         return Ok(res);
     };
@@ -61,7 +61,7 @@ pub fn run(x: &mut Exec<'_>, call: &Call, rank: usize, n: usize) -> Result<Outco
         unsafe { p.copy_in(slot.ptr, stream)? };
         cuda::sync(stream)?;
         let s = seq(x);
-        if let failed @ Outcome::Failed(_) = host_run(x, &[Call { coll: p.bind(slot.ptr), seq: s }])? {
+        if let failed @ Outcome::Failed(_) = host::execute(x, &[Call { coll: p.bind(slot.ptr), seq: s }])? {
             return Ok(failed);
         }
         // SAFETY: as for copy_in.
@@ -124,7 +124,7 @@ impl Pipe<'_> {
             self.events[k % 2].synchronize()?;
             let s = seq(x);
             let slot = self.slots[k % 2].ptr;
-            if let failed @ Outcome::Failed(_) = host_run(x, &[Call { coll: cur.bind(slot), seq: s }])? {
+            if let failed @ Outcome::Failed(_) = host::execute(x, &[Call { coll: cur.bind(slot), seq: s }])? {
                 return Ok(failed);
             }
             // SAFETY: as in fetch.
@@ -227,7 +227,7 @@ fn agree(
         crate::types::DataType::Uint8,
     );
     let s = seq(x);
-    if let failed @ Outcome::Failed(_) = host_run(x, &[Call { coll: ex, seq: s }])? {
+    if let failed @ Outcome::Failed(_) = host::execute(x, &[Call { coll: ex, seq: s }])? {
         return Ok(failed);
     }
     if all.iter().any(|r| *r != mine) {
@@ -240,8 +240,7 @@ fn agree(
     if matches!(c.kind, CollKind::AllGatherV | CollKind::ReduceScatterV) {
         let whole = Call { coll: c.clone(), seq: seq(x) };
         let what = || format!("{} #{} on rank {rank}", c.kind.c_name(), call.seq);
-        let ctl = RunCtl { timeout: x.timeout, abort: x.abort, what: &what };
-        if let Some((_, Some(e))) = algo::alltoallv_agree(x.t, &[&whole], &ctl)?.pop() {
+        if let Some((_, Some(e))) = host::agree_counts(x, &[&whole], &what)?.pop() {
             return Ok(Outcome::Failed(e));
         }
     }

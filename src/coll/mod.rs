@@ -4,10 +4,18 @@
 //! against the communicator before any byte moves (NCCL's `ncclEnqueueCheck`
 //! idea); the backend then executes it.
 
+pub mod counts;
 pub mod ext;
+pub mod fingerprint;
 
 use crate::error::{Error, Result};
 use crate::types::{DataType, RedOp};
+
+/// One call to execute, with its sequence number on the communicator.
+pub struct Call {
+    pub coll: Coll,
+    pub seq: u64,
+}
 
 /// Which collective.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

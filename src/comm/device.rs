@@ -4,7 +4,7 @@
 //! allgathered facts, so all ranks agree without another round.
 
 use super::{Backend, Options};
-use crate::backend::nccl::lib as nccl_lib;
+use crate::backend::nccl;
 use crate::env;
 use crate::error::{Error, Result};
 use crate::mem::cuda;
@@ -27,7 +27,7 @@ impl RankInfo {
         let cuda_ok = cuda::active();
         let device = if cuda_ok { device.or_else(cuda::current_device).unwrap_or(-1) } else { -1 };
         let bus = if device >= 0 { cuda::bus_id(device).unwrap_or_default() } else { String::new() };
-        let nccl = cuda_ok && device >= 0 && nccl_lib::nccl().is_ok();
+        let nccl = cuda_ok && device >= 0 && nccl::loadable().is_ok();
         RankInfo { device, cuda: cuda_ok, nccl, host, bus }
     }
 
@@ -101,7 +101,7 @@ pub fn use_nccl(req: Backend, all: &[RankInfo], me: usize) -> Result<bool> {
             }
             if let Some(r) = (0..all.len()).find(|&r| !all[r].nccl) {
                 let why =
-                    if r == me { nccl_lib::nccl().err().map(|e| e.msg).unwrap_or_default() } else { String::new() };
+                    if r == me { nccl::loadable().err().map(|e| e.msg).unwrap_or_default() } else { String::new() };
                 return Err(Error::unavailable(format!(
                     "the NCCL backend was requested but rank {r} cannot load NCCL{}{why}",
                     if why.is_empty() { "" } else { ": " }

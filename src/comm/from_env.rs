@@ -386,7 +386,7 @@ fn first_creation() {
             }
         }
         let _ = (env::single_copy(), env::stream_min(), env::reuse_max(), env::split_copy(), env::cuda_ipc());
-        let _ = (env::cuda_mps(), crate::backend::staging::chunk_bytes(), crate::backend::host::plan::get());
+        let _ = (env::cuda_mps(), crate::backend::staging::chunk_bytes(), crate::backend::host::read_settings());
         crate::log::flush_env_warnings();
     });
 }

@@ -5,7 +5,7 @@
 //! ends at once (fcclInProgress); as in NCCL, one group holds one kind only.
 
 use super::{Comm, Issued};
-use crate::backend::host::Call;
+use crate::coll::Call;
 use crate::coll::Coll;
 use crate::error::{Error, Result};
 use std::cell::RefCell;

@@ -12,12 +12,10 @@ pub mod torchstore;
 mod wireup;
 
 use crate::backend::builtin::Builtin;
-use crate::backend::ctl::Ctl;
-use crate::backend::host::Call;
 use crate::backend::ipc::{self, Ipc};
 use crate::backend::nccl::{Nccl, NcclBackend};
-use crate::backend::{host_run, Exec, Router};
-use crate::coll::Coll;
+use crate::backend::{Exec, Router};
+use crate::coll::{Call, Coll};
 use crate::error::{Code, Error, Result};
 use crate::log;
 use crate::mem::{cuda, Placement};
@@ -221,7 +219,7 @@ impl Comm {
             }
             Ok(false) => {
                 let setup = if device::one_gpu(&all) && ipc::min_bytes().is_some() {
-                    ipc_setup(rank, nranks, nonce, me.device, &mut |blob| client.allgather(blob, deadline))
+                    ipc::Setup::processes(rank, nranks, nonce, me.device, &mut |blob| client.allgather(blob, deadline))
                 } else {
                     Ok(None)
                 };
@@ -310,20 +308,10 @@ impl Comm {
             nccls = Nccl::init_all(&devs)?.into_iter().map(Some).collect();
         }
         // Ranks of one process share the control region (their send/recv mailboxes).
-        let region = (one_gpu && !nccl && ipc::min_bytes().is_some()).then(|| {
-            let pid = std::process::id();
-            // Mapped by this process alone: the name is not needed past creation.
-            Ctl::create(&Ctl::name(nonce, pid), n)
-                .map(|c| {
-                    c.unlink();
-                    Arc::new(c)
-                })
-                .map_err(|e| e.msg)
-        });
+        let one = (one_gpu && !nccl && ipc::min_bytes().is_some()).then(|| ipc::Setup::threads(nonce, n));
         for ((c, i), nc) in comms.iter_mut().zip(&infos).zip(nccls) {
             c.device = i.device;
-            let setup =
-                region.as_ref().map(|r| ipc::Setup { pids: vec![std::process::id(); n], mps: false, ctl: r.clone() });
+            let setup = one.clone();
             let staged = nc.is_none() && setup.is_none();
             c.set_backends(nc, setup);
             if staged && c.device >= 0 {
@@ -449,7 +437,7 @@ impl Comm {
             self.warn_staged();
             self.router.run(&mut x, calls)
         } else {
-            host_run(&mut x, calls)
+            self.router.run_host(&mut x, calls)
         };
         let (served, algo) = (x.backend, x.algo);
         st.last_path = (served, algo);
@@ -731,54 +719,4 @@ impl Drop for SplitHold {
 pub enum Issued {
     Done,
     InProgress,
-}
-
-/// Set-up of a communicator whose ranks share one GPU, in two rounds of `allgather`
-/// (the rendezvous): rank 0 creates the control region, every rank learns every rank's
-/// process and whether it runs under MPS, then maps the region, and every rank learns
-/// whether every rank could. Errors are only those of the rounds: a region that cannot
-/// be made or mapped stages every device call instead, on every rank.
-fn ipc_setup(
-    rank: usize,
-    nranks: usize,
-    nonce: u64,
-    device: i32,
-    allgather: &mut wireup::Allgather<'_>,
-) -> Result<Option<ipc::Setup>> {
-    let pid = std::process::id();
-    let made = (rank == 0).then(|| Ctl::create(&Ctl::name(nonce, pid), nranks));
-    let (mps, why) = ipc::mps_local(device);
-    let mut blob = [0u8; 6];
-    blob[..4].copy_from_slice(&pid.to_le_bytes());
-    blob[4] = mps as u8;
-    blob[5] = made.as_ref().map_or(0, |m| m.is_ok() as u8);
-    let all = allgather(&blob)?;
-    let field = |b: &Vec<u8>, i: usize| b.get(i).copied().unwrap_or(0);
-    let pids: Vec<u32> =
-        all.iter().map(|b| u32::from_le_bytes(b.get(..4).and_then(|s| s.try_into().ok()).unwrap_or([0; 4]))).collect();
-    let region = match made {
-        Some(m) => m.map_err(|e| e.msg),
-        None if field(&all[0], 5) == 1 => Ctl::open(&Ctl::name(nonce, pids[0]), nranks).map_err(|e| e.msg),
-        None => Err("rank 0 could not create the device control region".to_string()),
-    };
-    let oks = allgather(&[region.is_ok() as u8])?;
-    // Every rank has mapped the region or given up on it: its name can go.
-    if let Ok(r) = &region {
-        r.unlink();
-    }
-    let ctl = match (region, oks.iter().position(|b| field(b, 0) != 1)) {
-        (Ok(c), None) => Ok(Arc::new(c)),
-        (Err(m), _) => Err(m),
-        (Ok(_), Some(r)) => Err(format!("rank {r} could not map the device control region")),
-    };
-    let mps_all = all.iter().all(|b| field(b, 4) == 1);
-    if let Err(m) = &ctl {
-        log::info(format_args!("rank {rank}: device calls through host staging: {m}"));
-    }
-    log::info(format_args!(
-        "rank {rank}: ranks on one GPU: {} ({why}{})",
-        if mps_all { "every rank moves its share (MPS)" } else { "rank 0 moves the data" },
-        if mps && !mps_all { "; not every rank runs under MPS" } else { "" }
-    ));
-    Ok(Some(ipc::Setup { pids, mps: mps_all, ctl }))
 }

@@ -29,7 +29,7 @@ pub(crate) const BLOB_BYTES: usize = 64;
 const MAX_UNIDENTIFIED: usize = 64;
 
 /// An allgather of one blob per rank, in rank order of the new communicator.
-pub type Allgather<'a> = dyn FnMut(&[u8]) -> Result<Vec<Vec<u8>>> + 'a;
+pub use crate::backend::Allgather;
 
 struct Info {
     host: u64,

@@ -13,13 +13,14 @@
 //! all messages to a peer that fit are published together, and every message that
 //! has arrived from a peer is released together.
 
-use super::engine::{self, p2p_mismatch, Idle, P2pCall, RunCtl};
+use super::engine::{self, Idle, RunCtl};
 use super::plan;
 use super::wire::{
     gather, header, pad8, parse_header, HDR, K_DATA, K_DIRECT, K_P2P_DATA, K_P2P_DIRECT, K_P2P_EAGER, K_P2P_HDR,
     K_P2P_REPLY, K_SKIP,
 };
-use super::Call;
+use crate::coll::counts::{p2p_mismatch, P2pCall};
+use crate::coll::Call;
 use crate::coll::CollKind;
 use crate::error::{Error, Result};
 use crate::mem::copy;
@@ -480,7 +481,7 @@ mod tests {
             backend: "host",
             algo: "",
         };
-        execute(&mut x, calls).expect("no fatal error")
+        execute(&mut x, calls).expect("no fatal error").into_result().err()
     }
 
     /// Message `k` of rank `r`: bytes that differ per message, rank and position.

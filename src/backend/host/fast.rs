@@ -11,10 +11,8 @@
 //! One copy in, one copy (or reduction) out, no message framing, no handshake: the
 //! latency of a small collective is that of a cache line moving between cores.
 
-use super::algo::all_to_allv;
-use super::Call;
-use super::{engine, fingerprint, mapped, plan};
-use crate::coll::{Coll, CollKind};
+use super::{engine, mapped, plan};
+use crate::coll::{counts, fingerprint, Call, Coll, CollKind};
 use crate::error::{Error, Result};
 use crate::mem::{copy, reduce};
 use crate::transport::board::{Board, Waiter, DATA_MAX};
@@ -301,7 +299,7 @@ fn reduce_ranks(b: &Board, s: u64, co: &Coll, off: usize, len: usize, recv: *mut
 // Per-rank counts on the board. A rank's data area starts with a flag (1 when its
 // all_to_allv data follows), then, for each call with per-rank counts in order and
 // each peer p, the pair (what I send p, what I expect from p) as u64 (see
-// `all_to_allv::pair_values`); the data starts at the next 64-byte boundary. Every
+// `counts::pair_values`); the data starts at the next 64-byte boundary. Every
 // rank reads every table, so each one reaches the same verdict without a second
 // round: a mismatch fails the call on every rank, before any data moves.
 
@@ -328,7 +326,7 @@ fn write_counts(d: *mut u8, calls: &[Call], n: usize) {
     let mut i = 1;
     for c in calls.iter().filter(|c| is_v(c.coll.kind)) {
         for p in 0..n {
-            let (a, b) = all_to_allv::pair_values(&c.coll, p);
+            let (a, b) = counts::pair_values(&c.coll, p);
             w[i] = a.to_le();
             w[i + 1] = b.to_le();
             i += 2;
@@ -379,15 +377,14 @@ fn counts_disagree(b: &Board, s: u64, vi: usize, co: &Coll) -> Option<Error> {
     let at = |r: usize, p: usize| pair(b, s, r, vi, p);
     let found = (0..n)
         .filter(|&p| p != me)
-        .find_map(|p| all_to_allv::describe_pair(co, me, p, at(me, p), at(p, me)))
-        .or_else(|| all_to_allv::describe_self(co, me, at(me, me)));
+        .find_map(|p| counts::describe_pair(co, me, p, at(me, p), at(p, me)))
+        .or_else(|| counts::describe_self(co, me, at(me, me)));
     let reporters: Vec<usize> = (0..n)
         .filter(|&r| {
-            all_to_allv::describe_self(co, r, at(r, r)).is_some()
-                || (0..n).any(|p| p != r && !pairs_agree(b, s, vi, r, p))
+            counts::describe_self(co, r, at(r, r)).is_some() || (0..n).any(|p| p != r && !pairs_agree(b, s, vi, r, p))
         })
         .collect();
-    all_to_allv::counts_error(found, &reporters)
+    counts::counts_error(found, &reporters)
 }
 
 /// A single all_to_allv on the board: every rank publishes its counts and, when they

@@ -26,7 +26,7 @@
 
 use super::plan;
 use super::wire::{decode_desc, encode_desc, DESC};
-use super::Call;
+use crate::coll::Call;
 use crate::coll::CollKind;
 use crate::error::{Error, Result};
 use crate::mem::{copy, reduce, shared};

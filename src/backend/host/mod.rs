@@ -14,27 +14,26 @@ pub mod plan;
 pub mod reuse;
 pub mod wire;
 
-use super::Exec;
-use crate::coll::{Coll, CollKind};
+use super::{Exec, Outcome};
+use crate::coll::{Call, Coll, CollKind};
 use crate::error::{Error, Result};
 use crate::transport::Transport;
+use crate::types::DataType;
 use engine::{RunCtl, Schedule};
-
-/// One call to execute, with its sequence number on the communicator.
-pub struct Call {
-    pub coll: Coll,
-    pub seq: u64,
-}
 
 /// Runs `calls` (one call, or a group's calls on this communicator) to completion.
 ///
 /// `Err` is fatal for the communicator (timeout, dead peer, desynchronised
-/// streams); `Ok(Some(e))` is a failed call after which the communicator is fine
-/// (mismatched all_to_allv or send/recv counts detected before data moved).
+/// streams); `Ok(Outcome::Failed(e))` is a failed call after which the communicator
+/// is fine (mismatched all_to_allv or send/recv counts detected before data moved).
 /// `x.algo` says which host algorithm served them: "board" (small calls through the
 /// shared announcement board), "mapped" (between the ranks' own buffers), "eager"
 /// (copied ahead), or "schedule" (pieces over the links).
-pub fn execute(x: &mut Exec<'_>, calls: &[Call]) -> Result<Option<Error>> {
+pub fn execute(x: &mut Exec<'_>, calls: &[Call]) -> Result<Outcome> {
+    run(x, calls).map(Outcome::from)
+}
+
+fn run(x: &mut Exec<'_>, calls: &[Call]) -> Result<Option<Error>> {
     let (t, timeout, abort, check) = (&mut *x.t, x.timeout, x.abort, x.check);
     // What this run writes, for the next one's choice of stores (see `reuse`).
     let n = t.nranks;
@@ -161,6 +160,27 @@ fn recv_by_address(t: &mut Transport, co: &Coll) -> bool {
         return false;
     }
     engine::goes_direct_to_all(t, co.recv, bytes)
+}
+
+/// Agrees the per-rank counts of `calls` (all_to_allv, all_gather_v,
+/// reduce_scatter_v) with every peer over the links, for paths that move their data
+/// elsewhere (staging): (seq, the error every rank returns when they do not pair up)
+/// per call. `what` names the call in a timeout's message.
+pub fn agree_counts(x: &mut Exec<'_>, calls: &[&Call], what: &dyn Fn() -> String) -> Result<Vec<(u64, Option<Error>)>> {
+    let ctl = RunCtl { timeout: x.timeout, abort: x.abort, what };
+    algo::alltoallv_agree(x.t, calls, &ctl)
+}
+
+/// Elements of one window of an all_reduce over a wire type (FERROCCL_HOST_PLAN's
+/// wire_window): the device kernels split windows among owners the same way, so that
+/// results are the host's bit for bit.
+pub fn wire_window_elems(wire: DataType) -> usize {
+    algo::wire_window_elems(wire)
+}
+
+/// Reads FERROCCL_HOST_PLAN now, so that its warnings come with the other settings'.
+pub fn read_settings() {
+    let _ = plan::get();
 }
 
 fn describe(calls: &[Call], rank: usize) -> String {

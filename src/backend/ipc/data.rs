@@ -3,7 +3,7 @@
 
 use super::super::Exec;
 use super::mps;
-use crate::backend::host::algo;
+use crate::backend::host;
 use crate::coll::{Coll, CollKind, VCounts};
 use crate::error::{Error, Result};
 use crate::mem::cuda;
@@ -85,7 +85,7 @@ pub(super) unsafe fn move_data(
     // in one launch; with `step`, row y reads the inputs `y * step` elements on and
     // writes outs[y] alone.
     let red = c.reduction();
-    let win = c.wire.map_or(0, algo::wire_window_elems);
+    let win = c.wire.map_or(0, host::wire_window_elems);
     let reduce_rows = |outs: &[*mut u8], nout: usize, ins: &[*const u8], elems: usize, step: usize| -> Result<()> {
         let f = cuda_reduce::kernel(ctx, device, red)?;
         // SAFETY: as above; the kernel reads each element before writing it, so an

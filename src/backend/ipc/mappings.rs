@@ -2,7 +2,7 @@
 //! allocations that peers map: handles made once per allocation, frees published in
 //! the control region's log so that every rank that mapped them lets them go.
 
-use crate::backend::ctl::Ctl;
+use super::ctl::Ctl;
 use crate::error::Result;
 use crate::log;
 use crate::mem::cuda;

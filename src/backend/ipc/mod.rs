@@ -26,22 +26,21 @@
 //! memory operations) says so in the descriptor exchange, and then every rank stages
 //! the call through host memory instead.
 
+pub mod ctl;
 mod data;
 mod fallback;
 mod mappings;
 mod mps;
 mod p2p;
+mod setup;
 mod watch;
 
-use super::ctl::{self, Ctl, Registered};
-use super::host::Call;
-use super::{host_run, staging, Backend, Exec, Outcome};
-use crate::backend::host::{algo, fingerprint};
-use crate::coll::{Coll, CollKind, VCounts};
+use super::{host, staging, Backend, Exec, Outcome};
+use crate::coll::{counts, fingerprint, Call, Coll, CollKind, VCounts};
 use crate::error::{Error, Result};
 use crate::log;
 use crate::mem::{cuda, cuda_reduce, Placement};
-use crate::types::DataType;
+use ctl::{Ctl, Registered};
 use data::move_data;
 use fallback::{fix, Fallback};
 use mappings::{close, Exported, FreedSeen, Mappings};
@@ -51,7 +50,6 @@ use std::time::{Duration, Instant};
 use watch::{Target, Watch};
 
 pub use mappings::MAPPINGS_MAX;
-pub use mps::local as mps_local;
 
 /// A descriptor: can this rank take part, its pid, its two buffers (handle, offset in
 /// the allocation, address), then the call's fingerprint (what this rank called).
@@ -163,6 +161,7 @@ pub struct Ipc {
 }
 
 /// What every rank of a communicator on one GPU learns when it is created.
+#[derive(Clone)]
 pub struct Setup {
     /// Every rank's process id.
     pub pids: Vec<u32>,
@@ -170,6 +169,25 @@ pub struct Setup {
     pub mps: bool,
     /// The control region, mapped by every rank (else why not, the same everywhere).
     pub ctl: std::result::Result<Arc<Ctl>, String>,
+}
+
+impl Setup {
+    /// Set-up of ranks in separate processes, through the rendezvous's `allgather`
+    /// (every rank's blob, rank by rank): see `setup::processes`.
+    pub fn processes(
+        rank: usize,
+        nranks: usize,
+        nonce: u64,
+        device: i32,
+        allgather: &mut super::Allgather<'_>,
+    ) -> Result<Option<Setup>> {
+        setup::processes(rank, nranks, nonce, device, allgather)
+    }
+
+    /// Set-up of the `n` ranks of one process.
+    pub fn threads(nonce: u64, n: usize) -> Setup {
+        setup::threads(nonce, n)
+    }
 }
 
 /// What calls keep between them.
@@ -325,35 +343,6 @@ fn pid_of(b: &[u8]) -> u32 {
 }
 
 impl Ipc {
-    /// Runs `coll` on the host backend at sequence number `seq`, or at the
-    /// communicator's next one (None), as every rank does; `x.algo` keeps what this path
-    /// set.
-    fn on_host(x: &mut Exec<'_>, coll: Coll, seq: Option<u64>) -> Result<Outcome> {
-        let seq = seq.unwrap_or_else(|| {
-            *x.seq += 1;
-            *x.seq
-        });
-        let algo = x.algo;
-        let r = host_run(x, &[Call { coll, seq }]);
-        x.algo = algo;
-        r
-    }
-
-    /// A host-memory exchange of this path's own, at the communicator's next sequence
-    /// number.
-    fn exchange(x: &mut Exec<'_>, coll: Coll) -> Result<Outcome> {
-        Self::on_host(x, coll, None)
-    }
-
-    /// All ranks' `mine` (BLOB bytes each), at sequence number `seq` (the call's own
-    /// for the first exchange of a call).
-    fn allgather(x: &mut Exec<'_>, mine: &[u8], n: usize, seq: Option<u64>) -> Result<(Vec<u8>, Outcome)> {
-        let mut all = vec![0u8; mine.len() * n];
-        let ex = Coll::new(CollKind::AllGather, mine.as_ptr(), all.as_mut_ptr(), mine.len(), DataType::Uint8);
-        let r = Self::on_host(x, ex, seq)?;
-        Ok((all, r))
-    }
-
     /// How this rank takes part in a call whose buffers live in `ctx` on `device`:
     /// ranks in separate processes register the control region's words in the first
     /// call's context (and start the watchdog) the first time.
@@ -530,7 +519,7 @@ impl Ipc {
             }
         };
         let db = mine.len();
-        let (all, got) = Self::allgather(x, &mine, n, own_seq(x, call))?;
+        let (all, got) = x.allgather(&mine, own_seq(x, call))?;
         if let Outcome::Failed(_) = got {
             return Ok(got);
         }
@@ -560,7 +549,7 @@ impl Ipc {
                 // This rank's buffers are host memory: the host algorithms serve it.
                 x.backend = "host";
                 *x.seq += 1;
-                return host_run(x, &[Call { coll: c.clone(), seq: *x.seq }]);
+                return host::execute(x, &[Call { coll: c.clone(), seq: *x.seq }]);
             }
             // A reduce_scatter along an axis is packed first (the host has no strided form).
             let coll = match c.strided {
@@ -578,7 +567,7 @@ impl Ipc {
         // return the same verdict, and nothing is enqueued on a mismatch.
         let counts: Vec<VCounts> =
             if c.v.is_some() { all.chunks(db).map(|b| get_counts(b, n)).collect() } else { Vec::new() };
-        if let Some(e) = counts_verdict(c, rank, &counts) {
+        if let Some(e) = counts::verdict(c, rank, &counts) {
             self.defer_close(inner, gone);
             return Ok(Outcome::Failed(e));
         }
@@ -597,8 +586,7 @@ impl Ipc {
             for base in gone {
                 close(base);
             }
-            let b = Coll::new(CollKind::Barrier, std::ptr::null(), std::ptr::null_mut(), 0, DataType::Uint8);
-            return Self::exchange(x, b);
+            return x.barrier();
         };
         let (ctl, a) = (reg.ctl.clone(), reg.addrs());
         let k = inner.k.wrapping_add(1);
@@ -698,27 +686,6 @@ fn map_peer(b: &[u8], ctx: cuda::Ctx, maps: &mut Mappings, gone: &mut Vec<usize>
         };
     }
     Ok((out[0] as *const u8, out[1] as *const u8))
-}
-
-/// The error of a call with per-rank counts that do not pair up, the same on every
-/// rank (and worded as the host backend's check words it); None when they agree.
-fn counts_verdict(c: &Coll, me: usize, counts: &[VCounts]) -> Option<Error> {
-    if counts.is_empty() {
-        return None;
-    }
-    let n = counts.len();
-    let as_rank = |r: usize| Coll { v: Some(counts[r].clone()), ..c.clone() };
-    let colls: Vec<Coll> = (0..n).map(as_rank).collect();
-    let finding = |r: usize| -> Option<String> {
-        let mine = &colls[r];
-        (0..n)
-            .filter(|&p| p != r)
-            .find_map(|p| algo::describe_pair(mine, r, p, algo::pair_values(mine, p), algo::pair_values(&colls[p], r)))
-            .or_else(|| algo::describe_self(mine, r, algo::pair_values(mine, r)))
-    };
-    let findings: Vec<Option<String>> = (0..n).map(finding).collect();
-    let reporters: Vec<usize> = (0..n).filter(|&r| findings[r].is_some()).collect();
-    algo::counts_error(findings[me].clone(), &reporters)
 }
 
 impl Drop for Ipc {

@@ -79,7 +79,7 @@ pub unsafe fn share(
         |off: &dyn Fn(usize) -> usize| -> Vec<*const u8> { (0..n).map(|p| send(p).wrapping_add(off(p))).collect() };
     match c.kind {
         CollKind::AllReduce | CollKind::Reduce => {
-            let unit = c.wire.map_or(1, crate::backend::host::algo::wire_window_elems);
+            let unit = c.wire.map_or(1, crate::backend::host::wire_window_elems);
             let (lo, hi) = slice(c.count, unit, me, n);
             if hi > lo {
                 let out = |q: usize| recv(q).wrapping_add(lo * es);

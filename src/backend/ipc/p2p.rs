@@ -21,14 +21,14 @@
 //! every `sent` first, then the receives, then the waits for `recvd`, so that two ranks
 //! that send to each other never wait for each other's copies.
 
+use super::ctl::{Ctl, Pair, RecvRec, SendRec, BOUNCE, SLOTS};
 use super::fallback::{fix, Fallback};
 use super::mappings::Owner;
 use super::watch::Target;
 use super::{Inner, Ipc, Outcome};
-use crate::backend::ctl::{Ctl, Pair, RecvRec, SendRec, BOUNCE, SLOTS};
-use crate::backend::host::engine::{p2p_mismatch, P2pCall};
-use crate::backend::host::Call;
 use crate::backend::Exec;
+use crate::coll::counts::{p2p_mismatch, P2pCall};
+use crate::coll::Call;
 use crate::coll::{Coll, CollKind};
 use crate::error::{Error, Result};
 use crate::mem::{cuda, cuda_reduce, Placement};

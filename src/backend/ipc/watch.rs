@@ -4,7 +4,7 @@
 //! releases every wait of it from the host, marks the region failed (so every rank
 //! learns it) and fails the communicator, naming the ranks it came down to.
 
-use crate::backend::ctl::{self, Ctl, Word};
+use super::ctl::{self, Ctl, Word};
 use crate::error::Error;
 use crate::log;
 use std::collections::HashMap;

@@ -30,6 +30,12 @@ unsafe impl Send for Nccl {}
 // SAFETY: as above; shared references only reach NCCL under that lock.
 unsafe impl Sync for Nccl {}
 
+/// Whether NCCL can be loaded in this process (`libnccl.so.2` found and new enough),
+/// or why not.
+pub fn loadable() -> Result<()> {
+    lib::nccl().map(|_| ())
+}
+
 /// A fresh NCCL unique id (rank 0 creates it; the rendezvous carries it to the others).
 pub fn unique_id() -> Result<[u8; 128]> {
     let api = lib::nccl()?;
@@ -273,7 +279,7 @@ impl super::Backend for NcclBackend {
         matches!(c.placement, crate::mem::Placement::Device { .. }) && self.nccl.supports(c)
     }
 
-    fn run(&self, x: &mut super::Exec<'_>, calls: &[super::host::Call]) -> Result<super::Outcome> {
+    fn run(&self, x: &mut super::Exec<'_>, calls: &[crate::coll::Call]) -> Result<super::Outcome> {
         x.algo = "enqueued";
         let colls: Vec<&Coll> = calls.iter().map(|c| &c.coll).collect();
         self.nccl.run(&colls, self.rank, self.nranks)?;

@@ -10,7 +10,7 @@
 
 use super::{Buf, Cx, Scratch};
 use crate::backend::host::engine::{self, RunCtl, Schedule, Sink};
-use crate::coll::{Coll, CollKind};
+use crate::coll::counts::{counts_error, describe_pair, describe_self, pair_values};
 use crate::error::{Error, Result};
 use crate::transport::Transport;
 
@@ -36,97 +36,13 @@ pub(super) fn build(s: &mut Schedule<'_>, cx: &Cx<'_>) -> Result<()> {
     Ok(())
 }
 
-/// The two numbers a rank tells peer `p` about a call with per-rank counts, so that
-/// both sides can check each other: (what I send you, what I expect from you).
-/// reduce_scatter_v's counts must be identical everywhere, so it sends a digest of
-/// the whole array both ways.
-pub(crate) fn pair_values(co: &Coll, p: usize) -> (u64, u64) {
-    let v = co.v.as_ref().expect("v-call has counts");
-    match co.kind {
-        CollKind::ReduceScatterV => {
-            let h = v
-                .recvcounts()
-                .iter()
-                .fold(0xcbf2_9ce4_8422_2325u64, |h, &c| (h ^ c as u64).wrapping_mul(0x100_0000_01b3).rotate_left(7));
-            (h, h)
-        }
-        _ => (v.sendcounts()[p] as u64, v.recvcounts()[p] as u64),
-    }
-}
-
-/// Describes a disagreement between this rank `me` and `p` for a v-call.
-pub(crate) fn describe_pair(co: &Coll, me: usize, p: usize, mine: (u64, u64), theirs: (u64, u64)) -> Option<String> {
-    let v = co.v.as_ref().expect("v-call has counts");
-    match co.kind {
-        CollKind::ReduceScatterV => (mine.0 != theirs.0).then(|| {
-            format!(
-                "rank {me} and rank {p} passed different recvcounts arrays (rank {me}: {:?}); every rank must pass the same recvcounts",
-                &v.recvcounts()[..v.recvcounts().len().min(16)]
-            )
-        }),
-        CollKind::AllGatherV => {
-            if mine.0 != theirs.1 {
-                Some(format!(
-                    "rank {me} sends sendcount = {} elements, but rank {p} expects recvcounts[{me}] = {}",
-                    mine.0, theirs.1
-                ))
-            } else if theirs.0 != mine.1 {
-                Some(format!(
-                    "rank {p} sends sendcount = {} elements, but rank {me} expects recvcounts[{p}] = {}",
-                    theirs.0, mine.1
-                ))
-            } else {
-                None
-            }
-        }
-        _ => {
-            if mine.0 != theirs.1 {
-                Some(format!(
-                    "rank {me} sends sendcounts[{p}] = {} elements to rank {p}, but rank {p} expects recvcounts[{me}] = {}",
-                    mine.0, theirs.1
-                ))
-            } else if theirs.0 != mine.1 {
-                Some(format!(
-                    "rank {p} sends sendcounts[{me}] = {} elements to rank {me}, but rank {me} expects recvcounts[{p}] = {}",
-                    theirs.0, mine.1
-                ))
-            } else {
-                None
-            }
-        }
-    }
-}
-
-/// Describes a rank whose own counts disagree: it sends itself a different number
-/// of elements than it expects from itself (`mine` = its pair values for itself).
-pub(crate) fn describe_self(co: &Coll, me: usize, mine: (u64, u64)) -> Option<String> {
-    (matches!(co.kind, CollKind::AlltoAllv | CollKind::AllGatherV) && mine.0 != mine.1)
-        .then(|| format!("rank {me} sends {} elements to itself but expects recvcounts[{me}] = {}", mine.0, mine.1))
-}
-
-/// The error of a call with per-rank counts once every rank knows who found a
-/// mismatch: this rank's own finding if it has one, else the names of the ranks
-/// that did; None when nobody did.
-pub(crate) fn counts_error(found: Option<String>, reporters: &[usize]) -> Option<Error> {
-    if reporters.is_empty() {
-        return None;
-    }
-    Some(Error::mismatch(match found {
-        Some(d) => format!("{d}; no data was moved, the communicator is still usable"),
-        None => format!(
-            "ranks {} found mismatched counts with their peers (see their errors); no data was moved, the communicator is still usable",
-            reporters.iter().map(|r| r.to_string()).collect::<Vec<_>>().join(", ")
-        ),
-    }))
-}
-
 /// For every call with per-rank counts (all_to_allv, all_gather_v,
 /// reduce_scatter_v): exchange counts with each peer, then let every rank know who
 /// found a mismatch, so all ranks fail together without moving data.
 /// Returns (seq, error if the call must fail) per call.
 pub fn alltoallv_agree(
     t: &mut Transport,
-    calls: &[&crate::backend::host::Call],
+    calls: &[&crate::coll::Call],
     ctl: &RunCtl<'_>,
 ) -> Result<Vec<(u64, Option<Error>)>> {
     let (me, n) = (t.rank, t.nranks);

@@ -18,7 +18,6 @@ mod send_recv;
 
 pub use all_reduce::wire_window_elems;
 pub use all_to_allv::alltoallv_agree;
-pub(crate) use all_to_allv::{counts_error, describe_pair, describe_self, pair_values};
 
 use super::engine::{Schedule, Sink};
 use super::plan;

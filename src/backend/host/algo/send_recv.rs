@@ -2,7 +2,8 @@
 //! the peer's (`engine::p2p`). Groups of small ones take `eager` instead.
 
 use super::Cx;
-use crate::backend::host::engine::{P2pCall, Schedule};
+use crate::backend::host::engine::Schedule;
+use crate::coll::counts::P2pCall;
 use crate::coll::CollKind;
 use crate::error::Result;
 

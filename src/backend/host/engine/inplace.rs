@@ -343,8 +343,8 @@ pub(super) fn overlaps_p2p(sched: &Schedule<'_>, p: *const u8, len: usize, sends
 
 #[cfg(test)]
 mod tests {
-    use super::super::schedule::P2pCall;
     use super::*;
+    use crate::coll::counts::P2pCall;
     use crate::types::DataType;
 
     /// A small deterministic generator (xorshift).

@@ -38,4 +38,4 @@ pub use direct::goes_direct_to_all;
 pub use exchange::Exchange;
 pub use idle::{waiting_message, Idle, RunCtl, Waits};
 pub use run::run;
-pub use schedule::{p2p_mismatch, Action, Block, LocalFn, P2pCall, Schedule, Sink, Step, Via};
+pub use schedule::{Action, Block, LocalFn, Schedule, Sink, Step, Via};

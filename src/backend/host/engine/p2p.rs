@@ -11,8 +11,9 @@ use super::super::wire::{encode_desc, K_P2P_DATA, K_P2P_DIRECT, K_P2P_SWAP};
 use super::super::wire::{K_P2P_EAGER, K_P2P_REPLY};
 use super::direct::{p2p_direct, p2p_eager};
 use super::run::Run;
-use super::schedule::{p2p_mismatch, Action};
+use super::schedule::Action;
 use super::state::{Peer, Tx};
+use crate::coll::counts::p2p_mismatch;
 use crate::mem::shared;
 
 impl Run<'_, '_> {

@@ -9,10 +9,10 @@ use super::super::wire::{
 };
 use super::exchange::{swap_offers, Exchange, Offer, PeerInput, Side};
 use super::run::Run;
-use super::schedule::p2p_mismatch;
 use super::schedule::{Action, Sink, Step};
 use super::split::{receiver_takes_pieces, rx_tee, share_pieces};
 use super::state::{DirectRx, Held, Peer, Rx, RxSwap, Source};
+use crate::coll::counts::p2p_mismatch;
 use crate::error::{Error, Result};
 use crate::mem::copy;
 use crate::mem::pool::PooledBuf;

@@ -4,7 +4,8 @@
 //! (`run`) drives it. See docs/design/host.md, "Schedules".
 
 use super::exchange::{Exchange, Offer, PeerInput};
-use crate::error::{Error, Result};
+use crate::coll::counts::P2pCall;
+use crate::error::Result;
 use crate::mem::{copy, reduce};
 use crate::types::{DataType, RedOp};
 
@@ -281,34 +282,4 @@ impl<'a> Schedule<'a> {
     pub fn is_empty(&self) -> bool {
         self.steps.is_empty()
     }
-}
-
-/// What a point-to-point step is, for error messages (formatted only on error).
-#[derive(Clone, Copy)]
-pub struct P2pCall {
-    pub send: bool,
-    pub count: usize,
-    pub dtype: DataType,
-    pub peer: usize,
-}
-
-impl P2pCall {
-    /// The fcclSend or fcclRecv `co`.
-    pub fn of(co: &crate::coll::Coll) -> P2pCall {
-        P2pCall { send: co.kind == crate::coll::CollKind::Send, count: co.count, dtype: co.dtype, peer: co.root }
-    }
-}
-
-impl std::fmt::Display for P2pCall {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        let (name, dir) = if self.send { ("fcclSend", "to") } else { ("fcclRecv", "from") };
-        write!(f, "{name} of {} x {} {dir} rank {}", self.count, self.dtype, self.peer)
-    }
-}
-
-/// The error of an fcclSend/fcclRecv pair whose sizes differ (both sides report it).
-pub fn p2p_mismatch(what: P2pCall, sender: usize, receiver: usize, sent: usize, received: usize) -> Error {
-    Error::mismatch(format!(
-        "{what}: rank {sender} sends {sent} bytes but rank {receiver} receives {received} bytes; make the counts and types of the matching fcclSend/fcclRecv agree"
-    ))
 }

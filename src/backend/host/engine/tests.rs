@@ -5,6 +5,7 @@ use super::exchange::swap_offers;
 use super::split::share_pieces;
 use super::*;
 use crate::backend::host::plan::Plan;
+use crate::coll::counts::P2pCall;
 use crate::mem::reduce;
 use crate::transport::inproc;
 use crate::types::{DataType, RedOp};
