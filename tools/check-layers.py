@@ -15,8 +15,9 @@ Four rules, each violation printed on its own line:
    src/backend/. A folder's face (its mod.rs, or the foo.rs beside a folder foo/) is
    the folder itself: it may use its children and they may use it.
 3. Size. No file under src/ is longer than --max-lines (default 800), not counting
-   `#[cfg(test)]` items, which are also left out of the graph (unit tests may build
-   fixtures from any layer; they are not linked into the library).
+   `#[cfg(test)]` items and files that are only a `#[cfg(test)] mod`, which are also
+   left out of the graph (unit tests may build fixtures from any layer; they are not
+   linked into the library).
 4. Backends keep their insides. A file outside a backend's folder (each folder under
    src/backend/: host, ipc, nccl) may use only that backend's face (its mod.rs), never
    a file inside it: what several backends share belongs in coll/ or in backend/
@@ -215,8 +216,15 @@ def load(src):
     # Files that are only test modules (`#[cfg(test)] mod x;`) are not part of the library.
     for m in list(mods.values()):
         for t in m.test_files:
-            mods.pop(m.path + (t,), None)
+            gone = mods.pop(m.path + (t,), None)
+            if gone is not None:
+                TEST_FILES.add(gone.file)
     return mods
+
+
+# Files under src/ that hold only a `#[cfg(test)] mod` (filled by `load`): not library
+# code, so no size limit either.
+TEST_FILES = set()
 
 
 def code_lines(text):
@@ -484,6 +492,8 @@ def main():
         for f in sorted(files):
             if f.endswith(".rs"):
                 full = os.path.join(dirpath, f)
+                if os.path.relpath(full, src).replace(os.sep, "/") in TEST_FILES:
+                    continue
                 with open(full, encoding="utf-8") as fh:
                     n = code_lines(fh.read())
                 if n > args.max_lines:

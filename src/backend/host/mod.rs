@@ -5,9 +5,9 @@
 //! never deadlock and independent collectives overlap.
 
 pub mod algo;
+pub mod announce;
 pub mod eager;
 pub mod engine;
-pub mod fast;
 pub mod fingerprint;
 pub mod mapped;
 pub mod plan;
@@ -47,17 +47,17 @@ fn run(x: &mut Exec<'_>, calls: &[Call]) -> Result<Option<Error>> {
     let has_collective = calls.iter().any(|c| !c.coll.kind.is_p2p());
     if has_collective && t.board.is_some() {
         let rank = t.rank;
-        match fast::run(t, calls, timeout, abort, &|| describe(calls, rank))? {
-            fast::Board1::Done(r) => {
+        match announce::run(t, calls, timeout, abort, &|| describe(calls, rank))? {
+            announce::Announced::Done(r) => {
                 x.algo = "board";
                 return Ok(r);
             }
-            fast::Board1::Mapped(r) => {
+            announce::Announced::Mapped(r) => {
                 x.algo = "mapped";
                 return Ok(r);
             }
             // Fingerprints (and per-rank counts) were compared on the board.
-            fast::Board1::Continue(v) => {
+            announce::Announced::OnLinks(v) => {
                 check = false;
                 agreed = v;
             }

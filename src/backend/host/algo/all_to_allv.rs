@@ -1,7 +1,7 @@
 //! all_to_allv and all_gather_v (counts per rank): where each part of the call is.
 //!
-//! - on one host, the board first (`fast::run`): a single all_to_allv whose data
-//!   fits every slot moves whole there (`fast::alltoallv`); otherwise its counts,
+//! - on one host, the board first (`announce::run`): a single all_to_allv whose data
+//!   fits every slot moves whole there (`announce::alltoallv`); otherwise its counts,
 //!   and those of every v-call of the group, are agreed there (`counts_verdicts`);
 //! - else `host::execute` agrees the counts over the links with [`alltoallv_agree`]
 //!   here; either way a mismatch fails the call on every rank before data moves;

@@ -1,5 +1,6 @@
-//! Collectives on the bulletin board (`transport::board`), for ranks that all share
-//! one host.
+//! The announcement: every collective of ranks that all share one host first
+//! announces itself on the bulletin board (`transport::board`), and small ones carry
+//! their data in it.
 //!
 //! Every collective call first announces its fingerprint on the board, and every rank
 //! compares every peer's there before it takes any data (one store and one read per
@@ -26,15 +27,15 @@ use std::time::Duration;
 /// (`plan::Plan`).
 const HANDOFF: u64 = 1;
 
-/// What the board step decided.
-pub enum Board1 {
+/// What the announcement decided.
+pub enum Announced {
     /// The call ran entirely on the board: its result.
     Done(Option<Error>),
     /// The call ran between the ranks' buffers (`mapped`): its result.
     Mapped(Option<Error>),
     /// Fingerprints agree (or are not checked): run the calls on the links. With
     /// per-rank counts compared on the board, their verdicts: (seq, error) per call.
-    Continue(Option<Vec<(u64, Option<Error>)>>),
+    OnLinks(Option<Vec<(u64, Option<Error>)>>),
 }
 
 /// Bytes every rank agrees the call would publish at most (same on every rank), or
@@ -65,7 +66,7 @@ pub fn run(
     timeout: Duration,
     abort: &AtomicBool,
     what: &dyn Fn() -> String,
-) -> Result<Board1> {
+) -> Result<Announced> {
     if mapped::may_take(calls, t.nranks) {
         if let Some(mine) = mapped::prepare(t, calls) {
             return run_mapped(t, calls, &mine, timeout, abort, what);
@@ -90,7 +91,7 @@ fn run_mapped(
     timeout: Duration,
     abort: &AtomicBool,
     what: &dyn Fn() -> String,
-) -> Result<Board1> {
+) -> Result<Announced> {
     let (b, checks) = t.board_with_checks().expect("caller checked");
     let mut checker = |full: bool| if full { checks.alive() } else { checks.flags() };
     let mut w = Waiter::new(timeout, abort, &mut checker, what);
@@ -103,13 +104,13 @@ fn run_mapped(
         b.wait_for(&mut w, p, s)?;
     }
     if let Some(e) = all_agree(b, s, digest) {
-        return Ok(Board1::Done(Some(e)));
+        return Ok(Announced::Done(Some(e)));
     }
     w.check_flags(b)?;
     match mapped::agree(b, s, mine) {
-        Some(agreed) => Ok(Board1::Mapped(mapped::run(t, mine, agreed, timeout, abort, what)?)),
+        Some(agreed) => Ok(Announced::Mapped(mapped::run(t, mine, agreed, timeout, abort, what)?)),
         // Fingerprints were compared (or are not checked): the links move the data.
-        None => Ok(Board1::Continue(None)),
+        None => Ok(Announced::OnLinks(None)),
     }
 }
 
@@ -131,7 +132,7 @@ fn root_hands_off(t: &mut Transport, calls: &[Call]) -> bool {
     engine::goes_direct_to_all(t, co.send, co.count * co.dtype.size())
 }
 
-fn on_board(b: &mut Board, w: &mut Waiter<'_>, calls: &[Call], handoff: bool) -> Result<Board1> {
+fn on_board(b: &mut Board, w: &mut Waiter<'_>, calls: &[Call], handoff: bool) -> Result<Announced> {
     let (me, n) = (b.rank, b.nranks());
     // Peers' failure flags are checked once their slots are read (below), and by
     // every wait that does not end at once.
@@ -158,15 +159,15 @@ fn on_board(b: &mut Board, w: &mut Waiter<'_>, calls: &[Call], handoff: bool) ->
             b.wait_for(w, p, s)?;
         }
         if let Some(e) = all_agree(b, s, digest) {
-            return Ok(Board1::Done(Some(e)));
+            return Ok(Announced::Done(Some(e)));
         }
         w.check_flags(b)?;
         if counted {
-            return Ok(Board1::Continue(Some(counts_verdicts(b, s, calls))));
+            return Ok(Announced::OnLinks(Some(counts_verdicts(b, s, calls))));
         }
         // A call of count 0 is complete once announced.
         let noop = calls.iter().all(|c| c.coll.is_noop());
-        return Ok(if noop { Board1::Done(None) } else { Board1::Continue(None) });
+        return Ok(if noop { Announced::Done(None) } else { Announced::OnLinks(None) });
     };
 
     let es = co.dtype.size();
@@ -206,12 +207,12 @@ fn on_board(b: &mut Board, w: &mut Waiter<'_>, calls: &[Call], handoff: bool) ->
         b.wait_for(w, p, s)?;
     }
     if let Some(e) = all_agree(b, s, digest) {
-        return Ok(Board1::Done(Some(e)));
+        return Ok(Announced::Done(Some(e)));
     }
     w.check_flags(b)?;
     if range && b.flags(root, s) == HANDOFF {
         // Fingerprints were compared (or are not checked): the links move the data.
-        return Ok(Board1::Continue(None));
+        return Ok(Announced::OnLinks(None));
     }
 
     // 3. Take what this rank receives.
@@ -256,7 +257,7 @@ fn on_board(b: &mut Board, w: &mut Waiter<'_>, calls: &[Call], handoff: bool) ->
         }
         _ => {}
     }
-    Ok(Board1::Done(None))
+    Ok(Announced::Done(None))
 }
 
 /// Compares every rank's fingerprint of call `s` (all published) with this rank's:
@@ -391,7 +392,7 @@ fn counts_disagree(b: &Board, s: u64, vi: usize, co: &Coll) -> Option<Error> {
 /// fit, all the data it sends; each reads its blocks straight from the peers' slots.
 /// When some rank's data does not fit, the counts are still agreed here and the
 /// data goes over the links.
-fn alltoallv(b: &mut Board, w: &mut Waiter<'_>, c: &Call, s: u64, digest: u64) -> Result<Board1> {
+fn alltoallv(b: &mut Board, w: &mut Waiter<'_>, c: &Call, s: u64, digest: u64) -> Result<Announced> {
     let (me, n) = (b.rank, b.nranks());
     let co = &c.coll;
     let v = co.v.as_ref().ok_or_else(|| Error::internal("all_to_allv without counts"))?;
@@ -418,15 +419,15 @@ fn alltoallv(b: &mut Board, w: &mut Waiter<'_>, c: &Call, s: u64, digest: u64) -
         b.wait_for(w, p, s)?;
     }
     if let Some(e) = all_agree(b, s, digest) {
-        return Ok(Board1::Done(Some(e)));
+        return Ok(Announced::Done(Some(e)));
     }
     if let Some(e) = counts_verdict(b, s, 0, co) {
-        return Ok(Board1::Done(Some(e)));
+        return Ok(Announced::Done(Some(e)));
     }
     w.check_flags(b)?;
     let has_data = |r: usize| u64::from_le_bytes(b.data(r, s, 8).try_into().unwrap()) == 1;
     if !(0..n).all(has_data) {
-        return Ok(Board1::Continue(Some(vec![(c.seq, None)])));
+        return Ok(Announced::OnLinks(Some(vec![(c.seq, None)])));
     }
     for p in 0..n {
         // p's block for me follows its blocks for ranks 0..me.
@@ -437,5 +438,5 @@ fn alltoallv(b: &mut Board, w: &mut Waiter<'_>, c: &Call, s: u64, digest: u64) -
         // slots are shared memory, disjoint from it.
         unsafe { copy::copy(co.recv.add(v.rdispls()[p] * es), src.as_ptr(), len) };
     }
-    Ok(Board1::Done(None))
+    Ok(Announced::Done(None))
 }
