@@ -531,7 +531,7 @@ pub fn cuda_mps() -> Option<bool> {
 }
 
 /// Most bytes of host buffer a staged chunk may take (`FERROCCL_STAGING_CHUNK`; half
-/// the staging pool, `backend::staging::POOL_MAX_BYTES`).
+/// the staging pool, `mem::pinned::POOL_MAX_BYTES`).
 pub const STAGING_CHUNK_MAX: usize = 32 << 20;
 
 /// `FERROCCL_STAGING_CHUNK` in bytes (0: calls staged whole; a value that is no byte

@@ -1,5 +1,6 @@
 //! What the operating system says about this process: the CPUs it may run on, and
-//! whether another process still lives. Used by the launcher, the wire-up and the
+//! whether another process still lives; and the memory mappings every allocator
+//! of ours makes the same way. Used by the launcher, the wire-up and the
 //! transport's waits.
 
 /// How many CPUs this process may use (its affinity mask and CPU quota).
@@ -54,4 +55,47 @@ pub fn process_alive(pid: u32) -> bool {
         }
         Err(_) => true,
     }
+}
+
+/// A fresh private anonymous read-write mapping of `len` bytes (zero-filled, its
+/// pages made on first touch); `what` names it in the error.
+pub fn map_private(len: usize, what: &str) -> crate::error::Result<*mut u8> {
+    // SAFETY: a new mapping at an address of the kernel's choice; no existing memory changes.
+    let p = unsafe {
+        libc::mmap(
+            std::ptr::null_mut(),
+            len,
+            libc::PROT_READ | libc::PROT_WRITE,
+            libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
+            -1,
+            0,
+        )
+    };
+    if p == libc::MAP_FAILED {
+        return Err(crate::error::Error::os(format!("mmap of {len} bytes for {what}")));
+    }
+    Ok(p.cast())
+}
+
+/// Maps the first `len` bytes of the file `fd` (shared memory) read-write and shared,
+/// its pages made on first touch; `what` names it in the error.
+pub fn map_shared(fd: std::os::fd::RawFd, len: usize, what: &str) -> crate::error::Result<*mut u8> {
+    // SAFETY: a new mapping at an address of the kernel's choice; a bad fd or a file
+    // shorter than `len` is the kernel's error (or SIGBUS on touch past its end, which
+    // callers rule out by sizing the file first).
+    let p =
+        unsafe { libc::mmap(std::ptr::null_mut(), len, libc::PROT_READ | libc::PROT_WRITE, libc::MAP_SHARED, fd, 0) };
+    if p == libc::MAP_FAILED {
+        return Err(crate::error::Error::os(format!("mmap of {what} ({len} bytes)")));
+    }
+    Ok(p.cast())
+}
+
+/// Unmaps `len` bytes at `p`, a mapping [`map_private`] or [`map_shared`] made.
+///
+/// # Safety
+/// Nothing uses the range afterwards, and it is unmapped once.
+pub unsafe fn unmap(p: *mut u8, len: usize) {
+    // SAFETY: guaranteed by the caller.
+    unsafe { libc::munmap(p.cast(), len) };
 }

@@ -19,7 +19,7 @@ Four rules, each violation printed on its own line:
    left out of the graph (unit tests may build fixtures from any layer; they are not
    linked into the library).
 4. Backends keep their insides. A file outside a backend's folder (each folder under
-   src/backend/: host, ipc, nccl) may use only that backend's face (its mod.rs), never
+   src/backend/: host, ipc, nccl, staging) may use only that backend's face (its mod.rs), never
    a file inside it: what several backends share belongs in coll/ or in backend/
    itself, and a `pub use` at the face does not make an inner item shared (edges follow
    re-exports to the file that holds the item).

@@ -10,6 +10,7 @@ pub mod cuda_kernels;
 pub mod cuda_reduce;
 pub mod fallible;
 pub mod kernel_cache;
+pub mod pinned;
 pub mod pool;
 pub mod reduce;
 pub mod shared;

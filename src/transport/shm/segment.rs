@@ -218,21 +218,8 @@ impl Segment {
     /// Anonymous memory, for ranks that are threads of one process.
     pub fn anonymous(nranks: usize, ring_bytes: usize) -> Result<Segment> {
         let len = segment_bytes(nranks, ring_bytes);
-        // SAFETY: a fresh anonymous mapping; arguments are valid constants.
-        let p = unsafe {
-            libc::mmap(
-                std::ptr::null_mut(),
-                len,
-                libc::PROT_READ | libc::PROT_WRITE,
-                libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
-                -1,
-                0,
-            )
-        };
-        if p == libc::MAP_FAILED {
-            return Err(Error::os(format!("mmap of {len} bytes for an in-process segment")));
-        }
-        let seg = Segment { base: p as *mut u8, len, nranks, ring_bytes, shm_name: std::sync::Mutex::new(None) };
+        let p = crate::sys::map_private(len, "an in-process segment")?;
+        let seg = Segment { base: p, len, nranks, ring_bytes, shm_name: std::sync::Mutex::new(None) };
         seg.init_header();
         Ok(seg)
     }
@@ -299,15 +286,10 @@ impl Segment {
     }
 
     fn map_fd(fd: i32, len: usize, name: &str) -> Result<Segment> {
-        // Mapped lazily: each rank populates only the parts it uses (`populate`).
-        // SAFETY: fd refers to an object of at least `len` bytes (ftruncated by its owner).
-        let p = unsafe {
-            libc::mmap(std::ptr::null_mut(), len, libc::PROT_READ | libc::PROT_WRITE, libc::MAP_SHARED, fd, 0)
-        };
-        if p == libc::MAP_FAILED {
-            return Err(Error::os(format!("mmap of shared-memory segment {name} ({len} bytes)")));
-        }
-        Ok(Segment { base: p as *mut u8, len, nranks: 0, ring_bytes: 0, shm_name: std::sync::Mutex::new(None) })
+        // Mapped lazily: each rank populates only the parts it uses (`populate`); the
+        // object is at least `len` bytes (ftruncated by its owner).
+        let p = crate::sys::map_shared(fd, len, &format!("shared-memory segment {name}"))?;
+        Ok(Segment { base: p, len, nranks: 0, ring_bytes: 0, shm_name: std::sync::Mutex::new(None) })
     }
 
     fn init_header(&self) {
@@ -516,7 +498,7 @@ impl Drop for Segment {
         self.unlink();
         // SAFETY: base/len describe a mapping we own; nothing borrows it past
         // drop because links hold an Arc to the segment.
-        unsafe { libc::munmap(self.base as *mut libc::c_void, self.len) };
+        unsafe { crate::sys::unmap(self.base, self.len) };
     }
 }
 
