@@ -98,6 +98,9 @@ static fcclResult_t shift_in_place(float* buf, size_t count, int rank, int nrank
  * all_reduces, and resumes after the timeout. */
 #define FREEZE_TIMEOUT_MS 1500
 static int frozen_rank(int nranks) { return nranks >= 3 ? 2 : 1; }
+/* Where a freeze rank says that its warm-up is done (one byte): main() stops rank F
+ * only once every rank loops, however slowly a loaded machine started them. */
+static int g_ready_fd = -1;
 
 /* Every rank's failing call must blame the frozen rank F, and no other: "rank F stopped
  * making progress" (or "comes down to rank F,") and none of the phrases that would blame
@@ -153,6 +156,7 @@ static int run_rank(const char* scenario, int rank, int nranks, fcclUniqueId id)
   for (size_t i = 0; i < count; i++) a[i] = 1.0f;
   OK(fcclAllReduce(a, b, 1024, fcclFloat32, fcclSum, comm, NULL));
   if (b[0] != (float)nranks) FAIL("warm-up all_reduce gave %f", b[0]);
+  if (strcmp(scenario, "freeze") == 0 && write(g_ready_fd, "r", 1) != 1) FAIL("cannot tell main() it is ready");
 
   if (strcmp(scenario, "kill") == 0) {
     double t0 = now_ms();
@@ -666,6 +670,9 @@ int main(int argc, char** argv) {
   fflush(stdout);
   pid_t pids[64];
   int pipes[64][2];
+  int ready[2];
+  if (pipe(ready) != 0) FAIL("pipe failed");
+  g_ready_fd = ready[1];
   for (int r = 0; r < nranks; r++) {
     if (pipe(pipes[r]) != 0) FAIL("pipe failed");
     pids[r] = fork();
@@ -690,9 +697,17 @@ int main(int argc, char** argv) {
     close(pipes[r][1]);
   }
   if (strncmp(scenario, "freeze", 6) == 0) {
-    /* Let the ranks start looping, stop one mid-call, resume it after the timeout. */
+    /* Once every rank has warmed up, let them loop, stop one mid-call, resume it after
+     * the timeout. */
     int f = frozen_rank(nranks);
-    usleep(700 * 1000);
+    close(ready[1]);
+    for (int got = 0; got < nranks;) {
+      char c;
+      ssize_t k = read(ready[0], &c, 1);
+      if (k <= 0) break; /* a rank failed its warm-up: its own message says why */
+      got++;
+    }
+    usleep(300 * 1000);
     kill(pids[f], SIGSTOP);
     usleep((FREEZE_TIMEOUT_MS + 2500) * 1000);
     kill(pids[f], SIGCONT);
