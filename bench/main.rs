@@ -13,14 +13,16 @@ mod coll;
 mod comm;
 mod compare;
 mod data;
+mod opts;
 mod plot;
 mod report;
 mod soak;
 
-use cli::{Average, Mem, Opts, Parsed};
+use cli::Parsed;
 use coll::{Case, Collective};
 use comm::{Buf, Comm, Fail};
 use ferroccl::ffi::{fcclMax, fcclMin, fcclSum};
+use opts::{Average, Mem, Opts};
 use report::{RankInfo, Record, RunInfo};
 use std::io::{IsTerminal, Write};
 use std::time::{Duration, Instant};

@@ -1,6 +1,6 @@
 //! Results: the nccl-tests table, JSON and CSV.
 
-use crate::cli::Opts;
+use crate::opts::Opts;
 use std::fmt::Write as _;
 
 /// One size and placement of one collective.
