@@ -757,7 +757,7 @@ fn soak_arguments_are_checked() {
         assert_eq!(o.status.code(), Some(2), "{args:?}: {}", text(&o).1);
     }
     let (help, _) = text(&bench(&["--help"], &[]));
-    for w in ["--soak N", "--seed S", "--soak-first I", "idle ranks", "FERROCCL_BENCH_LEAK", "calls per"] {
+    for w in ["--soak <N>", "--seed <S>", "--soak-first <I>", "idle ranks", "FERROCCL_BENCH_LEAK", "calls per"] {
         assert!(help.contains(w), "--help mentions {w}");
     }
 }
