@@ -8,7 +8,9 @@ use crate::coll::Collective;
 use crate::data::{Op, Ty};
 use crate::hostname;
 use crate::opts::{Mem, Opts, DEFAULT_SOAK_MAX_BYTES};
-use crate::report::{esc, num, RankInfo};
+use crate::report::{to_json, JsonHead, JsonRank, RankInfo};
+use serde::ser::SerializeMap;
+use serde::Serialize;
 use std::fmt::Write as _;
 
 /// Counts of the calls, the same on every rank (they follow the seed).
@@ -260,116 +262,196 @@ impl Summary<'_> {
 
     pub fn json(&self, version_code: i32, infos: &[RankInfo]) -> String {
         let (o, t, recs) = (self.o, self.tally, self.recs);
-        let obj = |names: &[&str], counts: &[u64]| -> String {
-            let v: Vec<String> = names.iter().zip(counts).map(|(n, c)| format!("{}: {c}", esc(n))).collect();
-            format!("{{{}}}", v.join(", "))
-        };
-        let res = |r: &Res| {
-            format!(
-                "{{\"fds\": {}, \"memfds\": {}, \"shm_files\": {}, \"threads\": {}, \"maps\": {}, \"rss_kib\": {}, \
-                 \"malloc_in_use_kib\": {}}}",
-                r.fds, r.memfds, r.shm, r.threads, r.maps, r.rss_kib, r.heap_kib
-            )
-        };
-        let growth = |a: &Res, b: &Res| {
-            format!(
-                "{{\"fds\": {}, \"memfds\": {}, \"shm_files\": {}, \"threads\": {}, \"maps\": {}, \"rss_kib\": {}, \
-                 \"malloc_in_use_kib\": {}}}",
-                grow(a.fds, b.fds),
-                grow(a.memfds, b.memfds),
-                grow(a.shm, b.shm),
-                grow(a.threads, b.threads),
-                grow(a.maps, b.maps),
-                grow(a.rss_kib, b.rss_kib),
-                grow(a.heap_kib, b.heap_kib)
-            )
-        };
         let [cn, tn, on, kn] = self.names();
         let kinds = self.kinds();
-        let wrong = self.wrong();
-        let wrong_calls: u64 = recs.iter().map(|r| r.wrong_calls).sum();
+        let host = hostname();
+        let replay = replay(o, self.n, self.seed);
+        let growth = |a: &Res, b: &Res| JsonGrowth {
+            fds: grow(a.fds, b.fds),
+            memfds: grow(a.memfds, b.memfds),
+            shm_files: grow(a.shm, b.shm),
+            threads: grow(a.threads, b.threads),
+            maps: grow(a.maps, b.maps),
+            rss_kib: grow(a.rss_kib, b.rss_kib),
+            malloc_in_use_kib: Some(grow(a.heap_kib, b.heap_kib)),
+        };
         let first_wrong = recs.iter().map(|r| r.first_wrong).min().unwrap_or(u64::MAX);
-        let rss = self.rss_growth();
-        let ok = self.failures().is_empty();
-        let colls: Vec<String> = o.colls.iter().map(|c| esc(c.name())).collect();
-        let mut s = String::new();
-        let _ = writeln!(s, "{{");
-        let _ = writeln!(s, "  \"tool\": \"ferroccl-bench\",");
-        let _ = writeln!(s, "  \"mode\": \"soak\",");
-        let _ = writeln!(s, "  \"tool_version\": {},", esc(env!("CARGO_PKG_VERSION")));
-        let _ = writeln!(s, "  \"library_version\": {},", esc(&crate::comm::version_string(version_code)));
-        let _ = writeln!(s, "  \"library_version_code\": {version_code},");
-        let _ = writeln!(s, "  \"host\": {},", esc(&hostname()));
-        let _ = writeln!(s, "  \"date\": {},", esc(&crate::report::utc_now()));
-        let _ = writeln!(s, "  \"mem\": {},", esc(o.mem.name()));
-        let _ = writeln!(s, "  \"nranks\": {},", self.n);
-        let _ = writeln!(s, "  \"params\": {{");
-        let _ = writeln!(s, "    \"calls\": {},", self.total);
-        let _ = writeln!(s, "    \"seed\": {},", self.seed);
-        let _ = writeln!(s, "    \"first_call\": {},", self.first);
-        let _ = writeln!(s, "    \"max_bytes\": {},", o.max_bytes);
-        let _ = writeln!(s, "    \"collectives\": [{}],", colls.join(", "));
-        let _ = writeln!(s, "    \"warmup_calls\": {},", self.warm);
-        let _ = writeln!(s, "    \"rss_bound_mib\": {RSS_BOUND_MIB}");
-        let _ = writeln!(s, "  }},");
-        let _ = writeln!(s, "  \"replay\": {},", esc(&replay(o, self.n, self.seed)));
-        let _ = writeln!(s, "  \"duration_s\": {},", num(self.secs));
-        let _ = writeln!(s, "  \"calls_per_s\": {},", num(self.rate()));
-        let _ = writeln!(s, "  \"calls_per_collective\": {},", obj(&cn, &t.colls));
-        let _ = writeln!(s, "  \"calls_per_type\": {},", obj(&tn, &t.types));
-        let _ = writeln!(s, "  \"reductions_per_op\": {},", obj(&on, &t.ops));
-        let _ = writeln!(s, "  \"calls_per_size\": {},", obj(&SIZE_CLASSES, &t.sizes));
-        let _ = writeln!(s, "  \"in_place\": {},", t.inplace);
-        let _ = writeln!(s, "  \"count_zero\": {},", t.zero);
-        let _ = writeln!(s, "  \"idle_rank_calls\": {},", t.idle);
-        let _ = writeln!(s, "  \"unchecked\": {},", t.unchecked);
-        let _ = writeln!(s, "  \"buffers\": {},", obj(&kn, &kinds));
-        let _ = writeln!(s, "  \"allocations\": {},", recs.iter().map(|r| r.allocations).sum::<u64>());
-        let _ = writeln!(s, "  \"wrong\": {wrong},");
-        let _ = writeln!(s, "  \"wrong_calls\": {wrong_calls},");
-        let fw = if first_wrong == u64::MAX { "null".to_string() } else { first_wrong.to_string() };
-        let _ = writeln!(s, "  \"first_wrong_call\": {fw},");
-        let _ = writeln!(s, "  \"ranks\": [");
-        for (r, x) in recs.iter().enumerate() {
-            let info = infos.get(r);
-            let _ = writeln!(
-                s,
-                "    {{\"rank\": {r}, \"pid\": {}, \"host\": {}, \"device\": {}, \"peak_rss_kib\": {}, \"wrong\": {}, \
-                 \"wrong_calls\": {}, \"allocations\": {}, \"start\": {}, \"end\": {}, \"growth\": {}, \
-                 \"rss_kib_steps\": [{}], \"malloc_in_use_kib_steps\": [{}]}}{}",
-                info.map_or(0, |i| i.pid),
-                esc(info.map_or("", |i| i.host.as_str())),
-                info.map_or(-1, |i| i.device),
-                x.peak_rss_kib,
-                x.wrong,
-                x.wrong_calls,
-                x.allocations,
-                res(&x.start),
-                res(&x.end),
-                growth(&x.start, &x.end),
-                x.rss_steps.iter().map(|v| v.to_string()).collect::<Vec<_>>().join(", "),
-                x.heap_steps.iter().map(|v| v.to_string()).collect::<Vec<_>>().join(", "),
-                if r + 1 < recs.len() { "," } else { "" }
-            );
+        to_json(&JsonSoak {
+            head: JsonHead::new(Some("soak"), version_code, &host, crate::report::utc_now(), o, self.n),
+            params: JsonSoakParams {
+                calls: self.total,
+                seed: self.seed,
+                first_call: self.first,
+                max_bytes: o.max_bytes,
+                collectives: o.colls.iter().map(|c| c.name()).collect(),
+                warmup_calls: self.warm,
+                rss_bound_mib: RSS_BOUND_MIB,
+            },
+            replay: &replay,
+            duration_s: self.secs,
+            calls_per_s: self.rate(),
+            calls_per_collective: Counts(&cn, &t.colls),
+            calls_per_type: Counts(&tn, &t.types),
+            reductions_per_op: Counts(&on, &t.ops),
+            calls_per_size: Counts(&SIZE_CLASSES, &t.sizes),
+            in_place: t.inplace,
+            count_zero: t.zero,
+            idle_rank_calls: t.idle,
+            unchecked: t.unchecked,
+            buffers: Counts(&kn, &kinds),
+            allocations: recs.iter().map(|r| r.allocations).sum(),
+            wrong: self.wrong(),
+            wrong_calls: recs.iter().map(|r| r.wrong_calls).sum(),
+            first_wrong_call: (first_wrong != u64::MAX).then_some(first_wrong),
+            ranks: recs
+                .iter()
+                .enumerate()
+                .map(|(r, x)| {
+                    let info = infos.get(r);
+                    JsonSoakRank {
+                        rank: JsonRank {
+                            rank: r,
+                            pid: info.map_or(0, |i| i.pid),
+                            host: info.map_or("", |i| i.host.as_str()),
+                            device: info.map_or(-1, |i| i.device),
+                            peak_rss_kib: x.peak_rss_kib,
+                        },
+                        wrong: x.wrong,
+                        wrong_calls: x.wrong_calls,
+                        allocations: x.allocations,
+                        start: JsonRes::new(&x.start),
+                        end: JsonRes::new(&x.end),
+                        growth: growth(&x.start, &x.end),
+                        rss_kib_steps: x.rss_steps,
+                        malloc_in_use_kib_steps: x.heap_steps,
+                    }
+                })
+                .collect(),
+            max_growth: JsonGrowth {
+                fds: self.max_growth(|r| r.fds),
+                memfds: self.max_growth(|r| r.memfds),
+                shm_files: self.max_growth(|r| r.shm),
+                threads: self.max_growth(|r| r.threads),
+                maps: self.max_growth(|r| r.maps),
+                rss_kib: self.rss_growth(),
+                malloc_in_use_kib: None,
+            },
+            last_half_growth: JsonLastHalf {
+                rss_kib: self.last_half(|r| &r.rss_steps),
+                malloc_in_use_kib: self.last_half(|r| &r.heap_steps),
+            },
+            ok: self.failures().is_empty(),
+        })
+    }
+}
+
+/// A soak's JSON (-J).
+#[derive(Serialize)]
+struct JsonSoak<'a> {
+    #[serde(flatten)]
+    head: JsonHead<'a>,
+    params: JsonSoakParams,
+    replay: &'a str,
+    duration_s: f64,
+    calls_per_s: f64,
+    calls_per_collective: Counts<'a>,
+    calls_per_type: Counts<'a>,
+    reductions_per_op: Counts<'a>,
+    calls_per_size: Counts<'a>,
+    in_place: u64,
+    count_zero: u64,
+    idle_rank_calls: u64,
+    unchecked: u64,
+    buffers: Counts<'a>,
+    allocations: u64,
+    wrong: u64,
+    wrong_calls: u64,
+    first_wrong_call: Option<u64>,
+    ranks: Vec<JsonSoakRank<'a>>,
+    max_growth: JsonGrowth,
+    last_half_growth: JsonLastHalf,
+    ok: bool,
+}
+
+#[derive(Serialize)]
+struct JsonSoakParams {
+    calls: u64,
+    seed: u64,
+    first_call: u64,
+    max_bytes: u64,
+    collectives: Vec<&'static str>,
+    warmup_calls: u64,
+    rss_bound_mib: u64,
+}
+
+#[derive(Serialize)]
+struct JsonSoakRank<'a> {
+    #[serde(flatten)]
+    rank: JsonRank<'a>,
+    wrong: u64,
+    wrong_calls: u64,
+    allocations: u64,
+    start: JsonRes,
+    end: JsonRes,
+    growth: JsonGrowth,
+    rss_kib_steps: [u64; RSS_STEPS],
+    malloc_in_use_kib_steps: [u64; RSS_STEPS],
+}
+
+/// One rank's resource counts.
+#[derive(Serialize)]
+struct JsonRes {
+    fds: u64,
+    memfds: u64,
+    shm_files: u64,
+    threads: u64,
+    maps: u64,
+    rss_kib: u64,
+    malloc_in_use_kib: u64,
+}
+
+impl JsonRes {
+    fn new(r: &Res) -> Self {
+        JsonRes {
+            fds: r.fds,
+            memfds: r.memfds,
+            shm_files: r.shm,
+            threads: r.threads,
+            maps: r.maps,
+            rss_kib: r.rss_kib,
+            malloc_in_use_kib: r.heap_kib,
         }
-        let _ = writeln!(s, "  ],");
-        let _ = writeln!(
-            s,
-            "  \"max_growth\": {{\"fds\": {}, \"memfds\": {}, \"shm_files\": {}, \"threads\": {}, \"maps\": {}, \"rss_kib\": {rss}}},",
-            self.max_growth(|r| r.fds),
-            self.max_growth(|r| r.memfds),
-            self.max_growth(|r| r.shm),
-            self.max_growth(|r| r.threads),
-            self.max_growth(|r| r.maps)
-        );
-        let _ = writeln!(
-            s,
-            "  \"last_half_growth\": {{\"rss_kib\": {}, \"malloc_in_use_kib\": {}}},",
-            self.last_half(|r| &r.rss_steps),
-            self.last_half(|r| &r.heap_steps)
-        );
-        let _ = writeln!(s, "  \"ok\": {ok}");
-        let _ = writeln!(s, "}}");
-        s
+    }
+}
+
+/// Growth of the counts, end - start (max_growth has no malloc_in_use_kib).
+#[derive(Serialize)]
+struct JsonGrowth {
+    fds: i64,
+    memfds: i64,
+    shm_files: i64,
+    threads: i64,
+    maps: i64,
+    rss_kib: i64,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    malloc_in_use_kib: Option<i64>,
+}
+
+#[derive(Serialize)]
+struct JsonLastHalf {
+    rss_kib: i64,
+    malloc_in_use_kib: i64,
+}
+
+/// Counts by name, as a JSON object in the order of the names.
+struct Counts<'a>(&'a [&'a str], &'a [u64]);
+
+impl Serialize for Counts<'_> {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        let mut m = s.serialize_map(Some(self.0.len()))?;
+        for (n, c) in self.0.iter().zip(self.1) {
+            m.serialize_entry(n, c)?;
+        }
+        m.end()
     }
 }
