@@ -85,6 +85,8 @@ Test hook:
     name = "ferroccl-bench",
     about = "Measures ferroccl's collectives over a sweep of message sizes, nccl-tests style,\n\
              calling the library through its C functions. Only rank 0 prints the table.",
+    // Not this struct's doc comment, which describes the code.
+    long_about = None,
     after_help = AFTER_HELP,
     disable_help_flag = true,
     // A flag given twice takes its last value, as nccl-tests' getopt does.
