@@ -46,7 +46,8 @@ C_NAMES = {
     "ferroccl.lib.ferroccl.libnccl": "ferroccl/lib/ferroccl/libnccl.so.2",
 }
 
-BINARIES = ("ferroccl-run", "ferroccl-bench")
+# Binary -> the manifest of the crate that builds it.
+BINARIES = {"ferroccl-run": "Cargo.toml", "ferroccl-bench": "bench/Cargo.toml"}
 
 
 class BuildRustCNames(build_rust):
@@ -142,9 +143,10 @@ setup(
         RustExtension("ferroccl.lib.libferroccl", path="Cargo.toml", binding=Binding.NoBinding, debug=False, strip=Strip.Debug),
         RustExtension("ferroccl.lib.ferroccl.libnccl", path="nccl/Cargo.toml", binding=Binding.NoBinding,
                       debug=False, strip=Strip.Debug),
-        # One cargo build for both binaries.
-        RustExtension({b: f"ferroccl.bin.{b}" for b in BINARIES}, path="Cargo.toml", binding=Binding.Exec,
-                      args=[a for b in BINARIES for a in ("--bin", b)], debug=False, strip=Strip.Debug),
+        # One extension per binary: setuptools-rust takes the executables from cargo's
+        # messages for the manifest's own package, and ferroccl-bench is a crate of its own.
+        *(RustExtension({b: f"ferroccl.bin.{b}"}, path=manifest, binding=Binding.Exec, args=["--bin", b],
+                        debug=False, strip=Strip.Debug) for b, manifest in BINARIES.items()),
     ],
     cmdclass={"build_rust": BuildRustCNames, "build_py": BuildPyWithC, "bdist_wheel": PlatformWheel},
 )

@@ -1,267 +1,22 @@
-//! Command line of ferroccl-bench: nccl-tests' flags plus our own.
+//! Command line of ferroccl-bench: nccl-tests' flags plus our own, parsed with clap
+//! (derive) into the run's [`Opts`], with the checks clap cannot express (flags that
+//! only some modes take, sizes that must grow) reported as clap's own errors.
 
 use crate::coll::{Collective, ExtParams, DEFAULT_AXIS, DEFAULT_NBUFFERS};
-use crate::data::Ty;
+use crate::data::{Op, Ty};
+use crate::opts::*;
+use clap::error::ErrorKind;
+use clap::parser::ValueSource;
+use clap::{ArgAction, CommandFactory, FromArgMatches, Parser};
 use std::ffi::OsString;
 use std::path::PathBuf;
 
-/// Reduction operator named on the command line.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Op {
-    Sum,
-    Prod,
-    Max,
-    Min,
-    Avg,
-}
+/// Arguments that apply to a soak (by clap id); every other one is refused there (it
+/// draws the rest).
+const SOAK_ARGS: [&str; 9] = ["colls", "soak", "seed", "soak_first", "nranks", "bind", "mem", "max_bytes", "json"];
 
-impl Op {
-    pub const ALL: [Op; 5] = [Op::Sum, Op::Prod, Op::Max, Op::Min, Op::Avg];
-    pub fn name(self) -> &'static str {
-        match self {
-            Op::Sum => "sum",
-            Op::Prod => "prod",
-            Op::Max => "max",
-            Op::Min => "min",
-            Op::Avg => "avg",
-        }
-    }
-    /// The fcclRedOp_t value.
-    pub fn c_value(self) -> ferroccl::ffi::fcclRedOp_t {
-        use ferroccl::ffi::*;
-        match self {
-            Op::Sum => fcclSum,
-            Op::Prod => fcclProd,
-            Op::Max => fcclMax,
-            Op::Min => fcclMin,
-            Op::Avg => fcclAvg,
-        }
-    }
-}
-
-/// Where the buffers live.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Mem {
-    Host,
-    Cuda,
-}
-
-impl Mem {
-    pub fn name(self) -> &'static str {
-        match self {
-            Mem::Host => "host",
-            Mem::Cuda => "cuda",
-        }
-    }
-}
-
-/// How ranks' times are combined (`-a`), nccl-tests' numbering.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Average {
-    Rank0 = 0,
-    Avg = 1,
-    Min = 2,
-    Max = 3,
-}
-
-impl Average {
-    pub fn name(self) -> &'static str {
-        match self {
-            Average::Rank0 => "rank0",
-            Average::Avg => "avg",
-            Average::Min => "min",
-            Average::Max => "max",
-        }
-    }
-}
-
-/// Default sweep; see the help text for why these values.
-pub const DEFAULT_MIN_BYTES: u64 = 8;
-pub const DEFAULT_MAX_BYTES: u64 = 64 << 20;
-pub const DEFAULT_FACTOR: u64 = 2;
-pub const DEFAULT_ITERS: usize = 20;
-pub const DEFAULT_WARMUP: usize = 5;
-pub const DEFAULT_MAX_TIME: f64 = 0.25;
-pub const DEFAULT_REPS: usize = 7;
-/// -e of a soak: large enough that calls reach every path (bulletin board, rings,
-/// streaming stores, single copy), small enough that 20,000 calls take minutes.
-pub const DEFAULT_SOAK_MAX_BYTES: u64 = 4 << 20;
-/// Flags that apply to a soak; every other one is refused there (it draws the rest).
-const SOAK_FLAGS: [&str; 11] =
-    ["--soak", "--seed", "--soak-first", "--nranks", "--np", "--bind", "--mem", "-e", "--maxbytes", "-J", "--json"];
-
-/// Everything the command line sets.
-#[derive(Clone, Debug)]
-pub struct Opts {
-    pub colls: Vec<Collective>,
-    pub min_bytes: u64,
-    pub max_bytes: u64,
-    /// Multiply by this between sizes (> 1), or 0 to add `step_bytes`.
-    pub step_factor: u64,
-    pub step_bytes: u64,
-    pub iters: usize,
-    pub warmup: usize,
-    pub check: usize,
-    pub ty: Ty,
-    pub op: Op,
-    pub root: i64,
-    pub average: Average,
-    pub nranks: Option<usize>,
-    /// With --nranks: pin each rank to its own CPU (`--bind core`, the default).
-    pub bind: bool,
-    pub mem: Mem,
-    pub json: Option<PathBuf>,
-    pub csv: Option<PathBuf>,
-    pub plot: Option<PathBuf>,
-    /// Seconds per size and placement that the warmups and timed iterations may take
-    /// (iterations are reduced to fit, never below 1); 0 = always exactly -n and -w.
-    pub max_time: f64,
-    /// Move the buffers along the allocation between iterations, as nccl-tests does.
-    pub rotate: bool,
-    /// Parameters of the extension collectives.
-    pub ext: ExtParams,
-    /// Compare fcclAllReduceCoalesced with one fcclAllReduce per buffer instead of a sweep.
-    pub compare_coalesced: bool,
-    /// Compare fcclAllReduceWire with fcclAllReduce instead of a sweep.
-    pub compare_wire: bool,
-    /// Alternating repetitions of the comparisons (the median is reported).
-    pub reps: usize,
-    /// `--soak N`: N random checked calls instead of a sweep (see soak.rs).
-    pub soak: Option<u64>,
-    /// `--seed S` of the soak; None: rank 0 draws one.
-    pub seed: Option<u64>,
-    /// `--soak-first I`: the soak starts at call I of the seed's sequence.
-    pub soak_first: u64,
-    /// The command line without `--nranks N`, for the ranks it starts.
-    pub child_args: Vec<OsString>,
-}
-
-pub enum Parsed {
-    Run(Box<Opts>),
-    Help,
-}
-
-pub fn usage() -> String {
-    let colls: Vec<&str> = Collective::ALL.iter().map(|c| c.name()).collect();
-    let ext: Vec<&str> = Collective::EXT.iter().map(|c| c.name()).collect();
-    let types: Vec<&str> = Ty::ALL.iter().map(|t| t.name()).collect();
-    format!(
-        "usage: ferroccl-bench [COLLECTIVE...] [options]
-
-Measures ferroccl's collectives over a sweep of message sizes, nccl-tests style,
-calling the library through its C functions. Only rank 0 prints the table.
-
-Collectives (default all_reduce): {colls}; all (these, nccl-tests' set);
-  extensions beyond NCCL: {ext}; ext (these)
-
-Sweep (nccl-tests' flags; sizes take the suffixes K, M, G = 2^10, 2^20, 2^30):
-  -b, --minbytes SIZE      smallest size (default {dmin})
-  -e, --maxbytes SIZE      largest size (default {dmax})
-  -f, --stepfactor F       multiply the size by F between steps (default {dfac})
-  -i, --stepbytes SIZE     add SIZE between steps instead (used when -f is 1)
-  -n, --iters N            timed iterations per size (default {dit}; see --max-time)
-  -w, --warmup_iters N     untimed warmup iterations per size (default {dw}; see --max-time)
-  -c, --check N            check iterations per size, each on fresh inputs, outside the
-                           timed loop (default 1; 0 = no check, #wrong prints N/A)
-  -d, --datatype TYPE      {types} (default float)
-  -o, --op OP              sum, prod, max, min, avg (default sum)
-  -r, --root R             root of broadcast, reduce, gather, scatter (default 0)
-  -a, --average 0|1|2|3    how ranks' times combine: 0 rank 0, 1 average, 2 min, 3 max
-                           (default 1, as nccl-tests)
-
-Ranks:
-  --nranks N               start N local ranks of this benchmark (same arguments) and
-                           report for all of them. Without it the benchmark joins an
-                           external launch through the environment (ferroccl-run -n N,
-                           torchrun, FERROCCL_RANK/FERROCCL_WORLD_SIZE/...) or, when no
-                           rank is set there, runs as a single rank.
-  --bind core|none         with --nranks: core (default, as mpirun) pins rank r to the
-                           r-th CPU this process may use when there are at least N, so
-                           ranks that wait for each other never share a CPU; none
-                           leaves placement to the scheduler.
-  --mem host|cuda          buffer memory (default host; cuda: fcclMemAlloc, filled and
-                           checked with cuMemcpy; refused when CUDA is absent)
-
-Extension collectives (see \"Extensions\" below for sizes and bandwidth):
-  --axis 0|1               axis of the 2-D tensor the axis forms gather or scatter along
-                           (default {daxis})
-  --nbuffers B             buffers per coalesced call (default {dnb})
-  --bucket SIZE            bucketBytes of the coalesced calls (default 0 = the library's
-                           default)
-  --wire TYPE              wire type of all_reduce_wire and --compare-wire: half,
-                           bfloat16, f8e4m3, f8e5m2, float or double, no wider than -d
-                           (default bfloat16); -d must be float or double
-
-Comparisons (instead of a sweep; no collectives named; both may be given):
-  --compare-coalesced      at each size, fcclAllReduceCoalesced over the B buffers of
-                           all_reduce_coalesced (--nbuffers, --bucket) against B separate
-                           fcclAllReduce calls on the same buffers; prints both times per
-                           set of B buffers and the speed-up. -b 1M -e 1M --nbuffers 1000
-                           is 1000 buffers of 1 KiB (float).
-  --compare-wire           at each size, fcclAllReduceWire (-d over --wire) against
-                           fcclAllReduce (-d) on the same data; prints both busbw and the
-                           gain (wire busbw / plain busbw).
-  --reps R                 repetitions of a comparison (default {dreps}). Each repetition
-                           times both sides back to back after a barrier, in alternating
-                           order, each for up to --max-time (at most -n calls, at least
-                           1); times combine across ranks as -a says. Printed: the median
-                           time of each side, and the median and range over the
-                           repetitions of the ratio measured within one repetition.
-                           Results of both sides are checked (-c) outside the timing.
-
-Soak (instead of a sweep; collectives named restrict it to those):
-  --soak N                 N pseudo-random calls, each checked as -c checks (fresh inputs,
-                           the call, the result against values computed independently):
-                           every collective and extension (or those named), a random type
-                           and op valid for it, a size drawn log-uniformly from 0 to -e
-                           (default {dsoak} here: bulletin board, rings, streaming stores and
-                           single copy all run; count 0 included), in place or out of
-                           place, a random root, --axis, --nbuffers, --bucket and --wire
-                           drawn per call, uneven counts with idle ranks (every count to and
-                           from a rank 0) for all_to_allv, all_gather_v and reduce_scatter_v,
-                           and each rank's send and receive buffers of a random kind:
-                           malloc, fcclMemAllocHost or (--mem cuda) fcclMemAlloc, at a random
-                           element offset, some freed and allocated anew. In-place
-                           all_to_allv runs unchecked (its result is undefined). Every rank
-                           draws the same calls from the seed. Each rank counts its open file
-                           descriptors (/proc/self/fd), threads (/proc/self/task), shared
-                           memory (/dev/shm/fccl-*-p<pid> files and memfd descriptors),
-                           memory mappings (/proc/self/maps), resident memory (VmRSS, after
-                           malloc_trim) and malloc's bytes in use (mallinfo2) after W
-                           warm-up calls (W = min({dwarm}, N/4)) and at the end, each time
-                           with every soak buffer freed. Rank 0 prints the calls per
-                           second (inputs and checks included), the calls per collective,
-                           type, op and size, the wrong elements and each rank's counts.
-                           Exit 1 on a wrong result, on growth of descriptors, threads or
-                           shared memory, or on RSS growth beyond {drss} MiB ({dpool} MiB
-                           that the library's scratch pool may keep, plus {dslack} for
-                           allocators and lazily touched rings; malloc's bytes in use and
-                           RSS at each tenth of the run show whether growth levels off;
-                           mappings are reported, not judged). Only -e, --mem, --nranks,
-                           --bind and -J apply besides these three flags.
-  --seed S                 the soak's seed (decimal or 0x hex; default: rank 0 draws one
-                           and tells the others); printed, so --soak N --seed S replays a run
-  --soak-first I           start at call I of the seed's sequence: --soak-first I --soak 1
-                           --seed S replays call I alone (on fresh buffers); a rank that
-                           finds a wrong result prints the call's number and parameters
-
-Output:
-  -J, --json FILE          results as JSON: the run's parameters, library version, host,
-                           date, memory kind, ranks, peak memory, one record per size and
-                           placement with every column (with --soak: the soak's
-                           parameters, counts and each rank's resource counts)
-  --csv FILE               results as CSV, one row per size and placement, header
-                           collective,nranks,type,redop,root,size_bytes,count,placement,
-                           time_us,algbw_GBps,busbw_GBps,wrong,host_us,backend,algorithm
-                           (wrong is empty when not checked; host_us, in JSON too: with
-                           --mem cuda the time the calling thread spends in one call,
-                           enqueueing it, empty on host memory, where a call returns when
-                           it is done; backend, algorithm: see Paths below)
-  --plot FILE.svg          busbw against size (log2 axis), one line per collective and
-                           placement
-  -h, --help               this text
-
-Paths (the table's last four columns; backend and algorithm in CSV and JSON):
+/// What `--help` prints after the options.
+const AFTER_HELP: &str = r#"Paths (the table's last four columns; backend and algorithm in CSV and JSON):
   After the timed calls of each size and placement every rank reads what served its
   last call (fcclCommGetLastPath) and the ranks share it. backend: host (host memory),
   staged (device memory through host memory), ipc (ranks sharing one GPU, GPU to GPU),
@@ -272,16 +27,6 @@ Paths (the table's last four columns; backend and algorithm in CSV and JSON):
   staged or host calls served (calls of 0 elements excepted: they move nothing).
 
 Differences from nccl-tests:
-  --max-time SECONDS       time budget per size and placement (default {dmt}): after the
-                           first warmups time one call, the ranks agree on the slowest
-                           rank's time, and the remaining warmups are cut to a quarter of
-                           the budget and the timed iterations to the budget (never below
-                           1). Small sizes run exactly -n/-w iterations, large ones fewer,
-                           so a default sweep stays short. 0 = always exactly -n and -w.
-  --rotate 0|1             1 (default, as nccl-tests): iteration i uses the buffers at
-                           offset (i mod k) * size inside the allocation for the largest
-                           size, so small sizes do not always hit the cache; 0: always
-                           offset 0.
   Every size runs its own warmups (nccl-tests warms up once per sweep).
   Inputs are small integers chosen so every result is exact in every type (sums stay
   below the type's exact range, prod multiplies 1s and a few 2s, avg averages values
@@ -330,36 +75,234 @@ Test hook:
   fail the run.
   FERROCCL_BENCH_LEAK=1 makes rank 0 of a soak open /dev/null at every call after
   the warm-up and never close it, so tests can prove that resource growth is reported
-  and fails the run.
-",
-        colls = colls.join(" "),
-        types = types.join(" "),
-        dmin = DEFAULT_MIN_BYTES,
-        dmax = fmt_size(DEFAULT_MAX_BYTES),
-        dfac = DEFAULT_FACTOR,
-        dit = DEFAULT_ITERS,
-        dw = DEFAULT_WARMUP,
-        dmt = DEFAULT_MAX_TIME,
-        ext = ext.join(" "),
-        daxis = DEFAULT_AXIS,
-        dnb = DEFAULT_NBUFFERS,
-        dreps = DEFAULT_REPS,
-        dsoak = fmt_size(DEFAULT_SOAK_MAX_BYTES),
-        dwarm = crate::soak::WARMUP_CALLS,
-        drss = crate::soak::RSS_BOUND_MIB,
-        dpool = crate::soak::LIBRARY_POOL_MIB,
-        dslack = crate::soak::RSS_SLACK_MIB,
+  and fails the run."#;
+
+/// The command line as clap sees it; [`parse`] turns it into [`Opts`]. Defaults are
+/// applied there, not here: some depend on the mode (-e of a soak) or on other flags
+/// (-f 1 means -i), so every value is None when not given.
+#[derive(Parser, Debug)]
+#[command(
+    name = "ferroccl-bench",
+    about = "Measures ferroccl's collectives over a sweep of message sizes, nccl-tests style,\n\
+             calling the library through its C functions. Only rank 0 prints the table.",
+    // Not this struct's doc comment, which describes the code.
+    long_about = None,
+    after_help = AFTER_HELP,
+    disable_help_flag = true,
+    // A flag given twice takes its last value, as nccl-tests' getopt does.
+    args_override_self = true,
+    max_term_width = 100
+)]
+struct Cli {
+    #[arg(value_name = "COLLECTIVE", value_parser = collective, help = colls_help())]
+    colls: Vec<String>,
+
+    // Sweep.
+    #[arg(short = 'b', long = "minbytes", value_name = "SIZE", value_parser = size,
+          help_heading = SWEEP, help = format!("smallest size (default {DEFAULT_MIN_BYTES})"))]
+    min_bytes: Option<u64>,
+    #[arg(short = 'e', long = "maxbytes", value_name = "SIZE", value_parser = size, help_heading = SWEEP,
+          help = format!("largest size (default {}; --soak: {})", fmt_size(DEFAULT_MAX_BYTES), fmt_size(DEFAULT_SOAK_MAX_BYTES)))]
+    max_bytes: Option<u64>,
+    #[arg(short = 'f', long = "stepfactor", value_name = "F", value_parser = num::<u64>, help_heading = SWEEP,
+          help = format!("multiply the size by F between steps (default {DEFAULT_FACTOR})"))]
+    step_factor: Option<u64>,
+    #[arg(short = 'i', long = "stepbytes", value_name = "SIZE", value_parser = size, help_heading = SWEEP,
+          help = "add SIZE between steps instead (used when -f is 1)")]
+    step_bytes: Option<u64>,
+    #[arg(short = 'n', long = "iters", value_name = "N", value_parser = num::<usize>, help_heading = SWEEP,
+          help = format!("timed iterations per size (default {DEFAULT_ITERS}; see --max-time)"))]
+    iters: Option<usize>,
+    #[arg(short = 'w', long = "warmup_iters", value_name = "N", value_parser = num::<usize>, help_heading = SWEEP,
+          help = format!("untimed warmup iterations per size (default {DEFAULT_WARMUP}; see\n--max-time)"))]
+    warmup: Option<usize>,
+    #[arg(short = 'c', long = "check", value_name = "N", value_parser = num::<usize>, help_heading = SWEEP,
+          help = "check iterations per size, each on fresh inputs, outside the\n\
+                  timed loop (default 1; 0 = no check, #wrong prints N/A)")]
+    check: Option<usize>,
+    #[arg(short = 'd', long = "datatype", value_name = "TYPE", value_parser = datatype, help_heading = SWEEP,
+          help = format!("{} (default float)", names(Ty::ALL.iter().map(|t| t.name()))))]
+    ty: Option<Ty>,
+    #[arg(short = 'o', long = "op", value_name = "OP", value_parser = op, help_heading = SWEEP,
+          help = "sum, prod, max, min, avg (default sum)")]
+    op: Option<Op>,
+    #[arg(short = 'r', long = "root", value_name = "R", value_parser = num::<i64>, allow_negative_numbers = true,
+          help_heading = SWEEP, help = "root of broadcast, reduce, gather, scatter (default 0)")]
+    root: Option<i64>,
+    #[arg(short = 'a', long = "average", value_name = "0|1|2|3", value_parser = average, help_heading = SWEEP,
+          help = "how ranks' times combine: 0 rank 0, 1 average, 2 min, 3 max\n(default 1, as nccl-tests)")]
+    average: Option<Average>,
+
+    // Ranks.
+    #[arg(long = "nranks", alias = "np", value_name = "N", value_parser = nranks, help_heading = "Ranks",
+          help = "start N local ranks of this benchmark (same arguments) and\n\
+                  report for all of them. Without it the benchmark joins an\n\
+                  external launch through the environment (ferroccl-run -n N,\n\
+                  torchrun, FERROCCL_RANK/FERROCCL_WORLD_SIZE/...) or, when no\n\
+                  rank is set there, runs as a single rank.")]
+    nranks: Option<usize>,
+    #[arg(long = "bind", value_name = "core|none", value_parser = bind, help_heading = "Ranks",
+          help = "with --nranks: core (default, as mpirun) pins rank r to the\n\
+                  r-th CPU this process may use when there are at least N, so\n\
+                  ranks that wait for each other never share a CPU; none\n\
+                  leaves placement to the scheduler.")]
+    bind: Option<bool>,
+    #[arg(long = "mem", value_name = "host|cuda", value_parser = mem, help_heading = "Ranks",
+          help = "buffer memory (default host; cuda: fcclMemAlloc, filled and\n\
+                  checked with cuMemcpy; refused when CUDA is absent)")]
+    mem: Option<Mem>,
+
+    // Extension collectives.
+    #[arg(long = "axis", value_name = "0|1", value_parser = axis, help_heading = EXT,
+          help = format!("axis of the 2-D tensor the axis forms gather or scatter along\n(default {DEFAULT_AXIS})"))]
+    axis: Option<usize>,
+    #[arg(long = "nbuffers", value_name = "B", value_parser = nbuffers, help_heading = EXT,
+          help = format!("buffers per coalesced call (default {DEFAULT_NBUFFERS})"))]
+    nbuffers: Option<usize>,
+    #[arg(long = "bucket", value_name = "SIZE", value_parser = bucket, help_heading = EXT,
+          help = "bucketBytes of the coalesced calls (default 0 = the library's\ndefault)")]
+    bucket: Option<usize>,
+    #[arg(long = "wire", value_name = "TYPE", value_parser = wire, help_heading = EXT,
+          help = "wire type of all_reduce_wire and --compare-wire: half,\n\
+                  bfloat16, f8e4m3, f8e5m2, float or double, no wider than -d\n\
+                  (default bfloat16); -d must be float or double")]
+    wire: Option<Ty>,
+
+    // Comparisons.
+    #[arg(long = "compare-coalesced", action = ArgAction::SetTrue, help_heading = COMPARE,
+          help = "at each size, fcclAllReduceCoalesced over the B buffers of\n\
+                  all_reduce_coalesced (--nbuffers, --bucket) against B separate\n\
+                  fcclAllReduce calls on the same buffers; prints both times per\n\
+                  set of B buffers and the speed-up. -b 1M -e 1M --nbuffers 1000\n\
+                  is 1000 buffers of 1 KiB (float).")]
+    compare_coalesced: bool,
+    #[arg(long = "compare-wire", action = ArgAction::SetTrue, help_heading = COMPARE,
+          help = "at each size, fcclAllReduceWire (-d over --wire) against\n\
+                  fcclAllReduce (-d) on the same data; prints both busbw and the\n\
+                  gain (wire busbw / plain busbw).")]
+    compare_wire: bool,
+    #[arg(long = "reps", value_name = "R", value_parser = reps, help_heading = COMPARE, help = reps_help())]
+    reps: Option<usize>,
+
+    // Soak.
+    #[arg(long = "soak", value_name = "N", value_parser = soak, help_heading = SOAK, help = soak_help())]
+    soak: Option<u64>,
+    #[arg(long = "seed", value_name = "S", value_parser = seed, help_heading = SOAK,
+          help = "the soak's seed (decimal or 0x hex; default: rank 0 draws one\n\
+                  and tells the others); printed, so --soak N --seed S replays a run")]
+    seed: Option<u64>,
+    #[arg(long = "soak-first", value_name = "I", value_parser = num::<u64>, help_heading = SOAK,
+          help = "start at call I of the seed's sequence: --soak-first I --soak 1\n\
+                  --seed S replays call I alone (on fresh buffers); a rank that\n\
+                  finds a wrong result prints the call's number and parameters")]
+    soak_first: Option<u64>,
+
+    // Output.
+    #[arg(short = 'J', long = "json", value_name = "FILE", help_heading = OUTPUT,
+          help = "results as JSON: the run's parameters, library version, host,\n\
+                  date, memory kind, ranks, peak memory, one record per size and\n\
+                  placement with every column (with --soak: the soak's\n\
+                  parameters, counts and each rank's resource counts)")]
+    json: Option<PathBuf>,
+    #[arg(long = "csv", value_name = "FILE", help_heading = OUTPUT,
+          help = "results as CSV, one row per size and placement, header\n\
+                  collective,nranks,type,redop,root,size_bytes,count,placement,\n\
+                  time_us,algbw_GBps,busbw_GBps,wrong,host_us,backend,algorithm\n\
+                  (wrong is empty when not checked; host_us, in JSON too: with\n\
+                  --mem cuda the time the calling thread spends in one call,\n\
+                  enqueueing it, empty on host memory, where a call returns when\n\
+                  it is done; backend, algorithm: see Paths below)")]
+    csv: Option<PathBuf>,
+    #[arg(long = "plot", value_name = "FILE.svg", value_parser = svg, help_heading = OUTPUT,
+          help = "busbw against size (log2 axis), one line per collective and\nplacement")]
+    plot: Option<PathBuf>,
+    #[arg(short = 'h', long = "help", action = ArgAction::Help, help_heading = OUTPUT, help = "this text")]
+    help: Option<bool>,
+
+    // Differences from nccl-tests.
+    #[arg(long = "max-time", alias = "max_time", value_name = "SECONDS", value_parser = max_time, help_heading = TIMING,
+          help = format!("time budget per size and placement (default {DEFAULT_MAX_TIME}): after the\n\
+                          first warmups time one call, the ranks agree on the slowest\n\
+                          rank's time, and the remaining warmups are cut to a quarter of\n\
+                          the budget and the timed iterations to the budget (never below\n\
+                          1). Small sizes run exactly -n/-w iterations, large ones fewer,\n\
+                          so a default sweep stays short. 0 = always exactly -n and -w."))]
+    max_time: Option<f64>,
+    #[arg(long = "rotate", value_name = "0|1", value_parser = rotate, help_heading = TIMING,
+          help = "1 (default, as nccl-tests): iteration i uses the buffers at\n\
+                  offset (i mod k) * size inside the allocation for the largest\n\
+                  size, so small sizes do not always hit the cache; 0: always\n\
+                  offset 0.")]
+    rotate: Option<bool>,
+}
+
+const SWEEP: &str = "Sweep (nccl-tests' flags; sizes take the suffixes K, M, G = 2^10, 2^20, 2^30)";
+const EXT: &str = "Extension collectives (see \"Extensions\" below for sizes and bandwidth)";
+const COMPARE: &str = "Comparisons (instead of a sweep; no collectives named; both may be given)";
+const SOAK: &str = "Soak (instead of a sweep; collectives named restrict it to those)";
+const OUTPUT: &str = "Output";
+const TIMING: &str = "Timing (differences from nccl-tests; more below)";
+
+fn names<'a>(v: impl Iterator<Item = &'a str>) -> String {
+    v.collect::<Vec<_>>().join(" ")
+}
+
+fn colls_help() -> String {
+    format!(
+        "collectives to run (default all_reduce): {}; all (these, nccl-tests' set);\n\
+         extensions beyond NCCL: {}; ext (these)",
+        names(Collective::ALL.iter().map(|c| c.name())),
+        names(Collective::EXT.iter().map(|c| c.name()))
     )
 }
 
-/// 8, 1K, 64M: the short size form used in help and plots.
-pub fn fmt_size(b: u64) -> String {
-    for (s, u) in [(30, "G"), (20, "M"), (10, "K")] {
-        if b >= 1 << s && b % (1 << s) == 0 {
-            return format!("{}{u}", b >> s);
-        }
-    }
-    b.to_string()
+fn reps_help() -> String {
+    format!(
+        "repetitions of a comparison (default {DEFAULT_REPS}). Each repetition\n\
+         times both sides back to back after a barrier, in alternating\n\
+         order, each for up to --max-time (at most -n calls, at least\n\
+         1); times combine across ranks as -a says. Printed: the median\n\
+         time of each side, and the median and range over the\n\
+         repetitions of the ratio measured within one repetition.\n\
+         Results of both sides are checked (-c) outside the timing."
+    )
+}
+
+fn soak_help() -> String {
+    use crate::soak::{LIBRARY_POOL_MIB, RSS_BOUND_MIB, RSS_SLACK_MIB, STAGING_POOL_MIB, WARMUP_CALLS};
+    format!(
+        "N pseudo-random calls, each checked as -c checks (fresh inputs,\n\
+         the call, the result against values computed independently):\n\
+         every collective and extension (or those named), a random type\n\
+         and op valid for it, a size drawn log-uniformly from 0 to -e\n\
+         (default {dsoak} here: bulletin board, rings, streaming stores and\n\
+         single copy all run; count 0 included), in place or out of\n\
+         place, a random root, --axis, --nbuffers, --bucket and --wire\n\
+         drawn per call, uneven counts with idle ranks (every count to and\n\
+         from a rank 0) for all_to_allv, all_gather_v and reduce_scatter_v,\n\
+         and each rank's send and receive buffers of a random kind:\n\
+         malloc, fcclMemAllocHost or (--mem cuda) fcclMemAlloc, at a random\n\
+         element offset, some freed and allocated anew. In-place\n\
+         all_to_allv runs unchecked (its result is undefined). Every rank\n\
+         draws the same calls from the seed. Each rank counts its open file\n\
+         descriptors (/proc/self/fd), threads (/proc/self/task), shared\n\
+         memory (/dev/shm/fccl-*-p<pid> files and memfd descriptors),\n\
+         memory mappings (/proc/self/maps), resident memory (VmRSS, after\n\
+         malloc_trim) and malloc's bytes in use (mallinfo2) after W\n\
+         warm-up calls (W = min({WARMUP_CALLS}, N/4)) and at the end, each time\n\
+         with every soak buffer freed. Rank 0 prints the calls per\n\
+         second (inputs and checks included), the calls per collective,\n\
+         type, op and size, the wrong elements and each rank's counts.\n\
+         Exit 1 on a wrong result, on growth of descriptors, threads or\n\
+         shared memory, or on RSS growth beyond {RSS_BOUND_MIB} MiB ({LIBRARY_POOL_MIB} MiB\n\
+         that the library's scratch pool may keep, {STAGING_POOL_MIB} its staging pool,\n\
+         plus {RSS_SLACK_MIB} for allocators and lazily touched rings; malloc's\n\
+         bytes in use and\n\
+         RSS at each tenth of the run show whether growth levels off;\n\
+         mappings are reported, not judged). Only -e, --mem, --nranks,\n\
+         --bind and -J apply besides these three flags.",
+        dsoak = fmt_size(DEFAULT_SOAK_MAX_BYTES),
+    )
 }
 
 /// Parses 8, 1K, 0.5M, 2G (binary units, as nccl-tests).
@@ -380,277 +323,276 @@ pub fn parse_size(s: &str) -> Result<u64, String> {
     Ok((v * unit as f64) as u64)
 }
 
-fn parse_num<T: std::str::FromStr>(flag: &str, v: &str) -> Result<T, String> {
-    v.trim().parse().map_err(|_| format!("{flag} {v:?}: not a valid number"))
+// Value parsers: clap prints "invalid value 'V' for 'FLAG': " before their message.
+
+fn size(s: &str) -> Result<u64, String> {
+    parse_size(s)
 }
 
-/// Parses the arguments (without the program name).
-pub fn parse(raw: &[OsString]) -> Result<Parsed, String> {
-    let mut o = Opts {
-        colls: Vec::new(),
-        min_bytes: DEFAULT_MIN_BYTES,
-        max_bytes: DEFAULT_MAX_BYTES,
-        step_factor: DEFAULT_FACTOR,
-        step_bytes: 1 << 20,
-        iters: DEFAULT_ITERS,
-        warmup: DEFAULT_WARMUP,
-        check: 1,
-        ty: Ty::Float,
-        op: Op::Sum,
-        root: 0,
-        average: Average::Avg,
-        nranks: None,
-        bind: true,
-        mem: Mem::Host,
-        json: None,
-        csv: None,
-        plot: None,
-        max_time: DEFAULT_MAX_TIME,
-        rotate: true,
-        ext: ExtParams::default(),
-        compare_coalesced: false,
-        compare_wire: false,
-        reps: DEFAULT_REPS,
-        soak: None,
-        seed: None,
-        soak_first: 0,
-        child_args: Vec::new(),
+fn num<T: std::str::FromStr>(s: &str) -> Result<T, String> {
+    s.trim().parse().map_err(|_| "not a valid number".to_string())
+}
+
+fn collective(s: &str) -> Result<String, String> {
+    if s == "all" || s == "ext" || Collective::parse(s).is_some() {
+        return Ok(s.to_string());
+    }
+    let all: Vec<&str> = Collective::ALL.iter().chain(Collective::EXT.iter()).map(|c| c.name()).collect();
+    let close = all.iter().copied().chain(["all", "ext"]).find(|n| strsim::jaro(n, &s.to_ascii_lowercase()) > 0.8);
+    Err(format!(
+        "unknown collective (one of {}, all or ext){}",
+        all.join(" "),
+        close.map_or(String::new(), |c| format!("; did you mean {c}?"))
+    ))
+}
+
+fn datatype(s: &str) -> Result<Ty, String> {
+    Ty::parse(s).ok_or_else(|| format!("unknown type (one of {})", names(Ty::ALL.iter().map(|t| t.name()))))
+}
+
+fn op(s: &str) -> Result<Op, String> {
+    let v = s.to_ascii_lowercase();
+    Op::ALL.iter().copied().find(|op| op.name() == v).ok_or_else(|| "unknown op (one of sum prod max min avg)".into())
+}
+
+fn average(s: &str) -> Result<Average, String> {
+    match s.trim() {
+        "0" => Ok(Average::Rank0),
+        "1" => Ok(Average::Avg),
+        "2" => Ok(Average::Min),
+        "3" => Ok(Average::Max),
+        _ => Err("use 0 (rank 0), 1 (average), 2 (min) or 3 (max)".into()),
+    }
+}
+
+fn nranks(s: &str) -> Result<usize, String> {
+    match num(s)? {
+        0 => Err("needs at least 1 rank".into()),
+        n => Ok(n),
+    }
+}
+
+fn bind(s: &str) -> Result<bool, String> {
+    match s.trim() {
+        "core" => Ok(true),
+        "none" => Ok(false),
+        _ => Err("use core or none".into()),
+    }
+}
+
+fn mem(s: &str) -> Result<Mem, String> {
+    match s.to_ascii_lowercase().as_str() {
+        "host" => Ok(Mem::Host),
+        "cuda" | "device" => Ok(Mem::Cuda),
+        _ => Err("use host or cuda".into()),
+    }
+}
+
+fn axis(s: &str) -> Result<usize, String> {
+    match s.trim() {
+        "0" => Ok(0),
+        "1" => Ok(1),
+        _ => Err("the tensor is 2-D; use 0 or 1".into()),
+    }
+}
+
+fn nbuffers(s: &str) -> Result<usize, String> {
+    let v: usize = num(s)?;
+    if v == 0 || v > i32::MAX as usize {
+        return Err(format!("use 1 to {}", i32::MAX));
+    }
+    Ok(v)
+}
+
+fn bucket(s: &str) -> Result<usize, String> {
+    usize::try_from(parse_size(s)?).map_err(|_| "too large".into())
+}
+
+fn wire(s: &str) -> Result<Ty, String> {
+    Ty::parse(s).filter(|t| t.is_float()).ok_or_else(|| "use half, bfloat16, f8e4m3, f8e5m2, float or double".into())
+}
+
+fn reps(s: &str) -> Result<usize, String> {
+    match num(s)? {
+        0 => Err("needs at least 1 repetition".into()),
+        n => Ok(n),
+    }
+}
+
+fn soak(s: &str) -> Result<u64, String> {
+    match num(s)? {
+        0 => Err("needs at least 1 call".into()),
+        n => Ok(n),
+    }
+}
+
+fn seed(s: &str) -> Result<u64, String> {
+    let t = s.trim().to_ascii_lowercase();
+    let parsed = match t.strip_prefix("0x") {
+        Some(h) => u64::from_str_radix(h, 16).ok(),
+        None => t.parse().ok(),
     };
-    let args: Vec<String> = raw
-        .iter()
-        .map(|a| a.clone().into_string().map_err(|a| format!("argument {a:?} is not valid UTF-8")))
-        .collect::<Result<_, _>>()?;
-    let mut step_factor_set = None;
-    let mut step_bytes_set = false;
-    // Every flag given, for refusing those that a soak does not use.
-    let mut given: Vec<String> = Vec::new();
-    let mut i = 0;
-    while i < args.len() {
-        let a = &args[i];
-        let start = i;
-        i += 1;
-        // Split `--flag=value`, `-b8` and `-b 8` into (flag, inline value).
-        let (flag, inline): (String, Option<String>) = if let Some(rest) = a.strip_prefix("--") {
-            match rest.split_once('=') {
-                Some((f, v)) => (format!("--{f}"), Some(v.to_string())),
-                None => (a.clone(), None),
-            }
-        } else if a.starts_with('-') && a.len() > 2 && !a[1..].starts_with(|c: char| c.is_ascii_digit()) {
-            (a[..2].to_string(), Some(a[2..].to_string()))
-        } else {
-            (a.clone(), None)
-        };
-        let takes_value = !matches!(flag.as_str(), "-h" | "--help" | "--compare-coalesced" | "--compare-wire")
-            && flag.starts_with('-')
-            && flag.len() > 1;
-        let mut value = || -> Result<String, String> {
-            if let Some(v) = &inline {
-                return Ok(v.clone());
-            }
-            let v = args.get(i).cloned().ok_or_else(|| format!("{flag} needs a value"))?;
-            i += 1;
-            Ok(v)
-        };
-        let mut keep = true;
-        if flag.starts_with('-') {
-            given.push(flag.clone());
+    parsed.ok_or_else(|| "not a number (decimal or 0x hex)".into())
+}
+
+fn svg(s: &str) -> Result<PathBuf, String> {
+    if !s.to_ascii_lowercase().ends_with(".svg") {
+        return Err("only SVG output is supported; name the file *.svg".into());
+    }
+    Ok(PathBuf::from(s))
+}
+
+fn max_time(s: &str) -> Result<f64, String> {
+    let v: f64 = num(s)?;
+    if !v.is_finite() || v < 0.0 {
+        return Err("needs seconds >= 0".into());
+    }
+    Ok(v)
+}
+
+fn rotate(s: &str) -> Result<bool, String> {
+    match s.trim() {
+        "0" => Ok(false),
+        "1" => Ok(true),
+        _ => Err("use 0 or 1".into()),
+    }
+}
+
+/// The arguments the ranks that --nranks starts get: all of them but --nranks
+/// (--np) and --bind with their values (clap has checked that each has one).
+fn child_args(raw: &[OsString]) -> Vec<OsString> {
+    let mut out = Vec::new();
+    let mut it = raw.iter();
+    while let Some(a) = it.next() {
+        let s = a.to_string_lossy();
+        if s == "--" {
+            out.push(a.clone());
+            out.extend(it.cloned());
+            break;
         }
-        match flag.as_str() {
-            "-h" | "--help" => return Ok(Parsed::Help),
-            "-b" | "--minbytes" => o.min_bytes = parse_size(&value()?).map_err(|e| format!("-b: {e}"))?,
-            "-e" | "--maxbytes" => o.max_bytes = parse_size(&value()?).map_err(|e| format!("-e: {e}"))?,
-            "-f" | "--stepfactor" => step_factor_set = Some(parse_num::<u64>("-f", &value()?)?),
-            "-i" | "--stepbytes" => {
-                o.step_bytes = parse_size(&value()?).map_err(|e| format!("-i: {e}"))?;
-                step_bytes_set = true;
-            }
-            "-n" | "--iters" => o.iters = parse_num("-n", &value()?)?,
-            "-w" | "--warmup_iters" => o.warmup = parse_num("-w", &value()?)?,
-            "-c" | "--check" => o.check = parse_num("-c", &value()?)?,
-            "-d" | "--datatype" => {
-                let v = value()?;
-                o.ty = Ty::parse(&v).ok_or_else(|| {
-                    let all: Vec<&str> = Ty::ALL.iter().map(|t| t.name()).collect();
-                    format!("-d {v}: unknown type (one of {})", all.join(" "))
-                })?
-            }
-            "-o" | "--op" => {
-                let v = value()?;
-                o.op = Op::ALL
-                    .iter()
-                    .copied()
-                    .find(|op| op.name() == v.to_ascii_lowercase())
-                    .ok_or_else(|| format!("-o {v}: unknown op (one of sum prod max min avg)"))?
-            }
-            "-r" | "--root" => o.root = parse_num("-r", &value()?)?,
-            "-a" | "--average" => {
-                let v = value()?;
-                o.average = match v.trim() {
-                    "0" => Average::Rank0,
-                    "1" => Average::Avg,
-                    "2" => Average::Min,
-                    "3" => Average::Max,
-                    _ => return Err(format!("-a {v}: use 0 (rank 0), 1 (average), 2 (min) or 3 (max)")),
+        match s.split_once('=').map_or(&*s, |(f, _)| f) {
+            "--nranks" | "--np" | "--bind" => {
+                if !s.contains('=') {
+                    it.next();
                 }
             }
-            "--bind" => {
-                o.bind = match value()?.trim() {
-                    "core" => true,
-                    "none" => false,
-                    v => return Err(format!("--bind {v}: use core or none")),
-                };
-                keep = false;
-            }
-            "--nranks" | "--np" => {
-                let v = value()?;
-                let n: usize = parse_num("--nranks", &v)?;
-                if n == 0 {
-                    return Err("--nranks needs at least 1 rank".into());
-                }
-                o.nranks = Some(n);
-                keep = false;
-            }
-            "--mem" => {
-                let v = value()?;
-                o.mem = match v.to_ascii_lowercase().as_str() {
-                    "host" => Mem::Host,
-                    "cuda" | "device" => Mem::Cuda,
-                    _ => return Err(format!("--mem {v}: use host or cuda")),
-                }
-            }
-            "-J" | "--json" => o.json = Some(PathBuf::from(value()?)),
-            "--csv" => o.csv = Some(PathBuf::from(value()?)),
-            "--plot" => {
-                let v = value()?;
-                if !v.to_ascii_lowercase().ends_with(".svg") {
-                    return Err(format!("--plot {v}: only SVG output is supported; name the file *.svg"));
-                }
-                o.plot = Some(PathBuf::from(v));
-            }
-            "--max-time" | "--max_time" => {
-                let v: f64 = parse_num("--max-time", &value()?)?;
-                if !v.is_finite() || v < 0.0 {
-                    return Err("--max-time needs seconds >= 0".into());
-                }
-                o.max_time = v;
-            }
-            "--rotate" => {
-                o.rotate = match value()?.trim() {
-                    "0" => false,
-                    "1" => true,
-                    v => return Err(format!("--rotate {v}: use 0 or 1")),
-                }
-            }
-            "--axis" => {
-                let v = value()?;
-                o.ext.axis = match v.trim() {
-                    "0" => 0,
-                    "1" => 1,
-                    _ => return Err(format!("--axis {v}: the tensor is 2-D; use 0 or 1")),
-                }
-            }
-            "--nbuffers" => {
-                let v: usize = parse_num("--nbuffers", &value()?)?;
-                if v == 0 || v > i32::MAX as usize {
-                    return Err(format!("--nbuffers {v}: use 1 to {}", i32::MAX));
-                }
-                o.ext.nbuffers = v;
-            }
-            "--bucket" => {
-                let v = parse_size(&value()?).map_err(|e| format!("--bucket: {e}"))?;
-                o.ext.bucket = usize::try_from(v).map_err(|_| format!("--bucket {v}: too large"))?;
-            }
-            "--wire" => {
-                let v = value()?;
-                o.ext.wire = Ty::parse(&v)
-                    .filter(|t| t.is_float())
-                    .ok_or_else(|| format!("--wire {v}: use half, bfloat16, f8e4m3, f8e5m2, float or double"))?;
-            }
-            "--compare-coalesced" => o.compare_coalesced = true,
-            "--compare-wire" => o.compare_wire = true,
-            "--reps" => {
-                o.reps = parse_num("--reps", &value()?)?;
-                if o.reps == 0 {
-                    return Err("--reps needs at least 1 repetition".into());
-                }
-            }
-            "--soak" => {
-                let v: u64 = parse_num("--soak", &value()?)?;
-                if v == 0 {
-                    return Err("--soak needs at least 1 call".into());
-                }
-                o.soak = Some(v);
-            }
-            "--seed" => {
-                let v = value()?;
-                let t = v.trim().to_ascii_lowercase();
-                let parsed = match t.strip_prefix("0x") {
-                    Some(h) => u64::from_str_radix(h, 16).ok(),
-                    None => t.parse().ok(),
-                };
-                o.seed = Some(parsed.ok_or_else(|| format!("--seed {v:?}: not a number (decimal or 0x hex)"))?);
-            }
-            "--soak-first" => o.soak_first = parse_num("--soak-first", &value()?)?,
-            _ if takes_value => return Err(format!("unknown option {a}")),
-            name => {
-                if name == "all" {
-                    o.colls.extend(Collective::ALL);
-                } else if name == "ext" {
-                    o.colls.extend(Collective::EXT);
-                } else {
-                    let c = Collective::parse(name).ok_or_else(|| {
-                        let v: Vec<&str> =
-                            Collective::ALL.iter().chain(Collective::EXT.iter()).map(|c| c.name()).collect();
-                        format!("unknown collective {name:?} (one of {}, all or ext)", v.join(" "))
-                    })?;
-                    o.colls.push(c);
-                }
-            }
-        }
-        if keep {
-            o.child_args.extend(raw[start..i].iter().cloned());
+            _ => out.push(a.clone()),
         }
     }
+    out
+}
+
+/// Parses the arguments (without the program name). `--help` comes back as the error
+/// clap uses for it (kind DisplayHelp: print it to stdout and exit 0).
+pub fn parse(raw: &[OsString]) -> Result<Box<Opts>, clap::Error> {
+    let mut cmd = Cli::command();
+    let m =
+        cmd.try_get_matches_from_mut(std::iter::once(OsString::from("ferroccl-bench")).chain(raw.iter().cloned()))?;
+    let c = Cli::from_arg_matches(&m)?;
+    // The arguments given (ids() also holds the struct's own group).
+    let given: Vec<&str> = m
+        .ids()
+        .map(|id| id.as_str())
+        .filter(|id| cmd.get_arguments().any(|a| a.get_id() == id))
+        .filter(|id| m.value_source(id) == Some(ValueSource::CommandLine))
+        .collect();
+    // The flag as the help names it, for messages.
+    let flag = |id: &str| {
+        cmd.get_arguments().find(|a| a.get_id() == id).map_or(id.to_string(), |a| match (a.get_short(), a.get_long()) {
+            (Some(s), _) => format!("-{s}"),
+            (None, Some(l)) => format!("--{l}"),
+            (None, None) => id.to_string(),
+        })
+    };
+    let err = |msg: String| cmd.clone().error(ErrorKind::ArgumentConflict, msg);
+    let mut colls = Vec::new();
+    for name in &c.colls {
+        match name.as_str() {
+            "all" => colls.extend(Collective::ALL),
+            "ext" => colls.extend(Collective::EXT),
+            n => colls.extend(Collective::parse(n)),
+        }
+    }
+    let mut o = Opts {
+        colls,
+        min_bytes: c.min_bytes.unwrap_or(DEFAULT_MIN_BYTES),
+        max_bytes: c.max_bytes.unwrap_or(DEFAULT_MAX_BYTES),
+        step_factor: DEFAULT_FACTOR,
+        step_bytes: c.step_bytes.unwrap_or(1 << 20),
+        iters: c.iters.unwrap_or(DEFAULT_ITERS),
+        warmup: c.warmup.unwrap_or(DEFAULT_WARMUP),
+        check: c.check.unwrap_or(1),
+        ty: c.ty.unwrap_or(Ty::Float),
+        op: c.op.unwrap_or(Op::Sum),
+        root: c.root.unwrap_or(0),
+        average: c.average.unwrap_or(Average::Avg),
+        nranks: c.nranks,
+        bind: c.bind.unwrap_or(true),
+        mem: c.mem.unwrap_or(Mem::Host),
+        json: c.json,
+        csv: c.csv,
+        plot: c.plot,
+        max_time: c.max_time.unwrap_or(DEFAULT_MAX_TIME),
+        rotate: c.rotate.unwrap_or(true),
+        ext: ExtParams {
+            axis: c.axis.unwrap_or(DEFAULT_AXIS),
+            nbuffers: c.nbuffers.unwrap_or(DEFAULT_NBUFFERS),
+            bucket: c.bucket.unwrap_or(0),
+            wire: c.wire.unwrap_or(ExtParams::default().wire),
+        },
+        compare_coalesced: c.compare_coalesced,
+        compare_wire: c.compare_wire,
+        reps: c.reps.unwrap_or(DEFAULT_REPS),
+        soak: c.soak,
+        seed: c.seed,
+        soak_first: c.soak_first.unwrap_or(0),
+        child_args: child_args(raw),
+    };
+    let dedup = |v: &mut Vec<Collective>| {
+        let mut seen = Vec::new();
+        v.retain(|c| {
+            let new = !seen.contains(c);
+            seen.push(*c);
+            new
+        });
+    };
     if o.soak.is_none() {
-        if let Some(f) = given.iter().find(|f| matches!(f.as_str(), "--seed" | "--soak-first")) {
-            return Err(format!("{f} is an option of --soak"));
+        if let Some(f) = given.iter().find(|f| matches!(**f, "seed" | "soak_first")) {
+            return Err(err(format!("{} is an option of --soak", flag(f))));
         }
     } else {
-        if let Some(f) = given.iter().find(|f| !SOAK_FLAGS.contains(&f.as_str())) {
-            return Err(format!(
-                "{f} does not apply to --soak, which draws sizes, types, ops, roots and extension parameters \
-                 itself (it takes -e, --mem, --nranks, --bind, -J, --seed, --soak-first)"
-            ));
+        if let Some(f) = given.iter().find(|f| !SOAK_ARGS.contains(f)) {
+            return Err(err(format!(
+                "{} does not apply to --soak, which draws sizes, types, ops, roots and extension parameters \
+                 itself (it takes -e, --mem, --nranks, --bind, -J, --seed, --soak-first)",
+                flag(f)
+            )));
         }
         if o.soak_first.checked_add(o.soak.unwrap_or(0)).is_none() {
-            return Err(format!("--soak-first {}: too large", o.soak_first));
+            return Err(err(format!("--soak-first {}: too large", o.soak_first)));
         }
-        if !given.iter().any(|f| f == "-e" || f == "--maxbytes") {
+        if c.max_bytes.is_none() {
             o.max_bytes = DEFAULT_SOAK_MAX_BYTES;
         }
         if o.max_bytes > isize::MAX as u64 / 4 {
-            return Err(format!("-e {}: too large for a soak's buffers", o.max_bytes));
+            return Err(err(format!("-e {}: too large for a soak's buffers", o.max_bytes)));
         }
         o.min_bytes = 0;
         if o.colls.is_empty() {
             o.colls.extend(Collective::ALL);
             o.colls.extend(Collective::EXT);
         }
-        let mut seen = Vec::new();
-        o.colls.retain(|c| {
-            let new = !seen.contains(c);
-            seen.push(*c);
-            new
-        });
-        return Ok(Parsed::Run(Box::new(o)));
+        dedup(&mut o.colls);
+        return Ok(Box::new(o));
     }
-    let comparing = o.compare_coalesced || o.compare_wire;
-    if comparing {
+    if o.compare_coalesced || o.compare_wire {
         if !o.colls.is_empty() {
-            return Err("--compare-coalesced and --compare-wire run their own calls; name no collectives".into());
+            return Err(err("--compare-coalesced and --compare-wire run their own calls; name no collectives".into()));
         }
         if o.json.is_some() || o.csv.is_some() || o.plot.is_some() {
-            return Err("-J, --csv and --plot are for sweeps, not for --compare-coalesced or --compare-wire".into());
+            return Err(err(
+                "-J, --csv and --plot are for sweeps, not for --compare-coalesced or --compare-wire".into()
+            ));
         }
     } else if o.colls.is_empty() {
         o.colls.push(Collective::AllReduce);
@@ -658,62 +600,40 @@ pub fn parse(raw: &[OsString]) -> Result<Parsed, String> {
     if o.compare_wire || o.colls.contains(&Collective::AllReduceWire) {
         let what = if o.compare_wire { "--compare-wire" } else { "all_reduce_wire" };
         if !matches!(o.ty, Ty::Float | Ty::Double) {
-            return Err(format!("{what} needs -d float or double, not {}", o.ty.name()));
+            return Err(err(format!("{what} needs -d float or double, not {}", o.ty.name())));
         }
         if o.ext.wire.size() > o.ty.size() {
-            return Err(format!(
+            return Err(err(format!(
                 "--wire {}: the wire type of {what} must be no wider than the data (-d {})",
                 o.ext.wire.name(),
                 o.ty.name()
-            ));
+            )));
         }
     }
-    let mut seen = Vec::new();
-    o.colls.retain(|c| {
-        let new = !seen.contains(c);
-        seen.push(*c);
-        new
-    });
-    match step_factor_set {
-        Some(0) => return Err("-f 0: the step factor must be at least 1".into()),
+    dedup(&mut o.colls);
+    match c.step_factor {
+        Some(0) => return Err(err("-f 0: the step factor must be at least 1".into())),
         Some(1) => o.step_factor = 0,
         Some(f) => o.step_factor = f,
-        None if step_bytes_set => o.step_factor = 0,
+        None if c.step_bytes.is_some() => o.step_factor = 0,
         None => {}
     }
     if o.step_factor == 0 && o.step_bytes == 0 {
-        return Err("-i 0 with -f 1 would never reach the maximum size".into());
+        return Err(err("-i 0 with -f 1 would never reach the maximum size".into()));
     }
     if o.min_bytes > o.max_bytes {
-        return Err(format!("invalid sizes: -b {} is larger than -e {}", o.min_bytes, o.max_bytes));
+        return Err(err(format!("invalid sizes: -b {} is larger than -e {}", o.min_bytes, o.max_bytes)));
     }
     if o.step_factor > 1 && o.min_bytes == 0 {
-        return Err("-b 0 with a step factor would never grow; use -b 1 or more".into());
+        return Err(err("-b 0 with a step factor would never grow; use -b 1 or more".into()));
     }
     if o.iters == 0 {
-        return Err("-n needs at least 1 iteration".into());
+        return Err(err("-n needs at least 1 iteration".into()));
     }
     if o.root < 0 {
-        return Err(format!("-r {}: the root must be a rank (>= 0)", o.root));
+        return Err(err(format!("-r {}: the root must be a rank (>= 0)", o.root)));
     }
-    Ok(Parsed::Run(Box::new(o)))
-}
-
-impl Opts {
-    /// The sizes of the sweep, in bytes as given (before rounding to elements).
-    pub fn sizes(&self) -> Vec<u64> {
-        let mut v = Vec::new();
-        let mut s = self.min_bytes;
-        while s <= self.max_bytes {
-            v.push(s);
-            let next = if self.step_factor > 1 { s.saturating_mul(self.step_factor) } else { s + self.step_bytes };
-            if next == s {
-                break;
-            }
-            s = next;
-        }
-        v
-    }
+    Ok(Box::new(o))
 }
 
 #[cfg(test)]
@@ -722,10 +642,7 @@ mod tests {
 
     fn p(args: &[&str]) -> Opts {
         let raw: Vec<OsString> = args.iter().map(OsString::from).collect();
-        match parse(&raw).unwrap() {
-            Parsed::Run(o) => *o,
-            Parsed::Help => panic!("help"),
-        }
+        *parse(&raw).unwrap_or_else(|e| panic!("{args:?}: {e}"))
     }
 
     #[test]
@@ -790,5 +707,46 @@ mod tests {
         bad(&["--compare-coalesced", "all_reduce"]);
         bad(&["--compare-coalesced", "-J", "x.json"]);
         bad(&["--reps", "0"]);
+    }
+
+    fn err(args: &[&str]) -> clap::Error {
+        let raw: Vec<OsString> = args.iter().map(OsString::from).collect();
+        match parse(&raw) {
+            Ok(o) => panic!("{args:?} is refused, not {o:?}"),
+            Err(e) => e,
+        }
+    }
+
+    #[test]
+    fn nccl_tests_forms_and_last_value_wins() {
+        // Collectives between options, a flag given twice, nccl-tests' spellings.
+        let o = p(&["all_reduce", "-b", "8", "-n", "3", "broadcast", "-n", "5", "--np", "2", "--max_time=0", "-w1"]);
+        assert_eq!(o.colls, vec![Collective::AllReduce, Collective::Broadcast]);
+        assert_eq!((o.iters, o.warmup, o.nranks, o.max_time), (5, 1, Some(2), 0.0));
+        let kept: Vec<String> = o.child_args.iter().map(|a| a.to_string_lossy().into_owned()).collect();
+        assert_eq!(kept, ["all_reduce", "-b", "8", "-n", "3", "broadcast", "-n", "5", "--max_time=0", "-w1"]);
+        let o = p(&["-d", "FP16", "-o", "MAX", "--mem", "device", "--bind", "none", "-a", "2", "-c", "0"]);
+        assert_eq!(
+            (o.ty, o.op, o.mem, o.bind, o.average, o.check),
+            (Ty::Half, Op::Max, Mem::Cuda, false, Average::Min, 0)
+        );
+        let o = p(&["allreduce", "reduce-scatter"]);
+        assert_eq!(o.colls, vec![Collective::AllReduce, Collective::ReduceScatter]);
+    }
+
+    #[test]
+    fn errors_are_usage_errors_with_suggestions() {
+        for args in [&["-d", "float128"][..], &["-b", "1M", "-e", "1K"], &["-a", "7"], &["-r", "-1"], &["-f", "0"]] {
+            assert_eq!(err(args).exit_code(), 2, "{args:?}");
+        }
+        let e = err(&["--maxbyte", "1M"]).to_string();
+        assert!(e.contains("--maxbytes"), "a misspelt flag names the right one: {e}");
+        let e = err(&["all_reduc"]).to_string();
+        assert!(e.contains("did you mean all_reduce?"), "{e}");
+        let e = err(&["--soak", "10", "-d", "float"]).to_string();
+        assert!(e.contains("-d does not apply to --soak"), "{e}");
+        let h = err(&["-h"]);
+        assert_eq!(h.kind(), clap::error::ErrorKind::DisplayHelp);
+        assert!(!h.use_stderr(), "help goes to stdout and exits 0");
     }
 }

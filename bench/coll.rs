@@ -1,9 +1,8 @@
 //! The collectives: sizes and bandwidth as nccl-tests defines them, the C call, the
 //! inputs each rank writes and the check of each rank's results.
 
-use crate::cli::Op;
 use crate::comm::{check, Comm, Fail};
-use crate::data::{slice, Elem, Gen, RedKind, Ty};
+use crate::data::{slice, Elem, Gen, Op, RedKind, Ty};
 use ferroccl::ffi::*;
 use ferroccl::mem::cuda;
 use std::cell::RefCell;

@@ -513,6 +513,40 @@ pub unsafe fn slice<'a, T>(p: *mut u8, len: usize) -> &'a mut [T] {
     unsafe { std::slice::from_raw_parts_mut(p as *mut T, len) }
 }
 
+/// Reduction operator named on the command line.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Op {
+    Sum,
+    Prod,
+    Max,
+    Min,
+    Avg,
+}
+
+impl Op {
+    pub const ALL: [Op; 5] = [Op::Sum, Op::Prod, Op::Max, Op::Min, Op::Avg];
+    pub fn name(self) -> &'static str {
+        match self {
+            Op::Sum => "sum",
+            Op::Prod => "prod",
+            Op::Max => "max",
+            Op::Min => "min",
+            Op::Avg => "avg",
+        }
+    }
+    /// The fcclRedOp_t value.
+    pub fn c_value(self) -> ferroccl::ffi::fcclRedOp_t {
+        use ferroccl::ffi::*;
+        match self {
+            Op::Sum => fcclSum,
+            Op::Prod => fcclProd,
+            Op::Max => fcclMax,
+            Op::Min => fcclMin,
+            Op::Avg => fcclAvg,
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -13,14 +13,15 @@ mod coll;
 mod comm;
 mod compare;
 mod data;
+mod opts;
 mod plot;
 mod report;
 mod soak;
 
-use cli::{Average, Mem, Opts, Parsed};
 use coll::{Case, Collective};
 use comm::{Buf, Comm, Fail};
 use ferroccl::ffi::{fcclMax, fcclMin, fcclSum};
+use opts::{Average, Mem, Opts};
 use report::{RankInfo, Record, RunInfo};
 use std::io::{IsTerminal, Write};
 use std::time::{Duration, Instant};
@@ -33,14 +34,12 @@ const PROGRESS_AFTER: Duration = Duration::from_secs(2);
 fn main() {
     let raw: Vec<std::ffi::OsString> = std::env::args_os().skip(1).collect();
     let opts = match cli::parse(&raw) {
-        Ok(Parsed::Run(o)) => o,
-        Ok(Parsed::Help) => {
-            print!("{}", cli::usage());
-            return;
-        }
+        Ok(o) => o,
         Err(e) => {
-            eprintln!("ferroccl-bench: {e}\n(ferroccl-bench --help lists the options)");
-            std::process::exit(comm::EXIT_USAGE);
+            // --help prints to stdout and exits 0; an error prints clap's message (with
+            // its "did you mean" tip and the usage) and exits 2.
+            let _ = e.print();
+            std::process::exit(if e.use_stderr() { comm::EXIT_USAGE } else { 0 });
         }
     };
     if let Some(n) = opts.nranks {

@@ -1,7 +1,7 @@
 //! busbw against size as a hand-written SVG: log2 size axis, one polyline per
 //! collective and placement, legend on the right.
 
-use crate::cli::fmt_size;
+use crate::opts::fmt_size;
 use crate::report::Record;
 use std::fmt::Write as _;
 

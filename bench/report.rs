@@ -1,6 +1,7 @@
 //! Results: the nccl-tests table, JSON and CSV.
 
-use crate::cli::Opts;
+use crate::opts::Opts;
+use serde::Serialize;
 use std::fmt::Write as _;
 
 /// One size and placement of one collective.
@@ -292,121 +293,198 @@ pub fn footer(records: &[Record], peak_rss_kib: u64) -> String {
     s
 }
 
-pub fn esc(s: &str) -> String {
-    let mut o = String::with_capacity(s.len() + 2);
-    o.push('"');
-    for c in s.chars() {
-        match c {
-            '"' => o.push_str("\\\""),
-            '\\' => o.push_str("\\\\"),
-            '\n' => o.push_str("\\n"),
-            '\r' => o.push_str("\\r"),
-            '\t' => o.push_str("\\t"),
-            c if (c as u32) < 0x20 => {
-                let _ = write!(o, "\\u{:04x}", c as u32);
-            }
-            c => o.push(c),
-        }
-    }
-    o.push('"');
-    o
+/// The fields every JSON output starts with (sweep and soak).
+#[derive(Serialize)]
+pub struct JsonHead<'a> {
+    pub tool: &'static str,
+    /// "soak" for a soak; absent for a sweep.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub mode: Option<&'static str>,
+    pub tool_version: &'static str,
+    pub library_version: String,
+    pub library_version_code: i32,
+    pub host: &'a str,
+    pub date: String,
+    pub mem: &'static str,
+    pub nranks: usize,
 }
 
-/// A JSON number (finite; JSON has no NaN or infinity).
-pub fn num(v: f64) -> String {
-    if v.is_finite() {
-        format!("{v}")
-    } else {
-        "null".into()
+impl<'a> JsonHead<'a> {
+    pub fn new(
+        mode: Option<&'static str>,
+        version_code: i32,
+        host: &'a str,
+        date: String,
+        o: &Opts,
+        nranks: usize,
+    ) -> Self {
+        JsonHead {
+            tool: "ferroccl-bench",
+            mode,
+            tool_version: env!("CARGO_PKG_VERSION"),
+            library_version: crate::comm::version_string(version_code),
+            library_version_code: version_code,
+            host,
+            date,
+            mem: o.mem.name(),
+            nranks,
+        }
     }
+}
+
+/// One rank in the JSON outputs' "ranks".
+#[derive(Serialize)]
+pub struct JsonRank<'a> {
+    pub rank: usize,
+    pub pid: u32,
+    pub host: &'a str,
+    pub device: i32,
+    pub peak_rss_kib: u64,
+}
+
+/// A sweep's JSON (-J). Non-finite numbers are written as null (serde_json's rule:
+/// JSON has no NaN or infinity).
+#[derive(Serialize)]
+struct JsonRun<'a> {
+    #[serde(flatten)]
+    head: JsonHead<'a>,
+    params: JsonParams<'a>,
+    ranks: Vec<JsonRank<'a>>,
+    peak_rss_kib: u64,
+    out_of_bounds: usize,
+    backend_mixed_ranks: usize,
+    #[serde(rename = "avg_busbw_GBps")]
+    avg_busbw_gbps: f64,
+    duration_s: f64,
+    results: Vec<JsonRecord<'a>>,
+}
+
+#[derive(Serialize)]
+struct JsonParams<'a> {
+    collectives: Vec<&'static str>,
+    min_bytes: u64,
+    max_bytes: u64,
+    step_factor: u64,
+    step_bytes: u64,
+    iters: usize,
+    warmup_iters: usize,
+    check_iters: usize,
+    datatype: &'static str,
+    op: &'static str,
+    root: i64,
+    average: u8,
+    max_time_s: f64,
+    rotate: bool,
+    axis: usize,
+    nbuffers: usize,
+    bucket_bytes: usize,
+    wire: &'a str,
+}
+
+/// One record of the JSON's results.
+#[derive(Serialize)]
+struct JsonRecord<'a> {
+    collective: &'a str,
+    nranks: usize,
+    #[serde(rename = "type")]
+    ty: &'a str,
+    redop: &'a str,
+    root: i64,
+    size_bytes: u64,
+    count: usize,
+    placement: &'a str,
+    time_us: f64,
+    host_us: Option<f64>,
+    #[serde(rename = "algbw_GBps")]
+    algbw_gbps: f64,
+    #[serde(rename = "busbw_GBps")]
+    busbw_gbps: f64,
+    wrong: Option<u64>,
+    iters: usize,
+    warmup_iters: usize,
+    backend: &'a str,
+    algorithm: &'a str,
+    algorithms_by_rank: Vec<&'a str>,
+    backends_by_rank: Vec<&'a str>,
+}
+
+impl<'a> JsonRecord<'a> {
+    fn new(r: &'a Record) -> Self {
+        JsonRecord {
+            collective: r.collective,
+            nranks: r.nranks,
+            ty: r.ty,
+            redop: r.redop,
+            root: r.root,
+            size_bytes: r.size_bytes,
+            count: r.count,
+            placement: r.placement,
+            time_us: r.time_us,
+            host_us: r.host_us,
+            algbw_gbps: r.algbw,
+            busbw_gbps: r.busbw,
+            wrong: r.wrong,
+            iters: r.iters,
+            warmup_iters: r.warmups,
+            backend: r.backend(),
+            algorithm: r.algorithm(),
+            algorithms_by_rank: r.paths.iter().map(|p| p.1.as_str()).collect(),
+            backends_by_rank: r.paths.iter().map(|p| p.0.as_str()).collect(),
+        }
+    }
+}
+
+/// `v` as indented JSON with a final newline.
+pub fn to_json<T: Serialize>(v: &T) -> String {
+    // Serializing these plain structs cannot fail (no maps with non-string keys).
+    let mut s = serde_json::to_string_pretty(v).unwrap_or_default();
+    s.push('\n');
+    s
 }
 
 pub fn json(info: &RunInfo, records: &[Record]) -> String {
     let o = info.opts;
-    let mut s = String::new();
-    let colls: Vec<String> = o.colls.iter().map(|c| esc(c.name())).collect();
-    let peak = info.ranks.iter().map(|r| r.peak_rss_kib).max().unwrap_or(0);
-    let _ = writeln!(s, "{{");
-    let _ = writeln!(s, "  \"tool\": \"ferroccl-bench\",");
-    let _ = writeln!(s, "  \"tool_version\": {},", esc(env!("CARGO_PKG_VERSION")));
-    let _ = writeln!(s, "  \"library_version\": {},", esc(&crate::comm::version_string(info.version_code)));
-    let _ = writeln!(s, "  \"library_version_code\": {},", info.version_code);
-    let _ = writeln!(s, "  \"host\": {},", esc(&info.host));
-    let _ = writeln!(s, "  \"date\": {},", esc(&info.date));
-    let _ = writeln!(s, "  \"mem\": {},", esc(o.mem.name()));
-    let _ = writeln!(s, "  \"nranks\": {},", info.nranks);
-    let _ = writeln!(s, "  \"params\": {{");
-    let _ = writeln!(s, "    \"collectives\": [{}],", colls.join(", "));
-    let _ = writeln!(s, "    \"min_bytes\": {},", o.min_bytes);
-    let _ = writeln!(s, "    \"max_bytes\": {},", o.max_bytes);
-    let _ = writeln!(s, "    \"step_factor\": {},", o.step_factor);
-    let _ = writeln!(s, "    \"step_bytes\": {},", o.step_bytes);
-    let _ = writeln!(s, "    \"iters\": {},", o.iters);
-    let _ = writeln!(s, "    \"warmup_iters\": {},", o.warmup);
-    let _ = writeln!(s, "    \"check_iters\": {},", o.check);
-    let _ = writeln!(s, "    \"datatype\": {},", esc(o.ty.name()));
-    let _ = writeln!(s, "    \"op\": {},", esc(o.op.name()));
-    let _ = writeln!(s, "    \"root\": {},", o.root);
-    let _ = writeln!(s, "    \"average\": {},", o.average as u8);
-    let _ = writeln!(s, "    \"max_time_s\": {},", num(o.max_time));
-    let _ = writeln!(s, "    \"rotate\": {},", o.rotate);
-    let _ = writeln!(s, "    \"axis\": {},", o.ext.axis);
-    let _ = writeln!(s, "    \"nbuffers\": {},", o.ext.nbuffers);
-    let _ = writeln!(s, "    \"bucket_bytes\": {},", o.ext.bucket);
-    let _ = writeln!(s, "    \"wire\": {}", esc(o.ext.wire.name()));
-    let _ = writeln!(s, "  }},");
-    let _ = writeln!(s, "  \"ranks\": [");
-    for (r, i) in info.ranks.iter().enumerate() {
-        let _ = writeln!(
-            s,
-            "    {{\"rank\": {r}, \"pid\": {}, \"host\": {}, \"device\": {}, \"peak_rss_kib\": {}}}{}",
-            i.pid,
-            esc(&i.host),
-            i.device,
-            i.peak_rss_kib,
-            if r + 1 < info.ranks.len() { "," } else { "" }
-        );
-    }
-    let _ = writeln!(s, "  ],");
-    let _ = writeln!(s, "  \"peak_rss_kib\": {peak},");
-    let _ = writeln!(s, "  \"out_of_bounds\": {},", failures(records));
-    let _ = writeln!(s, "  \"backend_mixed_ranks\": {},", mixed(records));
-    let _ = writeln!(s, "  \"avg_busbw_GBps\": {},", num(avg_busbw(records)));
-    let _ = writeln!(s, "  \"duration_s\": {},", num(info.duration_s));
-    let _ = writeln!(s, "  \"results\": [");
-    for (i, r) in records.iter().enumerate() {
-        let _ = writeln!(s, "    {}{}", json_record(r), if i + 1 < records.len() { "," } else { "" });
-    }
-    let _ = writeln!(s, "  ]");
-    let _ = writeln!(s, "}}");
-    s
-}
-
-/// One record of the JSON's results, on one line.
-fn json_record(r: &Record) -> String {
-    let list = |f: &dyn Fn(&(String, String)) -> &str| r.paths.iter().map(|p| esc(f(p))).collect::<Vec<_>>().join(", ");
-    format!(
-        "{{\"collective\": {}, \"nranks\": {}, \"type\": {}, \"redop\": {}, \"root\": {}, \"size_bytes\": {}, \"count\": {}, \"placement\": {}, \"time_us\": {}, \"host_us\": {}, \"algbw_GBps\": {}, \"busbw_GBps\": {}, \"wrong\": {}, \"iters\": {}, \"warmup_iters\": {}, \"backend\": {}, \"algorithm\": {}, \"algorithms_by_rank\": [{}], \"backends_by_rank\": [{}]}}",
-        esc(r.collective),
-        r.nranks,
-        esc(r.ty),
-        esc(r.redop),
-        r.root,
-        r.size_bytes,
-        r.count,
-        esc(r.placement),
-        num(r.time_us),
-        r.host_us.map_or_else(|| "null".to_string(), num),
-        num(r.algbw),
-        num(r.busbw),
-        r.wrong.map_or_else(|| "null".to_string(), |w| w.to_string()),
-        r.iters,
-        r.warmups,
-        esc(r.backend()),
-        esc(r.algorithm()),
-        list(&|p| &p.1),
-        list(&|p| &p.0)
-    )
+    to_json(&JsonRun {
+        head: JsonHead::new(None, info.version_code, &info.host, info.date.clone(), o, info.nranks),
+        params: JsonParams {
+            collectives: o.colls.iter().map(|c| c.name()).collect(),
+            min_bytes: o.min_bytes,
+            max_bytes: o.max_bytes,
+            step_factor: o.step_factor,
+            step_bytes: o.step_bytes,
+            iters: o.iters,
+            warmup_iters: o.warmup,
+            check_iters: o.check,
+            datatype: o.ty.name(),
+            op: o.op.name(),
+            root: o.root,
+            average: o.average as u8,
+            max_time_s: o.max_time,
+            rotate: o.rotate,
+            axis: o.ext.axis,
+            nbuffers: o.ext.nbuffers,
+            bucket_bytes: o.ext.bucket,
+            wire: o.ext.wire.name(),
+        },
+        ranks: info
+            .ranks
+            .iter()
+            .enumerate()
+            .map(|(r, i)| JsonRank {
+                rank: r,
+                pid: i.pid,
+                host: &i.host,
+                device: i.device,
+                peak_rss_kib: i.peak_rss_kib,
+            })
+            .collect(),
+        peak_rss_kib: info.ranks.iter().map(|r| r.peak_rss_kib).max().unwrap_or(0),
+        out_of_bounds: failures(records),
+        backend_mixed_ranks: mixed(records),
+        avg_busbw_gbps: avg_busbw(records),
+        duration_s: info.duration_s,
+        results: records.iter().map(JsonRecord::new).collect(),
+    })
 }
 
 pub const CSV_HEADER: &str =
@@ -469,7 +547,6 @@ mod tests {
         assert_eq!(fmt_g(1.234567), "1.23457");
         assert_eq!(fmt_g(12.5), "12.5");
         assert_eq!(fmt_g(0.0), "0");
-        assert_eq!(esc("a\"b\\"), "\"a\\\"b\\\\\"");
         let d = utc_now();
         assert_eq!(d.len(), 20, "{d}");
         assert!(d.starts_with("20"));
@@ -512,7 +589,12 @@ mod tests {
         let recs = [agreed.clone(), split.clone()];
         assert_eq!((failures(&recs), mixed(&recs)), (0, 1));
         assert!(footer(&recs, 0).contains("# Backend mixed(ranks) : 1 FAILED"));
-        assert!(json_record(&split).contains("\"algorithms_by_rank\": [\"exec-copy\", \"board\"]"));
+        let j: serde_json::Value = serde_json::to_value(JsonRecord::new(&split)).unwrap();
+        assert_eq!(j["algorithms_by_rank"], serde_json::json!(["exec-copy", "board"]));
+        assert_eq!(
+            (&j["backend"], &j["host_us"], &j["type"]),
+            (&serde_json::json!(MIXED_RANKS), &serde_json::Value::Null, &serde_json::json!("float"))
+        );
         assert!(csv(&recs).lines().nth(2).unwrap().ends_with(",mixed(ranks),exec-copy"));
         // The row keeps the numeric columns where they were and adds four words.
         let row = row(Some(&agreed), Some(&split));

@@ -1,5 +1,6 @@
 #!/usr/bin/env python3
-"""Checks the shape of src/: the module import graph and the size of files.
+"""Checks the shape of src/: the module import graph and the size of files (and of
+the bench crate's modules, bench/: rule 2).
 
 Four rules, each violation printed on its own line:
 
@@ -25,6 +26,10 @@ Four rules, each violation printed on its own line:
    re-exports to the file that holds the item).
 5. Map. README.md's layout table names every top-level file and folder of src/, and
    every src/ path it names exists.
+
+The bench crate (bench/main.rs and the modules it declares; bench/tests/ are its
+integration tests, separate crates) has no layers; rule 2 holds there too, with main.rs
+as the face of bench/.
 
 Edges come from `use` declarations and from paths in code (`crate::a::b::f()`,
 `super::x`, and paths through a name a `use` brought in), resolved to the file that
@@ -187,8 +192,9 @@ class Module:
         self.use_spans = []
 
 
-def load(src):
-    """Every module file under src/ (the library crate only), keyed by module path."""
+def load(src, root="lib", skip=("bin/",)):
+    """Every module file under src/ (the library crate only), keyed by module path;
+    `root` names the crate root's file, files under `skip` belong to other crates."""
     mods = {}
     for dirpath, _, files in os.walk(src):
         for f in sorted(files):
@@ -199,10 +205,10 @@ def load(src):
             with open(full, encoding="utf-8") as fh:
                 text = fh.read()
             code, test_files, _ = drop_tests(strip(text))
-            if rel.startswith("bin/"):
+            if rel.startswith(skip):
                 continue  # separate crates: they use `ferroccl::`, not `crate::`
             parts = rel[:-3].split("/")
-            if parts == ["lib"]:
+            if parts == [root]:
                 path, face = (), ""
             elif parts[-1] == "mod":
                 path, face = tuple(parts[:-1]), "/".join(parts[:-1])
@@ -424,6 +430,38 @@ def shortest_cycle(start, adj, within):
     return [start]
 
 
+def cycles(mods, es, by_file, layer, top):
+    """Rule 2 over one crate's modules (`top`: its folder, for messages); returns the
+    number of cycles printed."""
+    problems = 0
+    levels = {()} | {m.path[:-1] for m in mods.values() if m.path} | {m.path for m in mods.values() if m.face_of is not None}
+    for level in sorted(levels):
+        adj = defaultdict(set)
+        witness = {}
+        for (a, b), line in sorted(es.items()):
+            ma, mb = by_file[a], by_file[b]
+            na, nb = node_at(ma, level), node_at(mb, level)
+            if na is None or nb is None or na == nb:
+                continue
+            if not level and layer.get(nb, -1) < layer.get(na, -1):
+                continue
+            adj[na].add(nb)
+            witness.setdefault((na, nb), f"{top}{a}:{line} uses {top}{b}")
+        where = top + "".join(p + "/" for p in level)
+        for comp in sccs(set(adj) | {w for v in adj.values() for w in v}, adj):
+            if len(comp) < 2:
+                continue
+            cyc = shortest_cycle(min(comp), adj, set(comp))
+            print(f"cycle in {where}: {' -> '.join(cyc + [cyc[0]])}")
+            for x, y in zip(cyc, cyc[1:] + cyc[:1]):
+                print(f"    {x} -> {y}: {witness[(x, y)]}")
+            rest = sorted(set(comp) - set(cyc))
+            if rest:
+                print(f"    (the same knot also holds {', '.join(rest)}: rerun once this cycle is cut)")
+            problems += 1
+    return problems
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--root", default=os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
@@ -461,31 +499,7 @@ def main():
 
     # 2. Cycles at every folder. At src/ an upward edge (reported above) is left out:
     # every cycle between layers runs through one.
-    levels = {()} | {m.path[:-1] for m in mods.values() if m.path} | {m.path for m in mods.values() if m.face_of is not None}
-    for level in sorted(levels):
-        adj = defaultdict(set)
-        witness = {}
-        for (a, b), line in sorted(es.items()):
-            ma, mb = by_file[a], by_file[b]
-            na, nb = node_at(ma, level), node_at(mb, level)
-            if na is None or nb is None or na == nb:
-                continue
-            if not level and layer.get(nb, -1) < layer.get(na, -1):
-                continue
-            adj[na].add(nb)
-            witness.setdefault((na, nb), f"src/{a}:{line} uses src/{b}")
-        where = "src/" + "".join(p + "/" for p in level)
-        for comp in sccs(set(adj) | {w for v in adj.values() for w in v}, adj):
-            if len(comp) < 2:
-                continue
-            cyc = shortest_cycle(min(comp), adj, set(comp))
-            print(f"cycle in {where}: {' -> '.join(cyc + [cyc[0]])}")
-            for x, y in zip(cyc, cyc[1:] + cyc[:1]):
-                print(f"    {x} -> {y}: {witness[(x, y)]}")
-            rest = sorted(set(comp) - set(cyc))
-            if rest:
-                print(f"    (the same knot also holds {', '.join(rest)}: rerun once this cycle is cut)")
-            problems += 1
+    problems += cycles(mods, es, by_file, layer, "src/")
 
     # 3. Size.
     for dirpath, _, files in os.walk(src):
@@ -512,6 +526,16 @@ def main():
                 print(f"private: src/{a}:{line} uses src/{b}, inside {'::'.join(f)}; use that backend's face (src/{'/'.join(f)}/mod.rs) or move what is shared to coll/ or backend/")
                 problems += 1
 
+    # 2 for the bench crate.
+    bench = os.path.join(args.root, "bench")
+    nbench = 0
+    if os.path.exists(os.path.join(bench, "main.rs")):
+        bmods = load(bench, root="main", skip=("tests/",))
+        parse(bmods)
+        bes = edges(bmods)
+        problems += cycles(bmods, bes, {m.file: m for m in bmods.values()}, {}, "bench/")
+        nbench = len(bmods)
+
     # 5. The README's layout table names every top-level entry of src/ (and each path
     # it names under src/ exists), so the map readers start from matches the tree.
     readme = os.path.join(args.root, "README.md")
@@ -535,7 +559,10 @@ def main():
     if problems:
         print(f"check-layers: {problems} problem(s)")
         return 1
-    print(f"check-layers: {len(mods)} modules, {len(es)} edges: layers hold, no cycles, backends keep their insides, no file over {args.max_lines} lines, README layout table matches")
+    print(
+        f"check-layers: {len(mods)} modules, {len(es)} edges: layers hold, no cycles, backends keep their insides, "
+        f"no file over {args.max_lines} lines, README layout table matches; bench: {nbench} modules, no cycles"
+    )
     return 0
 
 

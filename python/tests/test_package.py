@@ -76,7 +76,7 @@ def test_installed_package_bundles_library_and_launcher():
     assert p.stdout.decode().split() == [ferroccl.__version__, os.path.join(pkg, "lib")]
     bench = os.path.join(os.path.dirname(sys.executable), "ferroccl-bench")
     p = subprocess.run([bench, "--help"], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, timeout=60, check=False)
-    assert p.returncode == 0 and b"usage: ferroccl-bench" in p.stdout, p.stdout
+    assert p.returncode == 0 and b"Usage: ferroccl-bench" in p.stdout, p.stdout
     script = os.path.join(os.path.dirname(sys.executable), "ferroccl-run")
     p = subprocess.run([script, "-n", "2", sys.executable, "-c",
                         "import ferroccl, numpy as np\n"

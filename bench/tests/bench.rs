@@ -757,7 +757,7 @@ fn soak_arguments_are_checked() {
         assert_eq!(o.status.code(), Some(2), "{args:?}: {}", text(&o).1);
     }
     let (help, _) = text(&bench(&["--help"], &[]));
-    for w in ["--soak N", "--seed S", "--soak-first I", "idle ranks", "FERROCCL_BENCH_LEAK", "calls per"] {
+    for w in ["--soak <N>", "--seed <S>", "--soak-first <I>", "idle ranks", "FERROCCL_BENCH_LEAK", "calls per"] {
         assert!(help.contains(w), "--help mentions {w}");
     }
 }
@@ -779,7 +779,7 @@ fn device_sweeps_report_the_host_time_of_a_call() {
     for ipc in ["1", "0"] {
         let j = tmp(&format!("host-time-{ipc}.json"));
         let o = Command::new("bash")
-            .arg(concat!(env!("CARGO_MANIFEST_DIR"), "/scripts/sim-gpu.sh"))
+            .arg(concat!(env!("CARGO_MANIFEST_DIR"), "/../scripts/sim-gpu.sh"))
             .arg(BENCH)
             .args(["--nranks", "2", "--mem", "cuda", "-b", "8", "-e", "512K", "-f", "16", "-n", "3", "-w", "1"])
             .args(["all_reduce", "all_gather", "-J", j.to_str().unwrap()])
@@ -813,7 +813,7 @@ fn device_soak_through_ipc_is_right_and_closes_mappings_of_freed_buffers() {
     let _ = std::fs::remove_dir_all(&dir);
     std::fs::create_dir_all(&logs).unwrap();
     let o = Command::new("bash")
-        .arg(concat!(env!("CARGO_MANIFEST_DIR"), "/scripts/sim-gpu.sh"))
+        .arg(concat!(env!("CARGO_MANIFEST_DIR"), "/../scripts/sim-gpu.sh"))
         .arg(BENCH)
         .args(["--soak", "600", "--seed", "5", "--nranks", "3", "--mem", "cuda", "-J", j.to_str().unwrap()])
         .env("FERROCCL_TIMEOUT_MS", "60000")
@@ -870,7 +870,7 @@ fn one_gpu_all(n: usize, env: &[(&str, &str)]) -> (String, json::V, String) {
     std::fs::create_dir_all(&dir).unwrap();
     let (j, c) = (dir.join("r.json"), dir.join("r.csv"));
     let mut cmd = Command::new("bash");
-    cmd.arg(concat!(env!("CARGO_MANIFEST_DIR"), "/scripts/sim-gpu.sh"))
+    cmd.arg(concat!(env!("CARGO_MANIFEST_DIR"), "/../scripts/sim-gpu.sh"))
         .arg(BENCH)
         .args(["--nranks", &n.to_string(), "--mem", "cuda", "all", "-b", "64K", "-e", "64K", "-n", "1", "-w", "0"])
         .args(["-c", "1", "-J", j.to_str().unwrap(), "--csv", c.to_str().unwrap()])

@@ -1,6 +1,7 @@
 //! FERROCCL_DEBUG=INFO writes one line per collective, to FERROCCL_DEBUG_FILE with
 //! %h (host) and %p (pid) substituted; the default level writes nothing for
-//! successful calls.
+//! successful calls. The library's logging as ferroccl-bench's ranks produce it, so
+//! these tests live with the bench crate (where cargo builds and names the binary).
 
 use std::process::Command;
 
@@ -218,7 +219,7 @@ fn assert_one_line_per_rank(lines: &[(String, String)], n: usize) {
 fn sim_bench_logged(dir: &std::path::Path, nranks: usize, args: &[&str], env: &[(&str, &str)]) {
     std::fs::create_dir_all(dir).unwrap();
     let mut cmd = Command::new("bash");
-    cmd.arg(concat!(env!("CARGO_MANIFEST_DIR"), "/scripts/sim-gpu.sh"))
+    cmd.arg(concat!(env!("CARGO_MANIFEST_DIR"), "/../scripts/sim-gpu.sh"))
         .arg(env!("CARGO_BIN_EXE_ferroccl-bench"))
         .args(["--mem", "cuda", "--nranks", &nranks.to_string()])
         .args(args)

@@ -4,7 +4,8 @@
 //! fails the creation naming the variable, the value and the form; a wrong tuning or
 //! log value and a misspelt FERROCCL_ name warn once per process; NCCL_DEBUG is
 //! honoured by libferroccl where FERROCCL_DEBUG is unset, and NCCL's tuning variables
-//! get an INFO line saying they have no effect.
+//! get an INFO line saying they have no effect. These tests live with the bench crate,
+//! where cargo builds and names the binary they run.
 
 use std::process::{Command, Output};
 
