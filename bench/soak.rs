@@ -38,7 +38,7 @@ pub const WARMUP_CALLS: u64 = 300;
 /// 128 MiB"); reductions of varied sizes fill it over thousands of calls.
 pub const LIBRARY_POOL_MIB: u64 = 128;
 /// Page-locked buffers the library keeps for staging device memory (with --mem cuda).
-pub const STAGING_POOL_MIB: u64 = (ferroccl::backend::staging::POOL_MAX_BYTES >> 20) as u64;
+pub const STAGING_POOL_MIB: u64 = (ferroccl::mem::pinned::POOL_MAX_BYTES >> 20) as u64;
 /// Resident memory may grow this much beyond those pools (allocators keep freed memory,
 /// shared rings are touched lazily).
 pub const RSS_SLACK_MIB: u64 = 64;

@@ -30,9 +30,7 @@ use super::host;
 use super::{Exec, Outcome};
 use crate::coll::{Call, Coll};
 use crate::error::{Error, Result};
-use crate::mem::pinned::Pinned;
-/// Bytes of staging buffers kept for later calls (the benchmark's soak reports it).
-pub use crate::mem::pinned::POOL_MAX_BYTES;
+use crate::mem::pinned::{Pinned, POOL_MAX_BYTES};
 use crate::mem::{cuda, Placement};
 use agree::agree;
 use cut::{piece, Cut, Piece};
