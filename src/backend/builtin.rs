@@ -1,13 +1,14 @@
 //! The built-in backend as a router entry: host memory runs on the host algorithms;
 //! device memory is staged through host memory around them (see `staging`: a call
 //! alone in chunks, pipelined; a group whole). It takes every call, so it ends every
-//! communicator's table.
+//! communicator's table. Device calls on a stream that is being captured into a CUDA
+//! graph are refused on every rank alike (see `capture`).
 
 use super::host::Call;
-use super::{host_run, staging, Backend, Exec, Outcome};
+use super::{capture, host_run, staging, Backend, Exec, Outcome};
 use crate::coll::Coll;
 use crate::error::Result;
-use crate::mem::Placement;
+use crate::mem::{cuda, Placement};
 
 pub struct Builtin {
     pub rank: usize,
@@ -34,8 +35,36 @@ impl Backend for Builtin {
         if calls.iter().all(|c| c.coll.placement == Placement::Host || c.coll.is_noop()) {
             return host_run(x, calls);
         }
+        // Staging copies and waits on the callers' streams: every rank learns first whether
+        // any rank's stream is being captured (then the calls fail everywhere, untouched).
+        let device = || calls.iter().filter(|c| c.coll.placement != Placement::Host && !c.coll.is_noop());
+        let mut mine = None;
+        for c in device() {
+            let Placement::Device { ctx, .. } = c.coll.placement else { continue };
+            let _g = cuda::CtxGuard::enter(ctx)?;
+            if capture::capturing(c.coll.stream)? {
+                mine = Some(c.coll.stream);
+                break;
+            }
+        }
+        let own = match calls {
+            [call] if call.seq == *x.seq => Some(call.seq),
+            _ => None,
+        };
+        let who = match capture::vote(x, mine.is_some(), self.nranks, own)? {
+            Ok(who) => who,
+            Err(failed) => return Ok(failed),
+        };
+        if !who.is_empty() {
+            let first = device().next().expect("a device call").coll.clone();
+            let stream = mine.unwrap_or(first.stream);
+            return Ok(Outcome::Failed(capture::refusal(first.kind.c_name(), self.rank, stream, &who)));
+        }
         if let [call] = calls {
-            return staging::run(x, call, self.rank, self.nranks);
+            // A fresh sequence number: the vote used the call's own.
+            *x.seq += 1;
+            let call = Call { coll: call.coll.clone(), seq: *x.seq };
+            return staging::run(x, &call, self.rank, self.nranks);
         }
         // A group's calls run as one host schedule (so that its sends and receives pair
         // up): staged whole.
