@@ -35,8 +35,12 @@ impl Backend for Builtin {
         if calls.iter().all(|c| c.coll.placement == Placement::Host || c.coll.is_noop()) {
             return host_run(x, calls);
         }
-        // Staging copies and waits on the callers' streams: every rank learns first whether
-        // any rank's stream is being captured (then the calls fail everywhere, untouched).
+        // Staging copies and waits on the callers' streams: nothing may happen on one that
+        // is being captured into a CUDA graph. For collectives (which every rank calls, on
+        // device memory everywhere: routing assumes it) every rank learns first whether any
+        // rank's stream captures, and then the calls fail everywhere, untouched. send/recv
+        // involve only their pairs, whose memory may differ in kind: a capturing rank fails
+        // its run alone, and its peers fail at the communicator's timeout.
         let device = || calls.iter().filter(|c| c.coll.placement != Placement::Host && !c.coll.is_noop());
         let mut mine = None;
         for c in device() {
@@ -47,24 +51,33 @@ impl Backend for Builtin {
                 break;
             }
         }
-        let own = match calls {
-            [call] if call.seq == *x.seq => Some(call.seq),
-            _ => None,
-        };
-        let who = match capture::vote(x, mine.is_some(), self.nranks, own)? {
-            Ok(who) => who,
-            Err(failed) => return Ok(failed),
-        };
-        if !who.is_empty() {
-            let first = device().next().expect("a device call").coll.clone();
-            let stream = mine.unwrap_or(first.stream);
-            return Ok(Outcome::Failed(capture::refusal(first.kind.c_name(), self.rank, stream, &who)));
-        }
-        if let [call] = calls {
-            // A fresh sequence number: the vote used the call's own.
-            *x.seq += 1;
-            let call = Call { coll: call.coll.clone(), seq: *x.seq };
-            return staging::run(x, &call, self.rank, self.nranks);
+        let first = device().next().expect("a device call").coll.clone();
+        if calls.iter().any(|c| c.coll.kind.is_p2p()) {
+            if let Some(stream) = mine {
+                return Ok(Outcome::Failed(capture::refusal(first.kind.c_name(), self.rank, stream, &[self.rank])));
+            }
+            if let [call] = calls {
+                return staging::run(x, call, self.rank, self.nranks);
+            }
+        } else {
+            let own = match calls {
+                [call] if call.seq == *x.seq => Some(call.seq),
+                _ => None,
+            };
+            let who = match capture::vote(x, mine.is_some(), self.nranks, own)? {
+                Ok(who) => who,
+                Err(failed) => return Ok(failed),
+            };
+            if !who.is_empty() {
+                let stream = mine.unwrap_or(first.stream);
+                return Ok(Outcome::Failed(capture::refusal(first.kind.c_name(), self.rank, stream, &who)));
+            }
+            if let [call] = calls {
+                // A fresh sequence number: the vote used the call's own.
+                *x.seq += 1;
+                let call = Call { coll: call.coll.clone(), seq: *x.seq };
+                return staging::run(x, &call, self.rank, self.nranks);
+            }
         }
         // A group's calls run as one host schedule (so that its sends and receives pair
         // up): staged whole.

@@ -9,8 +9,9 @@
 //!
 //! Each rank asks the driver about its own stream (one `cuStreamIsCapturing`) and says so
 //! in the exchange every rank already makes (the one-GPU path's descriptors and send/recv
-//! records) or, where none exists (host staging), in a one-byte vote: ranks that do not
-//! capture fail the same call instead of waiting for a peer that never comes.
+//! records) or, where none exists (host staging of a collective), in a one-byte vote:
+//! ranks that do not capture fail the same call instead of waiting for a peer that never
+//! comes. Staged send/recv have no such exchange: the capturing rank fails alone.
 
 use super::host::Call;
 use super::{host_run, Exec, Outcome};
