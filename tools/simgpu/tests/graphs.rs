@@ -94,7 +94,7 @@ fn captured_work_is_recorded_not_run_and_replays_on_every_launch() {
             ok(cuMemcpyDtoDAsync_v2(b, a, n, s));
             ok(cuStreamWriteValue32_v2(s, flag as u64, 5, 0));
             let (mut st, mut id, mut g) = (Status::CU_STREAM_CAPTURE_STATUS_NONE, 0u64, std::ptr::null_mut());
-            let (mut deps, mut edges, mut num) = (std::ptr::null(), 0x1 as *const _, 0usize);
+            let (mut deps, mut edges, mut num) = (std::ptr::null(), std::ptr::dangling(), 0usize);
             ok(cuStreamGetCaptureInfo_v3(s, &mut st, &mut id, &mut g, &mut deps, &mut edges, &mut num));
             assert_eq!(st, Status::CU_STREAM_CAPTURE_STATUS_ACTIVE);
             assert!(id != 0 && !g.is_null() && !deps.is_null() && edges.is_null());
