@@ -160,3 +160,32 @@ else()
   _fccl_device_test(test_device_costs.mps.np4 4 "${_fccl_env};FERROCCL_CUDA_MPS=1"
     "${FERROCCL_RUN}" -n 4 $<TARGET_FILE:test_device_costs>)
 endif()
+
+# Collectives inside CUDA graph capture (c_tests/test_device_graph.c): every rank, then
+# rank 0 alone, captures its stream; fcclAllReduce and send/recv return fcclInvalidUsage
+# on every rank alike without a hang, the captures stay valid and their graphs replay, and
+# the same calls outside capture work. On the GPU-to-GPU path (processes, MPS shares,
+# rank threads of one process) and through host staging.
+_fccl_missing_of(_fccl_graph_miss ${_fccl_dev_req})
+set(_fccl_graph_tests test_device_graph.np2 test_device_graph.np4 test_device_graph.mps.np2
+    test_device_graph.staged.np2 test_device_graph.threads2 test_device_graph.threads4)
+if(_fccl_graph_miss)
+  _fccl_missing_tests(test_device_graph "${_fccl_graph_miss}" ${_fccl_graph_tests})
+else()
+  add_executable(test_device_graph test_device_graph.c)
+  target_link_libraries(test_device_graph PRIVATE fccl_harness ${CMAKE_DL_LIBS})
+  foreach(_n 2 4)
+    _fccl_device_test(test_device_graph.np${_n} ${_n} "${_fccl_env}"
+      "${FERROCCL_RUN}" -n ${_n} $<TARGET_FILE:test_device_graph>)
+    set(_fccl_zeros "0")
+    foreach(_r RANGE 2 ${_n})
+      string(APPEND _fccl_zeros ",0")
+    endforeach()
+    _fccl_device_test(test_device_graph.threads${_n} ${_n} "${_fccl_env}"
+      $<TARGET_FILE:test_device_graph> --threads ${_n} --devlist ${_fccl_zeros})
+  endforeach()
+  _fccl_device_test(test_device_graph.mps.np2 2 "${_fccl_env};FERROCCL_CUDA_MPS=1"
+    "${FERROCCL_RUN}" -n 2 $<TARGET_FILE:test_device_graph>)
+  _fccl_device_test(test_device_graph.staged.np2 2 "${_fccl_env};FERROCCL_CUDA_IPC=0"
+    "${FERROCCL_RUN}" -n 2 $<TARGET_FILE:test_device_graph>)
+endif()

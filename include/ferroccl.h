@@ -230,7 +230,9 @@ typedef struct fcclComm fcclComm;
 typedef fcclComm *fcclComm_t;
 
 /**
- * A CUDA stream (cudaStream_t), or NULL.
+ * A CUDA stream (cudaStream_t), or NULL. A device call on a stream that is being captured
+ * into a CUDA graph returns fcclInvalidUsage on every rank and enqueues nothing (the
+ * built-in paths cannot be replayed from a graph); the NCCL backend passes it through.
  */
 typedef CUstream_st *fcclStream_t;
 

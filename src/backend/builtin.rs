@@ -1,12 +1,13 @@
 //! The built-in backend as a router entry: host memory runs on the host algorithms;
 //! device memory is staged through host memory around them (see `staging`: a call
 //! alone in chunks, pipelined; a group whole). It takes every call, so it ends every
-//! communicator's table.
+//! communicator's table. Device calls on a stream that is being captured into a CUDA
+//! graph are refused on every rank alike (see `capture`).
 
-use super::{host, staging, Backend, Exec, Outcome};
+use super::{capture, host, staging, Backend, Exec, Outcome};
 use crate::coll::{Call, Coll};
 use crate::error::Result;
-use crate::mem::Placement;
+use crate::mem::{cuda, Placement};
 
 pub struct Builtin {
     pub rank: usize,
@@ -33,8 +34,49 @@ impl Backend for Builtin {
         if calls.iter().all(|c| c.coll.placement == Placement::Host || c.coll.is_noop()) {
             return host::execute(x, calls);
         }
-        if let [call] = calls {
-            return staging::run(x, call, self.rank, self.nranks);
+        // Staging copies and waits on the callers' streams: nothing may happen on one that
+        // is being captured into a CUDA graph. For collectives (which every rank calls, on
+        // device memory everywhere: routing assumes it) every rank learns first whether any
+        // rank's stream captures, and then the calls fail everywhere, untouched. send/recv
+        // involve only their pairs, whose memory may differ in kind: a capturing rank fails
+        // its run alone, and its peers fail at the communicator's timeout.
+        let device = || calls.iter().filter(|c| c.coll.placement != Placement::Host && !c.coll.is_noop());
+        let mut mine = None;
+        for c in device() {
+            let Placement::Device { ctx, .. } = c.coll.placement else { continue };
+            let _g = cuda::CtxGuard::enter(ctx)?;
+            if capture::capturing(c.coll.stream)? {
+                mine = Some(c.coll.stream);
+                break;
+            }
+        }
+        let first = device().next().expect("a device call").coll.clone();
+        if calls.iter().any(|c| c.coll.kind.is_p2p()) {
+            if let Some(stream) = mine {
+                return Ok(Outcome::Failed(capture::refusal(first.kind.c_name(), self.rank, stream, &[self.rank])));
+            }
+            if let [call] = calls {
+                return staging::run(x, call, self.rank, self.nranks);
+            }
+        } else {
+            let own = match calls {
+                [call] if call.seq == *x.seq => Some(call.seq),
+                _ => None,
+            };
+            let who = match capture::vote(x, mine.is_some(), own)? {
+                Ok(who) => who,
+                Err(failed) => return Ok(failed),
+            };
+            if !who.is_empty() {
+                let stream = mine.unwrap_or(first.stream);
+                return Ok(Outcome::Failed(capture::refusal(first.kind.c_name(), self.rank, stream, &who)));
+            }
+            if let [call] = calls {
+                // A fresh sequence number: the vote used the call's own.
+                *x.seq += 1;
+                let call = Call { coll: call.coll.clone(), seq: *x.seq };
+                return staging::run(x, &call, self.rank, self.nranks);
+            }
         }
         // A group's calls run as one host schedule (so that its sends and receives pair
         // up): staged whole.

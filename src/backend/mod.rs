@@ -11,6 +11,7 @@
 //!   staged through host memory.
 
 pub mod builtin;
+pub mod capture;
 pub mod host;
 pub mod ipc;
 pub mod nccl;

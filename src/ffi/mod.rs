@@ -198,7 +198,9 @@ pub struct CUstream_st {
     _private: [u8; 0],
 }
 
-/// A CUDA stream (cudaStream_t), or NULL.
+/// A CUDA stream (cudaStream_t), or NULL. A device call on a stream that is being captured
+/// into a CUDA graph returns fcclInvalidUsage on every rank and enqueues nothing (the
+/// built-in paths cannot be replayed from a graph); the NCCL backend passes it through.
 pub type fcclStream_t = *mut CUstream_st;
 
 /// The rendezvous handle: opaque, safe to copy and to send to other processes by any

@@ -18,6 +18,8 @@
 #      that aborts a hung all_reduce) at 2 and 4 ranks, threads and processes,
 #      blocking and non-blocking.
 #      tests/nccl/premul_device.c runs PreMulSum on device memory on the simulated GPU.
+#      tests/nccl/graph_capture.c calls ncclAllReduce inside CUDA graph capture on the
+#      simulated GPU: ncclInvalidUsage naming the capture, the capture still valid.
 #   3. The same program linked against a stand-in libnccl.so.2 whose functions all fail:
 #      it fails alone, and passes with LD_PRELOAD=libferroccl_nccl.so and nothing else.
 # Usage: tests/nccl/run.sh [LIBDIR]   (default $CARGO_TARGET_DIR/release or target/release)
@@ -173,6 +175,23 @@ if run "nccl_style.c: cc -I<prefix>/include/ferroccl -L<prefix>/lib/ferroccl -ln
         0) ok "premul_device: $2 ranks on $1 simulated GPUs (ncclScalarDevice, device buffers)" ;;
         77) skip "premul_device: no simulated GPU ($(tail -1 "$log"))" ;;
         *) bad "premul_device: $2 ranks on $1 simulated GPUs ($log):"; tail -20 "$log" | sed 's/^/        /' ;;
+      esac
+    done
+  fi
+  # ncclAllReduce inside graph capture: refused on every rank alike, the capture intact
+  # (ranks sharing one simulated GPU, and on two, staged).
+  gexe="$tmp/graph_capture"
+  if run "graph_capture.c: cc ... -lnccl" "$tmp/gbuild.log" \
+         "$cc" "${flags[@]}" "$here/graph_capture.c" -o "$gexe" -L"$prefix/lib/ferroccl" -lnccl \
+         -Wl,-rpath,"$prefix/lib/ferroccl" -lpthread -ldl; then
+    for spec in "1 2" "1 4" "2 2"; do
+      set -- $spec
+      log="$tmp/gc-$1-$2.log"
+      FERROCCL_SIM_DEVICES=$1 timeout 300 bash "$root/scripts/sim-gpu.sh" "$gexe" "$2" >"$log" 2>&1
+      case $? in
+        0) ok "graph_capture: $2 ranks on $1 simulated GPUs (ncclAllReduce inside capture: ncclInvalidUsage)" ;;
+        77) skip "graph_capture: no simulated GPU ($(tail -1 "$log"))" ;;
+        *) bad "graph_capture: $2 ranks on $1 simulated GPUs ($log):"; tail -20 "$log" | sed 's/^/        /' ;;
       esac
     done
   fi

@@ -362,6 +362,8 @@ pub struct SendRec {
     pub bytes: u64,
     /// The data may be read on the GPU (GPU to GPU); else it goes through the bounce ring.
     pub device: bool,
+    /// The sender's stream is being captured into a CUDA graph: the pair fails.
+    pub captured: bool,
     pub pid: u32,
     /// The buffer's offset in its allocation, and its address in the sender's process.
     pub off: u64,
@@ -371,7 +373,7 @@ pub struct SendRec {
 
 impl Default for SendRec {
     fn default() -> SendRec {
-        SendRec { bytes: 0, device: false, pid: 0, off: 0, ptr: 0, handle: [0; 64] }
+        SendRec { bytes: 0, device: false, captured: false, pid: 0, off: 0, ptr: 0, handle: [0; 64] }
     }
 }
 
@@ -380,6 +382,8 @@ impl Default for SendRec {
 pub struct RecvRec {
     pub bytes: u64,
     pub device: bool,
+    /// The receiver's stream is being captured into a CUDA graph: the pair fails.
+    pub captured: bool,
 }
 
 impl Pair<'_> {
@@ -412,6 +416,7 @@ impl Pair<'_> {
         let mut b = [0u8; 104];
         b[8..16].copy_from_slice(&r.bytes.to_le_bytes());
         b[16] = r.device as u8;
+        b[17] = r.captured as u8;
         b[20..24].copy_from_slice(&r.pid.to_le_bytes());
         b[24..32].copy_from_slice(&r.off.to_le_bytes());
         b[32..40].copy_from_slice(&r.ptr.to_le_bytes());
@@ -435,6 +440,7 @@ impl Pair<'_> {
         Some(SendRec {
             bytes: u(8),
             device: b[16] != 0,
+            captured: b[17] != 0,
             pid: u32::from_le_bytes(b[20..24].try_into().expect("4 bytes")),
             off: u(24),
             ptr: u(32),
@@ -446,7 +452,7 @@ impl Pair<'_> {
     pub fn put_recv(&self, k: u64, r: &RecvRec) {
         let at = self.slot(k) + 2 * LINE;
         self.ctl.u64_at(at + 8).store(r.bytes, Ordering::Relaxed);
-        self.ctl.u64_at(at + 16).store(r.device as u64, Ordering::Relaxed);
+        self.ctl.u64_at(at + 16).store(r.device as u64 | (r.captured as u64) << 1, Ordering::Relaxed);
         self.ctl.u64_at(at).store(k + 1, Ordering::Release);
     }
 
@@ -456,9 +462,11 @@ impl Pair<'_> {
         if self.ctl.u64_at(at).load(Ordering::Acquire) != k + 1 {
             return None;
         }
+        let flags = self.ctl.u64_at(at + 16).load(Ordering::Relaxed);
         Some(RecvRec {
             bytes: self.ctl.u64_at(at + 8).load(Ordering::Relaxed),
-            device: self.ctl.u64_at(at + 16).load(Ordering::Relaxed) != 0,
+            device: flags & 1 != 0,
+            captured: flags & 2 != 0,
         })
     }
 
@@ -505,13 +513,13 @@ mod tests {
             assert!(r == 0 || ping.0 == a.probe(r - 1).0 .0 + LINE, "a line per rank");
         }
         // Mailbox: a record is visible once stamped with its slot, and only for it.
-        let s = SendRec { bytes: 40, device: true, pid: 9, off: 16, ptr: 0xabc0, handle: [7; 64] };
+        let s = SendRec { bytes: 40, device: true, captured: true, pid: 9, off: 16, ptr: 0xabc0, handle: [7; 64] };
         assert!(b.pair(0, 2).get_send(0).is_none());
         a.pair(0, 2).put_send(0, &s);
         assert_eq!(b.pair(0, 2).get_send(0), Some(s));
         assert!(b.pair(0, 2).get_send(SLOTS).is_none(), "slot 0 holds record 0, not SLOTS");
         assert!(b.pair(2, 0).get_send(0).is_none(), "each direction has its own mailbox");
-        let r = RecvRec { bytes: 44, device: false };
+        let r = RecvRec { bytes: 44, device: false, captured: true };
         b.pair(0, 2).put_recv(0, &r);
         assert_eq!(a.pair(0, 2).get_recv(0), Some(r));
         // Freed logs: read from where the reader stopped; overrun tells to forget all.

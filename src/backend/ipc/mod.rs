@@ -51,13 +51,18 @@ use watch::{Target, Watch};
 
 pub use mappings::MAPPINGS_MAX;
 
-/// A descriptor: can this rank take part, its pid, its two buffers (handle, offset in
-/// the allocation, address), then the call's fingerprint (what this rank called).
+/// A descriptor: can this rank take part (or its stream is being captured), its pid, its
+/// two buffers (handle, offset in the allocation, address), then the call's fingerprint
+/// (what this rank called).
 const BLOB: usize = FP + fingerprint::ONE_BYTES;
 /// Where a descriptor's fingerprint starts.
 const FP: usize = 1 + 4 + 2 * (64 + 8 + 8);
 /// The rank that moves the data.
 const EXECUTOR: usize = 0;
+/// A descriptor's first byte: this rank takes part; its stream is being captured into a
+/// CUDA graph (the call fails on every rank, see `capture`).
+const TAKES_PART: u8 = 1;
+const CAPTURED: u8 = 2;
 /// How long the one round trip that proves stream memory operations may take: a GPU
 /// busy with other processes' work answers within a few time slices.
 const PROBE_LIMIT: Duration = Duration::from_secs(5);
@@ -456,7 +461,7 @@ impl Ipc {
         if let Some(v) = &c.v {
             put_counts(v, self.nranks, &mut b);
         }
-        b[0] = 1;
+        b[0] = TAKES_PART;
         b[1..5].copy_from_slice(&std::process::id().to_le_bytes());
         b[FP..BLOB].copy_from_slice(&fingerprint::one(call));
         let mut at = 5;
@@ -492,10 +497,17 @@ impl Ipc {
             Placement::Host => (self.device, cuda::primary_context(self.device)?),
         };
         let guard = cuda::CtxGuard::enter(ctx)?;
-        let (reason, stream) = match self.stream_mode(inner, ctx, device) {
-            Mode::Off(m) => (Some(m), false),
-            Mode::Stream(_) => (None, true),
-            Mode::Synced => (None, false),
+        // A capturing stream gets nothing (no synchronisation, registration or kernel
+        // compilation either): this rank only says so in the exchange.
+        let captured = super::capture::capturing(c.stream)?;
+        let (reason, stream) = if captured {
+            (Some(Fallback::new("its stream is being captured into a CUDA graph", "")), false)
+        } else {
+            match self.stream_mode(inner, ctx, device) {
+                Mode::Off(m) => (Some(m), false),
+                Mode::Stream(_) => (None, true),
+                Mode::Synced => (None, false),
+            }
         };
         if stream {
             if let Ok(ctl) = &self.ctl {
@@ -513,6 +525,9 @@ impl Ipc {
             Ok(b) => (b, None),
             Err(f) => {
                 let mut b = vec![0u8; desc_bytes(c, n)];
+                if captured {
+                    b[0] = CAPTURED;
+                }
                 b[1..5].copy_from_slice(&std::process::id().to_le_bytes());
                 b[FP..BLOB].copy_from_slice(&fingerprint::one(call));
                 (b, Some(f))
@@ -522,6 +537,11 @@ impl Ipc {
         let (all, got) = x.allgather(&mine, own_seq(x, call))?;
         if let Outcome::Failed(_) = got {
             return Ok(got);
+        }
+        let who: Vec<usize> = all.chunks(db).enumerate().filter(|(_, b)| b[0] == CAPTURED).map(|(q, _)| q).collect();
+        if !who.is_empty() {
+            x.algo = "refused";
+            return Ok(Outcome::Failed(super::capture::refusal(c.kind.c_name(), rank, c.stream, &who)));
         }
         let mut gone = Vec::new();
         if let Ok(ctl) = &self.ctl {
@@ -534,7 +554,8 @@ impl Ipc {
             x.algo = "mismatch";
             return Ok(Outcome::Failed(e));
         }
-        let unable: Vec<usize> = all.chunks(db).enumerate().filter(|(_, b)| b[0] != 1).map(|(q, _)| q).collect();
+        let unable: Vec<usize> =
+            all.chunks(db).enumerate().filter(|(_, b)| b[0] != TAKES_PART).map(|(q, _)| q).collect();
         if fallback.is_none() && !unable.is_empty() {
             let who = unable.iter().map(|q| q.to_string()).collect::<Vec<_>>().join(", ");
             fallback = Some(Fallback::new(format!("rank(s) {who} cannot take it GPU to GPU"), fix::PEER));

@@ -13,7 +13,9 @@
 //!   (which may share a stream) copy and synchronise instead, the sender's host waiting
 //!   for the receiver's copy;
 //! - otherwise (host memory, memory IPC cannot share, another context): through the
-//!   pair's bounce ring in the control region, copied by the hosts.
+//!   pair's bounce ring in the control region, copied by the hosts;
+//! - either side's stream is being captured into a CUDA graph: both calls fail with
+//!   fcclInvalidUsage (see `capture`), nothing moves.
 //!
 //! A group's records are all written before its collectives run and its records read
 //! after, and every wait polls, so that one rank's calls never hold up a peer that the
@@ -41,6 +43,7 @@ enum Verdict {
     Device,
     Bounce,
     Mismatch,
+    Captured,
 }
 
 fn verdict(sent: u64, received: u64, sender_device: bool, receiver_device: bool) -> Verdict {
@@ -77,6 +80,8 @@ struct Op<'c> {
     bytes: usize,
     /// This side's buffer may be used GPU to GPU; else why not.
     device: std::result::Result<(), Fallback>,
+    /// This side's stream is being captured into a CUDA graph.
+    captured: bool,
     rec: SendRec,
     st: St,
     verdict: Option<Verdict>,
@@ -180,7 +185,13 @@ impl Ipc {
             *next += 1;
             let ctx = self.ctx_of(c)?;
             let _g = cuda::CtxGuard::enter(ctx)?;
-            let side = self.p2p_side(c, c.root, ctx, inner);
+            // A capturing stream gets nothing: the record says so and the pair fails.
+            let captured = stream_captured(c)?;
+            let side = if captured {
+                Err(Fallback::new("its stream is being captured into a CUDA graph", ""))
+            } else {
+                self.p2p_side(c, c.root, ctx, inner)
+            };
             if send && side.is_ok() && self.synced {
                 // Ranks that share a process copy from this buffer whenever they see the
                 // record: the work before the call must be done first.
@@ -189,7 +200,7 @@ impl Ipc {
             let bytes = c.count * c.dtype.size();
             let (rec, device) = match side {
                 Ok(r) => (r, Ok(())),
-                Err(why) => (SendRec { pid: std::process::id(), ..SendRec::default() }, Err(why)),
+                Err(why) => (SendRec { pid: std::process::id(), captured, ..SendRec::default() }, Err(why)),
             };
             let rec = SendRec { bytes: bytes as u64, ..rec };
             run.ops.push(Op {
@@ -199,6 +210,7 @@ impl Ipc {
                 slot,
                 bytes,
                 device,
+                captured,
                 rec,
                 st: St::Post,
                 verdict: None,
@@ -210,7 +222,7 @@ impl Ipc {
         // Receives into a buffer that a send of the run reads land aside first.
         let sends: Vec<(usize, usize)> =
             run.ops.iter().filter(|o| o.send).map(|o| (o.c.send as usize, o.bytes)).collect();
-        for o in run.ops.iter_mut().filter(|o| !o.send) {
+        for o in run.ops.iter_mut().filter(|o| !o.send && !o.captured) {
             let (d, n) = (o.c.recv as usize, o.bytes);
             if sends.iter().any(|&(s, m)| s < d + n && d < s + m) {
                 o.gated = Some(match o.c.placement {
@@ -271,6 +283,10 @@ impl Ipc {
             )));
         }
         for (s, r) in sends.iter().zip(&recvs) {
+            if stream_captured(s)? || stream_captured(r)? {
+                run.errors.push(super::super::capture::refusal(&describe(s), me, s.stream, &[me]));
+                continue;
+            }
             let (sb, rb) = (s.count * s.dtype.size(), r.count * r.dtype.size());
             if sb != rb {
                 run.errors.push(Error::mismatch(format!(
@@ -375,17 +391,30 @@ impl Ipc {
             return Ok(false);
         }
         if op.st == St::Match {
-            let (sent, received, sender_dev, receiver_dev, theirs) = if op.send {
+            let (sent, received, sender_dev, receiver_dev, theirs, peer_captured) = if op.send {
                 let Some(r) = pr.get_recv(k) else { return Ok(op.st != before) };
                 pr.r_read().store(k + 1, Ordering::Release);
-                (op.bytes as u64, r.bytes, op.device.is_ok(), r.device, None)
+                (op.bytes as u64, r.bytes, op.device.is_ok(), r.device, None, r.captured)
             } else {
                 let Some(s) = pr.get_send(k) else { return Ok(op.st != before) };
-                (s.bytes, op.bytes as u64, s.device, op.device.is_ok(), Some(s))
+                (s.bytes, op.bytes as u64, s.device, op.device.is_ok(), Some(s), s.captured)
             };
-            let v = verdict(sent, received, sender_dev, receiver_dev);
+            let v = if op.captured || peer_captured {
+                Verdict::Captured
+            } else {
+                verdict(sent, received, sender_dev, receiver_dev)
+            };
             op.verdict = Some(v);
             match v {
+                Verdict::Captured => {
+                    let who: Vec<usize> = [(me, op.captured), (op.peer, peer_captured)]
+                        .iter()
+                        .filter(|(_, c)| *c)
+                        .map(|(r, _)| *r)
+                        .collect();
+                    errors.push(super::super::capture::refusal(&describe(op.c), me, op.c.stream, &who));
+                    op.finish(&pr);
+                }
                 Verdict::Mismatch => {
                     errors.push(p2p_mismatch(P2pCall::of(op.c), p, q, sent as usize, received as usize));
                     op.finish(&pr);
@@ -494,7 +523,7 @@ impl Ipc {
         if !device.is_empty() && !self.synced {
             self.enqueue_device(&device, inner)?;
         }
-        for o in run.ops.iter().filter(|o| !o.send && o.verdict != Some(Verdict::Mismatch)) {
+        for o in run.ops.iter().filter(|o| !o.send && matches!(o.verdict, Some(Verdict::Device | Verdict::Bounce))) {
             match &o.gated {
                 Some(Tmp::Host(v)) => {
                     // SAFETY: every send of the run is done (bounced, or copied and
@@ -578,7 +607,7 @@ impl Op<'_> {
             if k >= pr.r_read().load(Ordering::Acquire) + SLOTS {
                 return false;
             }
-            pr.put_recv(k, &RecvRec { bytes: self.bytes as u64, device: self.device.is_ok() });
+            pr.put_recv(k, &RecvRec { bytes: self.bytes as u64, device: self.device.is_ok(), captured: self.captured });
         }
         self.st = St::Match;
         true
@@ -590,6 +619,18 @@ impl Op<'_> {
             pr.s_done().store(self.slot + 1, Ordering::Release);
         }
         self.st = St::Done;
+    }
+}
+
+/// Whether the stream of a call on device memory is being captured into a CUDA graph (a
+/// call on host memory never touches its stream).
+fn stream_captured(c: &Coll) -> Result<bool> {
+    match c.placement {
+        Placement::Device { ctx, .. } => {
+            let _g = cuda::CtxGuard::enter(ctx)?;
+            super::super::capture::capturing(c.stream)
+        }
+        Placement::Host => Ok(false),
     }
 }
 
@@ -605,6 +646,7 @@ fn algo_of(run: &Run<'_>) -> &'static str {
         (true, false) => "p2p-pull",
         (true, true) => "p2p-pull+bounce",
         (false, true) => "p2p-bounce",
+        (false, false) if has(Verdict::Captured) => "refused",
         (false, false) => "p2p-mismatch",
     }
 }

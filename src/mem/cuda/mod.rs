@@ -60,6 +60,7 @@ const SYMBOLS: &[&str] = &[
     "cuEventSynchronize",
     "cuEventDestroy_v2",
     "cuStreamWaitEvent",
+    "cuStreamIsCapturing",
 ];
 
 /// Stream-ordered allocation (CUDA 11.2+); without it scratch memory is freed after a
@@ -520,6 +521,22 @@ pub fn mps_enabled(device: i32) -> Option<bool> {
     let rc =
         unsafe { cu::cuDeviceGetAttribute(&mut v, cu::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MPS_ENABLED, device) };
     (rc == cu::CUresult::CUDA_SUCCESS).then_some(v != 0)
+}
+
+/// Whether work enqueued on `stream` now would be recorded into a CUDA graph (stream
+/// capture, active or already invalidated) instead of running. The legacy default stream
+/// while a blocking stream of its context captures counts as captured too: the driver
+/// refuses any use of it then (CUDA_ERROR_STREAM_CAPTURE_IMPLICIT).
+pub fn capturing(stream: Stream) -> Result<bool> {
+    let mut status: u32 = 0;
+    // SAFETY: the stream handle is the caller's (0 = the legacy default stream); the
+    // status is written as a 32-bit enum into an integer, so no value is invalid here.
+    let rc = unsafe { cu::cuStreamIsCapturing(stream.raw(), (&mut status as *mut u32).cast()) };
+    match rc {
+        cu::CUresult::CUDA_SUCCESS => Ok(status != cu::CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_NONE as u32),
+        cu::CUresult::CUDA_ERROR_STREAM_CAPTURE_IMPLICIT => Ok(true),
+        rc => check(rc, "cuStreamIsCapturing").map(|_| false),
+    }
 }
 
 /// Waits for everything queued on `stream`.

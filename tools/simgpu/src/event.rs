@@ -81,6 +81,8 @@ pub struct Event {
     pub imported: bool,
     /// Buffer id for IPC handles.
     pub id: u64,
+    /// Last recorded in a capturing stream: (capture id, the nodes the record stands for).
+    pub cap: Option<(u64, Vec<usize>)>,
 }
 
 /// A new event of context `ctx`.
@@ -99,7 +101,7 @@ pub fn create(st: &mut State, ctx: u64, flags: u32) -> Result<u64> {
         EventSync::local()
     };
     let h = st.new_handle(HandleKind::Event);
-    st.events.insert(h, Event { ctx, flags, sync: Arc::new(sync), last: None, imported: false, id });
+    st.events.insert(h, Event { ctx, flags, sync: Arc::new(sync), last: None, imported: false, id, cap: None });
     Ok(h)
 }
 
@@ -112,6 +114,26 @@ pub fn lookup(st: &State, h: u64) -> Result<&Event> {
         }
         None => bail!(CUDA_ERROR_INVALID_HANDLE, "{h:#x} is not an event (destroyed or never created)"),
     }
+}
+
+/// The live capture the event was last recorded in, if any (a "captured event").
+pub fn captured_in(st: &State, e: &Event) -> Option<u64> {
+    e.cap.as_ref().map(|(c, _)| *c).filter(|c| st.captures.contains_key(c))
+}
+
+/// CUDA_ERROR_CAPTURED_EVENT (and the capture invalidated) when `call` queries or
+/// synchronises an event last recorded in a capture in progress.
+pub fn not_captured(st: &mut State, h: u64, call: &str) -> Result<()> {
+    let e = lookup(st, h)?;
+    if let Some(cid) = captured_in(st, e) {
+        return Err(crate::graph::refuse(
+            st,
+            cid,
+            cudarc::driver::sys::CUresult::CUDA_ERROR_CAPTURED_EVENT,
+            format!("{call} of event {h:#x}, last recorded in a stream that is capturing (it stands for no work yet)"),
+        ));
+    }
+    Ok(())
 }
 
 /// Whether the event's latest record has completed (an event never recorded has).

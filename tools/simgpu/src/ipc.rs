@@ -206,6 +206,7 @@ pub fn open_event(st: &mut State, ctx: u64, raw: &[u8; 64]) -> Result<u64> {
         last: None,
         imported: true,
         id,
+        cap: None,
     };
     let handle = st.new_handle(HandleKind::Event);
     st.events.insert(handle, e);

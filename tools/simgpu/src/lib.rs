@@ -10,7 +10,7 @@
 //!
 //! Layout: [`api`] holds every exported C function; the modules below it hold the state
 //! they share: contexts ([`ctx`]), memory ([`mem`], [`attrs`]), streams and the executor
-//! ([`stream`]), [`event`]s, memory operations ([`memop`]), [`ipc`], modules and kernels
+//! ([`stream`]), stream capture and graphs ([`graph`]), [`event`]s, memory operations ([`memop`]), [`ipc`], modules and kernels
 //! ([`module`], [`kernels`], [`jit`]), the compiler ([`nvrtc`]) and the cost model
 //! ([`costs`]).
 #![deny(unsafe_op_in_unsafe_fn)]
@@ -23,6 +23,7 @@ pub mod ctx;
 pub mod device;
 pub mod error;
 pub mod event;
+pub mod graph;
 pub mod ipc;
 pub mod jit;
 pub mod kernels;

@@ -83,6 +83,9 @@ pub enum HandleKind {
     Module = 4,
     Function = 5,
     Pool = 6,
+    Graph = 7,
+    GraphNode = 8,
+    GraphExec = 9,
 }
 
 pub struct State {
@@ -101,6 +104,12 @@ pub struct State {
     pub ipc: IpcTable,
     /// The default memory pool handle of each visible device.
     pub pools: Vec<u64>,
+    /// Stream captures in progress, by capture id; the last id given.
+    pub captures: HashMap<u64, crate::graph::Capture>,
+    pub next_capture: u64,
+    /// Graphs made by captures, and instantiated graphs, by handle.
+    pub graphs: HashMap<u64, crate::graph::Graph>,
+    pub execs: HashMap<u64, crate::graph::Exec>,
 }
 
 impl State {
@@ -119,6 +128,10 @@ impl State {
             functions: HashMap::new(),
             ipc: IpcTable::default(),
             pools: Vec::new(),
+            captures: HashMap::new(),
+            next_capture: 0,
+            graphs: HashMap::new(),
+            execs: HashMap::new(),
         };
         for d in 0..devices {
             let h = st.new_handle(HandleKind::Ctx);
@@ -240,6 +253,8 @@ pub fn api(name: &'static str, f: impl FnOnce() -> Result<()>) -> CUresult {
             CUresult::CUDA_ERROR_NOT_PERMITTED,
             "CUDA calls are not allowed in a host function or stream callback",
         ))
+    } else if crate::graph::UNSAFE.contains(&name) {
+        guarded(|| crate::graph::check_unsafe(name).and_then(|()| f()))
     } else {
         guarded(f)
     };

@@ -300,7 +300,10 @@ fn proc_address_returns_the_simulators_functions() {
         assert_eq!(get(c"cuCtxCreate", 13000).1, cuCtxCreate_v4 as *const () as usize);
         assert_eq!(get(c"cuStreamGetCtx", 12000).1, cuStreamGetCtx as *const () as usize);
         assert_eq!(get(c"cuGetProcAddress", 13000).1, cuGetProcAddress_v2 as *const () as usize);
-        assert_eq!(get(c"cuGraphLaunch", 13000), (CUresult::CUDA_ERROR_NOT_FOUND, 0, 1));
+        assert_eq!(get(c"cuGraphAddKernelNode", 13000), (CUresult::CUDA_ERROR_NOT_FOUND, 0, 1));
+        assert_eq!(get(c"cuStreamGetCaptureInfo", 12080).1, cuStreamGetCaptureInfo_v2 as *const () as usize);
+        assert_eq!(get(c"cuStreamGetCaptureInfo", 13000).1, cuStreamGetCaptureInfo_v3 as *const () as usize);
+        assert_eq!(get(c"cuStreamGetCaptureInfo", 11000).0, CUresult::CUDA_ERROR_NOT_FOUND);
     }
 }
 

@@ -103,6 +103,9 @@ fn copy(dst: Endpoint, src: Endpoint, width: usize, height: usize, hstream: Opti
         }
         return stream::run_sync(st, sid, op(d, s.side, src.pitch));
     }
+    if d.pageable || s.pageable {
+        crate::graph::not_capturable(&mut st, sid, "an asynchronous copy to or from pageable host memory")?;
+    }
     if d.pageable {
         return stream::run_sync(st, sid, op(d, s.side, src.pitch));
     }

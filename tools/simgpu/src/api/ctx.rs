@@ -231,6 +231,8 @@ pub unsafe extern "C" fn cuCtxGetDevice(dev: *mut CUdevice) -> CUresult {
 pub unsafe extern "C" fn cuCtxSynchronize() -> CUresult {
     api("cuCtxSynchronize", || {
         let h = ctx::current(&lock())?;
+        crate::graph::ctx_sync(&mut lock(), h)?;
+        crate::graph::check_unsafe("cuCtxSynchronize")?;
         ctx::synchronize(h)
     })
 }

@@ -50,10 +50,27 @@ fn record(ev: CUevent, s: CUstream, flags: c_uint) -> Result<()> {
             s as u64
         );
     }
+    if let Some(cid) = st.streams[&sid].capture {
+        if flags != 0 {
+            return Err(crate::graph::refuse(
+                &mut st,
+                cid,
+                CUresult::CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED,
+                "CU_EVENT_RECORD_EXTERNAL in a capture (an event record node) is not simulated".into(),
+            ));
+        }
+        // A captured event: it stands for the stream's work so far in the capture, which
+        // other streams may wait for (fork and join); nothing is queued.
+        let deps = st.streams[&sid].cap_deps.clone();
+        st.events.get_mut(&(ev as u64)).expect("looked up").cap = Some((cid, deps));
+        return Ok(());
+    }
     let sync = e.sync.clone();
     let gen = sync.next_record();
     let seq = stream::enqueue(&mut st, sid, OpKind::Record { sync, gen }, Vec::new());
-    st.events.get_mut(&(ev as u64)).expect("looked up").last = Some((sid, seq));
+    let e = st.events.get_mut(&(ev as u64)).expect("looked up");
+    e.last = Some((sid, seq));
+    e.cap = None;
     Ok(())
 }
 
@@ -73,6 +90,10 @@ pub unsafe extern "C" fn cuEventRecordWithFlags(ev: CUevent, s: CUstream, flags:
 #[no_mangle]
 pub unsafe extern "C" fn cuEventQuery(ev: CUevent) -> CUresult {
     api("cuEventQuery", || {
+        let mut st = lock();
+        event::not_captured(&mut st, ev as u64, "cuEventQuery")?;
+        drop(st);
+        crate::graph::check_unsafe("cuEventQuery")?;
         let st = lock();
         let e = event::lookup(&st, ev as u64)?;
         ctx::check_sticky(&st, e.ctx)?;
@@ -87,6 +108,10 @@ pub unsafe extern "C" fn cuEventQuery(ev: CUevent) -> CUresult {
 #[no_mangle]
 pub unsafe extern "C" fn cuEventSynchronize(ev: CUevent) -> CUresult {
     api("cuEventSynchronize", || {
+        let mut st = lock();
+        event::not_captured(&mut st, ev as u64, "cuEventSynchronize")?;
+        drop(st);
+        crate::graph::check_unsafe("cuEventSynchronize")?;
         let mut st = lock();
         let e = event::lookup(&st, ev as u64)?;
         let (sync, target, c) = (e.sync.clone(), e.sync.recorded(), e.ctx);
@@ -103,7 +128,9 @@ pub unsafe extern "C" fn cuEventSynchronize(ev: CUevent) -> CUresult {
 
 fn elapsed(ms: *mut f32, start: CUevent, end: CUevent) -> Result<()> {
     non_null(ms, "pMilliseconds")?;
-    let st = lock();
+    let mut st = lock();
+    event::not_captured(&mut st, start as u64, "cuEventElapsedTime")?;
+    event::not_captured(&mut st, end as u64, "cuEventElapsedTime")?;
     let (a, b) = (event::lookup(&st, start as u64)?, event::lookup(&st, end as u64)?);
     for (e, h) in [(a, start), (b, end)] {
         if e.flags & DISABLE_TIMING != 0 {

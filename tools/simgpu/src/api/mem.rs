@@ -138,6 +138,7 @@ fn alloc_async(dptr: *mut CUdeviceptr, size: usize, pool: Option<u64>, hstream: 
     non_null(dptr, "dptr")?;
     let mut st = lock();
     let sid = stream::resolve(&mut st, hstream as u64)?;
+    crate::graph::not_capturable(&mut st, sid, "cuMemAllocAsync (a graph memory node, not simulated)")?;
     let h = st.streams[&sid].ctx;
     let device = st.ctxs[&h].device;
     if let Some(p) = pool {
@@ -178,6 +179,7 @@ pub unsafe extern "C" fn cuMemFreeAsync(dptr: CUdeviceptr, hstream: CUstream) ->
     api("cuMemFreeAsync", || {
         let mut st = lock();
         let sid = stream::resolve(&mut st, hstream as u64)?;
+        crate::graph::not_capturable(&mut st, sid, "cuMemFreeAsync (a graph memory node, not simulated)")?;
         let a = st.mem.check_free(dptr, "dptr")?;
         if a.kind == Kind::Managed {
             bail!(CUDA_ERROR_INVALID_VALUE, "{dptr:#x} is managed memory (free it with cuMemFree)");

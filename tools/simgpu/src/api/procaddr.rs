@@ -73,6 +73,11 @@ exports! {
     cuGetErrorString,
     cuGetProcAddress,
     cuGetProcAddress_v2,
+    cuGraphDestroy,
+    cuGraphExecDestroy,
+    cuGraphGetNodes,
+    cuGraphInstantiateWithFlags,
+    cuGraphLaunch,
     cuInit,
     cuIpcCloseMemHandle,
     cuIpcGetEventHandle,
@@ -137,15 +142,20 @@ exports! {
     cuStreamAddCallback,
     cuStreamBatchMemOp,
     cuStreamBatchMemOp_v2,
+    cuStreamBeginCapture_v2,
     cuStreamCreate,
     cuStreamCreateWithPriority,
     cuStreamDestroy_v2,
+    cuStreamEndCapture,
+    cuStreamGetCaptureInfo_v2,
+    cuStreamGetCaptureInfo_v3,
     cuStreamGetCtx,
     cuStreamGetCtx_v2,
     cuStreamGetDevice,
     cuStreamGetFlags,
     cuStreamGetId,
     cuStreamGetPriority,
+    cuStreamIsCapturing,
     cuStreamQuery,
     cuStreamSynchronize,
     cuStreamWaitEvent,
@@ -157,6 +167,7 @@ exports! {
     cuStreamWriteValue32_v2,
     cuStreamWriteValue64,
     cuStreamWriteValue64_v2,
+    cuThreadExchangeStreamCaptureMode,
 }
 
 /// The entry point a (base) name denotes for a program built against `version`: the
@@ -171,6 +182,11 @@ pub fn lookup(symbol: &str, version: i32) -> Option<usize> {
         "cuStreamGetCtx" => Some("cuStreamGetCtx"),
         "cuGetProcAddress" if version >= 12000 => Some("cuGetProcAddress_v2"),
         "cuGetProcAddress" => Some("cuGetProcAddress"),
+        // cuda.h's meaning: the edge data came with CUDA 13's form; before 11.3 the
+        // unversioned form (status and id only), which the simulator does not export.
+        "cuStreamGetCaptureInfo" if version >= 13000 => Some("cuStreamGetCaptureInfo_v3"),
+        "cuStreamGetCaptureInfo" if version >= 11030 => Some("cuStreamGetCaptureInfo_v2"),
+        "cuStreamGetCaptureInfo" => Some("cuStreamGetCaptureInfo"),
         // The memory operations got their _v2 (on by default) in CUDA 11.7; an older caller
         // gets the V1 entry points, which a stock driver refuses.
         "cuStreamWaitValue32"

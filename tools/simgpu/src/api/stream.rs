@@ -41,6 +41,9 @@ pub unsafe extern "C" fn cuStreamDestroy_v2(s: CUstream) -> CUresult {
     api("cuStreamDestroy_v2", || {
         let mut st = lock();
         stream::lookup(&st, s as u64)?;
+        if let Some(cid) = st.streams[&(s as u64)].capture {
+            crate::graph::invalidate(&mut st, cid, "a stream of the capture was destroyed");
+        }
         st.streams.get_mut(&(s as u64)).expect("looked up").destroyed = true;
         Ok(())
     })
@@ -53,6 +56,11 @@ pub unsafe extern "C" fn cuStreamSynchronize(s: CUstream) -> CUresult {
     api("cuStreamSynchronize", || {
         let mut st = lock();
         let sid = stream::resolve_any(&mut st, s as u64)?;
+        crate::graph::stream_sync(&mut st, sid, "cuStreamSynchronize")?;
+        drop(st);
+        crate::graph::check_unsafe("cuStreamSynchronize")?;
+        let mut st = lock();
+        let sid = stream::resolve_any(&mut st, s as u64)?;
         stream::synchronize(st, sid)
     })
 }
@@ -61,6 +69,11 @@ pub unsafe extern "C" fn cuStreamSynchronize(s: CUstream) -> CUresult {
 #[no_mangle]
 pub unsafe extern "C" fn cuStreamQuery(s: CUstream) -> CUresult {
     api("cuStreamQuery", || {
+        let mut st = lock();
+        let sid = stream::resolve_any(&mut st, s as u64)?;
+        crate::graph::stream_sync(&mut st, sid, "cuStreamQuery")?;
+        drop(st);
+        crate::graph::check_unsafe("cuStreamQuery")?;
         let mut st = lock();
         let sid = stream::resolve_any(&mut st, s as u64)?;
         let x = &st.streams[&sid];
@@ -82,6 +95,26 @@ pub unsafe extern "C" fn cuStreamWaitEvent(s: CUstream, ev: CUevent, flags: c_ui
         let mut st = lock();
         let sid = stream::resolve(&mut st, s as u64)?;
         let e = event::lookup(&st, ev as u64)?;
+        if let Some(cid) = event::captured_in(&st, e) {
+            return join(&mut st, sid, ev as u64, cid);
+        }
+        if let Some(cid) = st.streams[&sid].capture {
+            let why = if flags != 0 {
+                "CU_EVENT_WAIT_EXTERNAL in a capture (an event wait node) is not simulated".to_string()
+            } else {
+                format!(
+                    "stream {:#x} is capturing and waits for event {:#x}, which was not recorded in the capture; \
+                     only events recorded in the same capture can be waited for",
+                    s as u64, ev as u64
+                )
+            };
+            let code = if flags != 0 {
+                CUresult::CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED
+            } else {
+                CUresult::CUDA_ERROR_STREAM_CAPTURE_ISOLATION
+            };
+            return Err(crate::graph::refuse(&mut st, cid, code, why));
+        }
         if e.imported {
             let (sync, gen) = (e.sync.clone(), e.sync.recorded());
             stream::enqueue(&mut st, sid, OpKind::WaitShared { sync, gen }, Vec::new());
@@ -90,6 +123,39 @@ pub unsafe extern "C" fn cuStreamWaitEvent(s: CUstream, ev: CUevent, flags: c_ui
         }
         Ok(())
     })
+}
+
+/// Stream `sid` waits for captured event `ev` of capture `cid`: a stream that does not
+/// capture joins the capture (a fork), a stream of the same capture adds the dependencies (a
+/// join), a stream of another capture may not merge them.
+fn join(st: &mut crate::state::State, sid: u64, ev: u64, cid: u64) -> Result<()> {
+    let deps = st.events[&ev].cap.as_ref().map(|(_, d)| d.clone()).unwrap_or_default();
+    let s = st.streams.get_mut(&sid).expect("resolved");
+    match s.capture {
+        Some(c) if c == cid => {
+            for d in deps {
+                if !s.cap_deps.contains(&d) {
+                    s.cap_deps.push(d);
+                }
+            }
+            Ok(())
+        }
+        Some(other) => Err(crate::graph::refuse(
+            st,
+            other,
+            CUresult::CUDA_ERROR_STREAM_CAPTURE_MERGE,
+            format!("stream {sid:#x} waits for event {ev:#x} of another capture; two captures cannot be merged"),
+        )),
+        None => {
+            if st.captures[&cid].ctx != s.ctx {
+                bail!(CUDA_ERROR_INVALID_HANDLE, "stream {sid:#x} and event {ev:#x} belong to different contexts");
+            }
+            s.capture = Some(cid);
+            s.cap_deps = deps;
+            st.captures.get_mut(&cid).expect("live").streams.push(sid);
+            Ok(())
+        }
+    }
 }
 
 /// Which stream a (possibly special) handle names, for the getters.
@@ -195,6 +261,7 @@ pub unsafe extern "C" fn cuStreamAddCallback(
         }
         let mut st = lock();
         let sid = stream::resolve(&mut st, s as u64)?;
+        crate::graph::not_capturable(&mut st, sid, "cuStreamAddCallback (use cuLaunchHostFunc)")?;
         let op = OpKind::Callback { f, stream: s as usize, data: data as usize };
         stream::enqueue(&mut st, sid, op, Vec::new());
         Ok(())

@@ -28,12 +28,14 @@ impl Kernel {
 }
 
 /// The argument values of one launch, copied at `cuLaunchKernel`.
+#[derive(Clone)]
 pub struct Args {
     pub bytes: Vec<u8>,
     pub offsets: Vec<usize>,
 }
 
 /// A launch queued on a stream.
+#[derive(Clone)]
 pub struct Launch {
     pub kernel: Kernel,
     pub args: Args,

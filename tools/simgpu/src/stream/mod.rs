@@ -43,6 +43,9 @@ pub struct Stream {
     pub running: bool,
     /// cuStreamDestroy was called: the handle is dead, the queue still drains.
     pub destroyed: bool,
+    /// The capture this stream takes part in, and the nodes its next operation depends on.
+    pub capture: Option<u64>,
+    pub cap_deps: Vec<usize>,
 }
 
 impl Stream {
@@ -70,6 +73,8 @@ pub fn create(st: &mut State, ctx: u64, kind: StreamKind, flags: u32, priority: 
         completed: 0,
         running: false,
         destroyed: false,
+        capture: None,
+        cap_deps: Vec::new(),
     };
     st.streams.insert(h, s);
     h
@@ -81,7 +86,11 @@ pub fn create(st: &mut State, ctx: u64, kind: StreamKind, flags: u32, priority: 
 pub fn resolve(st: &mut State, h: u64) -> Result<u64> {
     let cur = ctx::current(st)?;
     match h {
-        0 | STREAM_LEGACY => Ok(st.ctxs[&cur].legacy),
+        0 | STREAM_LEGACY => {
+            // It orders with every blocking stream: not while one of them captures.
+            crate::graph::legacy_use(st, cur, true)?;
+            Ok(st.ctxs[&cur].legacy)
+        }
         STREAM_PER_THREAD => Ok(per_thread(st, cur)),
         _ => {
             let s = lookup(st, h)?;
@@ -131,8 +140,14 @@ pub fn resolve_any(st: &mut State, h: u64) -> Result<u64> {
 
 /// Appends an operation to stream `sid`; returns its sequence number. Implements the legacy
 /// stream's rules: work on it waits for all earlier work of the context's blocking streams,
-/// and work on a blocking stream waits for earlier legacy-stream work.
+/// and work on a blocking stream waits for earlier legacy-stream work. On a capturing
+/// stream the operation is recorded in the capture instead (sequence number 0: nothing to
+/// wait for).
 pub fn enqueue(st: &mut State, sid: u64, kind: OpKind, extra_deps: Vec<(u64, u64)>) -> u64 {
+    if let Some(cid) = st.streams[&sid].capture {
+        crate::graph::record(st, sid, cid, kind);
+        return 0;
+    }
     let latency = st.cfg.latency;
     let s = &st.streams[&sid];
     let ctx = s.ctx;

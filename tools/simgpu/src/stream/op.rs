@@ -59,6 +59,7 @@ impl Side {
 }
 
 /// A (possibly 2D) copy: `height` rows of `width` bytes, rows `pitch` bytes apart.
+#[derive(Clone)]
 pub struct Copy {
     pub dst: Side,
     pub dpitch: usize,
@@ -68,6 +69,8 @@ pub struct Copy {
     pub height: usize,
 }
 
+/// Cloned for every launch of a graph that recorded it.
+#[derive(Clone)]
 pub enum OpKind {
     Copy(Copy),
     /// `height` rows of `count` elements of `elem` bytes set to `value`, rows `pitch` apart.
