@@ -342,24 +342,39 @@ __device__ __forceinline__ unsigned char fccl_f32_to_f8e5m2(float x) { return fc
 
 /// The copy kernels' program, compiled like the reductions': `fccl_copy(dst, src,
 /// units, w, failed)` copies `units` units of `w` bytes (16, 8, 4, 2 or 1: the largest
-/// that divides both addresses and the length, so aligned buffers move in 16-byte
-/// loads and stores), and `fccl_copy2d(dst, dpitch, src, spitch, width, rows, w,
+/// that divides both addresses and the length; where both addresses are at the same
+/// offset in 16 bytes, the bytes from the first 16-byte boundary to the last move in
+/// 16-byte loads and stores, and units of `w` only before and after), and `fccl_copy2d(dst, dpitch, src, spitch, width, rows, w,
 /// failed)` copies `rows` rows of `width` bytes (pitches and width in units of `w`),
 /// and `fccl_copy_batch(batch, groups, failed)` a whole call's copies in one launch:
 /// block row `g` reads `len[g]` bytes at `src[g]` once and writes them to each of
 /// `dst[first[g]..first[g + 1]]` (one source to many destinations: a broadcast reads
 /// its root's buffer once), in the largest unit that divides the group's addresses
-/// and length.
+/// and length, and in 16-byte vectors between the first and last 16-byte boundaries
+/// where the source and every destination are at the same offset in 16 bytes.
 /// All do nothing when `failed` points at a non-zero word (null: never): the device
 /// path's copies between ranks' buffers are these kernels, not the driver's copies,
 /// so that work queued behind a failed communicator ends at once and reads no memory
 /// of a peer that died.
 pub const COPY_PROGRAM: &str = r#"
 struct alignas(16) fccl_v16 { unsigned long long a, b; };
+// units of U (which divides both addresses and the length); where both addresses are at
+// the same offset in 16 bytes, 16-byte vectors from the first boundary, units before it
+// and after the last vector.
 template <typename U>
 __device__ __forceinline__ void fccl_copy_units(unsigned char* dst, const unsigned char* src, unsigned long long units,
                                                 unsigned long long first, unsigned long long stride) {
-  for (unsigned long long i = first; i < units; i += stride) ((U*)dst)[i] = ((const U*)src)[i];
+  const unsigned long long len = units * sizeof(U);
+  unsigned long long head = (((unsigned long long)dst ^ (unsigned long long)src) & 15u) ? len : (16u - ((unsigned long long)src & 15u)) % 16u;
+  if (head > len) head = len;
+  const unsigned long long vecs = (len - head) / 16, tail = head + vecs * 16;
+  for (unsigned long long i = first; i < vecs; i += stride)
+    ((fccl_v16*)(dst + head))[i] = ((const fccl_v16*)(src + head))[i];
+  const unsigned long long hu = head / sizeof(U), rest = hu + (len - tail) / sizeof(U);
+  for (unsigned long long i = first; i < rest; i += stride) {
+    const unsigned long long o = i < hu ? i * sizeof(U) : tail + (i - hu) * sizeof(U);
+    *(U*)(dst + o) = *(const U*)(src + o);
+  }
 }
 extern "C" __global__ void fccl_copy(unsigned char* dst, const unsigned char* src, unsigned long long units,
                                      unsigned int w, const volatile unsigned int* failed) {
@@ -405,10 +420,23 @@ struct fccl_batch {
   unsigned char* dst[FCCL_BATCH];
   unsigned short first[FCCL_BATCH + 1];
 };
-#define FCCL_FAN(U)                                                                     \
-  for (unsigned long long i = at, units = len / sizeof(U); i < units; i += stride) {    \
-    U v = ((const U*)src)[i];                                                           \
-    for (unsigned int k = lo; k < hi; k++) ((U*)b.dst[k])[i] = v;                       \
+// As fccl_copy_units, from `src` to every destination of the group (`vec`: all at the
+// same offset in 16 bytes as `src`).
+#define FCCL_FAN(U)                                                                                       \
+  {                                                                                                       \
+    unsigned long long head = vec ? (16u - ((unsigned long long)src & 15u)) % 16u : len;                  \
+    if (head > len) head = len;                                                                           \
+    const unsigned long long vecs = (len - head) / 16, tail = head + vecs * 16;                           \
+    for (unsigned long long i = at; i < vecs; i += stride) {                                              \
+      fccl_v16 v = ((const fccl_v16*)(src + head))[i];                                                    \
+      for (unsigned int k = lo; k < hi; k++) ((fccl_v16*)(b.dst[k] + head))[i] = v;                       \
+    }                                                                                                     \
+    const unsigned long long hu = head / sizeof(U), rest = hu + (len - tail) / sizeof(U);                 \
+    for (unsigned long long i = at; i < rest; i += stride) {                                              \
+      const unsigned long long o = i < hu ? i * sizeof(U) : tail + (i - hu) * sizeof(U);                 \
+      U v = *(const U*)(src + o);                                                                         \
+      for (unsigned int k = lo; k < hi; k++) *(U*)(b.dst[k] + o) = v;                                     \
+    }                                                                                                     \
   }
 extern "C" __global__ void fccl_copy_batch(struct fccl_batch b, unsigned int groups, const volatile unsigned int* failed) {
   if (failed && *failed) return;
@@ -417,8 +445,12 @@ extern "C" __global__ void fccl_copy_batch(struct fccl_batch b, unsigned int gro
   const unsigned char* src = b.src[g];
   unsigned long long len = b.len[g];
   unsigned int lo = b.first[g], hi = b.first[g + 1];
-  unsigned long long all = (unsigned long long)src | len;
-  for (unsigned int k = lo; k < hi; k++) all |= (unsigned long long)b.dst[k];
+  unsigned long long all = (unsigned long long)src | len, apart = 0;
+  for (unsigned int k = lo; k < hi; k++) {
+    all |= (unsigned long long)b.dst[k];
+    apart |= ((unsigned long long)b.dst[k] ^ (unsigned long long)src) & 15u;
+  }
+  const bool vec = apart == 0;
   unsigned long long stride = (unsigned long long)gridDim.x * blockDim.x;
   unsigned long long at = (unsigned long long)blockIdx.x * blockDim.x + threadIdx.x;
   if (all % 16 == 0) {

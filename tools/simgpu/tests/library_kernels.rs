@@ -490,7 +490,12 @@ fn copy_kernels_move_exactly_their_bytes_and_nothing_after_a_failure() {
     let total = 4096 + 64;
     let src: Vec<u8> = (0..total).map(|i| (i * 7 + 3) as u8).collect();
     let s = upload(&src);
-    for (so, doff, len) in [(0, 0, 4096), (16, 32, 1600), (8, 8, 24), (4, 12, 20), (2, 6, 30), (1, 3, 101), (0, 0, 0)] {
+    // Units of 16, 8, 4, 2 and 1 bytes; then addresses at the same offset in 16 bytes
+    // (vectors between units), every offset 1..15, lengths that end anywhere.
+    let mut cases = vec![(0, 0, 4096), (16, 32, 1600), (8, 8, 24), (4, 12, 20), (2, 6, 30), (1, 3, 101), (0, 0, 0)];
+    cases.extend((1..16).map(|o| (o, o + 16 * (o % 3), 40 * o + o % 7)));
+    cases.extend([(0, 16, 1000), (4, 20, 12), (3, 3, 13), (12, 44, 1604)]);
+    for (so, doff, len) in cases {
         let d = upload(&vec![0xeeu8; total]);
         copy_kernel(copy, d + doff as u64, s + so as u64, len, 0);
         let got = dtoh(d, total);
@@ -625,8 +630,17 @@ fn one_batched_launch_copies_each_source_to_all_its_destinations_and_nothing_els
     let s = upload(&src);
     let d = upload(&vec![0xeeu8; total]);
     // Aligned (16-byte units), odd lengths and offsets (bytes), a fan of three, an empty group.
-    let groups: Vec<(usize, usize, Vec<usize>)> =
-        vec![(0, 1024, vec![0, 2048, 4096]), (1024, 333, vec![1101]), (3, 40, vec![6001, 7001]), (64, 0, vec![7900])];
+    // Vectors between units: every destination at the source's offset in 16 bytes (5), or
+    // 16-byte aligned with a length that is not (808); and one destination apart (bytes).
+    let groups: Vec<(usize, usize, Vec<usize>)> = vec![
+        (0, 1024, vec![0, 2048, 4096]),
+        (1024, 333, vec![1101]),
+        (3, 40, vec![6001, 7001]),
+        (64, 0, vec![7900]),
+        (2053, 301, vec![5125, 5445, 7205]),
+        (3072, 808, vec![6144]),
+        (2501, 77, vec![7701, 7802]),
+    ];
     let dev: Vec<(CUdeviceptr, usize, Vec<CUdeviceptr>)> =
         groups.iter().map(|(so, len, ds)| (s + *so as u64, *len, ds.iter().map(|&o| d + o as u64).collect())).collect();
     copy_batch(f, &dev, 0);
