@@ -210,8 +210,9 @@ fn load_program(src: &str, name: &str, device: i32) -> Result<cu::CUmodule> {
 /// Loaded programs: (context, data type, wire forms) -> CUmodule; and their kernels:
 /// (context, reduction, rank-count variant) -> CUfunction.
 type ModuleKey = (Ctx, crate::types::DataType, bool);
+type FunctionKey = (Ctx, Reduction, usize);
 static MODULES: Mutex<Option<HashMap<ModuleKey, Module>>> = Mutex::new(None);
-static CACHE: Mutex<Option<HashMap<(Ctx, Reduction, usize), Function>>> = Mutex::new(None);
+static CACHE: Mutex<Option<HashMap<FunctionKey, Function>>> = Mutex::new(None);
 
 /// A loaded program (`CUmodule`), kept for the process's life; an address, so that the
 /// caches can be shared between threads.
