@@ -3,8 +3,27 @@
 //! the simulated GPU compiles the same sources with the host's C++ compiler, which
 //! accepts things NVRTC may not. NVRTC needs no GPU; scripts/nvrtc-check.sh installs
 //! PyPI's nvidia-cuda-nvrtc wheel and runs this test with it on LD_LIBRARY_PATH.
+//! The PTX is read too: every plain reduction kernel (each rank-count variant) must load
+//! and store 16 bytes at a time on its vector path, and keep nothing in local memory.
 
-use ferroccl::mem::cuda_reduce::{compile_for, Reduction};
+use ferroccl::mem::cuda_reduce::{compile_for, Reduction, RANKS};
+
+/// The PTX of each entry: `.entry NAME(` up to the next entry.
+fn entries(ptx: &str) -> Vec<(&str, &str)> {
+    ptx.split(".entry ").skip(1).map(|e| (e.split('(').next().unwrap_or(""), e)).collect()
+}
+
+/// Whether PTX `body` has a 128-bit global access `op` (`ld` or `st`): four 32-bit
+/// lanes (`.v4.u32`, `.v4.f32`, ...) or two 64-bit ones (`.v2.u64`, `.v2.f64`, ...),
+/// loads also through the non-coherent path (`ld.global.nc`).
+fn has_128_bit(body: &str, op: &str) -> bool {
+    const WIDE: [&str; 8] = ["v4.u32", "v4.b32", "v4.f32", "v4.s32", "v2.u64", "v2.b64", "v2.f64", "v2.s64"];
+    body.lines().map(str::trim).any(|l| {
+        let Some(rest) = l.strip_prefix(op).and_then(|r| r.strip_prefix(".global.")) else { return false };
+        let rest = rest.strip_prefix("nc.").unwrap_or(rest);
+        WIDE.iter().any(|w| rest.starts_with(w))
+    })
+}
 
 #[test]
 #[ignore = "needs the real NVRTC on LD_LIBRARY_PATH: scripts/nvrtc-check.sh"]
@@ -12,6 +31,7 @@ fn every_kernel_compiles_with_the_real_nvrtc_for_sm_90() {
     let programs = Reduction::programs();
     let all = Reduction::all();
     assert_eq!(all.len(), 123); // 12 types x 5 ops, 6 integer types x 3 bitwise ops, 45 wire kernels
+    let mut vector_kernels = 0;
     for (name, src) in &programs {
         // PTX, as the library compiles at run time, and a CUBIN (through ptxas).
         for arch in ["compute_90", "sm_90"] {
@@ -23,12 +43,30 @@ fn every_kernel_compiles_with_the_real_nvrtc_for_sm_90() {
             }
             let ptx = String::from_utf8_lossy(&c.image);
             assert!(!ptx.contains("simulated NVRTC"), "{name}: the simulated NVRTC answered");
+            let found = entries(&ptx);
             for r in all.iter().filter(|r| r.program_name() == *name) {
-                assert!(ptx.contains(&format!(".entry {}(", r.entry())), "{name} lacks {}", r.entry());
+                for k in [0].into_iter().chain(RANKS) {
+                    let e = r.entry_for(k);
+                    let (_, body) = found.iter().find(|(n, _)| *n == e).unwrap_or_else(|| panic!("{name} lacks {e}"));
+                    assert!(!body.contains(".local"), "{e} keeps values in local memory");
+                    if r.wire.is_none() {
+                        assert!(has_128_bit(body, "ld"), "{e}: no 128-bit load in its PTX:\n{body}");
+                        assert!(has_128_bit(body, "st"), "{e}: no 128-bit store in its PTX:\n{body}");
+                        vector_kernels += 1;
+                    }
+                }
             }
         }
     }
-    println!("{} programs ({} kernels) compiled for compute_90 and sm_90 without a warning", programs.len(), all.len());
+    // 78 plain reductions, each for any count and for 2, 4 and 8 inputs.
+    assert_eq!(vector_kernels, 78 * 4);
+    println!(
+        "{} programs ({} reductions, {} kernels) compiled for compute_90 and sm_90 without a warning; \
+         all {vector_kernels} plain reduction kernels load and store 16 bytes at a time",
+        programs.len(),
+        all.len(),
+        all.len() * (1 + RANKS.len())
+    );
 }
 
 #[test]
@@ -40,8 +78,11 @@ fn the_copy_kernels_compile_with_the_real_nvrtc_for_sm_90() {
         assert!(c.log.is_empty(), "{COPY_PROGRAM_NAME} for {arch}: NVRTC says:\n{}", c.log);
         if arch == "compute_90" {
             let ptx = String::from_utf8_lossy(&c.image);
-            for k in ["fccl_copy", "fccl_copy2d"] {
-                assert!(ptx.contains(&format!(".entry {k}(")), "{COPY_PROGRAM_NAME} lacks {k}");
+            let found = entries(&ptx);
+            for k in ["fccl_copy", "fccl_copy2d", "fccl_copy_batch"] {
+                let (_, body) =
+                    found.iter().find(|(n, _)| *n == k).unwrap_or_else(|| panic!("{COPY_PROGRAM_NAME} lacks {k}"));
+                assert!(has_128_bit(body, "ld") && has_128_bit(body, "st"), "{k}: no 128-bit load or store:\n{body}");
             }
         }
     }

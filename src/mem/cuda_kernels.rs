@@ -21,6 +21,22 @@ use crate::types::{DataType, RedOp};
 /// arguments (8 bytes each; kernel parameters may take 4 KiB).
 pub const MAX_INPUTS: usize = 64;
 
+/// The input counts with kernels of their own, whose loops over the inputs are unrolled at
+/// compile time; every other count takes the kernel that loops over a run-time count.
+pub const RANKS: [usize; 3] = [2, 4, 8];
+
+/// The kernel variants of every reduction: 0 (any count), then [`RANKS`].
+const VARIANTS: [usize; 4] = [0, RANKS[0], RANKS[1], RANKS[2]];
+
+/// The variant of a launch over `n` inputs: `n` where it has a kernel of its own, else 0.
+pub fn variant(n: usize) -> usize {
+    if RANKS.contains(&n) {
+        n
+    } else {
+        0
+    }
+}
+
 /// What a reduction kernel computes.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub struct Reduction {
@@ -68,6 +84,15 @@ impl Reduction {
         }
     }
 
+    /// The entry name of its kernel for `ranks` inputs ([`variant`]: 2, 4 or 8, or 0 for
+    /// any count): [`Reduction::entry`], then `_n<ranks>` for a specialised kernel.
+    pub fn entry_for(&self, ranks: usize) -> String {
+        match ranks {
+            0 => self.entry(),
+            k => format!("{}_n{k}", self.entry()),
+        }
+    }
+
     /// The kernel's CUDA C source; None where no kernel exists.
     ///
     /// Parameters: `(struct <entry>_outs outs, struct <entry>_ins ins, int n, int nout,
@@ -81,20 +106,35 @@ impl Reduction {
     /// one pass (one row, n outputs), a reduce_scatter gives each rank its block (n rows
     /// of one output). An output may be one of the inputs exactly: each element is read
     /// from every input before it is written.
+    ///
+    /// Every reduction has one kernel for any count of inputs ([`Reduction::entry`]) and
+    /// one per count of [`RANKS`] ([`Reduction::entry_for`]), whose loops over the inputs
+    /// are unrolled at compile time; those take the same parameters, with `n` equal to
+    /// their count. The source holds all of them.
     pub fn source(&self) -> Option<String> {
         if !self.supported() {
             return None;
         }
-        Some(format!("{HELPERS}{}", self.kernel()?))
+        Some(format!("{HELPERS}{}", self.kernels()?))
     }
 
-    /// The kernel alone (after HELPERS); None where no kernel exists.
-    fn kernel(&self) -> Option<String> {
-        let name = self.entry();
+    /// Its kernel for `ranks` inputs (see [`Reduction::entry_for`]) alone (after HELPERS);
+    /// None where no kernel exists.
+    fn kernel(&self, ranks: usize) -> Option<String> {
+        let name = self.entry_for(ranks);
         match self.wire {
-            None => reduce_kernel(self.dtype, self.op, &name),
-            Some(w) => wire_kernel(self.dtype, w, self.op, &name),
+            None => reduce_kernel(self.dtype, self.op, &name, ranks),
+            Some(w) => wire_kernel(self.dtype, w, self.op, &name, ranks),
         }
+    }
+
+    /// All its kernels: any count, then each of [`RANKS`].
+    fn kernels(&self) -> Option<String> {
+        let mut s = String::new();
+        for k in VARIANTS {
+            s.push_str(&self.kernel(k)?);
+        }
+        Some(s)
     }
 
     /// The reductions compiled with this one into one program (one NVRTC run, one
@@ -121,10 +161,12 @@ impl Reduction {
         v
     }
 
-    /// One program with the kernels of `rs` (each kernel's names are its own).
+    /// One program with the kernels of `rs`, every rank-count variant of each (each
+    /// kernel's names are its own): a call's first reduction compiles the program of its
+    /// type once, whatever its rank count.
     pub fn program(rs: &[Reduction]) -> String {
         let mut s = String::from(HELPERS);
-        for k in rs.iter().filter(|r| r.supported()).filter_map(|r| r.kernel()) {
+        for k in rs.iter().filter(|r| r.supported()).filter_map(|r| r.kernels()) {
             s.push_str(&k);
         }
         s
@@ -154,6 +196,8 @@ impl Reduction {
 /// Device functions every kernel uses: bit casts, the host's float arithmetic, and the
 /// conversions of `reduce.rs` (see there for why each step is exact or rounds once).
 const HELPERS: &str = r#"// ferroccl device reductions: the host's arithmetic (src/mem/reduce/), bit for bit.
+// 16 bytes that load and store as one vector.
+struct alignas(16) fccl_u4 { unsigned int x, y, z, w; };
 __device__ __forceinline__ float fccl_f32(unsigned int b) { return __uint_as_float(b); }
 __device__ __forceinline__ unsigned int fccl_b32(float x) { return __float_as_uint(x); }
 __device__ __forceinline__ double fccl_f64(unsigned long long b) { return __longlong_as_double((long long)b); }
@@ -298,24 +342,39 @@ __device__ __forceinline__ unsigned char fccl_f32_to_f8e5m2(float x) { return fc
 
 /// The copy kernels' program, compiled like the reductions': `fccl_copy(dst, src,
 /// units, w, failed)` copies `units` units of `w` bytes (16, 8, 4, 2 or 1: the largest
-/// that divides both addresses and the length, so aligned buffers move in 16-byte
-/// loads and stores), and `fccl_copy2d(dst, dpitch, src, spitch, width, rows, w,
+/// that divides both addresses and the length; where both addresses are at the same
+/// offset in 16 bytes, the bytes from the first 16-byte boundary to the last move in
+/// 16-byte loads and stores, and units of `w` only before and after), and `fccl_copy2d(dst, dpitch, src, spitch, width, rows, w,
 /// failed)` copies `rows` rows of `width` bytes (pitches and width in units of `w`),
 /// and `fccl_copy_batch(batch, groups, failed)` a whole call's copies in one launch:
 /// block row `g` reads `len[g]` bytes at `src[g]` once and writes them to each of
 /// `dst[first[g]..first[g + 1]]` (one source to many destinations: a broadcast reads
 /// its root's buffer once), in the largest unit that divides the group's addresses
-/// and length.
+/// and length, and in 16-byte vectors between the first and last 16-byte boundaries
+/// where the source and every destination are at the same offset in 16 bytes.
 /// All do nothing when `failed` points at a non-zero word (null: never): the device
 /// path's copies between ranks' buffers are these kernels, not the driver's copies,
 /// so that work queued behind a failed communicator ends at once and reads no memory
 /// of a peer that died.
 pub const COPY_PROGRAM: &str = r#"
 struct alignas(16) fccl_v16 { unsigned long long a, b; };
+// units of U (which divides both addresses and the length); where both addresses are at
+// the same offset in 16 bytes, 16-byte vectors from the first boundary, units before it
+// and after the last vector.
 template <typename U>
 __device__ __forceinline__ void fccl_copy_units(unsigned char* dst, const unsigned char* src, unsigned long long units,
                                                 unsigned long long first, unsigned long long stride) {
-  for (unsigned long long i = first; i < units; i += stride) ((U*)dst)[i] = ((const U*)src)[i];
+  const unsigned long long len = units * sizeof(U);
+  unsigned long long head = (((unsigned long long)dst ^ (unsigned long long)src) & 15u) ? len : (16u - ((unsigned long long)src & 15u)) % 16u;
+  if (head > len) head = len;
+  const unsigned long long vecs = (len - head) / 16, tail = head + vecs * 16;
+  for (unsigned long long i = first; i < vecs; i += stride)
+    ((fccl_v16*)(dst + head))[i] = ((const fccl_v16*)(src + head))[i];
+  const unsigned long long hu = head / sizeof(U), rest = hu + (len - tail) / sizeof(U);
+  for (unsigned long long i = first; i < rest; i += stride) {
+    const unsigned long long o = i < hu ? i * sizeof(U) : tail + (i - hu) * sizeof(U);
+    *(U*)(dst + o) = *(const U*)(src + o);
+  }
 }
 extern "C" __global__ void fccl_copy(unsigned char* dst, const unsigned char* src, unsigned long long units,
                                      unsigned int w, const volatile unsigned int* failed) {
@@ -361,10 +420,23 @@ struct fccl_batch {
   unsigned char* dst[FCCL_BATCH];
   unsigned short first[FCCL_BATCH + 1];
 };
-#define FCCL_FAN(U)                                                                     \
-  for (unsigned long long i = at, units = len / sizeof(U); i < units; i += stride) {    \
-    U v = ((const U*)src)[i];                                                           \
-    for (unsigned int k = lo; k < hi; k++) ((U*)b.dst[k])[i] = v;                       \
+// As fccl_copy_units, from `src` to every destination of the group (`vec`: all at the
+// same offset in 16 bytes as `src`).
+#define FCCL_FAN(U)                                                                                       \
+  {                                                                                                       \
+    unsigned long long head = vec ? (16u - ((unsigned long long)src & 15u)) % 16u : len;                  \
+    if (head > len) head = len;                                                                           \
+    const unsigned long long vecs = (len - head) / 16, tail = head + vecs * 16;                           \
+    for (unsigned long long i = at; i < vecs; i += stride) {                                              \
+      fccl_v16 v = ((const fccl_v16*)(src + head))[i];                                                    \
+      for (unsigned int k = lo; k < hi; k++) ((fccl_v16*)(b.dst[k] + head))[i] = v;                       \
+    }                                                                                                     \
+    const unsigned long long hu = head / sizeof(U), rest = hu + (len - tail) / sizeof(U);                 \
+    for (unsigned long long i = at; i < rest; i += stride) {                                              \
+      const unsigned long long o = i < hu ? i * sizeof(U) : tail + (i - hu) * sizeof(U);                 \
+      U v = *(const U*)(src + o);                                                                         \
+      for (unsigned int k = lo; k < hi; k++) *(U*)(b.dst[k] + o) = v;                                     \
+    }                                                                                                     \
   }
 extern "C" __global__ void fccl_copy_batch(struct fccl_batch b, unsigned int groups, const volatile unsigned int* failed) {
   if (failed && *failed) return;
@@ -373,8 +445,12 @@ extern "C" __global__ void fccl_copy_batch(struct fccl_batch b, unsigned int gro
   const unsigned char* src = b.src[g];
   unsigned long long len = b.len[g];
   unsigned int lo = b.first[g], hi = b.first[g + 1];
-  unsigned long long all = (unsigned long long)src | len;
-  for (unsigned int k = lo; k < hi; k++) all |= (unsigned long long)b.dst[k];
+  unsigned long long all = (unsigned long long)src | len, apart = 0;
+  for (unsigned int k = lo; k < hi; k++) {
+    all |= (unsigned long long)b.dst[k];
+    apart |= ((unsigned long long)b.dst[k] ^ (unsigned long long)src) & 15u;
+  }
+  const bool vec = apart == 0;
   unsigned long long stride = (unsigned long long)gridDim.x * blockDim.x;
   unsigned long long at = (unsigned long long)blockIdx.x * blockDim.x + threadIdx.x;
   if (all % 16 == 0) {
@@ -405,13 +481,29 @@ pub fn copy_unit(vals: &[usize]) -> usize {
     [16, 8, 4, 2].into_iter().find(|&w| all % w == 0).unwrap_or(1)
 }
 
-/// The grid-stride loop every kernel runs: `i` is the element. Before it, a kernel
-/// whose communicator failed (a non-zero word at `failed`; null: none) returns at once,
-/// so that work queued behind a failure ends without touching a dead peer's memory.
-const LOOP: &str = "  if (failed && *failed) return;\n  \
-     unsigned long long base = (unsigned long long)blockIdx.y * step;\n  int o0 = (int)blockIdx.y * nout;\n  \
-     unsigned long long stride = (unsigned long long)gridDim.x * blockDim.x;\n  \
-     for (unsigned long long i = (unsigned long long)blockIdx.x * blockDim.x + threadIdx.x; i < count; i += stride) {\n";
+/// The start of every kernel's body: a kernel whose communicator failed (a non-zero
+/// word at `failed`; null: none) returns at once, so that work queued behind a failure
+/// ends without touching a dead peer's memory. `nn` is the number of inputs: the
+/// run-time `n`, or the constant of a kernel specialised for it (`n` equals it).
+fn prologue(ranks: usize) -> String {
+    let nn = if ranks == 0 { "n".to_string() } else { ranks.to_string() };
+    format!(
+        "  if (failed && *failed) return;\n  const int nn = {nn};\n  \
+         const unsigned long long base = (unsigned long long)blockIdx.y * step;\n  const int o0 = (int)blockIdx.y * nout;\n  \
+         const unsigned long long stride = (unsigned long long)gridDim.x * blockDim.x;\n  \
+         const unsigned long long first = (unsigned long long)blockIdx.x * blockDim.x + threadIdx.x;\n"
+    )
+}
+
+/// `#pragma unroll` before the loops over the inputs of a specialised kernel (their
+/// count is a constant there); nothing for the run-time count.
+fn unroll(ranks: usize) -> &'static str {
+    if ranks == 0 {
+        ""
+    } else {
+        "\n#pragma unroll\n  "
+    }
+}
 
 /// The parameters every reduction kernel starts with (see [`Reduction::source`]).
 fn head_params(name: &str) -> String {
@@ -424,8 +516,55 @@ fn tables(name: &str) -> String {
     format!("struct {name}_ins {{ const T* p[{m}]; }};\nstruct {name}_outs {{ T* p[{m}]; }};\n")
 }
 
-/// The end of a kernel's loop: the row's outputs get `v`.
-const STORE: &str = "    for (int k = 0; k < nout; k++) outs.p[o0 + k][i] = v;\n  }\n}\n";
+/// The body of a plain reduction kernel after [`prologue`], over the functions `NAME_w`
+/// (widen an element to the accumulator type `A`), `NAME_c` (combine an element into the
+/// accumulator) and `NAME_f` (the result from the accumulator and the input count), and
+/// `union NAME_v` (16 bytes as `fccl_u4` or as elements; indexed as `fccl_u4*` from the
+/// first boundary, so that NVRTC knows the alignment and emits 128-bit accesses). Where element 0 of every input
+/// and output of the row lies at the same offset in 16 bytes, the elements from the first
+/// 16-byte boundary move in 16-byte loads and stores, each vector's elements reduced one
+/// by one in input order; the elements before it and after the last whole vector (all of
+/// them where the offsets differ) move one at a time. Either way each element is
+/// `f(c(...c(w(in0), in1)..., in[nn-1]), nn)`, read from every input before any output
+/// gets it (so an output may be an input), and one input is a copy.
+const REDUCE_BODY: &str = r#"  const unsigned long long a0 = (unsigned long long)(ins.p[0] + base);
+  unsigned long long diff = a0 % sizeof(T);
+  UNROLLfor (int k = 1; k < nn; k++) diff |= ((unsigned long long)(ins.p[k] + base) ^ a0) & 15u;
+  for (int k = 0; k < nout; k++) diff |= ((unsigned long long)outs.p[o0 + k] ^ a0) & 15u;
+  const int V = (int)(16 / sizeof(T));
+  unsigned long long head = diff ? count : (16u - (a0 & 15u)) % 16u / sizeof(T);
+  if (head > count) head = count;
+  const unsigned long long vecs = (count - head) / V, tail = head + vecs * V;
+  for (unsigned long long j = first; j < vecs; j += stride) {
+    union NAME_v x, r;
+    x.u = ((const fccl_u4*)(ins.p[0] + base + head))[j];
+    if (nn == 1) {
+      r = x;
+    } else {
+      A acc[16 / sizeof(T)];
+      for (int l = 0; l < V; l++) acc[l] = NAME_w(x.e[l]);
+      UNROLLfor (int k = 1; k < nn; k++) {
+        x.u = ((const fccl_u4*)(ins.p[k] + base + head))[j];
+        for (int l = 0; l < V; l++) acc[l] = NAME_c(acc[l], x.e[l]);
+      }
+      for (int l = 0; l < V; l++) r.e[l] = NAME_f(acc[l], nn);
+    }
+    for (int k = 0; k < nout; k++) ((fccl_u4*)(outs.p[o0 + k] + head))[j] = r.u;
+  }
+  for (unsigned long long j = first; j < head + (count - tail); j += stride) {
+    const unsigned long long i = j < head ? j : tail + (j - head);
+    T v;
+    if (nn == 1) {
+      v = ins.p[0][base + i];
+    } else {
+      A acc = NAME_w(ins.p[0][base + i]);
+      UNROLLfor (int k = 1; k < nn; k++) acc = NAME_c(acc, ins.p[k][base + i]);
+      v = NAME_f(acc, nn);
+    }
+    for (int k = 0; k < nout; k++) outs.p[o0 + k][i] = v;
+  }
+}
+"#;
 
 /// Storage type, accumulator type, widening and narrowing of a float type (None for
 /// integers).
@@ -463,54 +602,55 @@ fn combine_fn(op: RedOp, acc: &str) -> Option<String> {
     Some(format!("fccl_{f}_{acc}"))
 }
 
-/// `out[i] = op(ins.p[0][i], ..., ins.p[n-1][i])`; one input is a copy.
-fn reduce_kernel(dt: DataType, op: RedOp, name: &str) -> Option<String> {
-    let head = |t: &str| {
-        format!(
-            "#define T {t}\n{}extern \"C\" __global__ void {name}({},\n    const volatile unsigned int* failed) {{\n{LOOP}    \
-             T v;\n    if (n == 1) {{\n      v = ins.p[0][base + i];\n    }} else {{\n",
-            tables(name),
-            head_params(name)
-        )
+/// `out[i] = op(ins.p[0][i], ..., ins.p[n-1][i])`; one input is a copy. `ranks`: the
+/// input count the kernel is specialised for (0: any, from `n`).
+fn reduce_kernel(dt: DataType, op: RedOp, name: &str, ranks: usize) -> Option<String> {
+    // (element type, accumulator type, widen, combine, finish) over `x`, `acc` and `n`.
+    let (t, a, widen, combine, finish) = match float_parts(dt) {
+        None => {
+            // Integers: wrapping arithmetic in the unsigned type of the same width.
+            let (t, u) = match dt {
+                DataType::Int8 => ("signed char", "unsigned char"),
+                DataType::Uint8 => ("unsigned char", "unsigned char"),
+                DataType::Int32 => ("int", "unsigned int"),
+                DataType::Uint32 => ("unsigned int", "unsigned int"),
+                DataType::Int64 => ("long long", "unsigned long long"),
+                _ => ("unsigned long long", "unsigned long long"),
+            };
+            let combine = match op {
+                RedOp::Sum | RedOp::Avg => "(A)(acc + (A)x)",
+                RedOp::Prod => "(A)(acc * (A)x)",
+                RedOp::Max => "x > (T)acc ? (A)x : acc",
+                RedOp::Min => "x < (T)acc ? (A)x : acc",
+                RedOp::Band => "(A)(acc & (A)x)",
+                RedOp::Bor => "(A)(acc | (A)x)",
+                RedOp::Bxor => "(A)(acc ^ (A)x)",
+            };
+            // Signed division truncates toward zero, as the host's does.
+            let finish = if op == RedOp::Avg { "(T)((T)acc / (T)n)" } else { "(T)acc" };
+            (t, u, "(A)x".to_string(), combine.to_string(), finish.to_string())
+        }
+        Some((t, acc, widen, narrow)) => {
+            let a = acc_c(acc);
+            let w = if widen.is_empty() { "x".to_string() } else { format!("{widen}(x)") };
+            let combine = format!("{}(acc, {w})", combine_fn(op, acc)?);
+            let fin = if op == RedOp::Avg { format!("fccl_div_{acc}(acc, (A)n)") } else { "acc".into() };
+            let finish = if narrow.is_empty() { fin } else { format!("{narrow}({fin})") };
+            (t, a, w, combine, finish)
+        }
     };
-    let Some((t, acc, widen, narrow)) = float_parts(dt) else {
-        // Integers: wrapping arithmetic in the unsigned type of the same width.
-        let (t, u) = match dt {
-            DataType::Int8 => ("signed char", "unsigned char"),
-            DataType::Uint8 => ("unsigned char", "unsigned char"),
-            DataType::Int32 => ("int", "unsigned int"),
-            DataType::Uint32 => ("unsigned int", "unsigned int"),
-            DataType::Int64 => ("long long", "unsigned long long"),
-            _ => ("unsigned long long", "unsigned long long"),
-        };
-        let combine = match op {
-            RedOp::Sum | RedOp::Avg => "acc = (U)(acc + (U)x);",
-            RedOp::Prod => "acc = (U)(acc * (U)x);",
-            RedOp::Max => "if (x > (T)acc) acc = (U)x;",
-            RedOp::Min => "if (x < (T)acc) acc = (U)x;",
-            RedOp::Band => "acc = (U)(acc & (U)x);",
-            RedOp::Bor => "acc = (U)(acc | (U)x);",
-            RedOp::Bxor => "acc = (U)(acc ^ (U)x);",
-        };
-        // Signed division truncates toward zero, as the host's does.
-        let finish = if op == RedOp::Avg { "(T)((T)acc / (T)n)" } else { "(T)acc" };
-        return Some(format!(
-            "#define U {u}\n{}      U acc = (U)ins.p[0][base + i];\n      for (int k = 1; k < n; k++) {{\n        \
-             T x = ins.p[k][base + i];\n        {combine}\n      }}\n      v = {finish};\n    }}\n{STORE}#undef T\n#undef U\n",
-            head(t)
-        ));
-    };
-    let a = acc_c(acc);
-    let load = |e: &str| if widen.is_empty() { e.to_string() } else { format!("{widen}({e})") };
-    let finish = if op == RedOp::Avg { format!("fccl_div_{acc}(acc, ({a})n)") } else { "acc".into() };
-    let store = if narrow.is_empty() { finish } else { format!("{narrow}({finish})") };
-    let combine = combine_fn(op, acc)?;
+    let body = REDUCE_BODY.replace("NAME", name).replace("UNROLL", unroll(ranks));
     Some(format!(
-        "{}      {a} acc = {};\n      for (int k = 1; k < n; k++) acc = {}(acc, {});\n      v = {store};\n    }}\n{STORE}#undef T\n",
-        head(t),
-        load("ins.p[0][base + i]"),
-        combine,
-        load("ins.p[k][base + i]"),
+        "#define T {t}\n#define A {a}\n{tables}\
+         __device__ __forceinline__ A {name}_w(T x) {{ return {widen}; }}\n\
+         __device__ __forceinline__ A {name}_c(A acc, T x) {{ return {combine}; }}\n\
+         __device__ __forceinline__ T {name}_f(A acc, int n) {{ return {finish}; }}\n\
+         union {name}_v {{ fccl_u4 u; T e[16 / sizeof(T)]; }};\n\
+         extern \"C\" __global__ void {name}({params},\n    const volatile unsigned int* failed) {{\n{pro}{body}\
+         #undef T\n#undef A\n",
+        tables = tables(name),
+        params = head_params(name),
+        pro = prologue(ranks),
     ))
 }
 
@@ -518,8 +658,9 @@ fn reduce_kernel(dt: DataType, op: RedOp, name: &str) -> Option<String> {
 /// elements, element `l` belongs to the owner whose balanced part of the window holds
 /// it; the owner's own value (unrounded) comes first, then every other rank's value
 /// rounded to the wire type, in rank order after the owner's; `Avg` divides by `n`;
-/// the result is rounded to the wire type and widened back.
-fn wire_kernel(dt: DataType, wire: DataType, op: RedOp, name: &str) -> Option<String> {
+/// the result is rounded to the wire type and widened back. `ranks` as for
+/// [`reduce_kernel`]. Elements move one at a time (each reads its own owner's input first).
+fn wire_kernel(dt: DataType, wire: DataType, op: RedOp, name: &str, ranks: usize) -> Option<String> {
     let (t, acc) = if dt == DataType::Float64 { ("double", "f64") } else { ("float", "f32") };
     let round = match (dt, wire) {
         (DataType::Float64, DataType::Float32) => "fccl_f32_to_f64(fccl_f64_to_f32(x))".to_string(),
@@ -532,22 +673,25 @@ fn wire_kernel(dt: DataType, wire: DataType, op: RedOp, name: &str) -> Option<St
             format!("{widen}({narrow}(x))")
         }
     };
-    let finish = if op == RedOp::Avg { format!("    acc = fccl_div_{acc}(acc, (T)n);\n") } else { String::new() };
+    let finish = if op == RedOp::Avg { format!("    acc = fccl_div_{acc}(acc, (T)nn);\n") } else { String::new() };
     let combine = combine_fn(op, acc)?;
     Some(format!(
         "#define T {t}\n{}\
          __device__ __forceinline__ T {name}_round(T x) {{ return {round}; }}\n\
          extern \"C\" __global__ void {name}({},\n    \
-         unsigned long long win, const volatile unsigned int* failed) {{\n{LOOP}    \
-         unsigned long long first = i - i % win, wc = count - first < win ? count - first : win, l = i - first;\n    \
-         unsigned long long part = wc / (unsigned long long)n, rem = wc % (unsigned long long)n, big = rem * (part + 1);\n    \
+         unsigned long long win, const volatile unsigned int* failed) {{\n{}  \
+         for (unsigned long long i = first; i < count; i += stride) {{\n    \
+         unsigned long long w0 = i - i % win, wc = count - w0 < win ? count - w0 : win, l = i - w0;\n    \
+         unsigned long long part = wc / (unsigned long long)nn, rem = wc % (unsigned long long)nn, big = rem * (part + 1);\n    \
          int o = (int)(l < big ? l / (part + 1) : rem + (l - big) / part);\n    \
-         T acc = ins.p[o][base + i];\n    \
-         for (int j = 1; j < n; j++) {{\n      int p = o + j < n ? o + j : o + j - n;\n      \
+         T acc = ins.p[o][base + i];\n    {}\
+         for (int j = 1; j < nn; j++) {{\n      int p = o + j < nn ? o + j : o + j - nn;\n      \
          acc = {}(acc, {name}_round(ins.p[p][base + i]));\n    }}\n{finish}    \
-         T v = {name}_round(acc);\n{STORE}#undef T\n",
+         T v = {name}_round(acc);\n    for (int k = 0; k < nout; k++) outs.p[o0 + k][i] = v;\n  }}\n}}\n#undef T\n",
         tables(name),
         head_params(name),
+        prologue(ranks),
+        unroll(ranks).replace("\n  ", "\n    "),
         combine
     ))
 }
@@ -557,7 +701,7 @@ mod tests {
     use super::*;
 
     #[test]
-    fn every_type_op_and_wire_has_one_kernel_named_by_the_convention() {
+    fn every_type_op_and_wire_has_its_kernels_named_by_the_convention() {
         let all = Reduction::all();
         // 12 types x 5 ops, 6 integer types x 3 bitwise ops, plus float32 over 4 narrow
         // wires and float64 over 5 wires.
@@ -566,9 +710,21 @@ mod tests {
         assert_eq!(names.len(), all.len());
         for r in &all {
             let s = r.source().expect("supported");
-            assert!(s.contains(&format!("extern \"C\" __global__ void {}(", r.entry())), "{s}");
-            assert_eq!(s.matches("__global__").count(), 1, "{s}");
+            // The kernel for any count and those unrolled for 2, 4 and 8 inputs.
+            for k in [0, 2, 4, 8] {
+                assert!(s.contains(&format!("extern \"C\" __global__ void {}(", r.entry_for(k))), "{s}");
+            }
+            assert_eq!(s.matches("__global__").count(), 4, "{s}");
+            assert_eq!(s.matches("const int nn = n;").count(), 1, "{s}");
+            for k in RANKS {
+                assert!(
+                    s.contains(&format!("void {}_n{k}(", r.entry())) && s.contains(&format!("const int nn = {k};"))
+                );
+            }
         }
+        assert_eq!(Reduction::new(DataType::Int8, RedOp::Sum).entry_for(4), "fccl_reduce_i8_sum_n4");
+        assert_eq!(Reduction::new(DataType::Int8, RedOp::Sum).entry_for(0), "fccl_reduce_i8_sum");
+        assert_eq!((1..=10).map(variant).collect::<Vec<_>>(), [0, 2, 0, 4, 0, 0, 0, 8, 0, 0]);
         assert_eq!(
             Reduction::wire(DataType::Float32, DataType::Bfloat16, RedOp::Sum).entry(),
             "fccl_reduce_wire_f32_bf16_sum"
@@ -581,14 +737,14 @@ mod tests {
         let f64w = Reduction::wire(DataType::Float64, DataType::Float16, RedOp::Min);
         assert_eq!(f64w.group().len(), 25);
         let (_, src) = progs.iter().find(|(n, _)| *n == f64w.program_name()).unwrap();
-        assert_eq!(src.matches("__global__").count(), 25);
+        assert_eq!(src.matches("__global__").count(), 4 * 25);
         assert!(src.contains(&format!("void {}(", f64w.entry())));
         let s = Reduction::new(DataType::Int32, RedOp::Avg).source().unwrap();
-        assert!(s.contains("#define T int\n") && s.contains("#define U unsigned int\n"), "{s}");
+        assert!(s.contains("#define T int\n") && s.contains("#define A unsigned int\n"), "{s}");
         let s = Reduction::new(DataType::Bfloat16, RedOp::Avg).source().unwrap();
-        assert!(s.contains("fccl_f32_to_bf16(fccl_div_f32(acc, (float)n))"), "{s}");
+        assert!(s.contains("fccl_f32_to_bf16(fccl_div_f32(acc, (A)n))") && s.contains("#define A float\n"), "{s}");
         let s = Reduction::new(DataType::Int8, RedOp::Bxor).source().unwrap();
-        assert!(s.contains("void fccl_reduce_i8_bxor(") && s.contains("acc = (U)(acc ^ (U)x);"), "{s}");
+        assert!(s.contains("void fccl_reduce_i8_bxor(") && s.contains("return (A)(acc ^ (A)x);"), "{s}");
         for op in [RedOp::Band, RedOp::Bor, RedOp::Bxor] {
             assert!(Reduction::new(DataType::Float32, op).source().is_none(), "{op}");
             assert!(Reduction::new(DataType::Bfloat16, op).source().is_none(), "{op}");

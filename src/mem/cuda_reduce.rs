@@ -9,7 +9,7 @@ use crate::error::{Code, Error, Result};
 use crate::log;
 use crate::mem::cuda::{self, Ctx, Stream};
 use crate::mem::cuda_kernels::{copy_unit, BATCH, COPY_PROGRAM, COPY_PROGRAM_NAME};
-pub use crate::mem::cuda_kernels::{Reduction, MAX_INPUTS};
+pub use crate::mem::cuda_kernels::{variant, Reduction, MAX_INPUTS, RANKS};
 use crate::mem::kernel_cache;
 use cudarc::driver::sys as cu;
 use cudarc::nvrtc::sys as nv;
@@ -208,10 +208,11 @@ fn load_program(src: &str, name: &str, device: i32) -> Result<cu::CUmodule> {
 }
 
 /// Loaded programs: (context, data type, wire forms) -> CUmodule; and their kernels:
-/// (context, reduction) -> CUfunction.
+/// (context, reduction, rank-count variant) -> CUfunction.
 type ModuleKey = (Ctx, crate::types::DataType, bool);
+type FunctionKey = (Ctx, Reduction, usize);
 static MODULES: Mutex<Option<HashMap<ModuleKey, Module>>> = Mutex::new(None);
-static CACHE: Mutex<Option<HashMap<(Ctx, Reduction), Function>>> = Mutex::new(None);
+static CACHE: Mutex<Option<HashMap<FunctionKey, Function>>> = Mutex::new(None);
 
 /// A loaded program (`CUmodule`), kept for the process's life; an address, so that the
 /// caches can be shared between threads.
@@ -219,11 +220,13 @@ static CACHE: Mutex<Option<HashMap<(Ctx, Reduction), Function>>> = Mutex::new(No
 struct Module(usize);
 
 /// A kernel of a loaded program (`CUfunction`), from [`kernel`], with the number of
-/// blocks that fill its device once (its grid's bound).
+/// blocks that fill its device once (its grid's bound) and, for a reduction, the input
+/// count it is specialised for (0: any; `cuda_kernels::variant`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Function {
     f: usize,
     full: u32,
+    ranks: usize,
 }
 
 impl Function {
@@ -235,11 +238,19 @@ impl Function {
 /// Threads per block of every launch.
 const THREADS: u32 = 256;
 
-/// The kernel for `r` in context `ctx` on `device`: its group's program is compiled and
-/// loaded at the first use of any of them.
+/// The kernel for `r` over any number of inputs in context `ctx` on `device`: its
+/// group's program is compiled and loaded at the first use of any of them.
 pub fn kernel(ctx: Ctx, device: i32, r: Reduction) -> Result<Function> {
+    kernel_for(ctx, device, r, 0)
+}
+
+/// The kernel for `r` over `inputs` inputs: the one specialised for that count where
+/// there is one ([`RANKS`]), else the one for any count. Every variant is in the same
+/// program as [`kernel`]'s, so choosing one compiles nothing more.
+pub fn kernel_for(ctx: Ctx, device: i32, r: Reduction, inputs: usize) -> Result<Function> {
     nvrtc_ready()?;
-    if let Some(&f) = CACHE.lock().unwrap().get_or_insert_with(HashMap::new).get(&(ctx, r)) {
+    let ranks = variant(inputs);
+    if let Some(&f) = CACHE.lock().unwrap().get_or_insert_with(HashMap::new).get(&(ctx, r, ranks)) {
         return Ok(f);
     }
     let _g = cuda::CtxGuard::enter(ctx)?;
@@ -257,15 +268,16 @@ pub fn kernel(ctx: Ctx, device: i32, r: Reduction) -> Result<Function> {
         }
     };
     let mut f: cu::CUfunction = std::ptr::null_mut();
-    let fname = CString::new(r.entry()).expect("no NUL");
+    let fname = CString::new(r.entry_for(ranks)).expect("no NUL");
     // SAFETY: a loaded module and a NUL-terminated name.
     cu_check(unsafe { cu::cuModuleGetFunction(&mut f, module, fname.as_ptr()) }, "cuModuleGetFunction")?;
-    let f = Function { f: f as usize, full: cuda::resident_blocks(device, THREADS)? };
-    CACHE.lock().unwrap().get_or_insert_with(HashMap::new).insert((ctx, r), f);
+    let f = Function { f: f as usize, full: cuda::resident_blocks(device, THREADS)?, ranks };
+    CACHE.lock().unwrap().get_or_insert_with(HashMap::new).insert((ctx, r, ranks), f);
     Ok(f)
 }
 
-/// Launches `f` (from [`kernel`] for `r`) on `stream`: for each row `y` of
+/// Launches `f` (from [`kernel`] or [`kernel_for`] for `r`; a specialised kernel takes
+/// exactly its count of inputs) on `stream`: for each row `y` of
 /// `outs.len() / nout`, elements `[y * step, y * step + count)` of every input reduced
 /// in input order into each of `outs[y * nout .. (y + 1) * nout]` (`count` elements
 /// each); `win`: the host's window of a wire all_reduce, in elements (ignored
@@ -296,6 +308,15 @@ pub unsafe fn launch(
             outs.len()
         )));
     }
+    if f.ranks != 0 && f.ranks != ins.len() {
+        return Err(Error::internal(format!(
+            "{} takes {} inputs, not {}: choose the kernel with kernel_for(.., {})",
+            r.entry_for(f.ranks),
+            f.ranks,
+            ins.len(),
+            ins.len()
+        )));
+    }
     let rows = outs.len() / nout;
     if count == 0 || rows == 0 {
         return Ok(());
@@ -324,10 +345,13 @@ pub unsafe fn launch(
         params.push((&mut win_arg as *mut u64).cast());
     }
     params.push((&mut failed_arg as *mut u64).cast());
+    // A plain reduction's thread takes 16 bytes of elements at a time; a wire one, one.
+    let per_thread = if r.wire.is_some() { 1 } else { 16 / r.dtype.size() };
+    let grid = [grid_x(count.div_ceil(per_thread), rows, f.full), rows as u32];
     // SAFETY: f is a loaded kernel whose parameters are `params`: two structs of
     // MAX_INPUTS pointers, int, int, unsigned long long x 2 (, unsigned long long for
     // wire kernels), pointer; buffers per the caller.
-    unsafe { launch_grid(f, &mut params, [grid_x(count, rows, f.full), rows as u32], stream, &r.entry()) }
+    unsafe { launch_grid(f, &mut params, grid, stream, &r.entry_for(f.ranks)) }
 }
 
 /// The copy kernels (`fccl_copy`, `fccl_copy2d`, `fccl_copy_batch`) of context `ctx` on `device`, compiled
@@ -355,7 +379,7 @@ pub fn copiers(ctx: Ctx, device: i32) -> Result<Copiers> {
         let cname = CString::new(name).expect("no NUL");
         // SAFETY: a loaded module and a NUL-terminated name.
         cu_check(unsafe { cu::cuModuleGetFunction(&mut f, module, cname.as_ptr()) }, "cuModuleGetFunction")?;
-        Ok(Function { f: f as usize, full })
+        Ok(Function { f: f as usize, full, ranks: 0 })
     };
     let c = Copiers { copy: get("fccl_copy")?, copy2d: get("fccl_copy2d")?, batch: get("fccl_copy_batch")? };
     COPIERS.lock().unwrap_or_else(|p| p.into_inner()).get_or_insert_with(HashMap::new).insert(ctx, c);

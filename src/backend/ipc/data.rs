@@ -87,7 +87,8 @@ pub(super) unsafe fn move_data(
     let red = c.reduction();
     let win = c.wire.map_or(0, host::wire_window_elems);
     let reduce_rows = |outs: &[*mut u8], nout: usize, ins: &[*const u8], elems: usize, step: usize| -> Result<()> {
-        let f = cuda_reduce::kernel(ctx, device, red)?;
+        // The kernel unrolled for this many inputs where there is one.
+        let f = cuda_reduce::kernel_for(ctx, device, red, ins.len())?;
         // SAFETY: as above; the kernel reads each element before writing it, so an
         // output equal to one input (in place) is fine.
         unsafe { cuda_reduce::launch(f, &red, outs, nout, ins, elems, step, win, failed, s) }

@@ -156,13 +156,24 @@ fn model(name: &str, args: &Args<'_>, grid: [u32; 3]) -> Option<(u64, u64)> {
             }
             Some((r, w))
         }
-        // (outs, ins, n, nout, count, step, [win,] failed) over grid[1] rows
+        // (outs, ins, n, nout, count, step, [win,] failed) over grid[1] rows; a kernel
+        // whose name ends in `_n<K>` is unrolled for K inputs and reads exactly K.
         _ => {
             let rest = name.strip_prefix("fccl_reduce_")?;
             let token = rest.strip_prefix("wire_").unwrap_or(rest).split('_').next()?;
             let es = elem_size(token)?;
             let (n, nout, count) = (arg(args, 2, 0, 4), arg(args, 3, 0, 4), arg(args, 4, 0, 8));
             let rows = grid[1] as u64;
+            let max = crate::cuda_kernels::MAX_INPUTS as u64;
+            if n == 0 || n > max || nout == 0 || rows * nout > max {
+                return None;
+            }
+            if let Some(k) = rest.rsplit('_').next().and_then(|t| t.strip_prefix('n')) {
+                let k: u64 = k.parse().ok()?;
+                if !crate::cuda_kernels::RANKS.contains(&(k as usize)) || n != k {
+                    return None;
+                }
+            }
             Some((rows * n * count * es, rows * nout * count * es))
         }
     }
@@ -212,5 +223,18 @@ mod tests {
         let wire = [(8, 0), (8, 0), (4, 2), (4, 2), (8, 5), (8, 0), (8, 64), (8, 0)];
         assert_eq!(run("fccl_reduce_wire_f64_bf16_max", &wire, [4, 1, 1]), Some((80, 80)));
         assert_eq!(run("my_kernel", &red, [1, 1, 1]), None);
+        // The kernel unrolled for 4 inputs, launched with 4; with any other count it
+        // reads other bytes than it says, and is not modelled (the cost test fails).
+        assert_eq!(run("fccl_reduce_bf16_sum_n4", &red, [1, 3, 1]), Some((3 * 4 * 20, 3 * 20)));
+        let three = [(8, 0), (8, 0), (4, 3), (4, 1), (8, 10), (8, 10), (8, 0)];
+        assert_eq!(run("fccl_reduce_bf16_sum_n4", &three, [1, 3, 1]), None);
+        assert_eq!(run("fccl_reduce_bf16_sum_n3", &three, [1, 3, 1]), None);
+        let wire4 = [(8, 0), (8, 0), (4, 4), (4, 4), (8, 5), (8, 0), (8, 64), (8, 0)];
+        assert_eq!(run("fccl_reduce_wire_f64_bf16_max_n4", &wire4, [4, 1, 1]), Some((160, 160)));
+        assert_eq!(run("fccl_reduce_wire_f64_bf16_max_n8", &wire4, [4, 1, 1]), None);
+        // Rows of outputs beyond the table, no inputs: not a launch the library makes.
+        assert_eq!(run("fccl_reduce_bf16_sum", &red, [1, 65, 1]), None);
+        let none = [(8, 0), (8, 0), (4, 0), (4, 1), (8, 10), (8, 10), (8, 0)];
+        assert_eq!(run("fccl_reduce_bf16_sum", &none, [1, 1, 1]), None);
     }
 }

@@ -490,7 +490,12 @@ fn copy_kernels_move_exactly_their_bytes_and_nothing_after_a_failure() {
     let total = 4096 + 64;
     let src: Vec<u8> = (0..total).map(|i| (i * 7 + 3) as u8).collect();
     let s = upload(&src);
-    for (so, doff, len) in [(0, 0, 4096), (16, 32, 1600), (8, 8, 24), (4, 12, 20), (2, 6, 30), (1, 3, 101), (0, 0, 0)] {
+    // Units of 16, 8, 4, 2 and 1 bytes; then addresses at the same offset in 16 bytes
+    // (vectors between units), every offset 1..15, lengths that end anywhere.
+    let mut cases = vec![(0, 0, 4096), (16, 32, 1600), (8, 8, 24), (4, 12, 20), (2, 6, 30), (1, 3, 101), (0, 0, 0)];
+    cases.extend((1..16).map(|o| (o, o + 16 * (o % 3), 40 * o + o % 7)));
+    cases.extend([(0, 16, 1000), (4, 20, 12), (3, 3, 13), (12, 44, 1604)]);
+    for (so, doff, len) in cases {
         let d = upload(&vec![0xeeu8; total]);
         copy_kernel(copy, d + doff as u64, s + so as u64, len, 0);
         let got = dtoh(d, total);
@@ -625,8 +630,17 @@ fn one_batched_launch_copies_each_source_to_all_its_destinations_and_nothing_els
     let s = upload(&src);
     let d = upload(&vec![0xeeu8; total]);
     // Aligned (16-byte units), odd lengths and offsets (bytes), a fan of three, an empty group.
-    let groups: Vec<(usize, usize, Vec<usize>)> =
-        vec![(0, 1024, vec![0, 2048, 4096]), (1024, 333, vec![1101]), (3, 40, vec![6001, 7001]), (64, 0, vec![7900])];
+    // Vectors between units: every destination at the source's offset in 16 bytes (5), or
+    // 16-byte aligned with a length that is not (808); and one destination apart (bytes).
+    let groups: Vec<(usize, usize, Vec<usize>)> = vec![
+        (0, 1024, vec![0, 2048, 4096]),
+        (1024, 333, vec![1101]),
+        (3, 40, vec![6001, 7001]),
+        (64, 0, vec![7900]),
+        (2053, 301, vec![5125, 5445, 7205]),
+        (3072, 808, vec![6144]),
+        (2501, 77, vec![7701, 7802]),
+    ];
     let dev: Vec<(CUdeviceptr, usize, Vec<CUdeviceptr>)> =
         groups.iter().map(|(so, len, ds)| (s + *so as u64, *len, ds.iter().map(|&o| d + o as u64).collect())).collect();
     copy_batch(f, &dev, 0);
@@ -643,4 +657,115 @@ fn one_batched_launch_copies_each_source_to_all_its_destinations_and_nothing_els
     let dev2: Vec<(CUdeviceptr, usize, Vec<CUdeviceptr>)> = vec![(s, 4096, vec![d2])];
     copy_batch(f, &dev2, failed);
     assert_eq!(dtoh(d2, total), vec![0xeeu8; total], "a batch after the failure moved bytes");
+}
+
+fn function_for(m: CUmodule, r: &Reduction, ranks: usize) -> CUfunction {
+    let mut f = std::ptr::null_mut();
+    let c = CString::new(r.entry_for(ranks)).unwrap();
+    // SAFETY: a NUL-terminated name.
+    ok(unsafe { cuModuleGetFunction(&mut f, m, c.as_ptr()) });
+    f
+}
+
+/// The 16-byte vector path (every input and output at the same offset in 16 bytes: a
+/// scalar head up to the first boundary, vectors, a scalar tail), the scalar path (offsets
+/// that differ: every element alone) and the kernels unrolled for 2, 4 and 8 inputs give
+/// the same bits as each other and as the host, for every type and operation, with the
+/// buffers at every offset of 1 to 15 bytes that the type's alignment allows (a GPU
+/// cannot load an element from an address its size does not divide).
+#[test]
+fn vector_scalar_and_unrolled_kernels_give_the_same_bits_at_every_offset() {
+    let _c = Ctx::new(0);
+    let all: Vec<Reduction> = Reduction::all().into_iter().filter(|r| r.wire.is_none()).collect();
+    let m = module(&Reduction::program(&all));
+    let mut rng = Rng(0x0ff5_e7a1_16e0_0001);
+    let count = 77;
+    let mut launches = [0usize; 2];
+    for r in &all {
+        let (dt, op, es) = (r.dtype, r.op, r.dtype.size());
+        let span = count * es + 16;
+        for (n, ranks) in [(2, 2), (4, 4), (8, 8), (2, 0), (3, 0), (8, 0)] {
+            let f = function_for(m, r, ranks);
+            let inputs: Vec<Vec<u8>> = (0..n).map(|_| input(dt, count, &mut rng)).collect();
+            // The host's result, element by element (NaNs compared as NaN, as above).
+            let want: Vec<Vec<u8>> = (0..count)
+                .map(|e| {
+                    let one: Vec<Vec<u8>> = inputs.iter().map(|v| v[e * es..(e + 1) * es].to_vec()).collect();
+                    let (mut w, mut acc) = (vec![0u8; es], vec![0u8; dt.acc_size()]);
+                    reduce_all(dt, op, n, |i| &one[i], &mut w, &mut acc);
+                    w
+                })
+                .collect();
+            let devs: Vec<CUdeviceptr> = (0..n).map(|_| alloc(span)).collect();
+            let out = alloc(span);
+            let mut first: Option<Vec<u8>> = None;
+            for off in (0..16).filter(|o| o % es == 0) {
+                // Every buffer at `off` (vectors), then the output one element further on
+                // and then one input one element further on (scalar).
+                for shift in 0..3 {
+                    let out_off = if shift == 1 { (off + es) % 16 } else { off };
+                    let in_off = |k: usize| if shift == 2 && k == n - 1 { (off + es) % 16 } else { off };
+                    for (k, d) in devs.iter().enumerate() {
+                        let mut b = vec![0x5au8; span];
+                        b[in_off(k)..in_off(k) + count * es].copy_from_slice(&inputs[k]);
+                        htod(*d, &b);
+                    }
+                    htod(out, &vec![0xa5u8; span]);
+                    let ins: Vec<CUdeviceptr> = devs.iter().enumerate().map(|(k, d)| d + in_off(k) as u64).collect();
+                    launch(f, false, out + out_off as u64, &ins, count, 0, 2);
+                    launches[usize::from(shift == 0)] += 1;
+                    let b = dtoh(out, span);
+                    let got = &b[out_off..out_off + count * es];
+                    assert!(
+                        b[..out_off].iter().chain(&b[out_off + count * es..]).all(|&x| x == 0xa5),
+                        "{} wrote outside its output",
+                        r.entry_for(ranks)
+                    );
+                    for (e, w) in want.iter().enumerate() {
+                        let g = &got[e * es..(e + 1) * es];
+                        let what = || format!("{} n={n} offset {off} shift {shift} element {e}", r.entry_for(ranks));
+                        if is_nan(dt, w) || is_nan(dt, g) {
+                            assert!(is_nan(dt, w) && is_nan(dt, g), "{}", what());
+                        } else {
+                            assert_eq!(g, &w[..], "{}", what());
+                        }
+                    }
+                    // Every path and offset gives the very same bits, NaNs included.
+                    match &first {
+                        None => first = Some(got.to_vec()),
+                        Some(f0) => assert_eq!(got, &f0[..], "{} n={n} offset {off} shift {shift}", r.entry_for(ranks)),
+                    }
+                }
+            }
+            for d in devs.into_iter().chain([out]) {
+                // SAFETY: allocations of the test.
+                ok(unsafe { cuMemFree_v2(d) });
+            }
+        }
+    }
+    assert!(launches[0] > 0 && launches[1] > 0, "{launches:?}");
+}
+
+/// The wire kernels unrolled for 2, 4 and 8 ranks give the host wire algorithm's bits.
+#[test]
+fn unrolled_wire_kernels_give_the_host_wire_algorithms_bits() {
+    let _c = Ctx::new(0);
+    let all: Vec<Reduction> = Reduction::all().into_iter().filter(|r| r.wire.is_some()).collect();
+    let m = module(&Reduction::program(&all));
+    let mut rng = Rng(0x77e1_5eed);
+    for r in &all {
+        let es = r.dtype.size();
+        for n in ferroccl_simgpu::cuda_kernels::RANKS {
+            let (count, win) = (61, 7);
+            let inputs: Vec<Vec<u8>> = (0..n).map(|_| input(r.dtype, count, &mut rng)).collect();
+            let devs: Vec<CUdeviceptr> = inputs.iter().map(|v| upload(v)).collect();
+            let out = alloc(count * es);
+            launch(function_for(m, r, n), true, out, &devs, count, win, 1);
+            assert_eq!(dtoh(out, count * es), host_wire(r, &inputs, count, win), "{} n={n}", r.entry_for(n));
+            for d in devs.into_iter().chain([out]) {
+                // SAFETY: allocations of the test.
+                ok(unsafe { cuMemFree_v2(d) });
+            }
+        }
+    }
 }
