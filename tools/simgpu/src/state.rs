@@ -83,6 +83,8 @@ pub enum HandleKind {
     Module = 4,
     Function = 5,
     Pool = 6,
+    /// CUmemGenericAllocationHandle.
+    Mem = 7,
 }
 
 pub struct State {
@@ -99,6 +101,8 @@ pub struct State {
     pub functions: HashMap<u64, Function>,
     pub mem: MemTable,
     pub ipc: IpcTable,
+    /// cuMemCreate handles and address reservations.
+    pub vmm: crate::vmm::VmmTable,
     /// The default memory pool handle of each visible device.
     pub pools: Vec<u64>,
 }
@@ -118,6 +122,7 @@ impl State {
             modules: HashMap::new(),
             functions: HashMap::new(),
             ipc: IpcTable::default(),
+            vmm: Default::default(),
             pools: Vec::new(),
         };
         for d in 0..devices {
