@@ -455,7 +455,6 @@ pub fn export(st: &State, h: u64, handle_type: u32, flags: u64) -> Result<i32> {
     Ok(std::os::fd::IntoRawFd::into_raw_fd(own))
 }
 
-
 /// cuMemImportFromShareableHandle of a POSIX file descriptor (the caller keeps and closes it).
 pub fn import(st: &mut State, fd: i32, handle_type: u32) -> Result<u64> {
     match handle_type {
