@@ -200,3 +200,46 @@ impl FdSocket {
         unsafe { libc::poll(&mut p, 1, left.as_millis().min(i32::MAX as u128) as i32) };
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::io::{Read, Seek, Write};
+    use std::os::fd::AsFd;
+
+    /// Descriptors queued before the receiver looks arrive with their tags, several per
+    /// message and from several sends; the received descriptor is the same file.
+    #[test]
+    fn descriptors_arrive_with_their_tags() {
+        let prefix = format!("/fdpass-test-{}", std::process::id());
+        let (a, b) = (FdSocket::bind(&prefix, 0).unwrap(), FdSocket::bind(&prefix, 1).unwrap());
+        assert!(FdSocket::bind(&prefix, 1).is_err(), "a name is bound once");
+        let mut files: Vec<std::fs::File> = (0..3).map(|_| tempfile()).collect();
+        for (i, f) in files.iter_mut().enumerate() {
+            f.write_all(format!("file {i}").as_bytes()).unwrap();
+        }
+        let tag = |i: usize| Tag { pid: 7, base: 0x1000 * (i + 1), id: 40 + i as u64, size: 2 << 20 };
+        let until = Instant::now() + Duration::from_secs(5);
+        a.send(1, &[(tag(0), files[0].as_fd()), (tag(1), files[1].as_fd())], until).unwrap();
+        a.send(1, &[(tag(2), files[2].as_fd())], until).unwrap();
+        let mut got = b.take_all();
+        got.sort_by_key(|(t, _)| t.base);
+        assert_eq!(got.iter().map(|(t, _)| *t).collect::<Vec<_>>(), (0..3).map(tag).collect::<Vec<_>>());
+        for (i, (_, fd)) in got.into_iter().enumerate() {
+            let mut f = std::fs::File::from(fd);
+            let mut s = String::new();
+            f.rewind().unwrap();
+            f.read_to_string(&mut s).unwrap();
+            assert_eq!(s, format!("file {i}"));
+        }
+        assert!(b.take_all().is_empty(), "taken once");
+        let nobody = a.send(5, &[(tag(0), files[0].as_fd())], Instant::now());
+        assert!(nobody.unwrap_err().contains("@ferroccl-fd"), "no rank 5 bound: the error names the socket");
+    }
+
+    fn tempfile() -> std::fs::File {
+        let name = std::ffi::CString::new("fdpass-test").unwrap();
+        // SAFETY: a NUL-terminated name; the descriptor is fresh and owned by the File.
+        unsafe { std::fs::File::from_raw_fd(libc::memfd_create(name.as_ptr(), libc::MFD_CLOEXEC)) }
+    }
+}

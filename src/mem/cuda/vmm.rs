@@ -134,9 +134,11 @@ impl Drop for Imported {
 /// the start address. Undone on failure.
 pub fn map_side_by_side(chunks: &[&Imported], device: i32) -> Result<usize> {
     let total: usize = chunks.iter().map(|c| c.size).sum();
+    // Chunk sizes are multiples of the granularity: so is their largest power-of-two divisor.
+    let align = chunks.first().map_or(0, |c| if c.size == 0 { 0 } else { 1usize << c.size.trailing_zeros() });
     let mut va: cu::CUdeviceptr = 0;
-    // SAFETY: valid out-pointer; alignment 0 is the driver's default.
-    check(unsafe { cu::cuMemAddressReserve(&mut va, total, 0, 0, 0) }, "cuMemAddressReserve")?;
+    // SAFETY: valid out-pointer; the alignment is a power of two.
+    check(unsafe { cu::cuMemAddressReserve(&mut va, total, align, 0, 0) }, "cuMemAddressReserve")?;
     let mut at = 0usize;
     let mut res = Ok(());
     for c in chunks {

@@ -104,12 +104,6 @@ pub fn check_prop(st: &State, p: &Prop) -> Result<()> {
     if t & (HANDLE_WIN32 | HANDLE_WIN32_KMT) != 0 {
         bail!(CUDA_ERROR_NOT_SUPPORTED, "prop.requestedHandleTypes {t:#x}: Win32 handles on Linux");
     }
-    if t & HANDLE_FABRIC != 0 {
-        bail!(
-            CUDA_ERROR_NOT_SUPPORTED,
-            "prop.requestedHandleTypes {t:#x}: fabric handles (CU_DEVICE_ATTRIBUTE_HANDLE_TYPE_FABRIC_SUPPORTED is 0)"
-        );
-    }
     if p.compression != 0 {
         bail!(CUDA_ERROR_NOT_SUPPORTED, "prop.allocFlags.compressionType {}: compressible memory", p.compression);
     }
@@ -437,8 +431,13 @@ pub fn export(st: &State, h: u64, handle_type: u32, flags: u64) -> Result<i32> {
     let p = st.vmm.phys(h)?;
     match handle_type {
         HANDLE_POSIX_FD => {}
-        HANDLE_WIN32 | HANDLE_WIN32_KMT | HANDLE_FABRIC => {
-            bail!(CUDA_ERROR_NOT_SUPPORTED, "handle type {handle_type}: only POSIX file descriptors are supported")
+        // The driver accepts the fabric type at cuMemCreate and refuses it here.
+        HANDLE_FABRIC => bail!(
+            CUDA_ERROR_INVALID_VALUE,
+            "fabric handles: CU_DEVICE_ATTRIBUTE_HANDLE_TYPE_FABRIC_SUPPORTED is 0 (no IMEX)"
+        ),
+        HANDLE_WIN32 | HANDLE_WIN32_KMT => {
+            bail!(CUDA_ERROR_NOT_SUPPORTED, "handle type {handle_type}: Win32 handles on Linux")
         }
         _ => bail!(CUDA_ERROR_INVALID_VALUE, "handle type {handle_type} is not one CUmemAllocationHandleType value"),
     }
@@ -459,8 +458,12 @@ pub fn export(st: &State, h: u64, handle_type: u32, flags: u64) -> Result<i32> {
 pub fn import(st: &mut State, fd: i32, handle_type: u32) -> Result<u64> {
     match handle_type {
         HANDLE_POSIX_FD => {}
-        HANDLE_WIN32 | HANDLE_WIN32_KMT | HANDLE_FABRIC => {
-            bail!(CUDA_ERROR_NOT_SUPPORTED, "handle type {handle_type}: only POSIX file descriptors are supported")
+        HANDLE_FABRIC => bail!(
+            CUDA_ERROR_INVALID_VALUE,
+            "fabric handles: CU_DEVICE_ATTRIBUTE_HANDLE_TYPE_FABRIC_SUPPORTED is 0 (no IMEX)"
+        ),
+        HANDLE_WIN32 | HANDLE_WIN32_KMT => {
+            bail!(CUDA_ERROR_NOT_SUPPORTED, "handle type {handle_type}: Win32 handles on Linux")
         }
         _ => bail!(CUDA_ERROR_INVALID_VALUE, "handle type {handle_type} is not one CUmemAllocationHandleType value"),
     }

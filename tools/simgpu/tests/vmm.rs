@@ -100,7 +100,10 @@ fn cu_mem_create_refuses_what_the_driver_refuses() {
     assert_eq!(create(G, &Prop { type_: 0, ..p }), Err(R::CUDA_ERROR_INVALID_VALUE), "type invalid");
     assert_eq!(create(G, &Prop { type_: 7, ..p }), Err(R::CUDA_ERROR_INVALID_VALUE), "type out of the enum");
     assert_eq!(create(G, &prop(99, 1)), Err(R::CUDA_ERROR_INVALID_DEVICE));
-    assert_eq!(create(G, &prop(0, 8)), Err(R::CUDA_ERROR_NOT_SUPPORTED), "fabric handles");
+    // The driver accepts the fabric type here and refuses the export (see below).
+    let fabric = create(G, &prop(0, 8 | 1)).expect("fabric and POSIX handle types requested");
+    // SAFETY: a live handle.
+    ok(unsafe { cuMemRelease(fabric) });
     assert_eq!(create(G, &prop(0, 2)), Err(R::CUDA_ERROR_NOT_SUPPORTED), "Win32 handles");
     assert_eq!(create(G, &prop(0, 0x40)), Err(R::CUDA_ERROR_INVALID_VALUE));
     let mut h = 0;
@@ -208,7 +211,8 @@ fn exports_need_the_posix_handle_type_requested() {
     unsafe {
         let r = cuMemExportToShareableHandle((&mut fd as *mut i32).cast(), h, 1, 0);
         assert_eq!(r, R::CUDA_ERROR_INVALID_VALUE, "created without CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR");
-        assert_eq!(cuMemExportToShareableHandle((&mut fd as *mut i32).cast(), h, 8, 0), R::CUDA_ERROR_NOT_SUPPORTED);
+        assert_eq!(cuMemExportToShareableHandle((&mut fd as *mut i32).cast(), h, 8, 0), R::CUDA_ERROR_INVALID_VALUE);
+        assert_eq!(cuMemExportToShareableHandle((&mut fd as *mut i32).cast(), h, 2, 0), R::CUDA_ERROR_NOT_SUPPORTED);
         ok(cuMemRelease(h));
         let mut g = 0;
         let bad = libc::open(c"/dev/null".as_ptr(), libc::O_RDONLY);
