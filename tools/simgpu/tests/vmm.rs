@@ -349,3 +349,27 @@ fn kernels_cross_mappings_and_fault_without_access() {
     assert_child_ok(&run_child(t, &[]));
     assert_child_ok(&run_child(t, &[("SIMGPU_READONLY", "1")]));
 }
+
+/// Memsets, stream writes and waits, and device-to-device copies work on a mapping with
+/// access, as on any device memory.
+#[test]
+fn memsets_memory_operations_and_copies_work_on_mappings() {
+    let _c = Ctx::new(0);
+    let (va, _) = two_chunks(1);
+    ok(access(va, 2 * G, 0, 3));
+    let s = stream(0);
+    let plain = alloc(4096);
+    // SAFETY: every address lies in the mappings or `plain`, aligned as each call needs.
+    unsafe {
+        ok(cuMemsetD32_v2(va + G as u64, 0x0102_0304, 1024));
+        ok(cuMemsetD8Async(va + 64, 0xab, 64, s));
+        ok(cuStreamWriteValue32_v2(s, va + 8, 77, 0));
+        ok(cuStreamWaitValue32_v2(s, va + 8, 77, 0));
+        ok(cuMemcpyDtoDAsync_v2(plain, va + G as u64, 4096, s));
+        ok(cuStreamSynchronize(s));
+    }
+    assert_eq!(dtoh(va + G as u64, 8), [4, 3, 2, 1, 4, 3, 2, 1]);
+    assert_eq!(dtoh(va + 64, 64), vec![0xab; 64]);
+    assert_eq!(dtoh(va + 8, 4), 77u32.to_ne_bytes());
+    assert_eq!(dtoh(plain, 8), [4, 3, 2, 1, 4, 3, 2, 1], "copied from the mapping");
+}
