@@ -130,6 +130,25 @@ else()
     "${FERROCCL_RUN}" -n 2 $<TARGET_FILE:test_device_path>)
 endif()
 
+# VMM memory GPU to GPU (c_tests/test_device_vmm.c): buffers in cuMemCreate chunks with
+# POSIX file descriptor handles, mapped side by side as PyTorch's expandable segments do
+# (each buffer spans two chunks), served GPU to GPU by every collective, with and without
+# MPS shares; mappings reused, a replaced chunk re-exported, no-fd VMM memory staged.
+_fccl_missing_of(_fccl_vmm_miss ${_fccl_dev_req} fcclCommGetLastPath)
+set(_fccl_vmm_tests test_device_vmm.np2 test_device_vmm.np4 test_device_vmm.mps.np3)
+if(_fccl_vmm_miss)
+  _fccl_missing_tests(test_device_vmm "${_fccl_vmm_miss}" ${_fccl_vmm_tests})
+else()
+  add_executable(test_device_vmm test_device_vmm.c)
+  target_link_libraries(test_device_vmm PRIVATE ferroccl ${CMAKE_DL_LIBS})
+  foreach(_n 2 4)
+    _fccl_device_test(test_device_vmm.np${_n} ${_n} "${_fccl_env}"
+      "${FERROCCL_RUN}" -n ${_n} $<TARGET_FILE:test_device_vmm>)
+  endforeach()
+  _fccl_device_test(test_device_vmm.mps.np3 3 "${_fccl_env};FERROCCL_CUDA_MPS=1"
+    "${FERROCCL_RUN}" -n 3 $<TARGET_FILE:test_device_vmm>)
+endif()
+
 # A rank sharing the GPU dies with calls queued (c_tests/test_device_kill.c): the
 # survivor's queued copies and reductions end at once instead of running against the
 # dead rank's buffers.

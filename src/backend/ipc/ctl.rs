@@ -74,6 +74,11 @@ impl Ctl {
         format!("/fccl-ctl-{nonce:016x}-p{pid}")
     }
 
+    /// This region's shared-memory name: the same in every rank, unique to the communicator.
+    pub fn region_name(&self) -> String {
+        self.name.to_string_lossy().into_owned()
+    }
+
     /// Offset of the first rank's probe line (after the pairs' words).
     fn probes(n: usize) -> usize {
         round_up(LINE * (2 + 2 * n) + 8 * n * n, LINE)

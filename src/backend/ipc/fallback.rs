@@ -24,7 +24,17 @@ pub(crate) mod fix {
     pub const CONTEXT: &str = "allocate every device buffer of a communicator in one context (the device's primary context, as the CUDA runtime and PyTorch do)";
     pub const MEMOPS: &str = "the path orders the ranks' streams with stream memory operations (the _v2 entry points, on by default since CUDA 11.7) on host-mapped memory: update the NVIDIA driver, or set FERROCCL_CUDA_IPC=0 to stage on purpose";
     pub const HOST_MEMORY: &str = "pass device memory on every rank (or host memory on every rank)";
-    pub const EXPORT: &str = "allocate buffers with cudaMalloc/cuMemAlloc: managed, cuMemCreate (PyTorch's expandable_segments:True) and stream-ordered pool memory cannot be shared through CUDA IPC";
+    pub const EXPORT: &str = "allocate buffers with cudaMalloc/cuMemAlloc, or with cuMemCreate requesting CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR (as PyTorch's expandable_segments:True does): managed and stream-ordered pool memory cannot be shared between processes";
+    pub const VMM: &str = "allocate with requestedHandleTypes including CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR, as PyTorch's expandable segments do, on a driver that reports CU_DEVICE_ATTRIBUTE_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR_SUPPORTED; a buffer must lie in consecutive mappings";
+
+    /// The remedy for a buffer at `p` that cannot be shared: VMM memory has its own.
+    pub fn export(p: *const u8) -> &'static str {
+        if crate::mem::cuda::Retained::at(p).is_ok() {
+            VMM
+        } else {
+            EXPORT
+        }
+    }
     pub const NVRTC: &str =
         "the reduction kernels are compiled at run time: install NVRTC for this driver's CUDA version (libnvrtc.so)";
     pub const OVERLAP: &str = "pass an output that does not overlap the input";

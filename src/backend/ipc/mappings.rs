@@ -1,12 +1,16 @@
-//! Peers' allocations mapped into this process (CUDA IPC), and this rank's own
-//! allocations that peers map: handles made once per allocation, frees published in
-//! the control region's log so that every rank that mapped them lets them go.
+//! Peers' allocations mapped into this process (CUDA IPC, or VMM chunks passed as file
+//! descriptors), and this rank's own allocations that peers map: handles made once per
+//! allocation, frees published in the control region's log so that every rank that
+//! mapped them lets them go.
 
 use super::ctl::Ctl;
-use crate::error::Result;
+use super::fdpass::FdSocket;
+use super::vmm::{self, Imports};
+use crate::error::{Error, Result};
 use crate::log;
 use crate::mem::cuda;
 use std::collections::{BTreeMap, HashMap};
+use std::sync::Arc;
 
 /// A peer's allocation: the owner's pid and the allocation's base address there.
 pub type Owner = (u32, usize);
@@ -21,12 +25,18 @@ pub type Owner = (u32, usize);
 pub struct Mappings {
     pub map: HashMap<(cuda::Ctx, Owner), Mapped>,
     tick: u64,
+    /// Where peers' VMM chunks arrive (ranks in other processes), or why there is none.
+    pub sock: Option<std::result::Result<Arc<FdSocket>, String>>,
+    /// Peers' VMM chunks imported here.
+    imports: Imports,
 }
 
 pub struct Mapped {
     handle: [u8; 64],
     pub base: usize,
     used: u64,
+    /// VMM: the owner's chunks mapped side by side here (their bases there).
+    chunks: Vec<usize>,
 }
 
 /// The most peer allocations one rank keeps mapped.
@@ -40,6 +50,17 @@ impl Mappings {
                 gone.push(m.base);
             }
         }
+        // VMM spans that hold a freed chunk anywhere.
+        let keys: Vec<(cuda::Ctx, Owner)> = self
+            .map
+            .iter()
+            .filter(|(k, m)| k.0 == ctx && k.1 .0 == pid && m.chunks.iter().any(|c| bases.contains(c)))
+            .map(|(&k, _)| k)
+            .collect();
+        for k in keys {
+            gone.push(self.map.remove(&k).expect("present").base);
+        }
+        self.imports.forget(pid, bases);
     }
 
     /// Drops every mapping of `pid`'s allocations (its log overran what we read).
@@ -48,6 +69,7 @@ impl Mappings {
         for k in keys {
             gone.push(self.map.remove(&k).expect("present").base);
         }
+        self.imports.forget_all(pid);
     }
 
     /// `owner`'s allocation (its IPC `handle`) mapped in context `ctx` (current).
@@ -68,16 +90,27 @@ impl Mappings {
                 gone.push(self.map.remove(&k).expect("present").base);
             }
         }
-        let base = cuda::ipc_open(handle)?;
-        self.map.insert((ctx, owner), Mapped { handle: *handle, base, used: tick });
+        let (base, chunks) = if vmm::is_vmm(handle) {
+            let sock = match &self.sock {
+                Some(Ok(s)) => s.clone(),
+                Some(Err(m)) => return Err(Error::unavailable(format!("no socket to receive VMM memory on ({m})"))),
+                None => return Err(Error::unavailable("no socket to receive VMM memory on")),
+            };
+            let (va, _, chunks) = self.imports.map(&sock, owner.0, owner.1, handle)?;
+            (va, chunks)
+        } else {
+            (cuda::ipc_open(handle)?, Vec::new())
+        };
+        self.map.insert((ctx, owner), Mapped { handle: *handle, base, used: tick, chunks });
         Ok(base)
     }
 }
 
 pub fn close(base: usize) {
-    // SAFETY: base came from ipc_open in the current context, and the GPU finished
-    // every call that used it (see Mappings).
-    if let Err(e) = unsafe { cuda::ipc_close(base) } {
+    // SAFETY: base came from ipc_open (or is a VMM span) in the current context, and the
+    // GPU finished every call that used it (see Mappings).
+    let r = unsafe { vmm::close_span(base).unwrap_or_else(|| cuda::ipc_close(base)) };
+    if let Err(e) = r {
         log::warn(format_args!("closing a mapping of a peer's allocation: {}", e.msg));
     }
 }
@@ -94,11 +127,23 @@ const EXPORTED_MAX: usize = 4096;
 const FREE_CHECKS: usize = 4;
 
 /// This rank's allocations whose handles peers received: base -> (the driver's
-/// identity of the allocation, its handle), and where the next check for frees starts.
+/// identity of the allocation, how it is shared), and where the next check for frees
+/// starts.
 #[derive(Default)]
 pub struct Exported {
-    map: BTreeMap<usize, (u64, [u8; 64])>,
+    map: BTreeMap<usize, (u64, Shared)>,
     cursor: usize,
+    /// Where this rank sends its VMM chunks' descriptors, or why it cannot.
+    pub sock: Option<std::result::Result<Arc<FdSocket>, String>>,
+}
+
+/// How peers reach one of this rank's allocations.
+#[derive(Clone, Copy)]
+enum Shared {
+    /// Its CUDA IPC handle.
+    Ipc([u8; 64]),
+    /// A VMM chunk whose file descriptor went to the ranks of this bit set.
+    Vmm(u64),
 }
 
 impl Exported {
@@ -125,26 +170,67 @@ impl Exported {
         }
     }
 
-    /// The IPC handle of the allocation holding `p` and `p`'s offset in it: made once
-    /// per allocation (cuIpcGetMemHandle is slow), remembered to report its freeing.
-    pub fn handle(&mut self, p: *const u8) -> Result<([u8; 64], usize)> {
+    /// The handle field of a descriptor of `len` bytes at `p` and `p`'s offset from what
+    /// it names, for ranks `to` (those in other processes that map it): the IPC handle of
+    /// cuMemAlloc memory, made once per allocation (cuIpcGetMemHandle is slow); for VMM
+    /// memory the chunks `p..p+len` spans, each exported and sent to a rank of `to` once.
+    /// Remembered to report their freeing.
+    pub fn handle(&mut self, p: *const u8, len: usize, to: &[usize]) -> Result<([u8; 64], usize)> {
         let (base, _) = cuda::address_range(p)?;
         let id = cuda::buffer_id(base as *const u8);
-        if let Some(&(known, h)) = self.map.get(&base) {
-            if Some(known) == id {
-                return Ok((h, p as usize - base));
-            }
+        match self.map.get(&base) {
+            Some(&(known, Shared::Ipc(h))) if Some(known) == id => return Ok((h, p as usize - base)),
+            Some(&(known, Shared::Vmm(_))) if Some(known) == id => return self.vmm(p, len, to),
+            _ => {}
         }
-        let (h, off) = cuda::ipc_handle(p)?;
+        let (h, off) = match cuda::ipc_handle(p) {
+            Ok(v) => v,
+            // VMM memory (cuIpcGetMemHandle refuses it) goes by file descriptor.
+            Err(e) => return if cuda::Retained::at(p).is_ok() { self.vmm(p, len, to) } else { Err(e) },
+        };
+        self.room();
+        if let Some(id) = id {
+            self.map.insert(base, (id, Shared::Ipc(h)));
+        }
+        Ok((h, off))
+    }
+
+    fn room(&mut self) {
         if self.map.len() >= EXPORTED_MAX {
             if let Some(&k) = self.map.keys().next() {
                 self.map.remove(&k);
             }
         }
-        if let Some(id) = id {
-            self.map.insert(base, (id, h));
+    }
+
+    /// [`Exported::handle`] of VMM memory.
+    fn vmm(&mut self, p: *const u8, len: usize, to: &[usize]) -> Result<([u8; 64], usize)> {
+        if to.is_empty() {
+            // Only ranks of this process (threads) use it: its address serves them.
+            return Ok(([0; 64], 0));
         }
-        Ok((h, off))
+        let sock = match &self.sock {
+            Some(Ok(s)) => s.clone(),
+            Some(Err(m)) => return Err(Error::unavailable(format!("no socket to pass its file descriptors ({m})"))),
+            None => return Err(Error::unavailable("no socket to pass its file descriptors")),
+        };
+        let chunks = vmm::chunks_of(p, len)?;
+        let want: u64 = to.iter().fold(0, |m, &q| m | 1u64 << q);
+        for &c in &chunks {
+            let sent = match self.map.get(&c.0) {
+                Some(&(id, Shared::Vmm(sent))) if id == c.1 => sent,
+                _ => 0,
+            };
+            if sent & want != want {
+                let missing: Vec<usize> = to.iter().copied().filter(|&q| sent & (1u64 << q) == 0).collect();
+                vmm::send_chunk(&sock, c, &missing)?;
+                if !self.map.contains_key(&c.0) {
+                    self.room();
+                }
+                self.map.insert(c.0, (c.1, Shared::Vmm(sent | want)));
+            }
+        }
+        Ok((vmm::encode(&chunks), p as usize - chunks[0].0))
     }
 }
 

@@ -29,10 +29,12 @@
 pub mod ctl;
 mod data;
 mod fallback;
+mod fdpass;
 mod mappings;
 mod mps;
 mod p2p;
 mod setup;
+mod vmm;
 mod watch;
 
 use super::{host, staging, Backend, Exec, Outcome};
@@ -227,6 +229,17 @@ impl Ipc {
         let mut sorted = setup.pids.clone();
         sorted.sort_unstable();
         sorted.dedup();
+        let mut inner = Inner::default();
+        if sorted.len() > 1 {
+            // Ranks in other processes: VMM memory goes by file descriptor over a socket,
+            // bound now so that a peer's first send finds it.
+            let sock = match &setup.ctl {
+                Ok(c) => fdpass::FdSocket::bind(&c.region_name(), rank).map(Arc::new),
+                Err(m) => Err(format!("no control region ({m})")),
+            };
+            inner.maps.sock = Some(sock.clone());
+            inner.exported.sock = Some(sock);
+        }
         Ipc {
             rank,
             nranks,
@@ -237,7 +250,7 @@ impl Ipc {
             pids: setup.pids,
             mps: setup.mps,
             ctl: setup.ctl,
-            inner: Mutex::new(Inner::default()),
+            inner: Mutex::new(inner),
             watch: Arc::new(Watch::default()),
             warned: Mutex::new(Vec::new()),
         }
@@ -464,13 +477,18 @@ impl Ipc {
         b[0] = TAKES_PART;
         b[1..5].copy_from_slice(&std::process::id().to_le_bytes());
         b[FP..BLOB].copy_from_slice(&fingerprint::one(call));
+        // The ranks in other processes that map this rank's buffers.
+        let me = std::process::id();
+        let to: Vec<usize> = (0..self.nranks)
+            .filter(|&q| q != self.rank && self.pids[q] != me && (q == EXECUTOR || self.shares()))
+            .collect();
         let mut at = 5;
         for (p, bytes) in [(c.send, sb), (c.recv as *const u8, rb)] {
             if bytes > 0 {
-                let (h, off) = inner.exported.handle(p).map_err(|e| {
+                let (h, off) = inner.exported.handle(p, bytes, &to).map_err(|e| {
                     Fallback::new(
-                        format!("its buffer {p:p} cannot be shared through CUDA IPC ({})", e.msg),
-                        fix::EXPORT,
+                        format!("its buffer {p:p} cannot be shared with other processes ({})", e.msg),
+                        fix::export(p),
                     )
                 })?;
                 b[at..at + 64].copy_from_slice(&h);

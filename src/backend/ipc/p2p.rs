@@ -158,7 +158,11 @@ impl Ipc {
         if c.kind == CollKind::Send {
             r.ptr = c.send as u64;
             if self.pids[peer] != std::process::id() {
-                let (h, off) = inner.exported.handle(c.send).map_err(|e| Fallback::new(e.msg, fix::EXPORT))?;
+                let bytes = c.count * c.dtype.size();
+                let (h, off) = inner
+                    .exported
+                    .handle(c.send, bytes, &[peer])
+                    .map_err(|e| Fallback::new(e.msg, fix::export(c.send)))?;
                 r.handle = h;
                 r.off = off as u64;
             }

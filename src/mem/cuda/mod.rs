@@ -22,11 +22,13 @@ mod handles;
 mod ipc;
 mod memops;
 mod scratch;
+mod vmm;
 pub use copy::*;
 pub use handles::{Ctx, DevPtr, Stream};
 pub use ipc::*;
 pub use memops::*;
 pub use scratch::*;
+pub use vmm::*;
 
 /// Every driver entry point this module calls; checked once before the first call.
 const SYMBOLS: &[&str] = &[

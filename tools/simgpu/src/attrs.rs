@@ -7,6 +7,7 @@ use crate::mem::HostRegion;
 use crate::state::State;
 use cudarc::driver::sys::CUpointer_attribute as P;
 use std::ffi::c_void;
+use std::sync::atomic::Ordering::Relaxed;
 use std::sync::Arc;
 
 /// What the simulator knows about an address.
@@ -85,6 +86,10 @@ fn value(st: &State, attr: i32, ptr: u64, info: &Info, singular: bool) -> Result
         Info::Host(r) => (r.ctx, 1u32, r.id, r.device, r.start as u64, r.size as u64, false, false, true, 0),
         Info::Unknown => return unknown(),
     };
+    let vmm = match info {
+        Info::Dev(al) => al.vmm.as_ref(),
+        _ => None,
+    };
     let sync = matches!(info, Info::Dev(al) if al.sync_memops.load(std::sync::atomic::Ordering::Relaxed));
     Ok(match a {
         P::CU_POINTER_ATTRIBUTE_CONTEXT => U64(ctx),
@@ -103,9 +108,18 @@ fn value(st: &State, attr: i32, ptr: u64, info: &Info, singular: bool) -> Result
         P::CU_POINTER_ATTRIBUTE_RANGE_START_ADDR | P::CU_POINTER_ATTRIBUTE_MAPPING_BASE_ADDR => U64(start),
         P::CU_POINTER_ATTRIBUTE_RANGE_SIZE | P::CU_POINTER_ATTRIBUTE_MAPPING_SIZE => U64(size),
         P::CU_POINTER_ATTRIBUTE_MAPPED => U32(1),
-        P::CU_POINTER_ATTRIBUTE_ACCESS_FLAGS => U32(3), // CU_POINTER_ATTRIBUTE_ACCESS_FLAG_READWRITE
+        // A mapping's flags as cuMemSetAccess set them for its device (READWRITE 3, READ 1).
+        P::CU_POINTER_ATTRIBUTE_ACCESS_FLAGS => U32(vmm.map_or(3, |v| {
+            let bit = 1u64 << device;
+            let (r, w) = (v.read.load(Relaxed) & bit != 0, v.write.load(Relaxed) & bit != 0);
+            if w {
+                3
+            } else {
+                r as u32
+            }
+        })),
         P::CU_POINTER_ATTRIBUTE_MEMPOOL_HANDLE => U64(pool),
-        P::CU_POINTER_ATTRIBUTE_ALLOWED_HANDLE_TYPES => U64(0),
+        P::CU_POINTER_ATTRIBUTE_ALLOWED_HANDLE_TYPES => U64(vmm.map_or(0, |v| u64::from(v.handle_types))),
         _ => U32(0), // IS_GPU_DIRECT_RDMA_CAPABLE, IS_HW_DECOMPRESS_CAPABLE
     })
 }

@@ -11,7 +11,7 @@
 //! Layout: [`api`] holds every exported C function; the modules below it hold the state
 //! they share: contexts ([`ctx`]), memory ([`mem`], [`attrs`]), streams and the executor
 //! ([`stream`]), stream capture and graphs ([`graph`]), [`event`]s, memory operations ([`memop`]), [`ipc`], modules and kernels
-//! ([`module`], [`kernels`], [`jit`]), the compiler ([`nvrtc`]) and the cost model
+//! ([`module`], [`kernels`], [`jit`]), virtual memory management ([`vmm`]), the compiler ([`nvrtc`]) and the cost model
 //! ([`costs`]).
 #![deny(unsafe_op_in_unsafe_fn)]
 
@@ -33,6 +33,7 @@ pub mod module;
 pub mod nvrtc;
 pub mod state;
 pub mod stream;
+pub mod vmm;
 
 // The library's own element types and host reduction kernels, compiled into the simulator so
 // that device reductions give the same bits as host ones. `reduce` refers to `crate::types`.

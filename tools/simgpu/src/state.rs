@@ -86,6 +86,8 @@ pub enum HandleKind {
     Graph = 7,
     GraphNode = 8,
     GraphExec = 9,
+    /// CUmemGenericAllocationHandle.
+    Mem = 10,
 }
 
 pub struct State {
@@ -102,6 +104,8 @@ pub struct State {
     pub functions: HashMap<u64, Function>,
     pub mem: MemTable,
     pub ipc: IpcTable,
+    /// cuMemCreate handles and address reservations.
+    pub vmm: crate::vmm::VmmTable,
     /// The default memory pool handle of each visible device.
     pub pools: Vec<u64>,
     /// Stream captures in progress, by capture id; the last id given.
@@ -127,6 +131,7 @@ impl State {
             modules: HashMap::new(),
             functions: HashMap::new(),
             ipc: IpcTable::default(),
+            vmm: Default::default(),
             pools: Vec::new(),
             captures: HashMap::new(),
             next_capture: 0,

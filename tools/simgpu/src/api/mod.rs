@@ -19,6 +19,7 @@ pub mod module;
 pub mod nvrtc;
 pub mod procaddr;
 pub mod stream;
+pub mod vmm;
 
 pub use copy::*;
 pub use ctx::*;
@@ -33,6 +34,7 @@ pub use module::*;
 pub use nvrtc::*;
 pub use procaddr::*;
 pub use stream::*;
+pub use vmm::*;
 
 use crate::error::{bail, Result};
 

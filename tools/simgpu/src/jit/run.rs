@@ -145,11 +145,20 @@ fn map_fault(run: &mut Running, addr: usize) -> Result<(), String> {
             ));
         }
     }
+    let device = st.ctxs.get(&run.ctx).map(|c| c.device);
+    if let Some(why) = a.denied(device, false) {
+        return Err(format!("the kernel accessed {addr:#x}: {why}"));
+    }
     if a.kind == Kind::Managed || run.mapped.iter().any(|m| Arc::ptr_eq(&m.2, &a)) {
         return Err(format!("the kernel accessed {addr:#x} of allocation {:#x}+{} and faulted", a.base, a.size));
     }
     let (start, len) = a.pages();
     alloc::map_alias_at(&a, start)?;
+    if a.denied(device, true).is_some() {
+        // Read-only access (cuMemSetAccess READ): a store faults again, and ends the launch.
+        // SAFETY: the range was just mapped for this launch; only its protection changes.
+        unsafe { libc::mprotect(start as *mut libc::c_void, len, libc::PROT_READ) };
+    }
     run.mapped.push((start, len, a));
     Ok(())
 }

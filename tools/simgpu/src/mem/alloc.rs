@@ -4,6 +4,7 @@
 use crate::error::{bail, Result};
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
 use std::sync::atomic::{AtomicBool, AtomicU8, Ordering};
+use std::sync::Arc;
 
 use super::space::PAGE;
 
@@ -17,6 +18,8 @@ pub enum Kind {
     Managed,
     /// Another process's allocation opened with cuIpcOpenMemHandle.
     Ipc,
+    /// A mapping of a physical allocation (cuMemCreate or imported) made with cuMemMap.
+    Vmm,
 }
 
 /// Allocation states, in order. Work that runs on the executor needs `LIVE`.
@@ -200,6 +203,22 @@ pub struct Alloc {
     /// The memfd name (checked by importers) for exported allocations.
     pub name: String,
     pub ipc: Option<IpcKey>,
+    /// Kind::Vmm: the mapping's physical allocation and who may access it.
+    pub vmm: Option<VmmMap>,
+}
+
+/// What a cuMemMap mapping adds to an allocation.
+pub struct VmmMap {
+    /// The physical allocation's handle in this process (cuMemRetainAllocationHandle).
+    pub handle: u64,
+    /// Bit d: visible device d may read (cuMemSetAccess READ or READWRITE).
+    pub read: std::sync::atomic::AtomicU64,
+    /// Bit d: visible device d may write (READWRITE).
+    pub write: std::sync::atomic::AtomicU64,
+    /// CU_MEM_HANDLE_TYPE_* bits the allocation was created with.
+    pub handle_types: u32,
+    /// Keeps the physical memory alive while mapped (cuMemRelease may come first).
+    pub _phys: Arc<crate::vmm::Phys>,
 }
 
 impl Alloc {
@@ -224,5 +243,24 @@ impl Alloc {
 
     pub fn end(&self) -> u64 {
         self.base + self.size as u64
+    }
+
+    /// Why work of visible `device` may not touch this allocation (a mapping whose
+    /// access was not set for it), or None.
+    pub fn denied(&self, device: Option<i32>, write: bool) -> Option<String> {
+        let v = self.vmm.as_ref()?;
+        let mask = if write { v.write.load(Ordering::Acquire) } else { v.read.load(Ordering::Acquire) };
+        let ok = match device {
+            Some(d) => mask & (1u64 << d) != 0,
+            None => mask != 0,
+        };
+        (!ok).then(|| {
+            format!(
+                "mapping {:#x}+{} is not accessible{} (cuMemSetAccess was not called for it)",
+                self.base,
+                self.size,
+                device.map_or(String::new(), |d| format!(" to device {d}"))
+            )
+        })
     }
 }

@@ -136,6 +136,7 @@ impl MemTable {
             sync_memops: AtomicBool::new(false),
             name,
             ipc: None,
+            vmm: None,
         });
         self.used[device as usize] += charge;
         self.dev.insert(a.base, a.clone());
@@ -167,9 +168,29 @@ impl MemTable {
             sync_memops: AtomicBool::new(false),
             name: String::new(),
             ipc: Some(key),
+            vmm: None,
         });
         self.dev.insert(a.base, a);
         Ok(base as u64)
+    }
+
+    /// Takes `len` bytes of the device address range aligned to `align` (a VMM reservation).
+    pub fn reserve_range(&mut self, len: usize, align: usize) -> Result<usize> {
+        self.space()?
+            .take(len, align)
+            .ok_or_else(|| err!(CUDA_ERROR_OUT_OF_MEMORY, "the device address range is exhausted ({len} bytes asked)"))
+    }
+
+    /// Gives a reservation's range back.
+    pub fn release_range(&mut self, start: usize, len: usize) {
+        if let Some(s) = self.space.as_mut() {
+            s.release(start, len);
+        }
+    }
+
+    /// Records a cuMemMap mapping (already built) in the table.
+    pub fn insert_mapping(&mut self, a: Arc<Alloc>) {
+        self.dev.insert(a.base, a);
     }
 
     /// The allocation containing `addr` in any state (None in gaps and outside).
@@ -260,7 +281,7 @@ impl MemTable {
         if a.kind == Kind::Managed {
             alloc::unmap_fixed(a.base as usize, a.backing.map_len);
         }
-        if a.kind != Kind::Ipc {
+        if !matches!(a.kind, Kind::Ipc | Kind::Vmm) {
             let charge = round_up(a.size, ALIGN).unwrap_or(0);
             self.used[a.device as usize] = self.used[a.device as usize].saturating_sub(charge);
         }
@@ -268,7 +289,8 @@ impl MemTable {
             self.freed.pop_front();
         }
         self.freed.push_back((a.base, a.size));
-        if let Some(s) = self.space.as_mut() {
+        // A mapping's addresses stay with its reservation.
+        if let (Some(s), false) = (self.space.as_mut(), a.kind == Kind::Vmm) {
             s.release(a.base as usize - a.lead, a.reserved);
         }
         Some(a)
@@ -277,7 +299,10 @@ impl MemTable {
     /// The allocation `base` names for cuMemFree: its exact base, not freed, not IPC memory.
     pub fn check_free(&self, base: u64, what: &str) -> Result<Arc<Alloc>> {
         match self.dev.get(&base) {
-            Some(a) if a.state() <= LIVE && a.kind != Kind::Ipc => Ok(a.clone()),
+            Some(a) if a.state() <= LIVE && !matches!(a.kind, Kind::Ipc | Kind::Vmm) => Ok(a.clone()),
+            Some(a) if a.kind == Kind::Vmm => {
+                bail!(CUDA_ERROR_INVALID_VALUE, "{what} {base:#x} was mapped by cuMemMap (cuMemUnmap it instead)")
+            }
             Some(a) if a.kind == Kind::Ipc => {
                 bail!(CUDA_ERROR_INVALID_VALUE, "{what} {base:#x} was opened by cuIpcOpenMemHandle (close it instead)")
             }

@@ -35,6 +35,8 @@ impl Side {
     pub fn ptr(&self) -> Result<*mut u8, String> {
         match self {
             Side::Dev(a, off) => match a.state() {
+                // A mapping nobody was given access to faults, as on a GPU.
+                LIVE if a.denied(None, false).is_some() => Err(a.denied(None, false).unwrap_or_default()),
                 // FREEING: cuMemFreeAsync was called but this work was queued before it.
                 LIVE | FREEING => Ok(a.ptr(*off)),
                 PENDING => Err(format!(
