@@ -480,9 +480,56 @@ nccl_api! {
     }
 }
 
+/// NCCL_SHRINK_DEFAULT and NCCL_SHRINK_ABORT (nccl.h).
+const SHRINK_DEFAULT: c_int = 0;
+const SHRINK_ABORT: c_int = 1;
+
+/// The ranks of an `n`-rank communicator that remain after excluding `list`, or the
+/// message that says what is wrong with `list` (this rank `me` must not be in it).
+fn survivors(list: &[c_int], n: c_int, me: c_int) -> Result<Vec<c_int>, String> {
+    let mut seen = vec![false; n.max(0) as usize];
+    for (i, &r) in list.iter().enumerate() {
+        if r < 0 || r >= n {
+            return Err(format!("excludeRanksList[{i}] is {r}; the communicator's ranks are 0..{}", n - 1));
+        }
+        if std::mem::replace(&mut seen[r as usize], true) {
+            return Err(format!("excludeRanksList names rank {r} twice"));
+        }
+    }
+    if seen[me as usize] {
+        return Err(format!(
+            "rank {me} is in excludeRanksList: only the ranks that remain call ncclCommShrink (the excluded ones do not call it)"
+        ));
+    }
+    Ok((0..n).filter(|&r| !seen[r as usize]).collect())
+}
+
+/// Waits for a non-blocking communicator's queued work (fcclInProgress) to end.
+fn settle(comm: ncclComm_t, r: fcclResult_t) -> fcclResult_t {
+    if r != f::fcclInProgress {
+        return r;
+    }
+    loop {
+        let mut e = f::fcclSuccess;
+        // SAFETY: a valid out-pointer; ferroccl checks the handle.
+        let q = unsafe { f::fcclCommGetAsyncError(comm, &mut e) };
+        if q != f::fcclSuccess {
+            return q;
+        }
+        if e != f::fcclInProgress {
+            return e;
+        }
+        std::thread::yield_now();
+    }
+}
+
 nccl_api! {
-    /// Not supported (ncclInvalidUsage; `*newcomm` becomes NULL): in ferroccl every
-    /// rank takes part in creating a communicator, the excluded ones too.
+    /// The ranks of `comm` but `excludeRanksList` make a new communicator, numbered in
+    /// the order of their ranks in `comm`; only they call it. The lowest of them makes a
+    /// unique id and sends it to the others on `comm` (so `comm` must still work:
+    /// NCCL_SHRINK_ABORT on a communicator that failed is refused, with what to do), then
+    /// they join as ncclCommInitRankConfig does. `config` NULL gives the defaults (NCCL
+    /// inherits the parent's).
     fn ncclCommShrink(
         comm: ncclComm_t,
         excludeRanksList: *mut c_int,
@@ -491,16 +538,78 @@ nccl_api! {
         config: *mut ncclConfig_t,
         shrinkFlags: c_int,
     ) -> ncclResult_t {
-        let _ = (comm, excludeRanksList, excludeRanksCount, config, shrinkFlags);
-        guard("ncclCommShrink", || {
-            if !newcomm.is_null() {
-                // SAFETY: non-NULL out-pointer (NCCL's contract).
-                unsafe { newcomm.write(std::ptr::null_mut()) };
+        let name = "ncclCommShrink";
+        guard(name, || {
+            if newcomm.is_null() {
+                return fail(name, ncclInvalidArgument, "newcomm is NULL; pass a pointer to receive the new communicator");
             }
-            unsupported(
-                "ncclCommShrink",
-                "the excluded ranks would have to take part; have every rank call ncclCommSplit, the excluded ones with color NCCL_SPLIT_NOCOLOR",
-            )
+            // SAFETY: non-NULL out-pointer (NCCL's contract).
+            unsafe { newcomm.write(std::ptr::null_mut()) };
+            if shrinkFlags != SHRINK_DEFAULT && shrinkFlags != SHRINK_ABORT {
+                return fail(name, ncclInvalidArgument, format_args!(
+                    "shrinkFlags is {shrinkFlags}; pass NCCL_SHRINK_DEFAULT (0) or NCCL_SHRINK_ABORT (1)"
+                ));
+            }
+            let Some((me, n)) = rank_and_size(name, comm) else { return ncclInvalidArgument };
+            if excludeRanksCount < 0 || (excludeRanksCount > 0 && excludeRanksList.is_null()) {
+                return fail(name, ncclInvalidArgument, format_args!(
+                    "excludeRanksCount is {excludeRanksCount} with excludeRanksList {excludeRanksList:p}; pass a count of 0 or more and a list of that many ranks"
+                ));
+            }
+            let list: &[c_int] = if excludeRanksCount == 0 {
+                &[]
+            } else {
+                // SAFETY: non-NULL and, by NCCL's contract, excludeRanksCount entries long.
+                unsafe { std::slice::from_raw_parts(excludeRanksList, excludeRanksCount as usize) }
+            };
+            let kept = match survivors(list, n, me) {
+                Ok(k) => k,
+                Err(m) => return fail(name, ncclInvalidArgument, m),
+            };
+            let mut e = f::fcclSuccess;
+            // SAFETY: a valid out-pointer; the handle was checked above.
+            if unsafe { f::fcclCommGetAsyncError(comm, &mut e) } == f::fcclSuccess && e != f::fcclSuccess && e != f::fcclInProgress {
+                return fail(name, ncclInvalidUsage, format_args!(
+                    "the communicator has failed ({}); ferroccl passes the new communicator's id between the remaining ranks over it, so it cannot shrink a failed one: make a new communicator with ncclCommInitRank (a fresh id through your launcher's store) instead",
+                    code_name(e)
+                ));
+            }
+            let leader = kept[0];
+            // SAFETY: ncclUniqueId is plain bytes; all zero is a valid value to overwrite.
+            let mut id: ncclUniqueId = unsafe { std::mem::zeroed() };
+            if me == leader {
+                // SAFETY: a valid out-pointer.
+                let r = unsafe { f::fcclGetUniqueId(&mut id) };
+                if r != f::fcclSuccess {
+                    return ret(name, r);
+                }
+            }
+            let bytes = std::mem::size_of::<ncclUniqueId>();
+            // SAFETY: `id` is `bytes` long and lives until the group ends (host memory, so
+            // every call completes before fcclGroupEnd returns); ranks are in range.
+            let r = unsafe {
+                // One group, so that the leader's sends do not wait for each other.
+                let _ = f::fcclGroupStart();
+                let mut r = f::fcclSuccess;
+                if me == leader {
+                    for &q in &kept[1..] {
+                        if r == f::fcclSuccess {
+                            r = f::fcclSend((&id as *const ncclUniqueId).cast(), bytes, f::fcclUint8, q, comm, std::ptr::null_mut());
+                        }
+                    }
+                } else {
+                    r = f::fcclRecv((&mut id as *mut ncclUniqueId).cast(), bytes, f::fcclUint8, leader, comm, std::ptr::null_mut());
+                }
+                let end = f::fcclGroupEnd();
+                if r == f::fcclSuccess { end } else { r }
+            };
+            let r = settle(comm, r);
+            if r != f::fcclSuccess {
+                return ret(name, r);
+            }
+            let rank = kept.iter().position(|&q| q == me).expect("me is kept") as c_int;
+            // SAFETY: NULL or an ncclConfig_t (NCCL's contract); newcomm checked above.
+            unsafe { with_config(name, config, |p| f::fcclCommInitRankConfig(newcomm, kept.len() as c_int, id, rank, p)) }
         })
     }
 }
@@ -1369,6 +1478,16 @@ mod tests {
         assert!(s(5).starts_with("invalid usage"));
         assert_eq!(s(8), "unknown result code");
         assert_eq!(s(-3), "unknown result code");
+    }
+
+    #[test]
+    fn shrink_keeps_the_unlisted_ranks_in_order_and_refuses_bad_lists() {
+        assert_eq!(survivors(&[3, 1], 5, 0).unwrap(), vec![0, 2, 4]);
+        assert_eq!(survivors(&[], 3, 2).unwrap(), vec![0, 1, 2]);
+        assert!(survivors(&[5], 5, 0).unwrap_err().contains("ranks are 0..4"));
+        assert!(survivors(&[-1], 5, 0).unwrap_err().contains("excludeRanksList[0] is -1"));
+        assert!(survivors(&[2, 2], 5, 0).unwrap_err().contains("twice"));
+        assert!(survivors(&[1, 0], 5, 0).unwrap_err().contains("rank 0 is in excludeRanksList"));
     }
 
     #[test]

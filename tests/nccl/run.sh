@@ -17,6 +17,7 @@
 #      batched send/recv, PREMUL_SUM, a watchdog thread polling ncclCommGetAsyncError
 #      that aborts a hung all_reduce) at 2 and 4 ranks, threads and processes,
 #      blocking and non-blocking.
+#      tests/nccl/shrink.c calls ncclCommShrink as PyTorch's shrink_group does.
 #      tests/nccl/premul_device.c runs PreMulSum on device memory on the simulated GPU.
 #      tests/nccl/graph_capture.c calls ncclAllReduce inside CUDA graph capture on the
 #      simulated GPU: ncclInvalidUsage naming the capture, the capture still valid.
@@ -159,6 +160,18 @@ if run "nccl_style.c: cc -I<prefix>/include/ferroccl -L<prefix>/lib/ferroccl -ln
       for n in 2 4; do
         run "pg_replay $n ranks as threads ${mode:-blocking}" "$tmp/pg-t$n$mode.log" "$pexe" --threads $n $mode
         run "pg_replay ferroccl-run -n $n ${mode:-blocking}" "$tmp/pg-p$n$mode.log" "$run_bin" -n $n "$pexe" $mode
+      done
+    done
+  fi
+  # ncclCommShrink as PyTorch's shrink_group calls it (tests/nccl/shrink.c).
+  sexe="$tmp/shrink"
+  if run "shrink.c (ncclCommShrink): cc ... -lnccl" "$tmp/sbuild.log" \
+         "$cc" "${flags[@]}" "$here/shrink.c" -o "$sexe" -L"$prefix/lib/ferroccl" -lnccl \
+         -Wl,-rpath,"$prefix/lib/ferroccl" -lpthread; then
+    for mode in "" --nonblocking; do
+      for n in 2 4; do
+        run "shrink $n ranks as threads ${mode:-blocking}" "$tmp/sh-t$n$mode.log" "$sexe" --threads $n $mode
+        run "shrink ferroccl-run -n $n ${mode:-blocking}" "$tmp/sh-p$n$mode.log" "$run_bin" -n $n "$sexe" $mode
       done
     done
   fi
