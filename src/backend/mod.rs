@@ -29,6 +29,98 @@ use std::time::Duration;
 /// by rank.
 pub type Allgather<'a> = dyn FnMut(&[u8]) -> Result<Vec<Vec<u8>>> + 'a;
 
+/// How a run of calls was served: the algorithm that fcclCommGetLastPath and the INFO
+/// line name (docs/performance.md), one value per way, as NCCL's NCCL_ALGO_* are.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Algo {
+    /// Nothing ran yet.
+    None,
+    /// host: a small call through the bulletin board, in one step.
+    Board,
+    /// host: between the ranks' own buffers (every rank maps every other's).
+    Mapped,
+    /// host: a small send/recv group, copied ahead on the links.
+    Eager,
+    /// host: a schedule of pieces over the links.
+    Schedule,
+    /// staged: device memory in chunks through page-locked host memory.
+    Pipelined,
+    /// a group whose calls took different ways.
+    Mixed,
+    /// one GPU: a group of collectives and send/recv.
+    Group,
+    /// one GPU: the executor's one copy launch.
+    ExecCopy,
+    /// one GPU: in-place all_to_all through device scratch.
+    ExecCopyScratch,
+    /// one GPU: strided (axis) copies.
+    ExecCopy2d,
+    /// one GPU: the executor's one fused reduction launch.
+    ExecReduce,
+    /// one GPU: a reduce_scatter along an axis, packed then reduced.
+    ExecCopy2dReduce,
+    /// one GPU under MPS: this rank had no share to move.
+    MpsIdle,
+    /// one GPU under MPS: every rank reduces its slice.
+    MpsSlices,
+    /// one GPU under MPS: every rank moves its share.
+    MpsShares,
+    /// one GPU, ranks in one process: this rank waited for the executor on the host.
+    HostWait,
+    /// one GPU: this rank signalled and waits on its stream.
+    SignalWait,
+    /// the ranks called different collectives: failed before anything moved.
+    Mismatch,
+    /// refused before anything moved (a stream being captured into a CUDA graph).
+    Refused,
+    /// one GPU: send/recv pulled GPU to GPU.
+    P2pPull,
+    /// one GPU: send/recv, some pulled, some through a bounce buffer.
+    P2pPullBounce,
+    /// one GPU: send/recv through a bounce buffer.
+    P2pBounce,
+    /// one GPU: send/recv sizes did not match.
+    P2pMismatch,
+    /// one GPU: send/recv to this rank itself.
+    P2pSelf,
+    /// NCCL: enqueued on the stream.
+    Enqueued,
+}
+
+impl Algo {
+    /// The name logs and fcclCommGetLastPath give it.
+    pub const fn name(self) -> &'static str {
+        match self {
+            Algo::None => "none",
+            Algo::Board => "board",
+            Algo::Mapped => "mapped",
+            Algo::Eager => "eager",
+            Algo::Schedule => "schedule",
+            Algo::Pipelined => "pipelined",
+            Algo::Mixed => "mixed",
+            Algo::Group => "group",
+            Algo::ExecCopy => "exec-copy",
+            Algo::ExecCopyScratch => "exec-copy-scratch",
+            Algo::ExecCopy2d => "exec-copy2d",
+            Algo::ExecReduce => "exec-reduce",
+            Algo::ExecCopy2dReduce => "exec-copy2d-reduce",
+            Algo::MpsIdle => "mps-idle",
+            Algo::MpsSlices => "mps-slices",
+            Algo::MpsShares => "mps-shares",
+            Algo::HostWait => "host-wait",
+            Algo::SignalWait => "signal-wait",
+            Algo::Mismatch => "mismatch",
+            Algo::Refused => "refused",
+            Algo::P2pPull => "p2p-pull",
+            Algo::P2pPullBounce => "p2p-pull+bounce",
+            Algo::P2pBounce => "p2p-bounce",
+            Algo::P2pMismatch => "p2p-mismatch",
+            Algo::P2pSelf => "p2p-self",
+            Algo::Enqueued => "enqueued",
+        }
+    }
+}
+
 /// What a backend needs of its communicator to run calls.
 pub struct Exec<'a> {
     pub t: &'a mut Transport,
@@ -43,7 +135,7 @@ pub struct Exec<'a> {
     /// router and changed by a backend that hands a call to another way of running it.
     pub backend: &'static str,
     /// How the last run was served: a short name, set by the backend (docs/performance.md lists them).
-    pub algo: &'static str,
+    pub algo: Algo,
 }
 
 /// How a run of calls ended when the communicator survived it. A run returns
@@ -172,7 +264,7 @@ impl Router {
         }
         let routes: Vec<usize> = calls.iter().map(|c| self.route(&c.coll, false)).collect();
         let mut first_err = None;
-        let mut algos: Vec<&'static str> = Vec::new();
+        let mut algos: Vec<Algo> = Vec::new();
         let mut backends: Vec<&'static str> = Vec::new();
         for (i, b) in self.table.iter().enumerate() {
             let mine: Vec<Call> = calls
@@ -192,7 +284,7 @@ impl Router {
             backends.push(x.backend);
         }
         if algos.len() > 1 {
-            x.algo = "mixed";
+            x.algo = Algo::Mixed;
             x.backend = if backends.iter().all(|&b| b == backends[0]) { backends[0] } else { "mixed" };
         }
         Ok(first_err.into())
@@ -252,7 +344,8 @@ mod tests {
             c.kind == self.kind
         }
         fn run(&self, x: &mut Exec<'_>, calls: &[Call]) -> Result<Outcome> {
-            x.algo = self.id;
+            // A way of its own per backend, to tell which one ran.
+            x.algo = if self.id == "first" { Algo::Board } else { Algo::Schedule };
             self.runs.lock().unwrap().push(calls.iter().map(|c| c.seq).collect());
             Ok(Outcome::Done)
         }
@@ -286,7 +379,7 @@ mod tests {
             abort: &abort,
             check: false,
             backend: "",
-            algo: "",
+            algo: Algo::None,
         };
         let group = [
             call(CollKind::AllReduce, 1),
@@ -295,10 +388,10 @@ mod tests {
             call(CollKind::Barrier, 4),
         ];
         assert!(matches!(router.run(&mut x, &group).unwrap(), Outcome::Done));
-        assert_eq!((x.backend, x.algo), ("mixed", "mixed"));
+        assert_eq!((x.backend, x.algo), ("mixed", Algo::Mixed));
         assert_eq!(router.names(&group), ["second", "first", "second", "shadowed"]);
         assert!(matches!(router.run(&mut x, &group[1..2]).unwrap(), Outcome::Done));
-        assert_eq!((x.backend, x.algo), ("first", "first"));
+        assert_eq!((x.backend, x.algo), ("first", Algo::Board));
         let runs = |i: usize| logs[i].lock().unwrap().clone();
         // Each backend ran its share once, calls in their order; the lone call after.
         assert_eq!(runs(0), vec![vec![2], vec![2]]);

@@ -14,6 +14,7 @@ mod wireup;
 use crate::backend::builtin::Builtin;
 use crate::backend::ipc::{self, Ipc};
 use crate::backend::nccl::{Nccl, NcclBackend};
+use crate::backend::Algo;
 use crate::backend::{Exec, Router};
 use crate::coll::{Call, Coll};
 use crate::error::{Code, Error, Result};
@@ -425,7 +426,7 @@ impl Comm {
             abort: &self.abort,
             check: self.opts.check_mode,
             backend: "host",
-            algo: "",
+            algo: Algo::None,
         };
         // Without CUDA every buffer is host memory: one relaxed load, then the host path.
         // A call that a device backend claims whatever its memory (per-rank counts on one
@@ -439,7 +440,7 @@ impl Comm {
         } else {
             self.router.run_host(&mut x, calls)
         };
-        let (served, algo) = (x.backend, x.algo);
+        let (served, algo) = (x.backend, x.algo.name());
         st.last_path = (served, algo);
         if let Some(t0) = t0 {
             let us = t0.elapsed().as_secs_f64() * 1e6;

@@ -479,7 +479,7 @@ mod tests {
             abort: &abort,
             check: true,
             backend: "host",
-            algo: "",
+            algo: crate::backend::Algo::None,
         };
         execute(&mut x, calls).expect("no fatal error").into_result().err()
     }

@@ -15,6 +15,7 @@ pub mod reuse;
 pub mod wire;
 
 use super::{Exec, Outcome};
+use crate::backend::Algo;
 use crate::coll::{Call, Coll, CollKind};
 use crate::error::{Error, Result};
 use crate::transport::Transport;
@@ -49,11 +50,11 @@ fn run(x: &mut Exec<'_>, calls: &[Call]) -> Result<Option<Error>> {
         let rank = t.rank;
         match announce::run(t, calls, timeout, abort, &|| describe(calls, rank))? {
             announce::Announced::Done(r) => {
-                x.algo = "board";
+                x.algo = Algo::Board;
                 return Ok(r);
             }
             announce::Announced::Mapped(r) => {
-                x.algo = "mapped";
+                x.algo = Algo::Mapped;
                 return Ok(r);
             }
             // Fingerprints (and per-rank counts) were compared on the board.
@@ -67,10 +68,10 @@ fn run(x: &mut Exec<'_>, calls: &[Call]) -> Result<Option<Error>> {
     let what = || describe(calls, rank);
     let ctl = RunCtl { timeout, abort, what: &what };
     if eager::eligible(rank, calls) {
-        x.algo = "eager";
+        x.algo = Algo::Eager;
         return eager::run(t, calls, &ctl);
     }
-    x.algo = "schedule";
+    x.algo = Algo::Schedule;
     if check && t.nranks > 1 {
         if let Some(e) = fingerprint::agree(t, calls, &ctl)? {
             return Ok(Some(e));

@@ -4,6 +4,7 @@
 use super::super::Exec;
 use super::mps;
 use crate::backend::host;
+use crate::backend::Algo;
 use crate::coll::{Coll, CollKind, VCounts};
 use crate::error::{Error, Result};
 use crate::mem::cuda;
@@ -43,7 +44,7 @@ pub(super) unsafe fn move_data(
     let in_place = in_place_sends(c, peers, counts)?;
     if !in_place.is_empty() {
         if share.is_some_and(|me| me != 0) {
-            x.algo = "mps-idle";
+            x.algo = Algo::MpsIdle;
             return Ok(());
         }
         let total: usize = in_place.iter().map(|&(_, len)| len).sum();
@@ -63,7 +64,7 @@ pub(super) unsafe fn move_data(
         // SAFETY: the scratch lives on the stream until its work is done (freed in its
         // order); the rest is the caller's contract.
         unsafe { move_data(x, c, &moved, counts, ctx, device, None, failed)? };
-        x.algo = "exec-copy-scratch";
+        x.algo = Algo::ExecCopyScratch;
         return Ok(());
     }
     let recv = |q: usize| peers[q].1 as *mut u8;
@@ -127,24 +128,24 @@ pub(super) unsafe fn move_data(
         x.algo = unsafe { mps::share(c, me, peers, counts, &m)? };
         return flush();
     }
-    x.algo = "exec-copy";
+    x.algo = Algo::ExecCopy;
     let all_recv: Vec<*mut u8> = (0..n).map(recv).collect();
     match c.kind {
         CollKind::AllReduce => {
             // Every rank's recv written by the one pass that reads the inputs.
             reduce(&all_recv, &sends_at(&|_| 0), c.count)?;
-            x.algo = "exec-reduce";
+            x.algo = Algo::ExecReduce;
         }
         CollKind::ReduceScatter if c.strided.is_some() => {
             for q in 0..n {
                 reduce_strided(q)?;
             }
-            x.algo = "exec-copy2d-reduce";
+            x.algo = Algo::ExecCopy2dReduce;
         }
         CollKind::ReduceScatter => {
             // Row q: block q of every input into rank q's recv.
             reduce_rows(&all_recv, 1, &sends_at(&|_| 0), c.count, c.count)?;
-            x.algo = "exec-reduce";
+            x.algo = Algo::ExecReduce;
         }
         CollKind::ReduceScatterV => {
             for q in 0..n {
@@ -153,11 +154,11 @@ pub(super) unsafe fn move_data(
                     reduce(&[recv(q)], &sends_at(&|p| counts[p].sdispls()[q] * es), elems)?;
                 }
             }
-            x.algo = "exec-reduce";
+            x.algo = Algo::ExecReduce;
         }
         CollKind::Reduce => {
             reduce(&[recv(c.root)], &sends_at(&|_| 0), c.count)?;
-            x.algo = "exec-reduce";
+            x.algo = Algo::ExecReduce;
         }
         CollKind::AllGather if c.strided.is_some() => {
             // Rank p's block j lands at element (j * n + p) * block of every receive buffer.
@@ -168,7 +169,7 @@ pub(super) unsafe fn move_data(
                     copy2d(recv(q).wrapping_add(p * w), n * w, send(p), w, w, st.outer)?;
                 }
             }
-            x.algo = "exec-copy2d";
+            x.algo = Algo::ExecCopy2d;
         }
         CollKind::AllGather => {
             for p in 0..n {

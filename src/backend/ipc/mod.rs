@@ -38,6 +38,7 @@ mod vmm;
 mod watch;
 
 use super::{host, staging, Backend, Exec, Outcome};
+use crate::backend::Algo;
 use crate::coll::{counts, fingerprint, Call, Coll, CollKind, VCounts};
 use crate::error::{Error, Result};
 use crate::log;
@@ -305,7 +306,7 @@ impl Backend for Ipc {
                 first_err.get_or_insert(e);
             }
             if p2p.len() < calls.len() {
-                x.algo = if algo == x.algo { algo } else { "group" };
+                x.algo = if algo == x.algo { algo } else { Algo::Group };
             }
         }
         Ok(first_err.into())
@@ -558,7 +559,7 @@ impl Ipc {
         }
         let who: Vec<usize> = all.chunks(db).enumerate().filter(|(_, b)| b[0] == CAPTURED).map(|(q, _)| q).collect();
         if !who.is_empty() {
-            x.algo = "refused";
+            x.algo = Algo::Refused;
             return Ok(Outcome::Failed(super::capture::refusal(c.kind.c_name(), rank, c.stream, &who)));
         }
         let mut gone = Vec::new();
@@ -569,7 +570,7 @@ impl Ipc {
         // difference fails the call on every rank alike, whatever FERROCCL_CHECK says.
         if let Some(e) = fingerprint::verdict(rank, n, &mine[FP..BLOB], |p| &all[p * db + FP..p * db + BLOB]) {
             self.defer_close(inner, gone);
-            x.algo = "mismatch";
+            x.algo = Algo::Mismatch;
             return Ok(Outcome::Failed(e));
         }
         let unable: Vec<usize> =
@@ -620,7 +621,7 @@ impl Ipc {
                 unsafe { move_data(x, c, &peers, &counts, ctx, device, None, 0)? };
                 cuda::sync(s)?;
             } else {
-                x.algo = "host-wait";
+                x.algo = Algo::HostWait;
             }
             for base in gone {
                 close(base);
@@ -671,7 +672,7 @@ impl Ipc {
                 cuda::stream_write(s, dev_ready(rank), k)?;
                 cuda::stream_wait_geq(s, dev_done, k)?;
             }
-            x.algo = "signal-wait";
+            x.algo = Algo::SignalWait;
         }
         if !self.shares() {
             targets.extend((0..n).filter(|&q| q != EXECUTOR).map(|q| Target { w: ctl.ready(q), v: k, writer: q }));

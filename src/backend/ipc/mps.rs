@@ -13,6 +13,7 @@
 //! reduce), and pushes its input into the root's buffer for gather. No rank writes what
 //! another reads in the same call, in place included.
 
+use crate::backend::Algo;
 use crate::coll::{Coll, CollKind, VCounts};
 use crate::env;
 use crate::error::{Error, Result};
@@ -69,7 +70,7 @@ pub unsafe fn share(
     peers: &[(*const u8, *const u8)],
     counts: &[VCounts],
     m: &Movers<'_>,
-) -> Result<&'static str> {
+) -> Result<Algo> {
     let n = peers.len();
     let es = c.dtype.size();
     let bytes = c.count * es;
@@ -87,7 +88,7 @@ pub unsafe fn share(
                     if c.kind == CollKind::Reduce { vec![out(c.root)] } else { (0..n).map(out).collect() };
                 (m.reduce)(&outs, &sends_at(&|_| lo * es), hi - lo)?;
             }
-            return Ok("mps-slices");
+            return Ok(Algo::MpsSlices);
         }
         CollKind::ReduceScatter if c.strided.is_some() => (m.reduce_strided)(me)?,
         CollKind::ReduceScatter => (m.reduce)(&[recv(me)], &sends_at(&|_| me * bytes), c.count)?,
@@ -139,7 +140,7 @@ pub unsafe fn share(
         }
         k => return Err(Error::internal(format!("{} shared out under MPS", k.c_name()))),
     }
-    Ok("mps-shares")
+    Ok(Algo::MpsShares)
 }
 
 #[cfg(test)]

@@ -28,6 +28,7 @@ use super::fallback::{fix, Fallback};
 use super::mappings::Owner;
 use super::watch::Target;
 use super::{Inner, Ipc, Outcome};
+use crate::backend::Algo;
 use crate::backend::Exec;
 use crate::coll::counts::{p2p_mismatch, P2pCall};
 use crate::coll::Call;
@@ -265,11 +266,11 @@ impl Ipc {
                 return Err(e);
             }
             x.algo = algo_of(&run);
-            if x.algo == "p2p-bounce" {
+            if x.algo == Algo::P2pBounce {
                 x.backend = "staged";
             }
         } else if !run.selfs.is_empty() {
-            x.algo = "p2p-self";
+            x.algo = Algo::P2pSelf;
         }
         Ok(run.errors.into_iter().next().into())
     }
@@ -644,14 +645,14 @@ fn describe(c: &Coll) -> String {
     format!("{name} of {} x {} {dir} rank {}", c.count, c.dtype, c.root)
 }
 
-fn algo_of(run: &Run<'_>) -> &'static str {
+fn algo_of(run: &Run<'_>) -> Algo {
     let has = |v: Verdict| run.ops.iter().any(|o| o.verdict == Some(v));
     match (has(Verdict::Device), has(Verdict::Bounce)) {
-        (true, false) => "p2p-pull",
-        (true, true) => "p2p-pull+bounce",
-        (false, true) => "p2p-bounce",
-        (false, false) if has(Verdict::Captured) => "refused",
-        (false, false) => "p2p-mismatch",
+        (true, false) => Algo::P2pPull,
+        (true, true) => Algo::P2pPullBounce,
+        (false, true) => Algo::P2pBounce,
+        (false, false) if has(Verdict::Captured) => Algo::Refused,
+        (false, false) => Algo::P2pMismatch,
     }
 }
 

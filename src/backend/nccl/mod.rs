@@ -4,6 +4,7 @@
 
 pub mod lib;
 
+use crate::backend::Algo;
 use crate::coll::{Coll, CollKind};
 use crate::error::{Error, Result};
 use crate::mem::cuda;
@@ -280,7 +281,7 @@ impl super::Backend for NcclBackend {
     }
 
     fn run(&self, x: &mut super::Exec<'_>, calls: &[crate::coll::Call]) -> Result<super::Outcome> {
-        x.algo = "enqueued";
+        x.algo = Algo::Enqueued;
         let colls: Vec<&Coll> = calls.iter().map(|c| &c.coll).collect();
         self.nccl.run(&colls, self.rank, self.nranks)?;
         Ok(super::Outcome::Done)

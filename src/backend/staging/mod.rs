@@ -28,6 +28,7 @@ mod tests;
 
 use super::host;
 use super::{Exec, Outcome};
+use crate::backend::Algo;
 use crate::coll::{Call, Coll};
 use crate::error::{Error, Result};
 use crate::mem::pinned::{Pinned, POOL_MAX_BYTES};
@@ -92,7 +93,7 @@ pub fn run(x: &mut Exec<'_>, call: &Call, rank: usize, n: usize) -> Result<Outco
     let check = std::mem::replace(&mut x.check, false);
     let res = pipe.run(x, &mut seq);
     x.check = check;
-    x.algo = "pipelined";
+    x.algo = Algo::Pipelined;
     // Every copy queued above reads or writes a slot: all must be done before the
     // slots return to the pool, whatever happened (the host's error comes first).
     let drained = pipe.events[0].record(stream).and_then(|()| pipe.events[0].synchronize());
