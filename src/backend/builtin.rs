@@ -31,15 +31,20 @@ impl Backend for Builtin {
     }
 
     fn run(&self, x: &mut Exec<'_>, calls: &[Call]) -> Result<Outcome> {
-        if calls.iter().all(|c| c.coll.placement == Placement::Host || c.coll.is_noop()) {
-            return host::execute(x, calls);
-        }
+        let on_host = calls.iter().all(|c| c.coll.placement == Placement::Host || c.coll.is_noop());
+        let p2p = calls.iter().any(|c| c.coll.kind.is_p2p());
         // Staging copies and waits on the callers' streams: nothing may happen on one that
-        // is being captured into a CUDA graph. For collectives (which every rank calls, on
-        // device memory everywhere: routing assumes it) every rank learns first whether any
-        // rank's stream captures, and then the calls fail everywhere, untouched. send/recv
+        // is being captured into a CUDA graph. For collectives every rank learns first
+        // whether any rank's stream captures (a vote), and then the calls fail everywhere,
+        // untouched. Every rank of a collective must vote alike: those with device memory,
+        // and, with CUDA in use, those of a call with per-rank counts whatever their memory
+        // (a rank with nothing to send or receive passes no device buffer). send/recv
         // involve only their pairs, whose memory may differ in kind: a capturing rank fails
         // its run alone, and its peers fail at the communicator's timeout.
+        let votes = !p2p && (!on_host || (cuda::active() && calls.iter().any(|c| c.coll.v.is_some())));
+        if on_host && !votes {
+            return host::execute(x, calls);
+        }
         let device = || calls.iter().filter(|c| c.coll.placement != Placement::Host && !c.coll.is_noop());
         let mut mine = None;
         for c in device() {
@@ -50,8 +55,8 @@ impl Backend for Builtin {
                 break;
             }
         }
-        let first = device().next().expect("a device call").coll.clone();
-        if calls.iter().any(|c| c.coll.kind.is_p2p()) {
+        let first = device().next().map_or(&calls[0].coll, |c| &c.coll).clone();
+        if p2p {
             if let Some(stream) = mine {
                 return Ok(Outcome::Failed(capture::refusal(first.kind.c_name(), self.rank, stream, &[self.rank])));
             }
@@ -75,7 +80,11 @@ impl Backend for Builtin {
                 // A fresh sequence number: the vote used the call's own.
                 *x.seq += 1;
                 let call = Call { coll: call.coll.clone(), seq: *x.seq };
-                return staging::run(x, &call, self.rank, self.nranks);
+                return if on_host {
+                    host::execute(x, &[call])
+                } else {
+                    staging::run(x, &call, self.rank, self.nranks)
+                };
             }
         }
         // A group's calls run as one host schedule (so that its sends and receives pair
