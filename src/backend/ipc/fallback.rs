@@ -2,7 +2,11 @@
 //! it, and the warning that says so once per communicator and remedy.
 
 use super::Ipc;
+use crate::backend::{host, pack, staging, Exec, Outcome};
+use crate::coll::{Call, CollKind};
+use crate::error::Result;
 use crate::log;
+use crate::mem::Placement;
 
 /// Why this rank cannot take a call GPU to GPU, and what its user can do about it.
 #[derive(Clone, Debug)]
@@ -64,5 +68,30 @@ impl Ipc {
         } else {
             log::info(line);
         }
+    }
+
+    /// Runs `call` after `f` took it off the GPU-to-GPU path (on every rank alike): on
+    /// the built-in backend, device buffers staged after the calls before it on the
+    /// stream. The caller has left the call's context.
+    pub(super) fn stage(&self, x: &mut Exec<'_>, call: &Call, f: &Fallback) -> Result<Outcome> {
+        let (c, n) = (&call.coll, self.nranks);
+        self.fell_back(c.kind.c_name(), f);
+        if c.placement == Placement::Host {
+            // This rank's buffers are host memory: the host algorithms serve it.
+            x.backend = "host";
+            *x.seq += 1;
+            return host::execute(x, &[Call { coll: c.clone(), seq: *x.seq }]);
+        }
+        // A reduce_scatter along an axis is packed first (the host has no strided form).
+        let coll = match c.strided {
+            Some(_) if c.kind == CollKind::ReduceScatter => pack::pack_reduce_scatter(c, n)?,
+            _ => c.clone(),
+        };
+        // A fresh sequence number: the descriptor exchange used the call's own.
+        *x.seq += 1;
+        let staged = Call { coll, seq: *x.seq };
+        let res = staging::run(x, &staged, self.rank, n)?;
+        x.backend = "staged";
+        Ok(res)
     }
 }

@@ -28,25 +28,29 @@
 
 pub mod ctl;
 mod data;
+mod desc;
 mod fallback;
 mod fdpass;
 mod mappings;
 mod mps;
+mod negotiate;
 mod p2p;
 mod setup;
 mod vmm;
 mod watch;
 
-use super::{host, staging, Backend, Exec, Outcome};
+use super::{Backend, Exec, Outcome};
 use crate::backend::Algo;
-use crate::coll::{counts, fingerprint, Call, Coll, CollKind, VCounts};
+use crate::coll::{Call, Coll, CollKind};
 use crate::error::{Error, Result};
 use crate::log;
 use crate::mem::{cuda, cuda_reduce, Placement};
 use ctl::{Ctl, Registered};
 use data::move_data;
+use desc::Desc;
 use fallback::{fix, Fallback};
 use mappings::{close, Exported, FreedSeen, Mappings};
+use negotiate::{Agreed, Negotiated};
 use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -54,50 +58,11 @@ use watch::{Target, Watch};
 
 pub use mappings::MAPPINGS_MAX;
 
-/// A descriptor: can this rank take part (or its stream is being captured), its pid, its
-/// two buffers (handle, offset in the allocation, address), then the call's fingerprint
-/// (what this rank called).
-const BLOB: usize = FP + fingerprint::ONE_BYTES;
-/// Where a descriptor's fingerprint starts.
-const FP: usize = 1 + 4 + 2 * (64 + 8 + 8);
 /// The rank that moves the data.
 const EXECUTOR: usize = 0;
-/// A descriptor's first byte: this rank takes part; its stream is being captured into a
-/// CUDA graph (the call fails on every rank, see `capture`).
-const TAKES_PART: u8 = 1;
-const CAPTURED: u8 = 2;
 /// How long the one round trip that proves stream memory operations may take: a GPU
 /// busy with other processes' work answers within a few time slices.
 const PROBE_LIMIT: Duration = Duration::from_secs(5);
-
-/// Bytes of a descriptor for `c`: the fixed part, then for calls with per-rank counts
-/// the rank's four arrays (sendcounts, sdispls, recvcounts, rdispls), `n` u64 each.
-fn desc_bytes(c: &Coll, n: usize) -> usize {
-    BLOB + if c.v.is_some() { 32 * n } else { 0 }
-}
-
-/// Writes `v`'s arrays after the fixed part (missing entries as 0).
-fn put_counts(v: &VCounts, n: usize, b: &mut [u8]) {
-    for (i, a) in [v.sendcounts(), v.sdispls(), v.recvcounts(), v.rdispls()].iter().enumerate() {
-        for r in 0..n {
-            let at = BLOB + 8 * (i * n + r);
-            b[at..at + 8].copy_from_slice(&(a.get(r).copied().unwrap_or(0) as u64).to_le_bytes());
-        }
-    }
-}
-
-/// A peer's four arrays from its descriptor.
-fn get_counts(b: &[u8], n: usize) -> VCounts {
-    let a = |i: usize| -> Vec<usize> {
-        (0..n)
-            .map(|r| {
-                let at = BLOB + 8 * (i * n + r);
-                u64::from_le_bytes(b[at..at + 8].try_into().expect("8 bytes")) as usize
-            })
-            .collect()
-    };
-    VCounts::new(&a(0), &a(1), &a(2), &a(3))
-}
 
 /// FERROCCL_CUDA_IPC: the smallest call (bytes of `count` elements) that takes the
 /// path, or None when it is off (read once). On by default for every size: stream
@@ -356,11 +321,6 @@ fn own_seq(x: &Exec<'_>, call: &Call) -> Option<u64> {
     (call.seq == *x.seq).then_some(call.seq)
 }
 
-/// A descriptor's fields.
-fn pid_of(b: &[u8]) -> u32 {
-    u32::from_le_bytes(b[1..5].try_into().expect("4 bytes"))
-}
-
 impl Ipc {
     /// How this rank takes part in a call whose buffers live in `ctx` on `device`:
     /// ranks in separate processes register the control region's words in the first
@@ -441,201 +401,96 @@ impl Ipc {
         }
     }
 
-    /// This rank's descriptor of `c`, or why it cannot take the call GPU to GPU.
-    fn prepare(
-        &self,
-        call: &Call,
-        ctx: cuda::Ctx,
-        device: i32,
-        inner: &mut Inner,
-    ) -> std::result::Result<Vec<u8>, Fallback> {
-        let c = &call.coll;
-        let reduces = matches!(
-            c.kind,
-            CollKind::AllReduce | CollKind::Reduce | CollKind::ReduceScatter | CollKind::ReduceScatterV
-        );
-        if self.rank == EXECUTOR || self.shares() {
-            // Compiled now, so a rank without NVRTC says so in the exchange.
-            cuda_reduce::copiers(ctx, device).map_err(|e| Fallback::new(e.msg, fix::NVRTC))?;
-            if reduces {
-                cuda_reduce::kernel(ctx, device, c.reduction()).map_err(|e| Fallback::new(e.msg, fix::NVRTC))?;
-            }
-        }
-        let (sb, rb) = c.extents(self.rank, self.nranks).map_err(|e| Fallback::new(e.msg, ""))?;
-        if c.placement == Placement::Host && sb + rb > 0 {
-            return Err(Fallback::new("this rank's buffers are host memory", fix::HOST_MEMORY));
-        }
-        let (s0, r0) = (c.send as usize, c.recv as usize);
-        if c.strided.is_some() && c.kind == CollKind::ReduceScatter && sb > 0 && rb > 0 && s0 < r0 + rb && r0 < s0 + sb
-        {
-            // Its blocks are packed while the results are written.
-            return Err(Fallback::new("the output of a reduce_scatter along an axis overlaps its input", fix::OVERLAP));
-        }
-        let mut b = vec![0u8; desc_bytes(c, self.nranks)];
-        if let Some(v) = &c.v {
-            put_counts(v, self.nranks, &mut b);
-        }
-        b[0] = TAKES_PART;
-        b[1..5].copy_from_slice(&std::process::id().to_le_bytes());
-        b[FP..BLOB].copy_from_slice(&fingerprint::one(call));
-        // The ranks in other processes that map this rank's buffers.
-        let me = std::process::id();
-        let to: Vec<usize> = (0..self.nranks)
-            .filter(|&q| q != self.rank && self.pids[q] != me && (q == EXECUTOR || self.shares()))
-            .collect();
-        let mut at = 5;
-        for (p, bytes) in [(c.send, sb), (c.recv as *const u8, rb)] {
-            if bytes > 0 {
-                let (h, off) = inner.exported.handle(p, bytes, &to).map_err(|e| {
-                    Fallback::new(
-                        format!("its buffer {p:p} cannot be shared with other processes ({})", e.msg),
-                        fix::export(p),
-                    )
-                })?;
-                b[at..at + 64].copy_from_slice(&h);
-                b[at + 64..at + 72].copy_from_slice(&(off as u64).to_le_bytes());
-                b[at + 72..at + 80].copy_from_slice(&(p as u64).to_le_bytes());
-            }
-            at += 80;
-        }
-        Ok(b)
-    }
-
     /// Whether every rank moves its own share (MPS, ranks in separate processes).
     fn shares(&self) -> bool {
         self.mps && !self.synced
     }
 
-    /// Runs one eligible collective: the descriptor exchange on the host, then stream
-    /// operations only.
+    /// Runs one eligible collective: the descriptor exchange on the host
+    /// ([`Ipc::negotiate`]), then what it decided: a failure on every rank, host
+    /// staging, or stream operations only.
     fn run_one(&self, x: &mut Exec<'_>, call: &Call, inner: &mut Inner) -> Result<Outcome> {
-        let (rank, n) = (self.rank, self.nranks);
         let c = &call.coll;
         let (device, ctx) = match c.placement {
             Placement::Device { device, ctx } => (device, ctx),
             Placement::Host => (self.device, cuda::primary_context(self.device)?),
         };
         let guard = cuda::CtxGuard::enter(ctx)?;
-        // A capturing stream gets nothing (no synchronisation, registration or kernel
-        // compilation either): this rank only says so in the exchange.
-        let captured = super::capture::capturing(c.stream)?;
-        let (reason, stream) = if captured {
-            (Some(Fallback::new("its stream is being captured into a CUDA graph", "")), false)
-        } else {
-            match self.stream_mode(inner, ctx, device) {
-                Mode::Off(m) => (Some(m), false),
-                Mode::Stream(_) => (None, true),
-                Mode::Synced => (None, false),
+        match self.negotiate(x, call, inner, ctx, device)? {
+            Negotiated::Unfinished(got) => Ok(got),
+            Negotiated::Refused(e) => {
+                x.algo = Algo::Refused;
+                Ok(Outcome::Failed(e))
             }
-        };
-        if stream {
-            if let Ok(ctl) = &self.ctl {
-                inner.close_finished(ctl);
+            Negotiated::Mismatch(e) => {
+                x.algo = Algo::Mismatch;
+                Ok(Outcome::Failed(e))
             }
-        } else if reason.is_none() {
-            // Synced: inputs complete before the executor reads them.
-            cuda::sync(c.stream)?;
-        }
-        let prepared = match &reason {
-            Some(f) => Err(f.clone()),
-            None => self.prepare(call, ctx, device, inner),
-        };
-        let (mine, mut fallback) = match prepared {
-            Ok(b) => (b, None),
-            Err(f) => {
-                let mut b = vec![0u8; desc_bytes(c, n)];
-                if captured {
-                    b[0] = CAPTURED;
+            Negotiated::BadCounts(e) => Ok(Outcome::Failed(e)),
+            Negotiated::Fallback(f) => {
+                // Somebody cannot: everyone runs the call on the built-in backend.
+                drop(guard);
+                self.stage(x, call, &f)
+            }
+            Negotiated::Run(agreed) => match self.stream_mode(inner, ctx, device) {
+                Mode::Stream(reg) => {
+                    let (ctl, a) = (reg.ctl.clone(), reg.addrs());
+                    self.run_streamed(x, call, inner, agreed, (&ctl, a), (ctx, device))
                 }
-                b[1..5].copy_from_slice(&std::process::id().to_le_bytes());
-                b[FP..BLOB].copy_from_slice(&fingerprint::one(call));
-                (b, Some(f))
-            }
-        };
-        let db = mine.len();
-        let (all, got) = x.allgather(&mine, own_seq(x, call))?;
-        if let Outcome::Failed(_) = got {
-            return Ok(got);
+                // Synced (the negotiation's own mode check left nothing else).
+                Mode::Synced | Mode::Off(_) => self.run_synced(x, &call.coll, inner, agreed, (ctx, device)),
+            },
         }
-        let who: Vec<usize> = all.chunks(db).enumerate().filter(|(_, b)| b[0] == CAPTURED).map(|(q, _)| q).collect();
-        if !who.is_empty() {
-            x.algo = Algo::Refused;
-            return Ok(Outcome::Failed(super::capture::refusal(c.kind.c_name(), rank, c.stream, &who)));
+    }
+
+    /// Ranks that share a process: the executor moves the data and waits for it; then
+    /// everyone returns.
+    fn run_synced(
+        &self,
+        x: &mut Exec<'_>,
+        c: &Coll,
+        inner: &mut Inner,
+        agreed: Agreed,
+        (ctx, device): (cuda::Ctx, i32),
+    ) -> Result<Outcome> {
+        let Agreed { descs, counts, mut gone } = agreed;
+        if self.rank == EXECUTOR {
+            let peers = map_peers(&descs, ctx, &mut inner.maps, &mut gone)?;
+            // SAFETY: the peers' buffers are mapped (or this process's own) and held by
+            // their ranks until the barrier below; the stream is synchronised before it.
+            unsafe { move_data(x, c, &peers, &counts, ctx, device, None, 0)? };
+            cuda::sync(c.stream)?;
+        } else {
+            x.algo = Algo::HostWait;
         }
-        let mut gone = Vec::new();
-        if let Ok(ctl) = &self.ctl {
-            inner.freed.apply(ctl, rank, &self.pids, ctx, &mut inner.maps, &mut gone);
+        for base in gone {
+            close(base);
         }
-        // Every rank compares what every rank called, before anything is enqueued: a
-        // difference fails the call on every rank alike, whatever FERROCCL_CHECK says.
-        if let Some(e) = fingerprint::verdict(rank, n, &mine[FP..BLOB], |p| &all[p * db + FP..p * db + BLOB]) {
-            self.defer_close(inner, gone);
-            x.algo = Algo::Mismatch;
-            return Ok(Outcome::Failed(e));
-        }
-        let unable: Vec<usize> =
-            all.chunks(db).enumerate().filter(|(_, b)| b[0] != TAKES_PART).map(|(q, _)| q).collect();
-        if fallback.is_none() && !unable.is_empty() {
-            let who = unable.iter().map(|q| q.to_string()).collect::<Vec<_>>().join(", ");
-            fallback = Some(Fallback::new(format!("rank(s) {who} cannot take it GPU to GPU"), fix::PEER));
-        }
-        if let Some(f) = fallback {
-            // Somebody cannot: everyone runs the call on the built-in backend, device
-            // buffers staged (after the calls before it on the stream).
-            drop(guard);
-            self.defer_close(inner, gone);
-            self.fell_back(c.kind.c_name(), &f);
-            if c.placement == Placement::Host {
-                // This rank's buffers are host memory: the host algorithms serve it.
-                x.backend = "host";
-                *x.seq += 1;
-                return host::execute(x, &[Call { coll: c.clone(), seq: *x.seq }]);
-            }
-            // A reduce_scatter along an axis is packed first (the host has no strided form).
-            let coll = match c.strided {
-                Some(_) if c.kind == CollKind::ReduceScatter => super::pack::pack_reduce_scatter(c, n)?,
-                _ => c.clone(),
-            };
-            // A fresh sequence number: the descriptor exchange used the call's own.
-            *x.seq += 1;
-            let staged = Call { coll, seq: *x.seq };
-            let res = staging::run(x, &staged, rank, n)?;
-            x.backend = "staged";
-            return Ok(res);
-        }
-        // Per-rank counts: every rank checks every pair from the same descriptors, so all
-        // return the same verdict, and nothing is enqueued on a mismatch.
-        let counts: Vec<VCounts> =
-            if c.v.is_some() { all.chunks(db).map(|b| get_counts(b, n)).collect() } else { Vec::new() };
-        if let Some(e) = counts::verdict(c, rank, &counts) {
-            self.defer_close(inner, gone);
-            return Ok(Outcome::Failed(e));
-        }
+        x.barrier()
+    }
+
+    /// Ranks in separate processes: ordered on the streams through the control words
+    /// `ctl` (at `a` on the device); the host waits for nothing, the watchdog does.
+    fn run_streamed(
+        &self,
+        x: &mut Exec<'_>,
+        call: &Call,
+        inner: &mut Inner,
+        agreed: Agreed,
+        (ctl, a): (&Arc<Ctl>, ctl::Addrs),
+        (ctx, device): (cuda::Ctx, i32),
+    ) -> Result<Outcome> {
+        let (rank, n) = (self.rank, self.nranks);
+        let c = &call.coll;
+        let Agreed { descs, counts, mut gone } = agreed;
         let s = c.stream;
-        let Mode::Stream(reg) = self.stream_mode(inner, ctx, device) else {
-            // Synced: the executor moves the data and waits for it; then everyone returns.
-            if rank == EXECUTOR {
-                let peers = map_peers(&all, db, ctx, &mut inner.maps, &mut gone)?;
-                // SAFETY: the peers' buffers are mapped (or this process's own) and held by
-                // their ranks until the barrier below; the stream is synchronised before it.
-                unsafe { move_data(x, c, &peers, &counts, ctx, device, None, 0)? };
-                cuda::sync(s)?;
-            } else {
-                x.algo = Algo::HostWait;
-            }
-            for base in gone {
-                close(base);
-            }
-            return x.barrier();
-        };
-        let (ctl, a) = (reg.ctl.clone(), reg.addrs());
         let k = inner.k.wrapping_add(1);
         let (dev_ready, dev_fin, dev_done) = (|q| a.of(ctl.ready(q)), |q| a.of(ctl.fin(q)), a.of(Ctl::DONE));
         // Kernels queued behind a failure do nothing (see `move_data`).
         let failed = a.of(Ctl::FAILED).raw();
         let mut targets: Vec<Target> = Vec::with_capacity(2 * n + 1);
         if self.shares() {
-            let peers = map_peers(&all, db, ctx, &mut inner.maps, &mut gone)?;
+            let peers = map_peers(&descs, ctx, &mut inner.maps, &mut gone)?;
             // SAFETY: the words are registered in this context and outlive the stream's
             // use of them (Drop waits for every target); the peers' buffers are mapped
             // until the GPU finished this call (closing waits for it), and their owners
@@ -656,7 +511,7 @@ impl Ipc {
                 targets.push(Target { w: ctl.fin(q), v: k, writer: q });
             }
         } else if rank == EXECUTOR {
-            let peers = map_peers(&all, db, ctx, &mut inner.maps, &mut gone)?;
+            let peers = map_peers(&descs, ctx, &mut inner.maps, &mut gone)?;
             // SAFETY: as above; the owners keep their buffers until their streams passed
             // `done >= k`.
             unsafe {
@@ -695,34 +550,29 @@ impl Ipc {
     }
 }
 
-/// Every rank's (send, recv) pointers from the descriptors (`db` bytes each).
+/// Every rank's (send, recv) pointers from its descriptor.
 fn map_peers(
-    all: &[u8],
-    db: usize,
+    descs: &[Desc],
     ctx: cuda::Ctx,
     maps: &mut Mappings,
     gone: &mut Vec<usize>,
 ) -> Result<Vec<(*const u8, *const u8)>> {
-    all.chunks(db).map(|b| map_peer(b, ctx, maps, gone)).collect()
+    descs.iter().map(|d| map_peer(d, ctx, maps, gone)).collect()
 }
 
 /// A peer's (send, recv) pointers, usable in this process's context `ctx` (null
 /// where the peer's extent is empty).
-fn map_peer(b: &[u8], ctx: cuda::Ctx, maps: &mut Mappings, gone: &mut Vec<usize>) -> Result<(*const u8, *const u8)> {
-    let pid = pid_of(b);
+fn map_peer(d: &Desc, ctx: cuda::Ctx, maps: &mut Mappings, gone: &mut Vec<usize>) -> Result<(*const u8, *const u8)> {
     let mut out = [0usize; 2];
-    for (i, o) in out.iter_mut().enumerate() {
-        let at = 5 + i * 80;
-        let off = u64::from_le_bytes(b[at + 64..at + 72].try_into().expect("8 bytes")) as usize;
-        let ptr = u64::from_le_bytes(b[at + 72..at + 80].try_into().expect("8 bytes")) as usize;
+    for (o, b) in out.iter_mut().zip(&d.bufs) {
+        let (off, ptr) = (b.offset as usize, b.addr as usize);
         *o = if ptr == 0 {
             0
-        } else if pid == std::process::id() {
+        } else if d.pid == std::process::id() {
             // A thread rank of this process: its pointer is valid here as it is.
             ptr
         } else {
-            let h: [u8; 64] = b[at..at + 64].try_into().expect("64 bytes");
-            maps.open(ctx, (pid, ptr - off), &h, gone)? + off
+            maps.open(ctx, (d.pid, ptr - off), &b.handle, gone)? + off
         };
     }
     Ok((out[0] as *const u8, out[1] as *const u8))
