@@ -5,7 +5,7 @@
 //! - [`ffi`]: the only code that speaks C; every exported function lives there
 //!   ([`launch`], the launcher's library half, is the other entry point).
 //! - [`ops`]: composite calls built from collectives (coalesced, axis, local copies).
-//! - [`comm`]: communicators, rendezvous, wire-up, groups.
+//! - [`comm`]: communicators, rendezvous, connecting the ranks, groups.
 //! - [`backend`]: executes collectives (the router, host, device and NCCL backends).
 //! - [`coll`]: what a call is: collective descriptors, validation, shape math.
 //! - [`transport`]: moves bytes between ranks (shared memory, in-process, TCP).

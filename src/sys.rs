@@ -1,6 +1,6 @@
 //! What the operating system says about this process: the CPUs it may run on, and
 //! whether another process still lives; and the memory mappings every allocator
-//! of ours makes the same way. Used by the launcher, the wire-up and the
+//! of ours makes the same way. Used by the launcher, the connecting of ranks and the
 //! transport's waits.
 
 /// How many CPUs this process may use (its affinity mask and CPU quota).

@@ -1,5 +1,5 @@
 //! The rendezvous point and communicator set-up under hostile and broken conditions
-//! (docs/robustness.md, "Rendezvous and set-up"). Tests speak the wire protocol where
+//! (docs/robustness.md, "Rendezvous and set-up"). Tests speak the rendezvous protocol where
 //! they play an attacker or a broken rank, and run real ranks (threads, or processes
 //! through ferroccl-run or this binary) where they check what users see. Timing
 //! assertions are upper bounds only: "fails within timeout * 1.1 + a constant".
@@ -605,7 +605,7 @@ fn a_wrong_world_size_fails_every_rank_at_once() {
     eprintln!("wrong world size: every rank failed {:?} after it arrived (timeout 20 s)", t0.elapsed());
 }
 
-/// A hand-played rank 2 of 3 on `host` that joins and completes round 0 (a wire-up
+/// A hand-played rank 2 of 3 on `host` that joins and completes round 0 (a connection
 /// description: host, pid, CPUs: any).
 fn rank_2_through_round_0(id: &UniqueId, host: u64) -> Raw {
     let mut r = Raw::connect(id.addr().unwrap());

@@ -60,7 +60,7 @@ LAYERS = [
     # Composite calls built from collectives: coalesced, axis, local copies. Above
     # comm: each runs collectives on the communicator it is given.
     ["ops"],
-    # Communicators: lifecycle, bootstrap, wire-up, groups, the progress thread.
+    # Communicators: lifecycle, bootstrap, connecting the ranks, groups, the progress thread.
     ["comm"],
     # Executing collectives: the router, the host, device and NCCL backends.
     ["backend"],

@@ -25,7 +25,7 @@ pub enum Source {
 }
 
 impl Source {
-    /// The byte that stands for this source on the wire.
+    /// The byte that stands for this source in an encoded address.
     pub fn code(self) -> u8 {
         match self {
             Source::HostAddr => 1,
@@ -36,7 +36,7 @@ impl Source {
         }
     }
 
-    /// The source a wire byte stands for (an unknown byte reads as the route).
+    /// The source a byte from an encoded address stands for (an unknown byte reads as the route).
     pub fn from_code(b: u8) -> Source {
         match b {
             1 => Source::HostAddr,
@@ -256,7 +256,7 @@ mod tests {
     }
 
     #[test]
-    fn sources_survive_the_wire() {
+    fn sources_survive_encoding() {
         for s in [Source::HostAddr, Source::Ifname, Source::Route, Source::FirstInterface, Source::Loopback] {
             assert_eq!(Source::from_code(s.code()), s);
         }

@@ -5,7 +5,7 @@
 //! carries its address and the job's 32-byte key. Ranks connect, prove they hold the
 //! key, and then run "rounds": each rank sends a blob, and once every rank's blob for
 //! that round is in, each gets all of them. Communicator set-up is a few rounds
-//! (wire-up, then devices). The point is built to face hostile networks: see
+//! (connecting the ranks, then devices). The point is built to face hostile networks: see
 //! docs/robustness.md, "Rendezvous and set-up".
 //!
 //! Protocol (every frame is a little-endian u32 length, then that many bytes):
@@ -23,16 +23,16 @@
 //! 5. `u32::MAX` as the round number: this rank is done (BYE).
 
 mod client;
+mod protocol;
 mod server;
 pub(crate) mod sha256;
-mod wire;
 
 use crate::error::{Error, Result};
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr, TcpListener};
 
 pub use client::Client;
+pub use protocol::{decode_round, frame, read_frame, Challenge, Hello};
 pub use server::{Server, ServerOptions};
-pub use wire::{decode_round, frame, read_frame, Challenge, Hello};
 
 /// Size of `fcclUniqueId`.
 pub(crate) const UNIQUE_ID_BYTES: usize = 128;
@@ -369,9 +369,9 @@ pub fn random_u64() -> Result<u64> {
     Ok(u64::from_le_bytes(s[0..8].try_into().expect("8 bytes")))
 }
 
-/// This host's id as hellos and wire-up descriptions carry it (hostname and boot id, hashed).
+/// This host's id as hellos and the descriptions of connecting the ranks carry it (hostname and boot id, hashed).
 pub fn host_id() -> u64 {
-    super::wireup::host_id()
+    super::connect::host_id()
 }
 
 /// The address fcclGetUniqueId's rendezvous point listens on and puts in the id:

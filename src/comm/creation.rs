@@ -1,5 +1,5 @@
 //! Communicators created in the background (a non-blocking fcclCommInitRankConfig or
-//! fcclCommSplit): the caller gets its handles at once, the rendezvous and wire-up run
+//! fcclCommSplit): the caller gets its handles at once, the rendezvous and the ranks' connection run
 //! elsewhere, and each handle takes its communicator once it is ready.
 
 use super::Comm;
@@ -61,7 +61,7 @@ impl Creation {
     pub fn start(self: &Arc<Self>, make: impl FnOnce() -> Result<Vec<Comm>> + Send + 'static) -> Result<()> {
         let me = Arc::clone(self);
         let spawned = std::thread::Builder::new().name("ferroccl-init".into()).spawn(move || {
-            // The rendezvous and wire-up on this thread watch the creation's cancellation.
+            // The rendezvous and the ranks' connection on this thread watch the creation's cancellation.
             CURRENT.with(|c| *c.borrow_mut() = Some(Arc::clone(&me.cancel)));
             // A panic must not leave the handles pending for ever.
             let res = std::panic::catch_unwind(std::panic::AssertUnwindSafe(make))

@@ -2,6 +2,7 @@
 
 pub mod addr;
 pub mod bootstrap;
+mod connect;
 pub mod creation;
 pub mod device;
 pub mod from_env;
@@ -9,7 +10,6 @@ pub mod group;
 pub mod pmix;
 pub mod progress;
 pub mod torchstore;
-mod wireup;
 
 use crate::backend::builtin::Builtin;
 use crate::backend::ipc::{self, Ipc};
@@ -108,7 +108,7 @@ pub struct Comm {
     told_staged: AtomicBool,
     /// Device memory the coalesced calls pack their buckets into, reused call after call.
     pub buckets: Mutex<cuda::Arena>,
-    /// The local address of the connection to the rendezvous point, for splits' wire-up.
+    /// The local address of the connection to the rendezvous point, for connecting the ranks of splits.
     route: Option<std::net::IpAddr>,
 }
 
@@ -190,10 +190,10 @@ impl Comm {
         // Whatever ends this set-up early, the names of ranks that died in it go too.
         let sweep = crate::transport::shm::SweepOnFailure::new(format!("{nonce:016x}"));
         let route = client.local_ip();
-        let wired = wireup::connect(rank, nranks, &format!("{nonce:016x}"), nonce, deadline, route, &mut |blob| {
+        let connected = connect::ranks(rank, nranks, &format!("{nonce:016x}"), nonce, deadline, route, &mut |blob| {
             client.allgather(blob, deadline)
         });
-        let transport = match wired {
+        let transport = match connected {
             Ok(t) => t,
             Err(e) => {
                 // The others learn why at once (this rank's process may serve the point).
@@ -202,7 +202,7 @@ impl Comm {
             }
         };
         // One more round: every rank's device, so all choose the same backend.
-        let me = device::RankInfo::local(wireup::host_id(), opts.device);
+        let me = device::RankInfo::local(connect::host_id(), opts.device);
         let blobs = client.allgather(&me.encode(), deadline)?;
         // No rank has CUDA (the common case): nothing to decide, nothing to decode.
         let all: Vec<device::RankInfo> = if req != Backend::Nccl && blobs.iter().all(|b| !device::RankInfo::has_cuda(b))
@@ -281,7 +281,7 @@ impl Comm {
             return Err(Error::invalid_arg("ndev is 0; create at least one rank"));
         }
         let req = device::requested(&opts)?;
-        let host = wireup::host_id();
+        let host = connect::host_id();
         let infos: Vec<device::RankInfo> = match devs {
             None => {
                 (0..n).map(|_| device::RankInfo { device: -1, ..device::RankInfo::local(host, Some(-1)) }).collect()
@@ -533,13 +533,13 @@ impl Comm {
         members.sort_by_key(|&r| (ck(r).1, r));
         // Wiring rounds run over this communicator; non-members take part and leave.
         let mut rounds = |blob: &[u8]| -> Result<Vec<Vec<u8>>> {
-            let mut padded = vec![0u8; wireup::BLOB_BYTES];
+            let mut padded = vec![0u8; connect::BLOB_BYTES];
             padded[..blob.len()].copy_from_slice(blob);
             let all = self.allgather_bytes(&padded)?;
-            Ok(members.iter().map(|&r| all[r * wireup::BLOB_BYTES..(r + 1) * wireup::BLOB_BYTES].to_vec()).collect())
+            Ok(members.iter().map(|&r| all[r * connect::BLOB_BYTES..(r + 1) * connect::BLOB_BYTES].to_vec()).collect())
         };
         if color < 0 {
-            for _ in 0..wireup::ROUNDS {
+            for _ in 0..connect::ROUNDS {
                 rounds(&[])?;
             }
             return Ok(None);
@@ -548,7 +548,7 @@ impl Comm {
         let nonce = self.nonce ^ (k + 1).wrapping_mul(0x9e37_79b9_7f4a_7c15) ^ (color as u64).rotate_left(32);
         let name = format!("{:016x}-s{k}-c{color}", self.nonce);
         let sweep = crate::transport::shm::SweepOnFailure::new(name.clone());
-        let t = wireup::connect(new_rank, members.len(), &name, nonce, deadline, self.route, &mut rounds)?;
+        let t = connect::ranks(new_rank, members.len(), &name, nonce, deadline, self.route, &mut rounds)?;
         sweep.disarm();
         let mut opts = opts;
         if opts.name.is_empty() && !self.opts.name.is_empty() {

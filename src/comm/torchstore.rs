@@ -2,7 +2,7 @@
 //! to the other ranks through the store that torchrun's agent serves on MASTER_PORT
 //! (TORCHELASTIC_USE_AGENT_STORE=True), where rank 0 cannot listen itself.
 //!
-//! The wire format is TCPStore's (torch/csrc/distributed/c10d/TCPStore.cpp and
+//! The message format is TCPStore's (torch/csrc/distributed/c10d/TCPStore.cpp and
 //! TCPStoreLibUvBackend.cpp): a command byte, then strings and values as a u64 length
 //! and bytes, integers in the host's byte order (as torch writes them). A client first
 //! sends VALIDATE with torch's magic number; SET has no reply; WAIT replies one byte

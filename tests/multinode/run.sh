@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Cross-host tests on one Linux machine: each "host" is a network namespace plus a UTS
-# namespace with its own hostname, wired to the others through veth pairs on a bridge
+# namespace with its own hostname, linked to the others through veth pairs on a bridge
 # that sits in a namespace of its own. Ranks start with an empty environment (env -i)
 # plus FERROCCL_RANK, FERROCCL_WORLD_SIZE, FERROCCL_ROOT_ADDR and FERROCCL_SECRET (and
 # the contract tests' FERROCCL_DEBUG=INFO and FERROCCL_TIMEOUT_MS). Cases: the C
@@ -232,10 +232,10 @@ contract_case() {
       bad+=" rank $r exit ${rc[r]}${hung[r]:+ (hung: killed after ${proc_timeout} s)};"
       continue
     fi
-    # The first communicator's wire-up: PER_HOST ranks on this host (shared memory),
+    # How the first communicator connected its ranks: PER_HOST ranks on this host (shared memory),
     # the rest elsewhere (TCP). Anything else means hosts were not told apart.
     got=$(grep -m1 -oE "Info: rank $r: [0-9]+ ranks on this host" "$dir/rank$r.log" | awk '{print $4}')
-    [ "$got" = "$ph" ] || bad+=" rank $r saw ${got:-no wire-up log of} ranks on its host, not $ph;"
+    [ "$got" = "$ph" ] || bad+=" rank $r saw ${got:-no connection log of} ranks on its host, not $ph;"
     # ...and it gave the peers on other hosts its host's address on the bridge.
     got=$(grep -m1 -oE "peers on other hosts reach this rank at [^ ]+" "$dir/rank$r.log" | awk '{print $NF}')
     [ "$got" = "${addr[r / ph]}" ] || bad+=" rank $r advertised ${got:-nothing}, not ${addr[r / ph]};"

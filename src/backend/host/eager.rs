@@ -14,11 +14,11 @@
 //! has arrived from a peer is released together.
 
 use super::engine::{self, Idle, RunCtl};
-use super::plan;
-use super::wire::{
+use super::msg::{
     gather, header, pad8, parse_header, HDR, K_DATA, K_DIRECT, K_P2P_DATA, K_P2P_DIRECT, K_P2P_EAGER, K_P2P_HDR,
     K_P2P_REPLY, K_SKIP,
 };
+use super::plan;
 use crate::coll::counts::{p2p_mismatch, P2pCall};
 use crate::coll::Call;
 use crate::coll::CollKind;
@@ -454,7 +454,7 @@ fn take(
 #[cfg(test)]
 mod tests {
     use super::super::engine::{self, RunCtl, Schedule, Sink};
-    use super::super::wire::{header, parse_header, HDR, K_P2P_EAGER, K_P2P_REPLY, K_SKIP};
+    use super::super::msg::{header, parse_header, HDR, K_P2P_EAGER, K_P2P_REPLY, K_SKIP};
     use super::super::{execute, Call};
     use crate::coll::{Coll, CollKind};
     use crate::error::{Code, Error};

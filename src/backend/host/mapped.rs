@@ -24,8 +24,8 @@
 //!
 //! Every rank gets the same bits: each element is reduced once, in rank order.
 
+use super::msg::{decode_desc, encode_desc, DESC};
 use super::plan;
-use super::wire::{decode_desc, encode_desc, DESC};
 use crate::coll::Call;
 use crate::coll::CollKind;
 use crate::error::{Error, Result};

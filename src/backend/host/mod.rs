@@ -10,9 +10,9 @@ pub mod eager;
 pub mod engine;
 pub mod fingerprint;
 pub mod mapped;
+pub mod msg;
 pub mod plan;
 pub mod reuse;
-pub mod wire;
 
 use super::{Exec, Outcome};
 use crate::backend::Algo;

@@ -134,8 +134,8 @@ impl Nccl {
         let a = self.api;
         let (s, r) = (c.send as *const c_void, c.recv as *mut c_void);
         // Moving fp8 is moving bytes: NCCL refuses fp8 before sm90, but never uint8.
-        let wire_type = nccl_type(c.kind, c.dtype);
-        let (n, dt, op, root) = (c.count, wire_type as c_int, c.op as c_int, c.root as c_int);
+        let moved_type = nccl_type(c.kind, c.dtype);
+        let (n, dt, op, root) = (c.count, moved_type as c_int, c.op as c_int, c.root as c_int);
         let st = c.stream.as_ptr();
         let comm = self.comm;
         let es = c.dtype.size();

@@ -1,6 +1,6 @@
 //! A rank's side of the rendezvous: connect, prove the key, run rounds, say BYE.
 
-use super::wire::{check_ranks, ct_eq, frame, ms, read_frame_by, text, welcome_mac, write_all_by, ReadErr};
+use super::protocol::{check_ranks, ct_eq, frame, ms, read_frame_by, text, welcome_mac, write_all_by, ReadErr};
 use super::{
     Challenge, Hello, UniqueId, BYE_ROUND, FAIL_ROUND, MAX_CLIENT_FRAME, MAX_SERVER_FRAME, MAX_TEXT, ST_FAILED, ST_OK,
     ST_TIMEOUT, WELCOME_BYTES,

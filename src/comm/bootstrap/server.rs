@@ -11,7 +11,7 @@
 mod conn;
 mod session;
 
-use super::wire::ms;
+use super::protocol::ms;
 use super::*;
 use crate::log;
 use std::collections::VecDeque;
@@ -348,7 +348,7 @@ impl Loop {
         let max_pending = if opts.max_pending > 0 { opts.max_pending } else { (fd_soft_limit() / 4).clamp(16, 1024) };
         Ok(Loop {
             local: listener.local_addr()?,
-            host: super::super::wireup::host_id(),
+            host: super::super::connect::host_id(),
             listener: Some(listener),
             paused_until: None,
             job_id: job_id(&key.key),

@@ -2,7 +2,7 @@
 //! the stream: decided alike when a send starts and when a receiver's count arrives.
 //! See docs/design/host.md, "The engine".
 
-use super::super::wire::{encode_desc, DESC};
+use super::super::msg::{encode_desc, DESC};
 use super::inplace::InPlace;
 use super::schedule::{Action, Schedule};
 use crate::backend::host::plan::{self, Plan};

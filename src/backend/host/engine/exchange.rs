@@ -1,18 +1,18 @@
 //! Exchanges of two equal blocks, one in each of two ranks' buffers: swapped
 //! (in-place all_to_all, an fcclSend/fcclRecv pair over one buffer) or both set to
 //! their reduction (2-rank all_reduce), piece by piece by both ranks, each byte read
-//! once and written once. Each rank offers its block in a [`K_SWAP`](super::wire::K_SWAP) message; when
+//! once and written once. Each rank offers its block in a [`K_SWAP`](super::msg::K_SWAP) message; when
 //! both can, one of them publishes its block as for a split copy. See
 //! docs/design/host.md, "Exchanges between two buffers".
 //!
-//! [`K_SWAP`]: super::wire::K_SWAP
+//! [`K_SWAP`]: super::msg::K_SWAP
 
 use crate::mem::{copy, reduce};
 use crate::transport::Link;
 use crate::types::{DataType, RedOp};
 
 /// What a pair of ranks does to a pair of equal blocks, one in each rank's buffer,
-/// piece by piece (see [`K_SWAP`](super::wire::K_SWAP)).
+/// piece by piece (see [`K_SWAP`](super::msg::K_SWAP)).
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub enum Exchange {
     /// Each block takes the other's contents (in-place all_to_all).
@@ -94,7 +94,7 @@ impl Exchange {
 
 /// One rank's side of an exchange between the ranks' buffers: `how` on `len`
 /// bytes at `at` (from the input at `src`, `at` itself in place) with the peer's
-/// block (see [`K_SWAP`](super::wire::K_SWAP)).
+/// block (see [`K_SWAP`](super::msg::K_SWAP)).
 #[derive(Clone, Copy)]
 pub struct Offer {
     pub(super) peer: usize,

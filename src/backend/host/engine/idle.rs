@@ -1,7 +1,7 @@
 //! How a run waits when a poll found nothing to do, and what a timed-out run says
 //! it waited for. See docs/design/host.md, "Waiting".
 
-use super::super::wire::HDR;
+use super::super::msg::HDR;
 use super::schedule::Schedule;
 use super::state::Peer;
 use crate::error::{Error, Result};

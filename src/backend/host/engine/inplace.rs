@@ -30,7 +30,7 @@ use crate::transport::Transport;
 /// that send's payload is copied aside when the run starts instead.
 ///
 /// The k-th send to a peer and the k-th receive from it over the same bytes, large
-/// and swappable here, are offered as an exchange in place ([`K_P2P_SWAP`](super::wire::K_P2P_SWAP)).
+/// and swappable here, are offered as an exchange in place ([`K_P2P_SWAP`](super::msg::K_P2P_SWAP)).
 ///
 /// Finding the overlaps costs O(K log K + G) for K sends and receives with G
 /// overlapping pairs: the buffers are sorted by address, and each pair is found

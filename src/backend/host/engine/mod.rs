@@ -33,7 +33,7 @@ mod tx;
 #[cfg(test)]
 mod tests;
 
-pub use super::wire::ANY_TAG;
+pub use super::msg::ANY_TAG;
 pub use direct::goes_direct_to_all;
 pub use exchange::Exchange;
 pub use idle::{waiting_message, Idle, RunCtl, Waits};

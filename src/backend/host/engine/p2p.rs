@@ -6,9 +6,9 @@
 //! offer when both ranks exchange in place. See docs/design/host.md, "Send and
 //! receive".
 
-use super::super::wire::{encode_desc, K_P2P_DATA, K_P2P_DIRECT, K_P2P_SWAP};
+use super::super::msg::{encode_desc, K_P2P_DATA, K_P2P_DIRECT, K_P2P_SWAP};
 #[cfg(doc)]
-use super::super::wire::{K_P2P_EAGER, K_P2P_REPLY};
+use super::super::msg::{K_P2P_EAGER, K_P2P_REPLY};
 use super::direct::{p2p_direct, p2p_eager};
 use super::run::Run;
 use super::schedule::Action;

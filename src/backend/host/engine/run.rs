@@ -6,7 +6,7 @@
 //! moves at most `Plan::piece` bytes, so every peer and copy progresses together.
 //! See docs/design/host.md, "The engine".
 
-use super::super::wire::K_P2P_REPLY;
+use super::super::msg::K_P2P_REPLY;
 use super::exchange::{swap_capable, Offer};
 use super::idle::{describe_waiting, Idle, RunCtl};
 use super::inplace::InPlace;

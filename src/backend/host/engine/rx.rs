@@ -3,7 +3,7 @@
 //! stream, or, for a direct message, out of the sender's buffer, piece by piece.
 //! See docs/design/host.md, "The engine".
 
-use super::super::wire::{
+use super::super::msg::{
     decode_desc, gather, pad8, parse_header, ANY_TAG, DESC, FLAG, HDR, K_DATA, K_DIRECT, K_P2P_DATA, K_P2P_DIRECT,
     K_P2P_EAGER, K_P2P_HDR, K_P2P_REPLY, K_P2P_SWAP, K_SKIP, K_SWAP,
 };

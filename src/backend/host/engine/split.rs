@@ -101,7 +101,7 @@ impl Run<'_, '_> {
 
 /// Copies `k` bytes of a direct message at payload offset `off` (read from
 /// `from + off`) to the sender's own destination `tee`, if the sender left it to
-/// the pieces (see [`K_DIRECT`](super::wire::K_DIRECT)); with streaming stores where the sink streams.
+/// the pieces (see [`K_DIRECT`](super::msg::K_DIRECT)); with streaming stores where the sink streams.
 ///
 /// # Safety
 /// `from + off` holds the k bytes; `tee` is the sender's destination, mapped here

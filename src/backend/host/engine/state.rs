@@ -3,7 +3,7 @@
 //! peer's reads. Kept between runs (their memory, and the store choice per peer),
 //! emptied at the start of each.
 
-use super::super::wire::{DESC, HDR, K_DIRECT, K_P2P_DIRECT, K_P2P_SWAP, K_SKIP, K_SWAP};
+use super::super::msg::{DESC, HDR, K_DIRECT, K_P2P_DIRECT, K_P2P_SWAP, K_SKIP, K_SWAP};
 use super::exchange::{Exchange, PeerInput, Side};
 use super::schedule::Sink;
 use crate::backend::host::plan::Plan;
@@ -33,7 +33,7 @@ pub(super) struct Tx {
     /// A direct message: done once the peer reports it read (else once written: a
     /// swap offer on a link without read reports, which can never lead to a swap).
     pub(super) awaits_read: bool,
-    /// The header's flag byte (see `wire::FLAG`).
+    /// The header's flag byte (see `msg::FLAG`).
     pub(super) flag: u8,
     /// The fcclSend step whose payload this is, when a receive of the run waits
     /// for it to leave its buffer (`inplace::InPlace`): its progress is recorded there.

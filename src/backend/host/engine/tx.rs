@@ -2,7 +2,7 @@
 //! piece, and the direct messages waiting for the peer's reads (which this rank
 //! helps copy once nothing else is left). See docs/design/host.md, "The engine".
 
-use super::super::wire::{
+use super::super::msg::{
     encode_desc, header, pad8, DESC, FLAG, HDR, K_DATA, K_DIRECT, K_P2P_EAGER, K_P2P_HDR, K_P2P_SWAP, K_SKIP, K_SWAP,
 };
 use super::direct::{direct_desc, p2p_eager, p2p_rendezvous};

@@ -2,7 +2,7 @@
 //! and reading each connection's frames according to its state.
 
 use super::*;
-use crate::comm::bootstrap::wire::frame;
+use crate::comm::bootstrap::protocol::frame;
 use std::io::Write;
 
 impl Loop {

@@ -2,7 +2,7 @@
 //! completing rounds, and failing a set-up at once for every rank.
 
 use super::*;
-use crate::comm::bootstrap::wire::{decode_round, frame, text, welcome};
+use crate::comm::bootstrap::protocol::{decode_round, frame, text, welcome};
 
 impl Loop {
     pub(super) fn warn(&mut self, msg: &str) {

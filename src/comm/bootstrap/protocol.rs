@@ -1,4 +1,4 @@
-//! The rendezvous protocol on the wire: framing with deadlines, and the handshake's
+//! The rendezvous protocol's bytes: framing with deadlines, and the handshake's
 //! messages (challenge, hello, welcome, round requests). The protocol itself is
 //! described in the parent module.
 

@@ -1,4 +1,4 @@
-//! The wire format of the host links: what the engine, the eager path (`eager`) and
+//! The message format of the host links: what the engine, the eager path (`eager`) and
 //! the mapped path's descriptors (`mapped`) write into a peer's stream and read out of it.
 //!
 //! Every message is a 16-byte header (its kind, a flag byte, the tag of the call it

@@ -21,7 +21,7 @@ use std::os::fd::AsRawFd;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-/// Rounds of allgather that [`connect`] performs.
+/// Rounds of allgather that [`ranks`] performs.
 pub(crate) const ROUNDS: usize = 3;
 /// Size of a rank's description in round one.
 pub(crate) const BLOB_BYTES: usize = 64;
@@ -174,9 +174,9 @@ fn open_port(nranks: usize, route: Option<IpAddr>, other_hosts: bool) -> Result<
     Ok((listener, Remote { addr: SocketAddr::new(adv, port), source, host: hostname() }))
 }
 
-/// Wires up rank `rank` of `nranks`. `name` (unique per communicator) names the
+/// Connects rank `rank` of `nranks`. `name` (unique per communicator) names the
 /// shared-memory segments; `nonce` authenticates TCP connections between ranks.
-pub fn connect(
+pub fn ranks(
     rank: usize,
     nranks: usize,
     name: &str,
@@ -193,7 +193,10 @@ pub fn connect(
     // Round 1: who is where.
     let infos: Vec<Info> = allgather(&me.encode())?.iter().map(|b| Info::decode(b)).collect::<Result<_>>()?;
     if infos.len() != nranks {
-        return Err(Error::internal(format!("wire-up got {} descriptions for {nranks} ranks", infos.len())));
+        return Err(Error::internal(format!(
+            "connecting the ranks got {} descriptions for {nranks} ranks",
+            infos.len()
+        )));
     }
     let local: Vec<bool> = infos.iter().map(|i| i.host == me.host).collect();
     let any_local_peer = (0..nranks).any(|p| p != rank && local[p]);
