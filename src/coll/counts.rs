@@ -124,7 +124,7 @@ pub struct P2pCall {
 impl P2pCall {
     /// The fcclSend or fcclRecv `co`.
     pub fn of(co: &Coll) -> P2pCall {
-        P2pCall { send: co.kind == CollKind::Send, count: co.count, dtype: co.dtype, peer: co.root }
+        P2pCall { send: co.kind == CollKind::Send, count: co.count, dtype: co.dtype, peer: co.peer }
     }
 }
 

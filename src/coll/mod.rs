@@ -149,8 +149,10 @@ pub struct Coll {
     pub count: usize,
     pub dtype: DataType,
     pub op: RedOp,
-    /// Root, or the peer of a send/recv.
+    /// The root of a rooted collective (broadcast, reduce, gather, scatter).
     pub root: usize,
+    /// The rank a send goes to or a receive comes from.
+    pub peer: usize,
     pub v: Option<VCounts>,
     /// all_gather along an axis: each rank's buffer is `outer` blocks of `block`
     /// elements, and rank p's block j lands at element (j * nranks + p) * block;
@@ -192,6 +194,7 @@ impl Coll {
             dtype,
             op: RedOp::Sum,
             root: 0,
+            peer: 0,
             v: None,
             strided: None,
             wire: None,
@@ -252,10 +255,10 @@ impl Coll {
                 nranks - 1
             )));
         }
-        if k.is_p2p() && self.root >= nranks {
+        if k.is_p2p() && self.peer >= nranks {
             return Err(Error::invalid_arg(format!(
                 "peer {} out of range for a communicator of {nranks} ranks (valid: 0..{})",
-                self.root,
+                self.peer,
                 nranks - 1
             )));
         }
@@ -502,6 +505,23 @@ mod tests {
     fn c(kind: CollKind, count: usize) -> Coll {
         let mut b = [0u8; 64];
         Coll::new(kind, b.as_ptr(), b.as_mut_ptr(), count, DataType::Float32)
+    }
+
+    #[test]
+    fn a_send_or_recv_is_checked_by_its_peer_not_the_root() {
+        for kind in [CollKind::Send, CollKind::Recv] {
+            let mut x = c(kind, 4);
+            x.peer = 5;
+            let e = x.validate(0, 4).unwrap_err();
+            assert!(e.msg.contains("peer 5 out of range for a communicator of 4 ranks"), "{}", e.msg);
+            x.peer = 3;
+            x.root = 9;
+            assert!(x.validate(0, 4).is_ok(), "{kind:?}: the root plays no part in a send or recv");
+            // The root of a rooted collective is not its peer either.
+            let mut b = c(CollKind::Broadcast, 4);
+            b.peer = 9;
+            assert!(b.validate(0, 4).is_ok());
+        }
     }
 
     #[test]

@@ -250,7 +250,7 @@ pub unsafe extern "C" fn fcclSend(
     call("fcclSend", || {
         submit(comm, stream, |cm| {
             let mut c = Coll::new(CollKind::Send, sendbuff as _, std::ptr::null_mut(), count, dtype(datatype)?);
-            c.root = rank_arg(peer, "peer", cm)?;
+            c.peer = rank_arg(peer, "peer", cm)?;
             Ok(c)
         })
     })
@@ -277,7 +277,7 @@ pub unsafe extern "C" fn fcclRecv(
     call("fcclRecv", || {
         submit(comm, stream, |cm| {
             let mut c = Coll::new(CollKind::Recv, std::ptr::null(), recvbuff as _, count, dtype(datatype)?);
-            c.root = rank_arg(peer, "peer", cm)?;
+            c.peer = rank_arg(peer, "peer", cm)?;
             Ok(c)
         })
     })

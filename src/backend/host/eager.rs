@@ -39,7 +39,7 @@ pub fn eligible(rank: usize, calls: &[Call]) -> bool {
         && calls.len() <= MAX_CALLS
         && calls.iter().all(|c| {
             let co = &c.coll;
-            co.kind.is_p2p() && co.root != rank && co.count.checked_mul(co.dtype.size()).is_some_and(|b| b < direct_min)
+            co.kind.is_p2p() && co.peer != rank && co.count.checked_mul(co.dtype.size()).is_some_and(|b| b < direct_min)
         })
 }
 
@@ -133,7 +133,7 @@ fn run_with(t: &mut Transport, calls: &[Call], ctl: &RunCtl<'_>, slots: &mut Vec
         if c.coll.is_noop() {
             continue;
         }
-        let peer = c.coll.root;
+        let peer = c.coll.peer;
         let k = match slots.iter().position(|s| s.peer == peer) {
             Some(k) => k,
             None => {
@@ -465,7 +465,7 @@ mod tests {
 
     fn p2p(kind: CollKind, buf: *mut u8, bytes: usize, peer: usize) -> Call {
         let mut c = Coll::new(kind, buf, buf, bytes, DataType::Uint8);
-        c.root = peer;
+        c.peer = peer;
         Call { coll: c, seq: 0 }
     }
 

@@ -108,7 +108,7 @@ fn run(x: &mut Exec<'_>, calls: &[Call]) -> Result<Option<Error>> {
             continue;
         }
         let co = &c.coll;
-        if co.kind.is_p2p() && co.root == t.rank {
+        if co.kind.is_p2p() && co.peer == t.rank {
             if co.kind == CollKind::Send {
                 self_sends.push(co)
             } else {

@@ -180,12 +180,12 @@ impl Ipc {
         inner.next_recv.resize(self.nranks, 0);
         for call in calls {
             let c = &call.coll;
-            if c.root == me {
+            if c.peer == me {
                 run.selfs.push(c);
                 continue;
             }
             let send = c.kind == CollKind::Send;
-            let next = if send { &mut inner.next_send[c.root] } else { &mut inner.next_recv[c.root] };
+            let next = if send { &mut inner.next_send[c.peer] } else { &mut inner.next_recv[c.peer] };
             let slot = *next;
             *next += 1;
             let ctx = self.ctx_of(c)?;
@@ -195,7 +195,7 @@ impl Ipc {
             let side = if captured {
                 Err(Fallback::new("its stream is being captured into a CUDA graph", ""))
             } else {
-                self.p2p_side(c, c.root, ctx, inner)
+                self.p2p_side(c, c.peer, ctx, inner)
             };
             if send && side.is_ok() && self.synced {
                 // Ranks that share a process copy from this buffer whenever they see the
@@ -210,7 +210,7 @@ impl Ipc {
             let rec = SendRec { bytes: bytes as u64, ..rec };
             run.ops.push(Op {
                 c,
-                peer: c.root,
+                peer: c.peer,
                 send,
                 slot,
                 bytes,
@@ -642,7 +642,7 @@ fn stream_captured(c: &Coll) -> Result<bool> {
 /// "fcclSend of 37 x float32 to rank 1", for messages.
 fn describe(c: &Coll) -> String {
     let (name, dir) = if c.kind == CollKind::Send { ("fcclSend", "to") } else { ("fcclRecv", "from") };
-    format!("{name} of {} x {} {dir} rank {}", c.count, c.dtype, c.root)
+    format!("{name} of {} x {} {dir} rank {}", c.count, c.dtype, c.peer)
 }
 
 fn algo_of(run: &Run<'_>) -> Algo {

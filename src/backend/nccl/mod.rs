@@ -135,7 +135,7 @@ impl Nccl {
         let (s, r) = (c.send as *const c_void, c.recv as *mut c_void);
         // Moving fp8 is moving bytes: NCCL refuses fp8 before sm90, but never uint8.
         let moved_type = nccl_type(c.kind, c.dtype);
-        let (n, dt, op, root) = (c.count, moved_type as c_int, c.op as c_int, c.root as c_int);
+        let (n, dt, op, root, peer) = (c.count, moved_type as c_int, c.op as c_int, c.root as c_int, c.peer as c_int);
         let st = c.stream.as_ptr();
         let comm = self.comm;
         let es = c.dtype.size();
@@ -148,8 +148,8 @@ impl Nccl {
                 CollKind::Reduce => (a.reduce)(s, r, n, dt, op, root, comm, st),
                 CollKind::Broadcast => (a.broadcast)(s, r, n, dt, root, comm, st),
                 CollKind::AllGather => (a.all_gather)(s, r, n, dt, comm, st),
-                CollKind::Send => (a.send)(s as *mut c_void, n, dt, root, comm, st),
-                CollKind::Recv => (a.recv)(r, n, dt, root, comm, st),
+                CollKind::Send => (a.send)(s as *mut c_void, n, dt, peer, comm, st),
+                CollKind::Recv => (a.recv)(r, n, dt, peer, comm, st),
                 CollKind::AlltoAll => match a.all_to_all {
                     Some(f) => f(s, r, n, dt, comm, st),
                     None => {

@@ -10,9 +10,9 @@ use crate::error::Result;
 pub(super) fn build(s: &mut Schedule<'_>, cx: &Cx<'_>) -> Result<()> {
     let co = cx.co;
     if co.kind == CollKind::Send {
-        s.p2p_send(co.root, cx.send, cx.bytes, P2pCall::of(co));
+        s.p2p_send(co.peer, cx.send, cx.bytes, P2pCall::of(co));
     } else {
-        s.p2p_recv(co.root, cx.recv, cx.bytes, P2pCall::of(co));
+        s.p2p_recv(co.peer, cx.recv, cx.bytes, P2pCall::of(co));
     }
     Ok(())
 }
