@@ -352,6 +352,9 @@ __device__ __forceinline__ unsigned char fccl_f32_to_f8e5m2(float x) { return fc
 /// its root's buffer once), in the largest unit that divides the group's addresses
 /// and length, and in 16-byte vectors between the first and last 16-byte boundaries
 /// where the source and every destination are at the same offset in 16 bytes.
+/// `fccl_swap_batch(pairs, n, failed)` exchanges, in block row `g`, the `len[g]` bytes
+/// at `a[g]` with those at `b[g]` (an all_to_all in place: each element read once and
+/// written once, no scratch).
 /// All do nothing when `failed` points at a non-zero word (null: never): the device
 /// path's copies between ranks' buffers are these kernels, not the driver's copies,
 /// so that work queued behind a failed communicator ends at once and reads no memory
@@ -463,6 +466,56 @@ extern "C" __global__ void fccl_copy_batch(struct fccl_batch b, unsigned int gro
     FCCL_FAN(unsigned short)
   } else {
     FCCL_FAN(unsigned char)
+  }
+}
+struct fccl_pairs {
+  unsigned char* a[FCCL_BATCH];
+  unsigned char* b[FCCL_BATCH];
+  unsigned long long len[FCCL_BATCH];
+};
+// Exchanges `len` bytes at `a` and `b` element by element, in units of U (and 16-byte
+// vectors between the boundaries when `vec`: both at the same offset in 16 bytes).
+#define FCCL_SWAP(U)                                                                                      \
+  {                                                                                                       \
+    unsigned long long head = vec ? (16u - ((unsigned long long)a & 15u)) % 16u : len;                    \
+    if (head > len) head = len;                                                                           \
+    const unsigned long long vecs = (len - head) / 16, tail = head + vecs * 16;                           \
+    for (unsigned long long i = at; i < vecs; i += stride) {                                              \
+      fccl_v16* x = (fccl_v16*)(a + head) + i;                                                            \
+      fccl_v16* y = (fccl_v16*)(b + head) + i;                                                            \
+      fccl_v16 t = *x;                                                                                    \
+      *x = *y;                                                                                            \
+      *y = t;                                                                                             \
+    }                                                                                                     \
+    const unsigned long long hu = head / sizeof(U), rest = hu + (len - tail) / sizeof(U);                 \
+    for (unsigned long long i = at; i < rest; i += stride) {                                              \
+      const unsigned long long o = i < hu ? i * sizeof(U) : tail + (i - hu) * sizeof(U);                 \
+      U t = *(U*)(a + o);                                                                                 \
+      *(U*)(a + o) = *(U*)(b + o);                                                                        \
+      *(U*)(b + o) = t;                                                                                   \
+    }                                                                                                     \
+  }
+extern "C" __global__ void fccl_swap_batch(struct fccl_pairs p, unsigned int pairs, const volatile unsigned int* failed) {
+  if (failed && *failed) return;
+  unsigned int g = blockIdx.y;
+  if (g >= pairs) return;
+  unsigned char* a = p.a[g];
+  unsigned char* b = p.b[g];
+  unsigned long long len = p.len[g];
+  unsigned long long all = (unsigned long long)a | (unsigned long long)b | len;
+  const bool vec = (((unsigned long long)a ^ (unsigned long long)b) & 15u) == 0;
+  unsigned long long stride = (unsigned long long)gridDim.x * blockDim.x;
+  unsigned long long at = (unsigned long long)blockIdx.x * blockDim.x + threadIdx.x;
+  if (all % 16 == 0) {
+    FCCL_SWAP(fccl_v16)
+  } else if (all % 8 == 0) {
+    FCCL_SWAP(unsigned long long)
+  } else if (all % 4 == 0) {
+    FCCL_SWAP(unsigned int)
+  } else if (all % 2 == 0) {
+    FCCL_SWAP(unsigned short)
+  } else {
+    FCCL_SWAP(unsigned char)
   }
 }
 "#;

@@ -354,13 +354,14 @@ pub unsafe fn launch(
     unsafe { launch_grid(f, &mut params, grid, stream, &r.entry_for(f.ranks)) }
 }
 
-/// The copy kernels (`fccl_copy`, `fccl_copy2d`, `fccl_copy_batch`) of context `ctx` on `device`, compiled
+/// The copy kernels (`fccl_copy`, `fccl_copy2d`, `fccl_copy_batch`, `fccl_swap_batch`) of context `ctx` on `device`, compiled
 /// and loaded at the first use in the context.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Copiers {
     copy: Function,
     copy2d: Function,
     batch: Function,
+    swap: Function,
 }
 
 static COPIERS: Mutex<Option<HashMap<Ctx, Copiers>>> = Mutex::new(None);
@@ -381,7 +382,12 @@ pub fn copiers(ctx: Ctx, device: i32) -> Result<Copiers> {
         cu_check(unsafe { cu::cuModuleGetFunction(&mut f, module, cname.as_ptr()) }, "cuModuleGetFunction")?;
         Ok(Function { f: f as usize, full, ranks: 0 })
     };
-    let c = Copiers { copy: get("fccl_copy")?, copy2d: get("fccl_copy2d")?, batch: get("fccl_copy_batch")? };
+    let c = Copiers {
+        copy: get("fccl_copy")?,
+        copy2d: get("fccl_copy2d")?,
+        batch: get("fccl_copy_batch")?,
+        swap: get("fccl_swap_batch")?,
+    };
     COPIERS.lock().unwrap_or_else(|p| p.into_inner()).get_or_insert_with(HashMap::new).insert(ctx, c);
     Ok(c)
 }
@@ -513,6 +519,34 @@ impl Copiers {
         unsafe { self.launch_table(&mut t, failed, stream) }
     }
 
+    /// Enqueues on `stream` the exchange of the bytes of every pair `(a, b, len)`: `len`
+    /// bytes at `a` and at `b` trade places, each byte read once and written once, in as
+    /// few launches as the table allows (one up to [`BATCH`] pairs). Nothing runs once
+    /// the word at `failed` (0: none) is non-zero.
+    ///
+    /// # Safety
+    /// Both ranges of every pair are valid device memory of the current context, and
+    /// `failed` is 0 or a device-readable word, until the stream has run the work; no
+    /// range overlaps another of the batch.
+    pub unsafe fn swap_batch(&self, pairs: &[(*mut u8, *mut u8, usize)], failed: u64, stream: Stream) -> Result<()> {
+        let pairs: Vec<_> = pairs.iter().filter(|p| p.2 > 0).collect();
+        for part in pairs.chunks(BATCH) {
+            let mut raw = RawPairs { a: [0; BATCH], b: [0; BATCH], len: [0; BATCH] };
+            for (g, &&(a, b, len)) in part.iter().enumerate() {
+                (raw.a[g], raw.b[g], raw.len[g]) = (a as u64, b as u64, len as u64);
+            }
+            let (mut n, mut fl) = (part.len() as u32, failed);
+            let most = part.iter().map(|p| p.2 / 16 + 1).max().unwrap_or(1);
+            let grid = [grid_x(most, part.len(), self.swap.full), part.len() as u32];
+            let mut params: [*mut c_void; 3] =
+                [(&mut raw as *mut RawPairs).cast(), (&mut n as *mut u32).cast(), (&mut fl as *mut u64).cast()];
+            // SAFETY: fccl_swap_batch takes (struct fccl_pairs, unsigned int, pointer), and
+            // RawPairs is struct fccl_pairs's layout; buffers per the caller.
+            unsafe { launch_grid(self.swap, &mut params, grid, stream, "fccl_swap_batch")? };
+        }
+        Ok(())
+    }
+
     /// Launches `t` (if it holds anything) and empties it.
     ///
     /// # Safety
@@ -549,6 +583,14 @@ struct RawTable {
     len: [u64; BATCH],
     dst: [u64; BATCH],
     first: [u16; BATCH + 1],
+}
+
+/// `struct fccl_pairs` of the copy program, as it travels in the kernel's arguments.
+#[repr(C)]
+struct RawPairs {
+    a: [u64; BATCH],
+    b: [u64; BATCH],
+    len: [u64; BATCH],
 }
 
 /// A batch being filled.
