@@ -19,8 +19,8 @@
  *   driver        driver calls on the busiest rank
  *   blocks        thread blocks of the launches' grids, all ranks together
  *
- * Held: traffic <= 1.05x the minimum and one launch per call (in-place all_to_all: two,
- * its senders go through scratch first; reduce_scatter_v: one per rank), 3n - 2 stream
+ * Held: traffic <= 1.05x the minimum (in-place all_to_all: 2(n-1)S, each rank's own
+ * block stays) and one launch per call (reduce_scatter_v: one per rank), 3n - 2 stream
  * memory operations (each other rank writes its ready and waits for done; the
  * executor waits for each ready and writes done); with FERROCCL_CUDA_MPS=1 (every rank
  * moves its share) one launch per rank and 2n^2 memory operations (each rank writes a
