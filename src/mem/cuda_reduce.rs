@@ -254,9 +254,16 @@ pub fn kernel_for(ctx: Ctx, device: i32, r: Reduction, inputs: usize) -> Result<
         return Ok(f);
     }
     let _g = cuda::CtxGuard::enter(ctx)?;
+    let f = function(module_of(ctx, device, r)?, &r.entry_for(ranks), device, ranks)?;
+    CACHE.lock().unwrap().get_or_insert_with(HashMap::new).insert((ctx, r, ranks), f);
+    Ok(f)
+}
+
+/// The loaded program of `r`'s group in `ctx` (current), compiled at its first use.
+fn module_of(ctx: Ctx, device: i32, r: Reduction) -> Result<cu::CUmodule> {
     let mkey = (ctx, r.dtype, r.wire.is_some());
     let known = MODULES.lock().unwrap().get_or_insert_with(HashMap::new).get(&mkey).copied();
-    let module = match known {
+    Ok(match known {
         Some(Module(m)) => m as cu::CUmodule,
         None => {
             if !r.supported() {
@@ -266,14 +273,80 @@ pub fn kernel_for(ctx: Ctx, device: i32, r: Reduction, inputs: usize) -> Result<
             MODULES.lock().unwrap().get_or_insert_with(HashMap::new).insert(mkey, Module(module as usize));
             module
         }
-    };
+    })
+}
+
+/// Kernel `name` of `module`.
+fn function(module: cu::CUmodule, name: &str, device: i32, ranks: usize) -> Result<Function> {
     let mut f: cu::CUfunction = std::ptr::null_mut();
-    let fname = CString::new(r.entry_for(ranks)).expect("no NUL");
+    let fname = CString::new(name).expect("no NUL");
     // SAFETY: a loaded module and a NUL-terminated name.
     cu_check(unsafe { cu::cuModuleGetFunction(&mut f, module, fname.as_ptr()) }, "cuModuleGetFunction")?;
-    let f = Function { f: f as usize, full: cuda::resident_blocks(device, THREADS)?, ranks };
-    CACHE.lock().unwrap().get_or_insert_with(HashMap::new).insert((ctx, r, ranks), f);
-    Ok(f)
+    Ok(Function { f: f as usize, full: cuda::resident_blocks(device, THREADS)?, ranks })
+}
+
+/// The scaling kernels: (context, data type) -> CUfunction.
+static SCALERS: Mutex<Option<HashMap<(Ctx, crate::types::DataType), Function>>> = Mutex::new(None);
+
+/// Where a PreMulSum scalar is when its kernel runs.
+#[derive(Clone, Copy, Debug)]
+pub enum Scalar {
+    /// One element, native byte order, in the low bytes.
+    Bits(u64),
+    /// One element in device memory of the kernel's context.
+    At(*const u8),
+}
+
+/// Enqueues on `stream` `out[i] = input[i] * scalar` for `count` elements of `dt` (the
+/// first half of PreMulSum; bit for bit the host's `reduce::pre_multiply`), in `ctx` on
+/// `device`; compiles the type's program at its first use.
+///
+/// # Safety
+/// `out` and `input` hold `count` elements of `dt` in device memory of `ctx`, and an
+/// `At` scalar one, until the stream has run the kernel; `out` is `input` or does not
+/// overlap it.
+#[allow(clippy::too_many_arguments)]
+pub unsafe fn scale(
+    ctx: Ctx,
+    device: i32,
+    dt: crate::types::DataType,
+    out: *mut u8,
+    input: *const u8,
+    count: usize,
+    scalar: Scalar,
+    stream: Stream,
+) -> Result<()> {
+    if count == 0 {
+        return Ok(());
+    }
+    nvrtc_ready()?;
+    let _g = cuda::CtxGuard::enter(ctx)?;
+    let known = SCALERS.lock().unwrap().get_or_insert_with(HashMap::new).get(&(ctx, dt)).copied();
+    let f = match known {
+        Some(f) => f,
+        None => {
+            let m = module_of(ctx, device, Reduction::new(dt, crate::types::RedOp::Sum))?;
+            let f = function(m, &crate::mem::cuda_kernels::scale_entry(dt), device, 0)?;
+            SCALERS.lock().unwrap().get_or_insert_with(HashMap::new).insert((ctx, dt), f);
+            f
+        }
+    };
+    let (sp, sbits) = match scalar {
+        Scalar::Bits(b) => (0u64, b),
+        Scalar::At(p) => (p as u64, 0),
+    };
+    let (mut o, mut i, mut c, mut sp, mut sb, mut fl) = (out as u64, input as u64, count as u64, sp, sbits, 0u64);
+    let mut params: [*mut c_void; 6] = [
+        (&mut o as *mut u64).cast(),
+        (&mut i as *mut u64).cast(),
+        (&mut c as *mut u64).cast(),
+        (&mut sp as *mut u64).cast(),
+        (&mut sb as *mut u64).cast(),
+        (&mut fl as *mut u64).cast(),
+    ];
+    // SAFETY: the scaling kernel takes (pointer, pointer, unsigned long long, pointer,
+    // unsigned long long, pointer); buffers per the caller.
+    unsafe { launch_grid(f, &mut params, [grid_x(count, 1, f.full), 1], stream, "fccl_scale") }
 }
 
 /// Launches `f` (from [`kernel`] or [`kernel_for`] for `r`; a specialised kernel takes

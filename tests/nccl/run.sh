@@ -202,13 +202,21 @@ if run "nccl_style.c: cc -I<prefix>/include/ferroccl -L<prefix>/lib/ferroccl -ln
     for spec in "2 2" "2 4" "1 4"; do
       set -- $spec
       log="$tmp/pd-$1-$2.log"
-      FERROCCL_SIM_DEVICES=$1 timeout 300 bash "$root/scripts/sim-gpu.sh" "$dexe" "$2" >"$log" 2>&1
+      FERROCCL_DEBUG=INFO FERROCCL_SIM_DEVICES=$1 timeout 300 bash "$root/scripts/sim-gpu.sh" "$dexe" "$2" >"$log" 2>&1
       case $? in
         0) ok "premul_device: $2 ranks on $1 simulated GPUs (ncclScalarDevice, device buffers)" ;;
         77) skip "premul_device: no simulated GPU ($(tail -1 "$log"))" ;;
         *) bad "premul_device: $2 ranks on $1 simulated GPUs ($log):"; tail -20 "$log" | sed 's/^/        /' ;;
       esac
     done
+    # Ranks sharing one GPU: the products are shareable device memory, so both PreMulSum
+    # calls of every rank went GPU to GPU, none through host staging.
+    served=$(grep -cE 'seq [0-9]+ fccl(AllReduce|ReduceScatter) count 23 .* backend ipc ' "$tmp/pd-1-4.log")
+    if [ "$served" = 8 ]; then
+      ok "premul_device: 4 ranks on one simulated GPU: every PreMulSum call served GPU to GPU (backend ipc)"
+    else
+      bad "premul_device: 4 ranks on one simulated GPU: $served of 8 PreMulSum calls served by backend ipc ($tmp/pd-1-4.log)"
+    fi
   fi
   # ncclAllReduce inside graph capture: refused on every rank alike, the capture intact
   # (ranks sharing one simulated GPU, and on two, staged).
