@@ -139,7 +139,7 @@ fn exported_functions_reject_random_arguments_without_crashing() {
                 9 => fcclBarrier(comm, null_mut()),
                 _ => {
                     let mut out = 0;
-                    let p = if rng.below(3) == 0 { null_mut() } else { &mut out as *mut i32 };
+                    let p = if rng.below(3) == 0 { None } else { as_out(&mut out) };
                     fcclCommCount(comm, p)
                 }
             }

@@ -32,13 +32,13 @@ fn config(blocking: i32, timeout_ms: i32) -> fcclConfig_t {
 
 fn unique_id() -> fcclUniqueId {
     let mut id = fcclUniqueId { internal: [0; FCCL_UNIQUE_ID_BYTES] };
-    ck(unsafe { fcclGetUniqueId(&mut id) });
+    ck(unsafe { fcclGetUniqueId(as_out(&mut id)) });
     id
 }
 
 fn status(c: fcclComm_t) -> fcclResult_t {
     let mut st = -1;
-    ck(unsafe { fcclCommGetAsyncError(c, &mut st) });
+    ck(unsafe { fcclCommGetAsyncError(c, as_out(&mut st)) });
     st
 }
 
@@ -73,7 +73,7 @@ fn nonblocking_ranks<T: Send>(n: usize, timeout_ms: i32, f: impl Fn(usize, fcclC
                 s.spawn(move || {
                     let mut cfg = config(0, timeout_ms);
                     let mut c: fcclComm_t = null_mut();
-                    let res = unsafe { fcclCommInitRankConfig(&mut c, n as i32, id, r as i32, &mut cfg) };
+                    let res = unsafe { fcclCommInitRankConfig(as_out(&mut c), n as i32, id, r as i32, &mut cfg) };
                     assert_eq!(res, fcclInProgress, "non-blocking init: {}", last_error());
                     assert!(!c.is_null(), "the handle is written at once");
                     finishes(res, c);
@@ -229,7 +229,7 @@ fn abort_ends_pending_work_at_once() {
         let peer = s.spawn(move || {
             let mut cfg = config(0, 60_000);
             let mut c: fcclComm_t = null_mut();
-            finishes(unsafe { fcclCommInitRankConfig(&mut c, 2, id, 1, &mut cfg) }, c);
+            finishes(unsafe { fcclCommInitRankConfig(as_out(&mut c), 2, id, 1, &mut cfg) }, c);
             // Never calls; waits until rank 0 has aborted, then sees its peer gone.
             rx.recv_timeout(Duration::from_secs(60)).unwrap();
             let x = [1u8];
@@ -245,7 +245,7 @@ fn abort_ends_pending_work_at_once() {
         });
         let mut cfg = config(0, 60_000);
         let mut c: fcclComm_t = null_mut();
-        finishes(unsafe { fcclCommInitRankConfig(&mut c, 2, id, 0, &mut cfg) }, c);
+        finishes(unsafe { fcclCommInitRankConfig(as_out(&mut c), 2, id, 0, &mut cfg) }, c);
         let mut recv = vec![0u8; 1 << 20];
         let res = unsafe { fcclRecv(recv.as_mut_ptr() as _, recv.len(), fcclUint8, 1, c, null_mut()) };
         assert_eq!(res, fcclInProgress);
@@ -261,7 +261,7 @@ fn abort_ends_pending_work_at_once() {
         // Nothing of the aborted calls writes any more; the queued all_reduce never ran.
         assert!(recv.iter().all(|&b| b == 0) && y[0] == 0);
         let mut st = 0;
-        assert_eq!(unsafe { fcclCommGetAsyncError(c, &mut st) }, fcclInvalidArgument, "the handle is released");
+        assert_eq!(unsafe { fcclCommGetAsyncError(c, as_out(&mut st)) }, fcclInvalidArgument, "the handle is released");
         tx.send(()).unwrap();
         peer.join().unwrap();
     });
@@ -290,11 +290,11 @@ fn a_handle_being_created_is_refused_until_ready_and_a_failed_creation_says_why(
     let id = unique_id();
     let mut cfg = config(0, 600);
     let mut c: fcclComm_t = null_mut();
-    let res = unsafe { fcclCommInitRankConfig(&mut c, 2, id, 0, &mut cfg) };
+    let res = unsafe { fcclCommInitRankConfig(as_out(&mut c), 2, id, 0, &mut cfg) };
     assert_eq!(res, fcclInProgress);
     assert_eq!(status(c), fcclInProgress);
     let mut v = -1;
-    assert_eq!(unsafe { fcclCommCount(c, &mut v) }, fcclInvalidUsage);
+    assert_eq!(unsafe { fcclCommCount(c, as_out(&mut v)) }, fcclInvalidUsage);
     assert!(last_error().contains("still being created") && last_error().contains("fcclCommGetAsyncError"));
     let x = [1u8];
     let mut y = [0u8];
@@ -306,25 +306,25 @@ fn a_handle_being_created_is_refused_until_ready_and_a_failed_creation_says_why(
     let msg = last_error();
     assert!(msg.starts_with("fcclCommInitRankConfig: ") && msg.contains("1 of 2 ranks never arrived"), "{msg}");
     assert_eq!(status(c), fcclTimeout, "the error sticks");
-    assert_eq!(unsafe { fcclCommCount(c, &mut v) }, fcclInvalidUsage);
+    assert_eq!(unsafe { fcclCommCount(c, as_out(&mut v)) }, fcclInvalidUsage);
     assert!(last_error().contains("could not be created"), "{}", last_error());
     ck(unsafe { fcclCommDestroy(c) });
     assert_eq!(unsafe { fcclCommDestroy(c) }, fcclInvalidArgument);
 
     // Arguments are checked before anything starts: an error, and no handle.
     let mut bad: fcclComm_t = null_mut();
-    let res = unsafe { fcclCommInitRankConfig(&mut bad, 2, id, 5, &mut cfg) };
+    let res = unsafe { fcclCommInitRankConfig(as_out(&mut bad), 2, id, 5, &mut cfg) };
     assert_eq!(res, fcclInvalidArgument);
     assert!(bad.is_null() && last_error().contains("rank 5 out of range"), "{}", last_error());
 
     // Abort while being created: released at once.
     let id = unique_id();
     let mut c: fcclComm_t = null_mut();
-    assert_eq!(unsafe { fcclCommInitRankConfig(&mut c, 2, id, 0, &mut cfg) }, fcclInProgress);
+    assert_eq!(unsafe { fcclCommInitRankConfig(as_out(&mut c), 2, id, 0, &mut cfg) }, fcclInProgress);
     let t0 = Instant::now();
     ck(unsafe { fcclCommAbort(c) });
     assert!(t0.elapsed() < Duration::from_millis(500), "abort waited for the creation");
-    assert_eq!(unsafe { fcclCommCount(c, &mut v) }, fcclInvalidArgument);
+    assert_eq!(unsafe { fcclCommCount(c, as_out(&mut v)) }, fcclInvalidArgument);
 }
 
 #[test]
@@ -336,16 +336,16 @@ fn one_thread_creates_and_drives_every_rank_in_groups() {
     let mut cfg = config(0, 30_000);
     let solo = {
         let mut s: fcclComm_t = null_mut();
-        ck(unsafe { fcclCommInitRank(&mut s, 1, unique_id(), 0) });
+        ck(unsafe { fcclCommInitRank(as_out(&mut s), 1, unique_id(), 0) });
         s
     };
     ck(fcclGroupStart());
     for r in 0..n {
-        ck(unsafe { fcclCommInitRankConfig(&mut comms[r], n as i32, id, r as i32, &mut cfg) });
+        ck(unsafe { fcclCommInitRankConfig(as_out(&mut comms[r]), n as i32, id, r as i32, &mut cfg) });
     }
     // Neither a blocking communicator's creation nor its calls mix in.
     let mut other: fcclComm_t = null_mut();
-    assert_eq!(unsafe { fcclCommInitRank(&mut other, 1, unique_id(), 0) }, fcclInvalidUsage);
+    assert_eq!(unsafe { fcclCommInitRank(as_out(&mut other), 1, unique_id(), 0) }, fcclInvalidUsage);
     assert!(last_error().contains("creating a blocking communicator inside a group"), "{}", last_error());
     let x = [1i32];
     let mut y = [0i32];
@@ -390,7 +390,7 @@ fn a_non_blocking_split_of_a_blocking_communicator() {
                 let mut cfg = config(0, 30_000);
                 let color = if r == 2 { FCCL_SPLIT_NOCOLOR } else { 0 };
                 let mut sub: fcclComm_t = null_mut();
-                let res = unsafe { fcclCommSplit(c, color, 0, &mut sub, &mut cfg) };
+                let res = unsafe { fcclCommSplit(c, color, 0, as_out(&mut sub), &mut cfg) };
                 let mut z = [1u8];
                 if r == 2 {
                     assert!(res == fcclInProgress || res == fcclSuccess, "{res}");
@@ -406,8 +406,8 @@ fn a_non_blocking_split_of_a_blocking_communicator() {
                 assert!(!sub.is_null());
                 assert_eq!(wait(sub), fcclSuccess, "{}", last_error());
                 let (mut size, mut me) = (0, -1);
-                ck(unsafe { fcclCommCount(sub, &mut size) });
-                ck(unsafe { fcclCommUserRank(sub, &mut me) });
+                ck(unsafe { fcclCommCount(sub, as_out(&mut size)) });
+                ck(unsafe { fcclCommUserRank(sub, as_out(&mut me)) });
                 assert_eq!((size, me), (2, r as i32));
                 // The child inherits non-blocking: its calls return at once.
                 let x = [r as i32 + 1; 3];
@@ -452,7 +452,7 @@ fn a_blocking_parent_refuses_calls_while_its_non_blocking_split_runs() {
                     // Splits only once rank 0 has seen its own split pending.
                     rx.lock().unwrap().recv_timeout(Duration::from_secs(60)).unwrap();
                 }
-                assert_eq!(unsafe { fcclCommSplit(c, 0, 0, &mut sub, &mut cfg) }, fcclInProgress);
+                assert_eq!(unsafe { fcclCommSplit(c, 0, 0, as_out(&mut sub), &mut cfg) }, fcclInProgress);
                 let mut x = [1i64];
                 if r == 0 {
                     assert_eq!(status(sub), fcclInProgress);
@@ -495,7 +495,7 @@ fn a_split_queued_behind_a_failure_fails_its_new_communicator() {
         if r == 0 {
             // Queued behind the all_reduce that will fail.
             let mut sub: fcclComm_t = null_mut();
-            assert_eq!(unsafe { fcclCommSplit(c, 0, 0, &mut sub, null_mut()) }, fcclInProgress);
+            assert_eq!(unsafe { fcclCommSplit(c, 0, 0, as_out(&mut sub), null_mut()) }, fcclInProgress);
             tx.send(()).unwrap();
             assert_eq!(wait(sub), fcclInvalidUsage);
             assert!(last_error().contains("the split never ran"), "{}", last_error());

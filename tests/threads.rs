@@ -113,14 +113,14 @@ fn split_from_threads() {
                     let c = c as fcclComm_t;
                     let color = if r == 4 { FCCL_SPLIT_NOCOLOR } else { (r % 2) as i32 };
                     let mut nc: fcclComm_t = null_mut();
-                    ck(unsafe { fcclCommSplit(c, color, -(r as i32), &mut nc, null_mut()) });
+                    ck(unsafe { fcclCommSplit(c, color, -(r as i32), as_out(&mut nc), null_mut()) });
                     if r == 4 {
                         assert!(nc.is_null());
                         return (-1, -1, 0.0);
                     }
                     let (mut size, mut rank) = (0, 0);
-                    ck(unsafe { fcclCommCount(nc, &mut size) });
-                    ck(unsafe { fcclCommUserRank(nc, &mut rank) });
+                    ck(unsafe { fcclCommCount(nc, as_out(&mut size)) });
+                    ck(unsafe { fcclCommUserRank(nc, as_out(&mut rank)) });
                     let x = [r as f64];
                     let mut y = [0.0f64];
                     ck(unsafe {
@@ -147,8 +147,8 @@ fn stale_and_null_handles_are_refused() {
     let stale = comms[0];
     ck(unsafe { fcclCommDestroy(stale) });
     let mut n = 0;
-    assert_eq!(unsafe { fcclCommCount(stale, &mut n) }, fcclInvalidArgument);
-    assert_eq!(unsafe { fcclCommCount(null_mut(), &mut n) }, fcclInvalidArgument);
+    assert_eq!(unsafe { fcclCommCount(stale, as_out(&mut n)) }, fcclInvalidArgument);
+    assert_eq!(unsafe { fcclCommCount(null_mut(), as_out(&mut n)) }, fcclInvalidArgument);
     assert_eq!(unsafe { fcclCommDestroy(stale) }, fcclInvalidArgument);
     let msg = unsafe { CStr::from_ptr(fcclGetLastError(null_mut())) }.to_string_lossy().into_owned();
     assert!(msg.starts_with("fcclCommDestroy: ") && msg.contains("not a live communicator"), "{msg}");
@@ -158,15 +158,15 @@ fn stale_and_null_handles_are_refused() {
 fn one_thread_creates_every_rank_inside_a_group() {
     let n = 3;
     let mut id = fcclUniqueId { internal: [0; FCCL_UNIQUE_ID_BYTES] };
-    ck(unsafe { fcclGetUniqueId(&mut id) });
+    ck(unsafe { fcclGetUniqueId(as_out(&mut id)) });
     let mut comms = vec![null_mut(); n];
     ck(fcclGroupStart());
     for r in 0..n {
-        ck(unsafe { fcclCommInitRank(&mut comms[r], n as i32, id, r as i32) });
+        ck(unsafe { fcclCommInitRank(as_out(&mut comms[r]), n as i32, id, r as i32) });
     }
     // Not usable before the group ends.
     let mut size = 0;
-    assert_eq!(unsafe { fcclCommCount(comms[0], &mut size) }, fcclInvalidArgument);
+    assert_eq!(unsafe { fcclCommCount(comms[0], as_out(&mut size)) }, fcclInvalidArgument);
     ck(fcclGroupEnd());
     let x: Vec<[f64; 2]> = (0..n).map(|r| [r as f64, 1.0]).collect();
     let mut y = vec![[0.0f64; 2]; n];
@@ -179,7 +179,7 @@ fn one_thread_creates_every_rank_inside_a_group() {
     ck(fcclGroupEnd());
     for r in 0..n {
         assert_eq!(y[r], [3.0, 3.0]);
-        ck(unsafe { fcclCommUserRank(comms[r], &mut size) });
+        ck(unsafe { fcclCommUserRank(comms[r], as_out(&mut size)) });
         assert_eq!(size, r as i32);
     }
     destroy(comms);
