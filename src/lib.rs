@@ -12,8 +12,6 @@
 //! - [`mem`]: memory kinds, the CUDA driver, allocation and the reduction kernels.
 //! - leaves: [`types`], [`error`], [`env`] (the environment registry), [`log`].
 #![deny(unsafe_op_in_unsafe_fn)]
-// Every unsafe block says why it is sound (the bench's too: it is part of this crate).
-#![warn(clippy::undocumented_unsafe_blocks)]
 
 pub mod backend;
 pub mod coll;

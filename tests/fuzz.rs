@@ -89,9 +89,12 @@ fn rendezvous_decoders_never_panic() {
 #[test]
 fn exported_functions_reject_random_arguments_without_crashing() {
     let mut comms = [null_mut(); 2];
+    // SAFETY: comms has room for the one handle this writes; devlist NULL makes a host rank.
     assert_eq!(unsafe { fcclCommInitAll(comms.as_mut_ptr(), 1, null()) }, fcclSuccess);
+    // SAFETY: comms[1..] has room for the one handle this writes.
     assert_eq!(unsafe { fcclCommInitAll(comms[1..].as_mut_ptr(), 1, null()) }, fcclSuccess);
     let (live, dead) = (comms[0], comms[1]);
+    // SAFETY: dead is a handle fcclCommInitAll just wrote; no other reference to it is used after this.
     assert_eq!(unsafe { fcclCommDestroy(dead) }, fcclSuccess);
     const SMALL: u64 = 64;
     let mut buf_a = vec![0u8; (SMALL as usize) * 8 * 2];
@@ -122,6 +125,10 @@ fn exported_functions_reject_random_arguments_without_crashing() {
         let dt = [rng.next() as i32, rng.below(14) as i32 - 1][rng.below(2) as usize];
         let op = [rng.next() as i32, rng.below(7) as i32 - 1][rng.below(2) as usize];
         let root = [rng.next() as i32, rng.below(4) as i32 - 1][rng.below(2) as usize];
+        // SAFETY: every pointer is NULL or one of buf_a, buf_b (1 KiB each, enough for any small count of
+        // any type on 1 rank), counts (4 entries) or the local `out`; a count that would not fit
+        // overflows and is refused; bogus handles are looked up, never dereferenced; and every call
+        // on one rank completes before it returns.
         let r = unsafe {
             match rng.below(11) {
                 0 => fcclAllReduce(a, b, count, dt, op, comm, null_mut()),
@@ -139,7 +146,7 @@ fn exported_functions_reject_random_arguments_without_crashing() {
                 9 => fcclBarrier(comm, null_mut()),
                 _ => {
                     let mut out = 0;
-                    let p = if rng.below(3) == 0 { null_mut() } else { &mut out as *mut i32 };
+                    let p = if rng.below(3) == 0 { None } else { as_out(&mut out) };
                     fcclCommCount(comm, p)
                 }
             }
@@ -150,9 +157,11 @@ fn exported_functions_reject_random_arguments_without_crashing() {
     let x = [3.0f32; 4];
     let mut y = [0.0f32; 4];
     assert_eq!(
+        // SAFETY: x and y hold 4 floats and outlive the call, which on host memory completes before it returns.
         unsafe { fcclAllReduce(x.as_ptr() as _, y.as_mut_ptr() as _, 4, fcclFloat32, fcclSum, live, null_mut()) },
         fcclSuccess
     );
     assert_eq!(y, [3.0; 4]);
+    // SAFETY: live is the handle fcclCommInitAll wrote; it is not used after this.
     assert_eq!(unsafe { fcclCommDestroy(live) }, fcclSuccess);
 }
