@@ -492,8 +492,8 @@ fcclResult_t fcclCommInitRank(fcclComm_t *comm,
  *
  * With `config->blocking = 0` the communicator is non-blocking, as NCCL's: this call
  * checks its arguments (errors are returned here, nothing is created), writes
- * `*comm` and returns fcclInProgress while the rendezvous and the connecting of the ranks go on in the
- * background; poll fcclCommGetAsyncError(*comm) until it returns something else:
+ * `*comm` and returns fcclInProgress while the rendezvous and the connecting of the
+ * ranks go on in the background; poll fcclCommGetAsyncError(*comm) until it returns something else:
  * fcclSuccess (the communicator is ready) or the error that ended its creation (the
  * message, naming this function, is then fcclGetLastError's; destroy the handle).
  * Until then only fcclCommGetAsyncError, fcclCommDestroy (waits for the creation)

@@ -172,8 +172,8 @@ fn init_rank(
 }
 
 /// A non-blocking init: checks what can be checked alone, writes the handle and
-/// leaves the rendezvous and the connecting of the ranks to a thread of their own (inside a group, from
-/// fcclGroupEnd on), as NCCL's `blocking = 0` does.
+/// leaves the rendezvous and the connecting of the ranks to a thread of their own
+/// (inside a group, from fcclGroupEnd on), as NCCL's `blocking = 0` does.
 fn init_later(
     comm: &mut MaybeUninit<fcclComm_t>,
     nranks: usize,
@@ -219,8 +219,8 @@ pub unsafe extern "C" fn fcclCommInitRank(
 ///
 /// With `config->blocking = 0` the communicator is non-blocking, as NCCL's: this call
 /// checks its arguments (errors are returned here, nothing is created), writes
-/// `*comm` and returns fcclInProgress while the rendezvous and the connecting of the ranks go on in the
-/// background; poll fcclCommGetAsyncError(*comm) until it returns something else:
+/// `*comm` and returns fcclInProgress while the rendezvous and the connecting of the
+/// ranks go on in the background; poll fcclCommGetAsyncError(*comm) until it returns something else:
 /// fcclSuccess (the communicator is ready) or the error that ended its creation (the
 /// message, naming this function, is then fcclGetLastError's; destroy the handle).
 /// Until then only fcclCommGetAsyncError, fcclCommDestroy (waits for the creation)
