@@ -1,6 +1,6 @@
-//! The library's device reduction kernels (src/mem/cuda_kernels.rs), compiled from their CUDA
+//! The library's device reduction kernels (kernels/src/cuda_kernels.rs), compiled from their CUDA
 //! C source by the simulated NVRTC and run by the simulated driver, against the library's host
-//! reduction (src/mem/reduce/): every type and operation, special values (NaN payloads and
+//! reduction (kernels/src/reduce/): every type and operation, special values (NaN payloads and
 //! signs, infinities, subnormals, signed zeros, values that overflow the narrow types), 1 to
 //! 64 inputs, in place; and the wire all_reduce kernels against the host's wire algorithm.
 
@@ -8,9 +8,9 @@ mod common;
 use common::*;
 use cudarc::driver::sys::{CUfunction, CUmodule};
 use cudarc::nvrtc::sys::nvrtcResult as N;
-use ferroccl_simgpu::cuda_kernels::{Reduction, MAX_INPUTS};
-use ferroccl_simgpu::reduce::{convert, finish_inplace, reduce_all, reduce_inplace};
-use ferroccl_simgpu::types::DataType;
+use ferroccl_kernels::cuda_kernels::{Reduction, MAX_INPUTS};
+use ferroccl_kernels::reduce::{convert, finish_inplace, reduce_all, reduce_inplace};
+use ferroccl_kernels::types::DataType;
 use std::ffi::{c_char, c_void, CString};
 
 /// Compiles `src` with the simulated NVRTC and loads it.
@@ -443,7 +443,7 @@ fn wire_all_reduce_gives_the_host_wire_algorithms_bits() {
 /// Launches the library's `fccl_copy` (as `cuda_reduce::Copiers::copy` does): `bytes`
 /// from `src` to `dst` in units of the largest width that divides all three.
 fn copy_kernel(f: CUfunction, dst: CUdeviceptr, src: CUdeviceptr, bytes: usize, failed: u64) {
-    let w = ferroccl_simgpu::cuda_kernels::copy_unit(&[dst as usize, src as usize, bytes]);
+    let w = ferroccl_kernels::cuda_kernels::copy_unit(&[dst as usize, src as usize, bytes]);
     let (mut d, mut s, mut units, mut wu, mut fl) = (dst, src, (bytes / w) as u64, w as u32, failed);
     let mut params: [*mut c_void; 5] = [
         (&mut d as *mut u64).cast(),
@@ -478,7 +478,7 @@ fn copy_kernel(f: CUfunction, dst: CUdeviceptr, src: CUdeviceptr, bytes: usize, 
 #[test]
 fn copy_kernels_move_exactly_their_bytes_and_nothing_after_a_failure() {
     let _c = Ctx::new(0);
-    let m = module(ferroccl_simgpu::cuda_kernels::COPY_PROGRAM);
+    let m = module(ferroccl_kernels::cuda_kernels::COPY_PROGRAM);
     let get = |name: &str| {
         let mut f = std::ptr::null_mut();
         let c = CString::new(name).unwrap();
@@ -550,7 +550,7 @@ fn a_reduce_scatter_in_rows_gives_each_output_its_block() {
     let _c = Ctx::new(0);
     let all: Vec<Reduction> = [DataType::Float32, DataType::Bfloat16, DataType::Int64, DataType::Float8e4m3]
         .iter()
-        .map(|&dt| Reduction::new(dt, ferroccl_simgpu::types::RedOp::Sum))
+        .map(|&dt| Reduction::new(dt, ferroccl_kernels::types::RedOp::Sum))
         .collect();
     let m = module(&Reduction::program(&all));
     let mut rng = Rng(0x5eed);
@@ -575,7 +575,7 @@ fn a_reduce_scatter_in_rows_gives_each_output_its_block() {
 /// Launches fccl_copy_batch over `groups` of (source, length, destinations), as
 /// `cuda_reduce::Copiers::copy_batch` lays out its table.
 fn copy_batch(f: CUfunction, groups: &[(CUdeviceptr, usize, Vec<CUdeviceptr>)], failed: u64) {
-    use ferroccl_simgpu::cuda_kernels::BATCH;
+    use ferroccl_kernels::cuda_kernels::BATCH;
     #[repr(C)]
     struct Table {
         src: [u64; BATCH],
@@ -620,7 +620,7 @@ fn copy_batch(f: CUfunction, groups: &[(CUdeviceptr, usize, Vec<CUdeviceptr>)], 
 #[test]
 fn one_batched_launch_copies_each_source_to_all_its_destinations_and_nothing_else() {
     let _c = Ctx::new(0);
-    let m = module(ferroccl_simgpu::cuda_kernels::COPY_PROGRAM);
+    let m = module(ferroccl_kernels::cuda_kernels::COPY_PROGRAM);
     let mut f = std::ptr::null_mut();
     let name = CString::new("fccl_copy_batch").unwrap();
     // SAFETY: a NUL-terminated name.
@@ -755,7 +755,7 @@ fn unrolled_wire_kernels_give_the_host_wire_algorithms_bits() {
     let mut rng = Rng(0x77e1_5eed);
     for r in &all {
         let es = r.dtype.size();
-        for n in ferroccl_simgpu::cuda_kernels::RANKS {
+        for n in ferroccl_kernels::cuda_kernels::RANKS {
             let (count, win) = (61, 7);
             let inputs: Vec<Vec<u8>> = (0..n).map(|_| input(r.dtype, count, &mut rng)).collect();
             let devs: Vec<CUdeviceptr> = inputs.iter().map(|v| upload(v)).collect();
