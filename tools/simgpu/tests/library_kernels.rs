@@ -11,6 +11,7 @@ use cudarc::nvrtc::sys::nvrtcResult as N;
 use ferroccl_kernels::cuda_kernels::{Reduction, MAX_INPUTS};
 use ferroccl_kernels::reduce::{convert, finish_inplace, reduce_all, reduce_inplace};
 use ferroccl_kernels::types::DataType;
+use ferroccl_testutil::Rng;
 use std::ffi::{c_char, c_void, CString};
 
 /// Compiles `src` with the simulated NVRTC and loads it.
@@ -114,17 +115,6 @@ fn launch_rows(
     }
 }
 
-/// xorshift64.
-struct Rng(u64);
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 ^= self.0 << 13;
-        self.0 ^= self.0 >> 7;
-        self.0 ^= self.0 << 17;
-        self.0
-    }
-}
-
 /// Bit patterns worth testing for each type.
 fn specials(dt: DataType) -> Vec<u64> {
     match dt {
@@ -212,13 +202,13 @@ fn input(dt: DataType, count: usize, rng: &mut Rng) -> Vec<u8> {
     let mask = if bits == 64 { u64::MAX } else { (1u64 << bits) - 1 };
     let mut v = Vec::with_capacity(count * es);
     for _ in 0..count {
-        let r = rng.next();
+        let r = rng.next_u64();
         let x = match r % 3 {
             0 => sp[(r >> 8) as usize % sp.len()],
-            1 => rng.next(),
+            1 => rng.next_u64(),
             // +-1 with a random low mantissa, scaled by a few powers of two.
             _ => {
-                let low = rng.next() & ((mask >> 4) >> (bits / 2));
+                let low = rng.next_u64() & ((mask >> 4) >> (bits / 2));
                 let exp_step = if es == 8 {
                     1u64 << 52
                 } else if dt == DataType::Float32 {
@@ -263,7 +253,7 @@ fn every_reduction_gives_the_host_reductions_bits() {
     // 12 types x 5 ops, and the integer types' bitwise ops
     assert_eq!(all.len(), 60 + 6 * 3);
     let m = module(&Reduction::program(&all));
-    let mut rng = Rng(0x9e37_79b9_7f4a_7c15);
+    let mut rng = Rng::new(0x9e37_79b9_7f4a_7c15);
     let count = 261;
     let mut checked = 0usize;
     for r in &all {
@@ -408,7 +398,7 @@ fn wire_all_reduce_gives_the_host_wire_algorithms_bits() {
     let all: Vec<Reduction> = Reduction::all().into_iter().filter(|r| r.wire.is_some()).collect();
     assert_eq!(all.len(), 5 * 9);
     let m = module(&Reduction::program(&all));
-    let mut rng = Rng(0x1234_5678_9abc_def1);
+    let mut rng = Rng::new(0x1234_5678_9abc_def1);
     for r in &all {
         let f = function(m, r);
         let es = r.dtype.size();
@@ -553,7 +543,7 @@ fn a_reduce_scatter_in_rows_gives_each_output_its_block() {
         .map(|&dt| Reduction::new(dt, ferroccl_kernels::types::RedOp::Sum))
         .collect();
     let m = module(&Reduction::program(&all));
-    let mut rng = Rng(0x5eed);
+    let mut rng = Rng::new(0x5eed);
     for r in &all {
         let f = function(m, r);
         let es = r.dtype.size();
@@ -678,7 +668,7 @@ fn vector_scalar_and_unrolled_kernels_give_the_same_bits_at_every_offset() {
     let _c = Ctx::new(0);
     let all: Vec<Reduction> = Reduction::all().into_iter().filter(|r| r.wire.is_none()).collect();
     let m = module(&Reduction::program(&all));
-    let mut rng = Rng(0x0ff5_e7a1_16e0_0001);
+    let mut rng = Rng::new(0x0ff5_e7a1_16e0_0001);
     let count = 77;
     let mut launches = [0usize; 2];
     for r in &all {
@@ -752,7 +742,7 @@ fn unrolled_wire_kernels_give_the_host_wire_algorithms_bits() {
     let _c = Ctx::new(0);
     let all: Vec<Reduction> = Reduction::all().into_iter().filter(|r| r.wire.is_some()).collect();
     let m = module(&Reduction::program(&all));
-    let mut rng = Rng(0x77e1_5eed);
+    let mut rng = Rng::new(0x77e1_5eed);
     for r in &all {
         let es = r.dtype.size();
         for n in ferroccl_kernels::cuda_kernels::RANKS {
