@@ -58,7 +58,7 @@ pub fn check(r: fcclResult_t, what: &str) -> Result<(), Fail> {
 pub fn version() -> i32 {
     let mut v: c_int = 0;
     // SAFETY: valid out pointer.
-    let _ = unsafe { fcclGetVersion(&mut v) };
+    let _ = unsafe { fcclGetVersion(as_out(&mut v)) };
     v
 }
 
@@ -77,7 +77,7 @@ impl Buf {
         // At least one page-sized allocation so pointers are never NULL.
         let n = bytes.max(64);
         // SAFETY: valid out pointer.
-        check(unsafe { fcclMemAllocHost(&mut p, n) }, &format!("fcclMemAllocHost({n})"))?;
+        check(unsafe { fcclMemAllocHost(as_out(&mut p), n) }, &format!("fcclMemAllocHost({n})"))?;
         // Touch every page now so page faults stay out of the timed loops.
         // SAFETY: the allocation is n bytes.
         unsafe { ptr::write_bytes(p as *mut u8, 0, n) };
@@ -89,7 +89,7 @@ impl Buf {
         let mut p: *mut c_void = ptr::null_mut();
         let n = bytes.max(64);
         // SAFETY: valid out pointer.
-        let r = unsafe { fcclMemAlloc(&mut p, n) };
+        let r = unsafe { fcclMemAlloc(as_out(&mut p), n) };
         if r == fcclUnavailable {
             let last = cstr(fcclGetLastError(ptr::null_mut()));
             return Err(Fail::usage(format!("--mem cuda: CUDA not available ({last})")));
@@ -140,7 +140,7 @@ pub fn cuda_available() -> Result<usize, Fail> {
 pub fn comm_device(c: &Comm) -> i32 {
     let mut d: c_int = -1;
     // SAFETY: live communicator; valid out pointer.
-    let _ = unsafe { fcclCommCuDevice(c.raw, &mut d) };
+    let _ = unsafe { fcclCommCuDevice(c.raw, as_out(&mut d)) };
     d
 }
 
@@ -159,19 +159,19 @@ impl Comm {
         let launched = ["FERROCCL_RANK", "RANK"].iter().any(|v| std::env::var(v).is_ok_and(|s| !s.trim().is_empty()));
         if launched {
             // SAFETY: valid out pointer.
-            check(unsafe { fcclCommInitFromEnv(&mut c) }, "fcclCommInitFromEnv")?;
+            check(unsafe { fcclCommInitFromEnv(as_out(&mut c)) }, "fcclCommInitFromEnv")?;
         } else {
             let mut id = fcclUniqueId { internal: [0; FCCL_UNIQUE_ID_BYTES] };
             // SAFETY: valid out pointers; the id is used unchanged.
-            check(unsafe { fcclGetUniqueId(&mut id) }, "fcclGetUniqueId")?;
+            check(unsafe { fcclGetUniqueId(as_out(&mut id)) }, "fcclGetUniqueId")?;
             // SAFETY: a valid out pointer and the id just made.
-            check(unsafe { fcclCommInitRank(&mut c, 1, id, 0) }, "fcclCommInitRank")?;
+            check(unsafe { fcclCommInitRank(as_out(&mut c), 1, id, 0) }, "fcclCommInitRank")?;
         }
         let (mut rank, mut n): (c_int, c_int) = (0, 0);
         // SAFETY: c is a live communicator; valid out pointers.
-        check(unsafe { fcclCommUserRank(c, &mut rank) }, "fcclCommUserRank")?;
+        check(unsafe { fcclCommUserRank(c, as_out(&mut rank)) }, "fcclCommUserRank")?;
         // SAFETY: as above.
-        check(unsafe { fcclCommCount(c, &mut n) }, "fcclCommCount")?;
+        check(unsafe { fcclCommCount(c, as_out(&mut n)) }, "fcclCommCount")?;
         Ok(Comm { raw: c, rank: rank as usize, nranks: n as usize })
     }
 
@@ -204,7 +204,7 @@ impl Comm {
     pub fn last_paths(&self) -> Result<Vec<(String, String)>, Fail> {
         let (mut b, mut a) = (ptr::null(), ptr::null());
         // SAFETY: live communicator; valid out pointers (the library writes static strings).
-        check(unsafe { fcclCommGetLastPath(self.raw, &mut b, &mut a) }, "fcclCommGetLastPath")?;
+        check(unsafe { fcclCommGetLastPath(self.raw, as_out(&mut b), as_out(&mut a)) }, "fcclCommGetLastPath")?;
         let (backend, algorithm) = (cstr(b), cstr(a));
         // Fixed-width fields: names the library adds later travel unchanged.
         let mut mine = [0u8; 2 * PATH_NAME];

@@ -8,6 +8,15 @@
 //! sweep with side-by-side timings (see compare.rs), `--soak N` with N random checked
 //! calls and resource counts (see soak.rs). See `ferroccl-bench --help`.
 
+/// Writes `ferroccl-bench: ` and the formatted line to stderr in one write: rank 0 shares
+/// stderr with the launcher's relayed lines of the other ranks, and `eprintln!` writes
+/// each piece of its format separately, so a relayed line could land mid-line.
+macro_rules! say {
+    ($($arg:tt)*) => {
+        $crate::say_line(&format!($($arg)*))
+    };
+}
+
 mod cli;
 mod coll;
 mod comm;
@@ -25,6 +34,12 @@ use opts::{Average, Mem, Opts};
 use report::{RankInfo, Record, RunInfo};
 use std::io::{IsTerminal, Write};
 use std::time::{Duration, Instant};
+
+/// See [`say!`].
+fn say_line(msg: &str) {
+    let line = format!("ferroccl-bench: {msg}\n");
+    let _ = std::io::stderr().lock().write_all(line.as_bytes());
+}
 
 /// Environment switch of the corruption test hook (see --help).
 const CORRUPT_VAR: &str = "FERROCCL_BENCH_CORRUPT";
@@ -49,7 +64,7 @@ fn main() {
         Ok(code) => std::process::exit(code),
         Err(f) => {
             let rank = std::env::var("FERROCCL_RANK").ok().map(|r| format!("rank {r}: ")).unwrap_or_default();
-            eprintln!("ferroccl-bench: {rank}{}", f.msg);
+            say!("{rank}{}", f.msg);
             std::process::exit(f.exit);
         }
     }
@@ -58,20 +73,20 @@ fn main() {
 /// Starts `n` ranks of this binary with the same arguments minus `--nranks`.
 fn launch(o: &Opts, n: usize) -> i32 {
     if o.root as usize >= n {
-        eprintln!("ferroccl-bench: -r {}: the root must be a rank, 0..{}", o.root, n - 1);
+        say!("-r {}: the root must be a rank, 0..{}", o.root, n - 1);
         return comm::EXIT_USAGE;
     }
     // Refuse an unavailable memory kind once, here, rather than in every rank.
     if o.mem == Mem::Cuda {
         if let Err(f) = comm::cuda_available() {
-            eprintln!("ferroccl-bench: {}", f.msg);
+            say!("{}", f.msg);
             return f.exit;
         }
     }
     let exe = match std::env::current_exe() {
         Ok(p) => p,
         Err(e) => {
-            eprintln!("ferroccl-bench: cannot find this program to start its ranks: {e}");
+            say!("cannot find this program to start its ranks: {e}");
             return comm::EXIT_RUNTIME;
         }
     };
@@ -151,9 +166,9 @@ impl Progress {
         }
         let mut e = std::io::stderr().lock();
         if self.tty {
-            let _ = write!(e, "\r\x1b[Kferroccl-bench: {what}");
+            let _ = e.write_all(format!("\r\x1b[Kferroccl-bench: {what}").as_bytes());
         } else {
-            let _ = writeln!(e, "ferroccl-bench: {what}");
+            let _ = e.write_all(format!("ferroccl-bench: {what}\n").as_bytes());
         }
         let _ = e.flush();
         self.shown = true;
@@ -440,8 +455,8 @@ fn check_results(
         let w = case.check(seed, inplace, ctx.corrupt && comm.rank == 0)?;
         if let Some((k, want, got)) = w.first {
             let show = |v: Option<u64>| v.map_or_else(|| "no integer / sentinel".to_string(), |v| v.to_string());
-            eprintln!(
-                "ferroccl-bench: rank {}: {what} {} B {}: {} wrong elements; first: element {k} expected {} got {}",
+            say!(
+                "rank {}: {what} {} B {}: {} wrong elements; first: element {k} expected {} got {}",
                 comm.rank,
                 case.layout.size_bytes(o.ty.size()),
                 if inplace { "in-place" } else { "out-of-place" },

@@ -146,8 +146,8 @@ pub fn run(ctx: &mut Ctx, version_code: i32, infos: &[RankInfo]) -> Result<i32, 
             if rec.wrong_calls <= SHOW_WRONG {
                 let (e, want, got) = first_bad;
                 let show = |v: Option<u64>| v.map_or_else(|| "no integer / sentinel".to_string(), |v| v.to_string());
-                eprintln!(
-                    "ferroccl-bench: rank {me}: soak call #{i} of seed {seed} ({}): {count} wrong elements; first: \
+                say!(
+                    "rank {me}: soak call #{i} of seed {seed} ({}): {count} wrong elements; first: \
                      element {e} expected {} got {}",
                     call.describe(n),
                     match want {

@@ -754,14 +754,15 @@ static void t_reducescatter(dctx* D, const fccl_pattern* pat, const fccl_ref* re
   case_end(D);
 }
 
-static void t_alltoall(dctx* D, const fccl_pattern* pat, size_t count) {
+/* ip: in place (recvbuff = sendbuff), which swaps blocks pairwise on the GPU-to-GPU path. */
+static void t_alltoall(dctx* D, const fccl_pattern* pat, size_t count, int ip) {
   size_t esz = pat->esz, bytes = count * esz, n = (size_t)D->nranks;
   region *s, *r;
   int ok, q;
-  case_begin(D, ROTATE, "fcclAlltoAll %s count=%zu (per peer)", dtn(pat->dt), count);
+  case_begin(D, ROTATE, "fcclAlltoAll %s count=%zu (per peer) %s", dtn(pat->dt), count, ipn(ip));
   s = reg_new(D, "sendbuff", bytes * n, FCCL_SENT_GAP, esz);
   fccl_pattern_fill(pat, put(s), count * n, fccl_rank_off(D->base, D->rank));
-  r = reg_new(D, "recvbuff", bytes * n, FCCL_SENT_RECV, esz);
+  r = ip ? s : reg_new(D, "recvbuff", bytes * n, FCCL_SENT_RECV, esz);
   case_upload(D);
   ok = DOK(fcclAlltoAll(s->dev, r->dev, count, pat->dt, D->comm, STREAM(D)));
   case_download(D);
@@ -771,7 +772,7 @@ static void t_alltoall(dctx* D, const fccl_pattern* pat, size_t count) {
                     fccl_rank_off(D->base, q) + (size_t)D->rank * count,
                     sub(D, "block from rank %d", q));
   chk_guards(D, r);
-  chk_unchanged(D, s, "was modified");
+  if (!ip) chk_unchanged(D, s, "was modified");
   case_end(D);
 }
 
@@ -868,6 +869,41 @@ static void t_alltoallv(dctx* D, const fccl_pattern* pat, size_t unit, int salt)
                     sub(D, "block from rank %d (%zu elements at rdispls %zu)", q, rc[q], rd[q]));
   chk_gaps(D, r, rc, rd, n, esz);
   chk_unchanged(D, s, "was modified");
+  case_end(D);
+}
+
+/* All_to_allv in place (recvbuff = sendbuff). sym: counts from s to d equal those from d
+ * to s and one layout serves sends and receives (blocks swap pairwise); otherwise the
+ * counts differ and the receive layout is another, over the same bytes, so every send
+ * must be read before any block lands. */
+static void t_alltoallv_ip(dctx* D, const fccl_pattern* pat, size_t unit, int salt, int sym) {
+  size_t esz = pat->esz, sc[64], sd[64], rc[64], rd[64], slen, rlen;
+  int n = D->nranks, q, ok, reverse = (D->rank + salt) % 2;
+  region* s;
+  case_begin(D, ROTATE, "fcclAlltoAllv %s unit=%zu salt=%d in-place (%s)", dtn(pat->dt), unit, salt,
+             sym ? "symmetric counts, one layout" : "other counts and layouts over the same bytes");
+  for (q = 0; q < n; q++) {
+    sc[q] = sym ? unit * (size_t)((D->rank + q + salt) % 4) : a2av_count(unit, D->rank, q, salt);
+    rc[q] = sym ? unit * (size_t)((q + D->rank + salt) % 4) : a2av_count(unit, q, D->rank, salt);
+  }
+  slen = layout(n, sc, sd, reverse, salt);
+  if (sym) {
+    memcpy(rd, sd, sizeof(size_t) * (size_t)n);
+    rlen = slen;
+  } else {
+    rlen = layout(n, rc, rd, !reverse, salt + 1);
+  }
+  s = reg_new(D, "sendbuff", (slen > rlen ? slen : rlen) * esz, FCCL_SENT_GAP, esz);
+  for (q = 0; q < n; q++)
+    fccl_pattern_fill(pat, put(s) + sd[q] * esz, sc[q], fccl_rank_off(D->base, D->rank) + (size_t)q * BLK);
+  case_upload(D);
+  ok = DOK(fcclAlltoAllv(s->dev, sc, sd, s->dev, rc, rd, pat->dt, D->comm, STREAM(D)));
+  case_download(D);
+  if (ok)
+    for (q = 0; q < n; q++)
+      PATTERN_CHECK(pat, got(s) + rd[q] * esz, rc[q], fccl_rank_off(D->base, q) + (size_t)D->rank * BLK,
+                    sub(D, "block from rank %d (%zu elements at rdispls %zu)", q, rc[q], rd[q]));
+  if (sym) chk_gaps(D, s, rc, rd, n, esz);
   case_end(D);
 }
 
@@ -2091,8 +2127,10 @@ static void part_moving(dctx* D) {
           t_allgather(D, &pat, cnt, ip);
           t_allgatherv(D, &pat, cnt, t + c, ip);
         }
-        t_alltoall(D, &pat, cnt);
+        for (ip = 0; ip < 2; ip++) t_alltoall(D, &pat, cnt, ip);
         t_alltoallv(D, &pat, cnt, t + c);
+        t_alltoallv_ip(D, &pat, cnt, t + c, 1);
+        t_alltoallv_ip(D, &pat, cnt, t + c, 0);
         t_sendrecv(D, &pat, cnt, 0);
         t_sendrecv(D, &pat, cnt, 1);
         t_sendrecv(D, &pat, cnt, 2);
@@ -2369,7 +2407,7 @@ static void part_big(dctx* D) {
     fccl_pattern_init(&pat, dt, FCCL_SCHEME_FULL);
     t_broadcast(D, &pat, cnt, 0, k);
     t_allgather(D, &pat, per, k);
-    t_alltoall(D, &pat, per);
+    t_alltoall(D, &pat, per, k);
     t_gather(D, &pat, per, n - 1, 0);
     t_scatter(D, &pat, per, 0, 1);
     if (k == 0) {

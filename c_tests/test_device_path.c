@@ -106,6 +106,15 @@ static void expect(const char* what, const float* got, const float* want, size_t
 }
 
 /* The last call's path must name backend `want`; rank 0 prints it. */
+/* Rank 0's algorithm, where the GPU-to-GPU path served the call. */
+static void algo_is(fcclComm_t comm, const char* what, const char* want) {
+  const char* b = NULL;
+  const char* a = NULL;
+  OK(fcclCommGetLastPath(comm, &b, &a));
+  if (g_rank == 0 && b && a && strcmp(b, "ipc") == 0)
+    CHECK(strcmp(a, want) == 0, "%s: algorithm %s, expected %s", what, a, want);
+}
+
 static void path_is(fcclComm_t comm, const char* what, const char* want) {
   const char* b = NULL;
   const char* a = NULL;
@@ -197,12 +206,14 @@ static void device_calls(fcclComm_t comm) {
   put(d, h, big);
   OK(fcclAlltoAll(d, d, c, fcclFloat32, comm, NULL));
   path_is(comm, "all_to_all in place", g_want);
+  algo_is(comm, "all_to_all in place", "exec-swap");
   get(h, d, big);
   expect("all_to_all in place", h, w, big);
   for (i = 0; i < big; i++) h[i] = in(r, i);
   put(d, h, big);
   OK(fcclAlltoAllv(d, counts, displs, d, counts, displs, fcclFloat32, comm, NULL));
   path_is(comm, "all_to_allv in place", g_want);
+  algo_is(comm, "all_to_allv in place", "exec-swap");
   get(h, d, big);
   expect("all_to_allv in place", h, w, big);
 

@@ -120,7 +120,7 @@ impl Launch {
     pub fn run(&self) -> i32 {
         let name = &self.name;
         if self.nranks == 0 || self.argv.is_empty() {
-            eprintln!("{name}: nothing to launch (need at least one rank and a program)");
+            tell(&format!("{name}: nothing to launch (need at least one rank and a program)"));
             return EXIT_SPAWN;
         }
         // Every rank runs on this host: the point listens on loopback only. It serves
@@ -129,7 +129,7 @@ impl Launch {
         let (id, server) = match UniqueId::serve(opts) {
             Ok(x) => x,
             Err(e) => {
-                eprintln!("{name}: cannot start the rendezvous point: {e}");
+                tell(&format!("{name}: cannot start the rendezvous point: {e}"));
                 return EXIT_RENDEZVOUS;
             }
         };
@@ -137,7 +137,7 @@ impl Launch {
             match reserve_loopback_port() {
                 Ok(x) => Some(x),
                 Err(e) => {
-                    eprintln!("{name}: cannot reserve a loopback port for MASTER_PORT: {e}");
+                    tell(&format!("{name}: cannot reserve a loopback port for MASTER_PORT: {e}"));
                     server.stop();
                     return EXIT_RENDEZVOUS;
                 }
@@ -219,7 +219,7 @@ impl Launch {
                     children.push(Some(c));
                 }
                 Err(e) => {
-                    eprintln!("{name}: cannot start rank {r} ({}): {e}", self.argv[0].to_string_lossy());
+                    tell(&format!("{name}: cannot start rank {r} ({}): {e}", self.argv[0].to_string_lossy()));
                     for c in children.iter_mut().flatten() {
                         let _ = c.kill();
                         let _ = c.wait();
@@ -250,7 +250,7 @@ impl Launch {
                     running -= 1;
                     *slot = None;
                     if !st.success() {
-                        eprintln!("{name}: rank {r} {}", describe(st));
+                        tell(&format!("{name}: rank {r} {}", describe(st)));
                         if first_failure.is_none() {
                             first_failure = Some((r, code_of(st)));
                             kill_at = Some(Instant::now() + self.grace);
@@ -261,7 +261,7 @@ impl Launch {
             if kill_at.is_some_and(|t| Instant::now() >= t) {
                 for (r, c) in children.iter_mut().enumerate() {
                     if let Some(c) = c {
-                        eprintln!("{name}: killing rank {r} after another rank failed");
+                        tell(&format!("{name}: killing rank {r} after another rank failed"));
                         let _ = c.kill();
                     }
                 }
@@ -373,6 +373,12 @@ fn forward(src: impl Read + Send + 'static, rank: usize, prefix: bool, to_stderr
             }
         }
     })
+}
+
+/// Writes one line to stderr in one write: rank 0 may share this stderr (`inherit_rank0`),
+/// and `eprintln!` writes each piece of its format separately.
+fn tell(msg: &str) {
+    let _ = std::io::stderr().lock().write_all(format!("{msg}\n").as_bytes());
 }
 
 fn describe(st: ExitStatus) -> String {

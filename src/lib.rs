@@ -10,10 +10,9 @@
 //! - [`coll`]: what a call is: collective descriptors, validation, shape math.
 //! - [`transport`]: moves bytes between ranks (shared memory, in-process, TCP).
 //! - [`mem`]: memory kinds, the CUDA driver, allocation and the reduction kernels.
-//! - leaves: [`types`] (from the `ferroccl-kernels` crate), [`error`], [`env`] (the environment registry), [`log`].
+//! - leaves: [`types`] (from the `ferroccl-kernels` crate), [`error`], [`env`] (the
+//!   environment registry), [`log`].
 #![deny(unsafe_op_in_unsafe_fn)]
-// Every unsafe block says why it is sound (the bench's too: it is part of this crate).
-#![warn(clippy::undocumented_unsafe_blocks)]
 
 pub mod backend;
 pub mod coll;

@@ -15,10 +15,10 @@ fn last_error() -> String {
 fn init_one(config: *mut fcclConfig_t) -> (fcclResult_t, fcclComm_t) {
     let mut id = fcclUniqueId { internal: [0; FCCL_UNIQUE_ID_BYTES] };
     // SAFETY: valid out-pointers.
-    assert_eq!(unsafe { fcclGetUniqueId(&mut id) }, fcclSuccess);
+    assert_eq!(unsafe { fcclGetUniqueId(as_out(&mut id)) }, fcclSuccess);
     let mut comm: fcclComm_t = null_mut();
     // SAFETY: valid out-pointer; config is NULL or a fcclConfig_t.
-    let r = unsafe { fcclCommInitRankConfig(&mut comm, 1, id, 0, config) };
+    let r = unsafe { fcclCommInitRankConfig(as_out(&mut comm), 1, id, 0, config) };
     (r, comm)
 }
 
@@ -33,7 +33,7 @@ fn all_reduce_works(comm: fcclComm_t) {
     assert_eq!(recv, send);
     let mut dev = 5;
     // SAFETY: valid out-pointer.
-    assert_eq!(unsafe { fcclCommCuDevice(comm, &mut dev) }, fcclSuccess);
+    assert_eq!(unsafe { fcclCommCuDevice(comm, as_out(&mut dev)) }, fcclSuccess);
     assert_eq!(dev, -1, "a host rank reports device -1");
 }
 
@@ -46,14 +46,14 @@ fn without_cuda_every_cuda_entry_point_is_unavailable() {
     // fcclMemAlloc
     let mut p: *mut std::ffi::c_void = 0x10 as *mut _;
     // SAFETY: valid out-pointer.
-    assert_eq!(unsafe { fcclMemAlloc(&mut p, 64) }, fcclUnavailable);
+    assert_eq!(unsafe { fcclMemAlloc(as_out(&mut p), 64) }, fcclUnavailable);
     assert_eq!(p, 0x10 as *mut _, "a failed fcclMemAlloc leaves *ptr alone");
     let m = last_error();
     assert!(m.starts_with("fcclMemAlloc: CUDA is not available"), "{m}");
 
     // fcclMemAllocHost still works (page-aligned host memory).
     // SAFETY: valid out-pointer.
-    assert_eq!(unsafe { fcclMemAllocHost(&mut p, 64) }, fcclSuccess);
+    assert_eq!(unsafe { fcclMemAllocHost(as_out(&mut p), 64) }, fcclSuccess);
     assert_eq!(p as usize % 4096, 0);
     // SAFETY: p came from fcclMemAllocHost.
     assert_eq!(unsafe { fcclMemFree(p) }, fcclSuccess);

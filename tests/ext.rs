@@ -7,6 +7,7 @@ use std::ptr::{null, null_mut};
 
 fn ck(r: fcclResult_t) {
     if r != fcclSuccess {
+        // SAFETY: fcclGetLastError returns a NUL-terminated string that stays valid until this thread's next failing call, after the panic message is built.
         let msg = unsafe { CStr::from_ptr(fcclGetLastError(null_mut())) };
         panic!("call failed with {r}: {}", msg.to_string_lossy());
     }
@@ -14,6 +15,7 @@ fn ck(r: fcclResult_t) {
 
 fn init_all(n: usize) -> Vec<fcclComm_t> {
     let mut comms = vec![null_mut(); n];
+    // SAFETY: comms has room for the n handles fcclCommInitAll writes; devlist NULL makes host ranks.
     ck(unsafe { fcclCommInitAll(comms.as_mut_ptr(), n as i32, null()) });
     comms
 }
@@ -38,6 +40,8 @@ fn all_gather_axis_1_of_two_2x3_tensors_gives_2x6_rows() {
     let b = [100.0f32, 101., 102., 110., 111., 112.];
     let mut out = [[0.0f32; 12]; 2];
     let shape = [2usize, 3];
+    // SAFETY: a, b and out[r] hold the 6 and 12 floats a 2x3 tensor gathered over 2 ranks needs, and they
+    // outlive group(), whose fcclGroupEnd completes the calls (host memory).
     ck(group(2, |r| unsafe {
         let src = if r == 0 { a.as_ptr() } else { b.as_ptr() };
         fcclAllGatherAxis(src as _, out[r].as_mut_ptr() as _, 2, shape.as_ptr(), 1, fcclFloat32, comms[r], null_mut())
@@ -55,6 +59,8 @@ fn reduce_scatter_axis_gives_each_rank_its_block_along_the_axis() {
     let inputs: Vec<Vec<f64>> = (0..n).map(|r| (0..12).map(|i| (i * 10 + r) as f64).collect()).collect();
     let mut out = [[0.0f64; 6]; 2];
     let shape = [3usize, 4];
+    // SAFETY: inputs[r] holds 12 doubles (shape 3x4), out[r] the 6 of this rank's block; both outlive
+    // group(), whose fcclGroupEnd completes the calls.
     ck(group(n, |r| unsafe {
         fcclReduceScatterAxis(
             inputs[r].as_ptr() as _,
@@ -86,6 +92,8 @@ fn all_gather_v_with_uneven_counts_and_a_mismatch() {
     let displs = [0usize, 4, 6];
     let sends: Vec<Vec<i32>> = (0..n).map(|r| (0..counts[r]).map(|i| (r * 100 + i) as i32).collect()).collect();
     let mut out = [[-1i32; 9]; 3];
+    // SAFETY: sends[r] holds counts[r] ints, out[r] the 9 that counts and displs address, counts and
+    // displs one entry per rank; all outlive group(), whose fcclGroupEnd completes the calls.
     ck(group(n, |r| unsafe {
         fcclAllGatherV(
             sends[r].as_ptr() as _,
@@ -102,6 +110,8 @@ fn all_gather_v_with_uneven_counts_and_a_mismatch() {
         assert_eq!(out[r], [0, 1, -1, -1, -1, -1, 200, 201, 202]);
     }
     // Rank 2 claims to send 2 elements while the others expect 3.
+    // SAFETY: as above, rank 2 sending fewer elements than its buffer holds (the mismatch is
+    // found before anything is written).
     let res = group(n, |r| unsafe {
         let sc = if r == 2 { 2 } else { counts[r] };
         fcclAllGatherV(
@@ -134,6 +144,8 @@ fn coalesced_all_reduce_matches_per_buffer_calls_bit_for_bit() {
             s.spawn(move || {
                 let sp: Vec<*const f32> = sends.iter().map(|v| v.as_ptr()).collect();
                 let rp: Vec<*mut f32> = out.iter_mut().map(|v| v.as_mut_ptr()).collect();
+                // SAFETY: sp and rp point to counts.len() buffers of counts[b] floats each, which outlive the
+                // blocking call, as do sp, rp and counts.
                 ck(unsafe {
                     fcclAllReduceCoalesced(
                         sp.as_ptr() as _,
@@ -151,6 +163,8 @@ fn coalesced_all_reduce_matches_per_buffer_calls_bit_for_bit() {
         }
     });
     for b in 0..counts.len() {
+        // SAFETY: sends[r][b] and plain[r][b] hold counts[b] floats and outlive group(), whose
+        // fcclGroupEnd completes the calls.
         ck(group(n, |r| unsafe {
             fcclAllReduce(
                 sends[r][b].as_ptr() as _,
@@ -180,6 +194,8 @@ fn wire_all_reduce_stays_within_its_error_bound() {
     let x: Vec<Vec<f32>> =
         (0..n).map(|r| (0..count).map(|i| ((i * 7919 + r * 104729) % 1000) as f32 / 997.0 - 0.4).collect()).collect();
     let mut out = vec![vec![0.0f32; count]; n];
+    // SAFETY: x[r] and out[r] hold count floats each and outlive group(), whose fcclGroupEnd
+    // completes the calls.
     ck(group(n, |r| unsafe {
         fcclAllReduceWire(
             x[r].as_ptr() as _,
@@ -203,6 +219,7 @@ fn wire_all_reduce_stays_within_its_error_bound() {
         }
     }
     // Unsupported: integer data.
+    // SAFETY: x[0] and out[0] hold at least one element; the call refuses the integer type before reading them.
     let r = unsafe {
         fcclAllReduceWire(
             x[0].as_ptr() as _,
@@ -233,6 +250,8 @@ fn local_scatter_then_gather_round_trips() {
         let mut parts: Vec<Vec<f32>> = lens.iter().map(|&l| vec![0.0; l * 24 / along]).collect();
         let dsts: Vec<*mut f32> = parts.iter_mut().map(|p| p.as_mut_ptr()).collect();
         let devs = [-1i32; 3];
+        // SAFETY: src holds 24 floats (shape 4x6), dsts points to 3 vectors sized for their chunks along
+        // dim, devs and chunk_sizes have 3 entries; all outlive the call, which copies before it returns.
         ck(unsafe {
             fcclLocalScatter(
                 src.as_ptr() as _,
@@ -249,6 +268,8 @@ fn local_scatter_then_gather_round_trips() {
         });
         let mut back = vec![0.0f32; 24];
         let srcs: Vec<*const f32> = parts.iter().map(|p| p.as_ptr()).collect();
+        // SAFETY: srcs points to the 3 chunks, lens and devs have 3 entries and back holds 24 floats; all
+        // outlive the call, which copies before it returns.
         ck(unsafe {
             fcclLocalGather(
                 srcs.as_ptr() as _,
@@ -269,6 +290,8 @@ fn local_scatter_then_gather_round_trips() {
     let mut d = [0u8; 4];
     let dp = [d.as_mut_ptr()];
     assert_eq!(
+        // SAFETY: d, dp and the device list are 4 bytes, 1 and 1 entries that outlive the call, which
+        // refuses the device id (no CUDA here) before it reads or writes them.
         unsafe { fcclLocalBroadcast(d.as_ptr() as _, 0, 4, dp.as_ptr() as _, [-1].as_ptr(), 1) },
         fcclUnavailable
     );

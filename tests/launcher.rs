@@ -333,6 +333,7 @@ fn assert_job_ok(n: usize, vars: &[(&str, &str)]) {
 /// The body of every rank: fcclCommInitFromEnv, then an all_reduce of rank+1.
 #[test]
 fn rank_entry() {
+    use ferroccl::ffi::as_out;
     use ferroccl::ffi::coll::fcclAllReduce;
     use ferroccl::ffi::comm::{
         fcclCommCount, fcclCommDestroy, fcclCommInitFromEnv, fcclCommUserRank, fcclGetLastError,
@@ -342,7 +343,7 @@ fn rank_entry() {
     }
     let mut comm = std::ptr::null_mut();
     // SAFETY: a valid out-pointer.
-    let rc = unsafe { fcclCommInitFromEnv(&mut comm) };
+    let rc = unsafe { fcclCommInitFromEnv(as_out(&mut comm)) };
     if rc != 0 {
         // SAFETY: returns a NUL-terminated string.
         let msg = unsafe { std::ffi::CStr::from_ptr(fcclGetLastError(std::ptr::null_mut())) };
@@ -352,8 +353,8 @@ fn rank_entry() {
     let (mut r, mut n) = (-1, -1);
     // SAFETY: a live communicator and valid out-pointers and buffers.
     unsafe {
-        assert_eq!(fcclCommUserRank(comm, &mut r), 0);
-        assert_eq!(fcclCommCount(comm, &mut n), 0);
+        assert_eq!(fcclCommUserRank(comm, as_out(&mut r)), 0);
+        assert_eq!(fcclCommCount(comm, as_out(&mut n)), 0);
         let send = [r + 1];
         let mut recv = [0i32];
         let rc = fcclAllReduce(

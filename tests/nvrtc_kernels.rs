@@ -79,7 +79,7 @@ fn the_copy_kernels_compile_with_the_real_nvrtc_for_sm_90() {
         if arch == "compute_90" {
             let ptx = String::from_utf8_lossy(&c.image);
             let found = entries(&ptx);
-            for k in ["fccl_copy", "fccl_copy2d", "fccl_copy_batch"] {
+            for k in ["fccl_copy", "fccl_copy2d", "fccl_copy_batch", "fccl_swap_batch"] {
                 let (_, body) =
                     found.iter().find(|(n, _)| *n == k).unwrap_or_else(|| panic!("{COPY_PROGRAM_NAME} lacks {k}"));
                 assert!(has_128_bit(body, "ld") && has_128_bit(body, "st"), "{k}: no 128-bit load or store:\n{body}");

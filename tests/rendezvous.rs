@@ -185,7 +185,7 @@ fn child_entry() {
     let mut comm = std::ptr::null_mut();
     let t0 = Instant::now();
     // SAFETY: a valid out-pointer.
-    let rc = unsafe { ferroccl::ffi::comm::fcclCommInitFromEnv(&mut comm) };
+    let rc = unsafe { ferroccl::ffi::comm::fcclCommInitFromEnv(ferroccl::ffi::as_out(&mut comm)) };
     let ms = t0.elapsed().as_millis();
     // SAFETY: returns a NUL-terminated string.
     let msg = unsafe { std::ffi::CStr::from_ptr(ferroccl::ffi::comm::fcclGetLastError(std::ptr::null_mut())) };

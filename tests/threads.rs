@@ -7,6 +7,7 @@ use std::ptr::{null, null_mut};
 
 fn ck(r: fcclResult_t) {
     if r != fcclSuccess {
+        // SAFETY: fcclGetLastError returns a NUL-terminated string that stays valid until this thread's next failing call, after the panic message is built.
         let msg = unsafe { CStr::from_ptr(fcclGetLastError(null_mut())) };
         panic!("call failed with {r}: {}", msg.to_string_lossy());
     }
@@ -14,12 +15,14 @@ fn ck(r: fcclResult_t) {
 
 fn init_all(n: usize) -> Vec<fcclComm_t> {
     let mut comms = vec![null_mut(); n];
+    // SAFETY: comms has room for the n handles fcclCommInitAll writes; devlist NULL makes host ranks.
     ck(unsafe { fcclCommInitAll(comms.as_mut_ptr(), n as i32, null()) });
     comms
 }
 
 fn destroy(comms: Vec<fcclComm_t>) {
     for c in comms {
+        // SAFETY: c is a handle init_all made; the caller gives them up by passing them here.
         ck(unsafe { fcclCommDestroy(c) });
     }
 }
@@ -33,6 +36,8 @@ fn one_thread_drives_all_ranks_through_a_group() {
         let mut recv: Vec<Vec<f32>> = vec![vec![0.0; count]; n];
         ck(fcclGroupStart());
         for r in 0..n {
+            // SAFETY: send[r] and recv[r] hold count floats each and outlive fcclGroupEnd below, which
+            // completes the group's calls (host memory).
             ck(unsafe {
                 fcclAllReduce(
                     send[r].as_ptr() as _,
@@ -66,7 +71,9 @@ fn send_recv_ring_in_a_group_never_deadlocks() {
     ck(fcclGroupStart());
     for r in 0..n {
         let (next, prev) = ((r + 1) % n, (r + n - 1) % n);
+        // SAFETY: send[r] holds count bytes and outlives the fcclGroupEnd that completes the send.
         ck(unsafe { fcclSend(send[r].as_ptr() as _, count, fcclUint8, next as i32, comms[r], null_mut()) });
+        // SAFETY: recv[r] holds count bytes and outlives the fcclGroupEnd that completes the receive.
         ck(unsafe { fcclRecv(recv[r].as_mut_ptr() as _, count, fcclUint8, prev as i32, comms[r], null_mut()) });
     }
     ck(fcclGroupEnd());
@@ -83,16 +90,21 @@ fn mismatched_send_recv_counts_fail_on_both_sides_and_the_comm_survives() {
     let a = [1u32; 8];
     let mut b = [0u32; 8];
     ck(fcclGroupStart());
+    // SAFETY: a holds 8 u32s and outlives the fcclGroupEnd that completes (here: refuses) the send.
     ck(unsafe { fcclSend(a.as_ptr() as _, 8, fcclUint32, 1, comms[0], null_mut()) });
+    // SAFETY: b holds 8 u32s, more than the 4 received; it outlives the fcclGroupEnd below.
     ck(unsafe { fcclRecv(b.as_mut_ptr() as _, 4, fcclUint32, 0, comms[1], null_mut()) });
     let r = fcclGroupEnd();
     assert_eq!(r, fcclCollectiveMismatch);
+    // SAFETY: fcclGetLastError returns a NUL-terminated string, copied before any other call.
     let msg = unsafe { CStr::from_ptr(fcclGetLastError(null_mut())) }.to_string_lossy().into_owned();
     assert!(msg.contains("32 bytes") && msg.contains("16 bytes"), "{msg}");
     assert_eq!(b, [0u32; 8], "nothing written on a mismatch");
     // Still usable.
     ck(fcclGroupStart());
+    // SAFETY: a holds 8 u32s and outlives the fcclGroupEnd that completes the send.
     ck(unsafe { fcclSend(a.as_ptr() as _, 8, fcclUint32, 1, comms[0], null_mut()) });
+    // SAFETY: b holds the 8 u32s received and outlives the fcclGroupEnd that completes the receive.
     ck(unsafe { fcclRecv(b.as_mut_ptr() as _, 8, fcclUint32, 0, comms[1], null_mut()) });
     ck(fcclGroupEnd());
     assert_eq!(b, [1u32; 8]);
@@ -113,19 +125,24 @@ fn split_from_threads() {
                     let c = c as fcclComm_t;
                     let color = if r == 4 { FCCL_SPLIT_NOCOLOR } else { (r % 2) as i32 };
                     let mut nc: fcclComm_t = null_mut();
-                    ck(unsafe { fcclCommSplit(c, color, -(r as i32), &mut nc, null_mut()) });
+                    // SAFETY: c is this thread's rank of init_all; nc is a local that receives the new handle.
+                    ck(unsafe { fcclCommSplit(c, color, -(r as i32), as_out(&mut nc), null_mut()) });
                     if r == 4 {
                         assert!(nc.is_null());
                         return (-1, -1, 0.0);
                     }
                     let (mut size, mut rank) = (0, 0);
-                    ck(unsafe { fcclCommCount(nc, &mut size) });
-                    ck(unsafe { fcclCommUserRank(nc, &mut rank) });
+                    // SAFETY: nc is the live handle the split wrote; size is a local int.
+                    ck(unsafe { fcclCommCount(nc, as_out(&mut size)) });
+                    // SAFETY: as above; rank is a local int.
+                    ck(unsafe { fcclCommUserRank(nc, as_out(&mut rank)) });
                     let x = [r as f64];
                     let mut y = [0.0f64];
+                    // SAFETY: x and y hold the one double the call moves and outlive it; a call outside a group completes before it returns.
                     ck(unsafe {
                         fcclAllReduce(x.as_ptr() as _, y.as_mut_ptr() as _, 1, fcclFloat64, fcclSum, nc, null_mut())
                     });
+                    // SAFETY: nc is the split's handle, not used after this.
                     ck(unsafe { fcclCommDestroy(nc) });
                     (size, rank, y[0])
                 })
@@ -145,11 +162,16 @@ fn split_from_threads() {
 fn stale_and_null_handles_are_refused() {
     let comms = init_all(1);
     let stale = comms[0];
+    // SAFETY: stale is the handle init_all made; it is destroyed here and only looked up afterwards.
     ck(unsafe { fcclCommDestroy(stale) });
     let mut n = 0;
-    assert_eq!(unsafe { fcclCommCount(stale, &mut n) }, fcclInvalidArgument);
-    assert_eq!(unsafe { fcclCommCount(null_mut(), &mut n) }, fcclInvalidArgument);
+    // SAFETY: n is a local int; the destroyed handle is only looked up, never dereferenced.
+    assert_eq!(unsafe { fcclCommCount(stale, as_out(&mut n)) }, fcclInvalidArgument);
+    // SAFETY: n is a local int; NULL is refused before any use.
+    assert_eq!(unsafe { fcclCommCount(null_mut(), as_out(&mut n)) }, fcclInvalidArgument);
+    // SAFETY: the destroyed handle is only looked up, never dereferenced.
     assert_eq!(unsafe { fcclCommDestroy(stale) }, fcclInvalidArgument);
+    // SAFETY: fcclGetLastError returns a NUL-terminated string, copied before any other call.
     let msg = unsafe { CStr::from_ptr(fcclGetLastError(null_mut())) }.to_string_lossy().into_owned();
     assert!(msg.starts_with("fcclCommDestroy: ") && msg.contains("not a live communicator"), "{msg}");
 }
@@ -158,20 +180,25 @@ fn stale_and_null_handles_are_refused() {
 fn one_thread_creates_every_rank_inside_a_group() {
     let n = 3;
     let mut id = fcclUniqueId { internal: [0; FCCL_UNIQUE_ID_BYTES] };
-    ck(unsafe { fcclGetUniqueId(&mut id) });
+    // SAFETY: id is a local fcclUniqueId, written whole.
+    ck(unsafe { fcclGetUniqueId(as_out(&mut id)) });
     let mut comms = vec![null_mut(); n];
     ck(fcclGroupStart());
     for r in 0..n {
-        ck(unsafe { fcclCommInitRank(&mut comms[r], n as i32, id, r as i32) });
+        // SAFETY: comms[r] is a slot of the vector, which outlives the group that fills the handle in.
+        ck(unsafe { fcclCommInitRank(as_out(&mut comms[r]), n as i32, id, r as i32) });
     }
     // Not usable before the group ends.
     let mut size = 0;
-    assert_eq!(unsafe { fcclCommCount(comms[0], &mut size) }, fcclInvalidArgument);
+    // SAFETY: size is a local int; the handle is checked before use (it is not ready yet).
+    assert_eq!(unsafe { fcclCommCount(comms[0], as_out(&mut size)) }, fcclInvalidArgument);
     ck(fcclGroupEnd());
     let x: Vec<[f64; 2]> = (0..n).map(|r| [r as f64, 1.0]).collect();
     let mut y = vec![[0.0f64; 2]; n];
     ck(fcclGroupStart());
     for r in 0..n {
+        // SAFETY: x[r] and y[r] hold the 2 doubles the call moves and outlive the fcclGroupEnd below,
+        // which completes the group's calls.
         ck(unsafe {
             fcclAllReduce(x[r].as_ptr() as _, y[r].as_mut_ptr() as _, 2, fcclFloat64, fcclSum, comms[r], null_mut())
         });
@@ -179,7 +206,8 @@ fn one_thread_creates_every_rank_inside_a_group() {
     ck(fcclGroupEnd());
     for r in 0..n {
         assert_eq!(y[r], [3.0, 3.0]);
-        ck(unsafe { fcclCommUserRank(comms[r], &mut size) });
+        // SAFETY: comms[r] is live (the group ended); size is a local int.
+        ck(unsafe { fcclCommUserRank(comms[r], as_out(&mut size)) });
         assert_eq!(size, r as i32);
     }
     destroy(comms);
@@ -202,6 +230,7 @@ fn per_rank<T: Send>(comms: &[fcclComm_t], f: impl Fn(usize, fcclComm_t) -> T + 
 }
 
 fn last_error() -> String {
+    // SAFETY: fcclGetLastError returns a NUL-terminated string, copied before any other call.
     unsafe { CStr::from_ptr(fcclGetLastError(null_mut())) }.to_string_lossy().into_owned()
 }
 
@@ -215,6 +244,8 @@ fn all_to_allv_counts_disagreeing_with_an_all_zero_rank_fail_everywhere() {
         let mut recv = [0i32; 8];
         let (sc, rc): ([usize; 2], [usize; 2]) = if r == 0 { ([0, 0], [0, 0]) } else { ([3, 1], [0, 1]) };
         let displs = [0usize, 4];
+        // SAFETY: send and recv hold 8 ints, more than any count and displacement below addresses; sc,
+        // rc and displs have an entry per rank (2); all outlive the blocking call.
         let res = unsafe {
             fcclAlltoAllv(
                 send.as_ptr() as _,
@@ -230,6 +261,7 @@ fn all_to_allv_counts_disagreeing_with_an_all_zero_rank_fail_everywhere() {
         };
         let msg = last_error();
         let mut y = [1.0f32; 2];
+        // SAFETY: y holds the 2 floats reduced in place and outlives the blocking call.
         ck(unsafe { fcclAllReduce(y.as_ptr() as _, y.as_mut_ptr() as _, 2, fcclFloat32, fcclSum, c, null_mut()) });
         (res, msg, recv, y[0])
     });
@@ -258,6 +290,8 @@ fn all_to_allv_with_one_rank_over_the_board_limit_moves_the_right_data() {
             let send: Vec<i32> =
                 (0..n).flat_map(|p| (0..sc[p]).map(move |i| (r * 1_000_000 + p * 100_000 + i) as i32)).collect();
             let mut recv = vec![-1i32; rc.iter().sum()];
+            // SAFETY: send and recv hold the sums of sc and rc, which sd and rd (one entry per rank) offset
+            // into; all outlive the blocking call.
             ck(unsafe {
                 fcclAlltoAllv(
                     send.as_ptr() as _,
@@ -303,8 +337,10 @@ fn send_recv_counts_across_the_eager_limit() {
             let send: Vec<u32> = (0..elems(sb) as u32).collect();
             let mut recv = vec![u32::MAX; elems(rb)];
             let res = if r == 0 {
+                // SAFETY: send holds elems(sb) u32s and outlives the blocking call.
                 unsafe { fcclSend(send.as_ptr() as _, elems(sb), fcclUint32, 1, c, null_mut()) }
             } else {
+                // SAFETY: recv holds elems(rb) u32s and outlives the blocking call.
                 unsafe { fcclRecv(recv.as_mut_ptr() as _, elems(rb), fcclUint32, 0, c, null_mut()) }
             };
             let msg = last_error();
@@ -315,7 +351,9 @@ fn send_recv_counts_across_the_eager_limit() {
             // Still usable: the matching exchange of the same size both ways.
             let mut back = vec![0u32; elems(sb)];
             ck(fcclGroupStart());
+            // SAFETY: send holds elems(sb) u32s and outlives the fcclGroupEnd that completes the send.
             ck(unsafe { fcclSend(send.as_ptr() as _, elems(sb), fcclUint32, 1 - r as i32, c, null_mut()) });
+            // SAFETY: back holds elems(sb) u32s and outlives the fcclGroupEnd that completes the receive.
             ck(unsafe { fcclRecv(back.as_mut_ptr() as _, elems(sb), fcclUint32, 1 - r as i32, c, null_mut()) });
             ck(fcclGroupEnd());
             assert_eq!(back, send, "rank {r}: exchange of {sb} bytes after the mismatch");
@@ -364,6 +402,8 @@ fn two_rank_all_reduce_is_right_in_place_and_mixed() {
         for r in 0..2 {
             let s = send[r].as_mut_ptr();
             let d = if in_place[r] { s } else { recv[r].as_mut_ptr() };
+            // SAFETY: send[r] and recv[r] hold count elements of dt (count * es bytes), d being s in place;
+            // they outlive the fcclGroupEnd below, which completes the group's calls.
             ck(unsafe { fcclAllReduce(s as _, d as _, count, dt, op, comms[r], null_mut()) });
         }
         ck(fcclGroupEnd());
@@ -400,6 +440,8 @@ fn all_to_all_with_one_rank_in_place_is_right() {
             for r in 0..2 {
                 let s = send[r].as_mut_ptr();
                 let d = if in_place[r] { s } else { recv[r].as_mut_ptr() };
+                // SAFETY: send[r] and recv[r] hold the 2 * count floats an all-to-all of 2 ranks moves, d being s
+                // in place; they outlive the fcclGroupEnd below.
                 ck(unsafe { fcclAlltoAll(s as _, d as _, count, fcclFloat32, comms[r], null_mut()) });
             }
             ck(fcclGroupEnd());
@@ -443,7 +485,11 @@ fn shift_in_place(
         let s = (b[r] + send_at) as *const std::ffi::c_void;
         let d = if in_place[r] { (b[r] + recv_at) as *mut std::ffi::c_void } else { o[r] as _ };
         ck(fcclGroupStart());
+        // SAFETY: s points send_at bytes into rank r's buffer, which the callers size to hold count bytes
+        // from there; bufs outlives the fcclGroupEnd that completes the send.
         ck(unsafe { fcclSend(s, count, fcclUint8, next as i32, c, null_mut()) });
+        // SAFETY: d points recv_at bytes into rank r's buffer (sized as above) or to its own buffer of
+        // count bytes; both outlive the fcclGroupEnd that completes the receive.
         ck(unsafe { fcclRecv(d, count, fcclUint8, prev as i32, c, null_mut()) });
         ck(fcclGroupEnd());
     });
@@ -549,7 +595,10 @@ fn large_collectives_between_the_buffers_are_right_in_every_placement() {
                         let mut recv = vec![0xa5u8; count * es];
                         let s = send.as_mut_ptr();
                         let block = if kind == K::ReduceScatter { r * count * es } else { 0 };
+                        // SAFETY: send holds total = n * count elements for a reduce_scatter, so the block at r * count * es is in it.
                         let d = if in_place(r) { unsafe { s.add(block) } } else { recv.as_mut_ptr() };
+                        // SAFETY: send holds total elements and recv count (d being s, or the rank's block of s, in
+                        // place); both outlive the blocking call, which completes before it returns.
                         ck(unsafe {
                             match kind {
                                 K::AllReduce => fcclAllReduce(s as _, d as _, count, dt, op, c, null_mut()),

@@ -844,12 +844,13 @@ fn device_soak_through_ipc_is_right_and_closes_mappings_of_freed_buffers() {
 /// a collective's data (exec-*), the others signal and wait (or, under MPS, each moves
 /// its share); send/recv pull from the peer's buffer. Not the bounce forms: those
 /// stage through host memory.
-const IPC_ALGORITHMS: [&str; 12] = [
+const IPC_ALGORITHMS: [&str; 13] = [
     "exec-copy",
     "exec-reduce",
     "exec-copy2d",
     "exec-copy2d-reduce",
     "exec-copy-scratch",
+    "exec-swap",
     "signal-wait",
     "host-wait",
     "mps-shares",

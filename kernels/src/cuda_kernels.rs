@@ -170,6 +170,10 @@ impl Reduction {
         for k in rs.iter().filter(|r| r.supported()).filter_map(|r| r.kernels()) {
             s.push_str(&k);
         }
+        // A type's plain program also holds its PreMulSum scaling.
+        if let Some(r) = rs.first().filter(|r| r.wire.is_none()) {
+            s.push_str(&scale_kernel(r.dtype));
+        }
         s
     }
 
@@ -353,6 +357,9 @@ __device__ __forceinline__ unsigned char fccl_f32_to_f8e5m2(float x) { return fc
 /// its root's buffer once), in the largest unit that divides the group's addresses
 /// and length, and in 16-byte vectors between the first and last 16-byte boundaries
 /// where the source and every destination are at the same offset in 16 bytes.
+/// `fccl_swap_batch(pairs, n, failed)` exchanges, in block row `g`, the `len[g]` bytes
+/// at `a[g]` with those at `b[g]` (an all_to_all in place: each element read once and
+/// written once, no scratch).
 /// All do nothing when `failed` points at a non-zero word (null: never): the device
 /// path's copies between ranks' buffers are these kernels, not the driver's copies,
 /// so that work queued behind a failed communicator ends at once and reads no memory
@@ -464,6 +471,56 @@ extern "C" __global__ void fccl_copy_batch(struct fccl_batch b, unsigned int gro
     FCCL_FAN(unsigned short)
   } else {
     FCCL_FAN(unsigned char)
+  }
+}
+struct fccl_pairs {
+  unsigned char* a[FCCL_BATCH];
+  unsigned char* b[FCCL_BATCH];
+  unsigned long long len[FCCL_BATCH];
+};
+// Exchanges `len` bytes at `a` and `b` element by element, in units of U (and 16-byte
+// vectors between the boundaries when `vec`: both at the same offset in 16 bytes).
+#define FCCL_SWAP(U)                                                                                      \
+  {                                                                                                       \
+    unsigned long long head = vec ? (16u - ((unsigned long long)a & 15u)) % 16u : len;                    \
+    if (head > len) head = len;                                                                           \
+    const unsigned long long vecs = (len - head) / 16, tail = head + vecs * 16;                           \
+    for (unsigned long long i = at; i < vecs; i += stride) {                                              \
+      fccl_v16* x = (fccl_v16*)(a + head) + i;                                                            \
+      fccl_v16* y = (fccl_v16*)(b + head) + i;                                                            \
+      fccl_v16 t = *x;                                                                                    \
+      *x = *y;                                                                                            \
+      *y = t;                                                                                             \
+    }                                                                                                     \
+    const unsigned long long hu = head / sizeof(U), rest = hu + (len - tail) / sizeof(U);                 \
+    for (unsigned long long i = at; i < rest; i += stride) {                                              \
+      const unsigned long long o = i < hu ? i * sizeof(U) : tail + (i - hu) * sizeof(U);                 \
+      U t = *(U*)(a + o);                                                                                 \
+      *(U*)(a + o) = *(U*)(b + o);                                                                        \
+      *(U*)(b + o) = t;                                                                                   \
+    }                                                                                                     \
+  }
+extern "C" __global__ void fccl_swap_batch(struct fccl_pairs p, unsigned int pairs, const volatile unsigned int* failed) {
+  if (failed && *failed) return;
+  unsigned int g = blockIdx.y;
+  if (g >= pairs) return;
+  unsigned char* a = p.a[g];
+  unsigned char* b = p.b[g];
+  unsigned long long len = p.len[g];
+  unsigned long long all = (unsigned long long)a | (unsigned long long)b | len;
+  const bool vec = (((unsigned long long)a ^ (unsigned long long)b) & 15u) == 0;
+  unsigned long long stride = (unsigned long long)gridDim.x * blockDim.x;
+  unsigned long long at = (unsigned long long)blockIdx.x * blockDim.x + threadIdx.x;
+  if (all % 16 == 0) {
+    FCCL_SWAP(fccl_v16)
+  } else if (all % 8 == 0) {
+    FCCL_SWAP(unsigned long long)
+  } else if (all % 4 == 0) {
+    FCCL_SWAP(unsigned int)
+  } else if (all % 2 == 0) {
+    FCCL_SWAP(unsigned short)
+  } else {
+    FCCL_SWAP(unsigned char)
   }
 }
 "#;
@@ -698,6 +755,47 @@ fn wire_kernel(dt: DataType, wire: DataType, op: RedOp, name: &str, ranks: usize
     ))
 }
 
+/// The PreMulSum scaling kernel of `dt` (in the type's plain program, [`Reduction::program`]).
+pub fn scale_entry(dt: DataType) -> String {
+    format!("fccl_scale_{}", dt.kernel_token())
+}
+
+/// `out[i] = in[i] * s` for `count` elements of `dt`, the first half of NCCL's PreMulSum,
+/// bit for bit as the host's `reduce::pre_multiply`: integers wrap, float32 and float64
+/// multiply in their precision (the host's NaN rules), narrow floats in float32 and
+/// round once. Parameters: `(T* out, const T* in, unsigned long long count, const T* sp,
+/// unsigned long long sbits, const volatile unsigned int* failed)`: the scalar is `*sp`
+/// (device memory, read when the kernel runs) or, where `sp` is null, the low bytes of
+/// `sbits`. `out` may be `in`.
+fn scale_kernel(dt: DataType) -> String {
+    let name = scale_entry(dt);
+    let (t, mul) = match float_parts(dt) {
+        Some((t, "f64", _, _)) => (t, "fccl_mul_f64(x, s)".to_string()),
+        Some((t, _, "", _)) => (t, "fccl_mul_f32(x, s)".to_string()),
+        Some((t, _, widen, narrow)) => (t, format!("{narrow}(fccl_mul_f32({widen}(x), {widen}(s)))")),
+        None => {
+            let (t, u) = match dt {
+                DataType::Int8 => ("signed char", "unsigned char"),
+                DataType::Uint8 => ("unsigned char", "unsigned char"),
+                DataType::Int32 => ("int", "unsigned int"),
+                DataType::Uint32 => ("unsigned int", "unsigned int"),
+                DataType::Int64 => ("long long", "unsigned long long"),
+                _ => ("unsigned long long", "unsigned long long"),
+            };
+            (t, format!("({t})(({u})x * ({u})s)"))
+        }
+    };
+    format!(
+        "extern \"C\" __global__ void {name}({t}* out, const {t}* in, unsigned long long count, const {t}* sp,\n    \
+         unsigned long long sbits, const volatile unsigned int* failed) {{\n  \
+         if (failed && *failed) return;\n  \
+         union {{ unsigned long long u; {t} v; }} b;\n  b.u = sbits;\n  const {t} s = sp ? *sp : b.v;\n  \
+         const unsigned long long stride = (unsigned long long)gridDim.x * blockDim.x;\n  \
+         for (unsigned long long i = (unsigned long long)blockIdx.x * blockDim.x + threadIdx.x; i < count; i += stride) {{\n    \
+         const {t} x = in[i];\n    out[i] = {mul};\n  }}\n}}\n"
+    )
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -740,6 +838,13 @@ mod tests {
         assert_eq!(f64w.group().len(), 25);
         let (_, src) = progs.iter().find(|(n, _)| *n == f64w.program_name()).unwrap();
         assert_eq!(src.matches("__global__").count(), 4 * 25);
+        assert!(!src.contains("fccl_scale_"), "no scaling in a wire program");
+        for dt in DataType::ALL {
+            let plain = Reduction::new(dt, RedOp::Sum);
+            let (_, src) = progs.iter().find(|(n, _)| *n == plain.program_name()).unwrap();
+            assert_eq!(src.matches(&format!("void {}(", scale_entry(dt))).count(), 1, "{dt}");
+            assert_eq!(src.matches("fccl_scale_").count(), 1, "{dt}: only its own type's scaling");
+        }
         assert!(src.contains(&format!("void {}(", f64w.entry())));
         let s = Reduction::new(DataType::Int32, RedOp::Avg).source().unwrap();
         assert!(s.contains("#define T int\n") && s.contains("#define A unsigned int\n"), "{s}");

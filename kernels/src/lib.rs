@@ -8,8 +8,6 @@
 //! The library re-exports these as `ferroccl::types`, `ferroccl::mem::reduce` and
 //! `ferroccl::mem::cuda_kernels`. Nothing here depends on the library.
 #![deny(unsafe_op_in_unsafe_fn)]
-// Every unsafe block says why it is sound.
-#![warn(clippy::undocumented_unsafe_blocks)]
 
 pub mod cuda_kernels;
 pub mod reduce;

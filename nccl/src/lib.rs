@@ -16,6 +16,7 @@
 
 use ferroccl::ffi::{self as f, boundary, fcclComm_t, fcclConfig_t, fcclResult_t, fcclStream_t, fcclUniqueId};
 use std::ffi::{c_void, CStr};
+use std::mem::MaybeUninit;
 use std::os::raw::{c_char, c_int};
 use std::panic::{catch_unwind, AssertUnwindSafe};
 
@@ -291,8 +292,8 @@ unsafe fn config(name: &str, cfg: *const ncclConfig_t) -> Result<Option<fcclConf
 /// `comm` is a live communicator (for the functions that only accept a handle).
 fn check_comm(name: &str, comm: ncclComm_t) -> ncclResult_t {
     let mut n: c_int = 0;
-    // SAFETY: n is a valid int; ferroccl checks the handle.
-    ret(name, unsafe { f::fcclCommCount(comm, &mut n) })
+    // SAFETY: n is a local int, which ferroccl writes whole if at all; it checks the handle.
+    ret(name, unsafe { f::fcclCommCount(comm, f::as_out(&mut n)) })
 }
 
 /// Defines an exported NCCL function and its `pnccl*` alias (NCCL's profiling name).
@@ -317,7 +318,7 @@ macro_rules! nccl_api {
 
 nccl_api! {
     /// fcclMemAlloc: CUDA device memory on the current device (an error without CUDA).
-    fn ncclMemAlloc(ptr: *mut *mut c_void, size: usize) -> ncclResult_t {
+    fn ncclMemAlloc(ptr: Option<&mut MaybeUninit<*mut c_void>>, size: usize) -> ncclResult_t {
         // SAFETY: forwarded under the same contract.
         guard("ncclMemAlloc", || ret("ncclMemAlloc", unsafe { f::fcclMemAlloc(ptr, size) }))
     }
@@ -335,13 +336,12 @@ nccl_api! {
 
 nccl_api! {
     /// Writes 22809 (NCCL 2.28.9, the ABI this library provides) to `*version`.
-    fn ncclGetVersion(version: *mut c_int) -> ncclResult_t {
+    fn ncclGetVersion(version: Option<&mut MaybeUninit<c_int>>) -> ncclResult_t {
         guard("ncclGetVersion", || {
-            if version.is_null() {
+            let Some(version) = version else {
                 return fail("ncclGetVersion", ncclInvalidArgument, "version is NULL; pass the address of an int");
-            }
-            // SAFETY: checked non-NULL.
-            unsafe { version.write(NCCL_VERSION_CODE) };
+            };
+            version.write(NCCL_VERSION_CODE);
             ncclSuccess
         })
     }
@@ -349,7 +349,7 @@ nccl_api! {
 
 nccl_api! {
     /// fcclGetUniqueId: the rendezvous point lives in the calling process until every rank joined.
-    fn ncclGetUniqueId(uniqueId: *mut ncclUniqueId) -> ncclResult_t {
+    fn ncclGetUniqueId(uniqueId: Option<&mut MaybeUninit<ncclUniqueId>>) -> ncclResult_t {
         // SAFETY: forwarded under the same contract.
         guard("ncclGetUniqueId", || ret("ncclGetUniqueId", unsafe { f::fcclGetUniqueId(uniqueId) }))
     }
@@ -358,7 +358,7 @@ nccl_api! {
 nccl_api! {
     /// fcclCommInitRankConfig with ncclConfig_t's `blocking` and `commName` (NULL: defaults).
     fn ncclCommInitRankConfig(
-        comm: *mut ncclComm_t,
+        comm: Option<&mut MaybeUninit<ncclComm_t>>,
         nranks: c_int,
         commId: ncclUniqueId,
         rank: c_int,
@@ -375,7 +375,7 @@ nccl_api! {
 
 nccl_api! {
     /// fcclCommInitRank.
-    fn ncclCommInitRank(comm: *mut ncclComm_t, nranks: c_int, commId: ncclUniqueId, rank: c_int) -> ncclResult_t {
+    fn ncclCommInitRank(comm: Option<&mut MaybeUninit<ncclComm_t>>, nranks: c_int, commId: ncclUniqueId, rank: c_int) -> ncclResult_t {
         // SAFETY: forwarded under the same contract.
         guard("ncclCommInitRank", || ret("ncclCommInitRank", unsafe { f::fcclCommInitRank(comm, nranks, commId, rank) }))
     }
@@ -394,7 +394,7 @@ nccl_api! {
     /// NCCL's scalable init: every rank passes the same `nId` ids; ferroccl needs one
     /// rendezvous, the first id's.
     fn ncclCommInitRankScalable(
-        newcomm: *mut ncclComm_t,
+        newcomm: Option<&mut MaybeUninit<ncclComm_t>>,
         nranks: c_int,
         myrank: c_int,
         nId: c_int,
@@ -468,7 +468,7 @@ nccl_api! {
         comm: ncclComm_t,
         color: c_int,
         key: c_int,
-        newcomm: *mut ncclComm_t,
+        newcomm: Option<&mut MaybeUninit<ncclComm_t>>,
         config: *mut ncclConfig_t,
     ) -> ncclResult_t {
         let name = "ncclCommSplit";
@@ -511,8 +511,8 @@ fn settle(comm: ncclComm_t, r: fcclResult_t) -> fcclResult_t {
     }
     loop {
         let mut e = f::fcclSuccess;
-        // SAFETY: a valid out-pointer; ferroccl checks the handle.
-        let q = unsafe { f::fcclCommGetAsyncError(comm, &mut e) };
+        // SAFETY: e is a local, which ferroccl writes whole if at all; it checks the handle.
+        let q = unsafe { f::fcclCommGetAsyncError(comm, f::as_out(&mut e)) };
         if q != f::fcclSuccess {
             return q;
         }
@@ -534,17 +534,16 @@ nccl_api! {
         comm: ncclComm_t,
         excludeRanksList: *mut c_int,
         excludeRanksCount: c_int,
-        newcomm: *mut ncclComm_t,
+        newcomm: Option<&mut MaybeUninit<ncclComm_t>>,
         config: *mut ncclConfig_t,
         shrinkFlags: c_int,
     ) -> ncclResult_t {
         let name = "ncclCommShrink";
         guard(name, || {
-            if newcomm.is_null() {
+            let Some(newcomm) = newcomm else {
                 return fail(name, ncclInvalidArgument, "newcomm is NULL; pass a pointer to receive the new communicator");
-            }
-            // SAFETY: non-NULL out-pointer (NCCL's contract).
-            unsafe { newcomm.write(std::ptr::null_mut()) };
+            };
+            newcomm.write(std::ptr::null_mut());
             if shrinkFlags != SHRINK_DEFAULT && shrinkFlags != SHRINK_ABORT {
                 return fail(name, ncclInvalidArgument, format_args!(
                     "shrinkFlags is {shrinkFlags}; pass NCCL_SHRINK_DEFAULT (0) or NCCL_SHRINK_ABORT (1)"
@@ -567,8 +566,8 @@ nccl_api! {
                 Err(m) => return fail(name, ncclInvalidArgument, m),
             };
             let mut e = f::fcclSuccess;
-            // SAFETY: a valid out-pointer; the handle was checked above.
-            if unsafe { f::fcclCommGetAsyncError(comm, &mut e) } == f::fcclSuccess && e != f::fcclSuccess && e != f::fcclInProgress {
+            // SAFETY: e is a local, which ferroccl writes whole if at all; the handle was checked above.
+            if unsafe { f::fcclCommGetAsyncError(comm, f::as_out(&mut e)) } == f::fcclSuccess && e != f::fcclSuccess && e != f::fcclInProgress {
                 return fail(name, ncclInvalidUsage, format_args!(
                     "the communicator has failed ({}); ferroccl passes the new communicator's id between the remaining ranks over it, so it cannot shrink a failed one: make a new communicator with ncclCommInitRank (a fresh id through your launcher's store) instead",
                     code_name(e)
@@ -578,8 +577,8 @@ nccl_api! {
             // SAFETY: ncclUniqueId is plain bytes; all zero is a valid value to overwrite.
             let mut id: ncclUniqueId = unsafe { std::mem::zeroed() };
             if me == leader {
-                // SAFETY: a valid out-pointer.
-                let r = unsafe { f::fcclGetUniqueId(&mut id) };
+                // SAFETY: id is a local, which ferroccl writes whole if at all.
+                let r = unsafe { f::fcclGetUniqueId(f::as_out(&mut id)) };
                 if r != f::fcclSuccess {
                     return ret(name, r);
                 }
@@ -609,7 +608,7 @@ nccl_api! {
             }
             let rank = kept.iter().position(|&q| q == me).expect("me is kept") as c_int;
             // SAFETY: NULL or an ncclConfig_t (NCCL's contract); newcomm checked above.
-            unsafe { with_config(name, config, |p| f::fcclCommInitRankConfig(newcomm, kept.len() as c_int, id, rank, p)) }
+            unsafe { with_config(name, config, |p| f::fcclCommInitRankConfig(Some(newcomm), kept.len() as c_int, id, rank, p)) }
         })
     }
 }
@@ -660,14 +659,17 @@ nccl_api! {
     /// fcclCommGetAsyncError, the error as NCCL's code: ncclInProgress while a
     /// non-blocking communicator's work runs; an error's message (ncclGetLastError)
     /// names the NCCL call that failed.
-    fn ncclCommGetAsyncError(comm: ncclComm_t, asyncError: *mut ncclResult_t) -> ncclResult_t {
+    fn ncclCommGetAsyncError(comm: ncclComm_t, asyncError: Option<&mut MaybeUninit<ncclResult_t>>) -> ncclResult_t {
         let name = "ncclCommGetAsyncError";
         guard(name, || {
-            // SAFETY: forwarded under the same contract (ferroccl checks NULL).
-            let r = ret(name, unsafe { f::fcclCommGetAsyncError(comm, asyncError) });
+            let Some(out) = asyncError else {
+                // SAFETY: ferroccl checks the handle, then refuses the NULL out-pointer.
+                return ret(name, unsafe { f::fcclCommGetAsyncError(comm, None) });
+            };
+            let mut e = f::fcclSuccess;
+            // SAFETY: e is a local, which ferroccl writes whole if at all; it checks the handle.
+            let r = ret(name, unsafe { f::fcclCommGetAsyncError(comm, f::as_out(&mut e)) });
             if r == ncclSuccess {
-                // SAFETY: ferroccl succeeded, so asyncError is non-NULL and written.
-                let e = unsafe { asyncError.read() };
                 let code = if e == f::fcclSuccess || e == f::fcclInProgress {
                     e
                 } else {
@@ -680,8 +682,7 @@ nccl_api! {
                         _ => renamed(name, &msg, e),
                     }
                 };
-                // SAFETY: as above.
-                unsafe { asyncError.write(code) };
+                out.write(code);
             }
             r
         })
@@ -690,7 +691,7 @@ nccl_api! {
 
 nccl_api! {
     /// fcclCommCount.
-    fn ncclCommCount(comm: ncclComm_t, count: *mut c_int) -> ncclResult_t {
+    fn ncclCommCount(comm: ncclComm_t, count: Option<&mut MaybeUninit<c_int>>) -> ncclResult_t {
         // SAFETY: forwarded under the same contract.
         guard("ncclCommCount", || ret("ncclCommCount", unsafe { f::fcclCommCount(comm, count) }))
     }
@@ -698,7 +699,7 @@ nccl_api! {
 
 nccl_api! {
     /// fcclCommCuDevice: -1 for host-memory ranks.
-    fn ncclCommCuDevice(comm: ncclComm_t, device: *mut c_int) -> ncclResult_t {
+    fn ncclCommCuDevice(comm: ncclComm_t, device: Option<&mut MaybeUninit<c_int>>) -> ncclResult_t {
         // SAFETY: forwarded under the same contract.
         guard("ncclCommCuDevice", || ret("ncclCommCuDevice", unsafe { f::fcclCommCuDevice(comm, device) }))
     }
@@ -706,7 +707,7 @@ nccl_api! {
 
 nccl_api! {
     /// fcclCommUserRank.
-    fn ncclCommUserRank(comm: ncclComm_t, rank: *mut c_int) -> ncclResult_t {
+    fn ncclCommUserRank(comm: ncclComm_t, rank: Option<&mut MaybeUninit<c_int>>) -> ncclResult_t {
         // SAFETY: forwarded under the same contract.
         guard("ncclCommUserRank", || ret("ncclCommUserRank", unsafe { f::fcclCommUserRank(comm, rank) }))
     }
@@ -715,7 +716,7 @@ nccl_api! {
 nccl_api! {
     /// Buffer registration speeds NCCL up and changes no result; ferroccl needs none:
     /// checks `comm`, sets `*handle` to `buff` and succeeds.
-    fn ncclCommRegister(comm: ncclComm_t, buff: *mut c_void, size: usize, handle: *mut *mut c_void) -> ncclResult_t {
+    fn ncclCommRegister(comm: ncclComm_t, buff: *mut c_void, size: usize, handle: Option<&mut MaybeUninit<*mut c_void>>) -> ncclResult_t {
         let name = "ncclCommRegister";
         let _ = size;
         guard(name, || {
@@ -723,11 +724,10 @@ nccl_api! {
             if r != ncclSuccess {
                 return r;
             }
-            if handle.is_null() {
+            let Some(handle) = handle else {
                 return fail(name, ncclInvalidArgument, "handle is NULL; pass the address of a void*");
-            }
-            // SAFETY: checked non-NULL.
-            unsafe { handle.write(buff) };
+            };
+            handle.write(buff);
             ncclSuccess
         })
     }
@@ -748,7 +748,7 @@ nccl_api! {
         comm: ncclComm_t,
         buff: *mut c_void,
         size: usize,
-        win: *mut ncclWindow_t,
+        win: Option<&mut MaybeUninit<ncclWindow_t>>,
         winFlags: c_int,
     ) -> ncclResult_t {
         let name = "ncclCommWindowRegister";
@@ -758,9 +758,9 @@ nccl_api! {
             if r != ncclSuccess {
                 return r;
             }
-            if win.is_null() {
+            let Some(win) = win else {
                 return fail(name, ncclInvalidArgument, "win is NULL; pass the address of an ncclWindow_t");
-            }
+            };
             if winFlags & !NCCL_WIN_FLAGS != 0 {
                 return fail(
                     name,
@@ -768,8 +768,7 @@ nccl_api! {
                     format_args!("winFlags is {winFlags:#x}; use NCCL_WIN_DEFAULT or NCCL_WIN_COLL_SYMMETRIC"),
                 );
             }
-            // SAFETY: checked non-NULL.
-            unsafe { win.write(buff) };
+            win.write(buff);
             ncclSuccess
         })
     }
@@ -850,7 +849,7 @@ nccl_api! {
     /// 2.28.9 also XORs it with a hash of the communicator's address, which programs
     /// cannot rely on.
     fn ncclRedOpCreatePreMulSum(
-        op: *mut ncclRedOp_t,
+        op: Option<&mut MaybeUninit<ncclRedOp_t>>,
         scalar: *mut c_void,
         datatype: ncclDataType_t,
         residence: c_int,
@@ -862,13 +861,17 @@ nccl_api! {
             if r != ncclSuccess {
                 return r;
             }
-            if op.is_null() || scalar.is_null() {
-                return fail(
-                    name,
-                    ncclInvalidArgument,
-                    format_args!("op is {op:?} and scalar is {scalar:?}; pass the address of an ncclRedOp_t and of the scalar"),
-                );
-            }
+            let op = match op {
+                Some(op) if !scalar.is_null() => op,
+                op => {
+                    let op: *const MaybeUninit<ncclRedOp_t> = op.map_or(std::ptr::null(), |o| o);
+                    return fail(
+                        name,
+                        ncclInvalidArgument,
+                        format_args!("op is {op:?} and scalar is {scalar:?}; pass the address of an ncclRedOp_t and of the scalar"),
+                    );
+                }
+            };
             let Some(size) = type_size(datatype) else {
                 return fail(
                     name,
@@ -913,8 +916,7 @@ nccl_api! {
                 ops.slots.push(None);
             }
             ops.slots[k] = Some(PreMulOp { datatype, scalar });
-            // SAFETY: checked non-NULL.
-            unsafe { op.write(value) };
+            op.write(value);
             ncclSuccess
         })
     }
@@ -1306,8 +1308,9 @@ nccl_api! {
 /// This rank and the number of ranks of `comm`, or None (message set) if it is not one.
 fn rank_and_size(name: &str, comm: ncclComm_t) -> Option<(c_int, c_int)> {
     let (mut n, mut r) = (0, 0);
-    // SAFETY: valid ints; ferroccl checks the handle.
-    let ok = unsafe { f::fcclCommCount(comm, &mut n) == 0 && f::fcclCommUserRank(comm, &mut r) == 0 };
+    // SAFETY: locals, which ferroccl writes whole if at all; it checks the handle.
+    let ok =
+        unsafe { f::fcclCommCount(comm, f::as_out(&mut n)) == 0 && f::fcclCommUserRank(comm, f::as_out(&mut r)) == 0 };
     if ok {
         Some((r, n))
     } else {
@@ -1366,6 +1369,7 @@ nccl_api! {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use ferroccl::ffi::as_out;
 
     #[test]
     fn ferroccl_codes_map_onto_nccl_2_28s() {
@@ -1392,7 +1396,7 @@ mod tests {
     fn non_blocking_calls_pass_in_progress_and_async_errors_name_the_nccl_call() {
         let mut id = ncclUniqueId { internal: [0; 128] };
         // SAFETY: a valid out-pointer.
-        assert_eq!(unsafe { ncclGetUniqueId(&mut id) }, ncclSuccess);
+        assert_eq!(unsafe { ncclGetUniqueId(as_out(&mut id)) }, ncclSuccess);
         // Neither rank aborts before both have their error: an abort may reach the peer
         // first and fail its call with "rank N aborted" instead.
         let both_polled = std::sync::Barrier::new(2);
@@ -1422,12 +1426,12 @@ mod tests {
                         };
                         let mut comm: ncclComm_t = std::ptr::null_mut();
                         // SAFETY: valid pointers; the config is NCCL 2.28's layout.
-                        let init = unsafe { ncclCommInitRankConfig(&mut comm, 2, id, rank, &mut cfg) };
+                        let init = unsafe { ncclCommInitRankConfig(as_out(&mut comm), 2, id, rank, &mut cfg) };
                         let poll = |comm| {
                             let mut st = ncclInProgress;
                             while st == ncclInProgress {
                                 // SAFETY: a live communicator and a valid out-pointer.
-                                assert_eq!(unsafe { ncclCommGetAsyncError(comm, &mut st) }, ncclSuccess);
+                                assert_eq!(unsafe { ncclCommGetAsyncError(comm, as_out(&mut st)) }, ncclSuccess);
                             }
                             st
                         };

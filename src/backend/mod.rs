@@ -53,6 +53,8 @@ pub enum Algo {
     ExecCopy,
     /// one GPU: in-place all_to_all through device scratch.
     ExecCopyScratch,
+    /// one GPU: all_to_all in place on every rank, blocks exchanged pairwise in one launch.
+    ExecSwap,
     /// one GPU: strided (axis) copies.
     ExecCopy2d,
     /// one GPU: the executor's one fused reduction launch.
@@ -101,6 +103,7 @@ impl Algo {
             Algo::Group => "group",
             Algo::ExecCopy => "exec-copy",
             Algo::ExecCopyScratch => "exec-copy-scratch",
+            Algo::ExecSwap => "exec-swap",
             Algo::ExecCopy2d => "exec-copy2d",
             Algo::ExecReduce => "exec-reduce",
             Algo::ExecCopy2dReduce => "exec-copy2d-reduce",

@@ -108,6 +108,8 @@ pub struct Comm {
     told_staged: AtomicBool,
     /// Device memory the coalesced calls pack their buckets into, reused call after call.
     pub buckets: Mutex<cuda::Arena>,
+    /// Device memory the PreMulSum products go into, lent call by call.
+    pub products: Arc<cuda::Arenas>,
     /// The local address of the connection to the rendezvous point, for splits' wire-up.
     route: Option<std::net::IpAddr>,
 }
@@ -135,6 +137,7 @@ impl Comm {
             staged_why: None,
             told_staged: AtomicBool::new(false),
             buckets: Mutex::new(cuda::Arena::default()),
+            products: Arc::default(),
             route: None,
         }
     }

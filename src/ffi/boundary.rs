@@ -2,9 +2,10 @@
 
 use super::{fcclInProgress, fcclInternalError, fcclResult_t, fcclSuccess};
 use crate::comm::Issued;
-use crate::error::Result;
+use crate::error::{Error, Result};
 use std::cell::RefCell;
 use std::ffi::CString;
+use std::mem::MaybeUninit;
 use std::panic::{catch_unwind, AssertUnwindSafe};
 
 thread_local! {
@@ -66,11 +67,37 @@ pub fn call<T: Outcome>(name: &str, body: impl FnOnce() -> Result<T>) -> fcclRes
     }
 }
 
-/// Writes `value` through an out-pointer that the caller checked for NULL.
+/// An exported function's out-parameter as C passes it (`T*`, NULL being `None`): the
+/// signatures spell out `Option<&mut MaybeUninit<T>>` because cbindgen renders exactly
+/// that as `T*` (an alias would reach the header under its own name). The C contract
+/// (a non-NULL pointer is valid for a write of `T`) is thereby in the type, so the body
+/// writes with safe code and NULL becomes the usual error.
+pub trait Out<'a, T> {
+    /// The place to write, or fcclInvalidArgument naming the parameter `name` when NULL.
+    fn required(self, name: &str) -> Result<&'a mut MaybeUninit<T>>;
+    /// Writes `value`, or fcclInvalidArgument naming `name` when NULL.
+    fn put(self, name: &str, value: T) -> Result<()>;
+}
+
+impl<'a, T> Out<'a, T> for Option<&'a mut MaybeUninit<T>> {
+    fn required(self, name: &str) -> Result<&'a mut MaybeUninit<T>> {
+        self.ok_or_else(|| Error::invalid_arg(format!("{name} is NULL; pass a pointer to receive the result")))
+    }
+
+    fn put(self, name: &str, value: T) -> Result<()> {
+        self.required(name)?.write(value);
+        Ok(())
+    }
+}
+
+/// `x` as an out-parameter, for Rust code that calls the exported functions (the NCCL
+/// shim, tests, the benchmark): they take `Option<&mut MaybeUninit<T>>`, which C sees as `T*`.
 ///
 /// # Safety
-/// `p` must be valid for a write of `T`.
-pub unsafe fn write_out<T>(p: *mut T, value: T) {
-    // SAFETY: guaranteed by the caller.
-    unsafe { p.write(value) }
+/// The function it is passed to writes only whole values of `T` through it (never
+/// `MaybeUninit::uninit()`), as every exported function of this library does.
+pub unsafe fn as_out<T: Copy>(x: &mut T) -> Option<&mut MaybeUninit<T>> {
+    // SAFETY: MaybeUninit<T> has T's layout; the caller promises that only initialised
+    // values are written, so `x` still holds a valid T afterwards.
+    Some(unsafe { &mut *(x as *mut T).cast::<MaybeUninit<T>>() })
 }

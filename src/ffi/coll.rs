@@ -336,9 +336,10 @@ pub enum PreMulScalar {
 /// it): the sum over ranks of each rank's input times the scalar. The product is
 /// taken when the call is made, into a copy the call owns, so the sum then runs,
 /// queues in a group or goes to the progress thread like any fcclSum call. Host
-/// memory is multiplied on the CPU; device memory is staged through the host on the
-/// call's stream, which this waits for (copy out, multiply, copy into device scratch
-/// freed in stream order). A scalar in device memory is read on the stream too.
+/// memory is multiplied on the CPU; device memory by a kernel on the call's stream,
+/// into device memory the communicator lends call by call (plain cuMemAlloc memory,
+/// so the GPU-to-GPU path shares it with peers once and keeps the mapping), with a
+/// scalar in device memory read by that kernel: the host waits for nothing.
 /// `count` is the collective's count (per rank for reduce_scatter).
 ///
 /// # Safety
@@ -356,7 +357,7 @@ pub unsafe fn premul_sum(
     comm: fcclComm_t,
     stream: fcclStream_t,
 ) -> fcclResult_t {
-    use crate::mem::{cuda, Placement};
+    use crate::mem::{cuda, cuda_reduce, Placement};
     call(name, || {
         submit(comm, stream, |cm| {
             let ck = match kind {
@@ -371,7 +372,10 @@ pub unsafe fn premul_sum(
             c.validate(cm.rank, cm.nranks)?;
             let size = c.dtype.size();
             let st = cuda::Stream::from_ptr(stream as _);
+            let (bytes, _) = c.extents(cm.rank, cm.nranks)?;
+            let place = crate::mem::placement(&c.buffers(cm.rank, cm.nranks)?)?;
             let mut sc = [0u8; 8];
+            let mut on_device = None;
             match scalar {
                 PreMulScalar::Bytes(b) => sc = b,
                 PreMulScalar::At(p) => match crate::mem::kind_of(p)? {
@@ -379,6 +383,8 @@ pub unsafe fn premul_sum(
                         // SAFETY: host memory holding one element (the caller's contract).
                         unsafe { std::ptr::copy_nonoverlapping(p, sc.as_mut_ptr(), size) }
                     }
+                    // The scaling kernel reads it where it lies.
+                    (_, _, ctx) if matches!(place, Placement::Device { ctx: c, .. } if c == ctx) => on_device = Some(p),
                     (_, _, ctx) => {
                         let _g = cuda::CtxGuard::enter(ctx)?;
                         // SAFETY: one element of device memory; `sc` is waited for below.
@@ -387,8 +393,6 @@ pub unsafe fn premul_sum(
                     }
                 },
             }
-            let (bytes, _) = c.extents(cm.rank, cm.nranks)?;
-            let place = crate::mem::placement(&c.buffers(cm.rank, cm.nranks)?)?;
             // u64 words: the copies are aligned for every element type.
             let mut scaled = vec![0u64; bytes.div_ceil(8)];
             if bytes == 0 {
@@ -400,27 +404,18 @@ pub unsafe fn premul_sum(
                 // SAFETY: `scaled` holds at least `bytes` bytes; u8 has no alignment.
                 let dst = unsafe { std::slice::from_raw_parts_mut(scaled.as_mut_ptr().cast::<u8>(), bytes) };
                 crate::mem::reduce::pre_multiply(c.dtype, &sc[..size], src, dst);
-            } else if let Placement::Device { ctx, .. } = place {
-                let _g = cuda::CtxGuard::enter(ctx)?;
-                let mut staged = vec![0u64; bytes.div_ceil(8)];
-                // SAFETY: sendbuff is device memory of `bytes` (the caller's contract), `staged`
-                // host memory of as many; waited for before it is read.
-                unsafe { cuda::copy_dtoh_async(staged.as_mut_ptr().cast(), c.send, bytes, st)? };
-                cuda::sync(st)?;
-                {
-                    // SAFETY: both hold at least `bytes` bytes; u8 has no alignment.
-                    let src = unsafe { std::slice::from_raw_parts(staged.as_ptr().cast::<u8>(), bytes) };
-                    // SAFETY: as above.
-                    let dst = unsafe { std::slice::from_raw_parts_mut(scaled.as_mut_ptr().cast::<u8>(), bytes) };
-                    crate::mem::reduce::pre_multiply(c.dtype, &sc[..size], src, dst);
-                }
-                let dev = cuda::Scratch::new(bytes, ctx, st)?;
-                // SAFETY: the scratch holds `bytes` on the device; `scaled` is host memory
-                // kept until the stream has passed the copy (waited for).
-                unsafe { cuda::copy_htod_async(dev.ptr(), scaled.as_ptr().cast(), bytes, st)? };
-                cuda::sync(st)?;
-                c.send = dev.ptr();
-                c.keep = Some(std::sync::Arc::new(dev));
+            } else if let Placement::Device { ctx, device } = place {
+                let lease = cm.products.take(bytes, ctx, st)?;
+                let s = match on_device {
+                    Some(p) => cuda_reduce::Scalar::At(p),
+                    None => cuda_reduce::Scalar::Bits(u64::from_ne_bytes(sc)),
+                };
+                // SAFETY: sendbuff is device memory of `bytes` in `ctx` (the caller's
+                // contract; placement() found it there), the lease as many, lent until
+                // the call's work is queued; an `At` scalar is one element in `ctx`.
+                unsafe { cuda_reduce::scale(ctx, device, c.dtype, lease.ptr(), c.send, bytes / size, s, st)? };
+                c.send = lease.ptr();
+                c.keep = Some(std::sync::Arc::new(lease));
                 return Ok(c);
             }
             // The heap buffer does not move when the Vec moves into the Arc.

@@ -1,6 +1,6 @@
 //! Communicator calls: version, unique ids, init, split, finalize, destroy, abort, queries, errors.
 
-use super::boundary::{call, last_error_ptr, set_last_error, write_out};
+use super::boundary::{call, last_error_ptr, set_last_error, Out};
 use super::handle::{self, Removed, State};
 use super::*;
 use crate::comm::bootstrap::{UniqueId, UNIQUE_ID_BYTES};
@@ -8,6 +8,7 @@ use crate::comm::creation::Creation;
 use crate::comm::{group, Backend, Comm, Issued, Options};
 use crate::error::{Code, Error, Result};
 use std::ffi::{CStr, CString};
+use std::mem::MaybeUninit;
 use std::os::raw::{c_char, c_int};
 use std::sync::OnceLock;
 use std::time::Duration;
@@ -26,13 +27,6 @@ fn id_from_c(id: &fcclUniqueId) -> UniqueId {
         *o = *c as u8;
     }
     UniqueId(b)
-}
-
-fn check_out<T>(p: *mut T, name: &str) -> Result<()> {
-    if p.is_null() {
-        return Err(Error::invalid_arg(format!("{name} is NULL; pass a pointer to receive the result")));
-    }
-    Ok(())
 }
 
 /// Reads a fcclConfig_t over `base` options; NULL keeps `base`.
@@ -109,31 +103,31 @@ unsafe fn options_from(config: *const fcclConfig_t, base: Options) -> Result<Opt
 
 /// Writes the library version (MAJOR*10000 + MINOR*100 + PATCH, see FCCL_VERSION_CODE) to `*version`.
 #[no_mangle]
-pub unsafe extern "C" fn fcclGetVersion(version: *mut c_int) -> fcclResult_t {
-    call("fcclGetVersion", || {
-        check_out(version, "version")?;
-        // SAFETY: checked non-NULL.
-        unsafe { write_out(version, FCCL_VERSION_CODE) };
-        Ok(())
-    })
+pub unsafe extern "C" fn fcclGetVersion(version: Option<&mut MaybeUninit<c_int>>) -> fcclResult_t {
+    call("fcclGetVersion", || version.put("version", FCCL_VERSION_CODE))
 }
 
 /// Creates a unique id and starts its rendezvous point in the calling process (a rank
 /// or not), which must stay alive until every rank has joined. Pass the id unchanged
 /// to every rank's fcclCommInitRank.
 #[no_mangle]
-pub unsafe extern "C" fn fcclGetUniqueId(uniqueId: *mut fcclUniqueId) -> fcclResult_t {
+pub unsafe extern "C" fn fcclGetUniqueId(uniqueId: Option<&mut MaybeUninit<fcclUniqueId>>) -> fcclResult_t {
     call("fcclGetUniqueId", || {
-        check_out(uniqueId, "uniqueId")?;
+        let out = uniqueId.required("uniqueId")?;
         let id = UniqueId::generate()?;
-        // SAFETY: checked non-NULL.
-        unsafe { write_out(uniqueId, id_to_c(&id)) };
+        out.write(id_to_c(&id));
         Ok(())
     })
 }
 
-fn init_rank(comm: *mut fcclComm_t, nranks: c_int, id: &fcclUniqueId, rank: c_int, opts: Options) -> Result<Issued> {
-    check_out(comm, "comm")?;
+fn init_rank(
+    comm: Option<&mut MaybeUninit<fcclComm_t>>,
+    nranks: c_int,
+    id: &fcclUniqueId,
+    rank: c_int,
+    opts: Options,
+) -> Result<Issued> {
+    let comm = comm.required("comm")?;
     if nranks <= 0 {
         return Err(Error::invalid_arg(format!("nranks is {nranks}; a communicator has at least one rank")));
     }
@@ -169,20 +163,24 @@ fn init_rank(comm: *mut fcclComm_t, nranks: c_int, id: &fcclUniqueId, rank: c_in
                 Ok(())
             }),
         )?;
-        // SAFETY: checked non-NULL.
-        unsafe { write_out(comm, h) };
+        comm.write(h);
         return Ok(Issued::Done);
     }
     let c = Comm::init_rank(nranks as usize, &id, rank as usize, opts)?;
-    // SAFETY: checked non-NULL.
-    unsafe { write_out(comm, handle::register(c)) };
+    comm.write(handle::register(c));
     Ok(Issued::Done)
 }
 
 /// A non-blocking init: checks what can be checked alone, writes the handle and
 /// leaves the rendezvous and wire-up to a thread of their own (inside a group, from
 /// fcclGroupEnd on), as NCCL's `blocking = 0` does.
-fn init_later(comm: *mut fcclComm_t, nranks: usize, id: UniqueId, rank: usize, opts: Options) -> Result<Issued> {
+fn init_later(
+    comm: &mut MaybeUninit<fcclComm_t>,
+    nranks: usize,
+    id: UniqueId,
+    rank: usize,
+    opts: Options,
+) -> Result<Issued> {
     Comm::check_init(nranks, &id, rank, &opts)?;
     let cr = Creation::new(1);
     let make = move || {
@@ -197,8 +195,7 @@ fn init_later(comm: *mut fcclComm_t, nranks: usize, id: UniqueId, rank: usize, o
         cr.start(make)?;
         Issued::InProgress
     };
-    // SAFETY: checked non-NULL by the caller.
-    unsafe { write_out(comm, handle::register_creating(&cr, 0)) };
+    comm.write(handle::register_creating(&cr, 0));
     Ok(issued)
 }
 
@@ -210,7 +207,7 @@ fn init_later(comm: *mut fcclComm_t, nranks: usize, id: UniqueId, rank: usize, o
 /// `config->blocking = 0` returns at once instead.)
 #[no_mangle]
 pub unsafe extern "C" fn fcclCommInitRank(
-    comm: *mut fcclComm_t,
+    comm: Option<&mut MaybeUninit<fcclComm_t>>,
     nranks: c_int,
     commId: fcclUniqueId,
     rank: c_int,
@@ -233,7 +230,7 @@ pub unsafe extern "C" fn fcclCommInitRank(
 /// non-blocking too: see fcclCommGetAsyncError.
 #[no_mangle]
 pub unsafe extern "C" fn fcclCommInitRankConfig(
-    comm: *mut fcclComm_t,
+    comm: Option<&mut MaybeUninit<fcclComm_t>>,
     nranks: c_int,
     commId: fcclUniqueId,
     rank: c_int,
@@ -254,7 +251,9 @@ pub unsafe extern "C" fn fcclCommInitRankConfig(
 #[no_mangle]
 pub unsafe extern "C" fn fcclCommInitAll(comms: *mut fcclComm_t, ndev: c_int, devlist: *const c_int) -> fcclResult_t {
     call("fcclCommInitAll", || {
-        check_out(comms, "comms")?;
+        if comms.is_null() {
+            return Err(Error::invalid_arg("comms is NULL; pass an array of ndev fcclComm_t to receive the handles"));
+        }
         if ndev <= 0 {
             return Err(Error::invalid_arg(format!("ndev is {ndev}; create at least one rank")));
         }
@@ -264,10 +263,12 @@ pub unsafe extern "C" fn fcclCommInitAll(comms: *mut fcclComm_t, ndev: c_int, de
             // SAFETY: a non-NULL devlist has ndev entries (API contract).
             Some(unsafe { std::slice::from_raw_parts(devlist, ndev as usize) }.to_vec())
         };
+        // SAFETY: non-NULL and, by the API contract, room for ndev handles, which this
+        // call alone writes until it returns.
+        let out = unsafe { std::slice::from_raw_parts_mut(comms.cast::<MaybeUninit<fcclComm_t>>(), ndev as usize) };
         let all = Comm::init_all(ndev as usize, Options::from_env()?, devs.as_deref())?;
-        for (i, c) in all.into_iter().enumerate() {
-            // SAFETY: the caller provides room for ndev handles.
-            unsafe { write_out(comms.add(i), handle::register(c)) };
+        for (o, c) in out.iter_mut().zip(all) {
+            o.write(handle::register(c));
         }
         Ok(())
     })
@@ -289,12 +290,11 @@ pub unsafe extern "C" fn fcclCommInitAll(comms: *mut fcclComm_t, ndev: c_int, de
 /// derived from the launcher's job id (torchrun, mpirun, srun); without either it
 /// returns fcclInvalidUsage. See docs/launchers.md for each launcher's command line.
 #[no_mangle]
-pub unsafe extern "C" fn fcclCommInitFromEnv(comm: *mut fcclComm_t) -> fcclResult_t {
+pub unsafe extern "C" fn fcclCommInitFromEnv(comm: Option<&mut MaybeUninit<fcclComm_t>>) -> fcclResult_t {
     call("fcclCommInitFromEnv", || {
-        check_out(comm, "comm")?;
+        let comm = comm.required("comm")?;
         let c = crate::comm::from_env::init()?;
-        // SAFETY: checked non-NULL.
-        unsafe { write_out(comm, handle::register(c)) };
+        comm.write(handle::register(c));
         Ok(())
     })
 }
@@ -314,12 +314,12 @@ pub unsafe extern "C" fn fcclCommSplit(
     comm: fcclComm_t,
     color: c_int,
     key: c_int,
-    newcomm: *mut fcclComm_t,
+    newcomm: Option<&mut MaybeUninit<fcclComm_t>>,
     config: *mut fcclConfig_t,
 ) -> fcclResult_t {
     call("fcclCommSplit", || {
         let parent = handle::get(comm)?;
-        check_out(newcomm, "newcomm")?;
+        let newcomm = newcomm.required("newcomm")?;
         if group::active() {
             return Err(Error::invalid_usage(
                 "fcclCommSplit inside a group is not supported; call it from every rank outside fcclGroupStart/End",
@@ -332,16 +332,14 @@ pub unsafe extern "C" fn fcclCommSplit(
             let cr = (color >= 0).then(|| Creation::new(1));
             let issued = parent.split_later(color, key, opts, cr.clone())?;
             let h = cr.map_or(std::ptr::null_mut(), |cr| handle::register_creating(&cr, 0));
-            // SAFETY: checked non-NULL.
-            unsafe { write_out(newcomm, h) };
+            newcomm.write(h);
             // The parent may be done, the child never is before its handle exists.
             return Ok(if h.is_null() { issued } else { Issued::InProgress });
         }
         parent.wait_idle();
         let child = parent.split(color, key, opts)?;
         let h = child.map_or(std::ptr::null_mut(), handle::register);
-        // SAFETY: checked non-NULL.
-        unsafe { write_out(newcomm, h) };
+        newcomm.write(h);
         Ok(Issued::Done)
     })
 }
@@ -418,10 +416,13 @@ pub unsafe extern "C" fn fcclCommAbort(comm: fcclComm_t) -> fcclResult_t {
 /// function keeps returning the error; abort or destroy the communicator.
 /// fcclCommAbort drops the queued calls and ends the running one.
 #[no_mangle]
-pub unsafe extern "C" fn fcclCommGetAsyncError(comm: fcclComm_t, asyncError: *mut fcclResult_t) -> fcclResult_t {
+pub unsafe extern "C" fn fcclCommGetAsyncError(
+    comm: fcclComm_t,
+    asyncError: Option<&mut MaybeUninit<fcclResult_t>>,
+) -> fcclResult_t {
     call("fcclCommGetAsyncError", || {
         let st = handle::state(comm)?;
-        check_out(asyncError, "asyncError")?;
+        let out = asyncError.required("asyncError")?;
         let res = match st {
             State::Ready(c) => c.async_status(),
             State::Creating => Ok(Issued::InProgress),
@@ -435,46 +436,36 @@ pub unsafe extern "C" fn fcclCommGetAsyncError(comm: fcclComm_t, asyncError: *mu
                 e.code as fcclResult_t
             }
         };
-        // SAFETY: checked non-NULL.
-        unsafe { write_out(asyncError, code) };
+        out.write(code);
         Ok(())
     })
 }
 
 /// Writes the number of ranks of `comm` to `*count`.
 #[no_mangle]
-pub unsafe extern "C" fn fcclCommCount(comm: fcclComm_t, count: *mut c_int) -> fcclResult_t {
+pub unsafe extern "C" fn fcclCommCount(comm: fcclComm_t, count: Option<&mut MaybeUninit<c_int>>) -> fcclResult_t {
     call("fcclCommCount", || {
         let c = handle::get(comm)?;
-        check_out(count, "count")?;
-        // SAFETY: checked non-NULL.
-        unsafe { write_out(count, c.nranks as c_int) };
-        Ok(())
+        count.put("count", c.nranks as c_int)
     })
 }
 
 /// Writes this rank's index in `comm` to `*rank`.
 #[no_mangle]
-pub unsafe extern "C" fn fcclCommUserRank(comm: fcclComm_t, rank: *mut c_int) -> fcclResult_t {
+pub unsafe extern "C" fn fcclCommUserRank(comm: fcclComm_t, rank: Option<&mut MaybeUninit<c_int>>) -> fcclResult_t {
     call("fcclCommUserRank", || {
         let c = handle::get(comm)?;
-        check_out(rank, "rank")?;
-        // SAFETY: checked non-NULL.
-        unsafe { write_out(rank, c.rank as c_int) };
-        Ok(())
+        rank.put("rank", c.rank as c_int)
     })
 }
 
 /// Writes the CUDA device of `comm` to `*device`: the device current when the rank
 /// was created (or its devlist entry), -1 for host-memory ranks.
 #[no_mangle]
-pub unsafe extern "C" fn fcclCommCuDevice(comm: fcclComm_t, device: *mut c_int) -> fcclResult_t {
+pub unsafe extern "C" fn fcclCommCuDevice(comm: fcclComm_t, device: Option<&mut MaybeUninit<c_int>>) -> fcclResult_t {
     call("fcclCommCuDevice", || {
         let c = handle::get(comm)?;
-        check_out(device, "device")?;
-        // SAFETY: checked non-NULL.
-        unsafe { write_out(device, c.device) };
-        Ok(())
+        device.put("device", c.device)
     })
 }
 
@@ -489,19 +480,17 @@ pub unsafe extern "C" fn fcclCommCuDevice(comm: fcclComm_t, device: *mut c_int) 
 #[no_mangle]
 pub unsafe extern "C" fn fcclCommGetLastPath(
     comm: fcclComm_t,
-    backend: *mut *const c_char,
-    algorithm: *mut *const c_char,
+    backend: Option<&mut MaybeUninit<*const c_char>>,
+    algorithm: Option<&mut MaybeUninit<*const c_char>>,
 ) -> fcclResult_t {
     call("fcclCommGetLastPath", || {
         let c = handle::get(comm)?;
         let (b, a) = c.last_path();
-        if !backend.is_null() {
-            // SAFETY: checked non-NULL; the caller passes a writable const char*.
-            unsafe { write_out(backend, static_c_str(b)) };
+        if let Some(out) = backend {
+            out.write(static_c_str(b));
         }
-        if !algorithm.is_null() {
-            // SAFETY: as above.
-            unsafe { write_out(algorithm, static_c_str(a)) };
+        if let Some(out) = algorithm {
+            out.write(static_c_str(a));
         }
         Ok(())
     })

@@ -2,7 +2,7 @@
 //! narrow-wire and local collectives, and planning helpers.
 
 use super::args::{array, borrow_array, count_arg, dtype, rank_arg, read_only, redop};
-use super::boundary::{call, write_out};
+use super::boundary::{call, Out};
 use super::coll::submit;
 use super::handle;
 use super::*;
@@ -14,6 +14,7 @@ use crate::mem;
 use crate::ops::coalesced::{self, Coalesced};
 use crate::ops::{axis, local};
 use crate::types::DataType;
+use std::mem::MaybeUninit;
 use std::os::raw::{c_int, c_void};
 use std::sync::Arc;
 
@@ -563,13 +564,11 @@ pub unsafe extern "C" fn fcclCollectiveCounts(
     nranks: c_int,
     rank: c_int,
     root: c_int,
-    sendcount: *mut usize,
-    recvcount: *mut usize,
+    sendcount: Option<&mut MaybeUninit<usize>>,
+    recvcount: Option<&mut MaybeUninit<usize>>,
 ) -> fcclResult_t {
     call("fcclCollectiveCounts", || {
-        if sendcount.is_null() || recvcount.is_null() {
-            return Err(Error::invalid_arg("sendcount and recvcount must not be NULL"));
-        }
+        let (sendcount, recvcount) = (sendcount.required("sendcount")?, recvcount.required("recvcount")?);
         if nranks <= 0 {
             return Err(Error::invalid_arg(format!("nranks is {nranks}; it must be at least 1")));
         }
@@ -581,11 +580,8 @@ pub unsafe extern "C" fn fcclCollectiveCounts(
         };
         let (rank, root) = (check(rank, "rank")?, check(root, "root")?);
         let (s, r) = cx::collective_counts(coll, count, nranks as usize, rank, root)?;
-        // SAFETY: both checked non-NULL.
-        unsafe {
-            write_out(sendcount, s);
-            write_out(recvcount, r);
-        }
+        sendcount.write(s);
+        recvcount.write(r);
         Ok(())
     })
 }
@@ -594,14 +590,10 @@ pub unsafe extern "C" fn fcclCollectiveCounts(
 /// ReduceScatter, Broadcast <-> Reduce, Gather <-> Scatter, AllReduce and AlltoAll to
 /// themselves.
 #[no_mangle]
-pub unsafe extern "C" fn fcclCollectiveAdjoint(coll: c_int, adjoint: *mut c_int) -> fcclResult_t {
+pub unsafe extern "C" fn fcclCollectiveAdjoint(coll: c_int, adjoint: Option<&mut MaybeUninit<c_int>>) -> fcclResult_t {
     call("fcclCollectiveAdjoint", || {
-        if adjoint.is_null() {
-            return Err(Error::invalid_arg("adjoint is NULL; pass a pointer to receive the result"));
-        }
-        let a = cx::collective_adjoint(coll)?;
-        // SAFETY: checked non-NULL.
-        unsafe { write_out(adjoint, a) };
+        let adjoint = adjoint.required("adjoint")?;
+        adjoint.write(cx::collective_adjoint(coll)?);
         Ok(())
     })
 }

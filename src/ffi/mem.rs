@@ -1,23 +1,20 @@
 //! fcclMemAlloc, fcclMemAllocHost, fcclMemFree.
 
-use super::boundary::{call, write_out};
+use super::boundary::{call, Out};
 use super::fcclResult_t;
-use crate::error::Error;
 use crate::mem;
+use std::mem::MaybeUninit;
 use std::os::raw::c_void;
 
 /// Allocates `size` bytes of CUDA device memory on the current device.
 /// Returns fcclUnavailable when CUDA is not present (the case in this build on
 /// machines without a driver); `*ptr` is then left unchanged.
 #[no_mangle]
-pub unsafe extern "C" fn fcclMemAlloc(ptr: *mut *mut c_void, size: usize) -> fcclResult_t {
+pub unsafe extern "C" fn fcclMemAlloc(ptr: Option<&mut MaybeUninit<*mut c_void>>, size: usize) -> fcclResult_t {
     call("fcclMemAlloc", || {
-        if ptr.is_null() {
-            return Err(Error::invalid_arg("ptr is NULL; pass the address of a void* to receive the allocation"));
-        }
+        let out = ptr.required("ptr")?;
         let p = mem::alloc_device(size)?;
-        // SAFETY: ptr checked non-NULL; the caller provides a writable void*.
-        unsafe { write_out(ptr, p as *mut c_void) };
+        out.write(p as *mut c_void);
         Ok(())
     })
 }
@@ -37,14 +34,11 @@ pub unsafe extern "C" fn fcclMemAlloc(ptr: *mut *mut c_void, size: usize) -> fcc
 /// asynchronous; a process that never used CUDA does not start it here. Free it
 /// with fcclMemFree.
 #[no_mangle]
-pub unsafe extern "C" fn fcclMemAllocHost(ptr: *mut *mut c_void, size: usize) -> fcclResult_t {
+pub unsafe extern "C" fn fcclMemAllocHost(ptr: Option<&mut MaybeUninit<*mut c_void>>, size: usize) -> fcclResult_t {
     call("fcclMemAllocHost", || {
-        if ptr.is_null() {
-            return Err(Error::invalid_arg("ptr is NULL; pass the address of a void* to receive the allocation"));
-        }
+        let out = ptr.required("ptr")?;
         let p = mem::alloc_host(size)?;
-        // SAFETY: ptr checked non-NULL; the caller provides a writable void*.
-        unsafe { write_out(ptr, p as *mut c_void) };
+        out.write(p as *mut c_void);
         Ok(())
     })
 }

@@ -2,7 +2,9 @@
 //!
 //! One file per area. Every exported function runs its body inside
 //! [`boundary::call`], which maps core errors to `fcclResult_t`, records the
-//! thread-local message and turns a panic into `fcclInternalError`.
+//! thread-local message and turns a panic into `fcclInternalError`. A result
+//! returned through a pointer is an `Option<&mut MaybeUninit<T>>` parameter (C's `T*`),
+//! written with [`boundary::Out`]'s safe methods, which refuse NULL by name.
 #![allow(non_camel_case_types, non_upper_case_globals, non_snake_case)]
 // The safety contract of every exported function is the C API's: pointers are NULL
 // (checked) or valid for the sizes the arguments imply. It is stated once in the
@@ -24,6 +26,8 @@ pub mod ext;
 pub mod handle;
 pub mod mem;
 
+/// For Rust callers of the exported functions: `&mut x` as their out-parameter type.
+pub use boundary::as_out;
 pub use coll::*;
 pub use comm::*;
 pub use ext::*;

@@ -254,9 +254,16 @@ pub fn kernel_for(ctx: Ctx, device: i32, r: Reduction, inputs: usize) -> Result<
         return Ok(f);
     }
     let _g = cuda::CtxGuard::enter(ctx)?;
+    let f = function(module_of(ctx, device, r)?, &r.entry_for(ranks), device, ranks)?;
+    CACHE.lock().unwrap().get_or_insert_with(HashMap::new).insert((ctx, r, ranks), f);
+    Ok(f)
+}
+
+/// The loaded program of `r`'s group in `ctx` (current), compiled at its first use.
+fn module_of(ctx: Ctx, device: i32, r: Reduction) -> Result<cu::CUmodule> {
     let mkey = (ctx, r.dtype, r.wire.is_some());
     let known = MODULES.lock().unwrap().get_or_insert_with(HashMap::new).get(&mkey).copied();
-    let module = match known {
+    Ok(match known {
         Some(Module(m)) => m as cu::CUmodule,
         None => {
             if !r.supported() {
@@ -266,14 +273,80 @@ pub fn kernel_for(ctx: Ctx, device: i32, r: Reduction, inputs: usize) -> Result<
             MODULES.lock().unwrap().get_or_insert_with(HashMap::new).insert(mkey, Module(module as usize));
             module
         }
-    };
+    })
+}
+
+/// Kernel `name` of `module`.
+fn function(module: cu::CUmodule, name: &str, device: i32, ranks: usize) -> Result<Function> {
     let mut f: cu::CUfunction = std::ptr::null_mut();
-    let fname = CString::new(r.entry_for(ranks)).expect("no NUL");
+    let fname = CString::new(name).expect("no NUL");
     // SAFETY: a loaded module and a NUL-terminated name.
     cu_check(unsafe { cu::cuModuleGetFunction(&mut f, module, fname.as_ptr()) }, "cuModuleGetFunction")?;
-    let f = Function { f: f as usize, full: cuda::resident_blocks(device, THREADS)?, ranks };
-    CACHE.lock().unwrap().get_or_insert_with(HashMap::new).insert((ctx, r, ranks), f);
-    Ok(f)
+    Ok(Function { f: f as usize, full: cuda::resident_blocks(device, THREADS)?, ranks })
+}
+
+/// The scaling kernels: (context, data type) -> CUfunction.
+static SCALERS: Mutex<Option<HashMap<(Ctx, crate::types::DataType), Function>>> = Mutex::new(None);
+
+/// Where a PreMulSum scalar is when its kernel runs.
+#[derive(Clone, Copy, Debug)]
+pub enum Scalar {
+    /// One element, native byte order, in the low bytes.
+    Bits(u64),
+    /// One element in device memory of the kernel's context.
+    At(*const u8),
+}
+
+/// Enqueues on `stream` `out[i] = input[i] * scalar` for `count` elements of `dt` (the
+/// first half of PreMulSum; bit for bit the host's `reduce::pre_multiply`), in `ctx` on
+/// `device`; compiles the type's program at its first use.
+///
+/// # Safety
+/// `out` and `input` hold `count` elements of `dt` in device memory of `ctx`, and an
+/// `At` scalar one, until the stream has run the kernel; `out` is `input` or does not
+/// overlap it.
+#[allow(clippy::too_many_arguments)]
+pub unsafe fn scale(
+    ctx: Ctx,
+    device: i32,
+    dt: crate::types::DataType,
+    out: *mut u8,
+    input: *const u8,
+    count: usize,
+    scalar: Scalar,
+    stream: Stream,
+) -> Result<()> {
+    if count == 0 {
+        return Ok(());
+    }
+    nvrtc_ready()?;
+    let _g = cuda::CtxGuard::enter(ctx)?;
+    let known = SCALERS.lock().unwrap().get_or_insert_with(HashMap::new).get(&(ctx, dt)).copied();
+    let f = match known {
+        Some(f) => f,
+        None => {
+            let m = module_of(ctx, device, Reduction::new(dt, crate::types::RedOp::Sum))?;
+            let f = function(m, &crate::mem::cuda_kernels::scale_entry(dt), device, 0)?;
+            SCALERS.lock().unwrap().get_or_insert_with(HashMap::new).insert((ctx, dt), f);
+            f
+        }
+    };
+    let (sp, sbits) = match scalar {
+        Scalar::Bits(b) => (0u64, b),
+        Scalar::At(p) => (p as u64, 0),
+    };
+    let (mut o, mut i, mut c, mut sp, mut sb, mut fl) = (out as u64, input as u64, count as u64, sp, sbits, 0u64);
+    let mut params: [*mut c_void; 6] = [
+        (&mut o as *mut u64).cast(),
+        (&mut i as *mut u64).cast(),
+        (&mut c as *mut u64).cast(),
+        (&mut sp as *mut u64).cast(),
+        (&mut sb as *mut u64).cast(),
+        (&mut fl as *mut u64).cast(),
+    ];
+    // SAFETY: the scaling kernel takes (pointer, pointer, unsigned long long, pointer,
+    // unsigned long long, pointer); buffers per the caller.
+    unsafe { launch_grid(f, &mut params, [grid_x(count, 1, f.full), 1], stream, "fccl_scale") }
 }
 
 /// Launches `f` (from [`kernel`] or [`kernel_for`] for `r`; a specialised kernel takes
@@ -354,13 +427,14 @@ pub unsafe fn launch(
     unsafe { launch_grid(f, &mut params, grid, stream, &r.entry_for(f.ranks)) }
 }
 
-/// The copy kernels (`fccl_copy`, `fccl_copy2d`, `fccl_copy_batch`) of context `ctx` on `device`, compiled
+/// The copy kernels (`fccl_copy`, `fccl_copy2d`, `fccl_copy_batch`, `fccl_swap_batch`) of context `ctx` on `device`, compiled
 /// and loaded at the first use in the context.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Copiers {
     copy: Function,
     copy2d: Function,
     batch: Function,
+    swap: Function,
 }
 
 static COPIERS: Mutex<Option<HashMap<Ctx, Copiers>>> = Mutex::new(None);
@@ -381,7 +455,12 @@ pub fn copiers(ctx: Ctx, device: i32) -> Result<Copiers> {
         cu_check(unsafe { cu::cuModuleGetFunction(&mut f, module, cname.as_ptr()) }, "cuModuleGetFunction")?;
         Ok(Function { f: f as usize, full, ranks: 0 })
     };
-    let c = Copiers { copy: get("fccl_copy")?, copy2d: get("fccl_copy2d")?, batch: get("fccl_copy_batch")? };
+    let c = Copiers {
+        copy: get("fccl_copy")?,
+        copy2d: get("fccl_copy2d")?,
+        batch: get("fccl_copy_batch")?,
+        swap: get("fccl_swap_batch")?,
+    };
     COPIERS.lock().unwrap_or_else(|p| p.into_inner()).get_or_insert_with(HashMap::new).insert(ctx, c);
     Ok(c)
 }
@@ -513,6 +592,34 @@ impl Copiers {
         unsafe { self.launch_table(&mut t, failed, stream) }
     }
 
+    /// Enqueues on `stream` the exchange of the bytes of every pair `(a, b, len)`: `len`
+    /// bytes at `a` and at `b` trade places, each byte read once and written once, in as
+    /// few launches as the table allows (one up to [`BATCH`] pairs). Nothing runs once
+    /// the word at `failed` (0: none) is non-zero.
+    ///
+    /// # Safety
+    /// Both ranges of every pair are valid device memory of the current context, and
+    /// `failed` is 0 or a device-readable word, until the stream has run the work; no
+    /// range overlaps another of the batch.
+    pub unsafe fn swap_batch(&self, pairs: &[(*mut u8, *mut u8, usize)], failed: u64, stream: Stream) -> Result<()> {
+        let pairs: Vec<_> = pairs.iter().filter(|p| p.2 > 0).collect();
+        for part in pairs.chunks(BATCH) {
+            let mut raw = RawPairs { a: [0; BATCH], b: [0; BATCH], len: [0; BATCH] };
+            for (g, &&(a, b, len)) in part.iter().enumerate() {
+                (raw.a[g], raw.b[g], raw.len[g]) = (a as u64, b as u64, len as u64);
+            }
+            let (mut n, mut fl) = (part.len() as u32, failed);
+            let most = part.iter().map(|p| p.2 / 16 + 1).max().unwrap_or(1);
+            let grid = [grid_x(most, part.len(), self.swap.full), part.len() as u32];
+            let mut params: [*mut c_void; 3] =
+                [(&mut raw as *mut RawPairs).cast(), (&mut n as *mut u32).cast(), (&mut fl as *mut u64).cast()];
+            // SAFETY: fccl_swap_batch takes (struct fccl_pairs, unsigned int, pointer), and
+            // RawPairs is struct fccl_pairs's layout; buffers per the caller.
+            unsafe { launch_grid(self.swap, &mut params, grid, stream, "fccl_swap_batch")? };
+        }
+        Ok(())
+    }
+
     /// Launches `t` (if it holds anything) and empties it.
     ///
     /// # Safety
@@ -549,6 +656,14 @@ struct RawTable {
     len: [u64; BATCH],
     dst: [u64; BATCH],
     first: [u16; BATCH + 1],
+}
+
+/// `struct fccl_pairs` of the copy program, as it travels in the kernel's arguments.
+#[repr(C)]
+struct RawPairs {
+    a: [u64; BATCH],
+    b: [u64; BATCH],
+    len: [u64; BATCH],
 }
 
 /// A batch being filled.

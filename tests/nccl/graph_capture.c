@@ -13,56 +13,19 @@
 #define _GNU_SOURCE
 #include <nccl.h>
 
-#include <dlfcn.h>
 #include <pthread.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
+#include "common.h"
+
 #define M 37
 #define THREAD_LOCAL 1
 #define NON_BLOCKING 1u
 
-typedef int CUresult;
-typedef unsigned long long CUdeviceptr;
-static CUresult (*cuInit)(unsigned);
-static CUresult (*cuDeviceGetCount)(int*);
-static CUresult (*cuDeviceGet)(int*, int);
-static CUresult (*cuDevicePrimaryCtxRetain)(void**, int);
-static CUresult (*cuCtxSetCurrent)(void*);
-static CUresult (*cuMemAlloc)(CUdeviceptr*, size_t);
-static CUresult (*cuMemFree)(CUdeviceptr);
-static CUresult (*cuMemcpyHtoD)(CUdeviceptr, const void*, size_t);
-static CUresult (*cuMemcpyDtoH)(void*, CUdeviceptr, size_t);
-static CUresult (*cuStreamCreate)(void**, unsigned);
-static CUresult (*cuStreamDestroy)(void*);
-static CUresult (*cuStreamSynchronize)(void*);
-static CUresult (*cuStreamBeginCapture)(void*, int);
-static CUresult (*cuStreamEndCapture)(void*, void**);
-static CUresult (*cuGraphDestroy)(void*);
-
-static pthread_mutex_t lock = PTHREAD_MUTEX_INITIALIZER;
-static int failures = 0, checks = 0, ndev = 0;
-
-#define CHECK(rank, cond, ...)                                          \
-  do {                                                                  \
-    pthread_mutex_lock(&lock);                                          \
-    checks++;                                                           \
-    if (!(cond)) {                                                      \
-      failures++;                                                       \
-      fprintf(stderr, "rank %d: FAIL %s:%d: ", rank, __FILE__, __LINE__); \
-      fprintf(stderr, __VA_ARGS__);                                     \
-      fprintf(stderr, "\n");                                            \
-    }                                                                   \
-    pthread_mutex_unlock(&lock);                                        \
-  } while (0)
-#define OK(rank, call)                                                                          \
-  do {                                                                                          \
-    ncclResult_t r_ = (call);                                                                   \
-    CHECK(rank, r_ == ncclSuccess, "%s: %s (%s)", #call, ncclGetErrorString(r_), ncclGetLastError(NULL)); \
-  } while (0)
-#define CU(rank, call) CHECK(rank, (call) == 0, "%s failed", #call)
+static int ndev = 0;
 
 struct targ {
   ncclUniqueId id;
@@ -118,37 +81,15 @@ static void* rank_main(void* p) {
   return NULL;
 }
 
-#define LOAD(var, name) *(void**)&var = dlsym(h, name)
-
 int main(int argc, char** argv) {
   int n = argc > 1 ? atoi(argv[1]) : 2, i;
-  void* h = dlopen("libcuda.so.1", RTLD_NOW);
   struct targ a[8];
   pthread_t t[8];
   ncclUniqueId id;
   if (n < 1 || n > 8) return 2;
-  if (h == NULL) {
-    printf("graph_capture: no libcuda.so.1 (skipped)\n");
-    return 77;
-  }
-  LOAD(cuInit, "cuInit");
-  LOAD(cuDeviceGetCount, "cuDeviceGetCount");
-  LOAD(cuDeviceGet, "cuDeviceGet");
-  LOAD(cuDevicePrimaryCtxRetain, "cuDevicePrimaryCtxRetain");
-  LOAD(cuCtxSetCurrent, "cuCtxSetCurrent");
-  LOAD(cuMemAlloc, "cuMemAlloc_v2");
-  LOAD(cuMemFree, "cuMemFree_v2");
-  LOAD(cuMemcpyHtoD, "cuMemcpyHtoD_v2");
-  LOAD(cuMemcpyDtoH, "cuMemcpyDtoH_v2");
-  LOAD(cuStreamCreate, "cuStreamCreate");
-  LOAD(cuStreamDestroy, "cuStreamDestroy_v2");
-  LOAD(cuStreamSynchronize, "cuStreamSynchronize");
-  LOAD(cuStreamBeginCapture, "cuStreamBeginCapture_v2");
-  LOAD(cuStreamEndCapture, "cuStreamEndCapture");
-  LOAD(cuGraphDestroy, "cuGraphDestroy");
-  if (!cuInit || !cuStreamBeginCapture || !cuStreamEndCapture || !cuGraphDestroy || cuInit(0) != 0 ||
-      cuDeviceGetCount(&ndev) != 0 || ndev < 1) {
-    printf("graph_capture: no CUDA device with stream capture (skipped)\n");
+  ndev = cuda_load();
+  if (ndev < 1) {
+    printf("graph_capture: no CUDA driver or device with stream capture (skipped)\n");
     return 77;
   }
   OK(-1, ncclGetUniqueId(&id));

@@ -1,9 +1,13 @@
 /*
- * PyTorch's ProcessGroupNCCL, replayed as plain NCCL calls on host memory
- * (tests/nccl/run.sh): what a training job's process group asks of libnccl.so.2.
+ * PyTorch's ProcessGroupNCCL, replayed as plain NCCL calls (tests/nccl/run.sh): what
+ * a training job's process group asks of libnccl.so.2.
  *
- *   pg_replay --threads N [--nonblocking]      N ranks as threads of this process
- *   ferroccl-run -n N pg_replay [--nonblocking] one rank per process
+ *   pg_replay --threads N [--nonblocking] [--device]      N ranks as threads of this process
+ *   ferroccl-run -n N pg_replay [--nonblocking] [--device] one rank per process
+ *
+ * Buffers are host memory, or with --device CUDA memory on device 0 (every rank on the
+ * one GPU, as torchrun on a one-GPU machine), each rank's calls on a non-blocking stream
+ * of its own as ProcessGroupNCCL's; exit 77 there without a CUDA driver or device.
  *
  * Each rank: ncclCommInitRankConfig with a config (blocking, or non-blocking polled as
  * TORCH_NCCL_USE_COMM_NONBLOCKING does), a watchdog thread polling
@@ -25,48 +29,16 @@
 #include <string.h>
 #include <time.h>
 
+#include "common.h"
+
 #define M 19
 
-static pthread_mutex_t lock = PTHREAD_MUTEX_INITIALIZER;
-static int failures = 0, checks_total = 0;
-
-#define CHECK(rank, cond, ...)                                          \
-  do {                                                                  \
-    pthread_mutex_lock(&lock);                                          \
-    checks_total++;                                                     \
-    if (!(cond)) {                                                      \
-      failures++;                                                       \
-      fprintf(stderr, "rank %d: FAIL %s:%d: ", rank, __FILE__, __LINE__); \
-      fprintf(stderr, __VA_ARGS__);                                     \
-      fprintf(stderr, "\n");                                            \
-    }                                                                   \
-    pthread_mutex_unlock(&lock);                                        \
-  } while (0)
 
 static double now(void) {
   struct timespec ts;
   clock_gettime(CLOCK_MONOTONIC, &ts);
   return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
 }
-
-/* A non-blocking communicator's call: poll until it leaves ncclInProgress. */
-static ncclResult_t settle(ncclComm_t comm, ncclResult_t r) {
-  ncclResult_t st = ncclInProgress;
-  if (r != ncclInProgress) return r;
-  do {
-    r = ncclCommGetAsyncError(comm, &st);
-    if (r != ncclSuccess) return r;
-  } while (st == ncclInProgress);
-  return st;
-}
-
-#define DO(rank, comm, call)                                                                  \
-  do {                                                                                        \
-    ncclResult_t r_ = (call);                                                                 \
-    r_ = settle((comm), r_); /* after the call: it may set `comm` */                         \
-    CHECK(rank, r_ == ncclSuccess, "%s: %s (%s)", #call, ncclGetErrorString(r_),              \
-          ncclGetLastError(NULL));                                                            \
-  } while (0)
 
 /* ProcessGroupNCCL's watchdog: polls the communicator's asynchronous error; after
  * `deadline` (0: none) it aborts the communicator, as on a collective timeout. */
@@ -105,6 +77,30 @@ static void* watchdog_main(void* p) {
   }
 }
 
+/* --device: buffers in device memory, each rank's calls on its own stream. */
+static int g_device = 0;
+
+/* `bytes` at `host` where the calls read them: the same memory, or with --device a
+ * copy in device memory (freed with unplace). */
+static void* place(int rank, const void* host, size_t bytes) {
+  CUdeviceptr d = 0;
+  if (!g_device) return (void*)host;
+  CU(rank, cuMemAlloc(&d, bytes));
+  CU(rank, cuMemcpyHtoD(d, host, bytes));
+  return (void*)(uintptr_t)d;
+}
+
+/* The calls' results in `placed` back at `host`, once `stream` has run them. */
+static void fetch(int rank, void* host, const void* placed, size_t bytes, void* stream) {
+  if (!g_device) return;
+  CU(rank, cuStreamSynchronize(stream));
+  CU(rank, cuMemcpyDtoH(host, (CUdeviceptr)(uintptr_t)placed, bytes));
+}
+
+static void unplace(int rank, void* placed) {
+  if (g_device) CU(rank, cuMemFree((CUdeviceptr)(uintptr_t)placed));
+}
+
 static void rank_main(ncclUniqueId id, int rank, int n, int blocking) {
   ncclConfig_t cfg = NCCL_CONFIG_INITIALIZER;
   ncclComm_t comm = NULL, sub = NULL;
@@ -114,7 +110,16 @@ static void rank_main(ncclUniqueId id, int rank, int n, int blocking) {
   int32_t send[64 * M], recv[64 * M];
   float fs[64 * M], fr[64 * M];
   int p, i;
+  void *ctx = NULL, *st = NULL;
+  int32_t *dsend, *drecv;
+  float *dfs, *dfr;
 
+  if (g_device) {
+    /* ProcessGroupNCCL's own stream: non-blocking (CU_STREAM_NON_BLOCKING). */
+    CU(rank, cuDevicePrimaryCtxRetain(&ctx, 0));
+    CU(rank, cuCtxSetCurrent(ctx));
+    CU(rank, cuStreamCreate(&st, 1u));
+  }
   snprintf(name, sizeof name, "pg-%d", rank);
   cfg.blocking = blocking;
   cfg.commName = name;
@@ -133,13 +138,19 @@ static void rank_main(ncclUniqueId id, int rank, int n, int blocking) {
   {
     ncclConfig_t scfg = NCCL_CONFIG_INITIALIZER;
     int cnt = 0, x = rank + 1, y = 0, want = 0;
+    int32_t *dx, *dy;
     scfg.blocking = blocking;
     scfg.commName = "pg-split";
     DO(rank, sub, ncclCommSplit(comm, rank % 2, rank, &sub, &scfg));
     if (sub != NULL) {
       DO(rank, sub, ncclCommCount(sub, &cnt));
       CHECK(rank, cnt == (n - rank % 2 + 1) / 2, "split size %d", cnt);
-      DO(rank, sub, ncclAllReduce(&x, &y, 1, ncclInt32, ncclSum, sub, NULL));
+      dx = place(rank, &x, sizeof x);
+      dy = place(rank, &y, sizeof y);
+      DO(rank, sub, ncclAllReduce(dx, dy, 1, ncclInt32, ncclSum, sub, st));
+      fetch(rank, &y, dy, sizeof y, st);
+      unplace(rank, dx);
+      unplace(rank, dy);
       for (p = rank % 2; p < n; p += 2) want += p + 1;
       CHECK(rank, y == want, "all_reduce on the split: %d, want %d", y, want);
     }
@@ -149,27 +160,35 @@ static void rank_main(ncclUniqueId id, int rank, int n, int blocking) {
   for (p = 0; p < n; p++)
     for (i = 0; i < M; i++) send[p * M + i] = rank * 1000 + p * 10 + i;
   memset(recv, 0, sizeof recv);
+  dsend = place(rank, send, sizeof send);
+  drecv = place(rank, recv, sizeof recv);
   DO(rank, comm, ncclGroupStart());
   for (p = 0; p < n; p++) {
-    DO(rank, comm, ncclSend(send + p * M, M, ncclInt32, p, comm, NULL));
-    DO(rank, comm, ncclRecv(recv + p * M, M, ncclInt32, p, comm, NULL));
+    DO(rank, comm, ncclSend(dsend + p * M, M, ncclInt32, p, comm, st));
+    DO(rank, comm, ncclRecv(drecv + p * M, M, ncclInt32, p, comm, st));
   }
   DO(rank, comm, ncclGroupEnd());
+  fetch(rank, recv, drecv, sizeof recv, st);
   for (p = 0; p < n; p++)
     for (i = 0; i < M; i++)
       CHECK(rank, recv[p * M + i] == p * 1000 + rank * 10 + i, "p2p from %d element %d: %d", p, i,
             (int)recv[p * M + i]);
 
   /* ReduceOp.PREMUL_SUM: a Python float factor (host immediate), then a tensor factor
-   * (ncclScalarDevice; a host pointer here). The operator is destroyed right after the
-   * call is issued. */
+   * (ncclScalarDevice; in device memory with --device, a host pointer otherwise). The
+   * operator is destroyed right after the call is issued. */
   {
     ncclRedOp_t op = ncclSum;
     float factor = 1.0f / (float)n;
     for (i = 0; i < M; i++) fs[i] = (float)(n * (rank + 1) * (i + 1));
+    dfs = place(rank, fs, sizeof fs);
+    dfr = place(rank, fr, sizeof fr);
     DO(rank, comm, ncclRedOpCreatePreMulSum(&op, &factor, ncclFloat, ncclScalarHostImmediate, comm));
-    DO(rank, comm, ncclAllReduce(fs, fr, M, ncclFloat, op, comm, NULL));
+    DO(rank, comm, ncclAllReduce(dfs, dfr, M, ncclFloat, op, comm, st));
     DO(rank, comm, ncclRedOpDestroy(op, comm));
+    fetch(rank, fr, dfr, sizeof fr, st);
+    unplace(rank, dfs);
+    unplace(rank, dfr);
     for (i = 0; i < M; i++) {
       float want = 0;
       for (p = 0; p < n; p++) want += (float)((p + 1) * (i + 1));
@@ -178,14 +197,21 @@ static void rank_main(ncclUniqueId id, int rank, int n, int blocking) {
   }
   {
     ncclRedOp_t op = ncclSum;
-    float factor = 3.0f;
+    float factor = 3.0f, *dfactor;
     for (p = 0; p < n; p++)
       for (i = 0; i < M; i++) fs[p * M + i] = (float)(p - rank);
-    DO(rank, comm, ncclRedOpCreatePreMulSum(&op, &factor, ncclFloat, ncclScalarDevice, comm));
+    dfs = place(rank, fs, sizeof fs);
+    dfr = place(rank, fr, sizeof fr);
+    dfactor = place(rank, &factor, sizeof factor);
+    DO(rank, comm, ncclRedOpCreatePreMulSum(&op, dfactor, ncclFloat, ncclScalarDevice, comm));
     DO(rank, comm, ncclGroupStart());
-    DO(rank, comm, ncclReduceScatter(fs, fr, M, ncclFloat, op, comm, NULL));
+    DO(rank, comm, ncclReduceScatter(dfs, dfr, M, ncclFloat, op, comm, st));
     DO(rank, comm, ncclGroupEnd());
     DO(rank, comm, ncclRedOpDestroy(op, comm));
+    fetch(rank, fr, dfr, sizeof fr, st);
+    unplace(rank, dfs);
+    unplace(rank, dfr);
+    unplace(rank, dfactor);
     for (i = 0; i < M; i++) {
       float want = 0;
       for (p = 0; p < n; p++) want += 3.0f * (float)(rank - p);
@@ -201,7 +227,7 @@ static void rank_main(ncclUniqueId id, int rank, int n, int blocking) {
     w.deadline = t0 + 0.3;
     pthread_mutex_unlock(&w.mu);
     if (rank != n - 1) {
-      ncclResult_t r = ncclAllReduce(send, recv, M, ncclInt32, ncclSum, comm, NULL);
+      ncclResult_t r = ncclAllReduce(dsend, drecv, M, ncclInt32, ncclSum, comm, st);
       if (blocking) {
         CHECK(rank, r != ncclSuccess, "the all_reduce the last rank skipped succeeded");
         CHECK(rank, now() - t0 < 30, "the blocked all_reduce took %.1f s to return", now() - t0);
@@ -213,6 +239,10 @@ static void rank_main(ncclUniqueId id, int rank, int n, int blocking) {
   }
   CHECK(rank, w.polls > 0 && w.errors == 0, "watchdog: %d polls, %d errors before the hang", w.polls, w.errors);
   pthread_mutex_destroy(&w.mu);
+  /* The aborted call enqueued nothing that still reads these (the last rank never came). */
+  unplace(rank, dsend);
+  unplace(rank, drecv);
+  if (st != NULL) CU(rank, cuStreamDestroy(st));
 }
 
 struct targ {
@@ -232,6 +262,11 @@ int main(int argc, char** argv) {
   for (i = 1; i < argc; i++) {
     if (strcmp(argv[i], "--nonblocking") == 0) blocking = 0;
     else if (strcmp(argv[i], "--threads") == 0 && i + 1 < argc) n = atoi(argv[++i]);
+    else if (strcmp(argv[i], "--device") == 0) g_device = 1;
+  }
+  if (g_device && cuda_load() < 1) {
+    printf("pg_replay: no CUDA driver or device (skipped)\n");
+    return 77;
   }
   CHECK(-1, ncclGetVersion(&version) == ncclSuccess && version >= 22800, "ncclGetVersion %d", version);
   if (n > 0) {
@@ -260,10 +295,10 @@ int main(int argc, char** argv) {
     n = atoi(getenv("FERROCCL_WORLD_SIZE"));
     rank_main(id, atoi(getenv("FERROCCL_RANK")), n, blocking);
   } else {
-    fprintf(stderr, "usage: pg_replay --threads N [--nonblocking], or under ferroccl-run -n N\n");
+    fprintf(stderr, "usage: pg_replay --threads N [--nonblocking] [--device], or under ferroccl-run -n N\n");
     return 2;
   }
-  printf("pg_replay %d ranks, %s: %d checks, %d failed\n", n, blocking ? "blocking" : "non-blocking",
-         checks_total, failures);
+  printf("pg_replay %d ranks, %s, %s memory: %d checks, %d failed\n", n, blocking ? "blocking" : "non-blocking",
+         g_device ? "device" : "host", checks, failures);
   return failures == 0 ? 0 : 1;
 }

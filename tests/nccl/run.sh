@@ -16,7 +16,8 @@
 #      tests/nccl/pg_replay.c replays PyTorch's ProcessGroupNCCL (config init, split,
 #      batched send/recv, PREMUL_SUM, a watchdog thread polling ncclCommGetAsyncError
 #      that aborts a hung all_reduce) at 2 and 4 ranks, threads and processes,
-#      blocking and non-blocking.
+#      blocking and non-blocking, on host memory and on CUDA memory with every rank on
+#      one simulated GPU (--device).
 #      tests/nccl/shrink.c calls ncclCommShrink as PyTorch's shrink_group does.
 #      tests/nccl/premul_device.c runs PreMulSum on device memory on the simulated GPU.
 #      tests/nccl/graph_capture.c calls ncclAllReduce inside CUDA graph capture on the
@@ -155,11 +156,29 @@ if run "nccl_style.c: cc -I<prefix>/include/ferroccl -L<prefix>/lib/ferroccl -ln
   pexe="$tmp/pg_replay"
   if run "pg_replay.c (ProcessGroupNCCL's calls): cc ... -lnccl" "$tmp/pbuild.log" \
          "$cc" "${flags[@]}" "$here/pg_replay.c" -o "$pexe" -L"$prefix/lib/ferroccl" -lnccl \
-         -Wl,-rpath,"$prefix/lib/ferroccl" -lpthread; then
+         -Wl,-rpath,"$prefix/lib/ferroccl" -lpthread -ldl; then
     for mode in "" --nonblocking; do
       for n in 2 4; do
         run "pg_replay $n ranks as threads ${mode:-blocking}" "$tmp/pg-t$n$mode.log" "$pexe" --threads $n $mode
         run "pg_replay ferroccl-run -n $n ${mode:-blocking}" "$tmp/pg-p$n$mode.log" "$run_bin" -n $n "$pexe" $mode
+      done
+    done
+    # The same on CUDA memory, every rank on one simulated GPU (torchrun on a one-GPU box).
+    for mode in "" --nonblocking; do
+      for n in 2 4; do
+        for how in threads processes; do
+          log="$tmp/pg-dev-$how$n$mode.log"
+          if [ $how = threads ]; then
+            FERROCCL_SIM_DEVICES=1 timeout 300 bash "$root/scripts/sim-gpu.sh" "$pexe" --threads $n --device $mode >"$log" 2>&1
+          else
+            FERROCCL_SIM_DEVICES=1 timeout 300 bash "$root/scripts/sim-gpu.sh" "$run_bin" -n $n "$pexe" --device $mode >"$log" 2>&1
+          fi
+          case $? in
+            0) ok "pg_replay on one simulated GPU: $n ranks as $how, ${mode:-blocking}, device buffers" ;;
+            77) skip "pg_replay on a simulated GPU: none ($(tail -1 "$log"))" ;;
+            *) bad "pg_replay on one simulated GPU: $n ranks as $how ${mode:-blocking} ($log):"; tail -20 "$log" | sed 's/^/        /' ;;
+          esac
+        done
       done
     done
   fi
@@ -167,7 +186,7 @@ if run "nccl_style.c: cc -I<prefix>/include/ferroccl -L<prefix>/lib/ferroccl -ln
   sexe="$tmp/shrink"
   if run "shrink.c (ncclCommShrink): cc ... -lnccl" "$tmp/sbuild.log" \
          "$cc" "${flags[@]}" "$here/shrink.c" -o "$sexe" -L"$prefix/lib/ferroccl" -lnccl \
-         -Wl,-rpath,"$prefix/lib/ferroccl" -lpthread; then
+         -Wl,-rpath,"$prefix/lib/ferroccl" -lpthread -ldl; then
     for mode in "" --nonblocking; do
       for n in 2 4; do
         run "shrink $n ranks as threads ${mode:-blocking}" "$tmp/sh-t$n$mode.log" "$sexe" --threads $n $mode
@@ -183,13 +202,21 @@ if run "nccl_style.c: cc -I<prefix>/include/ferroccl -L<prefix>/lib/ferroccl -ln
     for spec in "2 2" "2 4" "1 4"; do
       set -- $spec
       log="$tmp/pd-$1-$2.log"
-      FERROCCL_SIM_DEVICES=$1 timeout 300 bash "$root/scripts/sim-gpu.sh" "$dexe" "$2" >"$log" 2>&1
+      FERROCCL_DEBUG=INFO FERROCCL_SIM_DEVICES=$1 timeout 300 bash "$root/scripts/sim-gpu.sh" "$dexe" "$2" >"$log" 2>&1
       case $? in
         0) ok "premul_device: $2 ranks on $1 simulated GPUs (ncclScalarDevice, device buffers)" ;;
         77) skip "premul_device: no simulated GPU ($(tail -1 "$log"))" ;;
         *) bad "premul_device: $2 ranks on $1 simulated GPUs ($log):"; tail -20 "$log" | sed 's/^/        /' ;;
       esac
     done
+    # Ranks sharing one GPU: the products are shareable device memory, so both PreMulSum
+    # calls of every rank went GPU to GPU, none through host staging.
+    served=$(grep -cE 'seq [0-9]+ fccl(AllReduce|ReduceScatter) count 23 .* backend ipc ' "$tmp/pd-1-4.log")
+    if [ "$served" = 8 ]; then
+      ok "premul_device: 4 ranks on one simulated GPU: every PreMulSum call served GPU to GPU (backend ipc)"
+    else
+      bad "premul_device: 4 ranks on one simulated GPU: $served of 8 PreMulSum calls served by backend ipc ($tmp/pd-1-4.log)"
+    fi
   fi
   # ncclAllReduce inside graph capture: refused on every rank alike, the capture intact
   # (ranks sharing one simulated GPU, and on two, staged).

@@ -20,37 +20,8 @@
 #include <stdlib.h>
 #include <string.h>
 
-static pthread_mutex_t lock = PTHREAD_MUTEX_INITIALIZER;
-static int failures = 0, checks = 0;
+#include "common.h"
 
-#define CHECK(rank, cond, ...)                                          \
-  do {                                                                  \
-    pthread_mutex_lock(&lock);                                          \
-    checks++;                                                           \
-    if (!(cond)) {                                                      \
-      failures++;                                                       \
-      fprintf(stderr, "rank %d: FAIL %s:%d: ", rank, __FILE__, __LINE__); \
-      fprintf(stderr, __VA_ARGS__);                                     \
-      fprintf(stderr, "\n");                                            \
-    }                                                                   \
-    pthread_mutex_unlock(&lock);                                        \
-  } while (0)
-
-/* A call's result once a non-blocking communicator's work has ended. */
-static ncclResult_t settled(ncclComm_t comm, ncclResult_t r) {
-  while (r == ncclInProgress) {
-    ncclResult_t e = ncclInProgress;
-    if (ncclCommGetAsyncError(comm, &e) != ncclSuccess) return ncclInternalError;
-    r = e;
-  }
-  return r;
-}
-
-#define OK(rank, comm, call)                                                                      \
-  do {                                                                                            \
-    ncclResult_t r_ = settled(comm, (call));                                                      \
-    CHECK(rank, r_ == ncclSuccess, "%s: %s (%s)", #call, ncclGetErrorString(r_), ncclGetLastError(NULL)); \
-  } while (0)
 
 /* A shrink with bad arguments: ncclInvalidArgument naming `want`, *newcomm NULL. */
 static void refused(int rank, ncclComm_t comm, int* list, int count, int flags, const char* want) {
@@ -77,27 +48,27 @@ static void shrink_without(int rank, int n, ncclComm_t comm, int* left, int k, n
     want_sum += i;
   }
   ncclComm_t nc = NULL;
-  OK(rank, comm, ncclCommShrink(comm, left, k, &nc, cfg, NCCL_SHRINK_DEFAULT));
+  DO(rank, comm, ncclCommShrink(comm, left, k, &nc, cfg, NCCL_SHRINK_DEFAULT));
   if (nc == NULL) return;
-  OK(rank, nc, ncclInProgress); /* waits for a non-blocking child's set-up */
+  DO(rank, nc, ncclInProgress); /* waits for a non-blocking child's set-up */
   int count = -1, me = -1;
-  OK(rank, nc, ncclCommCount(nc, &count));
-  OK(rank, nc, ncclCommUserRank(nc, &me));
+  DO(rank, nc, ncclCommCount(nc, &count));
+  DO(rank, nc, ncclCommUserRank(nc, &me));
   CHECK(rank, count == n - k, "the shrunk communicator has %d ranks, want %d", count, n - k);
   CHECK(rank, me == newrank, "rank %d is rank %d of the shrunk communicator, want %d", rank, me, newrank);
   int x = rank, sum = -1;
-  OK(rank, nc, ncclAllReduce(&x, &sum, 1, ncclInt32, ncclSum, nc, NULL));
-  OK(rank, nc, ncclInProgress);
+  DO(rank, nc, ncclAllReduce(&x, &sum, 1, ncclInt32, ncclSum, nc, NULL));
+  DO(rank, nc, ncclInProgress);
   CHECK(rank, sum == want_sum, "all_reduce of the old ranks on the shrunk communicator gave %d, want %d", sum, want_sum);
-  OK(rank, nc, ncclCommDestroy(nc));
+  DO(rank, nc, ncclCommDestroy(nc));
 }
 
 static void rank_main(ncclUniqueId id, int rank, int n, int blocking) {
   ncclConfig_t cfg = NCCL_CONFIG_INITIALIZER;
   cfg.blocking = blocking;
   ncclComm_t comm = NULL;
-  OK(rank, comm, ncclCommInitRankConfig(&comm, n, id, rank, &cfg));
-  OK(rank, comm, ncclInProgress);
+  DO(rank, comm, ncclCommInitRankConfig(&comm, n, id, rank, &cfg));
+  DO(rank, comm, ncclInProgress);
   if (comm == NULL) return;
 
   int out_of_range[1] = {n}, twice[2] = {(rank + 1) % n, (rank + 1) % n}, self[1] = {rank}, other[1] = {(rank + 1) % n};
@@ -113,10 +84,10 @@ static void rank_main(ncclUniqueId id, int rank, int n, int blocking) {
   shrink_without(rank, n, comm, left, 0, &cfg);
   /* The parent still works for every rank, the leaving ones included. */
   int one = 1, total = 0;
-  OK(rank, comm, ncclAllReduce(&one, &total, 1, ncclInt32, ncclSum, comm, NULL));
-  OK(rank, comm, ncclInProgress);
+  DO(rank, comm, ncclAllReduce(&one, &total, 1, ncclInt32, ncclSum, comm, NULL));
+  DO(rank, comm, ncclInProgress);
   CHECK(rank, total == n, "all_reduce on the parent after the shrinks gave %d, want %d", total, n);
-  OK(rank, comm, ncclCommDestroy(comm));
+  DO(rank, comm, ncclCommDestroy(comm));
 }
 
 struct targ {

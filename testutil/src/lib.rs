@@ -10,7 +10,6 @@
 //! Depends on nothing, so every crate of the workspace (the kernels crate included,
 //! whose own types its tests compare) can take it as a dev-dependency without a cycle.
 #![forbid(unsafe_code)]
-#![warn(clippy::undocumented_unsafe_blocks)]
 
 /// splitmix64's increment: the golden ratio in 64-bit fixed point.
 const GAMMA: u64 = 0x9e37_79b9_7f4a_7c15;

@@ -47,6 +47,15 @@ pub(super) unsafe fn move_data(
             x.algo = Algo::MpsIdle;
             return Ok(());
         }
+        // Every rank in place, each block where its reply goes: rank q's block p and rank
+        // p's block q trade places, in one launch that reads and writes each byte once.
+        if let Some(pairs) = swaps(c, peers, counts, in_place.len()) {
+            // SAFETY: the blocks lie in the ranks' mapped buffers (caller) and are
+            // disjoint (`swaps`).
+            unsafe { copiers.swap_batch(&pairs, failed, s)? };
+            x.algo = Algo::ExecSwap;
+            return Ok(());
+        }
         let total: usize = in_place.iter().map(|&(_, len)| len).sum();
         let scratch = cuda::Scratch::new(total, ctx, s)?;
         let mut moved = peers.to_vec();
@@ -217,6 +226,54 @@ pub(super) unsafe fn move_data(
         k => return Err(Error::internal(format!("{} on the IPC path", k.c_name()))),
     }
     flush()
+}
+
+/// An all_to_all(v) that every one of the `n` ranks (`in_place` of them overlap) makes
+/// in place with one layout for its sends and its receives (the same buffer, block p
+/// at the same place and of the same length in both): the pairs of blocks to exchange,
+/// rank q's block p with rank p's block q for q < p; its own block stays where it is.
+/// None when the blocks of one rank overlap or the layouts differ (then the sends go
+/// through scratch).
+fn swaps(
+    c: &Coll,
+    peers: &[(*const u8, *const u8)],
+    counts: &[VCounts],
+    in_place: usize,
+) -> Option<Vec<(*mut u8, *mut u8, usize)>> {
+    let n = peers.len();
+    if in_place != n || peers.iter().any(|&(s, r)| s != r) {
+        return None;
+    }
+    let es = c.dtype.size();
+    // Rank q's block p: (byte offset, bytes).
+    let block = |q: usize, p: usize| -> Option<(usize, usize)> {
+        match c.kind {
+            CollKind::AlltoAll => Some((p * c.count * es, c.count * es)),
+            _ => {
+                let v = counts.get(q)?;
+                let same = v.sdispls()[p] == v.rdispls()[p] && v.sendcounts()[p] == v.recvcounts()[p];
+                same.then(|| (v.sdispls()[p] * es, v.sendcounts()[p] * es))
+            }
+        }
+    };
+    let mut pairs = Vec::new();
+    for q in 0..n {
+        let mut mine: Vec<(usize, usize)> = (0..n).map(|p| block(q, p)).collect::<Option<_>>()?;
+        for p in q + 1..n {
+            let ((qo, len), (po, theirs)) = (mine[p], block(p, q)?);
+            if len != theirs {
+                return None;
+            }
+            pairs.push((peers[q].1.wrapping_add(qo) as *mut u8, peers[p].1.wrapping_add(po) as *mut u8, len));
+        }
+        // The blocks of one buffer must not overlap: each byte is exchanged once.
+        mine.retain(|&(_, len)| len > 0);
+        mine.sort_unstable();
+        if mine.windows(2).any(|w| w[0].0 + w[0].1 > w[1].0) {
+            return None;
+        }
+    }
+    Some(pairs)
 }
 
 /// The ranks of an all_to_all(v) whose send and receive extents overlap (in place), with

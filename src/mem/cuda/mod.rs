@@ -142,6 +142,16 @@ pub fn active() -> bool {
 /// Whether the program has started CUDA since the last look (then it is probed).
 #[inline(never)]
 fn started_elsewhere() -> bool {
+    // One thread looks at a time: a thread that saw the loader's count already taken
+    // by another, still probing, would answer no while CUDA is in use (ranks as threads
+    // creating their communicators at once).
+    static LOOKING: std::sync::Mutex<()> = std::sync::Mutex::new(());
+    let _one = LOOKING.lock().unwrap_or_else(|p| p.into_inner());
+    match STATE.load(Ordering::Acquire) {
+        PRESENT => return true,
+        ABSENT => return false,
+        _ => {}
+    }
     let mut get_current = UNINIT_PROBE.load(Ordering::Acquire);
     if get_current == 0 {
         // The driver can only have been initialised after it was loaded.

@@ -1,6 +1,7 @@
 //! Device memory of one call, allocated and freed in a stream's order.
 
 use super::*;
+use std::sync::Mutex;
 
 /// Device memory one call uses for packed data, allocated and freed in the order
 /// of `stream` (cuMemAllocAsync/cuMemFreeAsync): dropping it while the stream still
@@ -140,5 +141,70 @@ impl Arena {
 impl Drop for Arena {
     fn drop(&mut self) {
         self.release();
+    }
+}
+
+/// Arenas lent one call at a time (the PreMulSum products of a communicator): a call takes
+/// a free arena, or a new one while every other is lent (the calls of one group are all
+/// queued before any runs), and gives it back once its work is queued; the next use waits
+/// on its stream for that work, so the host never waits and a peer's mapping of the
+/// memory stays valid call after call.
+#[derive(Default)]
+pub struct Arenas {
+    free: Mutex<Vec<Arena>>,
+}
+
+/// An arena lent by [`Arenas::take`] until dropped: drop it once the work that uses it is
+/// queued on its stream.
+pub struct Lease {
+    arena: Mutex<Option<Arena>>,
+    ptr: *mut u8,
+    stream: Stream,
+    home: std::sync::Weak<Arenas>,
+}
+
+// SAFETY: `ptr` is a device address (never dereferenced on the host) and the arena is
+// behind a mutex; the driver allows its memory and event to be used from any thread.
+unsafe impl Send for Lease {}
+// SAFETY: as above; the only shared access is through the mutex.
+unsafe impl Sync for Lease {}
+
+impl Arenas {
+    /// `bytes` (> 0) of device memory in context `ctx` for work queued on `stream` from
+    /// now on: the smallest free arena that holds them, else the largest grown.
+    pub fn take(self: &std::sync::Arc<Self>, bytes: usize, ctx: Ctx, stream: Stream) -> Result<Lease> {
+        let mut arena = {
+            let mut free = self.free.lock().unwrap_or_else(|p| p.into_inner());
+            let fits = (0..free.len())
+                .filter(|&i| free[i].ctx == ctx && free[i].bytes >= bytes)
+                .min_by_key(|&i| free[i].bytes);
+            let pick = fits.or_else(|| (0..free.len()).max_by_key(|&i| free[i].bytes));
+            pick.map(|i| free.swap_remove(i)).unwrap_or_default()
+        };
+        let ptr = arena.take(bytes, ctx, stream)?;
+        Ok(Lease { arena: Mutex::new(Some(arena)), ptr, stream, home: std::sync::Arc::downgrade(self) })
+    }
+}
+
+impl Lease {
+    pub fn ptr(&self) -> *mut u8 {
+        self.ptr
+    }
+}
+
+impl Drop for Lease {
+    fn drop(&mut self) {
+        let Some(mut a) = self.arena.get_mut().unwrap_or_else(|p| p.into_inner()).take() else { return };
+        // An arena whose use cannot be marked is freed instead (after a wait): never reused early.
+        if a.used(self.stream).is_ok() {
+            if let Some(home) = self.home.upgrade() {
+                home.free.lock().unwrap_or_else(|p| p.into_inner()).push(a);
+            }
+        } else {
+            a.last = None;
+            let _g = CtxGuard::enter(a.ctx);
+            // SAFETY: the stream is the lease's; waiting for it covers the arena's last use.
+            let _ = unsafe { cu::cuStreamSynchronize(self.stream.raw()) };
+        }
     }
 }

@@ -156,6 +156,20 @@ fn model(name: &str, args: &Args<'_>, grid: [u32; 3]) -> Option<(u64, u64)> {
             }
             Some((r, w))
         }
+        // (struct { a[B]; b[B]; len[B]; }, pairs, failed): both sides of a pair read and written.
+        "fccl_swap_batch" => {
+            let batch = crate::cuda_kernels::BATCH;
+            let pairs = (arg(args, 1, 0, 4) as usize).min(batch);
+            let b: u64 = (0..pairs).map(|g| 2 * arg(args, 0, 16 * batch + 8 * g, 8)).sum();
+            Some((b, b))
+        }
+        // (out, in, count, sp, sbits, failed): the input once, the scalar when in memory.
+        _ if name.starts_with("fccl_scale_") => {
+            let es = elem_size(name.strip_prefix("fccl_scale_")?)?;
+            let count = arg(args, 2, 0, 8);
+            let scalar = if arg(args, 3, 0, 8) != 0 { es } else { 0 };
+            Some((count * es + scalar, count * es))
+        }
         // (outs, ins, n, nout, count, step, [win,] failed) over grid[1] rows; a kernel
         // whose name ends in `_n<K>` is unrolled for K inputs and reads exactly K.
         _ => {

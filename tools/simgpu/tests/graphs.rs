@@ -145,23 +145,32 @@ fn synchronising_or_querying_during_capture_fails_and_invalidates_it() {
         // SAFETY: valid out-pointer.
         ok(unsafe { cuEventCreate(&mut ev, 0) });
         type Call<'a> = Box<dyn Fn() -> CUresult + 'a>;
-        // SAFETY (every closure): handles and memory of the test.
         let cases: Vec<(&str, Call, CUresult)> = vec![
+            // SAFETY: s is this test's stream, alive until the test ends; no pointers.
             ("cuStreamSynchronize", Box::new(|| unsafe { cuStreamSynchronize(s) }), UNSUPPORTED),
+            // SAFETY: as above.
             ("cuStreamQuery", Box::new(|| unsafe { cuStreamQuery(s) }), UNSUPPORTED),
+            // SAFETY: no arguments; the test's context is current.
             ("cuCtxSynchronize", Box::new(|| unsafe { cuCtxSynchronize() }), UNSUPPORTED),
+            // SAFETY: host and d are 64 bytes each and outlive the call; during a capture
+            // the driver refuses the copy before touching memory (the case's point), so
+            // the immutable `host` is never written.
             ("cuMemcpyDtoH_v2", Box::new(|| unsafe { cuMemcpyDtoH_v2(host.as_ptr() as *mut _, d, 64) }), UNSUPPORTED),
             (
                 "cuMemAlloc_v2",
                 Box::new(|| {
                     let mut p = 0;
+                    // SAFETY: p is a local CUdeviceptr, valid for the driver's one write.
                     unsafe { cuMemAlloc_v2(&mut p, 64) }
                 }),
                 UNSUPPORTED,
             ),
+            // SAFETY: d is this test's allocation; the driver refuses the free during a
+            // capture, so d stays valid for the cases after this one.
             ("cuMemFree_v2", Box::new(|| unsafe { cuMemFree_v2(d) }), UNSUPPORTED),
             (
                 "cuEventQuery of a captured event",
+                // SAFETY: ev and s are this test's event and stream, alive until it ends.
                 Box::new(|| unsafe {
                     ok(cuEventRecord(ev, s));
                     cuEventQuery(ev)
@@ -170,6 +179,8 @@ fn synchronising_or_querying_during_capture_fails_and_invalidates_it() {
             ),
             (
                 "an async copy from pageable memory",
+                // SAFETY: host and d are 64 bytes each and outlive the test; the copy only
+                // reads host.
                 Box::new(|| unsafe { cuMemcpyHtoDAsync_v2(d, host.as_ptr().cast(), 64, s) }),
                 UNSUPPORTED,
             ),
@@ -279,7 +290,8 @@ fn the_legacy_stream_and_capture_states_follow_the_driver() {
     isolated("the_legacy_stream_and_capture_states_follow_the_driver", || {
         let _c = Ctx::new(0);
         let d = alloc(64);
-        // SAFETY (block): handles and memory of the test.
+        // SAFETY: the streams are this test's (or the legacy NULL stream), d is a 64-byte
+        // allocation that outlives them, and st and p are locals valid for one write each.
         unsafe {
             assert_eq!(cuStreamBeginCapture_v2(std::ptr::null_mut(), GLOBAL), UNSUPPORTED, "legacy stream");
             let s = stream(NON_BLOCKING);
@@ -324,7 +336,8 @@ fn captures_fork_and_join_through_captured_events_only() {
             e
         };
         let (outside, fork, joined) = (ev(), ev(), ev());
-        // SAFETY (block): handles and memory of the test.
+        // SAFETY: the streams, events and graphs are this test's, created above and alive
+        // until it ends; every copy and memset stays within a and b, n bytes each.
         unsafe {
             // Waiting for an event recorded outside the capture: isolation.
             ok(cuEventRecord(outside, s2));

@@ -759,3 +759,99 @@ fn unrolled_wire_kernels_give_the_host_wire_algorithms_bits() {
         }
     }
 }
+
+/// Launches a type's PreMulSum scaling kernel as `cuda_reduce::scale` does: the scalar at
+/// `sp` in device memory, or (`sp` 0) the low bytes of `sbits`.
+fn scale(f: CUfunction, out: CUdeviceptr, input: CUdeviceptr, count: usize, sp: CUdeviceptr, sbits: u64) {
+    let (mut o, mut i, mut c, mut p, mut b, mut failed) = (out, input, count as u64, sp, sbits, 0u64);
+    let mut params: [*mut c_void; 6] = [
+        (&mut o as *mut u64).cast(),
+        (&mut i as *mut u64).cast(),
+        (&mut c as *mut u64).cast(),
+        (&mut p as *mut u64).cast(),
+        (&mut b as *mut u64).cast(),
+        (&mut failed as *mut u64).cast(),
+    ];
+    // A few blocks, so that threads loop over several elements.
+    let grid = count.div_ceil(256).clamp(1, 3) as u32;
+    // SAFETY: the parameters match the kernel's (pointer, pointer, unsigned long long,
+    // pointer, unsigned long long, pointer); the buffers are allocations of the test.
+    unsafe {
+        ok(cuLaunchKernel(
+            f,
+            grid,
+            1,
+            1,
+            256,
+            1,
+            1,
+            0,
+            std::ptr::null_mut(),
+            params.as_mut_ptr(),
+            std::ptr::null_mut(),
+        ));
+        ok(cuCtxSynchronize());
+    }
+}
+
+#[test]
+fn the_scaling_kernels_give_the_host_pre_multiply_bits() {
+    use ferroccl_kernels::cuda_kernels::scale_entry;
+    use ferroccl_kernels::reduce::pre_multiply;
+    let _c = Ctx::new(0);
+    let mut rng = Rng::new(0x5ca1_ab1e_0dd5_eed5);
+    let count = 263;
+    let mut checked = 0usize;
+    for dt in DataType::ALL {
+        let plain = Reduction::new(dt, ferroccl_kernels::types::RedOp::Sum);
+        let m = module(&Reduction::program(&plain.group()));
+        let mut f = std::ptr::null_mut();
+        let name = CString::new(scale_entry(dt)).unwrap();
+        // SAFETY: a NUL-terminated name.
+        ok(unsafe { cuModuleGetFunction(&mut f, m, name.as_ptr()) });
+        let es = dt.size();
+        let x = input(dt, count, &mut rng);
+        let dx = upload(&x);
+        let out = alloc(count * es);
+        let mut scalars = specials(dt);
+        scalars.extend([one(dt), rng.next_u64(), rng.next_u64()]);
+        for s in scalars {
+            let sb = s.to_le_bytes()[..es].to_vec();
+            let mut want = vec![0u8; count * es];
+            pre_multiply(dt, &sb, &x, &mut want);
+            let mut bits = [0u8; 8];
+            bits[..es].copy_from_slice(&sb);
+            scale(f, out, dx, count, 0, u64::from_le_bytes(bits));
+            let by_value = dtoh(out, count * es);
+            let ds = upload(&sb);
+            scale(f, out, dx, count, ds, 0);
+            let from_memory = dtoh(out, count * es);
+            for e in 0..count {
+                let at = e * es..(e + 1) * es;
+                let what = || format!("{} element {e}: {:02x?} x {:02x?}", scale_entry(dt), &x[at.clone()], sb);
+                // Which of two NaN operands the host's product keeps is the compiler's
+                // choice: there, NaN is what is compared.
+                if is_nan(dt, &x[at.clone()]) && is_nan(dt, &sb) {
+                    assert!(is_nan(dt, &by_value[at.clone()]) && is_nan(dt, &want[at.clone()]), "{}", what());
+                } else {
+                    assert_eq!(by_value[at.clone()], want[at.clone()], "{} (scalar by value)", what());
+                }
+                assert_eq!(from_memory[at.clone()], by_value[at.clone()], "{} (scalar in device memory)", what());
+                checked += 1;
+            }
+            // In place: the output is the input.
+            let copy = upload(&x);
+            scale(f, copy, copy, count, ds, 0);
+            assert_eq!(dtoh(copy, count * es), from_memory, "{} in place", scale_entry(dt));
+            for d in [ds, copy] {
+                // SAFETY: allocations of the test.
+                ok(unsafe { cuMemFree_v2(d) });
+            }
+        }
+        for d in [dx, out] {
+            // SAFETY: allocations of the test.
+            ok(unsafe { cuMemFree_v2(d) });
+        }
+    }
+    assert!(checked >= 12 * 4 * count, "{checked} elements checked");
+}

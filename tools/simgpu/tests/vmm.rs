@@ -304,8 +304,8 @@ fn launch_copy(f: cudarc::driver::sys::CUfunction, s: CUdeviceptr, d: CUdevicept
     let r = unsafe {
         cuLaunchKernel(f, 4, 1, 1, 128, 1, 1, 0, std::ptr::null_mut(), params.as_mut_ptr(), std::ptr::null_mut())
     };
-    // SAFETY: no arguments.
     if r == OK {
+        // SAFETY: no arguments; the caller's context is current.
         unsafe { cuCtxSynchronize() }
     } else {
         r

@@ -72,7 +72,10 @@ fn install(sig: c_int, prev: &AtomicPtr<libc::sigaction>) {
 unsafe fn chain(sig: c_int, info: *mut libc::siginfo_t, uctx: *mut c_void) {
     let prev = if sig == libc::SIGBUS { &PREV_BUS } else { &PREV_SEGV };
     let p = prev.load(Ordering::Acquire);
+    // SAFETY: a non-NULL pointer in `prev` is a leaked Box of the sigaction our handler
+    // displaced (see `install`); those boxes are never freed nor written again.
     let action = if p.is_null() { libc::SIG_DFL } else { unsafe { (*p).sa_sigaction } };
+    // SAFETY: as above.
     let siginfo = !p.is_null() && unsafe { (*p).sa_flags } & libc::SA_SIGINFO != 0;
     if action == libc::SIG_DFL || action == libc::SIG_IGN {
         // Restore the default and return: the access faults again and the process dies of
