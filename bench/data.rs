@@ -9,6 +9,8 @@
 //! here are the benchmark's own, independent of the library's conversion code.
 
 use ferroccl::ffi::*;
+// Inputs are a counter-based hash of (seed, rank, index): any element in any order.
+use ferroccl_testutil::{below_of, mix};
 
 /// Element types (`-d`), with nccl-tests' names.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -356,22 +358,6 @@ macro_rules! with_elem {
     }};
 }
 
-/// splitmix64's finaliser: the hash behind the generators and the soak's draws.
-#[inline]
-pub fn mix(mut x: u64) -> u64 {
-    x ^= x >> 30;
-    x = x.wrapping_mul(0xbf58_476d_1ce4_e5b9);
-    x ^= x >> 27;
-    x = x.wrapping_mul(0x94d0_49bb_1331_11eb);
-    x ^ (x >> 31)
-}
-
-/// A uniform value in 0..m (m >= 1) from a hash.
-#[inline]
-fn below(h: u64, m: u64) -> u64 {
-    ((h as u128 * m as u128) >> 64) as u64
-}
-
 /// Which reduction the inputs are built for.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum RedKind {
@@ -445,7 +431,7 @@ impl Gen {
     /// Data element `j` that rank `r` contributes (non-reducing collectives).
     #[inline]
     pub fn data(&self, r: usize, j: usize) -> u64 {
-        below(self.h(r as u64 + 1, j as u64), self.limit + 1)
+        below_of(self.h(r as u64 + 1, j as u64), self.limit + 1)
     }
 
     /// Input element `j` of rank `r` for the reduction.
@@ -453,22 +439,22 @@ impl Gen {
     pub fn red_input(&self, r: usize, j: usize) -> u64 {
         let (r, j) = (r as u64, j as u64);
         match self.red {
-            RedKind::Max | RedKind::Min => below(self.h(r + 1, j), self.limit + 1),
+            RedKind::Max | RedKind::Min => below_of(self.h(r + 1, j), self.limit + 1),
             RedKind::Sum => {
                 if self.q >= 1 {
-                    below(self.h(r + 1, j), self.q + 1)
+                    below_of(self.h(r + 1, j), self.q + 1)
                 } else {
-                    let k = below(self.h(SALT_ELEM, j), self.limit + 1);
+                    let k = below_of(self.h(SALT_ELEM, j), self.limit + 1);
                     u64::from((r + j) % self.n < k)
                 }
             }
             RedKind::Prod => {
-                let k = below(self.h(SALT_ELEM, j), self.kmax + 1);
+                let k = below_of(self.h(SALT_ELEM, j), self.kmax + 1);
                 1 + u64::from((r + j) % self.n < k)
             }
             RedKind::Avg => {
-                let a = below(self.h(SALT_ELEM, j), self.amax + 1);
-                let s = below(self.h(SALT_ELEM2, j), a + 1);
+                let a = below_of(self.h(SALT_ELEM, j), self.amax + 1);
+                let s = below_of(self.h(SALT_ELEM2, j), a + 1);
                 if r % 2 == 1 {
                     a - s
                 } else if r + 1 < self.n {

@@ -16,12 +16,12 @@ mod summary;
 
 use crate::coll::Case;
 use crate::comm::{Comm, Fail};
-use crate::data::mix;
 use crate::opts::Opts;
 use crate::report::RankInfo;
 use crate::{out, peak_rss_kib, Ctx};
 use call::{all_colls, Call, Kind};
 use ferroccl::ffi::{fcclMax, fcclMin, fcclSum};
+use ferroccl_testutil::mix;
 use pool::Pool;
 use res::{RankRec, Res, REC_FIELDS};
 use std::fmt::Write as _;

@@ -48,7 +48,7 @@ ctest_run() {
 asan_env=(ASAN_OPTIONS="${ASAN_OPTIONS:-detect_leaks=1}" UBSAN_OPTIONS="print_stacktrace=1:halt_on_error=1")
 asan() { ctest_build build/c_tests_asan -DFERROCCL_SANITIZE=ON; }
 
-step layers "module layers, cycles and file sizes of src/ (tools/check-layers.py)"
+step layers "module layers, cycles and file sizes of src/, the kernels crate below the library (tools/check-layers.py)"
 s_layers() { python3 tools/check-layers.py; }
 step refs "no tracked file points outside the repository (tools/check-refs.sh)"
 s_refs() { bash tools/check-refs.sh; }

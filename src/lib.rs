@@ -10,7 +10,8 @@
 //! - [`coll`]: what a call is: collective descriptors, validation, shape math.
 //! - [`transport`]: moves bytes between ranks (shared memory, in-process, TCP).
 //! - [`mem`]: memory kinds, the CUDA driver, allocation and the reduction kernels.
-//! - leaves: [`types`], [`error`], [`env`] (the environment registry), [`log`].
+//! - leaves: [`types`] (from the `ferroccl-kernels` crate), [`error`], [`env`] (the
+//!   environment registry), [`log`].
 #![deny(unsafe_op_in_unsafe_fn)]
 
 pub mod backend;
@@ -25,4 +26,6 @@ pub mod mem;
 pub mod ops;
 pub mod sys;
 pub mod transport;
-pub mod types;
+/// Element types and reduction operators (the `ferroccl-kernels` crate, which the
+/// simulated GPU shares).
+pub use ferroccl_kernels::types;

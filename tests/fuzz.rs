@@ -5,21 +5,9 @@
 
 use ferroccl::comm::bootstrap::{decode_round, read_frame, Challenge, Hello, UniqueId};
 use ferroccl::ffi::*;
+// Deterministic: a failure reproduces from its iteration number.
+use ferroccl_testutil::Rng;
 use std::ptr::{null, null_mut};
-
-/// xorshift64*: deterministic, so a failure reproduces from its iteration number.
-struct Rng(u64);
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 ^= self.0 >> 12;
-        self.0 ^= self.0 << 25;
-        self.0 ^= self.0 >> 27;
-        self.0.wrapping_mul(0x2545_f491_4f6c_dd1d)
-    }
-    fn below(&mut self, n: u64) -> u64 {
-        self.next() % n.max(1)
-    }
-}
 
 fn iters(default: u64) -> u64 {
     std::env::var("FERROCCL_FUZZ_ITERS").ok().and_then(|v| v.parse().ok()).unwrap_or(default)
@@ -44,10 +32,10 @@ fn mutate(rng: &mut Rng, seed: &[u8]) -> Vec<u8> {
             }
             1 if !b.is_empty() => {
                 let i = rng.below(b.len() as u64) as usize;
-                b[i] = rng.next() as u8;
+                b[i] = rng.next_u64() as u8;
             }
             2 => b.truncate(rng.below(b.len() as u64 + 1) as usize),
-            3 => b.extend((0..rng.below(64)).map(|_| rng.next() as u8)),
+            3 => b.extend((0..rng.below(64)).map(|_| rng.next_u64() as u8)),
             _ => {
                 // Interesting lengths in the frame prefix.
                 let v = [0u32, 1, 47, 48, 49, 65535, 65536, u32::MAX][rng.below(8) as usize];
@@ -63,7 +51,7 @@ fn mutate(rng: &mut Rng, seed: &[u8]) -> Vec<u8> {
 #[test]
 fn rendezvous_decoders_never_panic() {
     let seeds = seeds();
-    let mut rng = Rng(0x9e37_79b9_7f4a_7c15);
+    let mut rng = Rng::new(0x9e37_79b9_7f4a_7c15);
     for _ in 0..iters(50_000) {
         let seed = &seeds[rng.below(seeds.len() as u64) as usize];
         let input = mutate(&mut rng, seed);
@@ -100,13 +88,13 @@ fn exported_functions_reject_random_arguments_without_crashing() {
     let mut buf_a = vec![0u8; (SMALL as usize) * 8 * 2];
     let mut buf_b = vec![0u8; (SMALL as usize) * 8 * 2];
     let counts = [1usize; 4];
-    let mut rng = Rng(0xdead_beef_cafe_f00d);
+    let mut rng = Rng::new(0xdead_beef_cafe_f00d);
     let valid = |r: i32| [fcclSuccess, fcclInvalidArgument, fcclInvalidUsage, fcclCollectiveMismatch].contains(&r);
     for it in 0..iters(20_000) {
         let comm = match rng.below(4) {
             0 => null_mut(),
             1 => dead,
-            2 => (rng.next() & !0xf) as usize as fcclComm_t,
+            2 => (rng.next_u64() & !0xf) as usize as fcclComm_t,
             _ => live,
         };
         let count = if rng.below(3) == 0 {
@@ -122,9 +110,9 @@ fn exported_functions_reject_random_arguments_without_crashing() {
             }
         };
         let (a, b) = (pick(&mut rng, &mut buf_a), pick(&mut rng, &mut buf_b));
-        let dt = [rng.next() as i32, rng.below(14) as i32 - 1][rng.below(2) as usize];
-        let op = [rng.next() as i32, rng.below(7) as i32 - 1][rng.below(2) as usize];
-        let root = [rng.next() as i32, rng.below(4) as i32 - 1][rng.below(2) as usize];
+        let dt = [rng.next_u64() as i32, rng.below(14) as i32 - 1][rng.below(2) as usize];
+        let op = [rng.next_u64() as i32, rng.below(7) as i32 - 1][rng.below(2) as usize];
+        let root = [rng.next_u64() as i32, rng.below(4) as i32 - 1][rng.below(2) as usize];
         // SAFETY: every pointer is NULL or one of buf_a, buf_b (1 KiB each, enough for any small count of
         // any type on 1 rank), counts (4 entries) or the local `out`; a count that would not fit
         // overflows and is refused; bogus handles are looked up, never dereferenced; and every call

@@ -1,8 +1,9 @@
 #!/usr/bin/env python3
 """Checks the shape of src/: the module import graph and the size of files (and of
-the bench crate's modules, bench/: rule 2).
+the bench crate's modules, bench/: rule 2; and of the kernels crate, kernels/: rules 2, 3
+and 6).
 
-Four rules, each violation printed on its own line:
+Six rules, each violation printed on its own line:
 
 1. Layers. Every top-level module of the crate sits in one layer of LAYERS below
    (highest first); a module may use its own layer and the layers below it, never a
@@ -26,6 +27,11 @@ Four rules, each violation printed on its own line:
    re-exports to the file that holds the item).
 5. Map. README.md's layout table names every top-level file and folder of src/, and
    every src/ path it names exists.
+6. Kernels below the library. The kernels crate (kernels/: the element types, the host
+   reduction kernels, the CUDA kernel sources), which the library and the simulated GPU
+   share, depends on no other crate of the workspace and names none in its code; in the
+   library, only mem/ (and lib.rs, which re-exports `types`, the leaf every layer uses)
+   names `ferroccl_kernels`: the rest reaches it through `crate::types` and `crate::mem`.
 
 The bench crate (bench/main.rs and the modules it declares; bench/tests/ are its
 integration tests, separate crates) has no layers; rule 2 holds there too, with main.rs
@@ -70,9 +76,10 @@ LAYERS = [
     ["transport"],
     # Memory kinds, the CUDA driver, copy and reduction kernels.
     ["mem"],
-    # Leaves every layer may use: vocabulary types, the error type, the environment
-    # registry, logging, OS helpers, unit-test helpers.
-    ["types", "error", "env", "log", "sys", "testing"],
+    # Leaves every layer may use: the error type, the environment registry, logging, OS
+    # helpers, unit-test helpers. (`types`, the vocabulary types, is the kernels crate's,
+    # re-exported at the root: rule 6.)
+    ["error", "env", "log", "sys", "testing"],
 ]
 
 
@@ -536,6 +543,38 @@ def main():
         problems += cycles(bmods, bes, {m.file: m for m in bmods.values()}, {}, "bench/")
         nbench = len(bmods)
 
+    # 2, 3 and 6 for the kernels crate.
+    kernels = os.path.join(args.root, "kernels")
+    nkernels = 0
+    if os.path.exists(os.path.join(kernels, "src", "lib.rs")):
+        kmods = load(os.path.join(kernels, "src"))
+        parse(kmods)
+        kes = edges(kmods)
+        problems += cycles(kmods, kes, {m.file: m for m in kmods.values()}, {}, "kernels/src/")
+        nkernels = len(kmods)
+        for m in sorted(kmods.values(), key=lambda m: m.file):
+            n = code_lines(open(os.path.join(kernels, "src", m.file), encoding="utf-8").read())
+            if n > args.max_lines:
+                print(f"long: kernels/src/{m.file}: {n} lines outside #[cfg(test)] (limit {args.max_lines})")
+                problems += 1
+            for w in re.finditer(r"\b(ferroccl(?:_simgpu|_nccl|_bench)?)\s*::", m.code):
+                line = m.code.count("\n", 0, w.start()) + 1
+                print(f"above: kernels/src/{m.file}:{line} names `{w.group(1)}`; the kernels crate depends on no other crate of the workspace")
+                problems += 1
+        with open(os.path.join(kernels, "Cargo.toml"), encoding="utf-8") as fh:
+            for i, line in enumerate(fh, 1):
+                if re.match(r"\s*ferroccl(?:-simgpu|-nccl|-bench)?\s*=", line):
+                    print(f"above: kernels/Cargo.toml:{i} depends on {line.split('=')[0].strip()}; the kernels crate depends on no other crate of the workspace")
+                    problems += 1
+    for m in sorted(mods.values(), key=lambda m: m.file):
+        if m.file == "lib.rs" or m.file.startswith("mem/"):
+            continue
+        w = re.search(r"\bferroccl_kernels\b", m.code)
+        if w:
+            line = m.code.count("\n", 0, w.start()) + 1
+            print(f"kernels: src/{m.file}:{line} names `ferroccl_kernels`; use `crate::types` or `crate::mem::reduce`/`crate::mem::cuda_kernels` (only mem/ uses the kernels crate)")
+            problems += 1
+
     # 5. The README's layout table names every top-level entry of src/ (and each path
     # it names under src/ exists), so the map readers start from matches the tree.
     readme = os.path.join(args.root, "README.md")
@@ -561,7 +600,8 @@ def main():
         return 1
     print(
         f"check-layers: {len(mods)} modules, {len(es)} edges: layers hold, no cycles, backends keep their insides, "
-        f"no file over {args.max_lines} lines, README layout table matches; bench: {nbench} modules, no cycles"
+        f"no file over {args.max_lines} lines, README layout table matches; bench: {nbench} modules, no cycles; "
+        f"kernels: {nkernels} modules, no cycles, below the library"
     )
     return 0
 

@@ -2,41 +2,15 @@
 //! placement, extension parameters, uneven counts and every rank's buffers.
 
 use crate::coll::{Collective, ExtParams};
-use crate::data::{mix, Op, Ty};
+use crate::data::{Op, Ty};
 use crate::opts::{Mem, Opts, DEFAULT_SOAK_MAX_BYTES};
+// The draws of one call: stream (call number) of the soak's seed, so one call redraws alone.
+use ferroccl_testutil::Rng;
 use std::fmt::Write as _;
 
 /// Every collective in the order of the tallies.
 pub fn all_colls() -> Vec<Collective> {
     Collective::ALL.iter().chain(Collective::EXT.iter()).copied().collect()
-}
-
-/// The draws of one call: splitmix64 seeded by (seed, call number).
-pub struct Rng(u64);
-
-impl Rng {
-    pub fn for_call(seed: u64, i: u64) -> Rng {
-        Rng(mix(seed ^ mix(i.wrapping_add(0x632b_e59b_d9b4_e019))))
-    }
-    pub fn next(&mut self) -> u64 {
-        self.0 = self.0.wrapping_add(0x9e37_79b9_7f4a_7c15);
-        mix(self.0)
-    }
-    /// Uniform in 0..m (m >= 1).
-    pub fn below(&mut self, m: u64) -> u64 {
-        ((self.next() as u128 * m as u128) >> 64) as u64
-    }
-    pub fn chance(&mut self, num: u64, den: u64) -> bool {
-        self.below(den) < num
-    }
-    pub fn pick<T: Copy>(&mut self, v: &[T]) -> T {
-        v[self.below(v.len() as u64) as usize]
-    }
-    /// Log-uniform in 1..=hi (hi >= 1).
-    pub fn log_uniform(&mut self, hi: u64) -> u64 {
-        let u = (self.next() >> 11) as f64 / (1u64 << 53) as f64;
-        ((hi as f64 + 1.0).powf(u) as u64).clamp(1, hi)
-    }
 }
 
 /// Where a buffer lives.
@@ -100,7 +74,7 @@ pub struct Call {
 
 impl Call {
     pub fn draw(seed: u64, index: u64, colls: &[Collective], n: usize, o: &Opts) -> Call {
-        let mut g = Rng::for_call(seed, index);
+        let mut g = Rng::stream(seed, index);
         let coll = g.pick(colls);
         let (ty, wire) = if coll == Collective::AllReduceWire {
             let ty = g.pick(&[Ty::Float, Ty::Double]);
@@ -121,7 +95,7 @@ impl Call {
             (true, true) => g.chance(1, 2),
             (_, has_in) => has_in,
         };
-        let data_seed = g.next();
+        let data_seed = g.next_u64();
         let per = coll.layout(count, n, &x).param;
         let uneven = matches!(coll, Collective::AlltoAllv | Collective::AllGatherV | Collective::ReduceScatterV);
         let (mut v, mut idle) = (None, Vec::new());

@@ -2,18 +2,20 @@
 //!
 //! Allocation and release for `fcclMemAlloc*`/`fcclMemFree`, the kind of each
 //! buffer ([`placement`]), the CUDA driver ([`cuda`], loaded at run time) and the
-//! reduction kernels (`reduce`). Without CUDA every buffer is host memory.
+//! reduction kernels ([`reduce`], [`cuda_kernels`]: the `ferroccl-kernels` crate, which
+//! the simulated GPU shares). Without CUDA every buffer is host memory.
 
 pub mod copy;
 pub mod cuda;
-pub mod cuda_kernels;
 pub mod cuda_reduce;
 pub mod fallible;
 pub mod kernel_cache;
 pub mod pinned;
 pub mod pool;
-pub mod reduce;
 pub mod shared;
+
+/// The host reduction kernels and the CUDA sources of the device ones.
+pub use ferroccl_kernels::{cuda_kernels, reduce};
 
 use crate::error::{Error, Result};
 use std::collections::HashMap;

@@ -514,6 +514,7 @@ impl Io for TcpLink {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use ferroccl_testutil::Rng;
     use std::net::TcpListener;
     use std::time::{Duration, Instant};
 
@@ -565,23 +566,13 @@ mod tests {
         assert!(e.msg.contains("socket 0 of 3") && !e.msg.contains("PEER_LOST"), "{}", e.msg);
     }
 
-    struct Rng(u64);
-    impl Rng {
-        fn next(&mut self) -> u64 {
-            self.0 ^= self.0 << 13;
-            self.0 ^= self.0 >> 7;
-            self.0 ^= self.0 << 17;
-            self.0
-        }
-        /// A multiple of 8 from 8 to `max`.
-        fn len(&mut self, max: usize) -> usize {
-            8 * (1 + (self.next() as usize) % (max / 8))
-        }
+    /// A multiple of 8 from 8 to `max`.
+    fn len8(r: &mut Rng, max: usize) -> usize {
+        8 * (1 + r.index(max / 8))
     }
 
     fn pattern(n: usize, seed: u64) -> Vec<u8> {
-        let mut r = Rng(seed | 1);
-        (0..n).map(|_| r.next() as u8).collect()
+        Rng::new(seed).bytes(n)
     }
 
     /// One side of a transfer: what it still has to send and what it got.
@@ -618,7 +609,7 @@ mod tests {
     /// Sends `a_out` from a to b and `b_out` from b to a at once, in lengths from
     /// `lens` (sender) and random ones (receiver); checks both arrive whole.
     fn exchange(a: TcpLink, b: TcpLink, a_out: &[u8], b_out: &[u8], lens: &mut dyn FnMut() -> usize, seed: u64) {
-        let mut r = Rng(seed | 1);
+        let mut r = Rng::new(seed);
         let mut a = End { link: a, out: a_out, sent: 0, got: Vec::new() };
         let mut b = End { link: b, out: b_out, sent: 0, got: Vec::new() };
         let deadline = Instant::now() + Duration::from_secs(60);
@@ -631,7 +622,7 @@ mod tests {
                 b.got.len(),
                 a_out.len()
             );
-            let (s1, s2, r1, r2) = (lens(), lens(), r.len(1 << 20), r.len(1 << 20));
+            let (s1, s2, r1, r2) = (lens(), lens(), len8(&mut r, 1 << 20), len8(&mut r, 1 << 20));
             a.step(s1, r1);
             b.step(s2, r2);
         }
@@ -652,8 +643,8 @@ mod tests {
             // Small chunks and ring: many chunk boundaries and wrap-arounds.
             let (a, b) = links(k, 4096, 16384);
             let (x, y) = (pattern(3 << 20, 7 + k as u64), pattern((2 << 20) + 8 * 37, 11 + k as u64));
-            let mut r = Rng(99 + k as u64);
-            exchange(a, b, &x, &y, &mut || r.len(3 * 4096), k as u64);
+            let mut r = Rng::new(99 + k as u64);
+            exchange(a, b, &x, &y, &mut || len8(&mut r, 3 * 4096), k as u64);
         }
     }
 
@@ -687,8 +678,8 @@ mod tests {
         assert_eq!(a.sockets(), 3);
         let x = pattern(24 << 20, 1);
         let y = pattern(8 << 20, 2);
-        let mut r = Rng(3);
-        exchange(a, b, &x, &y, &mut || r.len(2 << 20), 4);
+        let mut r = Rng::new(3);
+        exchange(a, b, &x, &y, &mut || len8(&mut r, 2 << 20), 4);
     }
 
     /// Drives `a` until check_alive fails (or `limit` passes: then None).

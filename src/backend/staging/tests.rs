@@ -2,6 +2,7 @@ use super::cut::*;
 use crate::coll::Strided;
 use crate::coll::{Coll, CollKind, VCounts};
 use crate::types::DataType;
+use ferroccl_testutil::Rng;
 use CollKind::*;
 
 #[test]
@@ -44,23 +45,6 @@ fn cuts_by_shared_arguments_only() {
     wire.wire = Some(DataType::Bfloat16);
     assert_eq!(Cut::new(&wire, 2, 64), None);
     assert_eq!(Cut::new(&call(AllReduce, 10, DataType::Int8), 2, 0), None);
-}
-
-/// xorshift64* (as reduce.rs's tests, which tools/simgpu also compiles alone, so
-/// they cannot share a module of this crate).
-struct Rng(u64);
-
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 ^= self.0 >> 12;
-        self.0 ^= self.0 << 25;
-        self.0 ^= self.0 >> 27;
-        self.0.wrapping_mul(0x2545_f491_4f6c_dd1d)
-    }
-}
-
-fn below(rng: &mut Rng, n: usize) -> usize {
-    (rng.next() % n as u64) as usize
 }
 
 /// What each collective computes, over every rank's host buffers at once (elements
@@ -183,7 +167,7 @@ fn make(case: &Case, r: usize, arena: &mut [u8]) -> Coll {
 /// in and out of place, every root, chunks of one element per block up to one chunk.
 #[test]
 fn chunks_give_the_whole_call_byte_for_byte() {
-    let mut rng = Rng(0x9e37_79b9_7f4a_7c15);
+    let mut rng = Rng::new(0x9e37_79b9_7f4a_7c15);
     let kinds =
         [AllReduce, Reduce, Broadcast, AllGather, Gather, ReduceScatter, Scatter, AlltoAll, AllGatherV, ReduceScatterV];
     let mut cases = 0;
@@ -193,22 +177,18 @@ fn chunks_give_the_whole_call_byte_for_byte() {
                 for ip in [false, true] {
                     for cnt in [1, 7, 37] {
                         for chunk in [1, 24, 100, 4096] {
-                            let root = if matches!(kind, Reduce | Broadcast | Gather | Scatter) {
-                                below(&mut rng, n)
-                            } else {
-                                0
-                            };
+                            let root =
+                                if matches!(kind, Reduce | Broadcast | Gather | Scatter) { rng.index(n) } else { 0 };
                             // v-calls: counts up to 2*cnt (some 0), receive displacements in
                             // reverse order with gaps, each rank's send displacements likewise.
-                            let rc: Vec<usize> = (0..n)
-                                .map(|_| if below(&mut rng, 4) == 0 { 0 } else { below(&mut rng, 2 * cnt + 1) })
-                                .collect();
+                            let rc: Vec<usize> =
+                                (0..n).map(|_| if rng.index(4) == 0 { 0 } else { rng.index(2 * cnt + 1) }).collect();
                             let layout = |rng: &mut Rng| {
                                 let mut d = vec![0; n];
                                 let mut at = 0;
                                 for q in (0..n).rev() {
                                     d[q] = at;
-                                    at += rc[q] + below(rng, 3);
+                                    at += rc[q] + rng.index(3);
                                 }
                                 d
                             };
@@ -232,7 +212,7 @@ fn run_case(case: &Case, rng: &mut Rng) {
     let Case { kind, dt, n, cnt, root, ip, ref v, chunk } = *case;
     let es = dt.size();
     let size = 2 * (40 + 4 * 4 * 2 * 37 * 8 + 40);
-    let fill = |rng: &mut Rng| (0..size).map(|_| rng.next() as u8).collect::<Vec<u8>>();
+    let fill = |rng: &mut Rng| (0..size).map(|_| rng.next_u64() as u8).collect::<Vec<u8>>();
     let mut want: Vec<Vec<u8>> = (0..n).map(|_| fill(rng)).collect();
     let mut got = want.clone();
     let whole: Vec<Coll> = (0..n).map(|r| make(case, r, &mut want[r])).collect();

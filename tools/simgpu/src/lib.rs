@@ -35,18 +35,8 @@ pub mod state;
 pub mod stream;
 pub mod vmm;
 
-// The library's own element types and host reduction kernels, compiled into the simulator so
-// that device reductions give the same bits as host ones. `reduce` refers to `crate::types`.
-#[allow(dead_code)]
-#[path = "../../../src/types.rs"]
-pub mod types;
-// The library's device reduction kernels (CUDA C source), for the tests that run them here.
-#[allow(dead_code)]
-#[path = "../../../src/mem/cuda_kernels.rs"]
-pub mod cuda_kernels;
-// The library builds for Rust 1.80, before `is_multiple_of`.
-#[allow(dead_code, clippy::manual_is_multiple_of)]
-#[path = "../../../src/mem/reduce/mod.rs"]
-pub mod reduce;
+// The library's element types and device kernel sources (the ferroccl-kernels crate): the
+// cost model names kernels as the library launches them.
+use ferroccl_kernels::{cuda_kernels, types};
 
 pub use api::*;

@@ -1,6 +1,6 @@
-//! The library's device reduction kernels (src/mem/cuda_kernels.rs), compiled from their CUDA
+//! The library's device reduction kernels (kernels/src/cuda_kernels.rs), compiled from their CUDA
 //! C source by the simulated NVRTC and run by the simulated driver, against the library's host
-//! reduction (src/mem/reduce/): every type and operation, special values (NaN payloads and
+//! reduction (kernels/src/reduce/): every type and operation, special values (NaN payloads and
 //! signs, infinities, subnormals, signed zeros, values that overflow the narrow types), 1 to
 //! 64 inputs, in place; and the wire all_reduce kernels against the host's wire algorithm.
 
@@ -8,9 +8,10 @@ mod common;
 use common::*;
 use cudarc::driver::sys::{CUfunction, CUmodule};
 use cudarc::nvrtc::sys::nvrtcResult as N;
-use ferroccl_simgpu::cuda_kernels::{Reduction, MAX_INPUTS};
-use ferroccl_simgpu::reduce::{convert, finish_inplace, reduce_all, reduce_inplace};
-use ferroccl_simgpu::types::DataType;
+use ferroccl_kernels::cuda_kernels::{Reduction, MAX_INPUTS};
+use ferroccl_kernels::reduce::{convert, finish_inplace, reduce_all, reduce_inplace};
+use ferroccl_kernels::types::DataType;
+use ferroccl_testutil::Rng;
 use std::ffi::{c_char, c_void, CString};
 
 /// Compiles `src` with the simulated NVRTC and loads it.
@@ -114,17 +115,6 @@ fn launch_rows(
     }
 }
 
-/// xorshift64.
-struct Rng(u64);
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 ^= self.0 << 13;
-        self.0 ^= self.0 >> 7;
-        self.0 ^= self.0 << 17;
-        self.0
-    }
-}
-
 /// Bit patterns worth testing for each type.
 fn specials(dt: DataType) -> Vec<u64> {
     match dt {
@@ -212,13 +202,13 @@ fn input(dt: DataType, count: usize, rng: &mut Rng) -> Vec<u8> {
     let mask = if bits == 64 { u64::MAX } else { (1u64 << bits) - 1 };
     let mut v = Vec::with_capacity(count * es);
     for _ in 0..count {
-        let r = rng.next();
+        let r = rng.next_u64();
         let x = match r % 3 {
             0 => sp[(r >> 8) as usize % sp.len()],
-            1 => rng.next(),
+            1 => rng.next_u64(),
             // +-1 with a random low mantissa, scaled by a few powers of two.
             _ => {
-                let low = rng.next() & ((mask >> 4) >> (bits / 2));
+                let low = rng.next_u64() & ((mask >> 4) >> (bits / 2));
                 let exp_step = if es == 8 {
                     1u64 << 52
                 } else if dt == DataType::Float32 {
@@ -263,7 +253,7 @@ fn every_reduction_gives_the_host_reductions_bits() {
     // 12 types x 5 ops, and the integer types' bitwise ops
     assert_eq!(all.len(), 60 + 6 * 3);
     let m = module(&Reduction::program(&all));
-    let mut rng = Rng(0x9e37_79b9_7f4a_7c15);
+    let mut rng = Rng::new(0x9e37_79b9_7f4a_7c15);
     let count = 261;
     let mut checked = 0usize;
     for r in &all {
@@ -408,7 +398,7 @@ fn wire_all_reduce_gives_the_host_wire_algorithms_bits() {
     let all: Vec<Reduction> = Reduction::all().into_iter().filter(|r| r.wire.is_some()).collect();
     assert_eq!(all.len(), 5 * 9);
     let m = module(&Reduction::program(&all));
-    let mut rng = Rng(0x1234_5678_9abc_def1);
+    let mut rng = Rng::new(0x1234_5678_9abc_def1);
     for r in &all {
         let f = function(m, r);
         let es = r.dtype.size();
@@ -443,7 +433,7 @@ fn wire_all_reduce_gives_the_host_wire_algorithms_bits() {
 /// Launches the library's `fccl_copy` (as `cuda_reduce::Copiers::copy` does): `bytes`
 /// from `src` to `dst` in units of the largest width that divides all three.
 fn copy_kernel(f: CUfunction, dst: CUdeviceptr, src: CUdeviceptr, bytes: usize, failed: u64) {
-    let w = ferroccl_simgpu::cuda_kernels::copy_unit(&[dst as usize, src as usize, bytes]);
+    let w = ferroccl_kernels::cuda_kernels::copy_unit(&[dst as usize, src as usize, bytes]);
     let (mut d, mut s, mut units, mut wu, mut fl) = (dst, src, (bytes / w) as u64, w as u32, failed);
     let mut params: [*mut c_void; 5] = [
         (&mut d as *mut u64).cast(),
@@ -478,7 +468,7 @@ fn copy_kernel(f: CUfunction, dst: CUdeviceptr, src: CUdeviceptr, bytes: usize, 
 #[test]
 fn copy_kernels_move_exactly_their_bytes_and_nothing_after_a_failure() {
     let _c = Ctx::new(0);
-    let m = module(ferroccl_simgpu::cuda_kernels::COPY_PROGRAM);
+    let m = module(ferroccl_kernels::cuda_kernels::COPY_PROGRAM);
     let get = |name: &str| {
         let mut f = std::ptr::null_mut();
         let c = CString::new(name).unwrap();
@@ -550,10 +540,10 @@ fn a_reduce_scatter_in_rows_gives_each_output_its_block() {
     let _c = Ctx::new(0);
     let all: Vec<Reduction> = [DataType::Float32, DataType::Bfloat16, DataType::Int64, DataType::Float8e4m3]
         .iter()
-        .map(|&dt| Reduction::new(dt, ferroccl_simgpu::types::RedOp::Sum))
+        .map(|&dt| Reduction::new(dt, ferroccl_kernels::types::RedOp::Sum))
         .collect();
     let m = module(&Reduction::program(&all));
-    let mut rng = Rng(0x5eed);
+    let mut rng = Rng::new(0x5eed);
     for r in &all {
         let f = function(m, r);
         let es = r.dtype.size();
@@ -575,7 +565,7 @@ fn a_reduce_scatter_in_rows_gives_each_output_its_block() {
 /// Launches fccl_copy_batch over `groups` of (source, length, destinations), as
 /// `cuda_reduce::Copiers::copy_batch` lays out its table.
 fn copy_batch(f: CUfunction, groups: &[(CUdeviceptr, usize, Vec<CUdeviceptr>)], failed: u64) {
-    use ferroccl_simgpu::cuda_kernels::BATCH;
+    use ferroccl_kernels::cuda_kernels::BATCH;
     #[repr(C)]
     struct Table {
         src: [u64; BATCH],
@@ -620,7 +610,7 @@ fn copy_batch(f: CUfunction, groups: &[(CUdeviceptr, usize, Vec<CUdeviceptr>)], 
 #[test]
 fn one_batched_launch_copies_each_source_to_all_its_destinations_and_nothing_else() {
     let _c = Ctx::new(0);
-    let m = module(ferroccl_simgpu::cuda_kernels::COPY_PROGRAM);
+    let m = module(ferroccl_kernels::cuda_kernels::COPY_PROGRAM);
     let mut f = std::ptr::null_mut();
     let name = CString::new("fccl_copy_batch").unwrap();
     // SAFETY: a NUL-terminated name.
@@ -678,7 +668,7 @@ fn vector_scalar_and_unrolled_kernels_give_the_same_bits_at_every_offset() {
     let _c = Ctx::new(0);
     let all: Vec<Reduction> = Reduction::all().into_iter().filter(|r| r.wire.is_none()).collect();
     let m = module(&Reduction::program(&all));
-    let mut rng = Rng(0x0ff5_e7a1_16e0_0001);
+    let mut rng = Rng::new(0x0ff5_e7a1_16e0_0001);
     let count = 77;
     let mut launches = [0usize; 2];
     for r in &all {
@@ -752,10 +742,10 @@ fn unrolled_wire_kernels_give_the_host_wire_algorithms_bits() {
     let _c = Ctx::new(0);
     let all: Vec<Reduction> = Reduction::all().into_iter().filter(|r| r.wire.is_some()).collect();
     let m = module(&Reduction::program(&all));
-    let mut rng = Rng(0x77e1_5eed);
+    let mut rng = Rng::new(0x77e1_5eed);
     for r in &all {
         let es = r.dtype.size();
-        for n in ferroccl_simgpu::cuda_kernels::RANKS {
+        for n in ferroccl_kernels::cuda_kernels::RANKS {
             let (count, win) = (61, 7);
             let inputs: Vec<Vec<u8>> = (0..n).map(|_| input(r.dtype, count, &mut rng)).collect();
             let devs: Vec<CUdeviceptr> = inputs.iter().map(|v| upload(v)).collect();
@@ -806,14 +796,14 @@ fn scale(f: CUfunction, out: CUdeviceptr, input: CUdeviceptr, count: usize, sp: 
 
 #[test]
 fn the_scaling_kernels_give_the_host_pre_multiply_bits() {
-    use ferroccl_simgpu::cuda_kernels::scale_entry;
-    use ferroccl_simgpu::reduce::pre_multiply;
+    use ferroccl_kernels::cuda_kernels::scale_entry;
+    use ferroccl_kernels::reduce::pre_multiply;
     let _c = Ctx::new(0);
-    let mut rng = Rng(0x5ca1_ab1e_0dd5_eed5);
+    let mut rng = Rng::new(0x5ca1_ab1e_0dd5_eed5);
     let count = 263;
     let mut checked = 0usize;
     for dt in DataType::ALL {
-        let plain = Reduction::new(dt, ferroccl_simgpu::types::RedOp::Sum);
+        let plain = Reduction::new(dt, ferroccl_kernels::types::RedOp::Sum);
         let m = module(&Reduction::program(&plain.group()));
         let mut f = std::ptr::null_mut();
         let name = CString::new(scale_entry(dt)).unwrap();
@@ -824,7 +814,7 @@ fn the_scaling_kernels_give_the_host_pre_multiply_bits() {
         let dx = upload(&x);
         let out = alloc(count * es);
         let mut scalars = specials(dt);
-        scalars.extend([one(dt), rng.next(), rng.next()]);
+        scalars.extend([one(dt), rng.next_u64(), rng.next_u64()]);
         for s in scalars {
             let sb = s.to_le_bytes()[..es].to_vec();
             let mut want = vec![0u8; count * es];

@@ -346,20 +346,7 @@ mod tests {
     use super::*;
     use crate::coll::counts::P2pCall;
     use crate::types::DataType;
-
-    /// A small deterministic generator (xorshift).
-    struct Rng(u64);
-    impl Rng {
-        fn next(&mut self) -> u64 {
-            self.0 ^= self.0 << 13;
-            self.0 ^= self.0 >> 7;
-            self.0 ^= self.0 << 17;
-            self.0
-        }
-        fn below(&mut self, n: usize) -> usize {
-            (self.next() % n as u64) as usize
-        }
-    }
+    use ferroccl_testutil::Rng;
 
     fn what(send: bool, peer: usize, len: usize) -> P2pCall {
         P2pCall { send, count: len, dtype: DataType::Uint8, peer }
@@ -447,29 +434,29 @@ mod tests {
         let mut s = Schedule::new(1);
         let mut sends: Vec<(usize, usize, usize)> = Vec::new();
         for _ in 0..k {
-            let peer = rng.below(3);
-            let len = match rng.below(10) {
+            let peer = rng.index(3);
+            let len = match rng.index(10) {
                 0 => 0,
-                1 | 2 => 300 + rng.below(200),
-                _ => 1 + rng.below(64),
+                1 | 2 => 300 + rng.index(200),
+                _ => 1 + rng.index(64),
             };
-            let at = rng.below(size - 600);
+            let at = rng.index(size - 600);
             // SAFETY: at + len stays inside the arena.
             let p = unsafe { base.add(at) };
-            match rng.below(9) {
+            match rng.index(9) {
                 0 => {
                     s.copy(p, p, 0, false, &[]);
                 }
                 8 => {
                     // An exchange in place: a send and a receive of the same bytes.
-                    let len = 300 + rng.below(200);
+                    let len = 300 + rng.index(200);
                     s.p2p_send(peer, p, len, what(true, peer, len));
                     s.p2p_recv(peer, p, len, what(false, peer, len));
                 }
                 1 | 2 if !sends.is_empty() => {
                     // A receive over a send's exact bytes, from its peer most of the time.
-                    let (q, a, l) = sends[rng.below(sends.len())];
-                    let q = if rng.below(4) == 0 { peer } else { q };
+                    let (q, a, l) = sends[rng.index(sends.len())];
+                    let q = if rng.index(4) == 0 { peer } else { q };
                     // SAFETY: inside the arena, as the send's.
                     s.p2p_recv(q, unsafe { base.add(a) }, l, what(false, q, l));
                 }
@@ -498,7 +485,7 @@ mod tests {
     #[test]
     fn the_sweep_finds_what_the_pairwise_check_found() {
         let plan = Plan { eager_max: 256, ..Plan::DEFAULT };
-        let mut rng = Rng(0x9E37_79B9_7F4A_7C15);
+        let mut rng = Rng::new(0x9E37_79B9_7F4A_7C15);
         let mut capable = |peer: usize, at: *const u8, len: usize| (peer + at as usize + len) % 5 != 0;
         let (mut staged_total, mut gates_total, mut pairs_total) = (0, 0, 0);
         for round in 0..400 {
@@ -546,10 +533,10 @@ mod tests {
             if !ip.sent.is_empty() {
                 for j in 0..sched.steps.len() {
                     if let Some((_, len)) = p2p_of(&sched.steps[j]) {
-                        ip.sent[j] = match rng.below(4) {
+                        ip.sent[j] = match rng.index(4) {
                             0 => usize::MAX,
                             1 => 0,
-                            _ => rng.below(len + 1),
+                            _ => rng.index(len + 1),
                         };
                     }
                 }
@@ -569,8 +556,8 @@ mod tests {
             // Overlap queries, ranges of 0 bytes included.
             let base = arena.as_ptr() as usize;
             for _ in 0..50 {
-                let p = (base + rng.below(arena.len() + 64)).saturating_sub(32) as *const u8;
-                let len = if rng.below(5) == 0 { 0 } else { rng.below(600) };
+                let p = (base + rng.index(arena.len() + 64)).saturating_sub(32) as *const u8;
+                let len = if rng.index(5) == 0 { 0 } else { rng.index(600) };
                 assert_eq!(ip.overlaps_send(p, len), overlaps_p2p(&sched, p, len, true), "round {round}: send query");
                 assert_eq!(ip.overlaps_recv(p, len), overlaps_p2p(&sched, p, len, false), "round {round}: recv query");
             }

@@ -22,6 +22,7 @@ pub enum DataType {
     Float8e5m2 = 11,
 }
 
+// The small queries are `#[inline]`: the library calls them per chunk, across the crate edge.
 impl DataType {
     /// Every data type, in numbering order.
     pub const ALL: [DataType; 12] = [
@@ -40,6 +41,7 @@ impl DataType {
     ];
 
     /// Bytes per element.
+    #[inline]
     pub const fn size(self) -> usize {
         match self {
             DataType::Int8 | DataType::Uint8 | DataType::Float8e4m3 | DataType::Float8e5m2 => 1,
@@ -50,6 +52,7 @@ impl DataType {
     }
 
     /// Int8 .. Uint64: the types bitwise operators take.
+    #[inline]
     pub const fn is_integer(self) -> bool {
         matches!(
             self,
@@ -58,11 +61,13 @@ impl DataType {
     }
 
     /// Types that are reduced in a wider accumulator (float32) and rounded once.
+    #[inline]
     pub const fn is_narrow_float(self) -> bool {
         matches!(self, DataType::Float16 | DataType::Bfloat16 | DataType::Float8e4m3 | DataType::Float8e5m2)
     }
 
     /// Bytes per element of the accumulator used while reducing this type.
+    #[inline]
     pub const fn acc_size(self) -> usize {
         if self.is_narrow_float() {
             4
@@ -131,6 +136,7 @@ impl DataType {
 
 impl TryFrom<i32> for DataType {
     type Error = i32;
+    #[inline]
     fn try_from(v: i32) -> Result<Self, i32> {
         DataType::ALL.get(usize::try_from(v).map_err(|_| v)?).copied().ok_or(v)
     }
@@ -162,11 +168,13 @@ impl RedOp {
         [RedOp::Sum, RedOp::Prod, RedOp::Max, RedOp::Min, RedOp::Avg, RedOp::Band, RedOp::Bor, RedOp::Bxor];
 
     /// Bitwise and/or/xor: defined on integer types only.
+    #[inline]
     pub const fn is_bitwise(self) -> bool {
         matches!(self, RedOp::Band | RedOp::Bor | RedOp::Bxor)
     }
 
     /// Whether the operator is defined on `dtype` (bitwise ones on integers only).
+    #[inline]
     pub const fn takes(self, dtype: DataType) -> bool {
         !self.is_bitwise() || dtype.is_integer()
     }
@@ -202,6 +210,7 @@ impl RedOp {
 
 impl TryFrom<i32> for RedOp {
     type Error = i32;
+    #[inline]
     fn try_from(v: i32) -> Result<Self, i32> {
         RedOp::ALL.into_iter().find(|op| *op as i32 == v).ok_or(v)
     }

@@ -4,7 +4,7 @@
 //! A kernel computes, for every element, what `mem::reduce` computes on the host, to
 //! the bit: integers wrap and `Avg` truncates toward zero; half, bfloat16 and fp8
 //! accumulate in float32 and are rounded once; conversions, rounding, saturation and
-//! NaN codes are `reduce.rs`'s, written with integer and float operations that give the
+//! NaN codes are `reduce`'s, written with integer and float operations that give the
 //! same bits on a GPU as on the CPU (no `cuda_fp16.h`, no intrinsics that round
 //! differently). Float arithmetic follows x86-64's NaN rules, as the host's does: a
 //! NaN operand comes out quiet, the accumulator's when both are NaN, and an invalid
@@ -13,7 +13,7 @@
 //! `max(-0, +0)` is -0, as the host's `f32::max` compiles on x86-64). A GPU's own
 //! arithmetic would give its canonical NaN instead, so the kernels test for NaN first.
 //!
-//! This file depends on `crate::types` only: the simulated GPU compiles it in by path.
+//! This file depends on `crate::types` only.
 
 use crate::types::{DataType, RedOp};
 
@@ -29,6 +29,7 @@ pub const RANKS: [usize; 3] = [2, 4, 8];
 const VARIANTS: [usize; 4] = [0, RANKS[0], RANKS[1], RANKS[2]];
 
 /// The variant of a launch over `n` inputs: `n` where it has a kernel of its own, else 0.
+#[inline]
 pub fn variant(n: usize) -> usize {
     if RANKS.contains(&n) {
         n
@@ -198,8 +199,8 @@ impl Reduction {
 }
 
 /// Device functions every kernel uses: bit casts, the host's float arithmetic, and the
-/// conversions of `reduce.rs` (see there for why each step is exact or rounds once).
-const HELPERS: &str = r#"// ferroccl device reductions: the host's arithmetic (src/mem/reduce/), bit for bit.
+/// conversions of `reduce` (see there for why each step is exact or rounds once).
+const HELPERS: &str = r#"// ferroccl device reductions: the host's arithmetic (kernels/src/reduce/), bit for bit.
 // 16 bytes that load and store as one vector.
 struct alignas(16) fccl_u4 { unsigned int x, y, z, w; };
 __device__ __forceinline__ float fccl_f32(unsigned int b) { return __uint_as_float(b); }
@@ -533,6 +534,7 @@ pub const COPY_PROGRAM_NAME: &str = "fccl_copy.cu";
 
 /// The largest unit (16, 8, 4, 2 or 1 bytes) that divides every one of `vals` (addresses,
 /// pitches, lengths): what the copy kernels move at a time.
+#[inline]
 pub fn copy_unit(vals: &[usize]) -> usize {
     let all = vals.iter().fold(0usize, |a, &v| a | v);
     [16, 8, 4, 2].into_iter().find(|&w| all % w == 0).unwrap_or(1)
