@@ -142,29 +142,34 @@ pub fn active() -> bool {
 /// Whether the program has started CUDA since the last look (then it is probed).
 #[inline(never)]
 fn started_elsewhere() -> bool {
-    // One thread looks at a time: a thread that saw the loader's count already taken
-    // by another, still probing, would answer no while CUDA is in use (ranks as threads
-    // creating their communicators at once).
-    static LOOKING: std::sync::Mutex<()> = std::sync::Mutex::new(());
-    let _one = LOOKING.lock().unwrap_or_else(|p| p.into_inner());
-    match STATE.load(Ordering::Acquire) {
-        PRESENT => return true,
-        ABSENT => return false,
-        _ => {}
-    }
     let mut get_current = UNINIT_PROBE.load(Ordering::Acquire);
     if get_current == 0 {
         // The driver can only have been initialised after it was loaded.
         let loads = loaded_libraries();
-        if SEEN_LOADS.swap(loads, Ordering::Relaxed) == loads {
-            return false;
-        }
-        match mapped_driver_entry() {
-            Some(f) => {
-                UNINIT_PROBE.store(f, Ordering::Release);
-                get_current = f;
+        if SEEN_LOADS.load(Ordering::Acquire) == loads {
+            // A look at this many libraries is complete: it stored the entry first if it
+            // found the driver.
+            get_current = UNINIT_PROBE.load(Ordering::Acquire);
+            if get_current == 0 {
+                return false;
             }
-            None => return false,
+        } else {
+            // One thread looks at a time, and says it looked only once it has: a thread
+            // told "seen" while another still probed would answer no while CUDA is in use
+            // (ranks as threads creating their communicators at once).
+            static LOOKING: std::sync::Mutex<()> = std::sync::Mutex::new(());
+            let _one = LOOKING.lock().unwrap_or_else(|p| p.into_inner());
+            get_current = UNINIT_PROBE.load(Ordering::Acquire);
+            if get_current == 0 {
+                if let Some(f) = mapped_driver_entry() {
+                    UNINIT_PROBE.store(f, Ordering::Release);
+                    get_current = f;
+                }
+                SEEN_LOADS.store(loads, Ordering::Release);
+                if get_current == 0 {
+                    return false;
+                }
+            }
         }
     }
     // SAFETY: get_current is cuCtxGetCurrent of a libcuda that stays mapped (the
