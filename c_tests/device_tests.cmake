@@ -165,7 +165,7 @@ endif()
 # 0, per call, against the roofline's budget: HBM traffic, launches, host-blocking calls,
 # driver calls that do not grow with the live allocations. Needs the simulated GPU (its
 # counters); skipped on a real driver.
-_fccl_missing_of(_fccl_costs_miss ${_fccl_dev_req} fcclCommGetLastPath)
+_fccl_missing_of(_fccl_costs_miss ${_fccl_dev_req} fcclCommGetLastPath fcclCommGetLastExchanges)
 if(_fccl_costs_miss)
   _fccl_missing_tests(test_device_costs "${_fccl_costs_miss}" test_device_costs.np2 test_device_costs.np4
     test_device_costs.np8 test_device_costs.mps.np4)

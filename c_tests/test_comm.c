@@ -1,6 +1,6 @@
 /* Communicator queries and life cycle: count / rank / device, version, async error,
  * fcclCommInitRankConfig with FCCL_CONFIG_INITIALIZER and a name, finalize + destroy,
- * abort, and a second communicator (from fcclCommSplit, and in threads mode also from a
+ * abort, the host exchanges of the last call, and a second communicator (from fcclCommSplit, and in threads mode also from a
  * shared unique id) used alongside the first. */
 #include "cuda_probe.h"
 #include "harness.h"
@@ -92,6 +92,16 @@ static int body(fcclComm_t comm, int rank, int nranks) {
     check_queries(c1, 0, 1, "one-rank comm");
     sum_check(c1, 0, 1, 3, "one-rank comm");
     sum_check(comm, rank, nranks, 5, "main comm (with a one-rank comm alive)");
+#ifndef FCCL_MISSING_fcclCommGetLastExchanges
+    {
+      /* A host-memory call's only messages are its data. */
+      int e = -7;
+      if (CHECK_OK(fcclCommGetLastExchanges(comm, &e)))
+        CHECK(e == 0, "fcclCommGetLastExchanges after a host all_reduce = %d, expected 0", e);
+      CHECK(fcclCommGetLastExchanges(comm, NULL) == fcclInvalidArgument,
+            "fcclCommGetLastExchanges(comm, NULL) did not return fcclInvalidArgument");
+    }
+#endif
     CHECK_OK(fcclCommFinalize(c1));
     CHECK_OK(fcclCommDestroy(c1));
   }

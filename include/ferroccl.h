@@ -638,6 +638,18 @@ fcclResult_t fcclCommGetLastPath(fcclComm_t comm,
                                  const char **algorithm);
 
 /**
+ * Writes to `*exchanges` how many times the last call (or group) that ran on `comm`
+ * waited for the other ranks on the host besides moving its data: the one-GPU
+ * path's descriptor exchange (one per collective), the capture vote of a staged
+ * device call, a barrier of ranks that share a process. 0 for calls whose only
+ * messages are their data (host memory, NCCL) and before the first call. What the
+ * ferroccl cost model holds a device call to, and the `host exchanges` of the
+ * call's FERROCCL_DEBUG=INFO line. Waits while another thread is in a call on `comm`.
+ */
+fcclResult_t fcclCommGetLastExchanges(fcclComm_t comm,
+                                      int *exchanges);
+
+/**
  * A fixed description of a result code (never NULL, also for unknown values).
  */
 const char *fcclGetErrorString(fcclResult_t result);

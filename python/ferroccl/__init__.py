@@ -724,6 +724,16 @@ class Comm:
         return (b.value or b"").decode(), (a.value or b"").decode()
 
     @property
+    def last_exchanges(self):
+        """fcclCommGetLastExchanges: how many times the last call on this communicator
+        waited for the other ranks on the host besides moving its data (0 for host
+        memory; 1 for a device call of ranks sharing one GPU: its descriptor exchange)."""
+        self._live("fcclCommGetLastExchanges")
+        n = c_int()
+        self._call("fcclCommGetLastExchanges", self._h, byref(n))
+        return n.value
+
+    @property
     def closed(self):
         return self._h is None
 

@@ -123,6 +123,7 @@ _PROTOTYPES = {
     "fcclCommUserRank": (_res, [_comm, POINTER(c_int)]),
     "fcclCommCuDevice": (_res, [_comm, POINTER(c_int)]),
     "fcclCommGetLastPath": (_res, [_comm, POINTER(c_char_p), POINTER(c_char_p)]),
+    "fcclCommGetLastExchanges": (_res, [_comm, POINTER(c_int)]),
     "fcclGetErrorString": (c_char_p, [_res]),
     "fcclGetLastError": (c_char_p, [_comm]),
     "fcclAllReduce": (_res, [_buf, _buf, c_size_t, c_int, c_int, _comm, _stream]),

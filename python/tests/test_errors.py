@@ -74,7 +74,7 @@ def test_closed_comm_raises_fccl_error(comm):
     (c,) = ferroccl.Comm.init_all(1)
     c.close()
     c.close()  # idempotent
-    for run in (lambda: c.all_reduce(np.ones(2)), lambda: c.last_path, c.async_error, c.finalize):
+    for run in (lambda: c.all_reduce(np.ones(2)), lambda: c.last_path, lambda: c.last_exchanges, c.async_error, c.finalize):
         with pytest.raises(ferroccl.FcclError) as ei:
             run()
         assert ei.value.code == ferroccl.Result.INVALID_ARGUMENT

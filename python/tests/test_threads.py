@@ -16,10 +16,12 @@ def test_init_all_threads(n):
         assert [c.rank for c in comms] == list(range(n))
         assert all(c.size == n for c in comms)
         assert all(c.device == -1 for c in comms)
-        assert all(c.last_path == ("none", "none") for c in comms)
+        assert all(c.last_path == ("none", "none") and c.last_exchanges == 0 for c in comms)
         fails = run_threads(lambda r: run_all(comms[r]), n)
         # host memory: the built-in host algorithms served the last call
         assert all(c.last_path[0] == "host" and c.last_path[1] for c in comms)
+        # its only messages were its data
+        assert all(c.last_exchanges == 0 for c in comms)
         assert [f for rank_fails in fails for f in rank_fails] == []
     finally:
         for c in comms:

@@ -139,6 +139,10 @@ pub struct Exec<'a> {
     pub backend: &'static str,
     /// How the last run was served: a short name, set by the backend (docs/performance.md lists them).
     pub algo: Algo,
+    /// Host exchanges with the other ranks the run made besides its data (descriptor
+    /// exchanges, votes, barriers: [`Exec::allgather`], [`Exec::barrier`]), for
+    /// fcclCommGetLastExchanges and the cost model.
+    pub exchanges: u32,
 }
 
 /// How a run of calls ended when the communicator survived it. A run returns
@@ -191,6 +195,7 @@ impl Exec<'_> {
             *self.seq
         });
         let algo = self.algo;
+        self.exchanges += 1;
         let r = host::execute(self, &[Call { coll, seq }]);
         self.algo = algo;
         r
@@ -383,6 +388,7 @@ mod tests {
             check: false,
             backend: "",
             algo: Algo::None,
+            exchanges: 0,
         };
         let group = [
             call(CollKind::AllReduce, 1),

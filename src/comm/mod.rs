@@ -75,6 +75,8 @@ struct State {
     finalized: bool,
     /// What served the last run of calls: (backend, algorithm), ("none", "none") before any.
     last_path: (&'static str, &'static str),
+    /// Host exchanges with the other ranks that run made besides its data.
+    last_exchanges: u32,
 }
 
 /// One rank's communicator.
@@ -130,7 +132,14 @@ impl Comm {
             progress,
             splitting: AtomicUsize::new(0),
             waker,
-            state: Mutex::new(State { transport, seq: 0, broken: None, finalized: false, last_path: ("none", "none") }),
+            state: Mutex::new(State {
+                transport,
+                seq: 0,
+                broken: None,
+                finalized: false,
+                last_path: ("none", "none"),
+                last_exchanges: 0,
+            }),
             device: -1,
             router: Router::new(vec![Box::new(Builtin { rank, nranks })]),
             told_no_device: AtomicBool::new(false),
@@ -430,6 +439,7 @@ impl Comm {
             check: self.opts.check_mode,
             backend: "host",
             algo: Algo::None,
+            exchanges: 0,
         };
         // Without CUDA every buffer is host memory: one relaxed load, then the host path.
         // A call that a device backend claims whatever its memory (per-rank counts on one
@@ -445,13 +455,14 @@ impl Comm {
         };
         let (served, algo) = (x.backend, x.algo.name());
         st.last_path = (served, algo);
+        st.last_exchanges = x.exchanges;
         if let Some(t0) = t0 {
             let us = t0.elapsed().as_secs_f64() * 1e6;
             for (c, routed) in calls.iter().zip(self.router.names(calls)) {
                 // A group over several backends: each call's own.
                 let backend = if served == "mixed" { routed } else { served };
                 log::info(format_args!(
-                    "rank {} comm {} seq {} {} count {} {}{} backend {backend} algorithm {algo} {:.1} us",
+                    "rank {} comm {} seq {} {} count {} {}{} backend {backend} algorithm {algo} {:.1} us, host exchanges {}",
                     self.rank,
                     self.label(),
                     c.seq,
@@ -459,7 +470,8 @@ impl Comm {
                     c.coll.count,
                     c.coll.dtype.short_name(),
                     c.coll.wire.map_or(String::new(), |w| format!(" wire {}", w.short_name())),
-                    us
+                    us,
+                    x.exchanges
                 ));
             }
         }
@@ -480,6 +492,12 @@ impl Comm {
     /// another thread is in a call on it.
     pub fn last_path(&self) -> (&'static str, &'static str) {
         self.state.lock().unwrap_or_else(|p| p.into_inner()).last_path
+    }
+
+    /// How many host exchanges with the other ranks the last run of calls made besides
+    /// its data (0 before the first). Waits while another thread is in a call on it.
+    pub fn last_exchanges(&self) -> u32 {
+        self.state.lock().unwrap_or_else(|p| p.into_inner()).last_exchanges
     }
 
     /// Device memory staged because neither NCCL nor the one-GPU path serves it: say so once.

@@ -496,6 +496,24 @@ pub unsafe extern "C" fn fcclCommGetLastPath(
     })
 }
 
+/// Writes to `*exchanges` how many times the last call (or group) that ran on `comm`
+/// waited for the other ranks on the host besides moving its data: the one-GPU
+/// path's descriptor exchange (one per collective), the capture vote of a staged
+/// device call, a barrier of ranks that share a process. 0 for calls whose only
+/// messages are their data (host memory, NCCL) and before the first call. What the
+/// ferroccl cost model holds a device call to, and the `host exchanges` of the
+/// call's FERROCCL_DEBUG=INFO line. Waits while another thread is in a call on `comm`.
+#[no_mangle]
+pub unsafe extern "C" fn fcclCommGetLastExchanges(
+    comm: fcclComm_t,
+    exchanges: Option<&mut MaybeUninit<c_int>>,
+) -> fcclResult_t {
+    call("fcclCommGetLastExchanges", || {
+        let c = handle::get(comm)?;
+        exchanges.put("exchanges", c.last_exchanges().min(c_int::MAX as u32) as c_int)
+    })
+}
+
 /// A NUL-terminated copy of a static string, made once and kept for the life of the
 /// process (the set of names is fixed, so the table stays small).
 fn static_c_str(s: &'static str) -> *const c_char {

@@ -480,6 +480,7 @@ mod tests {
             check: true,
             backend: "host",
             algo: crate::backend::Algo::None,
+            exchanges: 0,
         };
         execute(&mut x, calls).expect("no fatal error").into_result().err()
     }
