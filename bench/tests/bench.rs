@@ -844,7 +844,7 @@ fn device_soak_through_ipc_is_right_and_closes_mappings_of_freed_buffers() {
 /// a collective's data (exec-*), the others signal and wait (or, under MPS, each moves
 /// its share); send/recv pull from the peer's buffer. Not the bounce forms: those
 /// stage through host memory.
-const IPC_ALGORITHMS: [&str; 13] = [
+const IPC_ALGORITHMS: [&str; 14] = [
     "exec-copy",
     "exec-reduce",
     "exec-copy2d",
@@ -852,6 +852,7 @@ const IPC_ALGORITHMS: [&str; 13] = [
     "exec-copy-scratch",
     "exec-swap",
     "signal-wait",
+    "signal-wait-copied",
     "host-wait",
     "mps-shares",
     "mps-slices",

@@ -71,6 +71,9 @@ pub enum Algo {
     HostWait,
     /// one GPU: this rank signalled and waits on its stream.
     SignalWait,
+    /// one GPU: as SignalWait, its buffers copied through lent device memory (they
+    /// cannot be shared with other processes).
+    SignalWaitCopied,
     /// the ranks called different collectives: failed before anything moved.
     Mismatch,
     /// refused before anything moved (a stream being captured into a CUDA graph).
@@ -112,6 +115,7 @@ impl Algo {
             Algo::MpsShares => "mps-shares",
             Algo::HostWait => "host-wait",
             Algo::SignalWait => "signal-wait",
+            Algo::SignalWaitCopied => "signal-wait-copied",
             Algo::Mismatch => "mismatch",
             Algo::Refused => "refused",
             Algo::P2pPull => "p2p-pull",

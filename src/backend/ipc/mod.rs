@@ -131,6 +131,8 @@ pub struct Ipc {
     watch: Arc<Watch>,
     /// The remedies this communicator has warned about (each fallback's WARN is said once).
     warned: Mutex<Vec<&'static str>>,
+    /// Device memory lent to calls whose buffers cannot be shared (`negotiate::Detour`).
+    bounce: Arc<cuda::Arenas>,
 }
 
 /// What every rank of a communicator on one GPU learns when it is created.
@@ -177,6 +179,8 @@ struct Inner {
     reg: Option<std::result::Result<Registered, String>>,
     /// The last collective put on the streams.
     k: u32,
+    /// This rank's buffers of the call being agreed, through lent device memory.
+    detour: Option<negotiate::Detour>,
     /// send/recv: the slot of the next send to and receive from each rank.
     next_send: Vec<u64>,
     next_recv: Vec<u64>,
@@ -219,6 +223,7 @@ impl Ipc {
             inner: Mutex::new(inner),
             watch: Arc::new(Watch::default()),
             warned: Mutex::new(Vec::new()),
+            bounce: Arc::default(),
         }
     }
 }
@@ -489,6 +494,8 @@ impl Ipc {
         // Kernels queued behind a failure do nothing (see `move_data`).
         let failed = a.of(Ctl::FAILED).raw();
         let mut targets: Vec<Target> = Vec::with_capacity(2 * n + 1);
+        // Buffers that cannot be shared: copied in before this rank signals, out after.
+        let detour = inner.detour.take();
         if self.shares() {
             let peers = map_peers(&descs, ctx, &mut inner.maps, &mut gone)?;
             // SAFETY: the words are registered in this context and outlive the stream's
@@ -496,6 +503,9 @@ impl Ipc {
             // until the GPU finished this call (closing waits for it), and their owners
             // keep them until their streams passed every `fin >= k`.
             unsafe {
+                if let Some(d) = &detour {
+                    d.enter(s)?;
+                }
                 cuda::stream_write(s, dev_ready(rank), k)?;
                 for q in (0..n).filter(|&q| q != rank) {
                     cuda::stream_wait_geq(s, dev_ready(q), k)?;
@@ -504,6 +514,9 @@ impl Ipc {
                 cuda::stream_write(s, dev_fin(rank), k)?;
                 for q in (0..n).filter(|&q| q != rank) {
                     cuda::stream_wait_geq(s, dev_fin(q), k)?;
+                }
+                if let Some(d) = &detour {
+                    d.leave(s)?;
                 }
             }
             for q in 0..n {
@@ -522,12 +535,19 @@ impl Ipc {
                 cuda::stream_write(s, dev_done, k)?;
             }
         } else {
-            // SAFETY: as above for the words.
+            // SAFETY: as above for the words; the detour's copies per its contract (the
+            // call's own buffers, valid until the stream has run the call).
             unsafe {
+                if let Some(d) = &detour {
+                    d.enter(s)?;
+                }
                 cuda::stream_write(s, dev_ready(rank), k)?;
                 cuda::stream_wait_geq(s, dev_done, k)?;
+                if let Some(d) = &detour {
+                    d.leave(s)?;
+                }
             }
-            x.algo = Algo::SignalWait;
+            x.algo = if detour.is_some() { Algo::SignalWaitCopied } else { Algo::SignalWait };
         }
         if !self.shares() {
             targets.extend((0..n).filter(|&q| q != EXECUTOR).map(|q| Target { w: ctl.ready(q), v: k, writer: q }));

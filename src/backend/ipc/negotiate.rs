@@ -71,9 +71,11 @@ impl Ipc {
             // Synced: inputs complete before the executor reads them.
             cuda::sync(c.stream)?;
         }
+        // A bounce of an earlier call that did not run goes back to its arenas.
+        inner.detour = None;
         let prepared = match &reason {
             Some(f) => Err(f.clone()),
-            None => self.prepare(call, ctx, device, inner),
+            None => self.prepare(call, ctx, device, inner, stream),
         };
         let (mine, mut fallback) = match prepared {
             Ok(d) => (d, None),
@@ -126,12 +128,15 @@ impl Ipc {
     }
 
     /// This rank's descriptor of `call`, or why it cannot take the call GPU to GPU.
+    /// `streamed`: the call is ordered on the streams, so buffers that cannot be shared
+    /// can go through lent device memory instead (`detour`).
     fn prepare(
         &self,
         call: &Call,
         ctx: cuda::Ctx,
         device: i32,
         inner: &mut Inner,
+        streamed: bool,
     ) -> std::result::Result<Desc, Fallback> {
         let c = &call.coll;
         let reduces = matches!(
@@ -161,17 +166,126 @@ impl Ipc {
         let to: Vec<usize> = (0..self.nranks)
             .filter(|&q| q != self.rank && self.pids[q] != me && (q == EXECUTOR || self.shares()))
             .collect();
-        for (slot, (p, bytes)) in d.bufs.iter_mut().zip([(c.send, sb), (c.recv as *const u8, rb)]) {
+        let bufs = [(c.send, sb), (c.recv as *const u8, rb)];
+        if to.is_empty() {
+            // Only ranks of this process read them (the executor's own, threads): their
+            // addresses serve, whatever memory they are.
+            for (slot, (p, bytes)) in d.bufs.iter_mut().zip(bufs) {
+                if bytes > 0 {
+                    *slot = Buf { handle: [0; 64], offset: 0, addr: p as u64 };
+                }
+            }
+            return Ok(d);
+        }
+        for (slot, (p, bytes)) in d.bufs.iter_mut().zip(bufs) {
             if bytes > 0 {
-                let (handle, off) = inner.exported.handle(p, bytes, &to).map_err(|e| {
-                    Fallback::new(
-                        format!("its buffer {p:p} cannot be shared with other processes ({})", e.msg),
-                        fix::export(p),
-                    )
+                match inner.exported.handle(p, bytes, &to) {
+                    Ok((handle, off)) => *slot = Buf { handle, offset: off as u64, addr: p as u64 },
+                    Err(e) => {
+                        let why = Fallback::new(
+                            format!("its buffer {p:p} cannot be shared with other processes ({})", e.msg),
+                            fix::export(p),
+                        );
+                        if !streamed {
+                            return Err(why);
+                        }
+                        return self.detour(c, (sb, rb), ctx, inner, &to, d, why);
+                    }
+                }
+            }
+        }
+        Ok(d)
+    }
+
+    /// `d` with this rank's buffers replaced by device memory the communicator lends
+    /// (shareable), for buffers that cannot be shared themselves (`why`): the stream
+    /// copies the inputs in before it signals and the results out after the call
+    /// ([`Detour`], kept in `inner` for `run_streamed`). Send and receive extents that
+    /// overlap keep their overlap (in place stays in place); each keeps its address
+    /// modulo 256, so the executor's 16-byte vector path applies as it would have.
+    #[allow(clippy::too_many_arguments)]
+    fn detour(
+        &self,
+        c: &crate::coll::Coll,
+        (sb, rb): (usize, usize),
+        ctx: cuda::Ctx,
+        inner: &mut Inner,
+        to: &[usize],
+        mut d: Desc,
+        why: Fallback,
+    ) -> std::result::Result<Desc, Fallback> {
+        const ALIGN: usize = 256;
+        let (s0, r0) = (c.send as usize, c.recv as usize);
+        let overlap = sb > 0 && rb > 0 && s0 < r0 + rb && r0 < s0 + sb;
+        let (span, s_at, r_at) = if overlap {
+            let lo = s0.min(r0);
+            let at = lo % ALIGN;
+            (at + (s0 + sb).max(r0 + rb) - lo, at + s0 - lo, at + r0 - lo)
+        } else {
+            let s_at = s0 % ALIGN;
+            let r_at = (s_at + sb).div_ceil(ALIGN) * ALIGN + r0 % ALIGN;
+            (r_at + rb, s_at, r_at)
+        };
+        let lease = self.bounce.take(span, ctx, c.stream).map_err(|e| Fallback::new(e.msg, why.fix))?;
+        let base = lease.ptr();
+        for (slot, (at, bytes)) in d.bufs.iter_mut().zip([(s_at, sb), (r_at, rb)]) {
+            if bytes > 0 {
+                let p = base.wrapping_add(at);
+                let (handle, off) = inner.exported.handle(p, bytes, to).map_err(|e| {
+                    Fallback::new(format!("{}; nor can the device memory lent for it ({})", why.why, e.msg), why.fix)
                 })?;
                 *slot = Buf { handle, offset: off as u64, addr: p as u64 };
             }
         }
+        let mut copy_in = Vec::new();
+        if sb > 0 {
+            copy_in.push((base as usize + s_at, c.send as usize, sb));
+        }
+        // Calls with per-rank counts leave gaps in the receive extent that the results
+        // do not cover: they go in too, so that copying the results out keeps them.
+        if rb > 0 && c.v.is_some() {
+            copy_in.push((base as usize + r_at, c.recv as usize, rb));
+        }
+        let copy_out = (rb > 0).then(|| (c.recv as usize, base as usize + r_at, rb));
+        self.detoured(c.kind.c_name(), &why);
+        inner.detour = Some(Detour { _lease: lease, copy_in, copy_out });
         Ok(d)
+    }
+}
+
+/// A call's buffers moved through lent device memory on this rank's stream: copied in
+/// (destination, source, bytes; device addresses, never dereferenced on the host) before
+/// it signals, the results out after the call.
+pub(super) struct Detour {
+    /// Lent until dropped, once the copies are queued.
+    _lease: cuda::Lease,
+    copy_in: Vec<(usize, usize, usize)>,
+    copy_out: Option<(usize, usize, usize)>,
+}
+
+impl Detour {
+    /// Queues the copies in on `s`.
+    ///
+    /// # Safety
+    /// The call's buffers are valid for their extents in the current context until the
+    /// stream has run the copies.
+    pub unsafe fn enter(&self, s: cuda::Stream) -> Result<()> {
+        for &(dst, src, len) in &self.copy_in {
+            // SAFETY: the lease holds the extents (made for them); the caller's contract.
+            unsafe { cuda::copy_dtod_async(dst as *mut u8, src as *const u8, len, s)? };
+        }
+        Ok(())
+    }
+
+    /// Queues the copy of the results out on `s`.
+    ///
+    /// # Safety
+    /// As [`Detour::enter`].
+    pub unsafe fn leave(&self, s: cuda::Stream) -> Result<()> {
+        if let Some((dst, src, len)) = self.copy_out {
+            // SAFETY: as in `enter`.
+            unsafe { cuda::copy_dtod_async(dst as *mut u8, src as *const u8, len, s)? };
+        }
+        Ok(())
     }
 }
