@@ -421,7 +421,12 @@ impl Ipc {
             Placement::Host => (self.device, cuda::primary_context(self.device)?),
         };
         let guard = cuda::CtxGuard::enter(ctx)?;
-        match self.negotiate(x, call, inner, ctx, device)? {
+        let verdict = self.negotiate(x, call, inner, ctx, device);
+        if !matches!(verdict, Ok(Negotiated::Run(_))) {
+            // Back to the arenas now, while the call's stream surely lives.
+            inner.detour = None;
+        }
+        match verdict? {
             Negotiated::Unfinished(got) => Ok(got),
             Negotiated::Refused(e) => {
                 x.algo = Algo::Refused;
