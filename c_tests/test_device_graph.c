@@ -14,9 +14,9 @@
  *      (the memset) replays correctly twice;
  *   2. only rank 0 captures: every rank's fcclAllReduce returns fcclInvalidUsage (the
  *      others' messages name rank 0); in the ring, the pairs with rank 0 fail on both
- *      sides and the others move their data (not with FERROCCL_CUDA_IPC=0: staged
- *      send/recv have no exchange before they move data, so rank 0's peers would fail
- *      only at the communicator's timeout); rank 0's capture ends with CUDA_SUCCESS;
+ *      sides at once and the others move their data (staged too: rank 0 sends its
+ *      handshakes flagged as refused, and its peers' messages name it and the capture);
+ *      rank 0's capture ends with CUDA_SUCCESS;
  *   3. after each case, the same calls outside capture succeed on the same communicator
  *      with the right results.
  * Data goes in and out with the driver, loaded with dlopen; exits 77 (skipped) without
@@ -126,12 +126,6 @@ static float input(int r, size_t i) { return (float)(r * 1000 + (int)(i % 997));
 
 static void put(float* d, const float* h) { CU_OK(cu.MemcpyHtoD((CUdeviceptr)(size_t)d, h, N * sizeof(float))); }
 static void get(float* h, const float* d) { CU_OK(cu.MemcpyDtoH(h, (CUdeviceptr)(size_t)d, N * sizeof(float))); }
-
-/* Every device call staged through host memory (FERROCCL_CUDA_IPC=0). */
-static int staged(void) {
-  const char* v = getenv("FERROCCL_CUDA_IPC");
-  return v && (strcmp(v, "0") == 0 || strcmp(v, "off") == 0);
-}
 
 /* The last error names the capture and the call. */
 static void names_capture(const char* what, const char* call, int rank0_only, int rank) {
@@ -254,7 +248,7 @@ static int body(fcclComm_t comm, int rank, int n) {
   if (rank == 0) CU_OK(cu.StreamBeginCapture(st, mode));
   CHECK_ERR(fcclAllReduce(s, d, N, fcclFloat32, fcclSum, comm, st), fcclInvalidUsage, "fcclAllReduce");
   names_capture("all_reduce, rank 0 capturing", "fcclAllReduce", 1, rank);
-  if (!staged()) {
+  {
     /* The pairs with rank 0 fail on both sides; the others move their data. */
     int touches0 = rank == 0 || rank == 1 || rank == n - 1;
     fcclResult_t r;
@@ -265,6 +259,11 @@ static int body(fcclComm_t comm, int rank, int n) {
     r = ring(s, d, rank, n, comm, st);
     CHECK(r == (touches0 ? fcclInvalidUsage : fcclSuccess), "rank %d: the ring returned %d (%s)", rank, (int)r,
           fcclGetLastError(NULL));
+    if (touches0) {
+      const char* m = fcclGetLastError(NULL);
+      CHECK(m && strstr(m, "captured into a CUDA graph"), "rank %d: the ring's error does not name the capture: %s",
+            rank, m ? m : "(null)");
+    }
     if (!touches0) {
       CU_OK(cu.StreamSynchronize(st));
       get(h, d);

@@ -39,8 +39,9 @@ impl Backend for Builtin {
         // untouched. Every rank of a collective must vote alike: those with device memory,
         // and, with CUDA in use, those of a call with per-rank counts whatever their memory
         // (a rank with nothing to send or receive passes no device buffer). send/recv
-        // involve only their pairs, whose memory may differ in kind: a capturing rank fails
-        // its run alone, and its peers fail at the communicator's timeout.
+        // involve only their pairs, whose memory may differ in kind: a capturing rank runs
+        // only their handshakes, flagged as refused and without buffers, so that each peer's
+        // matching call fails at once too (`Coll::refused`).
         let votes = !p2p && (!on_host || (cuda::active() && calls.iter().any(|c| c.coll.v.is_some())));
         if on_host && !votes {
             return host::execute(x, calls);
@@ -58,7 +59,16 @@ impl Backend for Builtin {
         let first = device().next().map_or(&calls[0].coll, |c| &c.coll).clone();
         if p2p {
             if let Some(stream) = mine {
-                return Ok(Outcome::Failed(capture::refusal(first.kind.c_name(), self.rank, stream, &[self.rank])));
+                let refusal = capture::refusal(first.kind.c_name(), self.rank, stream, &[self.rank]);
+                if calls.iter().all(|c| c.coll.kind.is_p2p()) {
+                    let refused: Vec<Call> =
+                        calls.iter().map(|c| Call { coll: refused(&c.coll), seq: c.seq }).collect();
+                    // Its own verdict is the refusal: what the handshakes say adds nothing.
+                    let _ = host::execute(x, &refused)?;
+                }
+                // A group with collectives too: they are not told (their peers fail at the
+                // communicator's timeout).
+                return Ok(Outcome::Failed(refusal));
             }
             if let [call] = calls {
                 return staging::run(x, call, self.rank, self.nranks);
@@ -104,4 +114,19 @@ impl Backend for Builtin {
         }
         Ok(res)
     }
+}
+
+/// The handshake-only form of send/recv `c` that its rank refused, flagged so that the
+/// peer fails its matching call: one byte of host memory of its own (the handshake's
+/// smallest message; a refused receive never writes it), never the caller's buffers.
+fn refused(c: &Coll) -> Coll {
+    // An atomic for its interior mutability: the engine may write through the pointer.
+    let byte = std::sync::Arc::new(std::sync::atomic::AtomicU8::new(0));
+    let p = byte.as_ptr();
+    let mut r = Coll::new(c.kind, p, p, 1, crate::types::DataType::Uint8);
+    r.peer = c.peer;
+    r.root = c.root;
+    r.refused = true;
+    r.keep = Some(byte);
+    r
 }

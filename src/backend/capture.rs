@@ -11,7 +11,8 @@
 //! in the exchange every rank already makes (the one-GPU path's descriptors and send/recv
 //! records) or, where none exists (host staging of a collective), in a one-byte vote:
 //! ranks that do not capture fail the same call instead of waiting for a peer that never
-//! comes. Staged send/recv have no such exchange: the capturing rank fails alone.
+//! comes. Staged send/recv have no such exchange: the capturing rank runs only their
+//! handshakes, flagged as refused (`Coll::refused`), so that each peer fails at once.
 
 use super::{Exec, Outcome};
 use crate::error::{Error, Result};

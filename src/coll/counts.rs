@@ -119,12 +119,20 @@ pub struct P2pCall {
     pub count: usize,
     pub dtype: DataType,
     pub peer: usize,
+    /// Its rank refused it (see `Coll::refused`).
+    pub refused: bool,
 }
 
 impl P2pCall {
     /// The fcclSend or fcclRecv `co`.
     pub fn of(co: &Coll) -> P2pCall {
-        P2pCall { send: co.kind == CollKind::Send, count: co.count, dtype: co.dtype, peer: co.peer }
+        P2pCall {
+            send: co.kind == CollKind::Send,
+            count: co.count,
+            dtype: co.dtype,
+            peer: co.peer,
+            refused: co.refused,
+        }
     }
 }
 
@@ -132,6 +140,39 @@ impl std::fmt::Display for P2pCall {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         let (name, dir) = if self.send { ("fcclSend", "to") } else { ("fcclRecv", "from") };
         write!(f, "{name} of {} x {} {dir} rank {}", self.count, self.dtype, self.peer)
+    }
+}
+
+/// The error of `what` on rank `me` whose peer `refuser` refused its side of the pair
+/// (see `Coll::refused`): both calls fail, nothing moved.
+pub fn p2p_refused(what: P2pCall, me: usize, refuser: usize) -> Error {
+    Error::invalid_usage(format!(
+        "{what} on rank {me}: rank {refuser} called its side of the pair on a stream being captured into a CUDA graph, \
+         where send/recv staged through host memory cannot run; both calls fail and nothing moved (the communicator \
+         stays usable). To fix: run the send/recv outside graph capture (capture only the compute around it), or use \
+         the NCCL backend (FERROCCL_BACKEND=nccl, one GPU per rank), whose calls can be captured"
+    ))
+}
+
+/// The verdict on a pair whose announcements disagree, from the side of `what` (rank
+/// `me`, peer `peer`): the peer refused (`peer_refused`, its flag), this side did (the
+/// caller reports its own refusal), or the sizes differ (`sent` by the sender, `received`
+/// by the receiver). None: they agree.
+pub fn p2p_verdict(
+    what: P2pCall,
+    me: usize,
+    peer: usize,
+    sent: usize,
+    received: usize,
+    peer_refused: bool,
+) -> Option<Error> {
+    let (sender, receiver) = if what.send { (me, peer) } else { (peer, me) };
+    if peer_refused {
+        Some(p2p_refused(what, me, peer))
+    } else if what.refused || sent != received {
+        Some(p2p_mismatch(what, sender, receiver, sent, received))
+    } else {
+        None
     }
 }
 

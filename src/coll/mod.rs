@@ -170,6 +170,10 @@ pub struct Coll {
     pub stream: crate::mem::cuda::Stream,
     /// Where the buffers live (set by the C entry points; internal calls are host).
     pub placement: crate::mem::Placement,
+    /// An fcclSend/fcclRecv its rank refused before anything moved (its stream is being
+    /// captured into a CUDA graph): the host runs its handshake alone, with no buffers,
+    /// flagged so that the peer's matching call fails at once instead of waiting.
+    pub refused: bool,
 }
 
 /// Layout of an axis-aware all_gather (see [`Coll::strided`]).
@@ -201,6 +205,7 @@ impl Coll {
             keep: None,
             stream: crate::mem::cuda::Stream::DEFAULT,
             placement: crate::mem::Placement::Host,
+            refused: false,
         }
     }
 
@@ -216,7 +221,8 @@ impl Coll {
     pub fn is_noop(&self) -> bool {
         match self.kind {
             CollKind::Barrier | CollKind::AlltoAllv | CollKind::AllGatherV | CollKind::ReduceScatterV => false,
-            _ => self.count == 0,
+            // A refused send/recv has no count, but its handshake must reach the peer.
+            _ => self.count == 0 && !self.refused,
         }
     }
 

@@ -15,11 +15,11 @@
 
 use super::engine::{self, Idle, RunCtl};
 use super::msg::{
-    gather, header, pad8, parse_header, HDR, K_DATA, K_DIRECT, K_P2P_DATA, K_P2P_DIRECT, K_P2P_EAGER, K_P2P_HDR,
-    K_P2P_REPLY, K_SKIP,
+    gather, header, pad8, parse_header, FLAG, HDR, K_DATA, K_DIRECT, K_P2P_DATA, K_P2P_DIRECT, K_P2P_EAGER, K_P2P_HDR,
+    K_P2P_REPLY, K_SKIP, P2P_REFUSED,
 };
 use super::plan;
-use crate::coll::counts::{p2p_mismatch, P2pCall};
+use crate::coll::counts::{p2p_verdict, P2pCall};
 use crate::coll::Call;
 use crate::coll::CollKind;
 use crate::error::{Error, Result};
@@ -106,6 +106,14 @@ struct Bits {
 
 fn bytes(c: &Call) -> usize {
     c.coll.count * c.coll.dtype.size()
+}
+
+/// Header `h` of call `c`'s message, flagged when its rank refused the call.
+fn flagged(mut h: [u8; HDR], c: &Call) -> [u8; HDR] {
+    if c.coll.refused {
+        h[FLAG] |= P2P_REFUSED;
+    }
+    h
 }
 
 /// Runs `calls` (see [`eligible`]) to completion, with the engine's contract: `Err`
@@ -216,11 +224,11 @@ fn write(link: &mut dyn Link, calls: &[Call], s: &mut Slot, bits: &mut Bits) -> 
         while s.tx_msg < s.nmsgs() && filled < space.len() {
             let (hdr, src, len, send) = if s.tx_msg < s.nrecvs {
                 let c = &calls[s.recvs[s.tx_msg] as usize];
-                (header(K_P2P_REPLY, c.seq as u32, bytes(c)), std::ptr::null(), 0, None)
+                (flagged(header(K_P2P_REPLY, c.seq as u32, bytes(c)), c), std::ptr::null(), 0, None)
             } else {
                 let i = s.sends[s.tx_msg - s.nrecvs] as usize;
                 let c = &calls[i];
-                (header(K_P2P_EAGER, c.seq as u32, bytes(c)), c.coll.send, bytes(c), Some(i))
+                (flagged(header(K_P2P_EAGER, c.seq as u32, bytes(c)), c), c.coll.send, bytes(c), Some(i))
             };
             let n = put(&mut space[filled..], &hdr, src, len, s.tx_off);
             filled += n;
@@ -403,12 +411,14 @@ fn take(
             s.matched += 1;
             let c = &calls[i];
             let want = bytes(c);
-            if len != want {
-                err.get_or_insert_with(|| p2p_mismatch(P2pCall::of(&c.coll), p, me, len, want));
+            let verdict = p2p_verdict(P2pCall::of(&c.coll), me, p, len, want, hdr[FLAG] & P2P_REFUSED != 0);
+            let agree = verdict.is_none();
+            if let Some(e) = verdict {
+                err.get_or_insert(e);
             }
             if kind == K_P2P_HDR {
                 // A send of DIRECT_MIN bytes or more: never the size of ours.
-                if len == want {
+                if agree {
                     return Err(Error::internal(format!(
                         "{}: rank {p} announced a handshake for a {len}-byte fcclSend, which goes eagerly",
                         (ctl.what)()
@@ -417,7 +427,7 @@ fn take(
                 bits.received |= 1 << i;
                 Take::Now(None)
             } else {
-                let dst = if len == want { c.coll.recv } else { std::ptr::null_mut() };
+                let dst = if agree { c.coll.recv } else { std::ptr::null_mut() };
                 Take::Now(Some(Rx { call: i, dst, len, read: 0 }))
             }
         }
@@ -430,8 +440,8 @@ fn take(
             s.replies += 1;
             let c = &calls[i];
             let mine = bytes(c);
-            if len != mine {
-                err.get_or_insert_with(|| p2p_mismatch(P2pCall::of(&c.coll), me, p, mine, len));
+            if let Some(e) = p2p_verdict(P2pCall::of(&c.coll), me, p, mine, len, hdr[FLAG] & P2P_REFUSED != 0) {
+                err.get_or_insert(e);
             }
             bits.replied |= 1 << i;
             Take::Now(None)

@@ -59,6 +59,13 @@ pub const K_P2P_SWAP: u8 = 10;
 
 /// Index of the flag byte in a header.
 pub const FLAG: usize = 1;
+/// Flag of a [`K_P2P_REPLY`]: the receive is half of an exchange in place that its rank
+/// can swap (see [`K_P2P_SWAP`]).
+pub const P2P_PAIR: u8 = 1;
+/// Flag of a [`K_P2P_HDR`], [`K_P2P_EAGER`] or [`K_P2P_REPLY`]: its rank refused the call
+/// (its stream is being captured into a CUDA graph; no count, no payload). The peer's
+/// matching call fails at once, and so does the refused one.
+pub const P2P_REFUSED: u8 = 2;
 
 /// `n` rounded up to a multiple of 8: the stream's unit.
 pub const fn pad8(n: usize) -> usize {

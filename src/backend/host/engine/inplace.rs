@@ -349,7 +349,7 @@ mod tests {
     use ferroccl_testutil::Rng;
 
     fn what(send: bool, peer: usize, len: usize) -> P2pCall {
-        P2pCall { send, count: len, dtype: DataType::Uint8, peer }
+        P2pCall { send, count: len, dtype: DataType::Uint8, peer, refused: false }
     }
 
     /// Send steps copied aside, (receive, send) gates, pairs.

@@ -6,14 +6,14 @@
 //! offer when both ranks exchange in place. See docs/design/host.md, "Send and
 //! receive".
 
-use super::super::msg::{encode_desc, K_P2P_DATA, K_P2P_DIRECT, K_P2P_SWAP};
+use super::super::msg::{encode_desc, K_P2P_DATA, K_P2P_DIRECT, K_P2P_SWAP, P2P_PAIR, P2P_REFUSED};
 #[cfg(doc)]
 use super::super::msg::{K_P2P_EAGER, K_P2P_REPLY};
 use super::direct::{p2p_direct, p2p_eager};
 use super::run::Run;
 use super::schedule::Action;
 use super::state::{Peer, Tx};
-use crate::coll::counts::p2p_mismatch;
+use crate::coll::counts::p2p_verdict;
 use crate::mem::shared;
 
 impl Run<'_, '_> {
@@ -23,15 +23,18 @@ impl Run<'_, '_> {
     /// half of an exchange in place there (`pair`, see [`K_P2P_SWAP`]) and the send
     /// here. A mismatch fails the step here, and the receiver's step there, when it
     /// reads our count.
-    pub(super) fn on_reply(&mut self, p: usize, st: &mut Peer, i: usize, want: usize, pair: bool) {
+    /// `flag`: the reply's flag byte ([`P2P_PAIR`], [`P2P_REFUSED`]).
+    pub(super) fn on_reply(&mut self, p: usize, st: &mut Peer, i: usize, want: usize, flag: u8) {
+        let pair = flag & P2P_PAIR != 0;
         let Action::P2pSend { src, len: mine, what, .. } = self.sched.steps[i].action else { unreachable!() };
         let tag = self.sched.steps[i].tag;
         let eager = p2p_eager(self.plan, self.t.link(p), self.inplace, src, mine);
         let shares_cores = self.t.policy.shares_cores;
         let me = self.t.rank;
-        if want != mine || eager {
-            if want != mine {
-                self.tally.fail(|| p2p_mismatch(what, me, p, mine, want));
+        let verdict = p2p_verdict(what, me, p, mine, want, flag & P2P_REFUSED != 0);
+        if verdict.is_some() || eager {
+            if let Some(e) = verdict {
+                self.tally.fail(|| e);
                 if !eager {
                     // No payload follows: the buffer is free for receives.
                     self.inplace.release(i);

@@ -6,7 +6,7 @@
 //! moves at most `Plan::piece` bytes, so every peer and copy progresses together.
 //! See docs/design/host.md, "The engine".
 
-use super::super::msg::K_P2P_REPLY;
+use super::super::msg::{K_P2P_REPLY, P2P_PAIR, P2P_REFUSED};
 use super::exchange::{swap_capable, Offer};
 use super::idle::{describe_waiting, Idle, RunCtl};
 use super::inplace::InPlace;
@@ -163,11 +163,14 @@ fn run_with(
                 peers[*peer].data_rq.push_back(i)
             }
             Action::SwapSend(o) => peers[o.peer].send_q.push_back(i),
-            Action::P2pRecv { peer, len, .. } => {
+            Action::P2pRecv { peer, len, what, .. } => {
                 // Announce our count now: it reaches the sender while its data comes.
                 peers[*peer].p2p_rq.push_back(i);
                 let mut reply = Tx::control(K_P2P_REPLY, s.tag, *len);
-                reply.flag = u8::from(inplace.paired_recv(i));
+                reply.flag = if inplace.paired_recv(i) { P2P_PAIR } else { 0 };
+                if what.refused {
+                    reply.flag |= P2P_REFUSED;
+                }
                 peers[*peer].urgent.push_back(reply);
             }
             Action::Local(_) => locals.push(i),

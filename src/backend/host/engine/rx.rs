@@ -5,14 +5,14 @@
 
 use super::super::msg::{
     decode_desc, gather, pad8, parse_header, ANY_TAG, DESC, FLAG, HDR, K_DATA, K_DIRECT, K_P2P_DATA, K_P2P_DIRECT,
-    K_P2P_EAGER, K_P2P_HDR, K_P2P_REPLY, K_P2P_SWAP, K_SKIP, K_SWAP,
+    K_P2P_EAGER, K_P2P_HDR, K_P2P_REPLY, K_P2P_SWAP, K_SKIP, K_SWAP, P2P_REFUSED,
 };
 use super::exchange::{swap_offers, Exchange, Offer, PeerInput, Side};
 use super::run::Run;
 use super::schedule::{Action, Sink, Step};
 use super::split::{receiver_takes_pieces, rx_tee, share_pieces};
 use super::state::{DirectRx, Held, Peer, Rx, RxSwap, Source};
-use crate::coll::counts::p2p_mismatch;
+use crate::coll::counts::p2p_verdict;
 use crate::error::{Error, Result};
 use crate::mem::copy;
 use crate::mem::pool::PooledBuf;
@@ -138,8 +138,8 @@ impl Run<'_, '_> {
                 // Our count went to the sender when the run started: both sides
                 // now know whether the payload comes.
                 let Action::P2pRecv { len: want, what, .. } = self.sched.steps[i].action else { unreachable!() };
-                if len != want {
-                    self.tally.fail(|| p2p_mismatch(what, p, me, len, want));
+                if let Some(e) = p2p_verdict(what, me, p, len, want, hdr.bytes[FLAG] & P2P_REFUSED != 0) {
+                    self.tally.fail(|| e);
                     self.tally.finish(i);
                 } else if len == 0 {
                     self.tally.finish(i);
@@ -154,11 +154,12 @@ impl Run<'_, '_> {
                 st.p2p_rq.pop_front();
                 hdr.got = 0;
                 let Action::P2pRecv { dst, len: want, what, .. } = self.sched.steps[i].action else { unreachable!() };
-                let sink = if len == want {
-                    Sink::Copy(dst)
-                } else {
-                    self.tally.fail(|| p2p_mismatch(what, p, me, len, want));
-                    Sink::Discard
+                let sink = match p2p_verdict(what, me, p, len, want, hdr.bytes[FLAG] & P2P_REFUSED != 0) {
+                    None => Sink::Copy(dst),
+                    Some(e) => {
+                        self.tally.fail(|| e);
+                        Sink::Discard
+                    }
                 };
                 // The step is done once the payload that follows has been read.
                 let gated = self.inplace.gated(i);
@@ -173,11 +174,11 @@ impl Run<'_, '_> {
                 }
                 st.replies_read += 1;
                 hdr.got = 0;
-                let pair = hdr.bytes[FLAG] != 0;
+                let flag = hdr.bytes[FLAG];
                 match st.awaiting_reply.pop_front() {
-                    Some(i) => self.on_reply(p, st, i, len, pair),
+                    Some(i) => self.on_reply(p, st, i, len, flag),
                     // The send it answers waits behind other steps: kept for it.
-                    None => st.early_replies.push_back((len, pair)),
+                    None => st.early_replies.push_back((len, flag)),
                 }
                 *progressed = true;
                 Ok(Flow::Next)

@@ -209,7 +209,7 @@ pub(super) struct Peer {
     /// Receivers' counts (K_P2P_REPLY) that came before this run started the send
     /// they answer.
     /// (count, whether flagged: see HDR_FLAG).
-    pub(super) early_replies: VecDeque<(usize, bool)>,
+    pub(super) early_replies: VecDeque<(usize, u8)>,
     /// fcclSends to this peer in this run, and receivers' counts read for them.
     pub(super) p2p_sends: usize,
     pub(super) replies_read: usize,

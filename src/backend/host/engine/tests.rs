@@ -179,7 +179,7 @@ fn one_exchange(
                     let src = if apart[r] { inputs[r].as_ptr() } else { at as *const u8 };
                     let mut sched = Schedule::new(1);
                     if p2p {
-                        let what = |send| P2pCall { send, count: len, dtype: DataType::Uint8, peer };
+                        let what = |send| P2pCall { send, count: len, dtype: DataType::Uint8, peer, refused: false };
                         if r == 0 {
                             sched.p2p_recv(peer, at, len, what(false));
                         }
@@ -357,7 +357,8 @@ fn in_place_ring_shifts_larger_than_the_rings_finish_right() {
                     s.spawn(move || {
                         let ctl = RunCtl { timeout: Duration::from_secs(20), abort, what: &|| "test".to_string() };
                         let (next, prev) = ((r + 1) % n, (r + n - 1) % n);
-                        let what = |send, peer| P2pCall { send, count: len, dtype: DataType::Uint8, peer };
+                        let what =
+                            |send, peer| P2pCall { send, count: len, dtype: DataType::Uint8, peer, refused: false };
                         let base = buf.as_mut_ptr();
                         let mut sched = Schedule::new(1);
                         // SAFETY: both ranges lie inside the buffer (len + 8192 bytes).
@@ -416,7 +417,7 @@ fn a_group_of_many_sends_and_receives_in_place_moves_every_message() {
             s.spawn(move || {
                 let ctl = RunCtl { timeout: Duration::from_secs(60), abort, what: &|| "test".to_string() };
                 let peer = 1 - r;
-                let what = |send| P2pCall { send, count: N, dtype: DataType::Uint8, peer };
+                let what = |send| P2pCall { send, count: N, dtype: DataType::Uint8, peer, refused: false };
                 let base = buf.as_mut_ptr();
                 let mut sched = Schedule::new(1);
                 for i in 0..K {
@@ -450,7 +451,7 @@ fn a_copy_aside_without_memory_fails_the_run_not_the_process() {
             s.spawn(move || {
                 let ctl = RunCtl { timeout: Duration::from_secs(20), abort, what: &|| "test".to_string() };
                 let peer = 1 - r;
-                let what = |send| P2pCall { send, count: len, dtype: DataType::Uint8, peer };
+                let what = |send| P2pCall { send, count: len, dtype: DataType::Uint8, peer, refused: false };
                 let mut buf = vec![0u8; len + 8];
                 let base = buf.as_mut_ptr();
                 let mut sched = Schedule::new(1);
@@ -469,4 +470,50 @@ fn a_copy_aside_without_memory_fails_the_run_not_the_process() {
             });
         }
     });
+}
+
+/// A send/recv pair whose one side was refused (its stream is being captured: the
+/// handshake alone, one byte, flagged): the peer's matching calls fail at once with
+/// fcclInvalidUsage naming the capture, for an eager size and a size that waits for the
+/// receiver's count, and both sides refused fail both; nothing reaches the peer's buffer.
+#[test]
+fn a_refused_side_fails_its_peer_at_once() {
+    for (len, refusers) in [(64, [true, false]), (1 << 20, [true, false]), (1 << 20, [false, true]), (64, [true, true])]
+    {
+        let ts = inproc::build(2).expect("links");
+        let abort = AtomicBool::new(false);
+        let started = std::time::Instant::now();
+        std::thread::scope(|s| {
+            let abort = &abort;
+            for (r, mut t) in ts.into_iter().enumerate() {
+                s.spawn(move || {
+                    let ctl = RunCtl { timeout: Duration::from_secs(30), abort, what: &|| "test".to_string() };
+                    let peer = 1 - r;
+                    let refused = refusers[r];
+                    let n = if refused { 1 } else { len };
+                    let what = |send| P2pCall { send, count: n, dtype: DataType::Uint8, peer, refused };
+                    let src = vec![7u8; n];
+                    let mut dst = vec![0u8; n];
+                    let mut sched = Schedule::new(1);
+                    // SAFETY: both buffers hold n bytes.
+                    unsafe {
+                        sched.p2p_send(peer, src.as_ptr(), n, what(true));
+                        sched.p2p_recv(peer, dst.as_mut_ptr(), n, what(false));
+                    }
+                    let e = run(&mut t, &mut sched, &ctl).expect("no fatal error").expect("the pair fails");
+                    if !refused {
+                        assert_eq!(e.code, crate::error::Code::InvalidUsage, "{}", e.msg);
+                        assert!(e.msg.contains("captured into a CUDA graph"), "{}", e.msg);
+                        assert!(e.msg.contains(&format!("rank {peer} called its side")), "{}", e.msg);
+                    }
+                    assert!(dst.iter().all(|&b| b == 0), "nothing reaches a buffer of a refused pair");
+                });
+            }
+        });
+        assert!(
+            started.elapsed() < Duration::from_secs(10),
+            "{len} bytes: the peer failed only after {:?}",
+            started.elapsed()
+        );
+    }
 }

@@ -4,6 +4,7 @@
 
 use super::super::msg::{
     encode_desc, header, pad8, DESC, FLAG, HDR, K_DATA, K_DIRECT, K_P2P_EAGER, K_P2P_HDR, K_P2P_SWAP, K_SKIP, K_SWAP,
+    P2P_REFUSED,
 };
 use super::direct::{direct_desc, p2p_eager, p2p_rendezvous};
 use super::exchange::Offer;
@@ -177,8 +178,8 @@ impl Run<'_, '_> {
                 tx.awaits_read = self.t.shares_memory(p);
                 st.cur_tx = Some(tx)
             }
-            Action::P2pSend { src, len, .. } => {
-                st.cur_tx = Some(if p2p_eager(plan, self.t.link(p), self.inplace, src, len) {
+            Action::P2pSend { src, len, what, .. } => {
+                let mut tx = if p2p_eager(plan, self.t.link(p), self.inplace, src, len) {
                     // Count and payload together; done when the receiver's count is here.
                     let mut tx = Tx::data(K_P2P_EAGER, tag, src, len, None);
                     tx.progress = self.inplace.sent.get(i).map(|_| i);
@@ -186,9 +187,13 @@ impl Run<'_, '_> {
                 } else {
                     // Announce the count; the payload follows once the receiver agrees.
                     Tx::control(K_P2P_HDR, tag, len)
-                });
+                };
+                if what.refused {
+                    tx.flag |= P2P_REFUSED;
+                }
+                st.cur_tx = Some(tx);
                 match st.early_replies.pop_front() {
-                    Some((want, pair)) => self.on_reply(p, st, i, want, pair),
+                    Some((want, flag)) => self.on_reply(p, st, i, want, flag),
                     None => st.awaiting_reply.push_back(i),
                 }
             }
