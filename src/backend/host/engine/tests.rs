@@ -495,11 +495,8 @@ fn a_refused_side_fails_its_peer_at_once() {
                     let src = vec![7u8; n];
                     let mut dst = vec![0u8; n];
                     let mut sched = Schedule::new(1);
-                    // SAFETY: both buffers hold n bytes.
-                    unsafe {
-                        sched.p2p_send(peer, src.as_ptr(), n, what(true));
-                        sched.p2p_recv(peer, dst.as_mut_ptr(), n, what(false));
-                    }
+                    sched.p2p_send(peer, src.as_ptr(), n, what(true));
+                    sched.p2p_recv(peer, dst.as_mut_ptr(), n, what(false));
                     let e = run(&mut t, &mut sched, &ctl).expect("no fatal error").expect("the pair fails");
                     if !refused {
                         assert_eq!(e.code, crate::error::Code::InvalidUsage, "{}", e.msg);
