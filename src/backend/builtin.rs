@@ -41,7 +41,7 @@ impl Backend for Builtin {
         // (a rank with nothing to send or receive passes no device buffer). send/recv
         // involve only their pairs, whose memory may differ in kind: a capturing rank fails
         // its run alone, and its peers fail at the communicator's timeout.
-        let votes = !p2p && (!on_host || (cuda::active() && calls.iter().any(|c| c.coll.v.is_some())));
+        let votes = !p2p && (!on_host || (x.cuda && calls.iter().any(|c| c.coll.v.is_some())));
         if on_host && !votes {
             return host::execute(x, calls);
         }
