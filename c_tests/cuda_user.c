@@ -7,29 +7,12 @@
 #ifndef _POSIX_C_SOURCE
 #define _POSIX_C_SOURCE 200809L
 #endif
-#include <dlfcn.h>
 #include <stdio.h>
 
-typedef int CUresult;
+#include "cuda_driver.h"
 
 __attribute__((constructor)) static void fccl_use_cuda(void) {
-  CUresult (*init)(unsigned) = NULL;
-  CUresult (*count)(int*) = NULL;
-  CUresult (*get)(int*, int) = NULL;
-  CUresult (*retain)(void**, int) = NULL;
-  CUresult (*set)(void*) = NULL;
-  int n = 0, dev = 0;
-  void* ctx = NULL;
-  void* h = dlopen("libcuda.so.1", RTLD_NOW | RTLD_GLOBAL);
-  if (!h) return;
-  *(void**)(&init) = dlsym(h, "cuInit");
-  *(void**)(&count) = dlsym(h, "cuDeviceGetCount");
-  *(void**)(&get) = dlsym(h, "cuDeviceGet");
-  *(void**)(&retain) = dlsym(h, "cuDevicePrimaryCtxRetain");
-  *(void**)(&set) = dlsym(h, "cuCtxSetCurrent");
-  if (!init || !count || !get || !retain || !set) return;
-  if (init(0) != 0 || count(&n) != 0 || n == 0) return;
-  if (get(&dev, 0) != 0 || retain(&ctx, dev) != 0 || set(ctx) != 0) {
-    fprintf(stderr, "cuda_user: device 0 is unusable\n");
-  }
+  int n = 0;
+  if (fccl_cu_load(RTLD_GLOBAL, FCCL_CU_BASE) || cu.Init(0) != 0 || cu.DeviceGetCount(&n) != 0 || n == 0) return;
+  if (fccl_cu_device0(NULL)) fprintf(stderr, "cuda_user: device 0 is unusable\n");
 }

@@ -12,23 +12,12 @@
 #ifndef _POSIX_C_SOURCE
 #define _POSIX_C_SOURCE 200809L
 #endif
-#include <dlfcn.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
+#include "cuda_driver.h"
 #include "ferroccl.h"
-
-typedef int CUresult;
-typedef unsigned long long CUdeviceptr;
-static CUresult (*cuInit)(unsigned);
-static CUresult (*cuDeviceGetCount)(int*);
-static CUresult (*cuDeviceGet)(int*, int);
-static CUresult (*cuDevicePrimaryCtxRetain)(void**, int);
-static CUresult (*cuCtxSetCurrent)(void*);
-static CUresult (*cuCtxSynchronize)(void);
-static CUresult (*cuMemcpyHtoD)(CUdeviceptr, const void*, size_t);
-static CUresult (*cuMemcpyDtoH)(void*, CUdeviceptr, size_t);
 
 static int failures;
 static int g_rank, g_n;
@@ -53,22 +42,6 @@ static int skip(const char* why) {
   return 77;
 }
 
-static int load_driver(void) {
-  void* h = dlopen("libcuda.so.1", RTLD_NOW | RTLD_LOCAL);
-  if (!h) return 0;
-  /* POSIX's way to turn dlsym's void* into a function pointer without a cast. */
-  *(void**)(&cuInit) = dlsym(h, "cuInit");
-  *(void**)(&cuDeviceGetCount) = dlsym(h, "cuDeviceGetCount");
-  *(void**)(&cuDeviceGet) = dlsym(h, "cuDeviceGet");
-  *(void**)(&cuDevicePrimaryCtxRetain) = dlsym(h, "cuDevicePrimaryCtxRetain");
-  *(void**)(&cuCtxSetCurrent) = dlsym(h, "cuCtxSetCurrent");
-  *(void**)(&cuCtxSynchronize) = dlsym(h, "cuCtxSynchronize");
-  *(void**)(&cuMemcpyHtoD) = dlsym(h, "cuMemcpyHtoD_v2");
-  *(void**)(&cuMemcpyDtoH) = dlsym(h, "cuMemcpyDtoH_v2");
-  return cuInit && cuDeviceGetCount && cuDeviceGet && cuDevicePrimaryCtxRetain && cuCtxSetCurrent &&
-         cuCtxSynchronize && cuMemcpyHtoD && cuMemcpyDtoH;
-}
-
 /* Device buffer of n floats, filled with f(i) (or NaN-free garbage when f is NULL). */
 static float* dev_alloc(size_t n) {
   void* p = NULL;
@@ -76,11 +49,11 @@ static float* dev_alloc(size_t n) {
   return (float*)p;
 }
 static void put(float* d, const float* h, size_t n) {
-  CHECK(cuMemcpyHtoD((CUdeviceptr)(size_t)d, h, n * sizeof(float)) == 0, "cuMemcpyHtoD failed");
+  CHECK(cu.MemcpyHtoD((CUdeviceptr)(size_t)d, h, n * sizeof(float)) == 0, "cuMemcpyHtoD failed");
 }
 static void get(float* h, const float* d, size_t n) {
-  CHECK(cuCtxSynchronize() == 0, "cuCtxSynchronize failed");
-  CHECK(cuMemcpyDtoH(h, (CUdeviceptr)(size_t)d, n * sizeof(float)) == 0, "cuMemcpyDtoH failed");
+  CHECK(cu.CtxSynchronize() == 0, "cuCtxSynchronize failed");
+  CHECK(cu.MemcpyDtoH(h, (CUdeviceptr)(size_t)d, n * sizeof(float)) == 0, "cuMemcpyDtoH failed");
 }
 static float in(int r, size_t i) { return (float)(r * 1000 + (int)i); }
 
@@ -211,14 +184,9 @@ static void run(fcclComm_t comm) {
 }
 
 int main(void) {
-  void* ctx = NULL;
-  int ndev = 0, dev = 0;
+  const char* why;
   fcclComm_t comm = NULL;
-  if (!load_driver()) return skip("libcuda.so.1 not loadable");
-  if (cuInit(0) != 0) return skip("cuInit failed");
-  if (cuDeviceGetCount(&ndev) != 0 || ndev == 0) return skip("no device");
-  if (cuDeviceGet(&dev, 0) != 0 || cuDevicePrimaryCtxRetain(&ctx, dev) != 0 || cuCtxSetCurrent(ctx) != 0)
-    return skip("device 0 unusable");
+  if ((why = fccl_cu_load(RTLD_LOCAL, FCCL_CU_BASE)) || (why = fccl_cu_device0(NULL))) return skip(why);
 
   if (getenv("FERROCCL_RANK")) {
     OK(fcclCommInitFromEnv(&comm));

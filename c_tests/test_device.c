@@ -49,7 +49,6 @@
 #ifndef _POSIX_C_SOURCE
 #define _POSIX_C_SOURCE 200809L
 #endif
-#include <dlfcn.h>
 #include <math.h>
 #include <pthread.h>
 #include <signal.h>
@@ -59,71 +58,9 @@
 #include <unistd.h>
 
 #include "harness.h"
-
-/* ================================================================== the driver */
-
-typedef int CUresult;
-typedef int CUdevice;
-typedef struct CUctx_st* CUcontext;
-typedef CUstream_st* CUstream; /* ferroccl.h's struct: a CUstream is an fcclStream_t */
-typedef unsigned long long CUdeviceptr;
-#define CU_STREAM_NON_BLOCKING 0x1u
-
-static struct {
-  CUresult (*Init)(unsigned);
-  CUresult (*DeviceGetCount)(int*);
-  CUresult (*DeviceGet)(CUdevice*, int);
-  CUresult (*DevicePrimaryCtxRetain)(CUcontext*, CUdevice);
-  CUresult (*CtxSetCurrent)(CUcontext);
-  CUresult (*MemcpyHtoD)(CUdeviceptr, const void*, size_t);
-  CUresult (*MemcpyDtoH)(void*, CUdeviceptr, size_t);
-  CUresult (*MemcpyHtoDAsync)(CUdeviceptr, const void*, size_t, CUstream);
-  CUresult (*MemcpyDtoHAsync)(void*, CUdeviceptr, size_t, CUstream);
-  CUresult (*StreamCreate)(CUstream*, unsigned);
-  CUresult (*StreamDestroy)(CUstream);
-  CUresult (*StreamSynchronize)(CUstream);
-  CUresult (*GetErrorName)(CUresult, const char**); /* optional */
-} cu;
+#include "cuda_driver.h"
 
 static const char* g_prog = "test_device";
-static char g_load_error[256];
-
-/* POSIX's way to store dlsym's void* into a function pointer. */
-#define SYM(field, name) (*(void**)(&cu.field) = dlsym(h, name))
-
-static int load_driver(void) {
-  void* h = dlopen("libcuda.so.1", RTLD_NOW | RTLD_LOCAL);
-  const char* missing = NULL;
-  if (!h) {
-    const char* e = dlerror();
-    snprintf(g_load_error, sizeof g_load_error, "libcuda.so.1 not loadable: %s", e ? e : "?");
-    return 0;
-  }
-  if (!SYM(Init, "cuInit")) missing = "cuInit";
-  else if (!SYM(DeviceGetCount, "cuDeviceGetCount")) missing = "cuDeviceGetCount";
-  else if (!SYM(DeviceGet, "cuDeviceGet")) missing = "cuDeviceGet";
-  else if (!SYM(DevicePrimaryCtxRetain, "cuDevicePrimaryCtxRetain")) missing = "cuDevicePrimaryCtxRetain";
-  else if (!SYM(CtxSetCurrent, "cuCtxSetCurrent")) missing = "cuCtxSetCurrent";
-  else if (!SYM(MemcpyHtoD, "cuMemcpyHtoD_v2")) missing = "cuMemcpyHtoD_v2";
-  else if (!SYM(MemcpyDtoH, "cuMemcpyDtoH_v2")) missing = "cuMemcpyDtoH_v2";
-  else if (!SYM(MemcpyHtoDAsync, "cuMemcpyHtoDAsync_v2")) missing = "cuMemcpyHtoDAsync_v2";
-  else if (!SYM(MemcpyDtoHAsync, "cuMemcpyDtoHAsync_v2")) missing = "cuMemcpyDtoHAsync_v2";
-  else if (!SYM(StreamCreate, "cuStreamCreate")) missing = "cuStreamCreate";
-  else if (!SYM(StreamDestroy, "cuStreamDestroy_v2")) missing = "cuStreamDestroy_v2";
-  else if (!SYM(StreamSynchronize, "cuStreamSynchronize")) missing = "cuStreamSynchronize";
-  (void)SYM(GetErrorName, "cuGetErrorName");
-  if (missing) {
-    snprintf(g_load_error, sizeof g_load_error, "libcuda.so.1 lacks %s", missing);
-    return 0;
-  }
-  return 1;
-}
-
-static const char* cu_name(CUresult r) {
-  const char* s = NULL;
-  if (cu.GetErrorName && cu.GetErrorName(r, &s) == 0 && s) return s;
-  return "CUDA error";
-}
 
 /* ================================================================== devices */
 
@@ -148,7 +85,7 @@ static CUcontext ctx_of(int dev) {
       g_ctx[dev] = c;
     else
       CHECK(0, "cuDeviceGet / cuDevicePrimaryCtxRetain(device %d) failed: %d (%s)", dev, r,
-            cu_name(r));
+            fccl_cu_name(r));
   }
   c = g_ctx[dev];
   pthread_mutex_unlock(&g_ctx_mu);
@@ -161,7 +98,7 @@ static int set_device(int dev) {
   if (!c) return 0;
   r = cu.CtxSetCurrent(c);
   CHECK(r == 0, "cuCtxSetCurrent(primary context of device %d) failed: %d (%s)", dev, r,
-        cu_name(r));
+        fccl_cu_name(r));
   return r == 0;
 }
 
@@ -183,14 +120,15 @@ static int parse_map(const char* s, int* map) {
 /* Harness pre-init hook: runs before any communicator exists. */
 static int pre_init(int rank, int nranks, int* devlist) {
   CUresult r;
+  const char* why;
   int i, remapped = 0;
-  if (!load_driver()) {
-    printf("%s: skipped: no CUDA driver/GPU (%s)\n", g_prog, g_load_error);
+  if ((why = fccl_cu_load(RTLD_LOCAL, FCCL_CU_BASE | FCCL_CU_STREAM))) {
+    printf("%s: skipped: no CUDA driver/GPU (%s)\n", g_prog, why);
     return FCCL_SKIP;
   }
   r = cu.Init(0);
   if (r != 0) {
-    printf("%s: skipped: no CUDA driver/GPU (cuInit failed: %d %s)\n", g_prog, r, cu_name(r));
+    printf("%s: skipped: no CUDA driver/GPU (cuInit failed: %d %s)\n", g_prog, r, fccl_cu_name(r));
     return FCCL_SKIP;
   }
   r = cu.DeviceGetCount(&g_ndev);
@@ -448,7 +386,7 @@ static const char* sub(dctx* D, const char* fmt, ...) {
 
 static int cu_ok(dctx* D, CUresult r, const char* call, const char* file, int line) {
   if (r == 0) return 1;
-  fccl_fail_at(file, line, "%s: %s failed: %d (%s)", D->what, call, r, cu_name(r));
+  fccl_fail_at(file, line, "%s: %s failed: %d (%s)", D->what, call, r, fccl_cu_name(r));
   return 0;
 }
 #define CU(call) cu_ok(D, (call), #call, __FILE__, __LINE__)
@@ -2517,7 +2455,7 @@ static int body(fcclComm_t comm, int rank, int nranks) {
   r = cu.StreamCreate(&D->stream, CU_STREAM_NON_BLOCKING);
   if (r != 0) {
     CHECK(0, "cuStreamCreate(CU_STREAM_NON_BLOCKING) failed: %d (%s); the async cases use the "
-             "NULL stream", r, cu_name(r));
+             "NULL stream", r, fccl_cu_name(r));
     D->stream = NULL;
   }
   pool_init(&D->host_pg, POOL_PAGEABLE, (size_t)1 << 20);

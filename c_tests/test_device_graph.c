@@ -21,97 +21,31 @@
  *      with the right results.
  * Data goes in and out with the driver, loaded with dlopen; exits 77 (skipped) without
  * a driver or device. */
-#include <dlfcn.h>
 #include <pthread.h>
 #include <string.h>
 
 #include "harness.h"
-
-typedef int CUresult;
-typedef unsigned long long CUdeviceptr;
-typedef void* CUstream;
-typedef void* CUgraph;
-typedef void* CUgraphExec;
+#include "cuda_driver.h"
 
 #define MODE_GLOBAL 0
 #define MODE_THREAD_LOCAL 1
 #define STATUS_ACTIVE 1
 
-static struct {
-  CUresult (*Init)(unsigned);
-  CUresult (*DeviceGetCount)(int*);
-  CUresult (*DeviceGet)(int*, int);
-  CUresult (*DevicePrimaryCtxRetain)(void**, int);
-  CUresult (*CtxSetCurrent)(void*);
-  CUresult (*StreamCreate)(CUstream*, unsigned);
-  CUresult (*StreamDestroy)(CUstream);
-  CUresult (*StreamSynchronize)(CUstream);
-  CUresult (*StreamBeginCapture)(CUstream, int);
-  CUresult (*StreamEndCapture)(CUstream, CUgraph*);
-  CUresult (*StreamIsCapturing)(CUstream, int*);
-  CUresult (*GraphInstantiate)(CUgraphExec*, CUgraph, unsigned long long);
-  CUresult (*GraphLaunch)(CUgraphExec, CUstream);
-  CUresult (*GraphExecDestroy)(CUgraphExec);
-  CUresult (*GraphDestroy)(CUgraph);
-  CUresult (*MemsetD32Async)(CUdeviceptr, unsigned, size_t, CUstream);
-  CUresult (*MemcpyHtoD)(CUdeviceptr, const void*, size_t);
-  CUresult (*MemcpyDtoH)(void*, CUdeviceptr, size_t);
-} cu;
-
-static void* g_ctx;
+static CUcontext g_ctx;
 static pthread_mutex_t g_mu = PTHREAD_MUTEX_INITIALIZER;
 
-#define SYM(field, name) *(void**)(&cu.field) = dlsym(h, name)
-
-static int load_driver(void) {
-  void* h = dlopen("libcuda.so.1", RTLD_NOW | RTLD_LOCAL);
-  if (!h) return 0;
-  /* POSIX's way to turn dlsym's void* into a function pointer without a cast. */
-  SYM(Init, "cuInit");
-  SYM(DeviceGetCount, "cuDeviceGetCount");
-  SYM(DeviceGet, "cuDeviceGet");
-  SYM(DevicePrimaryCtxRetain, "cuDevicePrimaryCtxRetain");
-  SYM(CtxSetCurrent, "cuCtxSetCurrent");
-  SYM(StreamCreate, "cuStreamCreate");
-  SYM(StreamDestroy, "cuStreamDestroy_v2");
-  SYM(StreamSynchronize, "cuStreamSynchronize");
-  SYM(StreamBeginCapture, "cuStreamBeginCapture_v2");
-  SYM(StreamEndCapture, "cuStreamEndCapture");
-  SYM(StreamIsCapturing, "cuStreamIsCapturing");
-  SYM(GraphInstantiate, "cuGraphInstantiateWithFlags");
-  SYM(GraphLaunch, "cuGraphLaunch");
-  SYM(GraphExecDestroy, "cuGraphExecDestroy");
-  SYM(GraphDestroy, "cuGraphDestroy");
-  SYM(MemsetD32Async, "cuMemsetD32Async");
-  SYM(MemcpyHtoD, "cuMemcpyHtoD_v2");
-  SYM(MemcpyDtoH, "cuMemcpyDtoH_v2");
-  {
-    void** f = (void**)&cu;
-    size_t i;
-    for (i = 0; i < sizeof cu / sizeof(void*); i++)
-      if (!f[i]) return 0;
-  }
-  return 1;
-}
-
 static int pre_init(int rank, int nranks, int* devlist) {
-  int n = 0, d = 0, i;
+  const char* why;
+  int i;
   (void)rank;
-  if (!load_driver()) {
-    printf("skipped: no CUDA driver/GPU (libcuda.so.1 not loadable, or without stream capture)\n");
-    return FCCL_SKIP;
-  }
-  if (cu.Init(0) != 0 || cu.DeviceGetCount(&n) != 0 || n == 0) {
-    printf("skipped: no CUDA driver/GPU\n");
+  if ((why = fccl_cu_load(RTLD_LOCAL, FCCL_CU_BASE | FCCL_CU_STREAM | FCCL_CU_GRAPH)) ||
+      (why = fccl_cu_device0(&g_ctx))) {
+    printf("skipped: no CUDA driver/GPU (%s)\n", why);
     return FCCL_SKIP;
   }
   if (devlist)
     for (i = 0; i < nranks; i++) devlist[i] = 0;
-  if (cu.DeviceGet(&d, 0) != 0 || cu.DevicePrimaryCtxRetain(&g_ctx, d) != 0) {
-    printf("skipped: device 0 unusable\n");
-    return FCCL_SKIP;
-  }
-  return cu.CtxSetCurrent(g_ctx) == 0 ? 0 : 1;
+  return 0;
 }
 
 #define CU_OK(call)                                             \

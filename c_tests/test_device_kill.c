@@ -14,7 +14,6 @@
 #ifndef _POSIX_C_SOURCE
 #define _POSIX_C_SOURCE 200809L
 #endif
-#include <dlfcn.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -23,14 +22,8 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "cuda_driver.h"
 #include "ferroccl.h"
-
-typedef int CUresult;
-static CUresult (*cuInit)(unsigned);
-static CUresult (*cuDeviceGetCount)(int*);
-static CUresult (*cuDevicePrimaryCtxRetain)(void**, int);
-static CUresult (*cuCtxSetCurrent)(void*);
-static CUresult (*cuCtxSynchronize)(void);
 
 #define K 160 /* enough work that draining it (seconds) stands well above the ~0.5 s a death takes to notice */
 #define COUNT ((size_t)4 << 20) /* floats: 16 MiB */
@@ -39,18 +32,6 @@ static double now_ms(void) {
   struct timespec t;
   clock_gettime(CLOCK_MONOTONIC, &t);
   return t.tv_sec * 1e3 + t.tv_nsec / 1e6;
-}
-
-static int load_driver(void) {
-  void* h = dlopen("libcuda.so.1", RTLD_NOW | RTLD_LOCAL);
-  if (!h) return 0;
-  /* POSIX's way to turn dlsym's void* into a function pointer without a cast. */
-  *(void**)(&cuInit) = dlsym(h, "cuInit");
-  *(void**)(&cuDeviceGetCount) = dlsym(h, "cuDeviceGetCount");
-  *(void**)(&cuDevicePrimaryCtxRetain) = dlsym(h, "cuDevicePrimaryCtxRetain");
-  *(void**)(&cuCtxSetCurrent) = dlsym(h, "cuCtxSetCurrent");
-  *(void**)(&cuCtxSynchronize) = dlsym(h, "cuCtxSynchronize");
-  return cuInit && cuDeviceGetCount && cuDevicePrimaryCtxRetain && cuCtxSetCurrent && cuCtxSynchronize;
 }
 
 #define FAIL(...)                              \
@@ -64,7 +45,7 @@ static int load_driver(void) {
 static void rank_main(int rank, int idfd_r, int idfd_w) {
   fcclUniqueId id;
   fcclComm_t comm;
-  void* ctx;
+  CUcontext ctx;
   void *s, *d;
   int i;
   fcclResult_t r;
@@ -74,7 +55,7 @@ static void rank_main(int rank, int idfd_r, int idfd_w) {
   } else if (read(idfd_r, &id, sizeof id) != (ssize_t)sizeof id) {
     FAIL("read of the id");
   }
-  if (cuDevicePrimaryCtxRetain(&ctx, 0) != 0 || cuCtxSetCurrent(ctx) != 0) FAIL("device 0 unusable");
+  if (cu.DevicePrimaryCtxRetain(&ctx, 0) != 0 || cu.CtxSetCurrent(ctx) != 0) FAIL("device 0 unusable");
   if (fcclCommInitRank(&comm, 2, id, rank) != fcclSuccess) FAIL("init: %s", fcclGetLastError(NULL));
   if (fcclMemAlloc(&s, COUNT * 4) != fcclSuccess || fcclMemAlloc(&d, COUNT * 4) != fcclSuccess)
     FAIL("fcclMemAlloc: %s", fcclGetLastError(NULL));
@@ -84,7 +65,7 @@ static void rank_main(int rank, int idfd_r, int idfd_w) {
     if ((r = fcclAllReduce(s, d, COUNT, fcclFloat32, fcclSum, comm, NULL)) != fcclSuccess)
       FAIL("all_reduce %d: %s", i, fcclGetLastError(NULL));
   double t0 = now_ms();
-  if (cuCtxSynchronize() != 0) FAIL("cuCtxSynchronize");
+  if (cu.CtxSynchronize() != 0) FAIL("cuCtxSynchronize");
   double alive = now_ms() - t0;
   {
     float x = 1;
@@ -98,7 +79,7 @@ static void rank_main(int rank, int idfd_r, int idfd_w) {
   for (i = 0; i < K; i++)
     if (fcclAllReduce(s, d, COUNT, fcclFloat32, fcclSum, comm, NULL) != fcclSuccess) break;
   t0 = now_ms();
-  if (cuCtxSynchronize() != 0) FAIL("cuCtxSynchronize after the death failed");
+  if (cu.CtxSynchronize() != 0) FAIL("cuCtxSynchronize after the death failed");
   double dead = now_ms() - t0;
   fcclResult_t ae = fcclSuccess;
   double until = now_ms() + 5000;
@@ -122,6 +103,7 @@ static void rank_main(int rank, int idfd_r, int idfd_w) {
 
 int main(void) {
   int p[2], i, st = 0, ndev = 0;
+  const char* why;
   pid_t kids[2];
   {
     /* With the GPU-to-GPU path off every call is staged and synchronous: nothing to test. */
@@ -131,13 +113,13 @@ int main(void) {
       return 77;
     }
   }
-  if (!load_driver()) {
-    printf("skipped: no CUDA driver (libcuda.so.1 not loadable)\n");
+  if ((why = fccl_cu_load(RTLD_LOCAL, FCCL_CU_BASE))) {
+    printf("skipped: no CUDA driver (%s)\n", why);
     return 77;
   }
   /* Probe in a child: a process that initialised CUDA must not fork ranks. */
   pid_t probe = fork();
-  if (probe == 0) _exit(cuInit(0) == 0 && cuDeviceGetCount(&ndev) == 0 && ndev > 0 ? 0 : 77);
+  if (probe == 0) _exit(cu.Init(0) == 0 && cu.DeviceGetCount(&ndev) == 0 && ndev > 0 ? 0 : 77);
   waitpid(probe, &st, 0);
   if (!WIFEXITED(st) || WEXITSTATUS(st) != 0) {
     printf("skipped: no CUDA device\n");
@@ -147,7 +129,7 @@ int main(void) {
   for (i = 0; i < 2; i++) {
     kids[i] = fork();
     if (kids[i] == 0) {
-      if (cuInit(0) != 0) _exit(77);
+      if (cu.Init(0) != 0) _exit(77);
       rank_main(i, p[0], p[1]);
     }
   }

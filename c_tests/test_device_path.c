@@ -19,26 +19,13 @@
 #ifndef _POSIX_C_SOURCE
 #define _POSIX_C_SOURCE 200809L
 #endif
-#include <dlfcn.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
 
+#include "cuda_driver.h"
 #include "ferroccl.h"
-
-typedef int CUresult;
-typedef unsigned long long CUdeviceptr;
-static CUresult (*cuInit)(unsigned);
-static CUresult (*cuDeviceGetCount)(int*);
-static CUresult (*cuDeviceGet)(int*, int);
-static CUresult (*cuDevicePrimaryCtxRetain)(void**, int);
-static CUresult (*cuCtxSetCurrent)(void*);
-static CUresult (*cuCtxSynchronize)(void);
-static CUresult (*cuMemcpyHtoD)(CUdeviceptr, const void*, size_t);
-static CUresult (*cuMemcpyDtoH)(void*, CUdeviceptr, size_t);
-static CUresult (*cuMemAllocManaged)(CUdeviceptr*, size_t, unsigned);
-static CUresult (*cuMemFree)(CUdeviceptr);
 
 static int failures;
 static int g_rank, g_n, g_mps;
@@ -65,35 +52,17 @@ static int skip(const char* why) {
   return 77;
 }
 
-static int load_driver(void) {
-  void* h = dlopen("libcuda.so.1", RTLD_NOW | RTLD_LOCAL);
-  if (!h) return 0;
-  /* POSIX's way to turn dlsym's void* into a function pointer without a cast. */
-  *(void**)(&cuInit) = dlsym(h, "cuInit");
-  *(void**)(&cuDeviceGetCount) = dlsym(h, "cuDeviceGetCount");
-  *(void**)(&cuDeviceGet) = dlsym(h, "cuDeviceGet");
-  *(void**)(&cuDevicePrimaryCtxRetain) = dlsym(h, "cuDevicePrimaryCtxRetain");
-  *(void**)(&cuCtxSetCurrent) = dlsym(h, "cuCtxSetCurrent");
-  *(void**)(&cuCtxSynchronize) = dlsym(h, "cuCtxSynchronize");
-  *(void**)(&cuMemcpyHtoD) = dlsym(h, "cuMemcpyHtoD_v2");
-  *(void**)(&cuMemcpyDtoH) = dlsym(h, "cuMemcpyDtoH_v2");
-  *(void**)(&cuMemAllocManaged) = dlsym(h, "cuMemAllocManaged");
-  *(void**)(&cuMemFree) = dlsym(h, "cuMemFree_v2");
-  return cuInit && cuDeviceGetCount && cuDeviceGet && cuDevicePrimaryCtxRetain && cuCtxSetCurrent &&
-         cuCtxSynchronize && cuMemcpyHtoD && cuMemcpyDtoH && cuMemAllocManaged && cuMemFree;
-}
-
 static float* dev_alloc(size_t n) {
   void* p = NULL;
   OK(fcclMemAlloc(&p, n * sizeof(float) + 4));
   return (float*)p;
 }
 static void put(float* d, const float* h, size_t n) {
-  CHECK(cuMemcpyHtoD((CUdeviceptr)(size_t)d, h, n * sizeof(float)) == 0, "cuMemcpyHtoD failed");
+  CHECK(cu.MemcpyHtoD((CUdeviceptr)(size_t)d, h, n * sizeof(float)) == 0, "cuMemcpyHtoD failed");
 }
 static void get(float* h, const float* d, size_t n) {
-  CHECK(cuCtxSynchronize() == 0, "cuCtxSynchronize failed");
-  CHECK(cuMemcpyDtoH(h, (CUdeviceptr)(size_t)d, n * sizeof(float)) == 0, "cuMemcpyDtoH failed");
+  CHECK(cu.CtxSynchronize() == 0, "cuCtxSynchronize failed");
+  CHECK(cu.MemcpyDtoH(h, (CUdeviceptr)(size_t)d, n * sizeof(float)) == 0, "cuMemcpyDtoH failed");
 }
 static float in(int r, size_t i) { return (float)(r * 1000 + (int)i); }
 
@@ -261,7 +230,7 @@ static void managed_goes_through_lent_memory(fcclComm_t comm) {
   size_t i;
   int k;
   const int copies = g_mps || g_rank != 0;
-  if (cuMemAllocManaged(&m, 2 * c * sizeof(float), 1 /* CU_MEM_ATTACH_GLOBAL */) != 0) {
+  if (cu.MemAllocManaged(&m, 2 * c * sizeof(float), 1 /* CU_MEM_ATTACH_GLOBAL */) != 0) {
     CHECK(0, "cuMemAllocManaged failed");
     return;
   }
@@ -316,23 +285,19 @@ static void managed_goes_through_lent_memory(fcclComm_t comm) {
           log_count("cuMemCreate"), g_log);
   }
   CHECK(log_count("goes through host staging") == 0, "managed memory was staged (%s)", g_log);
-  cuMemFree(m);
+  cu.MemFree(m);
 }
 
 int main(void) {
-  void* ctx = NULL;
-  int ndev = 0, dev = 0;
+  const char* why;
   fcclComm_t comm = NULL;
   const char* b = "?";
   const char* a = "?";
   snprintf(g_log, sizeof g_log, "/tmp/fccl-test-path-%d.log", (int)getpid());
   unlink(g_log);
   setenv("FERROCCL_DEBUG_FILE", g_log, 1);
-  if (!load_driver()) return skip("libcuda.so.1 not loadable");
-  if (cuInit(0) != 0) return skip("cuInit failed");
-  if (cuDeviceGetCount(&ndev) != 0 || ndev == 0) return skip("no device");
-  if (cuDeviceGet(&dev, 0) != 0 || cuDevicePrimaryCtxRetain(&ctx, dev) != 0 || cuCtxSetCurrent(ctx) != 0)
-    return skip("device 0 unusable");
+  if ((why = fccl_cu_load(RTLD_LOCAL, FCCL_CU_BASE | FCCL_CU_MANAGED)) || (why = fccl_cu_device0(NULL)))
+    return skip(why);
   if (!getenv("FERROCCL_RANK")) {
     printf("skipped: start it with ferroccl-run -n N (N >= 2)\n");
     return 77;

@@ -21,53 +21,13 @@
 #ifndef _POSIX_C_SOURCE
 #define _POSIX_C_SOURCE 200809L
 #endif
-#include <dlfcn.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
 
+#include "cuda_driver.h"
 #include "ferroccl.h"
-
-typedef int CUresult;
-typedef unsigned long long CUdeviceptr;
-typedef unsigned long long CUmemHandle;
-/* CUmemAllocationProp and CUmemAccessDesc as cuda.h lays them out. */
-typedef struct {
-  int type;
-  int id;
-} Location;
-typedef struct {
-  int type;
-  int requestedHandleTypes;
-  Location location;
-  void* win32HandleMetaData;
-  unsigned char compressionType, gpuDirectRDMACapable;
-  unsigned short usage;
-  unsigned char reserved[4];
-} Prop;
-typedef struct {
-  Location location;
-  int flags;
-} Access;
-
-static CUresult (*cuInit)(unsigned);
-static CUresult (*cuDeviceGetCount)(int*);
-static CUresult (*cuDeviceGet)(int*, int);
-static CUresult (*cuDeviceGetAttribute)(int*, int, int);
-static CUresult (*cuDevicePrimaryCtxRetain)(void**, int);
-static CUresult (*cuCtxSetCurrent)(void*);
-static CUresult (*cuCtxSynchronize)(void);
-static CUresult (*cuMemcpyHtoD)(CUdeviceptr, const void*, size_t);
-static CUresult (*cuMemcpyDtoH)(void*, CUdeviceptr, size_t);
-static CUresult (*cuMemGetAllocationGranularity)(size_t*, const Prop*, int);
-static CUresult (*cuMemCreate)(CUmemHandle*, size_t, const Prop*, unsigned long long);
-static CUresult (*cuMemRelease)(CUmemHandle);
-static CUresult (*cuMemAddressReserve)(CUdeviceptr*, size_t, size_t, CUdeviceptr, unsigned long long);
-static CUresult (*cuMemAddressFree)(CUdeviceptr, size_t);
-static CUresult (*cuMemMap)(CUdeviceptr, size_t, size_t, CUmemHandle, unsigned long long);
-static CUresult (*cuMemUnmap)(CUdeviceptr, size_t);
-static CUresult (*cuMemSetAccess)(CUdeviceptr, size_t, const Access*, size_t);
 
 static int failures;
 static int g_rank, g_n;
@@ -99,24 +59,8 @@ static int skip(const char* why) {
   return 77;
 }
 
-#define SYM(f, name) (*(void**)(&(f)) = dlsym(h, name), (f) != NULL)
-
-static int load_driver(void) {
-  void* h = dlopen("libcuda.so.1", RTLD_NOW | RTLD_LOCAL);
-  if (!h) return 0;
-  return SYM(cuInit, "cuInit") && SYM(cuDeviceGetCount, "cuDeviceGetCount") && SYM(cuDeviceGet, "cuDeviceGet") &&
-         SYM(cuDeviceGetAttribute, "cuDeviceGetAttribute") &&
-         SYM(cuDevicePrimaryCtxRetain, "cuDevicePrimaryCtxRetain") && SYM(cuCtxSetCurrent, "cuCtxSetCurrent") &&
-         SYM(cuCtxSynchronize, "cuCtxSynchronize") && SYM(cuMemcpyHtoD, "cuMemcpyHtoD_v2") &&
-         SYM(cuMemcpyDtoH, "cuMemcpyDtoH_v2") &&
-         SYM(cuMemGetAllocationGranularity, "cuMemGetAllocationGranularity") && SYM(cuMemCreate, "cuMemCreate") &&
-         SYM(cuMemRelease, "cuMemRelease") && SYM(cuMemAddressReserve, "cuMemAddressReserve") &&
-         SYM(cuMemAddressFree, "cuMemAddressFree") && SYM(cuMemMap, "cuMemMap") && SYM(cuMemUnmap, "cuMemUnmap") &&
-         SYM(cuMemSetAccess, "cuMemSetAccess");
-}
-
-static Prop prop(int handle_types) {
-  Prop p;
+static CUmemAllocationProp prop(int handle_types) {
+  CUmemAllocationProp p;
   memset(&p, 0, sizeof p);
   p.type = 1;                             /* CU_MEM_ALLOCATION_TYPE_PINNED */
   p.requestedHandleTypes = handle_types;  /* 1: CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR */
@@ -131,16 +75,16 @@ typedef struct {
   CUdeviceptr va;
   size_t size;
   int chunks;
-  CUmemHandle h[8];
+  CUmemGenericAllocationHandle h[8];
 } Segment;
 
-static CUmemHandle map_chunk(Segment* s, int i, int handle_types) {
-  Prop p = prop(handle_types);
-  Access a = {{1, 0}, 3 /* CU_MEM_ACCESS_FLAGS_PROT_READWRITE */};
-  CUmemHandle h = 0;
-  CU(cuMemCreate(&h, g_gran, &p, 0));
-  CU(cuMemMap(s->va + (size_t)i * g_gran, g_gran, 0, h, 0));
-  CU(cuMemSetAccess(s->va + (size_t)i * g_gran, g_gran, &a, 1));
+static CUmemGenericAllocationHandle map_chunk(Segment* s, int i, int handle_types) {
+  CUmemAllocationProp p = prop(handle_types);
+  CUmemAccessDesc a = {{1, 0}, 3 /* CU_MEM_ACCESS_FLAGS_PROT_READWRITE */};
+  CUmemGenericAllocationHandle h = 0;
+  CU(cu.MemCreate(&h, g_gran, &p, 0));
+  CU(cu.MemMap(s->va + (size_t)i * g_gran, g_gran, 0, h, 0));
+  CU(cu.MemSetAccess(s->va + (size_t)i * g_gran, g_gran, &a, 1));
   s->h[i] = h;
   return h;
 }
@@ -151,19 +95,19 @@ static Segment segment(int chunks, int handle_types) {
   memset(&s, 0, sizeof s);
   s.chunks = chunks;
   s.size = 2 * (size_t)chunks * g_gran;
-  CU(cuMemAddressReserve(&s.va, s.size, 0, 0, 0));
+  CU(cu.MemAddressReserve(&s.va, s.size, 0, 0, 0));
   for (i = 0; i < chunks; i++) map_chunk(&s, i, handle_types);
   return s;
 }
 
 static void segment_free(Segment* s) {
   int i;
-  CU(cuCtxSynchronize());
+  CU(cu.CtxSynchronize());
   for (i = 0; i < s->chunks; i++) {
-    CU(cuMemUnmap(s->va + (size_t)i * g_gran, g_gran));
-    CU(cuMemRelease(s->h[i]));
+    CU(cu.MemUnmap(s->va + (size_t)i * g_gran, g_gran));
+    CU(cu.MemRelease(s->h[i]));
   }
-  CU(cuMemAddressFree(s->va, s->size));
+  CU(cu.MemAddressFree(s->va, s->size));
 }
 
 /* Copies split at chunk boundaries (each copy within one mapping). */
@@ -171,16 +115,16 @@ static void put(CUdeviceptr d, const float* h, size_t n) {
   size_t bytes = n * sizeof(float), at = 0;
   while (at < bytes) {
     size_t room = g_gran - (size_t)((d + at) % g_gran), k = bytes - at < room ? bytes - at : room;
-    CU(cuMemcpyHtoD(d + at, (const char*)h + at, k));
+    CU(cu.MemcpyHtoD(d + at, (const char*)h + at, k));
     at += k;
   }
 }
 static void get(float* h, CUdeviceptr d, size_t n) {
   size_t bytes = n * sizeof(float), at = 0;
-  CU(cuCtxSynchronize());
+  CU(cu.CtxSynchronize());
   while (at < bytes) {
     size_t room = g_gran - (size_t)((d + at) % g_gran), k = bytes - at < room ? bytes - at : room;
-    CU(cuMemcpyDtoH((char*)h + at, d + at, k));
+    CU(cu.MemcpyDtoH((char*)h + at, d + at, k));
     at += k;
   }
 }
@@ -285,8 +229,9 @@ static void every_collective(fcclComm_t comm, CUdeviceptr sp, CUdeviceptr dp, si
 }
 
 int main(void) {
-  void* ctx = NULL;
-  int ndev = 0, dev = 0, vmm = 0, fds = 0, mps, exports_to_peers, first, again, after;
+  const char* why;
+  CUdevice dev = 0;
+  int vmm = 0, fds = 0, mps, exports_to_peers, first, again, after;
   fcclComm_t comm = NULL;
   const size_t c = 1000;
   Segment seg;
@@ -295,14 +240,11 @@ int main(void) {
   unlink(g_log);
   setenv("FERROCCL_DEBUG_FILE", g_log, 1);
   setenv("FERROCCL_DEBUG", "INFO", 1);
-  if (!load_driver()) return skip("no CUDA driver with VMM (libcuda.so.1, cuMemCreate)");
-  if (cuInit(0) != 0) return skip("cuInit failed");
-  if (cuDeviceGetCount(&ndev) != 0 || ndev == 0) return skip("no device");
-  if (cuDeviceGet(&dev, 0) != 0 || cuDevicePrimaryCtxRetain(&ctx, dev) != 0 || cuCtxSetCurrent(ctx) != 0)
-    return skip("device 0 unusable");
+  if ((why = fccl_cu_load(RTLD_LOCAL, FCCL_CU_BASE | FCCL_CU_VMM)) || (why = fccl_cu_device0(NULL))) return skip(why);
+  if (cu.DeviceGet(&dev, 0) != 0) return skip("device 0 unusable");
   /* CU_DEVICE_ATTRIBUTE_VIRTUAL_ADDRESS_MANAGEMENT_SUPPORTED, _HANDLE_TYPE_POSIX_FILE_DESCRIPTOR_SUPPORTED */
-  if (cuDeviceGetAttribute(&vmm, 102, dev) != 0 || !vmm) return skip("the device has no VMM");
-  if (cuDeviceGetAttribute(&fds, 103, dev) != 0 || !fds) return skip("the device has no POSIX fd handles");
+  if (cu.DeviceGetAttribute(&vmm, 102, dev) != 0 || !vmm) return skip("the device has no VMM");
+  if (cu.DeviceGetAttribute(&fds, 103, dev) != 0 || !fds) return skip("the device has no POSIX fd handles");
   if (!getenv("FERROCCL_RANK")) return skip("start it with ferroccl-run -n N (N >= 2)");
   {
     /* With the GPU-to-GPU path off every call is staged: what this test is about is gone
@@ -312,8 +254,8 @@ int main(void) {
       return skip("FERROCCL_CUDA_IPC turns off the GPU-to-GPU path this test is about");
   }
   {
-    Prop p = prop(1);
-    if (cuMemGetAllocationGranularity(&g_gran, &p, 0) != 0 || g_gran == 0) return skip("no granularity");
+    CUmemAllocationProp p = prop(1);
+    if (cu.MemGetAllocationGranularity(&g_gran, &p, 0) != 0 || g_gran == 0) return skip("no granularity");
   }
   OK(fcclCommInitFromEnv(&comm));
   if (failures) return 1;
@@ -336,9 +278,9 @@ int main(void) {
   CHECK(again == first, "the second pass exported %d more chunks: mappings must be reused", again - first);
 
   /* Chunk 1 (the upper part of s) freed and replaced at the same address. */
-  CU(cuCtxSynchronize());
-  CU(cuMemUnmap(seg.va + g_gran, g_gran));
-  CU(cuMemRelease(seg.h[1]));
+  CU(cu.CtxSynchronize());
+  CU(cu.MemUnmap(seg.va + g_gran, g_gran));
+  CU(cu.MemRelease(seg.h[1]));
   map_chunk(&seg, 1, 1);
   every_collective(comm, s, d, c, 7);
   after = log_count("exported VMM allocation");

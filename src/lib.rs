@@ -4,7 +4,7 @@
 //! module uses a layer above its own):
 //! - [`ffi`]: the only code that speaks C; every exported function lives there
 //!   ([`launch`], the launcher's library half, is the other entry point).
-//! - [`ops`]: composite calls built from collectives (coalesced, axis, local copies).
+//! - [`ops`]: composite calls built from collectives (coalesced, axis, PreMulSum's product, local copies).
 //! - [`comm`]: communicators, rendezvous, connecting the ranks, groups.
 //! - [`backend`]: executes collectives (the router, host, device and NCCL backends).
 //! - [`coll`]: what a call is: collective descriptors, validation, shape math.

@@ -63,7 +63,7 @@ LAYERS = [
     # Entry points: the C surface (exported functions, handles, the panic boundary)
     # and the launcher's library half (ferroccl-run: starts ranks, serves rendezvous).
     ["ffi", "launch"],
-    # Composite calls built from collectives: coalesced, axis, local copies. Above
+    # Composite calls built from collectives: coalesced, axis, PreMulSum, local copies. Above
     # comm: each runs collectives on the communicator it is given.
     ["ops"],
     # Communicators: lifecycle, bootstrap, connecting the ranks, groups, the progress thread.

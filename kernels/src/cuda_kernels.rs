@@ -366,35 +366,53 @@ __device__ __forceinline__ unsigned char fccl_f32_to_f8e5m2(float x) { return fc
 /// of a peer that died.
 pub const COPY_PROGRAM: &str = r#"
 struct alignas(16) fccl_v16 { unsigned long long a, b; };
-// units of U (which divides both addresses and the length); where both addresses are at
-// the same offset in 16 bytes, 16-byte vectors from the first boundary, units before it
-// and after the last vector.
-template <typename U>
-__device__ __forceinline__ void fccl_copy_units(unsigned char* dst, const unsigned char* src, unsigned long long units,
-                                                unsigned long long first, unsigned long long stride) {
-  const unsigned long long len = units * sizeof(U);
-  unsigned long long head = (((unsigned long long)dst ^ (unsigned long long)src) & 15u) ? len : (16u - ((unsigned long long)src & 15u)) % 16u;
+// Runs op.unit<T>(o) on the units of `len` bytes at byte offsets o, thread `first` of
+// `stride`: 16-byte vectors (T = fccl_v16) from the first 16-byte boundary of `base` to
+// the last when `vec` (every buffer at the same offset in 16 bytes as `base`), units of
+// U (which divides every address and the length) before and after them, or throughout.
+template <typename U, typename Op>
+__device__ __forceinline__ void fccl_split(const unsigned char* base, bool vec, unsigned long long len,
+                                           unsigned long long first, unsigned long long stride, const Op& op) {
+  unsigned long long head = vec ? (16u - ((unsigned long long)base & 15u)) % 16u : len;
   if (head > len) head = len;
   const unsigned long long vecs = (len - head) / 16, tail = head + vecs * 16;
-  for (unsigned long long i = first; i < vecs; i += stride)
-    ((fccl_v16*)(dst + head))[i] = ((const fccl_v16*)(src + head))[i];
+  for (unsigned long long i = first; i < vecs; i += stride) op.template unit<fccl_v16>(head + i * 16);
   const unsigned long long hu = head / sizeof(U), rest = hu + (len - tail) / sizeof(U);
-  for (unsigned long long i = first; i < rest; i += stride) {
-    const unsigned long long o = i < hu ? i * sizeof(U) : tail + (i - hu) * sizeof(U);
-    *(U*)(dst + o) = *(const U*)(src + o);
-  }
+  for (unsigned long long i = first; i < rest; i += stride)
+    op.template unit<U>(i < hu ? i * sizeof(U) : tail + (i - hu) * sizeof(U));
 }
+// fccl_split in the largest unit that divides `all` (every address and the length, or'ed).
+template <typename Op>
+__device__ __forceinline__ void fccl_split_any(unsigned long long all, const unsigned char* base, bool vec,
+                                               unsigned long long len, unsigned long long first,
+                                               unsigned long long stride, const Op& op) {
+  if (all % 16 == 0) fccl_split<fccl_v16>(base, vec, len, first, stride, op);
+  else if (all % 8 == 0) fccl_split<unsigned long long>(base, vec, len, first, stride, op);
+  else if (all % 4 == 0) fccl_split<unsigned int>(base, vec, len, first, stride, op);
+  else if (all % 2 == 0) fccl_split<unsigned short>(base, vec, len, first, stride, op);
+  else fccl_split<unsigned char>(base, vec, len, first, stride, op);
+}
+// A unit copied from `src` to `dst`.
+struct fccl_copy_op {
+  unsigned char* dst;
+  const unsigned char* src;
+  template <typename T> __device__ __forceinline__ void unit(unsigned long long o) const {
+    *(T*)(dst + o) = *(const T*)(src + o);
+  }
+};
 extern "C" __global__ void fccl_copy(unsigned char* dst, const unsigned char* src, unsigned long long units,
                                      unsigned int w, const volatile unsigned int* failed) {
   if (failed && *failed) return;
   unsigned long long stride = (unsigned long long)gridDim.x * blockDim.x;
   unsigned long long first = (unsigned long long)blockIdx.x * blockDim.x + threadIdx.x;
+  const bool vec = (((unsigned long long)dst ^ (unsigned long long)src) & 15u) == 0;
+  const fccl_copy_op op = {dst, src};
   switch (w) {
-  case 16: fccl_copy_units<fccl_v16>(dst, src, units, first, stride); break;
-  case 8: fccl_copy_units<unsigned long long>(dst, src, units, first, stride); break;
-  case 4: fccl_copy_units<unsigned int>(dst, src, units, first, stride); break;
-  case 2: fccl_copy_units<unsigned short>(dst, src, units, first, stride); break;
-  default: fccl_copy_units<unsigned char>(dst, src, units, first, stride); break;
+  case 16: fccl_split<fccl_v16>(src, vec, units * 16, first, stride, op); break;
+  case 8: fccl_split<unsigned long long>(src, vec, units * 8, first, stride, op); break;
+  case 4: fccl_split<unsigned int>(src, vec, units * 4, first, stride, op); break;
+  case 2: fccl_split<unsigned short>(src, vec, units * 2, first, stride, op); break;
+  default: fccl_split<unsigned char>(src, vec, units, first, stride, op); break;
   }
 }
 template <typename U>
@@ -428,24 +446,16 @@ struct fccl_batch {
   unsigned char* dst[FCCL_BATCH];
   unsigned short first[FCCL_BATCH + 1];
 };
-// As fccl_copy_units, from `src` to every destination of the group (`vec`: all at the
-// same offset in 16 bytes as `src`).
-#define FCCL_FAN(U)                                                                                       \
-  {                                                                                                       \
-    unsigned long long head = vec ? (16u - ((unsigned long long)src & 15u)) % 16u : len;                  \
-    if (head > len) head = len;                                                                           \
-    const unsigned long long vecs = (len - head) / 16, tail = head + vecs * 16;                           \
-    for (unsigned long long i = at; i < vecs; i += stride) {                                              \
-      fccl_v16 v = ((const fccl_v16*)(src + head))[i];                                                    \
-      for (unsigned int k = lo; k < hi; k++) ((fccl_v16*)(b.dst[k] + head))[i] = v;                       \
-    }                                                                                                     \
-    const unsigned long long hu = head / sizeof(U), rest = hu + (len - tail) / sizeof(U);                 \
-    for (unsigned long long i = at; i < rest; i += stride) {                                              \
-      const unsigned long long o = i < hu ? i * sizeof(U) : tail + (i - hu) * sizeof(U);                 \
-      U v = *(const U*)(src + o);                                                                         \
-      for (unsigned int k = lo; k < hi; k++) *(U*)(b.dst[k] + o) = v;                                     \
-    }                                                                                                     \
+// A unit read from `src` once and written to each of `dst[lo..hi]`.
+struct fccl_fan_op {
+  const unsigned char* src;
+  unsigned char* const* dst;
+  unsigned int lo, hi;
+  template <typename T> __device__ __forceinline__ void unit(unsigned long long o) const {
+    T v = *(const T*)(src + o);
+    for (unsigned int k = lo; k < hi; k++) *(T*)(dst[k] + o) = v;
   }
+};
 extern "C" __global__ void fccl_copy_batch(struct fccl_batch b, unsigned int groups, const volatile unsigned int* failed) {
   if (failed && *failed) return;
   unsigned int g = blockIdx.y;
@@ -458,48 +468,28 @@ extern "C" __global__ void fccl_copy_batch(struct fccl_batch b, unsigned int gro
     all |= (unsigned long long)b.dst[k];
     apart |= ((unsigned long long)b.dst[k] ^ (unsigned long long)src) & 15u;
   }
-  const bool vec = apart == 0;
   unsigned long long stride = (unsigned long long)gridDim.x * blockDim.x;
   unsigned long long at = (unsigned long long)blockIdx.x * blockDim.x + threadIdx.x;
-  if (all % 16 == 0) {
-    FCCL_FAN(fccl_v16)
-  } else if (all % 8 == 0) {
-    FCCL_FAN(unsigned long long)
-  } else if (all % 4 == 0) {
-    FCCL_FAN(unsigned int)
-  } else if (all % 2 == 0) {
-    FCCL_FAN(unsigned short)
-  } else {
-    FCCL_FAN(unsigned char)
-  }
+  const fccl_fan_op op = {src, b.dst, lo, hi};
+  fccl_split_any(all, src, apart == 0, len, at, stride, op);
 }
 struct fccl_pairs {
   unsigned char* a[FCCL_BATCH];
   unsigned char* b[FCCL_BATCH];
   unsigned long long len[FCCL_BATCH];
 };
-// Exchanges `len` bytes at `a` and `b` element by element, in units of U (and 16-byte
-// vectors between the boundaries when `vec`: both at the same offset in 16 bytes).
-#define FCCL_SWAP(U)                                                                                      \
-  {                                                                                                       \
-    unsigned long long head = vec ? (16u - ((unsigned long long)a & 15u)) % 16u : len;                    \
-    if (head > len) head = len;                                                                           \
-    const unsigned long long vecs = (len - head) / 16, tail = head + vecs * 16;                           \
-    for (unsigned long long i = at; i < vecs; i += stride) {                                              \
-      fccl_v16* x = (fccl_v16*)(a + head) + i;                                                            \
-      fccl_v16* y = (fccl_v16*)(b + head) + i;                                                            \
-      fccl_v16 t = *x;                                                                                    \
-      *x = *y;                                                                                            \
-      *y = t;                                                                                             \
-    }                                                                                                     \
-    const unsigned long long hu = head / sizeof(U), rest = hu + (len - tail) / sizeof(U);                 \
-    for (unsigned long long i = at; i < rest; i += stride) {                                              \
-      const unsigned long long o = i < hu ? i * sizeof(U) : tail + (i - hu) * sizeof(U);                 \
-      U t = *(U*)(a + o);                                                                                 \
-      *(U*)(a + o) = *(U*)(b + o);                                                                        \
-      *(U*)(b + o) = t;                                                                                   \
-    }                                                                                                     \
+// A unit exchanged between `a` and `b` (each read once and written once).
+struct fccl_swap_op {
+  unsigned char* a;
+  unsigned char* b;
+  template <typename T> __device__ __forceinline__ void unit(unsigned long long o) const {
+    T* x = (T*)(a + o);
+    T* y = (T*)(b + o);
+    T t = *x;
+    *x = *y;
+    *y = t;
   }
+};
 extern "C" __global__ void fccl_swap_batch(struct fccl_pairs p, unsigned int pairs, const volatile unsigned int* failed) {
   if (failed && *failed) return;
   unsigned int g = blockIdx.y;
@@ -511,17 +501,8 @@ extern "C" __global__ void fccl_swap_batch(struct fccl_pairs p, unsigned int pai
   const bool vec = (((unsigned long long)a ^ (unsigned long long)b) & 15u) == 0;
   unsigned long long stride = (unsigned long long)gridDim.x * blockDim.x;
   unsigned long long at = (unsigned long long)blockIdx.x * blockDim.x + threadIdx.x;
-  if (all % 16 == 0) {
-    FCCL_SWAP(fccl_v16)
-  } else if (all % 8 == 0) {
-    FCCL_SWAP(unsigned long long)
-  } else if (all % 4 == 0) {
-    FCCL_SWAP(unsigned int)
-  } else if (all % 2 == 0) {
-    FCCL_SWAP(unsigned short)
-  } else {
-    FCCL_SWAP(unsigned char)
-  }
+  const fccl_swap_op op = {a, b};
+  fccl_split_any(all, a, vec, len, at, stride, op);
 }
 "#;
 

@@ -42,7 +42,7 @@ impl Backend for Builtin {
         // involve only their pairs, whose memory may differ in kind: a capturing rank runs
         // only their handshakes, flagged as refused and without buffers, so that each peer's
         // matching call fails at once too (`Coll::refused`).
-        let votes = !p2p && (!on_host || (cuda::active() && calls.iter().any(|c| c.coll.v.is_some())));
+        let votes = !p2p && (!on_host || (x.cuda && calls.iter().any(|c| c.coll.v.is_some())));
         if on_host && !votes {
             return host::execute(x, calls);
         }

@@ -137,6 +137,9 @@ pub struct Exec<'a> {
     pub timeout: Duration,
     pub abort: &'a AtomicBool,
     pub check: bool,
+    /// Whether CUDA is in use in this process (`cuda::active()`), asked once per run by
+    /// whoever makes the `Exec`: without CUDA each ask walks the loaded libraries.
+    pub cuda: bool,
     /// What served the last run (for the log line and fcclCommGetLastPath): the
     /// backend's name for it ("host", "staged", "ipc", "nccl", "mixed"), set by the
     /// router and changed by a backend that hands a call to another way of running it.
@@ -390,6 +393,7 @@ mod tests {
             timeout: Duration::from_secs(1),
             abort: &abort,
             check: false,
+            cuda: false,
             backend: "",
             algo: Algo::None,
             exchanges: 0,

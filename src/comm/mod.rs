@@ -431,22 +431,22 @@ impl Comm {
     fn run_calls(&self, st: &mut State, calls: &mut [Call]) -> Result<()> {
         let t0 = log::enabled(log::Level::Info).then(Instant::now);
         let st = &mut *st;
+        // Without CUDA every buffer is host memory: one relaxed load, then the host path.
+        let cuda = cuda::active();
         let mut x = Exec {
             t: &mut st.transport,
             seq: &mut st.seq,
             timeout: self.opts.timeout,
             abort: &self.abort,
             check: self.opts.check_mode,
+            cuda,
             backend: "host",
             algo: Algo::None,
             exchanges: 0,
         };
-        // Without CUDA every buffer is host memory: one relaxed load, then the host path.
         // A call that a device backend claims whatever its memory (per-rank counts on one
         // GPU) goes through the router too.
-        let res = if cuda::active()
-            && (calls.iter().any(|c| c.coll.placement != Placement::Host) || self.router.claims(calls))
-        {
+        let res = if cuda && (calls.iter().any(|c| c.coll.placement != Placement::Host) || self.router.claims(calls)) {
             self.warn_no_device();
             self.warn_staged();
             self.router.run(&mut x, calls)

@@ -324,22 +324,12 @@ pub enum PreMulKind {
     ReduceScatter,
 }
 
-/// A PreMulSum operator's scalar: its bytes (one element, native byte order), or the
-/// address of host or device memory to read them from when the call is made.
-#[derive(Clone, Copy, Debug)]
-pub enum PreMulScalar {
-    Bytes([u8; 8]),
-    At(*const u8),
-}
+/// A PreMulSum operator's scalar, as [`premul_sum`] takes it.
+pub use crate::ops::premul::Scalar as PreMulScalar;
 
 /// NCCL's PreMulSum operator (not part of ferroccl's C API; the NCCL library calls
-/// it): the sum over ranks of each rank's input times the scalar. The product is
-/// taken when the call is made, into a copy the call owns, so the sum then runs,
-/// queues in a group or goes to the progress thread like any fcclSum call. Host
-/// memory is multiplied on the CPU; device memory by a kernel on the call's stream,
-/// into device memory the communicator lends call by call (plain cuMemAlloc memory,
-/// so the GPU-to-GPU path shares it with peers once and keeps the mapping), with a
-/// scalar in device memory read by that kernel: the host waits for nothing.
+/// it): the sum over ranks of each rank's input times the scalar, taken when the call is
+/// made (see [`crate::ops::premul`]); the sum then runs like any fcclSum call.
 /// `count` is the collective's count (per rank for reduce_scatter).
 ///
 /// # Safety
@@ -357,7 +347,6 @@ pub unsafe fn premul_sum(
     comm: fcclComm_t,
     stream: fcclStream_t,
 ) -> fcclResult_t {
-    use crate::mem::{cuda, cuda_reduce, Placement};
     call(name, || {
         submit(comm, stream, |cm| {
             let ck = match kind {
@@ -370,57 +359,9 @@ pub unsafe fn premul_sum(
                 c.root = rank_arg(root, "root", cm)?;
             }
             c.validate(cm.rank, cm.nranks)?;
-            let size = c.dtype.size();
-            let st = cuda::Stream::from_ptr(stream as _);
-            let (bytes, _) = c.extents(cm.rank, cm.nranks)?;
-            let place = crate::mem::placement(&c.buffers(cm.rank, cm.nranks)?)?;
-            let mut sc = [0u8; 8];
-            let mut on_device = None;
-            match scalar {
-                PreMulScalar::Bytes(b) => sc = b,
-                PreMulScalar::At(p) => match crate::mem::kind_of(p)? {
-                    (k, _, _) if k.host_accessible() => {
-                        // SAFETY: host memory holding one element (the caller's contract).
-                        unsafe { std::ptr::copy_nonoverlapping(p, sc.as_mut_ptr(), size) }
-                    }
-                    // The scaling kernel reads it where it lies.
-                    (_, _, ctx) if matches!(place, Placement::Device { ctx: c, .. } if c == ctx) => on_device = Some(p),
-                    (_, _, ctx) => {
-                        let _g = cuda::CtxGuard::enter(ctx)?;
-                        // SAFETY: one element of device memory; `sc` is waited for below.
-                        unsafe { cuda::copy_dtoh_async(sc.as_mut_ptr(), p, size, st)? };
-                        cuda::sync(st)?;
-                    }
-                },
-            }
-            // u64 words: the copies are aligned for every element type.
-            let mut scaled = vec![0u64; bytes.div_ceil(8)];
-            if bytes == 0 {
-                // Nothing to read: the call moves no input.
-            } else if place == Placement::Host {
-                // SAFETY: validate() checked sendbuff non-NULL for `bytes` > 0, and the
-                // caller's contract makes it readable for the call's extent (host memory).
-                let src = unsafe { std::slice::from_raw_parts(c.send, bytes) };
-                // SAFETY: `scaled` holds at least `bytes` bytes; u8 has no alignment.
-                let dst = unsafe { std::slice::from_raw_parts_mut(scaled.as_mut_ptr().cast::<u8>(), bytes) };
-                crate::mem::reduce::pre_multiply(c.dtype, &sc[..size], src, dst);
-            } else if let Placement::Device { ctx, device } = place {
-                let lease = cm.products.take(bytes, ctx, st)?;
-                let s = match on_device {
-                    Some(p) => cuda_reduce::Scalar::At(p),
-                    None => cuda_reduce::Scalar::Bits(u64::from_ne_bytes(sc)),
-                };
-                // SAFETY: sendbuff is device memory of `bytes` in `ctx` (the caller's
-                // contract; placement() found it there), the lease as many, lent until
-                // the call's work is queued; an `At` scalar is one element in `ctx`.
-                unsafe { cuda_reduce::scale(ctx, device, c.dtype, lease.ptr(), c.send, bytes / size, s, st)? };
-                c.send = lease.ptr();
-                c.keep = Some(std::sync::Arc::new(lease));
-                return Ok(c);
-            }
-            // The heap buffer does not move when the Vec moves into the Arc.
-            c.send = scaled.as_ptr().cast();
-            c.keep = Some(std::sync::Arc::new(scaled));
+            let st = crate::mem::cuda::Stream::from_ptr(stream as _);
+            // SAFETY: the buffers and the scalar are the caller's, under this function's contract.
+            unsafe { crate::ops::premul::multiply(&mut c, cm, scalar, st)? };
             Ok(c)
         })
     })

@@ -488,6 +488,7 @@ mod tests {
             timeout: Duration::from_secs(20),
             abort: &abort,
             check: true,
+            cuda: false,
             backend: "host",
             algo: crate::backend::Algo::None,
             exchanges: 0,
