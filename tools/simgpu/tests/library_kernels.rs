@@ -131,24 +131,8 @@ fn launch_table(
     let block = 256;
     let most = counts.iter().copied().max().unwrap_or(0);
     let grid = most.div_ceil(block).clamp(1, max_grid) as u32;
-    let used = params.len();
     // SAFETY: the parameters match the kernel's layout.
-    unsafe {
-        ok(cuLaunchKernel(
-            f,
-            grid,
-            counts.len() as u32,
-            1,
-            block as u32,
-            1,
-            1,
-            0,
-            std::ptr::null_mut(),
-            params[..used].as_mut_ptr(),
-            std::ptr::null_mut(),
-        ));
-        ok(cuCtxSynchronize());
-    }
+    unsafe { run_kernel(f, [grid, counts.len() as u32], block as u32, &mut params) };
 }
 
 /// Bit patterns worth testing for each type.
@@ -273,6 +257,31 @@ fn is_nan(dt: DataType, b: &[u8]) -> bool {
         DataType::Float8e4m3 => x & 0x7f == 0x7f,
         DataType::Float8e5m2 => x & 0x7f > 0x7c,
         _ => false,
+    }
+}
+
+/// Launches `f` over `grid` (x, y) blocks of `block` threads with `params` (one pointer
+/// per parameter) on the default stream and waits for it.
+///
+/// # Safety
+/// `params` match `f`'s parameters, and the buffers they name are the test's allocations.
+unsafe fn run_kernel(f: CUfunction, grid: [u32; 2], block: u32, params: &mut [*mut c_void]) {
+    // SAFETY: per the caller.
+    unsafe {
+        ok(cuLaunchKernel(
+            f,
+            grid[0],
+            grid[1],
+            1,
+            block,
+            1,
+            1,
+            0,
+            std::ptr::null_mut(),
+            params.as_mut_ptr(),
+            std::ptr::null_mut(),
+        ));
+        ok(cuCtxSynchronize());
     }
 }
 
@@ -480,22 +489,7 @@ fn copy_kernel(f: CUfunction, dst: CUdeviceptr, src: CUdeviceptr, bytes: usize, 
     ];
     let grid = (bytes / w).div_ceil(256).clamp(1, 3) as u32;
     // SAFETY: the parameters match fccl_copy's.
-    unsafe {
-        ok(cuLaunchKernel(
-            f,
-            grid,
-            1,
-            1,
-            256,
-            1,
-            1,
-            0,
-            std::ptr::null_mut(),
-            params.as_mut_ptr(),
-            std::ptr::null_mut(),
-        ));
-        ok(cuCtxSynchronize());
-    }
+    unsafe { run_kernel(f, [grid, 1], 256, &mut params) };
 }
 
 /// The copy kernels move exactly the bytes asked, at every alignment and unit (16-byte
@@ -543,22 +537,7 @@ fn copy_kernels_move_exactly_their_bytes_and_nothing_after_a_failure() {
         (&mut fl as *mut u64).cast(),
     ];
     // SAFETY: the parameters match fccl_copy2d's (pitches and width in 4-byte units).
-    unsafe {
-        ok(cuLaunchKernel(
-            copy2d,
-            1,
-            1,
-            1,
-            8,
-            1,
-            1,
-            0,
-            std::ptr::null_mut(),
-            params.as_mut_ptr(),
-            std::ptr::null_mut(),
-        ));
-        ok(cuCtxSynchronize());
-    }
+    unsafe { run_kernel(copy2d, [1, 1], 8, &mut params) };
     let got = dtoh(d, 128);
     for row in 0..5 {
         assert_eq!(&got[row * 16..row * 16 + 12], &src[row * 20..row * 20 + 12], "row {row}");
@@ -748,22 +727,7 @@ fn copy_batch(f: CUfunction, groups: &[(CUdeviceptr, usize, Vec<CUdeviceptr>)], 
     let mut params: [*mut c_void; 3] =
         [(&mut t as *mut Table).cast(), (&mut ng as *mut u32).cast(), (&mut fl as *mut u64).cast()];
     // SAFETY: the parameters match fccl_copy_batch's.
-    unsafe {
-        ok(cuLaunchKernel(
-            f,
-            3,
-            groups.len() as u32,
-            1,
-            64,
-            1,
-            1,
-            0,
-            std::ptr::null_mut(),
-            params.as_mut_ptr(),
-            std::ptr::null_mut(),
-        ));
-        ok(cuCtxSynchronize());
-    }
+    unsafe { run_kernel(f, [3, groups.len() as u32], 64, &mut params) };
 }
 
 #[test]
@@ -935,22 +899,7 @@ fn scale(f: CUfunction, out: CUdeviceptr, input: CUdeviceptr, count: usize, sp: 
     let grid = count.div_ceil(256).clamp(1, 3) as u32;
     // SAFETY: the parameters match the kernel's (pointer, pointer, unsigned long long,
     // pointer, unsigned long long, pointer); the buffers are allocations of the test.
-    unsafe {
-        ok(cuLaunchKernel(
-            f,
-            grid,
-            1,
-            1,
-            256,
-            1,
-            1,
-            0,
-            std::ptr::null_mut(),
-            params.as_mut_ptr(),
-            std::ptr::null_mut(),
-        ));
-        ok(cuCtxSynchronize());
-    }
+    unsafe { run_kernel(f, [grid, 1], 256, &mut params) };
 }
 
 #[test]
