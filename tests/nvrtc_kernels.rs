@@ -6,6 +6,7 @@
 //! The PTX is read too: every plain reduction kernel (each rank-count variant) must load
 //! and store 16 bytes at a time on its vector path, and keep nothing in local memory.
 
+use ferroccl::mem::cuda_kernels::{reduce_param_bytes, PARAM_LIMIT};
 use ferroccl::mem::cuda_reduce::{compile_for, Reduction, RANKS};
 
 /// The PTX of each entry: `.entry NAME(` up to the next entry.
@@ -23,6 +24,28 @@ fn has_128_bit(body: &str, op: &str) -> bool {
         let rest = rest.strip_prefix("nc.").unwrap_or(rest);
         WIDE.iter().any(|w| rest.starts_with(w))
     })
+}
+
+/// The bytes of an entry's parameters (its PTX from `(` on): each `.param` (`.u32`,
+/// `.b64`, ... or `.align A .b8 NAME[SIZE]`) at its alignment.
+fn param_bytes(body: &str) -> usize {
+    let mut end = 0usize;
+    for l in body.lines().map(str::trim).skip(1).take_while(|l| !l.starts_with(')')) {
+        let Some(p) = l.strip_prefix(".param ") else { continue };
+        let (align, size) = match p.strip_prefix(".align ") {
+            Some(r) => {
+                let a: usize = r.split(' ').next().and_then(|a| a.parse().ok()).unwrap_or(1);
+                let sz = p.split('[').nth(1).and_then(|r| r.split(']').next()).and_then(|n| n.parse().ok());
+                (a, sz.unwrap_or_else(|| panic!("a .param without a size: {l}")))
+            }
+            None => {
+                let bits: usize = p[2..].chars().take_while(char::is_ascii_digit).collect::<String>().parse().unwrap();
+                (bits / 8, bits / 8)
+            }
+        };
+        end = end.div_ceil(align) * align + size;
+    }
+    end
 }
 
 #[test]
@@ -49,6 +72,13 @@ fn every_kernel_compiles_with_the_real_nvrtc_for_sm_90() {
                     let e = r.entry_for(k);
                     let (_, body) = found.iter().find(|(n, _)| *n == e).unwrap_or_else(|| panic!("{name} lacks {e}"));
                     assert!(!body.contains(".local"), "{e} keeps values in local memory");
+                    // Its parameters as the library lays them out, within the classic 4 KiB.
+                    let want = reduce_param_bytes(r.wire.is_some());
+                    assert!(
+                        want <= PARAM_LIMIT && param_bytes(body) == want,
+                        "{e}: {} bytes of parameters",
+                        param_bytes(body)
+                    );
                     if r.wire.is_none() {
                         assert!(has_128_bit(body, "ld"), "{e}: no 128-bit load in its PTX:\n{body}");
                         assert!(has_128_bit(body, "st"), "{e}: no 128-bit store in its PTX:\n{body}");

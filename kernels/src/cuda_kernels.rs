@@ -17,9 +17,9 @@
 
 use crate::types::{DataType, RedOp};
 
-/// Most inputs one launch takes: the pointers travel by value in the kernel's
-/// arguments (8 bytes each; kernel parameters may take 4 KiB).
-pub const MAX_INPUTS: usize = 64;
+mod params;
+use params::{head_params, tables};
+pub use params::{own_rows, reduce_param_bytes, IN_TABLE, MAX_INPUTS, MAX_ROWS, PARAM_LIMIT};
 
 /// The input counts with kernels of their own, whose loops over the inputs are unrolled at
 /// compile time; every other count takes the kernel that loops over a run-time count.
@@ -96,17 +96,21 @@ impl Reduction {
 
     /// The kernel's CUDA C source; None where no kernel exists.
     ///
-    /// Parameters: `(struct <entry>_outs outs, struct <entry>_ins ins, int n, int nout,
-    /// unsigned long long count, unsigned long long step)`, with `struct <entry>_ins {
-    /// const T* p[MAX_INPUTS]; }` and `_outs { T* p[MAX_INPUTS]; }`, for wire kernels one
-    /// more, `unsigned long long win` (the host's window, in elements), and last `const
-    /// volatile unsigned int* failed` (the kernel does nothing when it points at a
-    /// non-zero word; null: never). Block row `y` (blockIdx.y) reduces elements
-    /// `[y * step, y * step + count)` of the `n` inputs and writes the result to its
-    /// `nout` outputs `outs.p[y * nout ..]`: an all_reduce writes every rank's buffer in
-    /// one pass (one row, n outputs), a reduce_scatter gives each rank its block (n rows
-    /// of one output). An output may be one of the inputs exactly: each element is read
-    /// from every input before it is written.
+    /// Parameters: `(struct <entry>_outs outs, struct <entry>_ins ins, struct
+    /// <entry>_counts counts, int n, int nout, int ip, unsigned long long step)`, with
+    /// `struct <entry>_outs { T* p[MAX_INPUTS]; }`, `_ins { const T* p[IN_TABLE]; }` and
+    /// `_counts { unsigned long long c[MAX_ROWS]; }`, for wire kernels one more, `unsigned
+    /// long long win` (the host's window, in elements), and last `const volatile unsigned
+    /// int* failed` (the kernel does nothing when it points at a non-zero word; null:
+    /// never); [`reduce_param_bytes`] in all. Block row `y` (blockIdx.y) reduces
+    /// `counts.c[y]` elements from `y * step` on of its `n` inputs `ins.p[y * ip ..]` (`ip`
+    /// 0: every row reads the same inputs; `n`: each row has its own) and writes the
+    /// result to its `nout` outputs `outs.p[y * nout ..]`: an all_reduce writes every
+    /// rank's buffer in one pass (one row, n outputs), a reduce_scatter gives each rank
+    /// its block (n rows of one output, shared inputs `step` apart), a reduce_scatter_v
+    /// each rank its block of its own count (n rows, each with the n inputs at the
+    /// ranks' displacements). An output may be one of the inputs exactly: each element is
+    /// read from every input before it is written.
     ///
     /// Every reduction has one kernel for any count of inputs ([`Reduction::entry`]) and
     /// one per count of [`RANKS`] ([`Reduction::entry_for`]), whose loops over the inputs
@@ -524,12 +528,16 @@ pub fn copy_unit(vals: &[usize]) -> usize {
 /// The start of every kernel's body: a kernel whose communicator failed (a non-zero
 /// word at `failed`; null: none) returns at once, so that work queued behind a failure
 /// ends without touching a dead peer's memory. `nn` is the number of inputs: the
-/// run-time `n`, or the constant of a kernel specialised for it (`n` equals it).
+/// run-time `n`, or the constant of a kernel specialised for it (`n` equals it); the
+/// row's inputs are `ins.p[i0 ..]`, its outputs `outs.p[o0 ..]`, its `count` elements
+/// from `base` on.
 fn prologue(ranks: usize) -> String {
     let nn = if ranks == 0 { "n".to_string() } else { ranks.to_string() };
     format!(
         "  if (failed && *failed) return;\n  const int nn = {nn};\n  \
-         const unsigned long long base = (unsigned long long)blockIdx.y * step;\n  const int o0 = (int)blockIdx.y * nout;\n  \
+         const unsigned long long count = counts.c[blockIdx.y];\n  \
+         const unsigned long long base = (unsigned long long)blockIdx.y * step;\n  \
+         const int i0 = (int)blockIdx.y * ip, o0 = (int)blockIdx.y * nout;\n  \
          const unsigned long long stride = (unsigned long long)gridDim.x * blockDim.x;\n  \
          const unsigned long long first = (unsigned long long)blockIdx.x * blockDim.x + threadIdx.x;\n"
     )
@@ -545,17 +553,6 @@ fn unroll(ranks: usize) -> &'static str {
     }
 }
 
-/// The parameters every reduction kernel starts with (see [`Reduction::source`]).
-fn head_params(name: &str) -> String {
-    format!("struct {name}_outs outs, struct {name}_ins ins, int n, int nout, unsigned long long count,\n    unsigned long long step")
-}
-
-/// The input and output pointer tables of a kernel of element type `T`.
-fn tables(name: &str) -> String {
-    let m = MAX_INPUTS;
-    format!("struct {name}_ins {{ const T* p[{m}]; }};\nstruct {name}_outs {{ T* p[{m}]; }};\n")
-}
-
 /// The body of a plain reduction kernel after [`prologue`], over the functions `NAME_w`
 /// (widen an element to the accumulator type `A`), `NAME_c` (combine an element into the
 /// accumulator) and `NAME_f` (the result from the accumulator and the input count), and
@@ -567,9 +564,9 @@ fn tables(name: &str) -> String {
 /// them where the offsets differ) move one at a time. Either way each element is
 /// `f(c(...c(w(in0), in1)..., in[nn-1]), nn)`, read from every input before any output
 /// gets it (so an output may be an input), and one input is a copy.
-const REDUCE_BODY: &str = r#"  const unsigned long long a0 = (unsigned long long)(ins.p[0] + base);
+const REDUCE_BODY: &str = r#"  const unsigned long long a0 = (unsigned long long)(ins.p[i0] + base);
   unsigned long long diff = a0 % sizeof(T);
-  UNROLLfor (int k = 1; k < nn; k++) diff |= ((unsigned long long)(ins.p[k] + base) ^ a0) & 15u;
+  UNROLLfor (int k = 1; k < nn; k++) diff |= ((unsigned long long)(ins.p[i0 + k] + base) ^ a0) & 15u;
   for (int k = 0; k < nout; k++) diff |= ((unsigned long long)outs.p[o0 + k] ^ a0) & 15u;
   const int V = (int)(16 / sizeof(T));
   unsigned long long head = diff ? count : (16u - (a0 & 15u)) % 16u / sizeof(T);
@@ -577,14 +574,14 @@ const REDUCE_BODY: &str = r#"  const unsigned long long a0 = (unsigned long long
   const unsigned long long vecs = (count - head) / V, tail = head + vecs * V;
   for (unsigned long long j = first; j < vecs; j += stride) {
     union NAME_v x, r;
-    x.u = ((const fccl_u4*)(ins.p[0] + base + head))[j];
+    x.u = ((const fccl_u4*)(ins.p[i0] + base + head))[j];
     if (nn == 1) {
       r = x;
     } else {
       A acc[16 / sizeof(T)];
       for (int l = 0; l < V; l++) acc[l] = NAME_w(x.e[l]);
       UNROLLfor (int k = 1; k < nn; k++) {
-        x.u = ((const fccl_u4*)(ins.p[k] + base + head))[j];
+        x.u = ((const fccl_u4*)(ins.p[i0 + k] + base + head))[j];
         for (int l = 0; l < V; l++) acc[l] = NAME_c(acc[l], x.e[l]);
       }
       for (int l = 0; l < V; l++) r.e[l] = NAME_f(acc[l], nn);
@@ -595,10 +592,10 @@ const REDUCE_BODY: &str = r#"  const unsigned long long a0 = (unsigned long long
     const unsigned long long i = j < head ? j : tail + (j - head);
     T v;
     if (nn == 1) {
-      v = ins.p[0][base + i];
+      v = ins.p[i0][base + i];
     } else {
-      A acc = NAME_w(ins.p[0][base + i]);
-      UNROLLfor (int k = 1; k < nn; k++) acc = NAME_c(acc, ins.p[k][base + i]);
+      A acc = NAME_w(ins.p[i0][base + i]);
+      UNROLLfor (int k = 1; k < nn; k++) acc = NAME_c(acc, ins.p[i0 + k][base + i]);
       v = NAME_f(acc, nn);
     }
     for (int k = 0; k < nout; k++) outs.p[o0 + k][i] = v;
@@ -724,9 +721,9 @@ fn wire_kernel(dt: DataType, wire: DataType, op: RedOp, name: &str, ranks: usize
          unsigned long long w0 = i - i % win, wc = count - w0 < win ? count - w0 : win, l = i - w0;\n    \
          unsigned long long part = wc / (unsigned long long)nn, rem = wc % (unsigned long long)nn, big = rem * (part + 1);\n    \
          int o = (int)(l < big ? l / (part + 1) : rem + (l - big) / part);\n    \
-         T acc = ins.p[o][base + i];\n    {}\
+         T acc = ins.p[i0 + o][base + i];\n    {}\
          for (int j = 1; j < nn; j++) {{\n      int p = o + j < nn ? o + j : o + j - nn;\n      \
-         acc = {}(acc, {name}_round(ins.p[p][base + i]));\n    }}\n{finish}    \
+         acc = {}(acc, {name}_round(ins.p[i0 + p][base + i]));\n    }}\n{finish}    \
          T v = {name}_round(acc);\n    for (int k = 0; k < nout; k++) outs.p[o0 + k][i] = v;\n  }}\n}}\n#undef T\n",
         tables(name),
         head_params(name),
@@ -806,6 +803,10 @@ mod tests {
         assert_eq!(Reduction::new(DataType::Int8, RedOp::Sum).entry_for(4), "fccl_reduce_i8_sum_n4");
         assert_eq!(Reduction::new(DataType::Int8, RedOp::Sum).entry_for(0), "fccl_reduce_i8_sum");
         assert_eq!((1..=10).map(variant).collect::<Vec<_>>(), [0, 2, 0, 4, 0, 0, 0, 8, 0, 0]);
+        let s = Reduction::new(DataType::Float32, RedOp::Sum).source().unwrap();
+        assert!(s.contains(&format!("struct fccl_reduce_f32_sum_ins {{ const T* p[{IN_TABLE}]; }};")), "{s}");
+        assert!(s.contains(&format!("struct fccl_reduce_f32_sum_counts {{ unsigned long long c[{MAX_ROWS}]; }};")));
+        assert!(s.contains("int nout, int ip,\n    unsigned long long step,\n    const volatile unsigned int* failed)"));
         assert_eq!(
             Reduction::wire(DataType::Float32, DataType::Bfloat16, RedOp::Sum).entry(),
             "fccl_reduce_wire_f32_bf16_sum"

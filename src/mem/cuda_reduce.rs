@@ -9,7 +9,7 @@ use crate::error::{Code, Error, Result};
 use crate::log;
 use crate::mem::cuda::{self, Ctx, Stream};
 use crate::mem::cuda_kernels::{copy_unit, BATCH, COPY_PROGRAM, COPY_PROGRAM_NAME};
-pub use crate::mem::cuda_kernels::{variant, Reduction, MAX_INPUTS, RANKS};
+pub use crate::mem::cuda_kernels::{own_rows, variant, Reduction, IN_TABLE, MAX_INPUTS, MAX_ROWS, RANKS};
 use crate::mem::kernel_cache;
 use cudarc::driver::sys as cu;
 use cudarc::nvrtc::sys as nv;
@@ -350,12 +350,16 @@ pub unsafe fn scale(
 }
 
 /// Launches `f` (from [`kernel`] or [`kernel_for`] for `r`; a specialised kernel takes
-/// exactly its count of inputs) on `stream`: for each row `y` of
-/// `outs.len() / nout`, elements `[y * step, y * step + count)` of every input reduced
-/// in input order into each of `outs[y * nout .. (y + 1) * nout]` (`count` elements
-/// each); `win`: the host's window of a wire all_reduce, in elements (ignored
-/// otherwise); `failed`: the device address of a word that, when non-zero as the
-/// kernel starts, makes it do nothing (0: none).
+/// exactly its count of inputs) on `stream`: for each row `y` of `outs.len() / nout`,
+/// `counts[y]` elements (`counts[0]` for every row where it has one) from `y * step` on of
+/// the row's `n` inputs reduced in input order into each of `outs[y * nout .. (y + 1) *
+/// nout]`. The row's inputs: `ins` itself where it has `n` (every row reads the same
+/// buffers), else `ins[y * n .. (y + 1) * n]` (each row its own: a reduce_scatter_v). `win`:
+/// the host's window of a wire all_reduce, in elements (ignored otherwise); `failed`: the
+/// device address of a word that, when non-zero as the kernel starts, makes it do nothing
+/// (0: none). One launch, except where the rows' own inputs overflow the kernel's input
+/// table ([`IN_TABLE`]; more than 19 ranks): then as few launches as hold them, each of
+/// [`own_rows`] rows.
 ///
 /// # Safety
 /// Every output and input is device-accessible in the current context for what the
@@ -368,50 +372,117 @@ pub unsafe fn launch(
     outs: &[*mut u8],
     nout: usize,
     ins: &[*const u8],
-    count: usize,
+    n: usize,
+    counts: &[usize],
     step: usize,
     win: usize,
     failed: u64,
     stream: Stream,
 ) -> Result<()> {
-    if ins.is_empty() || ins.len() > MAX_INPUTS || outs.len() > MAX_INPUTS || nout == 0 || outs.len() % nout != 0 {
+    let rows = outs.len().checked_div(nout).unwrap_or(0);
+    let own = ins.len() != n;
+    if n == 0
+        || n > MAX_INPUTS
+        || outs.len() > MAX_INPUTS
+        || nout == 0
+        || outs.len() % nout != 0
+        || (own && ins.len() != rows * n)
+        || (counts.len() != 1 && counts.len() != rows)
+    {
         return Err(Error::internal(format!(
-            "a device reduction of {} inputs into {} outputs in rows of {nout}",
+            "a device reduction of {} inputs ({n} per row) into {} outputs in rows of {nout}, with {} counts",
             ins.len(),
-            outs.len()
+            outs.len(),
+            counts.len()
         )));
     }
-    if f.ranks != 0 && f.ranks != ins.len() {
+    if f.ranks != 0 && f.ranks != n {
         return Err(Error::internal(format!(
-            "{} takes {} inputs, not {}: choose the kernel with kernel_for(.., {})",
+            "{} takes {} inputs, not {n}: choose the kernel with kernel_for(.., {n})",
             r.entry_for(f.ranks),
             f.ranks,
-            ins.len(),
-            ins.len()
         )));
     }
-    let rows = outs.len() / nout;
-    if count == 0 || rows == 0 {
-        return Ok(());
+    let count = |y: usize| counts[if counts.len() == 1 { 0 } else { y }];
+    let es = r.dtype.size();
+    // Rows with their own inputs: as many per launch as the table holds.
+    let per = if own { own_rows(n) } else { rows.max(1) };
+    let mut y0 = 0;
+    while y0 < rows {
+        let y1 = rows.min(y0 + per);
+        let mut cs = [0u64; MAX_ROWS];
+        for (c, y) in cs.iter_mut().zip(y0..y1) {
+            *c = count(y) as u64;
+        }
+        let most = (y0..y1).map(count).max().unwrap_or(0);
+        if most > 0 {
+            let part = Part {
+                outs: &outs[y0 * nout..y1 * nout],
+                nout,
+                ins: if own { &ins[y0 * n..y1 * n] } else { ins },
+                // A later launch's row 0 is row y0: its inputs start y0 rows of `step` on.
+                skip: y0 * step * es,
+                n,
+                counts: cs,
+                most,
+            };
+            // SAFETY: a part of the caller's rows, under the caller's contract.
+            unsafe { launch_part(f, r, part, step, win, failed, stream)? };
+        }
+        y0 = y1;
     }
+    Ok(())
+}
+
+/// The rows of one launch of [`launch`]: `counts` (the first `outs.len() / nout` of them)
+/// rows of `nout` outputs, `ins` (n of them: shared; n per row: each row's own,
+/// [`IN_TABLE`] at most) `skip` bytes on; `most`: the largest count.
+struct Part<'a> {
+    outs: &'a [*mut u8],
+    nout: usize,
+    ins: &'a [*const u8],
+    skip: usize,
+    n: usize,
+    counts: [u64; MAX_ROWS],
+    most: usize,
+}
+
+/// One launch of [`launch`] over `p`.
+///
+/// # Safety
+/// As [`launch`].
+unsafe fn launch_part(
+    f: Function,
+    r: &Reduction,
+    p: Part<'_>,
+    step: usize,
+    win: usize,
+    failed: u64,
+    stream: Stream,
+) -> Result<()> {
+    let Part { outs, nout, ins, skip, n, counts, most } = p;
+    let rows = outs.len() / nout;
     let mut outs_arg = [0u64; MAX_INPUTS];
     for (a, p) in outs_arg.iter_mut().zip(outs) {
         *a = *p as u64;
     }
-    let mut ins_arg = [0u64; MAX_INPUTS];
+    let mut ins_arg = [0u64; IN_TABLE];
     for (a, p) in ins_arg.iter_mut().zip(ins) {
-        *a = *p as u64;
+        *a = p.wrapping_add(skip) as u64;
     }
-    let (mut n_arg, mut nout_arg) = (ins.len() as i32, nout as i32);
-    let (mut count_arg, mut step_arg) = (count as u64, step as u64);
+    let mut counts_arg = counts;
+    let ip = if ins.len() == n { 0 } else { n };
+    let (mut n_arg, mut nout_arg, mut ip_arg) = (n as i32, nout as i32, ip as i32);
+    let mut step_arg = step as u64;
     let mut win_arg = win.max(1) as u64;
     let mut failed_arg = failed;
     let mut params: Vec<*mut c_void> = vec![
         (&mut outs_arg as *mut [u64; MAX_INPUTS]).cast(),
-        (&mut ins_arg as *mut [u64; MAX_INPUTS]).cast(),
+        (&mut ins_arg as *mut [u64; IN_TABLE]).cast(),
+        (&mut counts_arg as *mut [u64; MAX_ROWS]).cast(),
         (&mut n_arg as *mut i32).cast(),
         (&mut nout_arg as *mut i32).cast(),
-        (&mut count_arg as *mut u64).cast(),
+        (&mut ip_arg as *mut i32).cast(),
         (&mut step_arg as *mut u64).cast(),
     ];
     if r.wire.is_some() {
@@ -419,11 +490,12 @@ pub unsafe fn launch(
     }
     params.push((&mut failed_arg as *mut u64).cast());
     // A plain reduction's thread takes 16 bytes of elements at a time; a wire one, one.
+    // The grid's width serves the largest row (threads of shorter rows stop early).
     let per_thread = if r.wire.is_some() { 1 } else { 16 / r.dtype.size() };
-    let grid = [grid_x(count.div_ceil(per_thread), rows, f.full), rows as u32];
-    // SAFETY: f is a loaded kernel whose parameters are `params`: two structs of
-    // MAX_INPUTS pointers, int, int, unsigned long long x 2 (, unsigned long long for
-    // wire kernels), pointer; buffers per the caller.
+    let grid = [grid_x(most.div_ceil(per_thread), rows, f.full), rows as u32];
+    // SAFETY: f is a loaded kernel whose parameters are `params`: structs of MAX_INPUTS
+    // and IN_TABLE pointers and MAX_ROWS counts, int x 3, unsigned long long (, unsigned
+    // long long for wire kernels), pointer; buffers per the caller.
     unsafe { launch_grid(f, &mut params, grid, stream, &r.entry_for(f.ranks)) }
 }
 

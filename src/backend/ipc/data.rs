@@ -91,19 +91,20 @@ pub(super) unsafe fn move_data(
         fan(src, len, &mut std::iter::once(dst));
         Ok(())
     };
-    // Each of `outs` = op over ins, in rank order (wire forms: the host's owner order),
-    // in one launch; with `step`, row y reads the inputs `y * step` elements on and
-    // writes outs[y] alone.
+    // Each of `outs` = op over the n ranks' inputs, in rank order (wire forms: the host's
+    // owner order), in one launch; in rows of `nout` outputs, row y reducing `elems[y]`
+    // (or `elems[0]`) elements `y * step` on of `ins` (n of them) or of its own n inputs
+    // `ins[y * n ..]`.
     let red = c.reduction();
     let win = c.wire.map_or(0, host::wire_window_elems);
-    let reduce_rows = |outs: &[*mut u8], nout: usize, ins: &[*const u8], elems: usize, step: usize| -> Result<()> {
+    let reduce_rows = |outs: &[*mut u8], nout: usize, ins: &[*const u8], elems: &[usize], step: usize| -> Result<()> {
         // The kernel unrolled for this many inputs where there is one.
-        let f = cuda_reduce::kernel_for(ctx, device, red, ins.len())?;
+        let f = cuda_reduce::kernel_for(ctx, device, red, n)?;
         // SAFETY: as above; the kernel reads each element before writing it, so an
         // output equal to one input (in place) is fine.
-        unsafe { cuda_reduce::launch(f, &red, outs, nout, ins, elems, step, win, failed, s) }
+        unsafe { cuda_reduce::launch(f, &red, outs, nout, ins, n, elems, step, win, failed, s) }
     };
-    let reduce = |outs: &[*mut u8], ins: &[*const u8], elems: usize| reduce_rows(outs, outs.len(), ins, elems, 0);
+    let reduce = |outs: &[*mut u8], ins: &[*const u8], elems: usize| reduce_rows(outs, outs.len(), ins, &[elems], 0);
     let sends_at =
         |off: &dyn Fn(usize) -> usize| -> Vec<*const u8> { (0..n).map(|p| send(p).wrapping_add(off(p))).collect() };
     // Rows of `width` bytes, `dpitch` and `spitch` apart (the axis forms).
@@ -153,15 +154,18 @@ pub(super) unsafe fn move_data(
         }
         CollKind::ReduceScatter => {
             // Row q: block q of every input into rank q's recv.
-            reduce_rows(&all_recv, 1, &sends_at(&|_| 0), c.count, c.count)?;
+            reduce_rows(&all_recv, 1, &sends_at(&|_| 0), &[c.count], c.count)?;
             x.algo = Algo::ExecReduce;
         }
         CollKind::ReduceScatterV => {
-            for q in 0..n {
-                let elems = counts[q].recvcounts()[q];
-                if elems > 0 {
-                    reduce(&[recv(q)], &sends_at(&|p| counts[p].sdispls()[q] * es), elems)?;
-                }
+            // Row q: rank q's block of every input, each at its rank's displacement, into
+            // rank q's recv, every row in one launch; rows of no elements are left out.
+            let rows: Vec<usize> = (0..n).filter(|&q| counts[q].recvcounts()[q] > 0).collect();
+            let outs: Vec<*mut u8> = rows.iter().map(|&q| recv(q)).collect();
+            let ins: Vec<*const u8> = rows.iter().flat_map(|&q| sends_at(&|p| counts[p].sdispls()[q] * es)).collect();
+            let elems: Vec<usize> = rows.iter().map(|&q| counts[q].recvcounts()[q]).collect();
+            if !rows.is_empty() {
+                reduce_rows(&outs, 1, &ins, &elems, 0)?;
             }
             x.algo = Algo::ExecReduce;
         }

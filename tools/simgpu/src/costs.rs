@@ -170,25 +170,37 @@ fn model(name: &str, args: &Args<'_>, grid: [u32; 3]) -> Option<(u64, u64)> {
             let scalar = if arg(args, 3, 0, 8) != 0 { es } else { 0 };
             Some((count * es + scalar, count * es))
         }
-        // (outs, ins, n, nout, count, step, [win,] failed) over grid[1] rows; a kernel
-        // whose name ends in `_n<K>` is unrolled for K inputs and reads exactly K.
+        // (outs, ins, counts, n, nout, ip, step, [win,] failed) over grid[1] rows: row y
+        // reads counts[y] elements of each of n inputs and writes them to nout outputs; a
+        // kernel whose name ends in `_n<K>` is unrolled for K inputs and reads exactly K.
         _ => {
+            use crate::cuda_kernels::{IN_TABLE, MAX_INPUTS, MAX_ROWS, RANKS};
             let rest = name.strip_prefix("fccl_reduce_")?;
+            let wire = rest.starts_with("wire_");
             let token = rest.strip_prefix("wire_").unwrap_or(rest).split('_').next()?;
             let es = elem_size(token)?;
-            let (n, nout, count) = (arg(args, 2, 0, 4), arg(args, 3, 0, 4), arg(args, 4, 0, 8));
+            // Exactly the parameters of the layout the model knows.
+            if args.offsets.len() != 8 + usize::from(wire) {
+                return None;
+            }
+            let (n, nout, ip) = (arg(args, 3, 0, 4), arg(args, 4, 0, 4), arg(args, 5, 0, 4));
             let rows = grid[1] as u64;
-            let max = crate::cuda_kernels::MAX_INPUTS as u64;
-            if n == 0 || n > max || nout == 0 || rows * nout > max {
+            if n == 0 || n > MAX_INPUTS as u64 || nout == 0 || rows * nout > MAX_INPUTS as u64 || rows > MAX_ROWS as u64
+            {
+                return None;
+            }
+            // Rows read the same inputs (ip 0) or n of their own, all in the table.
+            if ip != 0 && (ip != n || rows * n > IN_TABLE as u64) {
                 return None;
             }
             if let Some(k) = rest.rsplit('_').next().and_then(|t| t.strip_prefix('n')) {
                 let k: u64 = k.parse().ok()?;
-                if !crate::cuda_kernels::RANKS.contains(&(k as usize)) || n != k {
+                if !RANKS.contains(&(k as usize)) || n != k {
                     return None;
                 }
             }
-            Some((rows * n * count * es, rows * nout * count * es))
+            let elems: u64 = (0..rows as usize).map(|y| arg(args, 2, 8 * y, 8)).sum();
+            Some((n * elems * es, nout * elems * es))
         }
     }
 }
@@ -226,29 +238,57 @@ mod tests {
         model(name, &Args { bytes: &bytes, offsets: &offsets }, grid)
     }
 
+    /// The model of reduction kernel `name` launched over `rows` rows with per-row
+    /// `counts`, `n` inputs per row (`ip`: 0 shared, n own), `nout` outputs per row.
+    fn red(name: &str, counts: &[u64], n: u64, nout: u64, ip: u64, win: Option<u64>, rows: u32) -> Option<(u64, u64)> {
+        use crate::cuda_kernels::{IN_TABLE, MAX_INPUTS, MAX_ROWS};
+        let mut bytes = vec![0u8; 8 * (MAX_INPUTS + IN_TABLE)];
+        let mut offsets = vec![0, 8 * MAX_INPUTS, bytes.len()];
+        for y in 0..MAX_ROWS {
+            bytes.extend_from_slice(&counts.get(y).copied().unwrap_or(0).to_le_bytes());
+        }
+        for v in [n, nout, ip] {
+            offsets.push(bytes.len());
+            bytes.extend_from_slice(&(v as u32).to_le_bytes());
+        }
+        bytes.resize(bytes.len().div_ceil(8) * 8, 0);
+        for v in [Some(0u64), win, Some(0)].into_iter().flatten() {
+            offsets.push(bytes.len());
+            bytes.extend_from_slice(&v.to_le_bytes());
+        }
+        model(name, &Args { bytes: &bytes, offsets: &offsets }, [1, rows, 1])
+    }
+
     #[test]
     fn the_library_kernels_are_modelled_from_their_arguments() {
         // fccl_copy of 100 units of 16 bytes.
         assert_eq!(run("fccl_copy", &[(8, 1), (8, 2), (8, 100), (4, 16), (8, 0)], [1, 1, 1]), Some((1600, 1600)));
-        // A reduce_scatter of 3 rows, 4 inputs of 10 bfloat16 per row, 1 output each.
-        let red = [(8, 0), (8, 0), (4, 4), (4, 1), (8, 10), (8, 10), (8, 0)];
-        assert_eq!(run("fccl_reduce_bf16_sum", &red, [1, 3, 1]), Some((3 * 4 * 20, 3 * 20)));
+        // A reduce_scatter of 3 rows, 4 shared inputs of 10 bfloat16 per row, 1 output each.
+        let rs = |name: &str, n, rows| red(name, &[10, 10, 10], n, 1, 0, None, rows);
+        assert_eq!(rs("fccl_reduce_bf16_sum", 4, 3), Some((3 * 4 * 20, 3 * 20)));
+        // A reduce_scatter_v: rows of their own 4 inputs and counts 10, 0 and 7.
+        let v = red("fccl_reduce_bf16_sum_n4", &[10, 0, 7], 4, 1, 4, None, 3);
+        assert_eq!(v, Some((4 * 17 * 2, 17 * 2)));
         // An all_reduce over a wire: 1 row, 2 inputs, 2 outputs, 5 float64.
-        let wire = [(8, 0), (8, 0), (4, 2), (4, 2), (8, 5), (8, 0), (8, 64), (8, 0)];
-        assert_eq!(run("fccl_reduce_wire_f64_bf16_max", &wire, [4, 1, 1]), Some((80, 80)));
-        assert_eq!(run("my_kernel", &red, [1, 1, 1]), None);
+        assert_eq!(red("fccl_reduce_wire_f64_bf16_max", &[5], 2, 2, 0, Some(64), 1), Some((80, 80)));
+        assert_eq!(rs("my_kernel", 4, 1), None);
         // The kernel unrolled for 4 inputs, launched with 4; with any other count it
         // reads other bytes than it says, and is not modelled (the cost test fails).
-        assert_eq!(run("fccl_reduce_bf16_sum_n4", &red, [1, 3, 1]), Some((3 * 4 * 20, 3 * 20)));
-        let three = [(8, 0), (8, 0), (4, 3), (4, 1), (8, 10), (8, 10), (8, 0)];
-        assert_eq!(run("fccl_reduce_bf16_sum_n4", &three, [1, 3, 1]), None);
-        assert_eq!(run("fccl_reduce_bf16_sum_n3", &three, [1, 3, 1]), None);
-        let wire4 = [(8, 0), (8, 0), (4, 4), (4, 4), (8, 5), (8, 0), (8, 64), (8, 0)];
-        assert_eq!(run("fccl_reduce_wire_f64_bf16_max_n4", &wire4, [4, 1, 1]), Some((160, 160)));
-        assert_eq!(run("fccl_reduce_wire_f64_bf16_max_n8", &wire4, [4, 1, 1]), None);
-        // Rows of outputs beyond the table, no inputs: not a launch the library makes.
-        assert_eq!(run("fccl_reduce_bf16_sum", &red, [1, 65, 1]), None);
-        let none = [(8, 0), (8, 0), (4, 0), (4, 1), (8, 10), (8, 10), (8, 0)];
-        assert_eq!(run("fccl_reduce_bf16_sum", &none, [1, 1, 1]), None);
+        assert_eq!(rs("fccl_reduce_bf16_sum_n4", 4, 3), Some((3 * 4 * 20, 3 * 20)));
+        assert_eq!(rs("fccl_reduce_bf16_sum_n4", 3, 3), None);
+        assert_eq!(rs("fccl_reduce_bf16_sum_n3", 3, 3), None);
+        assert_eq!(red("fccl_reduce_wire_f64_bf16_max_n4", &[5], 4, 4, 0, Some(64), 1), Some((160, 160)));
+        assert_eq!(red("fccl_reduce_wire_f64_bf16_max_n8", &[5], 4, 4, 0, Some(64), 1), None);
+        // A wire kernel's arguments without its window, a plain one's with one: another layout.
+        assert_eq!(red("fccl_reduce_wire_f64_bf16_max", &[5], 2, 2, 0, None, 1), None);
+        assert_eq!(red("fccl_reduce_bf16_sum", &[5], 2, 2, 0, Some(64), 1), None);
+        // Rows of outputs beyond the table, no inputs, per-row inputs that are not n or
+        // overflow the input table: not a launch the library makes.
+        assert_eq!(rs("fccl_reduce_bf16_sum", 4, 65), None);
+        assert_eq!(rs("fccl_reduce_bf16_sum", 0, 1), None);
+        assert_eq!(red("fccl_reduce_bf16_sum", &[10, 10], 4, 1, 3, None, 2), None);
+        // 19 rows of 19 inputs fill 361 of the table's 379; 20 rows of 19, 380.
+        assert_eq!(red("fccl_reduce_bf16_sum", &[1; 20], 19, 1, 19, None, 19), Some((19 * 19 * 2, 19 * 2)));
+        assert_eq!(red("fccl_reduce_bf16_sum", &[1; 20], 19, 1, 19, None, 20), None);
     }
 }

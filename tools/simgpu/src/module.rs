@@ -135,6 +135,10 @@ pub fn check_dims(grid: [u32; 3], block: [u32; 3], shared: u32) -> Result<()> {
     Ok(())
 }
 
+/// Most bytes of parameters a launch may pass, as the real driver allows on Hopper (CUDA
+/// 12.1 and later; 4096 before, and on older architectures).
+pub const MAX_PARAM_BYTES: usize = 32764;
+
 const LAUNCH_PARAM_END: usize = 0;
 const LAUNCH_PARAM_BUFFER_POINTER: usize = 1;
 const LAUNCH_PARAM_BUFFER_SIZE: usize = 2;
@@ -147,6 +151,14 @@ const LAUNCH_PARAM_BUFFER_SIZE: usize = 2;
 /// points at a value of the parameter's size; `extra` is an END-terminated list.
 pub unsafe fn copy_args(k: &Kernel, params: *mut *mut c_void, extra: *mut *mut c_void) -> Result<Args> {
     let (offsets, total) = k.layout();
+    if total > MAX_PARAM_BYTES {
+        bail!(
+            CUDA_ERROR_INVALID_VALUE,
+            "{}'s parameters take {total} bytes; a launch passes at most {MAX_PARAM_BYTES}: pass large tables \
+             through device memory",
+            k.0.name
+        );
+    }
     let mut bytes = vec![0u8; total];
     let fparams = k.params();
     match (params.is_null(), extra.is_null()) {

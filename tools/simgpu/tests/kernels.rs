@@ -222,6 +222,33 @@ fn compiled_kernels_run_every_thread_of_the_grid() {
     }
 }
 
+/// A launch passes at most 32764 bytes of parameters, as the real driver (CUDA 12.1 and
+/// later on Hopper): a kernel that takes more is refused, one that takes exactly that runs.
+#[test]
+fn launches_pass_at_most_the_real_drivers_parameter_bytes() {
+    let _c = Ctx::new(0);
+    let src = r#"
+struct Most { unsigned int v[8189]; };
+struct Over { unsigned int v[8190]; };
+extern "C" __global__ void most(unsigned int* out, struct Most t) { out[0] = t.v[8188]; }
+extern "C" __global__ void over(unsigned int* out, struct Over t) { out[0] = t.v[8189]; }
+"#;
+    let m = load(&compile(src, &[]).unwrap());
+    let out = alloc(4);
+    htod(out, &[0; 4]);
+    let mut p = out;
+    let mut t = vec![0u32; 8190];
+    t[8188] = 0xfeed;
+    // 8 + 8190 * 4 = 32768 bytes: refused, nothing runs.
+    let r = launch(function(m, "over"), [1, 1, 1], [1, 1, 1], std::ptr::null_mut(), &mut [arg(&mut p), arg(&mut t[0])]);
+    assert_eq!(r, CUresult::CUDA_ERROR_INVALID_VALUE, "a launch of 32768 bytes of parameters");
+    // 8 + 8189 * 4 = 32764 bytes: the most a launch passes.
+    ok(launch(function(m, "most"), [1, 1, 1], [1, 1, 1], std::ptr::null_mut(), &mut [arg(&mut p), arg(&mut t[0])]));
+    // SAFETY: no arguments.
+    ok(unsafe { cuCtxSynchronize() });
+    assert_eq!(dtoh(out, 4), 0xfeedu32.to_le_bytes(), "the last word of 32764 bytes of parameters");
+}
+
 #[test]
 fn nvrtc_compiles_the_source_and_reports_its_errors() {
     let (r, log) = compile("extern \"C\" __global__ void k(float* x) {\n  x[0] = y;\n}\n", &[]).unwrap_err();

@@ -8,7 +8,7 @@ mod common;
 use common::*;
 use cudarc::driver::sys::{CUfunction, CUmodule};
 use cudarc::nvrtc::sys::nvrtcResult as N;
-use ferroccl_kernels::cuda_kernels::{Reduction, MAX_INPUTS};
+use ferroccl_kernels::cuda_kernels::{Reduction, IN_TABLE, MAX_INPUTS, MAX_ROWS};
 use ferroccl_kernels::reduce::{convert, finish_inplace, reduce_all, reduce_inplace};
 use ferroccl_kernels::types::DataType;
 use ferroccl_testutil::Rng;
@@ -16,6 +16,15 @@ use std::ffi::{c_char, c_void, CString};
 
 /// Compiles `src` with the simulated NVRTC and loads it.
 fn module(src: &str) -> CUmodule {
+    let ptx = ptx(src);
+    let mut m = std::ptr::null_mut();
+    // SAFETY: NUL-terminated PTX of the simulated NVRTC.
+    ok(unsafe { cuModuleLoadData(&mut m, ptx.as_ptr().cast()) });
+    m
+}
+
+/// The PTX of `src` from the simulated NVRTC (NUL-terminated).
+fn ptx(src: &str) -> Vec<u8> {
     let csrc = CString::new(src).unwrap();
     let opt = CString::new("--gpu-architecture=compute_90").unwrap();
     let opts: [*const c_char; 1] = [opt.as_ptr()];
@@ -39,9 +48,7 @@ fn module(src: &str) -> CUmodule {
         let mut ptx = vec![0u8; n];
         assert_eq!(nvrtcGetPTX(prog, ptx.as_mut_ptr().cast()), N::NVRTC_SUCCESS);
         nvrtcDestroyProgram(&mut prog);
-        let mut m = std::ptr::null_mut();
-        ok(cuModuleLoadData(&mut m, ptx.as_ptr().cast()));
-        m
+        ptx
     }
 }
 
@@ -74,18 +81,46 @@ fn launch_rows(
     win: usize,
     max_grid: usize,
 ) {
+    let counts = vec![count; outs.len() / nout];
+    launch_table(f, wire, outs, nout, ins, ins.len(), &counts, step, win, max_grid);
+}
+
+/// Launches `f` as `cuda_reduce::launch` lays out its parameters: `counts.len()` block rows,
+/// row y reducing `counts[y]` elements `y * step` on of its `n` inputs (`ins` itself where it
+/// has `n`, else `ins[y * n..][..n]`) into `outs[y * nout..][..nout]`; the grid as wide as
+/// the largest row needs, at most `max_grid` blocks.
+#[allow(clippy::too_many_arguments)]
+fn launch_table(
+    f: CUfunction,
+    wire: bool,
+    outs: &[CUdeviceptr],
+    nout: usize,
+    ins: &[CUdeviceptr],
+    n: usize,
+    counts: &[usize],
+    step: usize,
+    win: usize,
+    max_grid: usize,
+) {
+    assert_eq!(outs.len(), nout * counts.len());
     let mut o = [0u64; MAX_INPUTS];
     o[..outs.len()].copy_from_slice(outs);
-    let mut arr = [0u64; MAX_INPUTS];
+    let mut arr = [0u64; IN_TABLE];
     arr[..ins.len()].copy_from_slice(ins);
-    let (mut n, mut no, mut c, mut st) = (ins.len() as i32, nout as i32, count as u64, step as u64);
+    let mut cs = [0u64; MAX_ROWS];
+    for (c, &v) in cs.iter_mut().zip(counts) {
+        *c = v as u64;
+    }
+    let ip = if ins.len() == n { 0 } else { n };
+    let (mut n, mut no, mut ip, mut st) = (n as i32, nout as i32, ip as i32, step as u64);
     let (mut w, mut failed) = (win as u64, 0u64);
     let mut params: Vec<*mut c_void> = vec![
         (&mut o as *mut [u64; MAX_INPUTS]).cast(),
-        (&mut arr as *mut [u64; MAX_INPUTS]).cast(),
+        (&mut arr as *mut [u64; IN_TABLE]).cast(),
+        (&mut cs as *mut [u64; MAX_ROWS]).cast(),
         (&mut n as *mut i32).cast(),
         (&mut no as *mut i32).cast(),
-        (&mut c as *mut u64).cast(),
+        (&mut ip as *mut i32).cast(),
         (&mut st as *mut u64).cast(),
     ];
     if wire {
@@ -94,25 +129,10 @@ fn launch_rows(
     // No failure word: the kernel always runs.
     params.push((&mut failed as *mut u64).cast());
     let block = 256;
-    let grid = count.div_ceil(block).clamp(1, max_grid) as u32;
-    let used = params.len();
+    let most = counts.iter().copied().max().unwrap_or(0);
+    let grid = most.div_ceil(block).clamp(1, max_grid) as u32;
     // SAFETY: the parameters match the kernel's layout.
-    unsafe {
-        ok(cuLaunchKernel(
-            f,
-            grid,
-            (outs.len() / nout) as u32,
-            1,
-            block as u32,
-            1,
-            1,
-            0,
-            std::ptr::null_mut(),
-            params[..used].as_mut_ptr(),
-            std::ptr::null_mut(),
-        ));
-        ok(cuCtxSynchronize());
-    }
+    unsafe { run_kernel(f, [grid, counts.len() as u32], block as u32, &mut params) };
 }
 
 /// Bit patterns worth testing for each type.
@@ -237,6 +257,31 @@ fn is_nan(dt: DataType, b: &[u8]) -> bool {
         DataType::Float8e4m3 => x & 0x7f == 0x7f,
         DataType::Float8e5m2 => x & 0x7f > 0x7c,
         _ => false,
+    }
+}
+
+/// Launches `f` over `grid` (x, y) blocks of `block` threads with `params` (one pointer
+/// per parameter) on the default stream and waits for it.
+///
+/// # Safety
+/// `params` match `f`'s parameters, and the buffers they name are the test's allocations.
+unsafe fn run_kernel(f: CUfunction, grid: [u32; 2], block: u32, params: &mut [*mut c_void]) {
+    // SAFETY: per the caller.
+    unsafe {
+        ok(cuLaunchKernel(
+            f,
+            grid[0],
+            grid[1],
+            1,
+            block,
+            1,
+            1,
+            0,
+            std::ptr::null_mut(),
+            params.as_mut_ptr(),
+            std::ptr::null_mut(),
+        ));
+        ok(cuCtxSynchronize());
     }
 }
 
@@ -444,22 +489,7 @@ fn copy_kernel(f: CUfunction, dst: CUdeviceptr, src: CUdeviceptr, bytes: usize, 
     ];
     let grid = (bytes / w).div_ceil(256).clamp(1, 3) as u32;
     // SAFETY: the parameters match fccl_copy's.
-    unsafe {
-        ok(cuLaunchKernel(
-            f,
-            grid,
-            1,
-            1,
-            256,
-            1,
-            1,
-            0,
-            std::ptr::null_mut(),
-            params.as_mut_ptr(),
-            std::ptr::null_mut(),
-        ));
-        ok(cuCtxSynchronize());
-    }
+    unsafe { run_kernel(f, [grid, 1], 256, &mut params) };
 }
 
 /// The copy kernels move exactly the bytes asked, at every alignment and unit (16-byte
@@ -507,22 +537,7 @@ fn copy_kernels_move_exactly_their_bytes_and_nothing_after_a_failure() {
         (&mut fl as *mut u64).cast(),
     ];
     // SAFETY: the parameters match fccl_copy2d's (pitches and width in 4-byte units).
-    unsafe {
-        ok(cuLaunchKernel(
-            copy2d,
-            1,
-            1,
-            1,
-            8,
-            1,
-            1,
-            0,
-            std::ptr::null_mut(),
-            params.as_mut_ptr(),
-            std::ptr::null_mut(),
-        ));
-        ok(cuCtxSynchronize());
-    }
+    unsafe { run_kernel(copy2d, [1, 1], 8, &mut params) };
     let got = dtoh(d, 128);
     for row in 0..5 {
         assert_eq!(&got[row * 16..row * 16 + 12], &src[row * 20..row * 20 + 12], "row {row}");
@@ -562,6 +577,129 @@ fn a_reduce_scatter_in_rows_gives_each_output_its_block() {
     }
 }
 
+/// A reduce_scatter_v in one launch: row q has its own n inputs (rank p's block q, at p's
+/// displacement for it) and its own count (uneven, some rows of none), in every kernel
+/// variant of every plain reduction; each row gives the host reduction's bits, the same
+/// bits as that row launched alone over shared inputs (one launch per rank, as before),
+/// and writes nothing outside its output. The displacements put some rows' buffers at one
+/// offset in 16 bytes (the vector path) and the ranks' blocks of others apart (the scalar
+/// path).
+#[test]
+fn rows_of_their_own_inputs_and_counts_reduce_as_separate_launches_do() {
+    let _c = Ctx::new(0);
+    let all: Vec<Reduction> = Reduction::all().into_iter().filter(|r| r.wire.is_none()).collect();
+    let m = module(&Reduction::program(&all));
+    let mut rng = Rng::new(0x00e5_cafe_f00d_0007);
+    // Rows reduced on the vector path (every buffer at one offset) and apart.
+    let mut paths = [0usize; 2];
+    let count = |q: usize| [37, 0, 77, 5, 130, 1, 64, 0][q % 8];
+    // Rank p's displacement of block q, in elements: the blocks packed 2 elements apart,
+    // then moved by a few elements, by as many on every rank except in rows 2 and 5.
+    let displ = |p: usize, q: usize| (0..q).map(count).sum::<usize>() + 2 * q + [0, 0, p, 1, 1, 3 * p, 2, 0][q % 8];
+    for r in &all {
+        let (dt, op, es) = (r.dtype, r.op, r.dtype.size());
+        for (n, ranks) in [(2, 2), (4, 4), (8, 8), (3, 0), (8, 0)] {
+            let f = function_for(m, r, ranks);
+            let len = displ(n - 1, n) + count(n) + 8;
+            let sends: Vec<Vec<u8>> = (0..n).map(|_| input(dt, len, &mut rng)).collect();
+            let devs: Vec<CUdeviceptr> = sends.iter().map(|v| upload(v)).collect();
+            let row_ins =
+                |q: usize| -> Vec<CUdeviceptr> { (0..n).map(|p| devs[p] + (displ(p, q) * es) as u64).collect() };
+            let ins: Vec<CUdeviceptr> = (0..n).flat_map(row_ins).collect();
+            let counts: Vec<usize> = (0..n).map(count).collect();
+            // Rank q's output 16 bytes into its buffer plus its first input's offset in 16
+            // bytes; guard bytes either side.
+            let lead = |q: usize| 16 + (row_ins(q)[0] % 16) as usize;
+            let bufs: Vec<CUdeviceptr> = counts.iter().map(|c| upload(&vec![0xa5u8; c * es + 32])).collect();
+            let outs: Vec<CUdeviceptr> = (0..n).map(|q| bufs[q] + lead(q) as u64).collect();
+            launch_table(f, false, &outs, 1, &ins, n, &counts, 0, 0, 3);
+            for q in 0..n {
+                let c = counts[q];
+                let what = || format!("{} n={n} row {q} of {c} elements", r.entry_for(ranks));
+                let b = dtoh(bufs[q], c * es + 32);
+                let got = &b[lead(q)..lead(q) + c * es];
+                assert!(
+                    b[..lead(q)].iter().chain(&b[lead(q) + c * es..]).all(|&x| x == 0xa5),
+                    "{} wrote outside its output",
+                    what()
+                );
+                if c == 0 {
+                    continue;
+                }
+                let apart = row_ins(q).iter().any(|&a| a % 16 != row_ins(q)[0] % 16);
+                paths[usize::from(apart)] += 1;
+                // The row alone, over shared inputs, as a launch of its own.
+                let alone = alloc(c * es);
+                launch_table(f, false, &[alone], 1, &row_ins(q), n, &[c], 0, 0, 3);
+                assert_eq!(got, &dtoh(alone, c * es)[..], "{}: not the bits of its own launch", what());
+                // SAFETY: an allocation of the test.
+                ok(unsafe { cuMemFree_v2(alone) });
+                for e in 0..c {
+                    let one: Vec<Vec<u8>> =
+                        (0..n).map(|p| sends[p][(displ(p, q) + e) * es..(displ(p, q) + e + 1) * es].to_vec()).collect();
+                    let (mut want, mut acc) = (vec![0u8; es], vec![0u8; dt.acc_size()]);
+                    reduce_all(dt, op, n, |i| &one[i], &mut want, &mut acc);
+                    let g = &got[e * es..(e + 1) * es];
+                    if is_nan(dt, &want) || is_nan(dt, g) {
+                        assert!(is_nan(dt, &want) && is_nan(dt, g), "{} element {e}", what());
+                    } else {
+                        assert_eq!(g, &want[..], "{} element {e}: inputs {one:02x?}", what());
+                    }
+                }
+            }
+            for d in devs.into_iter().chain(bufs) {
+                // SAFETY: allocations of the test.
+                ok(unsafe { cuMemFree_v2(d) });
+            }
+        }
+    }
+    assert!(paths[0] > 0 && paths[1] > 0, "rows on the vector and the scalar path: {paths:?}");
+}
+
+/// The bytes of entry `name`'s parameters in `ptx` (the simulated NVRTC's: one `.param`
+/// line each, `.u32`, `.u64` or `.align A .b8 NAME[SIZE]`), each at its alignment.
+fn param_bytes(ptx: &str, name: &str) -> usize {
+    let head = format!(".entry {name}(");
+    let at = ptx.find(&head).unwrap_or_else(|| panic!("no entry {name}"));
+    let mut end = 0usize;
+    for l in ptx[at + head.len()..].lines().map(str::trim).take_while(|l| !l.starts_with(')')) {
+        let Some(p) = l.strip_prefix(".param ") else { continue };
+        let (align, size) = if p.starts_with(".u32") {
+            (4, 4)
+        } else if p.starts_with(".u64") {
+            (8, 8)
+        } else {
+            let a: usize = p.strip_prefix(".align ").and_then(|r| r.split(' ').next()).unwrap().parse().unwrap();
+            let sz: usize = p.split('[').nth(1).and_then(|r| r.split(']').next()).unwrap().parse().unwrap();
+            (a, sz)
+        };
+        end = end.div_ceil(align) * align + size;
+    }
+    end
+}
+
+/// Every reduction kernel's parameters, as the compiler lays them out, take what the
+/// library says (`reduce_param_bytes`): within CUDA's classic 4096 bytes.
+#[test]
+fn every_reduction_kernels_parameters_fit_the_classic_limit() {
+    use ferroccl_kernels::cuda_kernels::{reduce_param_bytes, PARAM_LIMIT, RANKS};
+    let mut checked = 0;
+    // The programs the other tests compile (the simulated NVRTC's cache has them).
+    for wire in [false, true] {
+        let all: Vec<Reduction> = Reduction::all().into_iter().filter(|r| r.wire.is_some() == wire).collect();
+        let text = String::from_utf8(ptx(&Reduction::program(&all))).unwrap();
+        for r in &all {
+            for k in [0].into_iter().chain(RANKS) {
+                let want = reduce_param_bytes(wire);
+                assert!(want <= PARAM_LIMIT);
+                assert_eq!(param_bytes(&text, &r.entry_for(k)), want, "{}", r.entry_for(k));
+                checked += 1;
+            }
+        }
+    }
+    assert_eq!(checked, Reduction::all().len() * 4);
+}
+
 /// Launches fccl_copy_batch over `groups` of (source, length, destinations), as
 /// `cuda_reduce::Copiers::copy_batch` lays out its table.
 fn copy_batch(f: CUfunction, groups: &[(CUdeviceptr, usize, Vec<CUdeviceptr>)], failed: u64) {
@@ -589,22 +727,7 @@ fn copy_batch(f: CUfunction, groups: &[(CUdeviceptr, usize, Vec<CUdeviceptr>)], 
     let mut params: [*mut c_void; 3] =
         [(&mut t as *mut Table).cast(), (&mut ng as *mut u32).cast(), (&mut fl as *mut u64).cast()];
     // SAFETY: the parameters match fccl_copy_batch's.
-    unsafe {
-        ok(cuLaunchKernel(
-            f,
-            3,
-            groups.len() as u32,
-            1,
-            64,
-            1,
-            1,
-            0,
-            std::ptr::null_mut(),
-            params.as_mut_ptr(),
-            std::ptr::null_mut(),
-        ));
-        ok(cuCtxSynchronize());
-    }
+    unsafe { run_kernel(f, [3, groups.len() as u32], 64, &mut params) };
 }
 
 #[test]
@@ -776,22 +899,7 @@ fn scale(f: CUfunction, out: CUdeviceptr, input: CUdeviceptr, count: usize, sp: 
     let grid = count.div_ceil(256).clamp(1, 3) as u32;
     // SAFETY: the parameters match the kernel's (pointer, pointer, unsigned long long,
     // pointer, unsigned long long, pointer); the buffers are allocations of the test.
-    unsafe {
-        ok(cuLaunchKernel(
-            f,
-            grid,
-            1,
-            1,
-            256,
-            1,
-            1,
-            0,
-            std::ptr::null_mut(),
-            params.as_mut_ptr(),
-            std::ptr::null_mut(),
-        ));
-        ok(cuCtxSynchronize());
-    }
+    unsafe { run_kernel(f, [grid, 1], 256, &mut params) };
 }
 
 #[test]
