@@ -18,8 +18,10 @@
 use crate::types::{DataType, RedOp};
 
 mod params;
+mod wire;
 use params::{head_params, tables};
 pub use params::{own_rows, reduce_param_bytes, IN_TABLE, MAX_INPUTS, MAX_ROWS, PARAM_LIMIT};
+use wire::wire_kernel;
 
 /// The input counts with kernels of their own, whose loops over the inputs are unrolled at
 /// compile time; every other count takes the kernel that loops over a run-time count.
@@ -688,48 +690,6 @@ fn reduce_kernel(dt: DataType, op: RedOp, name: &str, ranks: usize) -> Option<St
         tables = tables(name),
         params = head_params(name),
         pro = prologue(ranks),
-    ))
-}
-
-/// all_reduce over a wire type, as the host runs it: in each window of `win`
-/// elements, element `l` belongs to the owner whose balanced part of the window holds
-/// it; the owner's own value (unrounded) comes first, then every other rank's value
-/// rounded to the wire type, in rank order after the owner's; `Avg` divides by `n`;
-/// the result is rounded to the wire type and widened back. `ranks` as for
-/// [`reduce_kernel`]. Elements move one at a time (each reads its own owner's input first).
-fn wire_kernel(dt: DataType, wire: DataType, op: RedOp, name: &str, ranks: usize) -> Option<String> {
-    let (t, acc) = if dt == DataType::Float64 { ("double", "f64") } else { ("float", "f32") };
-    let round = match (dt, wire) {
-        (DataType::Float64, DataType::Float32) => "fccl_f32_to_f64(fccl_f64_to_f32(x))".to_string(),
-        (DataType::Float64, w) => {
-            let (_, _, widen, narrow) = float_parts(w).expect("a narrow float wire");
-            format!("fccl_f32_to_f64({widen}({narrow}(fccl_f64_to_f32_odd(x))))")
-        }
-        (_, w) => {
-            let (_, _, widen, narrow) = float_parts(w).expect("a narrow float wire");
-            format!("{widen}({narrow}(x))")
-        }
-    };
-    let finish = if op == RedOp::Avg { format!("    acc = fccl_div_{acc}(acc, (T)nn);\n") } else { String::new() };
-    let combine = combine_fn(op, acc)?;
-    Some(format!(
-        "#define T {t}\n{}\
-         __device__ __forceinline__ T {name}_round(T x) {{ return {round}; }}\n\
-         extern \"C\" __global__ void {name}({},\n    \
-         unsigned long long win, const volatile unsigned int* failed) {{\n{}  \
-         for (unsigned long long i = first; i < count; i += stride) {{\n    \
-         unsigned long long w0 = i - i % win, wc = count - w0 < win ? count - w0 : win, l = i - w0;\n    \
-         unsigned long long part = wc / (unsigned long long)nn, rem = wc % (unsigned long long)nn, big = rem * (part + 1);\n    \
-         int o = (int)(l < big ? l / (part + 1) : rem + (l - big) / part);\n    \
-         T acc = ins.p[i0 + o][base + i];\n    {}\
-         for (int j = 1; j < nn; j++) {{\n      int p = o + j < nn ? o + j : o + j - nn;\n      \
-         acc = {}(acc, {name}_round(ins.p[i0 + p][base + i]));\n    }}\n{finish}    \
-         T v = {name}_round(acc);\n    for (int k = 0; k < nout; k++) outs.p[o0 + k][i] = v;\n  }}\n}}\n#undef T\n",
-        tables(name),
-        head_params(name),
-        prologue(ranks),
-        unroll(ranks).replace("\n  ", "\n    "),
-        combine
     ))
 }
 
