@@ -566,7 +566,10 @@ fn unroll(ranks: usize) -> &'static str {
 /// them where the offsets differ) move one at a time. Either way each element is
 /// `f(c(...c(w(in0), in1)..., in[nn-1]), nn)`, read from every input before any output
 /// gets it (so an output may be an input), and one input is a copy.
-const REDUCE_BODY: &str = r#"  const unsigned long long a0 = (unsigned long long)(ins.p[i0] + base);
+/// A row's split, at the start of every reduction body: `head` elements before the first
+/// 16-byte boundary (all `count` where the row's inputs and outputs lie at different
+/// offsets in 16 bytes), `vecs` whole vectors of `V` elements, the rest from `tail`.
+pub(super) const ROW_SPLIT: &str = r#"  const unsigned long long a0 = (unsigned long long)(ins.p[i0] + base);
   unsigned long long diff = a0 % sizeof(T);
   UNROLLfor (int k = 1; k < nn; k++) diff |= ((unsigned long long)(ins.p[i0 + k] + base) ^ a0) & 15u;
   for (int k = 0; k < nout; k++) diff |= ((unsigned long long)outs.p[o0 + k] ^ a0) & 15u;
@@ -574,7 +577,9 @@ const REDUCE_BODY: &str = r#"  const unsigned long long a0 = (unsigned long long
   unsigned long long head = diff ? count : (16u - (a0 & 15u)) % 16u / sizeof(T);
   if (head > count) head = count;
   const unsigned long long vecs = (count - head) / V, tail = head + vecs * V;
-  for (unsigned long long j = first; j < vecs; j += stride) {
+"#;
+
+const REDUCE_BODY: &str = r#"SPLIT  for (unsigned long long j = first; j < vecs; j += stride) {
     union NAME_v x, r;
     x.u = ((const fccl_u4*)(ins.p[i0] + base + head))[j];
     if (nn == 1) {
@@ -678,7 +683,7 @@ fn reduce_kernel(dt: DataType, op: RedOp, name: &str, ranks: usize) -> Option<St
             (t, a, w, combine, finish)
         }
     };
-    let body = REDUCE_BODY.replace("NAME", name).replace("UNROLL", unroll(ranks));
+    let body = REDUCE_BODY.replace("SPLIT", ROW_SPLIT).replace("NAME", name).replace("UNROLL", unroll(ranks));
     Some(format!(
         "#define T {t}\n#define A {a}\n{tables}\
          __device__ __forceinline__ A {name}_w(T x) {{ return {widen}; }}\n\

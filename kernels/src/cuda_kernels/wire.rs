@@ -2,7 +2,7 @@
 //! owner order per window, on the same head / 16-byte vector / tail split as the plain
 //! reductions.
 
-use super::{combine_fn, float_parts, head_params, prologue, tables, unroll};
+use super::{combine_fn, float_parts, head_params, prologue, tables, unroll, ROW_SPLIT};
 use crate::types::{DataType, RedOp};
 
 /// all_reduce over a wire type, as the host runs it: in each window of `win`
@@ -26,6 +26,7 @@ pub(super) fn wire_kernel(dt: DataType, wire: DataType, op: RedOp, name: &str, r
     };
     let avg = if op == RedOp::Avg { format!("fccl_div_{acc}") } else { String::new() };
     let body = WIRE_BODY
+        .replace("SPLIT", ROW_SPLIT)
         .replace("COMBINE", &combine_fn(op, acc)?)
         .replace("FINISH(", &format!("{avg}("))
         .replace("NAME", name)
@@ -49,7 +50,7 @@ pub(super) fn wire_kernel(dt: DataType, wire: DataType, op: RedOp, name: &str, r
 /// the accumulator). Element `i` of window `w0 = i - i % win` is owned by rank `o` (the
 /// host's split of the window into nn near-equal parts): it starts from input `o`'s
 /// value and adds every other input's, rounded through the wire, in rank order after
-/// `o` (`NAME_ELEM`). Where every input and output lies at the same offset in 16 bytes,
+/// `o` (`NAME_ELEM`). After [`ROW_SPLIT`], where every input and output lies at the same offset in 16 bytes,
 /// a 16-byte vector whose elements share one window and owner moves in 16-byte loads and
 /// stores, its elements combined one by one in that order; other vectors, and the
 /// elements before the first boundary and after the last whole vector (all of them where
@@ -69,15 +70,7 @@ const WIRE_BODY: &str = r#"#define NAME_OWNER(i, o) do { \
     } \
     v = NAME_round(FINISH(acc_, (T)nn)); \
   } while (0)
-  const unsigned long long a0 = (unsigned long long)(ins.p[i0] + base);
-  unsigned long long diff = a0 % sizeof(T);
-  UNROLLfor (int k = 1; k < nn; k++) diff |= ((unsigned long long)(ins.p[i0 + k] + base) ^ a0) & 15u;
-  for (int k = 0; k < nout; k++) diff |= ((unsigned long long)outs.p[o0 + k] ^ a0) & 15u;
-  const int V = (int)(16 / sizeof(T));
-  unsigned long long head = diff ? count : (16u - (a0 & 15u)) % 16u / sizeof(T);
-  if (head > count) head = count;
-  const unsigned long long vecs = (count - head) / V, tail = head + vecs * V;
-  for (unsigned long long j = first; j < vecs; j += stride) {
+SPLIT  for (unsigned long long j = first; j < vecs; j += stride) {
     const unsigned long long i = head + j * V;
     int o, oz;
     NAME_OWNER(i, o);

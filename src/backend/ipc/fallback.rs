@@ -46,42 +46,36 @@ pub(crate) mod fix {
 }
 
 impl Ipc {
-    /// Says that `what` leaves the GPU-to-GPU path for host staging: a WARN the first
-    /// time this communicator meets `f.fix`, INFO after that.
+    /// Says that `what` leaves the GPU-to-GPU path for host staging.
     pub(super) fn fell_back(&self, what: &str, f: &Fallback) {
-        let first = self.first_time(f.fix);
-        let line = format_args!(
-            "rank {}: {what} goes through host staging, not GPU to GPU: {}. To fix: {}{}",
-            self.rank,
-            f.why,
-            f.fix,
-            if first { " (said once per communicator; FERROCCL_DEBUG=INFO names the path of every call)" } else { "" }
-        );
-        if first {
-            log::warn(line);
-        } else {
-            log::info(line);
-        }
-    }
-
-    /// Whether this communicator meets remedy `fix` for the first time (then its WARN is said).
-    fn first_time(&self, fix: &'static str) -> bool {
-        let mut w = self.warned.lock().unwrap_or_else(|p| p.into_inner());
-        !w.contains(&fix) && {
-            w.push(fix);
-            true
-        }
+        self.say(f, format_args!("{what} goes through host staging, not GPU to GPU: {}", f.why));
     }
 
     /// Says that this rank's buffers of `what` go through lent device memory because
-    /// they cannot be shared (`f`): a WARN the first time this communicator meets
-    /// `f.fix`, INFO after that.
+    /// they cannot be shared (`f`).
     pub(super) fn detoured(&self, what: &str, f: &Fallback) {
-        let first = self.first_time(f.fix);
+        self.say(
+            f,
+            format_args!(
+                "{what} stays GPU to GPU, but {}: this rank's stream copies it into device memory the communicator lends and the results back (one more device copy per call)",
+                f.why
+            ),
+        );
+    }
+
+    /// `what` happened for reason `f`, and its fix: a WARN the first time this
+    /// communicator meets `f.fix`, INFO after that.
+    fn say(&self, f: &Fallback, what: std::fmt::Arguments<'_>) {
+        let first = {
+            let mut w = self.warned.lock().unwrap_or_else(|p| p.into_inner());
+            !w.contains(&f.fix) && {
+                w.push(f.fix);
+                true
+            }
+        };
         let line = format_args!(
-            "rank {}: {what} stays GPU to GPU, but {}: this rank's stream copies it into device memory the communicator lends and the results back (one more device copy per call). To fix: {}{}",
+            "rank {}: {what}. To fix: {}{}",
             self.rank,
-            f.why,
             f.fix,
             if first { " (said once per communicator; FERROCCL_DEBUG=INFO names the path of every call)" } else { "" }
         );
