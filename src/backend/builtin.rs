@@ -125,7 +125,6 @@ fn refused(c: &Coll) -> Coll {
     let p = byte.as_ptr();
     let mut r = Coll::new(c.kind, p, p, 1, crate::types::DataType::Uint8);
     r.peer = c.peer;
-    r.root = c.root;
     r.refused = true;
     r.keep = Some(byte);
     r

@@ -71,8 +71,6 @@ impl Ipc {
             // Synced: inputs complete before the executor reads them.
             cuda::sync(c.stream)?;
         }
-        // A bounce of an earlier call that did not run goes back to its arenas.
-        inner.detour = None;
         let prepared = match &reason {
             Some(f) => Err(f.clone()),
             None => self.prepare(call, ctx, device, inner, stream),
