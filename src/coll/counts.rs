@@ -97,6 +97,19 @@ pub fn verdict(c: &Coll, me: usize, counts: &[VCounts]) -> Option<Error> {
     if counts.is_empty() {
         return None;
     }
+    let findings = findings(c, counts);
+    let reporters: Vec<usize> = (0..counts.len()).filter(|&r| findings[r].is_some()).collect();
+    counts_error(findings[me].clone(), &reporters)
+}
+
+/// The first rank's finding about counts that do not pair up (what its error would
+/// say), from every rank's counts; None when they agree.
+pub fn first_finding(c: &Coll, counts: &[VCounts]) -> Option<String> {
+    findings(c, counts).into_iter().flatten().next()
+}
+
+/// Each rank's finding about its own counts against its peers'.
+fn findings(c: &Coll, counts: &[VCounts]) -> Vec<Option<String>> {
     let n = counts.len();
     let as_rank = |r: usize| Coll { v: Some(counts[r].clone()), ..c.clone() };
     let colls: Vec<Coll> = (0..n).map(as_rank).collect();
@@ -107,9 +120,7 @@ pub fn verdict(c: &Coll, me: usize, counts: &[VCounts]) -> Option<Error> {
             .find_map(|p| describe_pair(mine, r, p, pair_values(mine, p), pair_values(&colls[p], r)))
             .or_else(|| describe_self(mine, r, pair_values(mine, r)))
     };
-    let findings: Vec<Option<String>> = (0..n).map(finding).collect();
-    let reporters: Vec<usize> = (0..n).filter(|&r| findings[r].is_some()).collect();
-    counts_error(findings[me].clone(), &reporters)
+    (0..n).map(finding).collect()
 }
 
 /// What a point-to-point step is, for error messages (formatted only on error).

@@ -167,7 +167,11 @@ pub const FCCL_BACKEND_NCCL: c_int = 2;
 
 /// checkMode in fcclConfig_t: ranks on different hosts skip the round that compares
 /// calls before data moves (a mismatch is then found from the call's first message,
-/// and breaks the communicator). Ranks of one host, and of one GPU, always compare.
+/// and breaks the communicator). Ranks of one host always compare. Ranks in separate
+/// processes sharing one GPU stop agreeing on device calls on the host once every rank
+/// has checkMode off: each posts its call and goes on, and a mismatch (or one rank's
+/// graph capture) that rank 0 finds afterwards fails the communicator on every rank
+/// (fcclCommGetAsyncError names it).
 pub const FCCL_CHECK_OFF: c_int = 0;
 /// checkMode: fingerprint each call and compare across ranks to detect mismatches before
 /// any data moves (the default).

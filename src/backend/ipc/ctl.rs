@@ -5,7 +5,10 @@
 //! can read them (to know what the GPU has done) and write them (to release waits
 //! that would never end) without asking the GPU. The rest is for the hosts only: each
 //! rank's log of freed allocations that peers may have mapped, and per ordered pair
-//! of ranks the mailbox of send/recv descriptors and a bounce buffer.
+//! of ranks the mailbox of send/recv descriptors and a bounce buffer; then why the
+//! communicator failed (the first rank to give up writes it), and per rank a ring of
+//! posted collective descriptors (`post`: the per-call exchange's replacement when
+//! calls are not agreed on the host, see `posts`).
 //!
 //! Words, each on its own 64-byte line: `done` (the last collective the executor
 //! finished), `failed` (non-zero once a rank gave up on the communicator; every rank
@@ -37,6 +40,14 @@ pub const FREED_RING: u64 = 64;
 const FREED_BYTES: usize = LINE + 8 * FREED_RING as usize;
 /// A pair's counters (4 lines), its slots, its bounce ring.
 const PAIR_BYTES: usize = 4 * LINE + SLOTS as usize * SLOT_BYTES + BOUNCE;
+/// Collective descriptors a rank may post ahead of the executor's reading them.
+pub const POSTS: u64 = 16;
+/// Bytes of the failure's text.
+const REASON_BYTES: usize = 2048;
+/// Bytes a posted descriptor may take among `n` ranks (its slot less the stamp line).
+pub const fn post_capacity(n: usize) -> usize {
+    512 + 32 * n
+}
 
 /// A word of the registered part, by its offset.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -86,8 +97,18 @@ impl Ctl {
 
     fn layout(n: usize) -> (usize, usize) {
         let words = round_up(Self::probes(n) + LINE * n, PAGE);
-        let len = words + round_up(n * FREED_BYTES, PAGE) + n * n * PAIR_BYTES;
+        let len = Self::reason_off(words, n) + LINE + REASON_BYTES + LINE + n * POSTS as usize * Self::post_bytes(n);
         (words, len)
+    }
+
+    /// Where the failure's header line starts, after the pairs.
+    fn reason_off(words: usize, n: usize) -> usize {
+        round_up(words + round_up(n * FREED_BYTES, PAGE) + n * n * PAIR_BYTES, PAGE)
+    }
+
+    /// Bytes of one posted descriptor's slot: a stamp line, then the descriptor.
+    const fn post_bytes(n: usize) -> usize {
+        LINE + post_capacity(n)
     }
 
     /// Creates the region (zeroed) for `n` ranks and maps it. No CUDA call: the words
@@ -272,6 +293,81 @@ impl Ctl {
             return (None, count);
         }
         (Some(v), count)
+    }
+
+    /// Marks the communicator failed for every rank, saying why (`rank`'s error `code`
+    /// and `msg`): the first rank to give up writes its reason, later ones only fail.
+    pub fn fail_with(&self, rank: usize, code: i32, msg: &str) {
+        let at = Self::reason_off(self.words, self.n);
+        let claim = self.u64_at(at);
+        if claim.compare_exchange(0, rank as u64 + 1, Ordering::AcqRel, Ordering::Acquire).is_ok() {
+            let text = &msg.as_bytes()[..msg.len().min(REASON_BYTES)];
+            // SAFETY: the text's bytes are inside the mapping and written only by the rank
+            // that claimed them (above); readers wait for the stamp below.
+            unsafe { std::ptr::copy_nonoverlapping(text.as_ptr(), self.host.add(at + LINE), text.len()) };
+            self.u64_at(at + 8).store((code as u32 as u64) << 32 | text.len() as u64, Ordering::Relaxed);
+            self.u64_at(at + 16).store(1, Ordering::Release);
+        }
+        self.fail();
+    }
+
+    /// Why the communicator failed, if a rank said so: (its rank, code, message).
+    pub fn reason(&self) -> Option<(usize, i32, String)> {
+        let at = Self::reason_off(self.words, self.n);
+        if self.u64_at(at + 16).load(Ordering::Acquire) == 0 {
+            return None;
+        }
+        let who = self.u64_at(at).load(Ordering::Acquire) as usize - 1;
+        let w = self.u64_at(at + 8).load(Ordering::Relaxed);
+        let len = (w as u32 as usize).min(REASON_BYTES);
+        let mut b = vec![0u8; len];
+        // SAFETY: stamped: the writer finished these bytes and never writes them again.
+        unsafe { std::ptr::copy_nonoverlapping(self.host.add(at + LINE), b.as_mut_ptr(), len) };
+        Some((who, (w >> 32) as u32 as i32, String::from_utf8_lossy(&b).into_owned()))
+    }
+
+    /// The last posted call the executor has read (every rank's post of it).
+    pub fn consumed(&self) -> &AtomicU64 {
+        self.u64_at(Self::reason_off(self.words, self.n) + LINE + REASON_BYTES)
+    }
+
+    fn post_slot(&self, r: usize, k: u64) -> usize {
+        assert!(r < self.n, "rank {r} beyond the control region");
+        let first = Self::reason_off(self.words, self.n) + LINE + REASON_BYTES + LINE;
+        first + (r * POSTS as usize + (k % POSTS) as usize) * Self::post_bytes(self.n)
+    }
+
+    /// Writes rank `r`'s descriptor of posted call `k` (`k >= 1`; the caller checked
+    /// that the executor read call `k - POSTS`, the slot's last). Err if too long.
+    pub fn post(&self, r: usize, k: u64, desc: &[u8]) -> Result<()> {
+        if desc.len() > post_capacity(self.n) {
+            return Err(Error::internal(format!(
+                "a posted descriptor of {} bytes, over the slot's {}",
+                desc.len(),
+                post_capacity(self.n)
+            )));
+        }
+        let at = self.post_slot(r, k);
+        self.u64_at(at + 8).store(desc.len() as u64, Ordering::Relaxed);
+        // SAFETY: inside the mapping; the slot is the poster's until it stamps it, and the
+        // executor reads it only once stamped with `k`.
+        unsafe { std::ptr::copy_nonoverlapping(desc.as_ptr(), self.host.add(at + LINE), desc.len()) };
+        self.u64_at(at).store(k, Ordering::Release);
+        Ok(())
+    }
+
+    /// Rank `r`'s descriptor of posted call `k`, once it wrote it.
+    pub fn posted(&self, r: usize, k: u64) -> Option<Vec<u8>> {
+        let at = self.post_slot(r, k);
+        if self.u64_at(at).load(Ordering::Acquire) != k {
+            return None;
+        }
+        let len = (self.u64_at(at + 8).load(Ordering::Relaxed) as usize).min(post_capacity(self.n));
+        let mut b = vec![0u8; len];
+        // SAFETY: stamped with k: the poster does not write the slot again before the
+        // executor (the only reader) marks call k consumed.
+        unsafe { std::ptr::copy_nonoverlapping(self.host.add(at + LINE), b.as_mut_ptr(), len) };
+        Some(b)
     }
 
     /// The mailbox and bounce ring of sends from `p` to `q`.
@@ -541,6 +637,28 @@ mod tests {
         let (p0, n0) = a.pair(1, 0).bounce(0);
         let (p1, n1) = a.pair(1, 0).bounce(BOUNCE as u64 + 8);
         assert_eq!((n0, n1, p1 as usize - p0 as usize), (BOUNCE, BOUNCE - 8, 8));
+        // Posted descriptors: stamped with their call, each rank its own ring.
+        assert!(b.posted(2, 1).is_none());
+        a.post(2, 1, &[1, 2, 3]).unwrap();
+        assert_eq!(b.posted(2, 1), Some(vec![1, 2, 3]));
+        assert!(b.posted(1, 1).is_none() && b.posted(2, 1 + POSTS).is_none());
+        a.post(2, 1 + POSTS, &[9; 40]).unwrap();
+        assert_eq!(b.posted(2, 1 + POSTS), Some(vec![9; 40]));
+        assert!(b.posted(2, 1).is_none(), "slot reused by call 1 + POSTS");
+        assert!(a.post(0, 2, &vec![0; post_capacity(3) + 1]).is_err());
+        a.post(0, 3, &vec![5; post_capacity(3)]).unwrap();
+        assert_eq!(b.posted(0, 3).unwrap().len(), post_capacity(3));
+        assert!(b.posted(1, 3).is_none(), "a full slot does not spill into the next rank's ring");
+        b.consumed().store(7, Ordering::Release);
+        assert_eq!(a.consumed().load(Ordering::Acquire), 7);
+        // The failure's reason: the first rank to give up names it.
+        assert_eq!(a.reason(), None);
+        b.fail_with(2, 100, "rank 2 found a mismatch");
+        a.fail_with(1, 5, "too late");
+        assert_eq!(a.reason(), Some((2, 100, "rank 2 found a mismatch".to_string())));
+        assert_ne!(a.failed().load(Ordering::Acquire), 0);
+        let (_, len) = Ctl::layout(3);
+        assert!(a.post_slot(2, POSTS - 1) + Ctl::post_bytes(3) <= len, "the last slot lies in the region");
         drop(b);
         drop(a);
         assert!(Ctl::open(&name, 3).is_err(), "the creator unlinks the name");

@@ -7,6 +7,7 @@
 //! | bytes | field |
 //! |---|---|
 //! | 1 | [`Part`]: 0 cannot take part, 1 takes part, 2 its stream is being captured |
+//! | 1 | 1 when the rank posts later calls' descriptors instead of agreeing on them |
 //! | 4 | the rank's process id |
 //! | 80 | the send buffer: IPC handle (64), offset in its allocation (8), address (8) |
 //! | 80 | the receive buffer, likewise (all zero where the extent is empty) |
@@ -21,9 +22,11 @@ const HANDLE: usize = 64;
 /// Bytes of one buffer's record: handle, offset, address.
 const BUF: usize = HANDLE + 8 + 8;
 /// Where the fingerprint starts.
-const FP: usize = 1 + 4 + 2 * BUF;
+const FP: usize = 2 + 4 + 2 * BUF;
 /// Bytes before the per-rank counts.
 const FIXED: usize = FP + fingerprint::ONE_BYTES;
+// A descriptor fits a posted slot of the control region at every rank count.
+const _: () = assert!(FIXED <= super::ctl::post_capacity(0));
 
 /// How a rank takes part in a call (the descriptor's first byte).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -57,6 +60,8 @@ impl Buf {
 #[derive(Clone, Debug)]
 pub(super) struct Desc {
     pub part: Part,
+    /// This rank would post later calls' descriptors (`posts`) rather than agree on them.
+    pub posts: bool,
     pub pid: u32,
     /// The send buffer, then the receive buffer.
     pub bufs: [Buf; 2],
@@ -69,7 +74,7 @@ pub(super) struct Desc {
 impl Desc {
     /// A descriptor of a rank of this process with no buffers.
     pub fn new(part: Part, fp: [u8; fingerprint::ONE_BYTES], counts: Option<VCounts>) -> Desc {
-        Desc { part, pid: std::process::id(), bufs: [Buf::NONE; 2], fp, counts }
+        Desc { part, posts: false, pid: std::process::id(), bufs: [Buf::NONE; 2], fp, counts }
     }
 
     /// Bytes of a descriptor among `n` ranks, with per-rank counts or not.
@@ -81,6 +86,7 @@ impl Desc {
     pub fn encode(&self, n: usize) -> Vec<u8> {
         let mut b = Vec::with_capacity(Desc::size(n, self.counts.is_some()));
         b.push(self.part as u8);
+        b.push(self.posts as u8);
         b.extend_from_slice(&self.pid.to_le_bytes());
         for f in &self.bufs {
             b.extend_from_slice(&f.handle);
@@ -117,7 +123,8 @@ impl Desc {
                 return Err(Error::internal(format!("a device-path descriptor whose first byte is {x}, not 0, 1 or 2")))
             }
         };
-        let mut r = Reader { b, at: 1 };
+        let posts = b[1] != 0;
+        let mut r = Reader { b, at: 2 };
         let pid = u32::from_le_bytes(r.take());
         let mut bufs = [Buf::NONE; 2];
         for f in &mut bufs {
@@ -129,7 +136,7 @@ impl Desc {
             let (sc, sd, rc, rd) = (a(), a(), a(), a());
             VCounts::new(&sc, &sd, &rc, &rd)
         });
-        Ok(Desc { part, pid, bufs, fp, counts })
+        Ok(Desc { part, posts, pid, bufs, fp, counts })
     }
 }
 
@@ -162,6 +169,7 @@ mod tests {
         h.iter_mut().enumerate().for_each(|(i, x)| *x = 200 - i as u8);
         Desc {
             part: Part::Takes,
+            posts: per_rank,
             pid: 0x1234_5678,
             bufs: [Buf { handle: h, offset: 4096, addr: 0x7f00_0000_1000 }, Buf::NONE],
             fp,
@@ -173,7 +181,12 @@ mod tests {
         let arrays = |d: &Desc| {
             d.counts.as_ref().map(|v| [v.sendcounts(), v.sdispls(), v.recvcounts(), v.rdispls()].map(|a| a.to_vec()))
         };
-        a.part == b.part && a.pid == b.pid && a.bufs == b.bufs && a.fp == b.fp && arrays(a) == arrays(b)
+        a.part == b.part
+            && a.posts == b.posts
+            && a.pid == b.pid
+            && a.bufs == b.bufs
+            && a.fp == b.fp
+            && arrays(a) == arrays(b)
     }
 
     #[test]

@@ -35,6 +35,7 @@ mod mappings;
 mod mps;
 mod negotiate;
 mod p2p;
+mod posts;
 mod setup;
 mod vmm;
 mod watch;
@@ -51,7 +52,7 @@ use desc::Desc;
 use fallback::{fix, Fallback};
 use mappings::{close, Exported, FreedSeen, Mappings};
 use negotiate::{Agreed, Negotiated};
-use std::sync::atomic::Ordering;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 use watch::{Target, Watch};
@@ -133,6 +134,8 @@ pub struct Ipc {
     warned: Mutex<Vec<&'static str>>,
     /// Device memory lent to calls whose buffers cannot be shared (`negotiate::Detour`).
     bounce: Arc<cuda::Arenas>,
+    /// Every rank posts its collectives' descriptors instead of agreeing on them (`posts`).
+    posting: AtomicBool,
 }
 
 /// What every rank of a communicator on one GPU learns when it is created.
@@ -177,8 +180,10 @@ struct Inner {
     /// The control region's words registered in `ctx` (ranks in separate processes),
     /// once the first call tried; else why not.
     reg: Option<std::result::Result<Registered, String>>,
-    /// The last collective put on the streams.
+    /// The last collective put on the streams (or, posting, the last posted).
     k: u32,
+    /// The last collective this rank posted (`posts`).
+    posts: u64,
     /// This rank's buffers of the call being agreed, through lent device memory.
     detour: Option<negotiate::Detour>,
     /// send/recv: the slot of the next send to and receive from each rank.
@@ -224,6 +229,7 @@ impl Ipc {
             watch: Arc::new(Watch::default()),
             warned: Mutex::new(Vec::new()),
             bounce: Arc::default(),
+            posting: AtomicBool::new(false),
         }
     }
 }
@@ -264,7 +270,7 @@ impl Backend for Ipc {
                 Err(e) => {
                     if let (Some(_), Ok(ctl)) = (&pending, &self.ctl) {
                         // Peers may have paired this run's send/recv records already.
-                        self.watch.fail(ctl, &e);
+                        self.watch.fail(ctl, self.rank, &e);
                     }
                     return Err(e);
                 }
@@ -288,7 +294,11 @@ impl Backend for Ipc {
     }
 
     fn async_error(&self) -> Option<Error> {
-        self.watch.failure()
+        self.watch.failure().or_else(|| match (&self.ctl, self.posting.load(Ordering::Acquire)) {
+            // Found by the executor after this rank's calls returned (`posts`).
+            (Ok(ctl), true) => self.watch.failed_elsewhere(ctl, "an earlier device call"),
+            _ => None,
+        })
     }
 }
 
@@ -421,6 +431,9 @@ impl Ipc {
             Placement::Host => (self.device, cuda::primary_context(self.device)?),
         };
         let guard = cuda::CtxGuard::enter(ctx)?;
+        if self.posting.load(Ordering::Relaxed) {
+            return self.run_posted(x, call, inner, ctx, device);
+        }
         let verdict = self.negotiate(x, call, inner, ctx, device);
         if !matches!(verdict, Ok(Negotiated::Run(_))) {
             // Back to the arenas now, while the call's stream surely lives.
@@ -445,7 +458,15 @@ impl Ipc {
             Negotiated::Run(agreed) => match self.stream_mode(inner, ctx, device) {
                 Mode::Stream(reg) => {
                     let (ctl, a) = (reg.ctl.clone(), reg.addrs());
-                    self.run_streamed(x, call, inner, agreed, (&ctl, a), (ctx, device))
+                    let posts = agreed.posts;
+                    let out = self.run_streamed(x, call, inner, agreed, (&ctl, a), (ctx, device))?;
+                    if posts && !self.posting.swap(true, Ordering::AcqRel) {
+                        log::info(format_args!(
+                            "rank {}: FERROCCL_CHECK=0 on every rank: later device collectives post their descriptors instead of agreeing on them",
+                            self.rank
+                        ));
+                    }
+                    Ok(out)
                 }
                 // Synced (the negotiation's own mode check left nothing else).
                 Mode::Synced | Mode::Off(_) => self.run_synced(x, &call.coll, inner, agreed, (ctx, device)),
@@ -463,7 +484,7 @@ impl Ipc {
         agreed: Agreed,
         (ctx, device): (cuda::Ctx, i32),
     ) -> Result<Outcome> {
-        let Agreed { descs, counts, mut gone } = agreed;
+        let Agreed { descs, counts, mut gone, .. } = agreed;
         if self.rank == EXECUTOR {
             let peers = map_peers(&descs, ctx, &mut inner.maps, &mut gone)?;
             // SAFETY: the peers' buffers are mapped (or this process's own) and held by
@@ -492,7 +513,7 @@ impl Ipc {
     ) -> Result<Outcome> {
         let (rank, n) = (self.rank, self.nranks);
         let c = &call.coll;
-        let Agreed { descs, counts, mut gone } = agreed;
+        let Agreed { descs, counts, mut gone, .. } = agreed;
         let s = c.stream;
         let k = inner.k.wrapping_add(1);
         let (dev_ready, dev_fin, dev_done) = (|q| a.of(ctl.ready(q)), |q| a.of(ctl.fin(q)), a.of(Ctl::DONE));
@@ -531,13 +552,19 @@ impl Ipc {
         } else if rank == EXECUTOR {
             let peers = map_peers(&descs, ctx, &mut inner.maps, &mut gone)?;
             // SAFETY: as above; the owners keep their buffers until their streams passed
-            // `done >= k`.
+            // `done >= k`; the detour's copies as below.
             unsafe {
+                if let Some(d) = &detour {
+                    d.enter(s)?;
+                }
                 for q in (0..n).filter(|&q| q != EXECUTOR) {
                     cuda::stream_wait_geq(s, dev_ready(q), k)?;
                 }
                 move_data(x, c, &peers, &counts, ctx, device, None, failed)?;
                 cuda::stream_write(s, dev_done, k)?;
+                if let Some(d) = &detour {
+                    d.leave(s)?;
+                }
             }
         } else {
             // SAFETY: as above for the words; the detour's copies per its contract (the
@@ -562,6 +589,14 @@ impl Ipc {
         self.defer_close(inner, gone);
         let what = format!("device call #{k} (collective #{})", call.seq);
         self.watch.pending(&targets, Instant::now() + self.timeout, what);
+        if let Some(d) = &detour {
+            let waited = d.finish(s)?;
+            let failure = || self.watch.failure().or_else(|| self.watch.failed_elsewhere(ctl, "the call"));
+            if let Some(e) = waited.then(failure).flatten() {
+                // Its host buffers did not get the results.
+                return Err(e);
+            }
+        }
         Ok(Outcome::Done)
     }
 

@@ -28,6 +28,7 @@ pub(super) enum Negotiated {
 }
 
 /// What the ranks agreed to run GPU to GPU.
+#[derive(Default)]
 pub(super) struct Agreed {
     /// Every rank's descriptor, rank by rank.
     pub descs: Vec<Desc>,
@@ -36,6 +37,8 @@ pub(super) struct Agreed {
     /// Mappings of freed allocations that went in this call (closed once the GPU is
     /// past the calls that used them).
     pub gone: Vec<usize>,
+    /// Every rank posts its descriptors of the next calls instead (`posts`).
+    pub posts: bool,
 }
 
 impl Ipc {
@@ -75,13 +78,16 @@ impl Ipc {
             Some(f) => Err(f.clone()),
             None => self.prepare(call, ctx, device, inner, stream),
         };
-        let (mine, mut fallback) = match prepared {
+        let (mut mine, mut fallback) = match prepared {
             Ok(d) => (d, None),
             Err(f) => {
                 let part = if captured { Part::Captured } else { Part::Cannot };
                 (Desc::new(part, fingerprint::one(call), c.v.clone()), Some(f))
             }
         };
+        // Without per-call checking, ranks ordered on the streams by the executor alone
+        // stop agreeing on the host once every rank can (see `posts`).
+        mine.posts = stream && !x.check && !self.shares();
         let per_rank = c.v.is_some();
         let (all, got) = x.allgather(&mine.encode(n), own_seq(x, call))?;
         if let Outcome::Failed(_) = got {
@@ -122,13 +128,14 @@ impl Ipc {
             self.defer_close(inner, gone);
             return Ok(Negotiated::BadCounts(e));
         }
-        Ok(Negotiated::Run(Agreed { descs, counts, gone }))
+        let posts = descs.iter().all(|d| d.posts);
+        Ok(Negotiated::Run(Agreed { descs, counts, gone, posts }))
     }
 
     /// This rank's descriptor of `call`, or why it cannot take the call GPU to GPU.
     /// `streamed`: the call is ordered on the streams, so buffers that cannot be shared
     /// can go through lent device memory instead (`detour`).
-    fn prepare(
+    pub(super) fn prepare(
         &self,
         call: &Call,
         ctx: cuda::Ctx,
@@ -149,8 +156,20 @@ impl Ipc {
             }
         }
         let (sb, rb) = c.extents(self.rank, self.nranks).map_err(|e| Fallback::new(e.msg, ""))?;
+        // The ranks in other processes that map this rank's buffers.
+        let me = std::process::id();
+        let to: Vec<usize> = (0..self.nranks)
+            .filter(|&q| q != self.rank && self.pids[q] != me && (q == EXECUTOR || self.shares()))
+            .collect();
         if c.placement == Placement::Host && sb + rb > 0 {
-            return Err(Fallback::new("this rank's buffers are host memory", fix::HOST_MEMORY));
+            let why = Fallback::new("this rank's buffers are host memory", fix::HOST_MEMORY);
+            if !(streamed && self.posting.load(std::sync::atomic::Ordering::Relaxed)) {
+                return Err(why);
+            }
+            // A posted call cannot be staged (the ranks did not agree on it): its host
+            // buffers go through lent device memory instead.
+            let d = Desc::new(Part::Takes, fingerprint::one(call), c.v.clone());
+            return self.detour(c, (sb, rb), ctx, inner, &to, d, why, true);
         }
         let (s0, r0) = (c.send as usize, c.recv as usize);
         if c.strided.is_some() && c.kind == CollKind::ReduceScatter && sb > 0 && rb > 0 && s0 < r0 + rb && r0 < s0 + sb
@@ -159,11 +178,6 @@ impl Ipc {
             return Err(Fallback::new("the output of a reduce_scatter along an axis overlaps its input", fix::OVERLAP));
         }
         let mut d = Desc::new(Part::Takes, fingerprint::one(call), c.v.clone());
-        // The ranks in other processes that map this rank's buffers.
-        let me = std::process::id();
-        let to: Vec<usize> = (0..self.nranks)
-            .filter(|&q| q != self.rank && self.pids[q] != me && (q == EXECUTOR || self.shares()))
-            .collect();
         let bufs = [(c.send, sb), (c.recv as *const u8, rb)];
         if to.is_empty() {
             // Only ranks of this process read them (the executor's own, threads): their
@@ -187,7 +201,7 @@ impl Ipc {
                         if !streamed {
                             return Err(why);
                         }
-                        return self.detour(c, (sb, rb), ctx, inner, &to, d, why);
+                        return self.detour(c, (sb, rb), ctx, inner, &to, d, why, false);
                     }
                 }
             }
@@ -196,9 +210,10 @@ impl Ipc {
     }
 
     /// `d` with this rank's buffers replaced by device memory the communicator lends
-    /// (shareable), for buffers that cannot be shared themselves (`why`): the stream
-    /// copies the inputs in before it signals and the results out after the call
-    /// ([`Detour`], kept in `inner` for `run_streamed`). Send and receive extents that
+    /// (shared with the ranks `to`), for buffers that cannot be shared themselves or are
+    /// `host` memory (`why`): the stream copies the inputs in before it signals and the
+    /// results out after the call ([`Detour`], kept in `inner` for `run_streamed`;
+    /// from host memory, the call then waits for its stream). Send and receive extents that
     /// overlap keep their overlap (in place stays in place); each keeps its address
     /// modulo 256, so the executor's 16-byte vector path applies as it would have.
     #[allow(clippy::too_many_arguments)]
@@ -211,6 +226,7 @@ impl Ipc {
         to: &[usize],
         mut d: Desc,
         why: Fallback,
+        host: bool,
     ) -> std::result::Result<Desc, Fallback> {
         const ALIGN: usize = 256;
         let (s0, r0) = (c.send as usize, c.recv as usize);
@@ -229,9 +245,16 @@ impl Ipc {
         for (slot, (at, bytes)) in d.bufs.iter_mut().zip([(s_at, sb), (r_at, rb)]) {
             if bytes > 0 {
                 let p = base.wrapping_add(at);
-                let (handle, off) = inner.exported.handle(p, bytes, to).map_err(|e| {
-                    Fallback::new(format!("{}; nor can the device memory lent for it ({})", why.why, e.msg), why.fix)
-                })?;
+                let (handle, off) = if to.is_empty() {
+                    ([0; 64], 0)
+                } else {
+                    inner.exported.handle(p, bytes, to).map_err(|e| {
+                        Fallback::new(
+                            format!("{}; nor can the device memory lent for it ({})", why.why, e.msg),
+                            why.fix,
+                        )
+                    })?
+                };
                 *slot = Buf { handle, offset: off as u64, addr: p as u64 };
             }
         }
@@ -246,7 +269,7 @@ impl Ipc {
         }
         let copy_out = (rb > 0).then(|| (c.recv as usize, base as usize + r_at, rb));
         self.detoured(c.kind.c_name(), &why);
-        inner.detour = Some(Detour { _lease: lease, copy_in, copy_out });
+        inner.detour = Some(Detour { _lease: lease, copy_in, copy_out, host });
         Ok(d)
     }
 }
@@ -259,6 +282,8 @@ pub(super) struct Detour {
     _lease: cuda::Lease,
     copy_in: Vec<(usize, usize, usize)>,
     copy_out: Option<(usize, usize, usize)>,
+    /// The call's buffers are host memory.
+    host: bool,
 }
 
 impl Detour {
@@ -270,7 +295,13 @@ impl Detour {
     pub unsafe fn enter(&self, s: cuda::Stream) -> Result<()> {
         for &(dst, src, len) in &self.copy_in {
             // SAFETY: the lease holds the extents (made for them); the caller's contract.
-            unsafe { cuda::copy_dtod_async(dst as *mut u8, src as *const u8, len, s)? };
+            unsafe {
+                if self.host {
+                    cuda::copy_htod_async(dst as *mut u8, src as *const u8, len, s)?;
+                } else {
+                    cuda::copy_dtod_async(dst as *mut u8, src as *const u8, len, s)?;
+                }
+            }
         }
         Ok(())
     }
@@ -282,8 +313,24 @@ impl Detour {
     pub unsafe fn leave(&self, s: cuda::Stream) -> Result<()> {
         if let Some((dst, src, len)) = self.copy_out {
             // SAFETY: as in `enter`.
-            unsafe { cuda::copy_dtod_async(dst as *mut u8, src as *const u8, len, s)? };
+            unsafe {
+                if self.host {
+                    cuda::copy_dtoh_async(dst as *mut u8, src as *const u8, len, s)?;
+                } else {
+                    cuda::copy_dtod_async(dst as *mut u8, src as *const u8, len, s)?;
+                }
+            }
         }
         Ok(())
+    }
+
+    /// Host memory holds its results when the call returns (pinned memory included):
+    /// waits for `s` (after the watchdog knows the call, so that the wait ends).
+    /// Whether it waited.
+    pub fn finish(&self, s: cuda::Stream) -> Result<bool> {
+        if self.host {
+            cuda::sync(s)?;
+        }
+        Ok(self.host)
     }
 }

@@ -262,7 +262,7 @@ impl Ipc {
             let res = self.progress(x, &mut run, ctl, inner).and_then(|_| self.enqueue(&run, inner));
             if let Err(e) = res {
                 // Peers may already wait on the streams for this rank's part.
-                self.watch.fail(ctl, &e);
+                self.watch.fail(ctl, self.rank, &e);
                 return Err(e);
             }
             x.algo = algo_of(&run);

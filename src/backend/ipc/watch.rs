@@ -84,10 +84,19 @@ impl Watch {
 
     /// Ends the communicator's device calls with `e` (a call failed here), and tells
     /// every rank, so that streams waiting for this rank's part are released.
-    pub fn fail(&self, ctl: &Ctl, e: &Error) {
+    pub fn fail(&self, ctl: &Ctl, rank: usize, e: &Error) {
         lock(&self.failure).get_or_insert_with(|| e.clone());
-        ctl.fail();
+        ctl.fail_with(rank, e.code as i32, &e.msg);
         self.wake.notify_all();
+    }
+
+    /// The failure another rank marked in the region (its reason when it gave one), now
+    /// this rank's too; None while the region is not failed.
+    pub fn failed_elsewhere(&self, ctl: &Ctl, what: &str) -> Option<Error> {
+        if ctl.failed().load(Ordering::Acquire) == 0 {
+            return None;
+        }
+        Some(lock(&self.failure).get_or_insert_with(|| gave_up(ctl, what)).clone())
     }
 
     /// Watches this rank's work on the GPU until it finishes, and releases every wait
@@ -131,7 +140,7 @@ impl Watch {
     fn why_stuck(&self, ctl: &Ctl, out: &Outstanding, rank: usize, pids: &[u32]) -> Option<Error> {
         let what = &out.what;
         if ctl.failed().load(Ordering::Acquire) != 0 {
-            return Some(Error::remote(format!("{what}: another rank gave up on this communicator's device calls")));
+            return Some(gave_up(ctl, what));
         }
         if self.aborted.load(Ordering::Acquire) {
             return Some(Error::remote(format!("{what}: the communicator was aborted")));
@@ -164,5 +173,21 @@ impl Watch {
             ));
         }
         None
+    }
+}
+
+/// The error of a rank whose work `what` cannot finish because a rank marked the
+/// region failed: that rank's own error (code and message) when it wrote one.
+pub fn gave_up(ctl: &Ctl, what: &str) -> Error {
+    match ctl.reason() {
+        Some((who, code, msg)) => {
+            let code = crate::error::Code::from_i32(code).unwrap_or(crate::error::Code::RemoteError);
+            Error {
+                code,
+                msg: format!("{what}: rank {who} ended this communicator's device calls: {msg}"),
+                culprit: Some(who),
+            }
+        }
+        None => Error::remote(format!("{what}: another rank gave up on this communicator's device calls")),
     }
 }
