@@ -151,14 +151,16 @@ endif()
 
 # A rank sharing the GPU dies with calls queued (c_tests/test_device_kill.c): the
 # survivor's queued copies and reductions end at once instead of running against the
-# dead rank's buffers.
+# dead rank's buffers. Also with FERROCCL_CHECK=0 (.posted: the dead rank had posted its
+# calls up to 16 ahead of rank 0, which reads them as it goes).
 _fccl_missing_of(_fccl_kill_miss ${_fccl_dev_req} fcclCommAbort)
 if(_fccl_kill_miss)
-  _fccl_missing_tests(test_device_kill "${_fccl_kill_miss}" test_device_kill.np2)
+  _fccl_missing_tests(test_device_kill "${_fccl_kill_miss}" test_device_kill.np2 test_device_kill.posted.np2)
 else()
   add_executable(test_device_kill test_device_kill.c)
   target_link_libraries(test_device_kill PRIVATE ferroccl ${CMAKE_DL_LIBS})
   _fccl_device_test(test_device_kill.np2 2 "${_fccl_env}" $<TARGET_FILE:test_device_kill>)
+  _fccl_device_test(test_device_kill.posted.np2 2 "${_fccl_env};FERROCCL_CHECK=0" $<TARGET_FILE:test_device_kill>)
 endif()
 
 # The cost model (c_tests/test_device_costs.c): every collective of ranks sharing device

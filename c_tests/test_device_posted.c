@@ -2,6 +2,8 @@
  * call, which every rank agrees on, the ranks post their descriptors and only the
  * executor (rank 0) reads them, so no other rank waits on the host for anyone.
  *
+ *   0. one rank has checkMode on (fcclConfig_t): no rank posts, every call is agreed
+ *      (one host exchange on every rank) and right.
  *   1. posted calls give the right results: all_reduce, all_gather and all_to_allv on
  *      device memory, over buffers that repeat and buffers freed and allocated again
  *      (the executor maps the new ones from the posts); all_gather_v on host memory of
@@ -76,15 +78,50 @@ static int expect(const char* what, int round, const float* got, const float* wa
 }
 
 /* A new communicator of the same ranks, through its own unique id (a split child
- * serves device memory on the built-in backend, not GPU to GPU). */
-static fcclComm_t fresh(fcclComm_t comm) {
+ * serves device memory on the built-in backend, not GPU to GPU); `checked`: this rank
+ * sets checkMode on in its config. */
+static fcclComm_t fresh_with(fcclComm_t comm, int checked) {
   fcclUniqueId id;
   fcclComm_t sub = NULL;
+  fcclConfig_t cfg = FCCL_CONFIG_INITIALIZER;
   memset(&id, 0, sizeof id);
   if (g_rank == 0) OK(fcclGetUniqueId(&id));
   OK(fcclBroadcast(&id, &id, sizeof id, fcclUint8, 0, comm, NULL));
-  OK(fcclCommInitRank(&sub, g_n, id, g_rank));
+  cfg.checkMode = checked ? FCCL_CHECK_FINGERPRINT : FCCL_CHECK_OFF;
+  OK(fcclCommInitRankConfig(&sub, g_n, id, g_rank, &cfg));
   return sub;
+}
+static fcclComm_t fresh(fcclComm_t comm) { return fresh_with(comm, 0); }
+
+/* 0. One rank with checkMode on: nobody posts, every call is agreed (1 exchange on
+ * every rank) and right. */
+static void one_rank_checks(fcclComm_t comm) {
+  float* s = dev_alloc(C);
+  float* d = dev_alloc(C);
+  float* h = malloc(C * sizeof(float));
+  float* w = malloc(C * sizeof(float));
+  for (int round = 0; round < 4; round++) {
+    const char* b = "?";
+    const char* a = "?";
+    int x = -1;
+    for (size_t i = 0; i < C; i++) h[i] = in(g_rank, i, round);
+    put(s, h, C);
+    OK(fcclAllReduce(s, d, C, fcclFloat32, fcclSum, comm, NULL));
+    OK(fcclCommGetLastPath(comm, &b, &a));
+    OK(fcclCommGetLastExchanges(comm, &x));
+    CHECK(strcmp(b, "ipc") == 0, "one rank checking, round %d: served by %s/%s, not ipc", round, b, a);
+    CHECK(x == 1, "one rank checking, round %d: %d host exchanges on rank %d, expected 1 (agreed, not posted)",
+          round, x, g_rank);
+    get(h, d, C);
+    for (size_t i = 0; i < C; i++) {
+      w[i] = 0;
+      for (int q = 0; q < g_n; q++) w[i] += in(q, i, round);
+    }
+    expect("all_reduce, one rank checking", round, h, w, C);
+  }
+  OK(fcclMemFree(s));
+  OK(fcclMemFree(d));
+  free(h), free(w);
 }
 
 /* Served GPU to GPU, with the exchanges of a posted call. */
@@ -312,6 +349,14 @@ int main(void) {
     printf("skipped: no CUDA driver/GPU (%s)\n", why);
     return 77;
   }
+  {
+    /* With the GPU-to-GPU path off every call is staged and agreed: nothing to test. */
+    const char* ipc = getenv("FERROCCL_CUDA_IPC");
+    if (ipc && (strcmp(ipc, "0") == 0 || strcmp(ipc, "off") == 0)) {
+      printf("skipped: FERROCCL_CUDA_IPC=%s turns off the GPU-to-GPU path this test is about\n", ipc);
+      return 77;
+    }
+  }
   if (!getenv("FERROCCL_RANK") || !check || strcmp(check, "0") != 0) {
     printf("skipped: start it with ferroccl-run -n N (N >= 2) and FERROCCL_CHECK=0\n");
     return 77;
@@ -324,6 +369,10 @@ int main(void) {
     printf("skipped: one rank posts to no one\n");
     return 77;
   }
+  sub = fresh_with(comm, g_rank == g_n - 1);
+  one_rank_checks(sub);
+  OK(fcclCommDestroy(sub));
+  if (g_rank == 0) printf("posted calls: none while one rank has checkMode on\n");
   sub = fresh(comm);
   results(sub);
   OK(fcclCommDestroy(sub));
