@@ -22,20 +22,7 @@
 static int failures;
 static int g_rank, g_n;
 
-#define CHECK(cond, ...)                                      \
-  do {                                                        \
-    if (!(cond)) {                                            \
-      failures++;                                             \
-      fprintf(stderr, "rank %d: %s:%d: ", g_rank, __FILE__, __LINE__); \
-      fprintf(stderr, __VA_ARGS__);                           \
-      fprintf(stderr, "\n");                                  \
-    }                                                         \
-  } while (0)
-#define OK(call)                                                                             \
-  do {                                                                                       \
-    fcclResult_t r_ = (call);                                                                \
-    CHECK(r_ == fcclSuccess, "%s returned %d: %s", #call, (int)r_, fcclGetLastError(NULL)); \
-  } while (0)
+#include "rank_check.h"
 
 static int skip(const char* why) {
   printf("skipped: no CUDA driver/GPU (%s)\n", why);
@@ -47,13 +34,6 @@ static float* dev_alloc(size_t n) {
   void* p = NULL;
   OK(fcclMemAlloc(&p, n * sizeof(float) + 4));
   return (float*)p;
-}
-static void put(float* d, const float* h, size_t n) {
-  CHECK(cu.MemcpyHtoD((CUdeviceptr)(size_t)d, h, n * sizeof(float)) == 0, "cuMemcpyHtoD failed");
-}
-static void get(float* h, const float* d, size_t n) {
-  CHECK(cu.CtxSynchronize() == 0, "cuCtxSynchronize failed");
-  CHECK(cu.MemcpyDtoH(h, (CUdeviceptr)(size_t)d, n * sizeof(float)) == 0, "cuMemcpyDtoH failed");
 }
 static float in(int r, size_t i) { return (float)(r * 1000 + (int)i); }
 
@@ -83,50 +63,50 @@ static void run(fcclComm_t comm) {
 
   /* all_reduce (sum), out of place and in place */
   for (i = 0; i < c; i++) h[i] = in(r, i);
-  put(s, h, c);
+  put_floats(s, h, c);
   OK(fcclAllReduce(s, d, c, fcclFloat32, fcclSum, comm, NULL));
-  get(h, d, c);
+  get_floats(h, d, c);
   for (i = 0; i < c; i++) {
     w[i] = 0;
     for (p = 0; p < n; p++) w[i] += in(p, i);
   }
   expect("all_reduce", h, w, c);
   OK(fcclAllReduce(d, d, c, fcclFloat32, fcclMax, comm, NULL));
-  get(h, d, c);
+  get_floats(h, d, c);
   expect("all_reduce in place (max of equal values)", h, w, c);
 
   /* broadcast from the last rank */
   for (i = 0; i < c; i++) h[i] = in(r, i);
-  put(s, h, c);
+  put_floats(s, h, c);
   OK(fcclBroadcast(s, d, c, fcclFloat32, n - 1, comm, NULL));
-  get(h, d, c);
+  get_floats(h, d, c);
   for (i = 0; i < c; i++) w[i] = in(n - 1, i);
   expect("broadcast", h, w, c);
 
   /* reduce (max) to rank 0 */
   for (i = 0; i < c; i++) h[i] = in(r, i);
-  put(s, h, c);
+  put_floats(s, h, c);
   OK(fcclReduce(s, d, c, fcclFloat32, fcclMax, 0, comm, NULL));
   if (r == 0) {
-    get(h, d, c);
+    get_floats(h, d, c);
     for (i = 0; i < c; i++) w[i] = in(n - 1, i);
     expect("reduce", h, w, c);
   }
 
   /* all_gather */
   for (i = 0; i < c; i++) h[i] = in(r, i);
-  put(s, h, c);
+  put_floats(s, h, c);
   OK(fcclAllGather(s, d, c, fcclFloat32, comm, NULL));
-  get(h, d, big);
+  get_floats(h, d, big);
   for (p = 0; p < n; p++)
     for (i = 0; i < c; i++) w[(size_t)p * c + i] = in(p, i);
   expect("all_gather", h, w, big);
 
   /* reduce_scatter (sum) */
   for (i = 0; i < big; i++) h[i] = in(r, i);
-  put(s, h, big);
+  put_floats(s, h, big);
   OK(fcclReduceScatter(s, d, c, fcclFloat32, fcclSum, comm, NULL));
-  get(h, d, c);
+  get_floats(h, d, c);
   for (i = 0; i < c; i++) {
     w[i] = 0;
     for (p = 0; p < n; p++) w[i] += in(p, (size_t)r * c + i);
@@ -135,38 +115,38 @@ static void run(fcclComm_t comm) {
 
   /* all_to_all: block q of rank p's input is p*1000 + q*c + i */
   for (i = 0; i < big; i++) h[i] = in(r, i);
-  put(s, h, big);
+  put_floats(s, h, big);
   OK(fcclAlltoAll(s, d, c, fcclFloat32, comm, NULL));
-  get(h, d, big);
+  get_floats(h, d, big);
   for (p = 0; p < n; p++)
     for (i = 0; i < c; i++) w[(size_t)p * c + i] = in(p, (size_t)r * c + i);
   expect("all_to_all", h, w, big);
 
   /* gather to rank 0, scatter from rank 0 */
   for (i = 0; i < c; i++) h[i] = in(r, i);
-  put(s, h, c);
+  put_floats(s, h, c);
   OK(fcclGather(s, d, c, fcclFloat32, 0, comm, NULL));
   if (r == 0) {
-    get(h, d, big);
+    get_floats(h, d, big);
     for (p = 0; p < n; p++)
       for (i = 0; i < c; i++) w[(size_t)p * c + i] = in(p, i);
     expect("gather", h, w, big);
   }
   for (i = 0; i < big; i++) h[i] = in(r, i);
-  put(s, h, big);
+  put_floats(s, h, big);
   OK(fcclScatter(s, d, c, fcclFloat32, 0, comm, NULL));
-  get(h, d, c);
+  get_floats(h, d, c);
   for (i = 0; i < c; i++) w[i] = in(0, (size_t)r * c + i);
   expect("scatter", h, w, c);
 
   /* send/recv around a ring */
   for (i = 0; i < c; i++) h[i] = in(r, i);
-  put(s, h, c);
+  put_floats(s, h, c);
   OK(fcclGroupStart());
   OK(fcclSend(s, c, fcclFloat32, (r + 1) % n, comm, NULL));
   OK(fcclRecv(d, c, fcclFloat32, (r + n - 1) % n, comm, NULL));
   OK(fcclGroupEnd());
-  get(h, d, c);
+  get_floats(h, d, c);
   for (i = 0; i < c; i++) w[i] = in((r + n - 1) % n, i);
   expect("send/recv ring", h, w, c);
 

@@ -67,20 +67,7 @@ enum { C_EXCHANGES = C_N, C_EXCHANGES_OTHERS, C_ALL };
 
 static int failures, g_rank, g_n, g_mps, g_posting;
 
-#define CHECK(cond, ...)                                                \
-  do {                                                                  \
-    if (!(cond)) {                                                      \
-      failures++;                                                       \
-      fprintf(stderr, "rank %d: %s:%d: ", g_rank, __FILE__, __LINE__);  \
-      fprintf(stderr, __VA_ARGS__);                                     \
-      fprintf(stderr, "\n");                                            \
-    }                                                                   \
-  } while (0)
-#define OK(call)                                                                              \
-  do {                                                                                        \
-    fcclResult_t r_ = (call);                                                                 \
-    CHECK(r_ == fcclSuccess, "%s returned %d: %s", #call, (int)r_, fcclGetLastError(NULL));  \
-  } while (0)
+#include "rank_check.h"
 
 static int load_driver(void) {
   void* h = dlopen("libcuda.so.1", RTLD_NOW | RTLD_LOCAL);

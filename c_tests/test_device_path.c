@@ -32,20 +32,7 @@ static int g_rank, g_n, g_mps;
 static const char* g_want;
 static char g_log[256];
 
-#define CHECK(cond, ...)                                               \
-  do {                                                                 \
-    if (!(cond)) {                                                     \
-      failures++;                                                      \
-      fprintf(stderr, "rank %d: %s:%d: ", g_rank, __FILE__, __LINE__); \
-      fprintf(stderr, __VA_ARGS__);                                    \
-      fprintf(stderr, "\n");                                           \
-    }                                                                  \
-  } while (0)
-#define OK(call)                                                                             \
-  do {                                                                                       \
-    fcclResult_t r_ = (call);                                                                \
-    CHECK(r_ == fcclSuccess, "%s returned %d: %s", #call, (int)r_, fcclGetLastError(NULL)); \
-  } while (0)
+#include "rank_check.h"
 
 static int skip(const char* why) {
   printf("skipped: no CUDA driver/GPU (%s)\n", why);
@@ -56,13 +43,6 @@ static float* dev_alloc(size_t n) {
   void* p = NULL;
   OK(fcclMemAlloc(&p, n * sizeof(float) + 4));
   return (float*)p;
-}
-static void put(float* d, const float* h, size_t n) {
-  CHECK(cu.MemcpyHtoD((CUdeviceptr)(size_t)d, h, n * sizeof(float)) == 0, "cuMemcpyHtoD failed");
-}
-static void get(float* h, const float* d, size_t n) {
-  CHECK(cu.CtxSynchronize() == 0, "cuCtxSynchronize failed");
-  CHECK(cu.MemcpyDtoH(h, (CUdeviceptr)(size_t)d, n * sizeof(float)) == 0, "cuMemcpyDtoH failed");
 }
 static float in(int r, size_t i) { return (float)(r * 1000 + (int)i); }
 
@@ -112,8 +92,8 @@ static void device_calls(fcclComm_t comm) {
   size_t i;
   int p;
   for (i = 0; i < big; i++) h[i] = in(r, i);
-  put(s, h, big);
-  put(d, h, big);
+  put_floats(s, h, big);
+  put_floats(d, h, big);
   for (p = 0; p < n; p++) {
     counts[p] = c;
     displs[p] = (size_t)p * c;
@@ -165,26 +145,26 @@ static void device_calls(fcclComm_t comm) {
 
   /* all_to_all out of place and in place: block q of rank p's input is p*1000 + q*c + i */
   for (i = 0; i < big; i++) h[i] = in(r, i);
-  put(s, h, big);
+  put_floats(s, h, big);
   OK(fcclAlltoAll(s, d, c, fcclFloat32, comm, NULL));
   path_is(comm, "all_to_all", g_want);
-  get(h, d, big);
+  get_floats(h, d, big);
   for (p = 0; p < n; p++)
     for (i = 0; i < c; i++) w[(size_t)p * c + i] = in(p, (size_t)r * c + i);
   expect("all_to_all", h, w, big);
   for (i = 0; i < big; i++) h[i] = in(r, i);
-  put(d, h, big);
+  put_floats(d, h, big);
   OK(fcclAlltoAll(d, d, c, fcclFloat32, comm, NULL));
   path_is(comm, "all_to_all in place", g_want);
   algo_is(comm, "all_to_all in place", "exec-swap");
-  get(h, d, big);
+  get_floats(h, d, big);
   expect("all_to_all in place", h, w, big);
   for (i = 0; i < big; i++) h[i] = in(r, i);
-  put(d, h, big);
+  put_floats(d, h, big);
   OK(fcclAlltoAllv(d, counts, displs, d, counts, displs, fcclFloat32, comm, NULL));
   path_is(comm, "all_to_allv in place", g_want);
   algo_is(comm, "all_to_allv in place", "exec-swap");
-  get(h, d, big);
+  get_floats(h, d, big);
   expect("all_to_allv in place", h, w, big);
 
   /* Different counts on one rank: every rank gets the verdict before anything is
@@ -241,14 +221,14 @@ static void managed_goes_through_lent_memory(fcclComm_t comm) {
     const char* b = "?";
     const char* a = "?";
     for (i = 0; i < 2 * c; i++) h[i] = i < c ? in(g_rank, i) : -1.0f;
-    put(d, h, 2 * c);
+    put_floats(d, h, 2 * c);
     OK(fcclAllReduce(d, k ? d + c : d, c, fcclFloat32, fcclSum, comm, NULL));
     path_is(comm, "all_reduce of managed memory", "ipc");
     OK(fcclCommGetLastPath(comm, &b, &a));
     /* Under MPS every rank moves its share and names that; the WARN tells of the copies. */
     if (!g_mps && g_rank != 0 && b && a)
       CHECK(strcmp(a, "signal-wait-copied") == 0, "all_reduce of managed memory: algorithm %s", a);
-    get(h, d, 2 * c);
+    get_floats(h, d, 2 * c);
     expect(k ? "all_reduce of managed memory, out of place" : "all_reduce of managed memory, in place",
            k ? h + c : h, w, c);
     if (k) {
@@ -267,10 +247,10 @@ static void managed_goes_through_lent_memory(fcclComm_t comm) {
       displs[q] = (size_t)q * 6;
     }
     for (i = 0; i < 2 * c; i++) h[i] = i < 4 ? in(g_rank, i) : -1.0f;
-    put(d, h, 2 * c);
+    put_floats(d, h, 2 * c);
     OK(fcclAllGatherV(d, 4, d + c, counts, displs, fcclFloat32, comm, NULL));
     path_is(comm, "all_gather_v of managed memory", "ipc");
-    get(h, d, 2 * c);
+    get_floats(h, d, 2 * c);
     for (i = 0; i < (size_t)g_n * 6; i++) {
       float want = i % 6 < 4 ? in((int)(i / 6), i % 6) : -1.0f;
       if (h[c + i] != want) {

@@ -35,20 +35,7 @@
 
 static int failures, g_rank, g_n;
 
-#define CHECK(cond, ...)                                               \
-  do {                                                                 \
-    if (!(cond)) {                                                     \
-      failures++;                                                      \
-      fprintf(stderr, "rank %d: %s:%d: ", g_rank, __FILE__, __LINE__); \
-      fprintf(stderr, __VA_ARGS__);                                    \
-      fprintf(stderr, "\n");                                           \
-    }                                                                  \
-  } while (0)
-#define OK(call)                                                                             \
-  do {                                                                                       \
-    fcclResult_t r_ = (call);                                                                \
-    CHECK(r_ == fcclSuccess, "%s returned %d: %s", #call, (int)r_, fcclGetLastError(NULL)); \
-  } while (0)
+#include "rank_check.h"
 
 #define C 1000
 #define SENTINEL (-7.0f)
@@ -57,13 +44,6 @@ static float* dev_alloc(size_t n) {
   void* p = NULL;
   OK(fcclMemAlloc(&p, n * sizeof(float)));
   return (float*)p;
-}
-static void put(float* d, const float* h, size_t n) {
-  CHECK(cu.MemcpyHtoD((CUdeviceptr)(size_t)d, h, n * sizeof(float)) == 0, "cuMemcpyHtoD failed");
-}
-static void get(float* h, const float* d, size_t n) {
-  CHECK(cu.CtxSynchronize() == 0, "cuCtxSynchronize failed");
-  CHECK(cu.MemcpyDtoH(h, (CUdeviceptr)(size_t)d, n * sizeof(float)) == 0, "cuMemcpyDtoH failed");
 }
 static float in(int r, size_t i, int round) { return (float)(r * 100000 + (int)i + round * 7); }
 
@@ -105,14 +85,14 @@ static void one_rank_checks(fcclComm_t comm) {
     const char* a = "?";
     int x = -1;
     for (size_t i = 0; i < C; i++) h[i] = in(g_rank, i, round);
-    put(s, h, C);
+    put_floats(s, h, C);
     OK(fcclAllReduce(s, d, C, fcclFloat32, fcclSum, comm, NULL));
     OK(fcclCommGetLastPath(comm, &b, &a));
     OK(fcclCommGetLastExchanges(comm, &x));
     CHECK(strcmp(b, "ipc") == 0, "one rank checking, round %d: served by %s/%s, not ipc", round, b, a);
     CHECK(x == 1, "one rank checking, round %d: %d host exchanges on rank %d, expected 1 (agreed, not posted)",
           round, x, g_rank);
-    get(h, d, C);
+    get_floats(h, d, C);
     for (size_t i = 0; i < C; i++) {
       w[i] = 0;
       for (int q = 0; q < g_n; q++) w[i] += in(q, i, round);
@@ -181,10 +161,10 @@ static void results(fcclComm_t comm) {
       d = dev_alloc(all + (size_t)round);
     }
     for (size_t i = 0; i < C; i++) h[i] = in(r, i, round);
-    put(s, h, C);
+    put_floats(s, h, C);
     OK(fcclAllReduce(s, d, C, fcclFloat32, fcclSum, comm, NULL));
     posted(comm, "all_reduce", round);
-    get(h, d, C);
+    get_floats(h, d, C);
     for (size_t i = 0; i < C; i++) {
       float v = 0;
       for (int q = 0; q < n; q++) v += in(q, i, round);
@@ -193,20 +173,20 @@ static void results(fcclComm_t comm) {
     expect("all_reduce", round, h, w, C);
 
     for (size_t i = 0; i < C; i++) h[i] = in(r, i, round);
-    put(s, h, C);
+    put_floats(s, h, C);
     OK(fcclAllGather(s, d, C, fcclFloat32, comm, NULL));
     posted(comm, "all_gather", round);
-    get(h, d, all);
+    get_floats(h, d, all);
     for (int q = 0; q < n; q++)
       for (size_t i = 0; i < C; i++) w[(size_t)q * C + i] = in(q, i, round);
     expect("all_gather", round, h, w, all);
 
     for (int q = 0; q < n; q++)
       for (size_t i = 0; i < sc[q]; i++) h[sd[q] + i] = in(r, (size_t)q * 1000 + i, round);
-    put(s, h, sd[n - 1] + sc[n - 1]);
+    put_floats(s, h, sd[n - 1] + sc[n - 1]);
     OK(fcclAlltoAllv(s, sc, sd, d, rc, rd, fcclFloat32, comm, NULL));
     posted(comm, "all_to_allv", round);
-    get(h, d, rd[n - 1] + rc[n - 1]);
+    get_floats(h, d, rd[n - 1] + rc[n - 1]);
     for (int q = 0; q < n; q++)
       for (size_t i = 0; i < rc[q]; i++) w[rd[q] + i] = in(q, (size_t)r * 1000 + i, round);
     expect("all_to_allv", round, h, w, rd[n - 1] + rc[n - 1]);
@@ -219,13 +199,13 @@ static void results(fcclComm_t comm) {
       for (size_t i = 0; i < counts[r]; i++) hs[i] = in(r, i, round);
       for (size_t i = 0; i < at; i++) hr[i] = SENTINEL;
       if (!host) {
-        put(s, hs, counts[r]);
-        put(d, hr, at);
+        put_floats(s, hs, counts[r]);
+        put_floats(d, hr, at);
       }
       OK(fcclAllGatherV(src, counts[r], dst, counts, displs, fcclFloat32, comm, NULL));
       posted(comm, host ? "all_gather_v of host memory" : "all_gather_v", round);
       /* Host memory holds the results when the call returns: no synchronisation. */
-      if (!host) get(hr, d, at);
+      if (!host) get_floats(hr, d, at);
       for (int q = 0; q < n; q++)
         for (size_t i = 0; i < counts[q]; i++) w[displs[q] + i] = in(q, i, round);
       expect(host ? "all_gather_v of host memory" : "all_gather_v", round, hr, w, at);
@@ -276,7 +256,7 @@ static void mismatch(fcclComm_t comm) {
   OK(fcclAllReduce(s, d, C, fcclFloat32, fcclSum, comm, NULL)); /* agreed */
   OK(fcclAllReduce(s, d, C, fcclFloat32, fcclSum, comm, NULL)); /* posted */
   for (size_t i = 0; i < 2 * C; i++) h[i] = SENTINEL;
-  put(d, h, 2 * C);
+  put_floats(d, h, 2 * C);
   res = fcclAllReduce(s, d, g_rank == 1 ? C + 1 : C, fcclFloat32, fcclSum, comm, NULL);
   if (g_rank == 0)
     CHECK(res == fcclCollectiveMismatch, "the executor's mismatched call returned %d (%s)", (int)res,
@@ -285,7 +265,7 @@ static void mismatch(fcclComm_t comm) {
     CHECK(res == fcclSuccess || res == fcclCollectiveMismatch, "rank %d's mismatched call returned %d (%s)", g_rank,
           (int)res, fcclGetLastError(NULL));
   fails_everywhere(comm, "mismatched counts", fcclCollectiveMismatch, names);
-  get(h, d, 2 * C);
+  get_floats(h, d, 2 * C);
   for (size_t i = 0; i < 2 * C; i++)
     if (h[i] != SENTINEL) {
       CHECK(0, "mismatched counts: element %zu of the receive buffer was written (%g)", i, (double)h[i]);
@@ -321,10 +301,10 @@ static void capture(fcclComm_t comm, int everyone) {
     float* h = malloc(C * sizeof(float));
     float* w = malloc(C * sizeof(float));
     for (size_t i = 0; i < C; i++) h[i] = in(g_rank, i, 3);
-    put(s, h, C);
+    put_floats(s, h, C);
     OK(fcclAllReduce(s, d, C, fcclFloat32, fcclSum, comm, st));
     posted(comm, "all_reduce after every rank's capture", 0);
-    get(h, d, C);
+    get_floats(h, d, C);
     for (size_t i = 0; i < C; i++) {
       w[i] = 0;
       for (int q = 0; q < g_n; q++) w[i] += in(q, i, 3);

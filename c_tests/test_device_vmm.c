@@ -34,20 +34,7 @@ static int g_rank, g_n;
 static char g_log[256];
 static size_t g_gran;
 
-#define CHECK(cond, ...)                                               \
-  do {                                                                 \
-    if (!(cond)) {                                                     \
-      failures++;                                                      \
-      fprintf(stderr, "rank %d: %s:%d: ", g_rank, __FILE__, __LINE__); \
-      fprintf(stderr, __VA_ARGS__);                                    \
-      fprintf(stderr, "\n");                                           \
-    }                                                                  \
-  } while (0)
-#define OK(call)                                                                             \
-  do {                                                                                       \
-    fcclResult_t r_ = (call);                                                                \
-    CHECK(r_ == fcclSuccess, "%s returned %d: %s", #call, (int)r_, fcclGetLastError(NULL)); \
-  } while (0)
+#include "rank_check.h"
 #define CU(call)                                             \
   do {                                                       \
     CUresult c_ = (call);                                    \
