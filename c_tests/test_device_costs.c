@@ -26,7 +26,8 @@
  * block stays) and one launch per call (reduce_scatter_v included: its rows, each with
  * its own inputs and count, go in one launch up to 19 ranks), 3n - 2 stream
  * memory operations (each other rank writes its ready and waits for done; the
- * executor waits for each ready and writes done); with FERROCCL_CUDA_MPS=1 (every rank
+ * executor waits for each ready and writes done; posted, 3n - 1: rank 0's stream waits
+ * for done too, which its proxy thread's stream writes); with FERROCCL_CUDA_MPS=1 (every rank
  * moves its share) one launch per rank and 2n^2 memory operations (each rank writes a
  * ready and a fin and waits for every other rank's); no blocking
  * call, no kernel the model does not know, driver calls per call that do not grow
@@ -36,9 +37,10 @@
  *
  * Host exchanges are held to one per call (the descriptor exchange). With
  * FERROCCL_CHECK=0 (no MPS) the ranks post their descriptors instead of exchanging
- * them once the first call agreed on it: every rank but the executor is held to none,
- * the executor to one (it waits for the posts). The roofline's budget of none on
- * every rank is not met yet, and the last line says so.
+ * them once the first call agreed on it, and rank 0's proxy thread reads them: every
+ * rank is held to none (the roofline's budget), and the last line says which held.
+ * Rank 0's proxy thread enqueues a posted call after it returned, so each call is
+ * measured up to a synchronisation, less what a bare synchronisation costs.
  *
  * Start with ferroccl-run -n N (N >= 2) under scripts/sim-gpu.sh. */
 #ifndef _POSIX_C_SOURCE
@@ -132,22 +134,39 @@ static double minimum(int k) {
   }
 }
 
+/* What one cuCtxSynchronize with nothing queued costs, counter by counter. */
+static void sync_costs(unsigned long long* sync) {
+  unsigned long long x[C_N], y[C_N];
+  int i;
+  simgpuGetCosts(x, C_N);
+  CHECK(cuCtxSynchronize() == 0, "cuCtxSynchronize");
+  simgpuGetCosts(y, C_N);
+  for (i = 0; i < C_N; i++) sync[i] = y[i] - x[i];
+}
+
 /* One call of kind k between two readings; sums[] and maxes[] over all ranks; the
  * backend and algorithm that served it. */
 static void measure(fcclComm_t comm, int k, unsigned long long* sums, unsigned long long* maxes, const char** b,
                     const char** a) {
-  unsigned long long x[C_N], y[C_N], d[C_ALL];
+  unsigned long long x[C_N], y[C_N], d[C_ALL], sync[C_N];
   int i, exchanges = -1;
-  call(comm, k);
-  call(comm, k);
-  CHECK(cuCtxSynchronize() == 0, "cuCtxSynchronize");
+  /* Three calls first, each run to the end: what the first ones left to do later (a
+   * mapping evicted for this call's buffers, closed once the GPU is past its last use)
+   * is done before the reading. */
+  for (i = 0; i < 3; i++) {
+    call(comm, k);
+    CHECK(cuCtxSynchronize() == 0, "cuCtxSynchronize");
+  }
+  sync_costs(sync);
   simgpuGetCosts(x, C_N);
   call(comm, k);
+  /* Rank 0's proxy thread enqueues posted calls after the call returned: all of it
+   * is in once the GPU ran the call. The synchronisation's own costs are taken off. */
+  CHECK(cuCtxSynchronize() == 0, "cuCtxSynchronize");
   simgpuGetCosts(y, C_N);
   OK(fcclCommGetLastPath(comm, b, a));
   OK(fcclCommGetLastExchanges(comm, &exchanges));
-  CHECK(cuCtxSynchronize() == 0, "cuCtxSynchronize");
-  for (i = 0; i < C_N; i++) d[i] = y[i] - x[i];
+  for (i = 0; i < C_N; i++) d[i] = y[i] - x[i] - sync[i];
   d[C_EXCHANGES] = g_rank == 0 ? (unsigned long long)exchanges : 0;
   d[C_EXCHANGES_OTHERS] = g_rank == 0 ? 0 : (unsigned long long)exchanges;
   OK(fcclAllReduce(d, sums, C_ALL, fcclUint64, fcclSum, comm, NULL));
@@ -221,7 +240,8 @@ int main(void) {
      * (IN_TABLE, kernels/src/cuda_kernels.rs: 379 pointers): as few launches as hold them. */
     if (k == REDUCE_SCATTER_V && !g_mps && g_n * g_n > 379)
       launch_budget = (unsigned long long)((g_n + 379 / g_n - 1) / (379 / g_n));
-    unsigned long long memop_budget = g_mps ? 2ull * g_n * g_n : 3ull * g_n - 2;
+    /* Posted: rank 0's stream also waits for done (its proxy's stream writes it). */
+    unsigned long long memop_budget = g_mps ? 2ull * g_n * g_n : g_posting ? 3ull * g_n - 1 : 3ull * g_n - 2;
     measure(comm, k, sums, maxes, &b, &a);
     traffic = (double)(sums[C_READ] + sums[C_WRITTEN]);
     ratio = traffic / minimum(k);
@@ -242,10 +262,10 @@ int main(void) {
     CHECK(maxes[C_EXCHANGES] <= 1 && maxes[C_EXCHANGES_OTHERS] <= 1,
           "%s: %llu/%llu host exchanges between the ranks in one call, the budget is 1", NAMES[k],
           maxes[C_EXCHANGES], maxes[C_EXCHANGES_OTHERS]);
-    CHECK(!g_posting || maxes[C_EXCHANGES_OTHERS] == 0,
-          "%s: %llu host exchanges on a rank other than the executor with FERROCCL_CHECK=0; the budget is none (its "
-          "descriptor is posted)",
-          NAMES[k], maxes[C_EXCHANGES_OTHERS]);
+    CHECK(!g_posting || (maxes[C_EXCHANGES] == 0 && maxes[C_EXCHANGES_OTHERS] == 0),
+          "%s: %llu/%llu host exchanges with FERROCCL_CHECK=0; the budget is none (descriptors are posted and rank "
+          "0's proxy thread reads them)",
+          NAMES[k], maxes[C_EXCHANGES], maxes[C_EXCHANGES_OTHERS]);
     if (maxes[C_EXCHANGES] > most_exchanges) most_exchanges = maxes[C_EXCHANGES];
     if (maxes[C_EXCHANGES_OTHERS] > most_others) most_others = maxes[C_EXCHANGES_OTHERS];
     if (k == ALL_REDUCE) driver_before = maxes[C_DRIVER];
@@ -256,7 +276,7 @@ int main(void) {
     int sms = 0, threads = 0;
     size_t big = (size_t)4 << 20, j;
     float *s = NULL, *d = NULL;
-    unsigned long long x[C_N], y[C_N], got[C_N], full;
+    unsigned long long x[C_N], y[C_N], got[C_N], sync[C_N], full;
     CHECK(cuDeviceGetAttribute(&sms, 16 /* MULTIPROCESSOR_COUNT */, 0) == 0 &&
               cuDeviceGetAttribute(&threads, 39 /* MAX_THREADS_PER_MULTIPROCESSOR */, 0) == 0,
           "cuDeviceGetAttribute");
@@ -265,11 +285,12 @@ int main(void) {
     OK(fcclMemAlloc((void**)&d, big * sizeof(float)));
     for (j = 0; j < 2; j++) OK(fcclAllReduce(s, d, big, fcclFloat32, fcclSum, comm, NULL));
     CHECK(cuCtxSynchronize() == 0, "cuCtxSynchronize");
+    sync_costs(sync);
     simgpuGetCosts(x, C_N);
     OK(fcclAllReduce(s, d, big, fcclFloat32, fcclSum, comm, NULL));
-    simgpuGetCosts(y, C_N);
     CHECK(cuCtxSynchronize() == 0, "cuCtxSynchronize");
-    for (j = 0; j < C_N; j++) got[j] = y[j] - x[j];
+    simgpuGetCosts(y, C_N);
+    for (j = 0; j < C_N; j++) got[j] = y[j] - x[j] - sync[j];
     OK(fcclAllReduce(got, sums, C_N, fcclUint64, fcclSum, comm, NULL));
     if (g_rank == 0)
       printf("all_reduce of %zu MiB per rank: %llu launch(es) of %llu blocks in all; the device holds %d SMs x %d "
@@ -321,6 +342,9 @@ int main(void) {
       printf("not met yet: the executor (rank 0) waits on the host for the other ranks' posted descriptors, %llu "
              "time(s) per call (the other ranks wait for nothing); the roofline's budget is none\n",
              most_exchanges);
+    else
+      printf("no host exchange between the ranks per call with repeated buffers on any rank (descriptors posted, "
+             "rank 0's proxy thread reads them): the roofline's budget holds\n");
   }
   return 0;
 }

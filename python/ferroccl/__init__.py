@@ -728,7 +728,7 @@ class Comm:
         """fcclCommGetLastExchanges: how many times the last call on this communicator
         waited for the other ranks on the host besides moving its data (0 for host
         memory; 1 for a device call of ranks sharing one GPU: its descriptor exchange;
-        with FERROCCL_CHECK=0 on every rank, 0 after the first call but on rank 0)."""
+        with FERROCCL_CHECK=0 on every rank, 0 after the first call)."""
         self._live("fcclCommGetLastExchanges")
         n = c_int()
         self._call("fcclCommGetLastExchanges", self._h, byref(n))

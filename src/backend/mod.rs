@@ -53,6 +53,9 @@ pub enum Algo {
     ExecCopy,
     /// one GPU: in-place all_to_all through device scratch.
     ExecCopyScratch,
+    /// ipc, rank 0 of posted calls (FERROCCL_CHECK=0): handed to its proxy thread, which
+    /// enqueues the call on its own stream once every rank's post is read.
+    ExecProxy,
     /// one GPU: all_to_all in place on every rank, blocks exchanged pairwise in one launch.
     ExecSwap,
     /// one GPU: strided (axis) copies.
@@ -106,6 +109,7 @@ impl Algo {
             Algo::Group => "group",
             Algo::ExecCopy => "exec-copy",
             Algo::ExecCopyScratch => "exec-copy-scratch",
+            Algo::ExecProxy => "exec-proxy",
             Algo::ExecSwap => "exec-swap",
             Algo::ExecCopy2d => "exec-copy2d",
             Algo::ExecReduce => "exec-reduce",

@@ -160,7 +160,7 @@ impl Comm {
         if let Some(nccl) = nccl {
             table.push(Box::new(NcclBackend { nccl, rank, nranks }));
         } else if let (Some(min_bytes), Some(setup)) = (ipc::min_bytes(), one_gpu) {
-            table.push(Box::new(Ipc::new(rank, nranks, self.device, min_bytes, self.opts.timeout, setup)));
+            table.push(Box::new(Ipc::new(rank, nranks, self.device, min_bytes, self.opts.timeout, setup).shared()));
         }
         table.push(Box::new(Builtin { rank, nranks }));
         self.router = Router::new(table);

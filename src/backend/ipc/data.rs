@@ -1,7 +1,6 @@
 //! The data movement of one call on the executor's stream: copies between the ranks'
 //! mapped buffers and the reduction kernel, in one pass per call.
 
-use super::super::Exec;
 use super::mps;
 use crate::backend::host;
 use crate::backend::Algo;
@@ -24,7 +23,7 @@ use std::cell::RefCell;
 /// the stream has run the work; `failed` is 0 or a word readable on the device as long.
 #[allow(clippy::too_many_arguments)]
 pub(super) unsafe fn move_data(
-    x: &mut Exec<'_>,
+    algo: &mut Algo,
     c: &Coll,
     peers: &[(*const u8, *const u8)],
     counts: &[VCounts],
@@ -44,7 +43,7 @@ pub(super) unsafe fn move_data(
     let in_place = in_place_sends(c, peers, counts)?;
     if !in_place.is_empty() {
         if share.is_some_and(|me| me != 0) {
-            x.algo = Algo::MpsIdle;
+            *algo = Algo::MpsIdle;
             return Ok(());
         }
         // Every rank in place, each block where its reply goes: rank q's block p and rank
@@ -53,7 +52,7 @@ pub(super) unsafe fn move_data(
             // SAFETY: the blocks lie in the ranks' mapped buffers (caller) and are
             // disjoint (`swaps`).
             unsafe { copiers.swap_batch(&pairs, failed, s)? };
-            x.algo = Algo::ExecSwap;
+            *algo = Algo::ExecSwap;
             return Ok(());
         }
         let total: usize = in_place.iter().map(|&(_, len)| len).sum();
@@ -72,8 +71,8 @@ pub(super) unsafe fn move_data(
         unsafe { copiers.copy_batch(&to_scratch, failed, s)? };
         // SAFETY: the scratch lives on the stream until its work is done (freed in its
         // order); the rest is the caller's contract.
-        unsafe { move_data(x, c, &moved, counts, ctx, device, None, failed)? };
-        x.algo = Algo::ExecCopyScratch;
+        unsafe { move_data(algo, c, &moved, counts, ctx, device, None, failed)? };
+        *algo = Algo::ExecCopyScratch;
         return Ok(());
     }
     let recv = |q: usize| peers[q].1 as *mut u8;
@@ -135,27 +134,27 @@ pub(super) unsafe fn move_data(
         let m =
             mps::Movers { copy: &copy, fan: &fan, copy2d: &copy2d, reduce: &reduce, reduce_strided: &reduce_strided };
         // SAFETY: forwarded contract.
-        x.algo = unsafe { mps::share(c, me, peers, counts, &m)? };
+        *algo = unsafe { mps::share(c, me, peers, counts, &m)? };
         return flush();
     }
-    x.algo = Algo::ExecCopy;
+    *algo = Algo::ExecCopy;
     let all_recv: Vec<*mut u8> = (0..n).map(recv).collect();
     match c.kind {
         CollKind::AllReduce => {
             // Every rank's recv written by the one pass that reads the inputs.
             reduce(&all_recv, &sends_at(&|_| 0), c.count)?;
-            x.algo = Algo::ExecReduce;
+            *algo = Algo::ExecReduce;
         }
         CollKind::ReduceScatter if c.strided.is_some() => {
             for q in 0..n {
                 reduce_strided(q)?;
             }
-            x.algo = Algo::ExecCopy2dReduce;
+            *algo = Algo::ExecCopy2dReduce;
         }
         CollKind::ReduceScatter => {
             // Row q: block q of every input into rank q's recv.
             reduce_rows(&all_recv, 1, &sends_at(&|_| 0), &[c.count], c.count)?;
-            x.algo = Algo::ExecReduce;
+            *algo = Algo::ExecReduce;
         }
         CollKind::ReduceScatterV => {
             // Row q: rank q's block of every input, each at its rank's displacement, into
@@ -167,11 +166,11 @@ pub(super) unsafe fn move_data(
             if !rows.is_empty() {
                 reduce_rows(&outs, 1, &ins, &elems, 0)?;
             }
-            x.algo = Algo::ExecReduce;
+            *algo = Algo::ExecReduce;
         }
         CollKind::Reduce => {
             reduce(&[recv(c.root)], &sends_at(&|_| 0), c.count)?;
-            x.algo = Algo::ExecReduce;
+            *algo = Algo::ExecReduce;
         }
         CollKind::AllGather if c.strided.is_some() => {
             // Rank p's block j lands at element (j * n + p) * block of every receive buffer.
@@ -182,7 +181,7 @@ pub(super) unsafe fn move_data(
                     copy2d(recv(q).wrapping_add(p * w), n * w, send(p), w, w, st.outer)?;
                 }
             }
-            x.algo = Algo::ExecCopy2d;
+            *algo = Algo::ExecCopy2d;
         }
         CollKind::AllGather => {
             for p in 0..n {

@@ -7,7 +7,9 @@
 //! mappings of every rank's buffers; the others only signal and wait on theirs. Per
 //! collective `k`:
 //! - every rank sends the others a descriptor of its buffers (host memory, through
-//!   the transport; an IPC handle is made once per allocation);
+//!   the transport; an IPC handle is made once per allocation), or, with checkMode
+//!   off on every rank, posts it in the control region for rank 0's proxy thread
+//!   (`posts`);
 //! - rank r > 0 enqueues `ready[r] = k` (its inputs are ready: the work queued before
 //!   is done) and `wait done >= k` (nothing after the call runs before it is done);
 //! - rank 0 enqueues `wait ready[r] >= k` for every r, the copies and reduction
@@ -129,6 +131,8 @@ pub struct Ipc {
     /// The communicator's control region, or why there is none (then every call stages).
     ctl: std::result::Result<Arc<Ctl>, String>,
     inner: Mutex<Inner>,
+    /// Locked after `inner` where both are.
+    mapped: Mutex<Mapped>,
     watch: Arc<Watch>,
     /// The remedies this communicator has warned about (each fallback's WARN is said once).
     warned: Mutex<Vec<&'static str>>,
@@ -136,6 +140,10 @@ pub struct Ipc {
     bounce: Arc<cuda::Arenas>,
     /// Every rank posts its collectives' descriptors instead of agreeing on them (`posts`).
     posting: AtomicBool,
+    /// The executor's proxy thread of posted calls.
+    proxy: posts::Proxy,
+    /// This backend, shared with the proxy thread (set by [`Ipc::shared`]).
+    me: std::sync::OnceLock<std::sync::Weak<Ipc>>,
 }
 
 /// What every rank of a communicator on one GPU learns when it is created.
@@ -171,12 +179,8 @@ impl Setup {
 /// What calls keep between them.
 #[derive(Default)]
 struct Inner {
-    /// Mappings of peers' allocations.
-    maps: Mappings,
     /// This rank's allocations whose handles peers received.
     exported: Exported,
-    /// What this rank read of the peers' logs of freed allocations.
-    freed: FreedSeen,
     /// The control region's words registered in `ctx` (ranks in separate processes),
     /// once the first call tried; else why not.
     reg: Option<std::result::Result<Registered, String>>,
@@ -189,9 +193,6 @@ struct Inner {
     /// send/recv: the slot of the next send to and receive from each rank.
     next_send: Vec<u64>,
     next_recv: Vec<u64>,
-    /// Mappings to close once the GPU has reached these values (what was queued when
-    /// they went).
-    closing: Vec<(Vec<(ctl::Word, u32)>, usize)>,
     /// The context the mappings and the registration belong to (the first call's).
     ctx: cuda::Ctx,
     watchdog: Option<std::thread::JoinHandle<()>>,
@@ -205,6 +206,7 @@ impl Ipc {
         sorted.sort_unstable();
         sorted.dedup();
         let mut inner = Inner::default();
+        let mut mapped = Mapped::default();
         if sorted.len() > 1 {
             // Ranks in other processes: VMM memory goes by file descriptor over a socket,
             // bound now so that a peer's first send finds it.
@@ -212,7 +214,7 @@ impl Ipc {
                 Ok(c) => fdpass::FdSocket::bind(&c.region_name(), rank).map(Arc::new),
                 Err(m) => Err(format!("no control region ({m})")),
             };
-            inner.maps.sock = Some(sock.clone());
+            mapped.maps.sock = Some(sock.clone());
             inner.exported.sock = Some(sock);
         }
         Ipc {
@@ -226,11 +228,49 @@ impl Ipc {
             mps: setup.mps,
             ctl: setup.ctl,
             inner: Mutex::new(inner),
+            mapped: Mutex::new(mapped),
             watch: Arc::new(Watch::default()),
             warned: Mutex::new(Vec::new()),
             bounce: Arc::default(),
             posting: AtomicBool::new(false),
+            proxy: posts::Proxy::default(),
+            me: std::sync::OnceLock::new(),
         }
+    }
+
+    /// This path as a router entry, shared with its proxy thread.
+    pub fn shared(self) -> Shared {
+        let me = Arc::new(self);
+        let _ = me.me.set(Arc::downgrade(&me));
+        Shared(me)
+    }
+}
+
+/// The path as a router entry: an [`Ipc`] that its proxy thread shares. Dropping it
+/// ends the proxy (once its queued calls ran), then the path.
+pub struct Shared(Arc<Ipc>);
+
+impl Backend for Shared {
+    fn id(&self) -> &'static str {
+        self.0.id()
+    }
+    fn accepts(&self, c: &Coll, alone: bool) -> bool {
+        self.0.accepts(c, alone)
+    }
+    fn run(&self, x: &mut Exec<'_>, calls: &[Call]) -> Result<Outcome> {
+        self.0.run(x, calls)
+    }
+    fn abort(&self) {
+        self.0.abort()
+    }
+    fn async_error(&self) -> Option<Error> {
+        self.0.async_error()
+    }
+}
+
+impl Drop for Shared {
+    fn drop(&mut self) {
+        self.0.proxy.stop();
     }
 }
 
@@ -315,7 +355,21 @@ enum Mode<'a> {
     Off(Fallback),
 }
 
-impl Inner {
+/// The peers' allocations this rank mapped: apart from [`Inner`], which a caller
+/// holds for its whole call, so that the proxy thread (`posts`) maps while a caller
+/// waits for it.
+#[derive(Default)]
+struct Mapped {
+    /// Mappings of peers' allocations.
+    maps: Mappings,
+    /// What this rank read of the peers' logs of freed allocations.
+    freed: FreedSeen,
+    /// Mappings to close once the GPU has reached these values (what was queued when
+    /// they went).
+    closing: Vec<(Vec<(ctl::Word, u32)>, usize)>,
+}
+
+impl Mapped {
     /// Closes the mappings whose last use the GPU has finished.
     fn close_finished(&mut self, ctl: &Ctl) {
         self.closing.retain(|(upto, base)| {
@@ -459,7 +513,10 @@ impl Ipc {
                 Mode::Stream(reg) => {
                     let (ctl, a) = (reg.ctl.clone(), reg.addrs());
                     let posts = agreed.posts;
-                    let out = self.run_streamed(x, call, inner, agreed, (&ctl, a), (ctx, device))?;
+                    let k = inner.k.wrapping_add(1);
+                    let detour = inner.detour.take();
+                    let out = self.run_streamed(&mut x.algo, call, detour, agreed, (&ctl, a), (ctx, device), k)?;
+                    inner.k = k;
                     if posts && !self.posting.swap(true, Ordering::AcqRel) {
                         log::info(format_args!(
                             "rank {}: FERROCCL_CHECK=0 on every rank: later device collectives post their descriptors instead of agreeing on them",
@@ -469,7 +526,7 @@ impl Ipc {
                     Ok(out)
                 }
                 // Synced (the negotiation's own mode check left nothing else).
-                Mode::Synced | Mode::Off(_) => self.run_synced(x, &call.coll, inner, agreed, (ctx, device)),
+                Mode::Synced | Mode::Off(_) => self.run_synced(x, &call.coll, agreed, (ctx, device)),
             },
         }
     }
@@ -480,16 +537,15 @@ impl Ipc {
         &self,
         x: &mut Exec<'_>,
         c: &Coll,
-        inner: &mut Inner,
         agreed: Agreed,
         (ctx, device): (cuda::Ctx, i32),
     ) -> Result<Outcome> {
         let Agreed { descs, counts, mut gone, .. } = agreed;
         if self.rank == EXECUTOR {
-            let peers = map_peers(&descs, ctx, &mut inner.maps, &mut gone)?;
+            let peers = map_peers(&descs, ctx, &mut self.mapped().maps, &mut gone)?;
             // SAFETY: the peers' buffers are mapped (or this process's own) and held by
             // their ranks until the barrier below; the stream is synchronised before it.
-            unsafe { move_data(x, c, &peers, &counts, ctx, device, None, 0)? };
+            unsafe { move_data(&mut x.algo, c, &peers, &counts, ctx, device, None, 0)? };
             cuda::sync(c.stream)?;
         } else {
             x.algo = Algo::HostWait;
@@ -502,28 +558,28 @@ impl Ipc {
 
     /// Ranks in separate processes: ordered on the streams through the control words
     /// `ctl` (at `a` on the device); the host waits for nothing, the watchdog does.
+    #[allow(clippy::too_many_arguments)]
     fn run_streamed(
         &self,
-        x: &mut Exec<'_>,
+        algo: &mut Algo,
         call: &Call,
-        inner: &mut Inner,
+        detour: Option<negotiate::Detour>,
         agreed: Agreed,
         (ctl, a): (&Arc<Ctl>, ctl::Addrs),
         (ctx, device): (cuda::Ctx, i32),
+        k: u32,
     ) -> Result<Outcome> {
         let (rank, n) = (self.rank, self.nranks);
         let c = &call.coll;
         let Agreed { descs, counts, mut gone, .. } = agreed;
         let s = c.stream;
-        let k = inner.k.wrapping_add(1);
         let (dev_ready, dev_fin, dev_done) = (|q| a.of(ctl.ready(q)), |q| a.of(ctl.fin(q)), a.of(Ctl::DONE));
         // Kernels queued behind a failure do nothing (see `move_data`).
         let failed = a.of(Ctl::FAILED).raw();
         let mut targets: Vec<Target> = Vec::with_capacity(2 * n + 1);
-        // Buffers that cannot be shared: copied in before this rank signals, out after.
-        let detour = inner.detour.take();
+        // `detour`: buffers that cannot be shared, copied in before this rank signals, out after.
         if self.shares() {
-            let peers = map_peers(&descs, ctx, &mut inner.maps, &mut gone)?;
+            let peers = map_peers(&descs, ctx, &mut self.mapped().maps, &mut gone)?;
             // SAFETY: the words are registered in this context and outlive the stream's
             // use of them (Drop waits for every target); the peers' buffers are mapped
             // until the GPU finished this call (closing waits for it), and their owners
@@ -536,7 +592,7 @@ impl Ipc {
                 for q in (0..n).filter(|&q| q != rank) {
                     cuda::stream_wait_geq(s, dev_ready(q), k)?;
                 }
-                move_data(x, c, &peers, &counts, ctx, device, Some(rank), failed)?;
+                move_data(algo, c, &peers, &counts, ctx, device, Some(rank), failed)?;
                 cuda::stream_write(s, dev_fin(rank), k)?;
                 for q in (0..n).filter(|&q| q != rank) {
                     cuda::stream_wait_geq(s, dev_fin(q), k)?;
@@ -550,7 +606,7 @@ impl Ipc {
                 targets.push(Target { w: ctl.fin(q), v: k, writer: q });
             }
         } else if rank == EXECUTOR {
-            let peers = map_peers(&descs, ctx, &mut inner.maps, &mut gone)?;
+            let peers = map_peers(&descs, ctx, &mut self.mapped().maps, &mut gone)?;
             // SAFETY: as above; the owners keep their buffers until their streams passed
             // `done >= k`; the detour's copies as below.
             unsafe {
@@ -560,7 +616,7 @@ impl Ipc {
                 for q in (0..n).filter(|&q| q != EXECUTOR) {
                     cuda::stream_wait_geq(s, dev_ready(q), k)?;
                 }
-                move_data(x, c, &peers, &counts, ctx, device, None, failed)?;
+                move_data(algo, c, &peers, &counts, ctx, device, None, failed)?;
                 cuda::stream_write(s, dev_done, k)?;
                 if let Some(d) = &detour {
                     d.leave(s)?;
@@ -579,14 +635,13 @@ impl Ipc {
                     d.leave(s)?;
                 }
             }
-            x.algo = if detour.is_some() { Algo::SignalWaitCopied } else { Algo::SignalWait };
+            *algo = if detour.is_some() { Algo::SignalWaitCopied } else { Algo::SignalWait };
         }
         if !self.shares() {
             targets.extend((0..n).filter(|&q| q != EXECUTOR).map(|q| Target { w: ctl.ready(q), v: k, writer: q }));
             targets.push(Target { w: Ctl::DONE, v: k, writer: EXECUTOR });
         }
-        inner.k = k;
-        self.defer_close(inner, gone);
+        self.defer_close(gone);
         let what = format!("device call #{k} (collective #{})", call.seq);
         self.watch.pending(&targets, Instant::now() + self.timeout, what);
         if let Some(d) = &detour {
@@ -601,12 +656,16 @@ impl Ipc {
     }
 
     /// Mappings that went in this call close once the GPU finished the calls so far.
-    fn defer_close(&self, inner: &mut Inner, gone: Vec<usize>) {
+    fn defer_close(&self, gone: Vec<usize>) {
         if gone.is_empty() {
             return;
         }
         let upto = self.watch.snapshot();
-        inner.closing.extend(gone.into_iter().map(|b| (upto.clone(), b)));
+        self.mapped().closing.extend(gone.into_iter().map(|b| (upto.clone(), b)));
+    }
+
+    fn mapped(&self) -> std::sync::MutexGuard<'_, Mapped> {
+        self.mapped.lock().unwrap_or_else(|p| p.into_inner())
     }
 }
 
@@ -647,13 +706,14 @@ impl Drop for Ipc {
             let _ = h.join();
         }
         let reg = inner.reg.take();
-        if inner.maps.map.is_empty() && !matches!(reg, Some(Ok(_))) {
+        let mapped = self.mapped.get_mut().unwrap_or_else(|p| p.into_inner());
+        if mapped.maps.map.is_empty() && !matches!(reg, Some(Ok(_))) {
             return;
         }
         let _g = cuda::CtxGuard::enter(inner.ctx);
         let Some(Ok(reg)) = reg else {
             // Synced (or never on the streams): every call was waited for.
-            for (_, m) in inner.maps.map.drain() {
+            for (_, m) in mapped.maps.map.drain() {
                 close(m.base);
             }
             return;
@@ -677,10 +737,10 @@ impl Drop for Ipc {
             std::thread::sleep(Duration::from_millis(1));
         }
         *self.watch.ctl.lock().unwrap_or_else(|p| p.into_inner()) = None;
-        for (_, base) in inner.closing.drain(..) {
+        for (_, base) in mapped.closing.drain(..) {
             close(base);
         }
-        for (_, m) in inner.maps.map.drain() {
+        for (_, m) in mapped.maps.map.drain() {
             close(m.base);
         }
         drop(reg);

@@ -68,7 +68,7 @@ impl Ipc {
         };
         if stream {
             if let Ok(ctl) = &self.ctl {
-                inner.close_finished(ctl);
+                self.mapped().close_finished(ctl);
             }
         } else if reason.is_none() {
             // Synced: inputs complete before the executor reads them.
@@ -104,12 +104,15 @@ impl Ipc {
         }
         let mut gone = Vec::new();
         if let Ok(ctl) = &self.ctl {
-            inner.freed.apply(ctl, rank, &self.pids, ctx, &mut inner.maps, &mut gone);
+            {
+                let m = &mut *self.mapped();
+                m.freed.apply(ctl, rank, &self.pids, ctx, &mut m.maps, &mut gone);
+            }
         }
         // Every rank compares what every rank called, before anything is enqueued: a
         // difference fails the call on every rank alike, whatever FERROCCL_CHECK says.
         if let Some(e) = fingerprint::verdict(rank, n, &mine.fp, |p| &descs[p].fp) {
-            self.defer_close(inner, gone);
+            self.defer_close(gone);
             return Ok(Negotiated::Mismatch(e));
         }
         let unable: Vec<usize> = (0..n).filter(|&q| descs[q].part != Part::Takes).collect();
@@ -118,14 +121,14 @@ impl Ipc {
             fallback = Some(Fallback::new(format!("rank(s) {who} cannot take it GPU to GPU"), fix::PEER));
         }
         if let Some(f) = fallback {
-            self.defer_close(inner, gone);
+            self.defer_close(gone);
             return Ok(Negotiated::Fallback(f));
         }
         // Per-rank counts: every rank checks every pair from the same descriptors, so all
         // return the same verdict, and nothing is enqueued on a mismatch.
         let counts: Vec<VCounts> = descs.iter_mut().filter_map(|d| d.counts.take()).collect();
         if let Some(e) = counts::verdict(c, rank, &counts) {
-            self.defer_close(inner, gone);
+            self.defer_close(gone);
             return Ok(Negotiated::BadCounts(e));
         }
         let posts = descs.iter().all(|d| d.posts);

@@ -259,7 +259,7 @@ impl Ipc {
         if !run.ops.is_empty() {
             let ctl =
                 self.ctl.as_ref().map_err(|m| Error::internal(format!("send/recv without a control region: {m}")))?;
-            let res = self.progress(x, &mut run, ctl, inner).and_then(|_| self.enqueue(&run, inner));
+            let res = self.progress(x, &mut run, ctl).and_then(|_| self.enqueue(&run, inner));
             if let Err(e) = res {
                 // Peers may already wait on the streams for this rank's part.
                 self.watch.fail(ctl, self.rank, &e);
@@ -308,7 +308,7 @@ impl Ipc {
 
     /// Pairs every op with its peer's record and moves what goes through the bounce
     /// rings, polling; fails at the timeout, an abort, or a peer that died or failed.
-    fn progress(&self, x: &mut Exec<'_>, run: &mut Run<'_>, ctl: &Ctl, inner: &mut Inner) -> Result<()> {
+    fn progress(&self, x: &mut Exec<'_>, run: &mut Run<'_>, ctl: &Ctl) -> Result<()> {
         let me = self.rank;
         let start = Instant::now();
         let mut idle = 0u32;
@@ -327,7 +327,7 @@ impl Ipc {
                     }
                     continue;
                 }
-                moved |= self.step(&mut run.ops[i], ctl, inner, &mut run.errors)?;
+                moved |= self.step(&mut run.ops[i], ctl, &mut run.errors)?;
             }
             if run.ops.iter().all(|o| o.st == St::Done) {
                 return Ok(());
@@ -386,7 +386,7 @@ impl Ipc {
     }
 
     /// Advances one op as far as it can now; true when it changed.
-    fn step(&self, op: &mut Op<'_>, ctl: &Ctl, inner: &mut Inner, errors: &mut Vec<Error>) -> Result<bool> {
+    fn step(&self, op: &mut Op<'_>, ctl: &Ctl, errors: &mut Vec<Error>) -> Result<bool> {
         let me = self.rank;
         let (p, q) = if op.send { (me, op.peer) } else { (op.peer, me) };
         let pr = pair(ctl, p, q);
@@ -426,7 +426,7 @@ impl Ipc {
                 }
                 Verdict::Device => {
                     if let Some(s) = theirs {
-                        op.src = self.map_source(&s, op.ctx, inner)?;
+                        op.src = self.map_source(&s, op.ctx)?;
                     }
                     match (op.send, self.synced) {
                         (true, true) => op.st = St::Ack,
@@ -506,18 +506,19 @@ impl Ipc {
 
     /// The sender's buffer in this process: its own address in the sender's (a thread
     /// rank of this process), else this context's mapping of its allocation.
-    fn map_source(&self, s: &SendRec, ctx: cuda::Ctx, inner: &mut Inner) -> Result<usize> {
+    fn map_source(&self, s: &SendRec, ctx: cuda::Ctx) -> Result<usize> {
         if s.pid == std::process::id() {
             return Ok(s.ptr as usize);
         }
         let _g = cuda::CtxGuard::enter(ctx)?;
         let mut gone = Vec::new();
         if let Ok(ctl) = &self.ctl {
-            inner.freed.apply(ctl, self.rank, &self.pids, ctx, &mut inner.maps, &mut gone);
+            let m = &mut *self.mapped();
+            m.freed.apply(ctl, self.rank, &self.pids, ctx, &mut m.maps, &mut gone);
         }
         let owner: Owner = (s.pid, (s.ptr - s.off) as usize);
-        let base = inner.maps.open(ctx, owner, &s.handle, &mut gone);
-        self.defer_close(inner, gone);
+        let base = self.mapped().maps.open(ctx, owner, &s.handle, &mut gone);
+        self.defer_close(gone);
         Ok(base.map_err(|e| e.context("mapping a sender's buffer for fcclRecv"))? + s.off as usize)
     }
 

@@ -2,14 +2,15 @@
 //! ordered on the streams by the executor (ranks in separate processes, no MPS) runs
 //! with FERROCCL_CHECK=0, the descriptor exchange (`negotiate`) stops: each rank
 //! writes its descriptor of a call into its ring in the control region
-//! (`Ctl::post`) and goes on, and only the executor reads them, to enqueue the call.
-//! No rank waits for another's answer: the others never wait on the host (unless
-//! they are `ctl::POSTS` calls ahead of the executor), and the executor waits only
-//! until the peers' posts of the call are there.
+//! (`Ctl::post`) and goes on. The executor's caller marks on its stream where its
+//! inputs are ready (an event) and queues a wait for the call's end; its proxy thread
+//! reads every rank's post as it arrives and enqueues the call on its own stream after
+//! that event. No rank's calling thread waits for another rank (unless it runs
+//! `ctl::POSTS` calls ahead of the proxy).
 //!
 //! What the exchange decided on every rank before anything was enqueued (different
 //! collectives or counts, a captured stream, a rank that cannot take the call GPU to
-//! GPU) the executor now finds after the other ranks' calls returned: it fails the
+//! GPU) the proxy now finds after every rank's call returned: it fails the
 //! communicator and writes why into the region, the kernels and waits already queued
 //! are released without moving data, and every rank's next call and
 //! `fcclCommGetAsyncError` return that error (as NCCL's asynchronous errors; the
@@ -19,17 +20,20 @@ use super::ctl::{self, Ctl};
 use super::desc::{Desc, Part};
 use super::fallback::Fallback;
 use super::negotiate::Agreed;
+use super::watch::Target;
 use super::{Inner, Ipc, Mode, EXECUTOR};
 use crate::backend::{capture, Algo, Exec, Outcome};
 use crate::coll::{counts, fingerprint, Call, VCounts};
 use crate::error::{Error, Result};
+use crate::log;
 use crate::mem::cuda;
-use std::sync::atomic::Ordering;
-use std::sync::Arc;
+use std::collections::VecDeque;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Condvar, Mutex};
 use std::time::{Duration, Instant};
 
 /// What every error found this way adds: the communicator is over, and how to avoid it.
-const FAILED: &str = "found by the executor (rank 0) after the other ranks' calls returned, as FERROCCL_CHECK=0 \
+const FAILED: &str = "found by the executor (rank 0) after the ranks' calls returned, as FERROCCL_CHECK=0 \
     does not agree on device calls before enqueuing them; no data was moved for it, and the communicator's \
     device calls now fail: destroy or abort it. Run with FERROCCL_CHECK=1 to have such a call fail alone \
     on every rank and the communicator stay usable";
@@ -58,7 +62,7 @@ impl Ipc {
         } else {
             let prepared = match self.stream_mode(inner, ctx, device) {
                 Mode::Stream(_) => {
-                    inner.close_finished(ctl);
+                    self.mapped().close_finished(ctl);
                     self.prepare(call, ctx, device, inner, true)
                 }
                 Mode::Synced => Err(Fallback::new("its ranks share a process", "")),
@@ -72,119 +76,192 @@ impl Ipc {
         mine.posts = true;
         let p = inner.posts + 1;
         inner.posts = p;
-        let descs = if rank == EXECUTOR {
-            let all = self.gather(x, ctl, p, mine, &what);
-            ctl.consumed().store(p, Ordering::Release);
-            match all {
-                Ok(d) => d,
-                Err(e) => {
-                    self.watch.fail(ctl, rank, &e);
-                    return Err(e);
-                }
-            }
-        } else {
+        let k = inner.k.wrapping_add(1);
+        inner.k = k;
+        if rank != EXECUTOR {
             if let Err(e) = self.free_slot(x, ctl, p, &what).and_then(|_| ctl.post(rank, p, &mine.encode(n))) {
                 inner.detour = None;
                 self.watch.fail(ctl, rank, &e);
                 return Err(e);
             }
-            match mine.part {
-                Part::Takes => return self.run_agreed(x, call, inner, Agreed::default(), (ctx, device)),
-                Part::Captured => {
-                    inner.k = inner.k.wrapping_add(1);
-                    x.algo = Algo::Refused;
-                    return Ok(Outcome::Failed(capture::refusal(c.kind.c_name(), rank, c.stream, &[rank])));
-                }
-                Part::Cannot => {
-                    inner.k = inner.k.wrapping_add(1);
-                    let e = cannot(&what, rank, why);
-                    self.watch.fail(ctl, rank, &e);
-                    return Ok(Outcome::Failed(e));
-                }
+        }
+        match mine.part {
+            Part::Takes if rank == EXECUTOR => self.hand_over(x, call, inner, Job::new(call, mine, p, k, ctx, device)),
+            Part::Takes => {
+                let reg = self.registration(inner, ctx, device)?;
+                let detour = inner.detour.take();
+                self.run_agreed(&mut x.algo, call, detour, Agreed::default(), reg, (ctx, device), k)
             }
-        };
-        self.verdict(x, call, inner, descs, why, (ctx, device))
+            Part::Captured => {
+                if rank == EXECUTOR {
+                    // The proxy still reads the others' posts: if they are not all
+                    // captured, their streams wait for this call.
+                    self.proxy.push(self, Job::new(call, mine, p, k, ctx, device))?;
+                }
+                x.algo = Algo::Refused;
+                Ok(Outcome::Failed(capture::refusal(c.kind.c_name(), rank, c.stream, &[rank])))
+            }
+            Part::Cannot => {
+                let e = cannot(&what, rank, why);
+                self.watch.fail(ctl, rank, &e);
+                Ok(Outcome::Failed(e))
+            }
+        }
     }
 
-    /// The executor's verdict on every rank's post of `call` (`descs`, its own first;
-    /// `why`: what kept it from taking part, if anything), and the call run on it.
+    /// The executor's share of a posted call it takes part in: its stream marks where
+    /// the inputs are ready (an event) and waits for `done >= k`; the proxy thread reads
+    /// the posts and enqueues the call after the event. The caller waits for no rank.
+    fn hand_over(&self, x: &mut Exec<'_>, call: &Call, inner: &mut Inner, mut job: Job) -> Result<Outcome> {
+        let (ctl, a) = self.registration(inner, job.ctx, job.device)?;
+        job.reg = Some((ctl.clone(), a));
+        let (s, k) = (call.coll.stream, job.k);
+        let detour = inner.detour.take();
+        let ev = cuda::Event::new()?;
+        // SAFETY: the control words are registered in this context and outlive the
+        // stream's use of them (Drop waits for every target); the detour's copies per
+        // its contract (the call's own buffers, valid until the stream has run the call).
+        unsafe {
+            if let Some(d) = &detour {
+                d.enter(s)?;
+            }
+            ev.record(s)?;
+            cuda::stream_wait_geq(s, a.of(Ctl::DONE), k)?;
+        }
+        let mut targets: Vec<Target> =
+            (0..self.nranks).filter(|&q| q != EXECUTOR).map(|q| Target { w: ctl.ready(q), v: k, writer: q }).collect();
+        targets.push(Target { w: Ctl::DONE, v: k, writer: EXECUTOR });
+        let what = format!("device call #{k} (collective #{})", call.seq);
+        self.watch.pending(&targets, Instant::now() + self.timeout, what);
+        job.ev = Some(ev);
+        // Before the copy out: into pageable memory it returns only once the call ran.
+        self.proxy.push(self, job)?;
+        x.algo = Algo::ExecProxy;
+        if let Some(d) = &detour {
+            // SAFETY: as above.
+            unsafe { d.leave(s)? };
+            if d.finish(s)? {
+                if let Some(e) = self.watch.failure().or_else(|| self.watch.failed_elsewhere(&ctl, "the call")) {
+                    // Its host buffers did not get the results.
+                    return Err(e);
+                }
+            }
+        }
+        Ok(Outcome::Done)
+    }
+
+    /// The control words registered in `ctx` and their device addresses there.
+    fn registration(&self, inner: &mut Inner, ctx: cuda::Ctx, device: i32) -> Result<(Arc<Ctl>, ctl::Addrs)> {
+        match self.stream_mode(inner, ctx, device) {
+            Mode::Stream(reg) => Ok((reg.ctl.clone(), reg.addrs())),
+            _ => Err(Error::internal("a posted call without stream memory operations")),
+        }
+    }
+
+    /// The proxy's part of one posted call of the executor: every rank's post read,
+    /// checked, and the call enqueued on the proxy's stream `s` after the caller's
+    /// event. Err (a rank died, a driver call failed) fails the communicator.
+    fn proxy_one(&self, job: Job, s: &mut Option<(cuda::Ctx, cuda::OwnedStream)>) -> Result<()> {
+        let _g = cuda::CtxGuard::enter(job.ctx)?;
+        let ctl = self.ctl.as_ref().map_err(|m| Error::internal(m.clone()))?;
+        let what = format!("{} (collective #{})", job.call.coll.kind.c_name(), job.call.seq);
+        let mut waited = 0;
+        let all = self.gather(&mut waited, ctl, job.p, job.mine, &what);
+        ctl.consumed().store(job.p, Ordering::Release);
+        let descs = all?;
+        let mut call = job.call;
+        if let Some(ev) = job.ev {
+            if s.as_ref().map_or(true, |(c, _)| *c != job.ctx) {
+                *s = Some((job.ctx, cuda::OwnedStream::new()?));
+            }
+            let st = s.as_ref().expect("made above").1.stream();
+            ev.wait_on(st)?;
+            call.coll.stream = st;
+        }
+        let mut algo = Algo::None;
+        if let Outcome::Done = self.verdict(&mut algo, &call, descs, job.reg, (job.ctx, job.device), job.k)? {
+            log::info(format_args!(
+                "rank {} device call #{} (collective #{}) enqueued by the proxy thread: algorithm {}",
+                self.rank,
+                job.k,
+                call.seq,
+                algo.name()
+            ));
+        }
+        Ok(())
+    }
+
+    /// The proxy's verdict on every rank's post of the executor's call `k` (`descs`,
+    /// its own first), and the call run on it.
     fn verdict(
         &self,
-        x: &mut Exec<'_>,
+        algo: &mut Algo,
         call: &Call,
-        inner: &mut Inner,
         mut descs: Vec<Desc>,
-        why: Option<Fallback>,
+        reg: Option<(Arc<Ctl>, ctl::Addrs)>,
         (ctx, device): (cuda::Ctx, i32),
+        k: u32,
     ) -> Result<Outcome> {
         let (rank, n) = (self.rank, self.nranks);
         let c = &call.coll;
         let ctl = self.ctl.as_ref().map_err(|m| Error::internal(m.clone()))?;
-        let fail = |inner: &mut Inner, e: Error| {
-            inner.k = inner.k.wrapping_add(1);
-            inner.detour = None;
+        let fail = |e: Error| {
             self.watch.fail(ctl, rank, &e);
             Ok(Outcome::Failed(e))
         };
         let who: Vec<usize> = (0..n).filter(|&q| descs[q].part == Part::Captured).collect();
         if !who.is_empty() {
-            x.algo = Algo::Refused;
+            *algo = Algo::Refused;
             let e = capture::refusal(c.kind.c_name(), rank, c.stream, &who);
             if who.len() == n {
                 // Every rank refused it alike, and nothing was enqueued anywhere.
-                inner.k = inner.k.wrapping_add(1);
-                inner.detour = None;
                 return Ok(Outcome::Failed(e));
             }
-            return fail(inner, Error { msg: format!("{}; {FAILED}", e.msg), ..e });
+            return fail(Error { msg: format!("{}; {FAILED}", e.msg), ..e });
         }
         let mut gone = Vec::new();
-        inner.freed.apply(ctl, rank, &self.pids, ctx, &mut inner.maps, &mut gone);
-        self.defer_close(inner, std::mem::take(&mut gone));
+        {
+            let m = &mut *self.mapped();
+            m.freed.apply(ctl, rank, &self.pids, ctx, &mut m.maps, &mut gone);
+        }
+        self.defer_close(std::mem::take(&mut gone));
         if let Some(d) = fingerprint::disagreement(rank, 1..n, &descs[rank].fp, |q| &descs[q].fp) {
-            x.algo = Algo::Mismatch;
-            return fail(inner, Error::mismatch(format!("ranks called different collectives: {d}; {FAILED}")));
+            *algo = Algo::Mismatch;
+            return fail(Error::mismatch(format!("ranks called different collectives: {d}; {FAILED}")));
         }
         let unable: Vec<usize> = (0..n).filter(|&q| descs[q].part != Part::Takes).collect();
         if !unable.is_empty() {
-            let mine =
-                why.map(|f| format!(" (rank {rank}: {}{}{})", f.why, if f.fix.is_empty() { "" } else { "; " }, f.fix));
             let list = unable.iter().map(|q| q.to_string()).collect::<Vec<_>>().join(", ");
-            return fail(
-                inner,
-                Error::unavailable(format!(
-                    "{} of collective #{}: rank(s) {list} could not take it GPU to GPU{}; it cannot be staged \
-                     through host memory instead, as that needs every rank to agree first; {FAILED}",
-                    c.kind.c_name(),
-                    call.seq,
-                    mine.unwrap_or_default()
-                )),
-            );
+            return fail(Error::unavailable(format!(
+                "{} of collective #{}: rank(s) {list} could not take it GPU to GPU (their errors say why); it \
+                 cannot be staged through host memory instead, as that needs every rank to agree first; {FAILED}",
+                c.kind.c_name(),
+                call.seq,
+            )));
         }
         let counts: Vec<VCounts> = descs.iter_mut().filter_map(|d| d.counts.take()).collect();
         if counts.len() == n {
             if let Some(d) = counts::first_finding(c, &counts) {
-                return fail(inner, Error::mismatch(format!("{d}; {FAILED}")));
+                return fail(Error::mismatch(format!("{d}; {FAILED}")));
             }
         }
-        self.run_agreed(x, call, inner, Agreed { descs, counts, gone, posts: true }, (ctx, device))
+        let reg = reg.ok_or_else(|| Error::internal("a posted call to run without its registration"))?;
+        self.run_agreed(algo, call, None, Agreed { descs, counts, gone, posts: true }, reg, (ctx, device), k)
     }
 
     /// `run_streamed` on the registration of this rank's stream mode.
+    #[allow(clippy::too_many_arguments)]
     fn run_agreed(
         &self,
-        x: &mut Exec<'_>,
+        algo: &mut Algo,
         call: &Call,
-        inner: &mut Inner,
+        detour: Option<super::negotiate::Detour>,
         agreed: Agreed,
+        (ctl, a): (Arc<Ctl>, ctl::Addrs),
         (ctx, device): (cuda::Ctx, i32),
+        k: u32,
     ) -> Result<Outcome> {
-        let (ctl, a) = match self.stream_mode(inner, ctx, device) {
-            Mode::Stream(reg) => (reg.ctl.clone(), reg.addrs()),
-            _ => return Err(Error::internal("a posted call without stream memory operations")),
-        };
-        let ctl: Arc<Ctl> = ctl;
-        let out = self.run_streamed(x, call, inner, agreed, (&ctl, a), (ctx, device));
+        let out = self.run_streamed(algo, call, detour, agreed, (&ctl, a), (ctx, device), k);
         if let Err(e) = &out {
             // Peers may already wait on the streams for this rank's part.
             self.watch.fail(&ctl, self.rank, e);
@@ -192,12 +269,11 @@ impl Ipc {
         out
     }
 
-    /// The executor's wait for every peer's post of call `p`: every rank's descriptor,
-    /// `mine` first. Counts as this call's one host exchange (it depends on the peers'
-    /// arrival, though it answers nothing).
-    fn gather(&self, x: &mut Exec<'_>, ctl: &Ctl, p: u64, mine: Desc, what: &str) -> Result<Vec<Desc>> {
+    /// The proxy's wait for every peer's post of call `p`: every rank's descriptor,
+    /// `mine` first; `waited` counts it.
+    fn gather(&self, waited: &mut u32, ctl: &Ctl, p: u64, mine: Desc, what: &str) -> Result<Vec<Desc>> {
         let n = self.nranks;
-        x.exchanges += 1;
+        *waited += 1;
         let mut descs: Vec<Option<Desc>> = (0..n).map(|_| None).collect();
         descs[EXECUTOR] = Some(mine);
         let mut wait = Waiting::new(self.timeout);
@@ -234,6 +310,113 @@ impl Ipc {
             })?;
         }
         Ok(())
+    }
+}
+
+/// Calls the executor's caller may queue ahead of its proxy thread.
+const QUEUED_MAX: usize = 1024;
+
+/// One posted call of the executor, handed to the proxy thread.
+pub(super) struct Job {
+    call: Call,
+    mine: Desc,
+    /// Its post number and its number on the streams.
+    p: u64,
+    k: u32,
+    /// Recorded on the caller's stream where the inputs are ready; None when the
+    /// executor does not take part (its stream is being captured).
+    ev: Option<cuda::Event>,
+    /// The control words and their device addresses in `ctx` (with `ev`).
+    reg: Option<(Arc<Ctl>, ctl::Addrs)>,
+    ctx: cuda::Ctx,
+    device: i32,
+}
+
+// SAFETY: the call's buffers are device addresses the proxy never dereferences on the
+// host (it passes them to kernels and copies), and its stream and context handles may
+// be used from any thread of the process.
+unsafe impl Send for Job {}
+
+impl Job {
+    fn new(call: &Call, mine: Desc, p: u64, k: u32, ctx: cuda::Ctx, device: i32) -> Job {
+        Job { call: Call { coll: call.coll.clone(), seq: call.seq }, mine, p, k, ev: None, reg: None, ctx, device }
+    }
+}
+
+/// The executor's proxy thread (posted calls only): it reads the other ranks' posts of
+/// each call as they arrive and enqueues the call on its own stream, so that the
+/// caller's thread waits for no rank. Started by the first posted call.
+#[derive(Default)]
+pub(super) struct Proxy {
+    jobs: Mutex<VecDeque<Job>>,
+    wake: Condvar,
+    stop: AtomicBool,
+    thread: Mutex<Option<std::thread::JoinHandle<()>>>,
+}
+
+impl Proxy {
+    /// Queues `job` for the proxy thread of `ipc`, starting it the first time.
+    fn push(&self, ipc: &Ipc, job: Job) -> Result<()> {
+        let mut thread = self.thread.lock().unwrap_or_else(|p| p.into_inner());
+        if thread.is_none() {
+            let me = ipc.me.get().and_then(std::sync::Weak::upgrade).ok_or_else(|| {
+                Error::internal("the device path's proxy thread needs the backend shared (Ipc::shared)")
+            })?;
+            let h = std::thread::Builder::new()
+                .name("ferroccl-proxy".into())
+                .spawn(move || proxy_loop(&me))
+                .map_err(|e| Error::system(format!("no proxy thread for posted device calls: {e}")))?;
+            *thread = Some(h);
+        }
+        drop(thread);
+        let mut q = self.jobs.lock().unwrap_or_else(|p| p.into_inner());
+        // A caller far ahead of its proxy waits (the proxy does not need what it holds).
+        while q.len() >= QUEUED_MAX && !self.stop.load(Ordering::Acquire) {
+            q = self.wake.wait_timeout(q, Duration::from_millis(50)).unwrap_or_else(|e| e.into_inner()).0;
+        }
+        q.push_back(job);
+        drop(q);
+        self.wake.notify_all();
+        Ok(())
+    }
+
+    /// Ends the thread once it has run every queued call, and waits for it.
+    pub(super) fn stop(&self) {
+        self.stop.store(true, Ordering::Release);
+        self.wake.notify_all();
+        let h = self.thread.lock().unwrap_or_else(|p| p.into_inner()).take();
+        if let Some(h) = h {
+            let _ = h.join();
+        }
+    }
+}
+
+fn proxy_loop(ipc: &Ipc) {
+    let p = &ipc.proxy;
+    let mut stream = None;
+    loop {
+        let job = {
+            let mut q = p.jobs.lock().unwrap_or_else(|e| e.into_inner());
+            loop {
+                if let Some(j) = q.pop_front() {
+                    p.wake.notify_all();
+                    break j;
+                }
+                if p.stop.load(Ordering::Acquire) {
+                    return;
+                }
+                q = p.wake.wait_timeout(q, Duration::from_millis(200)).unwrap_or_else(|e| e.into_inner()).0;
+            }
+        };
+        // A panic fails the communicator (its streams are released), not the process.
+        let ran = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| ipc.proxy_one(job, &mut stream)));
+        let res = ran.unwrap_or_else(|_| Err(Error::internal("the device path's proxy thread panicked")));
+        if let Err(e) = res {
+            if let Ok(ctl) = &ipc.ctl {
+                log::warn(format_args!("rank {}: the proxy thread gave up: {}", ipc.rank, e.msg));
+                ipc.watch.fail(ctl, ipc.rank, &e);
+            }
+        }
     }
 }
 
