@@ -165,14 +165,14 @@ endif()
 
 # The cost model (c_tests/test_device_costs.c): every collective of ranks sharing device
 # 0, per call, against the roofline's budget: HBM traffic, launches, host-blocking calls,
-# driver calls that do not grow with the live allocations, host exchanges (none but the
-# executor's with FERROCCL_CHECK=0: .posted). Needs the simulated GPU (its counters);
+# driver calls that do not grow with the live allocations, host exchanges (none with
+# FERROCCL_CHECK=0: .posted, with and without MPS). Needs the simulated GPU (its counters);
 # skipped on a real driver.
 _fccl_missing_of(_fccl_costs_miss ${_fccl_dev_req} fcclCommGetLastPath fcclCommGetLastExchanges)
 if(_fccl_costs_miss)
   _fccl_missing_tests(test_device_costs "${_fccl_costs_miss}" test_device_costs.np2 test_device_costs.np4
     test_device_costs.np8 test_device_costs.mps.np4 test_device_costs.posted.np2 test_device_costs.posted.np4
-    test_device_costs.posted.np8)
+    test_device_costs.posted.np8 test_device_costs.mps.posted.np4)
 else()
   add_executable(test_device_costs test_device_costs.c)
   target_link_libraries(test_device_costs PRIVATE ferroccl ${CMAKE_DL_LIBS})
@@ -183,6 +183,8 @@ else()
       "${FERROCCL_RUN}" -n ${_n} $<TARGET_FILE:test_device_costs>)
   endforeach()
   _fccl_device_test(test_device_costs.mps.np4 4 "${_fccl_env};FERROCCL_CUDA_MPS=1"
+    "${FERROCCL_RUN}" -n 4 $<TARGET_FILE:test_device_costs>)
+  _fccl_device_test(test_device_costs.mps.posted.np4 4 "${_fccl_env};FERROCCL_CUDA_MPS=1;FERROCCL_CHECK=0"
     "${FERROCCL_RUN}" -n 4 $<TARGET_FILE:test_device_costs>)
 endif()
 
@@ -216,15 +218,16 @@ else()
 endif()
 
 # Posted device calls (c_tests/test_device_posted.c), FERROCCL_CHECK=0: after the first
-# call the ranks post their descriptors and only the executor reads them. Right results
-# over repeated, renewed and host buffers; what the executor finds afterwards (different
-# counts, one rank's graph capture) fails the communicator on every rank with the
-# reason; every rank's capture is refused alike and the communicator goes on. The whole
-# device contract suite also runs posted (test_device.posted.np3).
+# call the ranks post their descriptors and only the executor reads them (.mps: every
+# rank's proxy reads them and enqueues its share). Right results over repeated, renewed
+# and host buffers; what a proxy finds afterwards (different counts, one rank's graph
+# capture) fails the communicator on every rank with the reason; every rank's capture is
+# refused alike and the communicator goes on. The whole device contract suite also runs
+# posted (test_device.posted.np3, test_device.mps.posted.np3).
 _fccl_missing_of(_fccl_posted_miss ${_fccl_dev_req} fcclCommGetLastPath fcclCommGetLastExchanges fcclCommAbort)
 if(_fccl_posted_miss)
   _fccl_missing_tests(test_device_posted "${_fccl_posted_miss}" test_device_posted.np2 test_device_posted.np4
-    test_device.posted.np3)
+    test_device_posted.mps.np3 test_device.posted.np3 test_device.mps.posted.np3)
 else()
   add_executable(test_device_posted test_device_posted.c)
   target_link_libraries(test_device_posted PRIVATE ferroccl ${CMAKE_DL_LIBS})
@@ -232,8 +235,12 @@ else()
     _fccl_device_test(test_device_posted.np${_n} ${_n} "${_fccl_env};FERROCCL_CHECK=0"
       "${FERROCCL_RUN}" -n ${_n} $<TARGET_FILE:test_device_posted>)
   endforeach()
+  _fccl_device_test(test_device_posted.mps.np3 3 "${_fccl_env};FERROCCL_CHECK=0;FERROCCL_CUDA_MPS=1"
+    "${FERROCCL_RUN}" -n 3 $<TARGET_FILE:test_device_posted>)
   if(TARGET test_device)
     _fccl_device_test(test_device.posted.np3 3 "${_fccl_env};FERROCCL_CHECK=0"
+      "${FERROCCL_RUN}" -n 3 $<TARGET_FILE:test_device>)
+    _fccl_device_test(test_device.mps.posted.np3 3 "${_fccl_env};FERROCCL_CHECK=0;FERROCCL_CUDA_MPS=1"
       "${FERROCCL_RUN}" -n 3 $<TARGET_FILE:test_device>)
   endif()
 endif()

@@ -1,7 +1,8 @@
 /* Device collectives with FERROCCL_CHECK=0 on ranks sharing one GPU: after the first
  * call, which every rank agrees on, the ranks post their descriptors and only the
- * proxy thread of the executor (rank 0) reads them, so no rank's calling thread waits
- * on the host for another rank.
+ * proxy thread of the executor (rank 0) reads them (with FERROCCL_CUDA_MPS=1 every
+ * rank's proxy thread, each enqueuing its rank's share), so no rank's calling thread
+ * waits on the host for another rank.
  *
  *   0. one rank has checkMode on (fcclConfig_t): no rank posts, every call is agreed
  *      (one host exchange on every rank) and right.
@@ -10,10 +11,10 @@
  *      (the executor maps the new ones from the posts); all_gather_v on host memory of
  *      every rank, then of rank 1 alone (through device memory the communicator lends:
  *      the results are in the host buffer when the call returns). Each says backend
- *      "ipc" (rank 0: algorithm exec-proxy); fcclCommGetLastExchanges says 0 on every
- *      rank.
- *   2. ranks that call different counts: every call returned before rank 0's proxy
- *      thread compared them, so the communicator fails: on every
+ *      "ipc" (rank 0: algorithm exec-proxy; under MPS every rank: mps-proxy);
+ *      fcclCommGetLastExchanges says 0 on every rank.
+ *   2. ranks that call different counts: every call returned before a proxy thread
+ *      compared them, so the communicator fails: on every
  *      rank the streams finish (nothing hangs), fcclCommGetAsyncError comes to
  *      fcclCollectiveMismatch with a message naming the counts, FERROCCL_CHECK=1 and the
  *      failure, no receive buffer was written, and the next call fails.
@@ -35,7 +36,7 @@
 #include "cuda_driver.h"
 #include "ferroccl.h"
 
-static int failures, g_rank, g_n;
+static int failures, g_rank, g_n, g_mps;
 
 #include "rank_check.h"
 
@@ -115,7 +116,10 @@ static void posted(fcclComm_t comm, const char* what, int round) {
   OK(fcclCommGetLastExchanges(comm, &x));
   CHECK(strcmp(b, "ipc") == 0, "%s, round %d: served by %s/%s, not ipc", what, round, b, a);
   CHECK(x == 0, "%s, round %d: %d host exchanges on rank %d, expected none", what, round, x, g_rank);
-  if (g_rank == 0 && strcmp(b, "ipc") == 0)
+  if (g_mps && strcmp(b, "ipc") == 0)
+    CHECK(strcmp(a, "mps-proxy") == 0, "%s, round %d: rank %d's algorithm %s under MPS, expected mps-proxy", what,
+          round, g_rank, a);
+  else if (g_rank == 0 && strcmp(b, "ipc") == 0)
     CHECK(strcmp(a, "exec-proxy") == 0, "%s, round %d: rank 0's algorithm %s, expected exec-proxy", what, round, a);
 }
 
@@ -339,6 +343,10 @@ int main(void) {
   if (!getenv("FERROCCL_RANK") || !check || strcmp(check, "0") != 0) {
     printf("skipped: start it with ferroccl-run -n N (N >= 2) and FERROCCL_CHECK=0\n");
     return 77;
+  }
+  {
+    const char* mps = getenv("FERROCCL_CUDA_MPS");
+    g_mps = mps && strcmp(mps, "1") == 0;
   }
   OK(fcclCommInitFromEnv(&comm));
   if (failures) return 1;

@@ -70,6 +70,9 @@ pub enum Algo {
     MpsSlices,
     /// one GPU under MPS: every rank moves its share.
     MpsShares,
+    /// ipc under MPS, posted calls (FERROCCL_CHECK=0): every rank's proxy thread reads
+    /// every post and enqueues this rank's share on its own stream.
+    MpsProxy,
     /// one GPU, ranks in one process: this rank waited for the executor on the host.
     HostWait,
     /// one GPU: this rank signalled and waits on its stream.
@@ -117,6 +120,7 @@ impl Algo {
             Algo::MpsIdle => "mps-idle",
             Algo::MpsSlices => "mps-slices",
             Algo::MpsShares => "mps-shares",
+            Algo::MpsProxy => "mps-proxy",
             Algo::HostWait => "host-wait",
             Algo::SignalWait => "signal-wait",
             Algo::SignalWaitCopied => "signal-wait-copied",

@@ -499,8 +499,9 @@ pub unsafe extern "C" fn fcclCommGetLastPath(
 /// Writes to `*exchanges` how many times the last call (or group) that ran on `comm`
 /// waited for the other ranks on the host besides moving its data: the one-GPU
 /// path's descriptor exchange (one per collective; with checkMode off on every rank,
-/// none after the first call: rank 0's proxy thread, not the caller, reads the others'
-/// posted descriptors; 1 on a rank that ran 16 calls ahead of it), the capture vote of a staged
+/// none after the first call: a proxy thread (rank 0's; under MPS every rank's), not
+/// the caller, reads the others' posted descriptors; 1 on a rank that ran 16 calls
+/// ahead of one), the capture vote of a staged
 /// device call, a barrier of ranks that share a process. 0 for calls whose only
 /// messages are their data (host memory, NCCL) and before the first call. What the
 /// ferroccl cost model holds a device call to, and the `host exchanges` of the

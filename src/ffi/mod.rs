@@ -170,8 +170,8 @@ pub const FCCL_BACKEND_NCCL: c_int = 2;
 /// and breaks the communicator). Ranks of one host always compare. Ranks in separate
 /// processes sharing one GPU stop agreeing on device calls on the host once every rank
 /// has checkMode off: each posts its call and goes on, and a mismatch (or one rank's
-/// graph capture) that rank 0's proxy thread finds afterwards fails the communicator on
-/// every rank (fcclCommGetAsyncError names it).
+/// graph capture) that a proxy thread (rank 0's; under MPS every rank's) finds
+/// afterwards fails the communicator on every rank (fcclCommGetAsyncError names it).
 pub const FCCL_CHECK_OFF: c_int = 0;
 /// checkMode: fingerprint each call and compare across ranks to detect mismatches before
 /// any data moves (the default).

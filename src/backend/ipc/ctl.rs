@@ -97,13 +97,19 @@ impl Ctl {
 
     fn layout(n: usize) -> (usize, usize) {
         let words = round_up(Self::probes(n) + LINE * n, PAGE);
-        let len = Self::reason_off(words, n) + LINE + REASON_BYTES + LINE + n * POSTS as usize * Self::post_bytes(n);
+        let len = Self::posts_off(words, n) + n * POSTS as usize * Self::post_bytes(n);
         (words, len)
     }
 
     /// Where the failure's header line starts, after the pairs.
     fn reason_off(words: usize, n: usize) -> usize {
         round_up(words + round_up(n * FREED_BYTES, PAGE) + n * n * PAIR_BYTES, PAGE)
+    }
+
+    /// Where the rings of posted descriptors start, after the failure and every rank's
+    /// count of posted calls read.
+    fn posts_off(words: usize, n: usize) -> usize {
+        Self::reason_off(words, n) + LINE + REASON_BYTES + round_up(8 * n, LINE)
     }
 
     /// Bytes of one posted descriptor's slot: a stamp line, then the descriptor.
@@ -326,19 +332,21 @@ impl Ctl {
         Some((who, (w >> 32) as u32 as i32, String::from_utf8_lossy(&b).into_owned()))
     }
 
-    /// The last posted call the executor has read (every rank's post of it).
-    pub fn consumed(&self) -> &AtomicU64 {
-        self.u64_at(Self::reason_off(self.words, self.n) + LINE + REASON_BYTES)
+    /// The last posted call rank `r` has read (every rank's post of it): the executor
+    /// reads them, and under MPS every rank.
+    pub fn consumed(&self, r: usize) -> &AtomicU64 {
+        assert!(r < self.n, "rank {r} beyond the control region");
+        self.u64_at(Self::reason_off(self.words, self.n) + LINE + REASON_BYTES + 8 * r)
     }
 
     fn post_slot(&self, r: usize, k: u64) -> usize {
         assert!(r < self.n, "rank {r} beyond the control region");
-        let first = Self::reason_off(self.words, self.n) + LINE + REASON_BYTES + LINE;
+        let first = Self::posts_off(self.words, self.n);
         first + (r * POSTS as usize + (k % POSTS) as usize) * Self::post_bytes(self.n)
     }
 
     /// Writes rank `r`'s descriptor of posted call `k` (`k >= 1`; the caller checked
-    /// that the executor read call `k - POSTS`, the slot's last). Err if too long.
+    /// that every reader read call `k - POSTS`, the slot's last). Err if too long.
     pub fn post(&self, r: usize, k: u64, desc: &[u8]) -> Result<()> {
         if desc.len() > post_capacity(self.n) {
             return Err(Error::internal(format!(
@@ -364,8 +372,8 @@ impl Ctl {
         }
         let len = (self.u64_at(at + 8).load(Ordering::Relaxed) as usize).min(post_capacity(self.n));
         let mut b = vec![0u8; len];
-        // SAFETY: stamped with k: the poster does not write the slot again before the
-        // executor (the only reader) marks call k consumed.
+        // SAFETY: stamped with k: the poster does not write the slot again before every
+        // reader (the executor, or under MPS every other rank) marks call k consumed.
         unsafe { std::ptr::copy_nonoverlapping(self.host.add(at + LINE), b.as_mut_ptr(), len) };
         Some(b)
     }
@@ -649,8 +657,11 @@ mod tests {
         a.post(0, 3, &vec![5; post_capacity(3)]).unwrap();
         assert_eq!(b.posted(0, 3).unwrap().len(), post_capacity(3));
         assert!(b.posted(1, 3).is_none(), "a full slot does not spill into the next rank's ring");
-        b.consumed().store(7, Ordering::Release);
-        assert_eq!(a.consumed().load(Ordering::Acquire), 7);
+        b.consumed(0).store(7, Ordering::Release);
+        b.consumed(2).store(9, Ordering::Release);
+        assert_eq!((a.consumed(0).load(Ordering::Acquire), a.consumed(1).load(Ordering::Acquire)), (7, 0));
+        assert_eq!(a.consumed(2).load(Ordering::Acquire), 9);
+        assert_eq!(a.reason(), None, "the counts lie apart from the failure");
         // The failure's reason: the first rank to give up names it.
         assert_eq!(a.reason(), None);
         b.fail_with(2, 100, "rank 2 found a mismatch");

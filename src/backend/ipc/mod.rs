@@ -8,8 +8,8 @@
 //! collective `k`:
 //! - every rank sends the others a descriptor of its buffers (host memory, through
 //!   the transport; an IPC handle is made once per allocation), or, with checkMode
-//!   off on every rank, posts it in the control region for rank 0's proxy thread
-//!   (`posts`);
+//!   off on every rank, posts it in the control region for rank 0's proxy thread (under
+//!   MPS: for every rank's) (`posts`);
 //! - rank r > 0 enqueues `ready[r] = k` (its inputs are ready: the work queued before
 //!   is done) and `wait done >= k` (nothing after the call runs before it is done);
 //! - rank 0 enqueues `wait ready[r] >= k` for every r, the copies and reduction
@@ -571,7 +571,7 @@ impl Ipc {
     ) -> Result<Outcome> {
         let (rank, n) = (self.rank, self.nranks);
         let c = &call.coll;
-        let Agreed { descs, counts, mut gone, .. } = agreed;
+        let Agreed { descs, counts, mut gone, proxied, .. } = agreed;
         let s = c.stream;
         let (dev_ready, dev_fin, dev_done) = (|q| a.of(ctl.ready(q)), |q| a.of(ctl.fin(q)), a.of(Ctl::DONE));
         // Kernels queued behind a failure do nothing (see `move_data`).
@@ -594,7 +594,8 @@ impl Ipc {
                 }
                 move_data(algo, c, &peers, &counts, ctx, device, Some(rank), failed)?;
                 cuda::stream_write(s, dev_fin(rank), k)?;
-                for q in (0..n).filter(|&q| q != rank) {
+                // A proxy's caller's stream waits for every `fin` itself (`posts`).
+                for q in (0..n).filter(|&q| q != rank && !proxied) {
                     cuda::stream_wait_geq(s, dev_fin(q), k)?;
                 }
                 if let Some(d) = &detour {

@@ -39,6 +39,9 @@ pub(super) struct Agreed {
     pub gone: Vec<usize>,
     /// Every rank posts its descriptors of the next calls instead (`posts`).
     pub posts: bool,
+    /// Run by this rank's proxy thread (`posts`), whose caller's stream waits for the
+    /// call's end itself.
+    pub proxied: bool,
 }
 
 impl Ipc {
@@ -85,9 +88,9 @@ impl Ipc {
                 (Desc::new(part, fingerprint::one(call), c.v.clone()), Some(f))
             }
         };
-        // Without per-call checking, ranks ordered on the streams by the executor alone
-        // stop agreeing on the host once every rank can (see `posts`).
-        mine.posts = stream && !x.check && !self.shares();
+        // Without per-call checking, ranks ordered on the streams stop agreeing on the
+        // host once every rank can (see `posts`).
+        mine.posts = stream && !x.check;
         let per_rank = c.v.is_some();
         let (all, got) = x.allgather(&mine.encode(n), own_seq(x, call))?;
         if let Outcome::Failed(_) = got {
@@ -132,7 +135,7 @@ impl Ipc {
             return Ok(Negotiated::BadCounts(e));
         }
         let posts = descs.iter().all(|d| d.posts);
-        Ok(Negotiated::Run(Agreed { descs, counts, gone, posts }))
+        Ok(Negotiated::Run(Agreed { descs, counts, gone, posts, proxied: false }))
     }
 
     /// This rank's descriptor of `call`, or why it cannot take the call GPU to GPU.

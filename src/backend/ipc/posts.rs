@@ -1,20 +1,20 @@
 //! Collectives that are not agreed on the host. Once every rank of a communicator
-//! ordered on the streams by the executor (ranks in separate processes, no MPS) runs
-//! with FERROCCL_CHECK=0, the descriptor exchange (`negotiate`) stops: each rank
-//! writes its descriptor of a call into its ring in the control region
-//! (`Ctl::post`) and goes on. The executor's caller marks on its stream where its
+//! ordered on the streams (ranks in separate processes) runs with FERROCCL_CHECK=0, the
+//! descriptor exchange (`negotiate`) stops: each rank writes its descriptor of a call
+//! into its ring in the control region (`Ctl::post`) and goes on. A rank that moves
+//! data (the executor; under MPS every rank) marks on its caller's stream where its
 //! inputs are ready (an event) and queues a wait for the call's end; its proxy thread
-//! reads every rank's post as it arrives and enqueues the call on its own stream after
-//! that event. No rank's calling thread waits for another rank (unless it runs
-//! `ctl::POSTS` calls ahead of the proxy).
+//! reads every rank's post as it arrives and enqueues the rank's part on its own
+//! stream after that event. No rank's calling thread waits for another rank (unless it
+//! runs `ctl::POSTS` calls ahead of a reader).
 //!
 //! What the exchange decided on every rank before anything was enqueued (different
 //! collectives or counts, a captured stream, a rank that cannot take the call GPU to
-//! GPU) the proxy now finds after every rank's call returned: it fails the
-//! communicator and writes why into the region, the kernels and waits already queued
-//! are released without moving data, and every rank's next call and
-//! `fcclCommGetAsyncError` return that error (as NCCL's asynchronous errors; the
-//! communicator must then be destroyed or aborted). Nothing is ever staged.
+//! GPU) a proxy now finds after every rank's call returned: it fails the communicator
+//! and writes why into the region, the kernels and waits already queued are released
+//! without moving data, and every rank's next call and `fcclCommGetAsyncError` return
+//! that error (as NCCL's asynchronous errors; the communicator must then be destroyed
+//! or aborted). Nothing is ever staged.
 
 use super::ctl::{self, Ctl};
 use super::desc::{Desc, Part};
@@ -33,14 +33,14 @@ use std::sync::{Arc, Condvar, Mutex};
 use std::time::{Duration, Instant};
 
 /// What every error found this way adds: the communicator is over, and how to avoid it.
-const FAILED: &str = "found by the executor (rank 0) after the ranks' calls returned, as FERROCCL_CHECK=0 \
+const FAILED: &str = "found by a proxy thread after the ranks' calls returned, as FERROCCL_CHECK=0 \
     does not agree on device calls before enqueuing them; no data was moved for it, and the communicator's \
     device calls now fail: destroy or abort it. Run with FERROCCL_CHECK=1 to have such a call fail alone \
     on every rank and the communicator stay usable";
 
 impl Ipc {
-    /// Runs one eligible collective by posting this rank's descriptor (the executor:
-    /// reading every rank's and enqueuing the call); buffers in `ctx` on `device`.
+    /// Runs one eligible collective by posting this rank's descriptor (a rank that moves
+    /// data: handing the call to its proxy thread); buffers in `ctx` on `device`.
     pub(super) fn run_posted(
         &self,
         x: &mut Exec<'_>,
@@ -78,7 +78,9 @@ impl Ipc {
         inner.posts = p;
         let k = inner.k.wrapping_add(1);
         inner.k = k;
-        if rank != EXECUTOR {
+        // Every rank's posts are read by the executor; under MPS by every rank.
+        let proxied = rank == EXECUTOR || self.shares();
+        if rank != EXECUTOR || self.shares() {
             if let Err(e) = self.free_slot(x, ctl, p, &what).and_then(|_| ctl.post(rank, p, &mine.encode(n))) {
                 inner.detour = None;
                 self.watch.fail(ctl, rank, &e);
@@ -86,14 +88,14 @@ impl Ipc {
             }
         }
         match mine.part {
-            Part::Takes if rank == EXECUTOR => self.hand_over(x, call, inner, Job::new(call, mine, p, k, ctx, device)),
+            Part::Takes if proxied => self.hand_over(x, call, inner, Job::new(call, mine, p, k, ctx, device)),
             Part::Takes => {
                 let reg = self.registration(inner, ctx, device)?;
                 let detour = inner.detour.take();
                 self.run_agreed(&mut x.algo, call, detour, Agreed::default(), reg, (ctx, device), k)
             }
             Part::Captured => {
-                if rank == EXECUTOR {
+                if proxied {
                     // The proxy still reads the others' posts: if they are not all
                     // captured, their streams wait for this call.
                     self.proxy.push(self, Job::new(call, mine, p, k, ctx, device))?;
@@ -109,9 +111,10 @@ impl Ipc {
         }
     }
 
-    /// The executor's share of a posted call it takes part in: its stream marks where
-    /// the inputs are ready (an event) and waits for `done >= k`; the proxy thread reads
-    /// the posts and enqueues the call after the event. The caller waits for no rank.
+    /// The caller's part of a posted call this rank moves data for: its stream marks
+    /// where the inputs are ready (an event) and waits for the call's end (`done >= k`;
+    /// under MPS every rank's `fin >= k`); the proxy thread reads the posts and enqueues
+    /// the rank's part after the event. The caller waits for no rank.
     fn hand_over(&self, x: &mut Exec<'_>, call: &Call, inner: &mut Inner, mut job: Job) -> Result<Outcome> {
         let (ctl, a) = self.registration(inner, job.ctx, job.device)?;
         job.reg = Some((ctl.clone(), a));
@@ -126,17 +129,34 @@ impl Ipc {
                 d.enter(s)?;
             }
             ev.record(s)?;
-            cuda::stream_wait_geq(s, a.of(Ctl::DONE), k)?;
+            if self.shares() {
+                for q in 0..self.nranks {
+                    cuda::stream_wait_geq(s, a.of(ctl.fin(q)), k)?;
+                }
+            } else {
+                cuda::stream_wait_geq(s, a.of(Ctl::DONE), k)?;
+            }
         }
-        let mut targets: Vec<Target> =
-            (0..self.nranks).filter(|&q| q != EXECUTOR).map(|q| Target { w: ctl.ready(q), v: k, writer: q }).collect();
-        targets.push(Target { w: Ctl::DONE, v: k, writer: EXECUTOR });
+        let mut targets: Vec<Target> = Vec::with_capacity(2 * self.nranks);
+        if self.shares() {
+            for q in 0..self.nranks {
+                targets.push(Target { w: ctl.ready(q), v: k, writer: q });
+                targets.push(Target { w: ctl.fin(q), v: k, writer: q });
+            }
+        } else {
+            targets.extend((0..self.nranks).filter(|&q| q != EXECUTOR).map(|q| Target {
+                w: ctl.ready(q),
+                v: k,
+                writer: q,
+            }));
+            targets.push(Target { w: Ctl::DONE, v: k, writer: EXECUTOR });
+        }
         let what = format!("device call #{k} (collective #{})", call.seq);
         self.watch.pending(&targets, Instant::now() + self.timeout, what);
         job.ev = Some(ev);
         // Before the copy out: into pageable memory it returns only once the call ran.
         self.proxy.push(self, job)?;
-        x.algo = Algo::ExecProxy;
+        x.algo = if self.shares() { Algo::MpsProxy } else { Algo::ExecProxy };
         if let Some(d) = &detour {
             // SAFETY: as above.
             unsafe { d.leave(s)? };
@@ -158,16 +178,15 @@ impl Ipc {
         }
     }
 
-    /// The proxy's part of one posted call of the executor: every rank's post read,
-    /// checked, and the call enqueued on the proxy's stream `s` after the caller's
-    /// event. Err (a rank died, a driver call failed) fails the communicator.
+    /// The proxy's part of one posted call: every rank's post read, checked, and this
+    /// rank's part enqueued on the proxy's stream `s` after the caller's event. Err (a
+    /// rank died, a driver call failed) fails the communicator.
     fn proxy_one(&self, job: Job, s: &mut Option<(cuda::Ctx, cuda::OwnedStream)>) -> Result<()> {
         let _g = cuda::CtxGuard::enter(job.ctx)?;
         let ctl = self.ctl.as_ref().map_err(|m| Error::internal(m.clone()))?;
         let what = format!("{} (collective #{})", job.call.coll.kind.c_name(), job.call.seq);
-        let mut waited = 0;
-        let all = self.gather(&mut waited, ctl, job.p, job.mine, &what);
-        ctl.consumed().store(job.p, Ordering::Release);
+        let all = self.gather(ctl, job.p, job.mine, &what);
+        ctl.consumed(self.rank).store(job.p, Ordering::Release);
         let descs = all?;
         let mut call = job.call;
         if let Some(ev) = job.ev {
@@ -191,8 +210,8 @@ impl Ipc {
         Ok(())
     }
 
-    /// The proxy's verdict on every rank's post of the executor's call `k` (`descs`,
-    /// its own first), and the call run on it.
+    /// The proxy's verdict on every rank's post of call `k` (`descs`, rank by rank), and
+    /// this rank's part run on it.
     fn verdict(
         &self,
         algo: &mut Algo,
@@ -225,7 +244,9 @@ impl Ipc {
             m.freed.apply(ctl, rank, &self.pids, ctx, &mut m.maps, &mut gone);
         }
         self.defer_close(std::mem::take(&mut gone));
-        if let Some(d) = fingerprint::disagreement(rank, 1..n, &descs[rank].fp, |q| &descs[q].fp) {
+        if let Some(d) =
+            fingerprint::disagreement(rank, (0..n).filter(|&q| q != rank), &descs[rank].fp, |q| &descs[q].fp)
+        {
             *algo = Algo::Mismatch;
             return fail(Error::mismatch(format!("ranks called different collectives: {d}; {FAILED}")));
         }
@@ -246,7 +267,15 @@ impl Ipc {
             }
         }
         let reg = reg.ok_or_else(|| Error::internal("a posted call to run without its registration"))?;
-        self.run_agreed(algo, call, None, Agreed { descs, counts, gone, posts: true }, reg, (ctx, device), k)
+        self.run_agreed(
+            algo,
+            call,
+            None,
+            Agreed { descs, counts, gone, posts: true, proxied: true },
+            reg,
+            (ctx, device),
+            k,
+        )
     }
 
     /// `run_streamed` on the registration of this rank's stream mode.
@@ -269,13 +298,12 @@ impl Ipc {
         out
     }
 
-    /// The proxy's wait for every peer's post of call `p`: every rank's descriptor,
-    /// `mine` first; `waited` counts it.
-    fn gather(&self, waited: &mut u32, ctl: &Ctl, p: u64, mine: Desc, what: &str) -> Result<Vec<Desc>> {
+    /// The proxy's wait for every peer's post of call `p`: every rank's descriptor, rank
+    /// by rank (this rank's is `mine`).
+    fn gather(&self, ctl: &Ctl, p: u64, mine: Desc, what: &str) -> Result<Vec<Desc>> {
         let n = self.nranks;
-        *waited += 1;
         let mut descs: Vec<Option<Desc>> = (0..n).map(|_| None).collect();
-        descs[EXECUTOR] = Some(mine);
+        descs[self.rank] = Some(mine);
         let mut wait = Waiting::new(self.timeout);
         loop {
             for (q, slot) in descs.iter_mut().enumerate() {
@@ -296,35 +324,41 @@ impl Ipc {
         }
     }
 
-    /// Waits until the executor has read call `p - POSTS`, whose slot `p` reuses.
+    /// Waits until every reader of this rank's posts (the executor; under MPS every
+    /// other rank) has read call `p - POSTS`, whose slot `p` reuses.
     fn free_slot(&self, x: &mut Exec<'_>, ctl: &Ctl, p: u64, what: &str) -> Result<()> {
-        let reached = || ctl.consumed().load(Ordering::Acquire) + ctl::POSTS >= p;
-        if reached() {
+        let reads = |q: usize| q != self.rank && (q == EXECUTOR || self.shares());
+        let behind = || -> Vec<usize> {
+            (0..self.nranks).filter(|&q| reads(q) && ctl.consumed(q).load(Ordering::Acquire) + ctl::POSTS < p).collect()
+        };
+        let mut late = behind();
+        if late.is_empty() {
             return Ok(());
         }
         x.exchanges += 1;
         let mut wait = Waiting::new(self.timeout);
-        while !reached() {
-            wait.step(self, ctl, &[EXECUTOR], || {
-                format!("{what}: {} calls ahead of the executor (rank 0), waiting for it to read them", ctl::POSTS)
+        while !late.is_empty() {
+            wait.step(self, ctl, &late, || {
+                format!("{what}: {} calls ahead of rank(s) {late:?}, waiting for them to read the posts", ctl::POSTS)
             })?;
+            late = behind();
         }
         Ok(())
     }
 }
 
-/// Calls the executor's caller may queue ahead of its proxy thread.
+/// Calls a caller may queue ahead of its proxy thread.
 const QUEUED_MAX: usize = 1024;
 
-/// One posted call of the executor, handed to the proxy thread.
+/// One posted call of a rank that moves data, handed to its proxy thread.
 pub(super) struct Job {
     call: Call,
     mine: Desc,
     /// Its post number and its number on the streams.
     p: u64,
     k: u32,
-    /// Recorded on the caller's stream where the inputs are ready; None when the
-    /// executor does not take part (its stream is being captured).
+    /// Recorded on the caller's stream where the inputs are ready; None when this rank
+    /// does not take part (its stream is being captured).
     ev: Option<cuda::Event>,
     /// The control words and their device addresses in `ctx` (with `ev`).
     reg: Option<(Arc<Ctl>, ctl::Addrs)>,
@@ -343,9 +377,10 @@ impl Job {
     }
 }
 
-/// The executor's proxy thread (posted calls only): it reads the other ranks' posts of
-/// each call as they arrive and enqueues the call on its own stream, so that the
-/// caller's thread waits for no rank. Started by the first posted call.
+/// The proxy thread of a rank that moves data (posted calls only): it reads the other
+/// ranks' posts of each call as they arrive and enqueues this rank's part on its own
+/// stream, so that the caller's thread waits for no rank. Started by the first posted
+/// call.
 #[derive(Default)]
 pub(super) struct Proxy {
     jobs: Mutex<VecDeque<Job>>,
