@@ -17,12 +17,18 @@ measured:
      ctypes, torch's y.copy_(x)), ferroccl-bench --mem cuda, torch.distributed's Gloo
      on the same CUDA tensors (tools/compare/gloo_bench.py); busbw, the ratio, the
      fraction of the roofline computed from the copy rate, the backend and algorithm;
-  4. time per call and 5. host time per call (enqueue) at 8 B, 64 KiB and 1 MiB;
+  4. time per call and 5. host time per call (enqueue) at 8 B, 64 KiB and 1 MiB, then
+     at 8 B and 2 ranks with the other FERROCCL_CHECK (its price side by side);
   6. bench/memop_pingpong.c without MPS, then, if the budget allows and this run may
      start MPS (root, nvidia-cuda-mps-control present, none running), with MPS: the
      ping-pong and (4) at 2 ranks; MPS is stopped again only if this run started it.
 At the end: issue 30's targets (bench/device_compare.py's TARGETS, metric, verdict),
 met or missed where measured, "not measured (why)" elsewhere.
+
+ferroccl runs with --check (default FERROCCL_CHECK from the environment, else 0: every
+rank posts its device calls' descriptors, no host exchange between the ranks per call,
+the mode the roofline's budget is for; 1, the library's default, agrees on each call
+first with one host exchange). The first lines say which.
 
 Raw outputs of every part go to OUT/raw/ as they arrive, and OUT/lease.jsonl holds one
 JSON record per figure. Every child runs in its own session and is killed with all of
@@ -64,9 +70,9 @@ END_MARGIN = 3.0  # seconds kept for the target table and the exit
 # reserved for the steps still to come. The MPS part is optional: nothing is reserved
 # for it before it starts, and it starts only with time for two of its steps and the stop.
 FLOORS = {"facts": 4, "profile": 10, "paths": 10, "copy": 8, "torch": 15, "big": 8, "gloo": 25,
-          "small": 6, "pingpong": 6, "mps": 6}
+          "small": 6, "checked": 6, "pingpong": 6, "mps": 6}
 MPS_STOP = 12  # seconds held back, while MPS runs, to stop it
-ORDER = ["facts", "profile", "paths", "copy", "torch", "big", "gloo", "small", "pingpong", "mps"]
+ORDER = ["facts", "profile", "paths", "copy", "torch", "big", "gloo", "small", "checked", "pingpong", "mps"]
 INFO_RE = re.compile(r"rank (\d+) comm (\S+) seq (\d+) (fccl\w+) count (\d+) (\S+)(?: wire \S+)? "
                      r"backend (\S+) algorithm (\S*) +([0-9.]+) us")
 _libc = ctypes.CDLL(None, use_errno=True)
@@ -178,6 +184,7 @@ class Lease:
     def __init__(self, o):
         self.o = o
         self.quick = o.quick
+        self.check = o.check
         self.budget = float(o.budget)
         t0 = os.environ.get("FERROCCL_LEASE_T0")
         try:
@@ -198,7 +205,7 @@ class Lease:
         self.md = None
         self.stdout_ok = True
         # Results
-        self.ferro = {"big": {}, "small": {}, "mps": {}}  # kind -> {n: [records]}
+        self.ferro = {"big": {}, "small": {}, "checked": {}, "mps": {}}  # kind -> {n: [records]}
         self.gloo = {}  # n -> [records]
         self.copies = {}  # size -> {method: GB/s}
         self.why = {}  # (kind, n[, coll]) -> why it was not measured
@@ -423,6 +430,7 @@ class Lease:
         e = dict(os.environ)
         e["CUDA_VISIBLE_DEVICES"] = "0"
         e.pop("FERROCCL_DEBUG", None)
+        e["FERROCCL_CHECK"] = self.check
         e.update({k: str(v) for k, v in kw.items()})
         return e
 
@@ -466,6 +474,11 @@ class Lease:
                       "small sizes as in a full run")
         bench, where = self.bench
         self.line(f"ferroccl-bench: {where if bench else 'missing: ' + where}")
+        self.line(f"FERROCCL_CHECK={self.check}: " + (
+            "device calls post their descriptors (no host exchange between the ranks per call once the first "
+            "call agreed); the library's default, 1, is measured at 8 B and 2 ranks beside it" if self.check == "0"
+            else "every device call is agreed first (one host exchange between the ranks per call); 0 is "
+                 "measured at 8 B and 2 ranks beside it"))
         if shutil.which("nvidia-smi"):
             lim = self.box("facts", 10, "nvidia-smi")
             if lim:
@@ -644,7 +657,7 @@ class Lease:
             out.append(r)
         return out
 
-    def bench_run(self, name, n, sizes, colls, iters, kind, lim, info):
+    def bench_run(self, name, n, sizes, colls, iters, kind, lim, info, extra=None):
         """ferroccl-bench --mem cuda at n ranks on device 0; records (JSON, else the rows of
         its table) and the (count -> backend, algorithm) of its INFO lines."""
         bench = self.bench[0]
@@ -670,7 +683,7 @@ class Lease:
 
         cmd = [bench, "--nranks", n, "--mem", "cuda", "-b", sizes[0], "-e", sizes[-1], "-f",
                max(sizes[-1] // sizes[0], 2) if len(sizes) == 2 else 2, *iters, "-J", jpath, *colls]
-        env = self.env(FERROCCL_DEBUG="INFO") if info else self.env()
+        env = self.env(**(extra or {}), **({"FERROCCL_DEBUG": "INFO"} if info else {}))
         rc, lines, to = self.run(name, cmd, lim, env=env, on_line=on)
         recs = self.bench_json(jpath)
         if recs is None:
@@ -848,6 +861,8 @@ class Lease:
             self.section("4-5. Time per call and host time per call (8 B, 64 KiB, 1 MiB)")
         if not bench:
             self.drop(kind)
+            if kind == "small":
+                self.drop("checked")
             self.skip(f"small sizes{label}", "no ferroccl-bench")
             return
         iters = ["-n", 50, "-w", 10, "-c", 1, "--max-time", 0.1 if self.quick else 0.2]
@@ -885,7 +900,32 @@ class Lease:
                               f"us per call [{'-' if hi is None else '%.2f' % hi}], {self.path_of(r)}{wrong}")
                     self.record(part="small" + tag, collective=c, ranks=n, size=size, time_us=r["time_us"],
                                 time_us_in=ri["time_us"] if ri else None, host_us=h, host_us_in=hi,
-                                backend=r.get("backend"), algorithm=r.get("algorithm"))
+                                backend=r.get("backend"), algorithm=r.get("algorithm"), check=self.check)
+        if kind == "small":
+            self.part_checked(iters)
+
+    def part_checked(self, iters):
+        """8 B at 2 ranks with the other FERROCCL_CHECK: what agreeing on each call costs."""
+        other = "1" if self.check == "0" else "0"
+        n, size = 2, SMALL[0]
+        lim = self.box("checked", 30, f"ferroccl small sizes with FERROCCL_CHECK={other}")
+        if not lim:
+            return
+        recs = self.bench_run(f"small-check{other}-np{n}-{fname(size)}", n, [size], COLLS, iters, "checked", lim,
+                              info=False, extra={"FERROCCL_CHECK": other})
+        for c in COLLS:
+            r, _ = self.pick(recs, c, size)
+            mine, _ = self.pick(self.ferro["small"].get(n, []), c, size)
+            if not r:
+                self.line(f"small {c}, {n} ranks, {fmt_size(size)}, FERROCCL_CHECK={other}: not measured "
+                          f"(raw/small-check{other}-np{n}-{fname(size)}.txt)")
+                continue
+            h = r.get("host_us")
+            beside = f" (FERROCCL_CHECK={self.check}: {mine['time_us']:.2f} us)" if mine else ""
+            self.line(f"small {c}, {n} ranks, {fmt_size(size)}, FERROCCL_CHECK={other}: {r['time_us']:.2f} us per "
+                      f"call{beside}, host {'-' if h is None else '%.2f' % h} us per call, {self.path_of(r)}")
+            self.record(part="small-check" + other, collective=c, ranks=n, size=size, time_us=r["time_us"],
+                        host_us=h, backend=r.get("backend"), algorithm=r.get("algorithm"), check=other)
 
     def pingpong_exe(self, lim):
         pre = os.path.join(ROOT, ".gpubin", "bin", "memop_pingpong")
@@ -1141,7 +1181,7 @@ class Lease:
         self.bench = self.find_bench()
         nb = len(RANKS) * len(COLLS)
         self.plan = {"facts": 1, "profile": 1, "paths": 1, "copy": 1, "torch": 2, "big": nb, "gloo": len(RANKS),
-                     "small": len(RANKS) * len(SMALL), "pingpong": 1, "mps": 0}
+                     "small": len(RANKS) * len(SMALL), "checked": 1, "pingpong": 1, "mps": 0}
         rc = 0
         try:
             for part in (self.part_facts, self.part_profile, self.part_paths, self.part_copy, self.part_big,
@@ -1244,6 +1284,8 @@ def main(argv):
     ap.add_argument("--out", default=os.environ.get("OUT") or os.path.join(ROOT, "build", "gpu-lease"),
                     help="output folder (default $OUT, else build/gpu-lease)")
     ap.add_argument("--bin", help="folder of ferroccl-bench (default .gpubin/bin, else target/release)")
+    ap.add_argument("--check", choices=("0", "1"), default=os.environ.get("FERROCCL_CHECK") or "0",
+                    help="FERROCCL_CHECK for ferroccl's runs (default: the environment's, else 0: descriptors posted)")
     o = ap.parse_args(argv)
     if o.budget < 1:
         ap.error("--budget needs seconds >= 1")

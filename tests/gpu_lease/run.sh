@@ -96,6 +96,10 @@ for c in all_reduce all_gather all_to_all reduce_scatter broadcast reduce; do
   done
 done
 has "$md" 'control words work'
+has "$md" '^- \[[0-9]+s\] FERROCCL_CHECK=0: device calls post their descriptors'
+for c in all_reduce all_gather all_to_all reduce_scatter broadcast reduce; do
+  has "$md" "^- \[[0-9]+s\] small $c, 2 ranks, 8 B, FERROCCL_CHECK=1: [0-9.]+ us per call \(FERROCCL_CHECK=0: [0-9.]+ us\)"
+done
 has "$md" 'ping-pong without MPS: memory operations only: [0-9.]+ us per round trip'
 has "$md" 'skipped: Gloo|side by side .*gloo [0-9.]+ GB/s'
 has "$md" '^\| target \| collective \| ranks \| goal \| ferroccl \| gloo \| verdict \|$'
