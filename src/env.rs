@@ -105,7 +105,7 @@ pub const CHECK: Var = Var {
     name: "FERROCCL_CHECK",
     default: "1",
     doc:
-        "1: ranks on different hosts also show each other every collective's fingerprint before data moves (a mismatch fails every rank and leaves the communicator usable); 0: they skip that round, and a mismatch is found from the first message of the call instead (every receiving rank fails; the communicator is then unusable). On one host calls are always compared before data moves; ranks in separate processes sharing one GPU with 0 on every rank stop agreeing on device calls after the first: each posts its call and goes on, and a mismatch a proxy thread finds then (rank 0's; under MPS every rank's) fails the communicator on every rank (fcclCommGetAsyncError names it)",
+        "1: ranks on different hosts also show each other every collective's fingerprint before data moves (a mismatch fails every rank and leaves the communicator usable); 0: they skip that round, and a mismatch is found from the first message of the call instead (every receiving rank fails; the communicator is then unusable). On one host calls are always compared before data moves; ranks in separate processes sharing one GPU with 0 on every rank stop agreeing on device calls after the first: each posts its call and goes on, and a mismatch a proxy thread finds then (rank 0's; under MPS every rank's) fails the communicator on every rank (fcclCommGetAsyncError names it). NCCL programs on libnccl.so.2 get 0 unless this is set, as NCCL does not agree on calls before they run",
 };
 pub const SINGLE_COPY: Var = Var {
     name: "FERROCCL_SINGLE_COPY",

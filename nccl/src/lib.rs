@@ -224,26 +224,50 @@ pub fn redop(o: ncclRedOp_t) -> Option<f::fcclRedOp_t> {
     })
 }
 
-/// Runs `call` with `cfg` converted to ferroccl's config (NULL stays NULL) and maps its
-/// result; a config NCCL would refuse fails here, naming `name`.
+/// Runs `call` with `cfg` converted to ferroccl's config and maps its result; a config
+/// NCCL would refuse fails here, naming `name`. NULL gives NCCL's defaults where `fresh`
+/// (a new communicator), else stays NULL (a split inherits its parent's options).
 ///
 /// # Safety
 /// `cfg` is NULL or points to an ncclConfig_t of the size it states.
 unsafe fn with_config(
     name: &str,
     cfg: *const ncclConfig_t,
+    fresh: bool,
     call: impl FnOnce(*mut fcclConfig_t) -> fcclResult_t,
 ) -> ncclResult_t {
     // SAFETY: per the caller.
     let mut fc = match unsafe { config(name, cfg) } {
-        Ok(c) => c,
+        Ok(c) => c.or_else(|| fresh.then(defaults)),
         Err(r) => return r,
     };
     ret(name, call(fc.as_mut().map_or(std::ptr::null_mut(), |c| c as *mut fcclConfig_t)))
 }
 
+/// ferroccl's defaults under NCCL's contract: calls are not agreed on the host before
+/// they run (checkMode off: ranks sharing one GPU post their device calls, and a
+/// mismatch fails the communicator, reported by ncclCommGetAsyncError, as NCCL's
+/// asynchronous errors), unless FERROCCL_CHECK is set, which then decides.
+fn defaults() -> fcclConfig_t {
+    defaults_with(std::env::var_os("FERROCCL_CHECK").is_some_and(|v| !v.is_empty()))
+}
+
+/// [`defaults`], `set`: whether FERROCCL_CHECK is set (then the library reads it).
+fn defaults_with(set: bool) -> fcclConfig_t {
+    fcclConfig_t {
+        size: std::mem::size_of::<fcclConfig_t>(),
+        magic: f::FCCL_CONFIG_MAGIC,
+        version: f::FCCL_CONFIG_VERSION,
+        blocking: f::FCCL_CONFIG_UNDEF_INT,
+        timeoutMs: f::FCCL_CONFIG_UNDEF_INT,
+        backend: f::FCCL_CONFIG_UNDEF_INT,
+        commName: std::ptr::null(),
+        checkMode: if set { f::FCCL_CONFIG_UNDEF_INT } else { f::FCCL_CHECK_OFF },
+    }
+}
+
 /// ncclConfig_t as fcclConfig_t: `blocking` and `commName` carry over, NCCL's GPU
-/// kernel knobs have no meaning here. NULL stays NULL (defaults, or the parent's).
+/// kernel knobs have no meaning here, checkMode is [`defaults`]'. NULL stays NULL.
 ///
 /// # Safety
 /// `cfg` is NULL or points to at least `cfg->size` readable bytes of an ncclConfig_t.
@@ -270,16 +294,7 @@ unsafe fn config(name: &str, cfg: *const ncclConfig_t) -> Result<Option<fcclConf
             ),
         ));
     }
-    let mut out = fcclConfig_t {
-        size: std::mem::size_of::<fcclConfig_t>(),
-        magic: f::FCCL_CONFIG_MAGIC,
-        version: f::FCCL_CONFIG_VERSION,
-        blocking: f::FCCL_CONFIG_UNDEF_INT,
-        timeoutMs: f::FCCL_CONFIG_UNDEF_INT,
-        backend: f::FCCL_CONFIG_UNDEF_INT,
-        commName: std::ptr::null(),
-        checkMode: f::FCCL_CONFIG_UNDEF_INT,
-    };
+    let mut out = defaults();
     // SAFETY: within `size` (checked).
     out.blocking = unsafe { (*cfg).blocking };
     if end_of(std::mem::offset_of!(ncclConfig_t, commName), std::mem::size_of::<*const c_char>()) {
@@ -356,7 +371,8 @@ nccl_api! {
 }
 
 nccl_api! {
-    /// fcclCommInitRankConfig with ncclConfig_t's `blocking` and `commName` (NULL: defaults).
+    /// fcclCommInitRankConfig with ncclConfig_t's `blocking` and `commName` (NULL: NCCL's
+    /// defaults, see `defaults`).
     fn ncclCommInitRankConfig(
         comm: Option<&mut MaybeUninit<ncclComm_t>>,
         nranks: c_int,
@@ -368,16 +384,19 @@ nccl_api! {
         guard(name, || {
             // SAFETY: NULL or an ncclConfig_t (NCCL's contract); the call is forwarded under
             // the same contract with p NULL or a local config.
-            unsafe { with_config(name, config, |p| f::fcclCommInitRankConfig(comm, nranks, commId, rank, p)) }
+            unsafe { with_config(name, config, true, |p| f::fcclCommInitRankConfig(comm, nranks, commId, rank, p)) }
         })
     }
 }
 
 nccl_api! {
-    /// fcclCommInitRank.
+    /// fcclCommInitRankConfig with NCCL's defaults (see `defaults`).
     fn ncclCommInitRank(comm: Option<&mut MaybeUninit<ncclComm_t>>, nranks: c_int, commId: ncclUniqueId, rank: c_int) -> ncclResult_t {
-        // SAFETY: forwarded under the same contract.
-        guard("ncclCommInitRank", || ret("ncclCommInitRank", unsafe { f::fcclCommInitRank(comm, nranks, commId, rank) }))
+        let name = "ncclCommInitRank";
+        guard(name, || {
+            // SAFETY: forwarded under the same contract, with a local config.
+            unsafe { with_config(name, std::ptr::null(), true, |p| f::fcclCommInitRankConfig(comm, nranks, commId, rank, p)) }
+        })
     }
 }
 
@@ -414,7 +433,7 @@ nccl_api! {
             let id = unsafe { *commIds };
             // SAFETY: NULL or an ncclConfig_t (NCCL's contract); the call is forwarded under
             // the same contract with p NULL or a local config.
-            unsafe { with_config(name, config, |p| f::fcclCommInitRankConfig(newcomm, nranks, id, myrank, p)) }
+            unsafe { with_config(name, config, true, |p| f::fcclCommInitRankConfig(newcomm, nranks, id, myrank, p)) }
         })
     }
 }
@@ -475,7 +494,7 @@ nccl_api! {
         guard(name, || {
             // SAFETY: NULL or an ncclConfig_t (NCCL's contract); the call is forwarded under
             // the same contract with p NULL or a local config.
-            unsafe { with_config(name, config, |p| f::fcclCommSplit(comm, color, key, newcomm, p)) }
+            unsafe { with_config(name, config, false, |p| f::fcclCommSplit(comm, color, key, newcomm, p)) }
         })
     }
 }
@@ -608,7 +627,7 @@ nccl_api! {
             }
             let rank = kept.iter().position(|&q| q == me).expect("me is kept") as c_int;
             // SAFETY: NULL or an ncclConfig_t (NCCL's contract); newcomm checked above.
-            unsafe { with_config(name, config, |p| f::fcclCommInitRankConfig(Some(newcomm), kept.len() as c_int, id, rank, p)) }
+            unsafe { with_config(name, config, true, |p| f::fcclCommInitRankConfig(Some(newcomm), kept.len() as c_int, id, rank, p)) }
         })
     }
 }
@@ -1380,6 +1399,29 @@ mod tests {
         assert_eq!(nccl_code(f::fcclCollectiveMismatch), ncclInvalidUsage);
         assert_eq!(nccl_code(f::fcclUnavailable), ncclUnhandledCudaError);
         assert_eq!(nccl_code(-1), ncclInternalError);
+    }
+
+    #[test]
+    fn ncclconfig_defaults_leave_calls_unagreed_unless_ferroccl_check_is_set() {
+        assert_eq!(defaults_with(false).checkMode, f::FCCL_CHECK_OFF);
+        assert_eq!(defaults_with(true).checkMode, f::FCCL_CONFIG_UNDEF_INT, "FERROCCL_CHECK decides");
+        let d = defaults_with(false);
+        assert_eq!(
+            (d.blocking, d.timeoutMs, d.backend),
+            (f::FCCL_CONFIG_UNDEF_INT, f::FCCL_CONFIG_UNDEF_INT, f::FCCL_CONFIG_UNDEF_INT)
+        );
+        assert!(d.commName.is_null());
+        // A given ncclConfig_t gets the same checkMode; NULL stays NULL (a split inherits).
+        // SAFETY: ncclConfig_t is plain integers and pointers; all zeros is a valid value.
+        let mut c: ncclConfig_t = unsafe { std::mem::zeroed() };
+        c.size = std::mem::size_of::<ncclConfig_t>();
+        c.magic = NCCL_API_MAGIC;
+        c.blocking = 0;
+        // SAFETY: a whole ncclConfig_t of the size it states, then NULL.
+        let got = unsafe { config("t", &c) }.ok().flatten().expect("a config");
+        assert_eq!((got.blocking, got.checkMode), (0, defaults().checkMode));
+        // SAFETY: as above.
+        assert!(unsafe { config("t", std::ptr::null()) }.ok().flatten().is_none());
     }
 
     #[test]

@@ -17,7 +17,8 @@
 #      batched send/recv, PREMUL_SUM, a watchdog thread polling ncclCommGetAsyncError
 #      that aborts a hung all_reduce) at 2 and 4 ranks, threads and processes,
 #      blocking and non-blocking, on host memory and on CUDA memory with every rank on
-#      one simulated GPU (--device).
+#      one simulated GPU (--device; processes post their device calls, and once more
+#      with FERROCCL_CHECK=1, where every call is agreed first).
 #      tests/nccl/shrink.c calls ncclCommShrink as PyTorch's shrink_group does.
 #      tests/nccl/premul_device.c runs PreMulSum on device memory on the simulated GPU.
 #      tests/nccl/graph_capture.c calls ncclAllReduce inside CUDA graph capture on the
@@ -181,6 +182,15 @@ if run "nccl_style.c: cc -I<prefix>/include/ferroccl -L<prefix>/lib/ferroccl -ln
         done
       done
     done
+    # Processes above post their device calls (NCCL's contract); FERROCCL_CHECK=1 agrees
+    # on each first, and the skipped all_reduce then blocks until the abort.
+    log="$tmp/pg-dev-check1.log"
+    FERROCCL_CHECK=1 FERROCCL_SIM_DEVICES=1 timeout 300 bash "$root/scripts/sim-gpu.sh" "$run_bin" -n 2 "$pexe" --device >"$log" 2>&1
+    case $? in
+      0) ok "pg_replay on one simulated GPU: 2 processes, FERROCCL_CHECK=1 (calls agreed), device buffers" ;;
+      77) skip "pg_replay on a simulated GPU: none ($(tail -1 "$log"))" ;;
+      *) bad "pg_replay on one simulated GPU: 2 processes, FERROCCL_CHECK=1 ($log):"; tail -20 "$log" | sed 's/^/        /' ;;
+    esac
   fi
   # ncclCommShrink as PyTorch's shrink_group calls it (tests/nccl/shrink.c).
   sexe="$tmp/shrink"
