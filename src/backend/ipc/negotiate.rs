@@ -107,10 +107,8 @@ impl Ipc {
         }
         let mut gone = Vec::new();
         if let Ok(ctl) = &self.ctl {
-            {
-                let m = &mut *self.mapped();
-                m.freed.apply(ctl, rank, &self.pids, ctx, &mut m.maps, &mut gone);
-            }
+            let m = &mut *self.mapped();
+            m.freed.apply(ctl, rank, &self.pids, ctx, &mut m.maps, &mut gone);
         }
         // Every rank compares what every rank called, before anything is enqueued: a
         // difference fails the call on every rank alike, whatever FERROCCL_CHECK says.

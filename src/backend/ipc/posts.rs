@@ -50,7 +50,7 @@ impl Ipc {
         device: i32,
     ) -> Result<Outcome> {
         let ctl = self.ctl.as_ref().map_err(|m| Error::internal(format!("posting without a control region: {m}")))?;
-        let what = format!("{} (collective #{})", call.coll.kind.c_name(), call.seq);
+        let what = Named(call);
         if let Some(e) = self.watch.failed_elsewhere(ctl, &what) {
             return Err(e);
         }
@@ -104,7 +104,7 @@ impl Ipc {
                 Ok(Outcome::Failed(capture::refusal(c.kind.c_name(), rank, c.stream, &[rank])))
             }
             Part::Cannot => {
-                let e = cannot(&what, rank, why);
+                let e = cannot(what, rank, why);
                 self.watch.fail(ctl, rank, &e);
                 Ok(Outcome::Failed(e))
             }
@@ -120,7 +120,7 @@ impl Ipc {
         job.reg = Some((ctl.clone(), a));
         let (s, k) = (call.coll.stream, job.k);
         let detour = inner.detour.take();
-        let ev = cuda::Event::new()?;
+        let ev = self.proxy.event(job.ctx)?;
         // SAFETY: the control words are registered in this context and outlive the
         // stream's use of them (Drop waits for every target); the detour's copies per
         // its contract (the call's own buffers, valid until the stream has run the call).
@@ -181,11 +181,14 @@ impl Ipc {
     /// The proxy's part of one posted call: every rank's post read, checked, and this
     /// rank's part enqueued on the proxy's stream `s` after the caller's event. Err (a
     /// rank died, a driver call failed) fails the communicator.
-    fn proxy_one(&self, job: Job, s: &mut Option<(cuda::Ctx, cuda::OwnedStream)>) -> Result<()> {
-        let _g = cuda::CtxGuard::enter(job.ctx)?;
+    fn proxy_one(&self, job: Job, cur: &mut cuda::Ctx, s: &mut Option<(cuda::Ctx, cuda::OwnedStream)>) -> Result<()> {
+        // The proxy's thread uses no other context: set once, not entered per call.
+        if *cur != job.ctx {
+            cuda::set_current(job.ctx)?;
+            *cur = job.ctx;
+        }
         let ctl = self.ctl.as_ref().map_err(|m| Error::internal(m.clone()))?;
-        let what = format!("{} (collective #{})", job.call.coll.kind.c_name(), job.call.seq);
-        let all = self.gather(ctl, job.p, job.mine, &what);
+        let all = self.gather(ctl, job.p, job.mine, &Named(&job.call));
         ctl.consumed(self.rank).store(job.p, Ordering::Release);
         let descs = all?;
         let mut call = job.call;
@@ -195,6 +198,8 @@ impl Ipc {
             }
             let st = s.as_ref().expect("made above").1.stream();
             ev.wait_on(st)?;
+            // The wait took the event's record as of now: the event may be recorded again.
+            self.proxy.give_back(job.ctx, ev);
             call.coll.stream = st;
         }
         let mut algo = Algo::None;
@@ -300,7 +305,7 @@ impl Ipc {
 
     /// The proxy's wait for every peer's post of call `p`: every rank's descriptor, rank
     /// by rank (this rank's is `mine`).
-    fn gather(&self, ctl: &Ctl, p: u64, mine: Desc, what: &str) -> Result<Vec<Desc>> {
+    fn gather(&self, ctl: &Ctl, p: u64, mine: Desc, what: &Named<'_>) -> Result<Vec<Desc>> {
         let n = self.nranks;
         let mut descs: Vec<Option<Desc>> = (0..n).map(|_| None).collect();
         descs[self.rank] = Some(mine);
@@ -326,7 +331,7 @@ impl Ipc {
 
     /// Waits until every reader of this rank's posts (the executor; under MPS every
     /// other rank) has read call `p - POSTS`, whose slot `p` reuses.
-    fn free_slot(&self, x: &mut Exec<'_>, ctl: &Ctl, p: u64, what: &str) -> Result<()> {
+    fn free_slot(&self, x: &mut Exec<'_>, ctl: &Ctl, p: u64, what: &Named<'_>) -> Result<()> {
         let reads = |q: usize| q != self.rank && (q == EXECUTOR || self.shares());
         let behind = || -> Vec<usize> {
             (0..self.nranks).filter(|&q| reads(q) && ctl.consumed(q).load(Ordering::Acquire) + ctl::POSTS < p).collect()
@@ -347,8 +352,20 @@ impl Ipc {
     }
 }
 
+/// A call as its errors name it ("fcclAllReduce (collective #3)"), formatted only
+/// when one does.
+struct Named<'a>(&'a Call);
+
+impl std::fmt::Display for Named<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{} (collective #{})", self.0.coll.kind.c_name(), self.0.seq)
+    }
+}
+
 /// Calls a caller may queue ahead of its proxy thread.
 const QUEUED_MAX: usize = 1024;
+/// Events the proxy keeps to record again (a caller rarely runs more calls ahead).
+const EVENTS_KEPT: usize = 64;
 
 /// One posted call of a rank that moves data, handed to its proxy thread.
 pub(super) struct Job {
@@ -384,6 +401,8 @@ impl Job {
 #[derive(Default)]
 pub(super) struct Proxy {
     jobs: Mutex<VecDeque<Job>>,
+    /// Events the proxy's stream has waited for, to record again (with their context).
+    events: Mutex<Vec<(cuda::Ctx, cuda::Event)>>,
     wake: Condvar,
     stop: AtomicBool,
     thread: Mutex<Option<std::thread::JoinHandle<()>>>,
@@ -415,6 +434,23 @@ impl Proxy {
         Ok(())
     }
 
+    /// An event of `ctx` (entered) for the next call: one the proxy gave back, else new.
+    fn event(&self, ctx: cuda::Ctx) -> Result<cuda::Event> {
+        let mut pool = self.events.lock().unwrap_or_else(|p| p.into_inner());
+        match pool.iter().rposition(|(c, _)| *c == ctx) {
+            Some(i) => Ok(pool.swap_remove(i).1),
+            None => cuda::Event::new(),
+        }
+    }
+
+    /// Keeps `ev` for a later call, up to the calls one caller may queue.
+    fn give_back(&self, ctx: cuda::Ctx, ev: cuda::Event) {
+        let mut pool = self.events.lock().unwrap_or_else(|p| p.into_inner());
+        if pool.len() < EVENTS_KEPT {
+            pool.push((ctx, ev));
+        }
+    }
+
     /// Ends the thread once it has run every queued call, and waits for it.
     pub(super) fn stop(&self) {
         self.stop.store(true, Ordering::Release);
@@ -429,6 +465,7 @@ impl Proxy {
 fn proxy_loop(ipc: &Ipc) {
     let p = &ipc.proxy;
     let mut stream = None;
+    let mut cur = cuda::Ctx::NONE;
     loop {
         let job = {
             let mut q = p.jobs.lock().unwrap_or_else(|e| e.into_inner());
@@ -444,7 +481,7 @@ fn proxy_loop(ipc: &Ipc) {
             }
         };
         // A panic fails the communicator (its streams are released), not the process.
-        let ran = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| ipc.proxy_one(job, &mut stream)));
+        let ran = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| ipc.proxy_one(job, &mut cur, &mut stream)));
         let res = ran.unwrap_or_else(|_| Err(Error::internal("the device path's proxy thread panicked")));
         if let Err(e) = res {
             if let Ok(ctl) = &ipc.ctl {
@@ -497,7 +534,7 @@ impl Waiting {
 }
 
 /// The error of a rank that cannot take a posted call GPU to GPU (`why`).
-fn cannot(what: &str, rank: usize, why: Option<Fallback>) -> Error {
+fn cannot(what: Named<'_>, rank: usize, why: Option<Fallback>) -> Error {
     let (reason, fix) = why.map(|f| (f.why, f.fix)).unwrap_or_default();
     Error::unavailable(format!(
         "{what} on rank {rank}: it cannot take the call GPU to GPU ({reason}){}{fix}; with FERROCCL_CHECK=0 the \

@@ -92,11 +92,11 @@ impl Watch {
 
     /// The failure another rank marked in the region (its reason when it gave one), now
     /// this rank's too; None while the region is not failed.
-    pub fn failed_elsewhere(&self, ctl: &Ctl, what: &str) -> Option<Error> {
+    pub fn failed_elsewhere(&self, ctl: &Ctl, what: impl std::fmt::Display) -> Option<Error> {
         if ctl.failed().load(Ordering::Acquire) == 0 {
             return None;
         }
-        Some(lock(&self.failure).get_or_insert_with(|| gave_up(ctl, what)).clone())
+        Some(lock(&self.failure).get_or_insert_with(|| gave_up(ctl, &what.to_string())).clone())
     }
 
     /// Watches this rank's work on the GPU until it finishes, and releases every wait
