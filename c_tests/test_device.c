@@ -1564,7 +1564,7 @@ static void t_split(dctx* D) {
 
 /* ---- a non-blocking communicator (config.blocking = 0) on device memory, made by
  * fcclCommInitRankConfig (so it picks its backend as any communicator does: the IPC path
- * for processes on one GPU) and by fcclCommSplit (a split child stages): an all_reduce
+ * for processes on one GPU) and by fcclCommSplit (as its parent is served): an all_reduce
  * and an all_gather issued back to back return fcclInProgress (or fcclSuccess);
  * fcclCommGetAsyncError is polled until fcclSuccess, which means the work is enqueued on
  * the stream, as NCCL's; only then are the results downloaded (NCCL's rule: nothing on

@@ -11,6 +11,8 @@
  * the reason and the fix (checked in the log file this test points FERROCCL_DEBUG_FILE at).
  * Ranks that pass different counts get fcclCollectiveMismatch on every rank (the
  * descriptors carry what each rank called), and the communicator goes on.
+ * A child of fcclCommSplit (key reversing the ranks; from 4 ranks the last one passes
+ * FCCL_SPLIT_NOCOLOR) runs every call again and must be served as its parent is.
  * A test of the gate: with the path gated on an attribute a stock driver reports as 0
  * (the simulated GPU reports stock values), every device call here says "staged".
  *
@@ -305,6 +307,23 @@ int main(void) {
   }
   device_calls(comm);
   if (strcmp(g_want, "ipc") == 0) managed_goes_through_lent_memory(comm);
+  {
+    fcclComm_t sub = NULL;
+    int rank = g_rank, n = g_n, out = n >= 4 && rank == n - 1;
+    OK(fcclCommSplit(comm, out ? FCCL_SPLIT_NOCOLOR : 0, n - rank, &sub, NULL));
+    if (!out && sub) {
+      OK(fcclCommUserRank(sub, &g_rank));
+      OK(fcclCommCount(sub, &g_n));
+      CHECK(g_n == (n >= 4 ? n - 1 : n) && g_rank == g_n - 1 - rank, "split: rank %d of %d, expected %d of %d", g_rank,
+            g_n, (n >= 4 ? n - 1 : n) - 1 - rank, n >= 4 ? n - 1 : n);
+      if (g_rank == 0) printf("path: the same calls on a child of fcclCommSplit (%d ranks)\n", g_n);
+      device_calls(sub);
+      g_rank = rank;
+      g_n = n;
+    }
+    CHECK(out ? sub == NULL : sub != NULL, "split: rank %d got %s communicator", rank, sub ? "a" : "no");
+    if (sub) OK(fcclCommDestroy(sub));
+  }
   OK(fcclCommDestroy(comm));
   if (failures) {
     fprintf(stderr, "rank %d: %d failures (log: %s)\n", g_rank, failures, g_log);

@@ -60,8 +60,7 @@ static int expect(const char* what, int round, const float* got, const float* wa
   return 1;
 }
 
-/* A new communicator of the same ranks, through its own unique id (a split child
- * serves device memory on the built-in backend, not GPU to GPU); `checked`: this rank
+/* A new communicator of the same ranks, through its own unique id; `checked`: this rank
  * sets checkMode on in its config. */
 static fcclComm_t fresh_with(fcclComm_t comm, int checked) {
   fcclUniqueId id;

@@ -545,7 +545,10 @@ fcclResult_t fcclCommInitFromEnv(fcclComm_t *comm);
 /**
  * Splits `comm`: every rank calls it; ranks with the same `color` form a new
  * communicator, ordered by `key` then by rank in `comm`. color FCCL_SPLIT_NOCOLOR
- * makes `*newcomm` NULL. `config` NULL inherits the parent's options.
+ * makes `*newcomm` NULL. `config` NULL inherits the parent's options. The child
+ * keeps the parent's device; where the parent's ranks share one GPU, its device
+ * memory moves GPU to GPU as the parent's does. A child of a communicator NCCL serves
+ * uses the built-in backend (staged; a WARN says so at its first device call).
  *
  * When the new communicator is non-blocking (`config->blocking = 0`, or inherited),
  * the split is too, as in NCCL: it is checked here, `*newcomm` is written at once and

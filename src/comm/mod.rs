@@ -559,8 +559,12 @@ impl Comm {
             let all = self.allgather_bytes(&padded)?;
             Ok(members.iter().map(|&r| all[r * connect::BLOB_BYTES..(r + 1) * connect::BLOB_BYTES].to_vec()).collect())
         };
+        // Ranks sharing one GPU set up the child's GPU-to-GPU path in rounds of their own
+        // (every rank's parent serves device memory alike, so all run the same rounds).
+        let device_backend = self.router.device_backend();
+        let one_gpu = device_backend == "ipc";
         if color < 0 {
-            for _ in 0..connect::ROUNDS {
+            for _ in 0..connect::ROUNDS + if one_gpu { ipc::Setup::ROUNDS } else { 0 } {
                 rounds(&[])?;
             }
             return Ok(None);
@@ -570,15 +574,34 @@ impl Comm {
         let name = format!("{:016x}-s{k}-c{color}", self.nonce);
         let sweep = crate::transport::shm::SweepOnFailure::new(name.clone());
         let t = connect::ranks(new_rank, members.len(), &name, nonce, deadline, self.route, &mut rounds)?;
+        let setup = if one_gpu {
+            ipc::Setup::processes(new_rank, members.len(), nonce, self.device, &mut rounds)?
+        } else {
+            None
+        };
         sweep.disarm();
         let mut opts = opts;
         if opts.name.is_empty() && !self.opts.name.is_empty() {
             opts.name = format!("{}.{color}", self.opts.name);
         }
-        // The child keeps the parent's device; its device memory uses the built-in backend.
+        // The child keeps the parent's device, and ranks on one GPU their GPU-to-GPU path.
         let mut child = Comm::new(new_rank, members.len(), opts, nonce, t);
         child.route = self.route;
         child.device = self.device;
+        if setup.is_some() {
+            child.set_backends(None, setup);
+        } else if device_backend == "nccl" {
+            child.staged_why = Some((
+                "it was made by fcclCommSplit, and split children do not get the NCCL backend".into(),
+                "create the communicator with fcclCommInitRank (a unique id from fcclGetUniqueId) to have NCCL serve it",
+            ));
+        }
+        log::info(format_args!(
+            "rank {new_rank}/{} split from communicator {} (colour {color}): backends {}",
+            members.len(),
+            self.label(),
+            child.router.describe()
+        ));
         Ok(Some(child))
     }
 

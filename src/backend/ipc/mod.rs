@@ -158,6 +158,9 @@ pub struct Setup {
 }
 
 impl Setup {
+    /// The rounds of `allgather` that [`Setup::processes`] runs on every rank.
+    pub const ROUNDS: usize = setup::ROUNDS;
+
     /// Set-up of ranks in separate processes, through the rendezvous's `allgather`
     /// (every rank's blob, rank by rank): see `setup::processes`.
     pub fn processes(

@@ -166,10 +166,10 @@ impl Ipc {
             .filter(|&q| q != self.rank && self.pids[q] != me && (q == EXECUTOR || self.shares()))
             .collect();
         if c.placement == Placement::Host && sb + rb > 0 {
-            let why = Fallback::new("this rank's buffers are host memory", fix::HOST_MEMORY);
             if !(streamed && self.posting.load(std::sync::atomic::Ordering::Relaxed)) {
-                return Err(why);
+                return Err(Fallback::new("this rank's buffers are host memory", fix::HOST_MEMORY));
             }
+            let why = Fallback::new("this rank's buffers are host memory", fix::HOST_MEMORY_POSTED);
             // A posted call cannot be staged (the ranks did not agree on it): its host
             // buffers go through lent device memory instead.
             let d = Desc::new(Part::Takes, fingerprint::one(call), c.v.clone());

@@ -8,6 +8,9 @@ use crate::error::Result;
 use crate::log;
 use std::sync::Arc;
 
+/// The rounds of `allgather` that [`processes`] runs.
+pub const ROUNDS: usize = 2;
+
 /// Set-up of a communicator whose ranks (processes) share one GPU, in two rounds of
 /// `allgather` (the rendezvous): rank 0 creates the control region, every rank learns every rank's
 /// process and whether it runs under MPS, then maps the region, and every rank learns
