@@ -298,7 +298,27 @@ impl Backend for Ipc {
         let mut inner = self.inner.lock().unwrap_or_else(|p| p.into_inner());
         self.report_freed(&mut inner);
         let p2p: Vec<&Call> = calls.iter().filter(|c| c.coll.kind.is_p2p()).collect();
-        let pending = if p2p.is_empty() { None } else { Some(self.p2p_start(&p2p, &mut inner)?) };
+        let pending = if p2p.is_empty() {
+            None
+        } else {
+            match self.p2p_start(&p2p, &mut inner) {
+                Ok(run) => Some(run),
+                Err(e) => {
+                    // Peers may already wait for this rank's records: they learn it gave up.
+                    let e = Error {
+                        msg: format!(
+                            "{}. This rank posted none of the group's send/recv; the communicator is unusable now: destroy it",
+                            e.msg
+                        ),
+                        ..e
+                    };
+                    if let Ok(ctl) = &self.ctl {
+                        self.watch.fail(ctl, self.rank, &e);
+                    }
+                    return Err(e);
+                }
+            }
+        };
         let mut first_err = None;
         for call in calls.iter().filter(|c| !c.coll.kind.is_p2p()) {
             let res = match self.watch.failure() {
