@@ -111,7 +111,9 @@ endif()
 # What served each call (c_tests/test_device_path.c): every collective and extension of
 # ranks sharing device 0 says backend "ipc" (GPU to GPU), with and without MPS shares;
 # with FERROCCL_CUDA_IPC=0 every one says "staged"; managed memory falls back with one
-# WARN. Fails when the GPU-to-GPU path's gate refuses a stock driver.
+# WARN. Fails when the GPU-to-GPU path's gate refuses a stock driver. Run with
+# FERROCCL_CHECK=1: its mismatched counts must fail the call alone, which needs every
+# call agreed (by default device calls are posted: test_device_posted holds those).
 _fccl_missing_of(_fccl_path_miss ${_fccl_dev_req} fcclCommGetLastPath)
 set(_fccl_path_tests test_device_path.np2 test_device_path.np4 test_device_path.mps.np3
     test_device_path.staged.np2)
@@ -121,12 +123,12 @@ else()
   add_executable(test_device_path test_device_path.c)
   target_link_libraries(test_device_path PRIVATE ferroccl ${CMAKE_DL_LIBS})
   foreach(_n 2 4)
-    _fccl_device_test(test_device_path.np${_n} ${_n} "${_fccl_env}"
+    _fccl_device_test(test_device_path.np${_n} ${_n} "${_fccl_env};FERROCCL_CHECK=1"
       "${FERROCCL_RUN}" -n ${_n} $<TARGET_FILE:test_device_path>)
   endforeach()
-  _fccl_device_test(test_device_path.mps.np3 3 "${_fccl_env};FERROCCL_CUDA_MPS=1"
+  _fccl_device_test(test_device_path.mps.np3 3 "${_fccl_env};FERROCCL_CUDA_MPS=1;FERROCCL_CHECK=1"
     "${FERROCCL_RUN}" -n 3 $<TARGET_FILE:test_device_path>)
-  _fccl_device_test(test_device_path.staged.np2 2 "${_fccl_env};FERROCCL_CUDA_IPC=0"
+  _fccl_device_test(test_device_path.staged.np2 2 "${_fccl_env};FERROCCL_CUDA_IPC=0;FERROCCL_CHECK=1"
     "${FERROCCL_RUN}" -n 2 $<TARGET_FILE:test_device_path>)
 endif()
 
@@ -151,40 +153,41 @@ endif()
 
 # A rank sharing the GPU dies with calls queued (c_tests/test_device_kill.c): the
 # survivor's queued copies and reductions end at once instead of running against the
-# dead rank's buffers. Also with FERROCCL_CHECK=0 (.posted: the dead rank had posted its
-# calls up to 16 ahead of rank 0, which reads them as it goes).
+# dead rank's buffers. By default the dead rank had posted its calls up to 16 ahead of
+# rank 0, which reads them as it goes; .check1 (FERROCCL_CHECK=1) agrees on every call.
 _fccl_missing_of(_fccl_kill_miss ${_fccl_dev_req} fcclCommAbort)
 if(_fccl_kill_miss)
-  _fccl_missing_tests(test_device_kill "${_fccl_kill_miss}" test_device_kill.np2 test_device_kill.posted.np2)
+  _fccl_missing_tests(test_device_kill "${_fccl_kill_miss}" test_device_kill.np2 test_device_kill.check1.np2)
 else()
   add_executable(test_device_kill test_device_kill.c)
   target_link_libraries(test_device_kill PRIVATE ferroccl ${CMAKE_DL_LIBS})
   _fccl_device_test(test_device_kill.np2 2 "${_fccl_env}" $<TARGET_FILE:test_device_kill>)
-  _fccl_device_test(test_device_kill.posted.np2 2 "${_fccl_env};FERROCCL_CHECK=0" $<TARGET_FILE:test_device_kill>)
+  _fccl_device_test(test_device_kill.check1.np2 2 "${_fccl_env};FERROCCL_CHECK=1" $<TARGET_FILE:test_device_kill>)
 endif()
 
 # The cost model (c_tests/test_device_costs.c): every collective of ranks sharing device
 # 0, per call, against the roofline's budget: HBM traffic, launches, host-blocking calls,
-# driver calls that do not grow with the live allocations, host exchanges (none with
-# FERROCCL_CHECK=0: .posted, with and without MPS). Needs the simulated GPU (its counters);
-# skipped on a real driver.
+# driver calls that do not grow with the live allocations, host exchanges (none by
+# default, descriptors posted, with and without MPS; one per call with FERROCCL_CHECK=1:
+# .check1, every call agreed). Needs the simulated GPU (its counters); skipped on a real
+# driver.
 _fccl_missing_of(_fccl_costs_miss ${_fccl_dev_req} fcclCommGetLastPath fcclCommGetLastExchanges)
 if(_fccl_costs_miss)
   _fccl_missing_tests(test_device_costs "${_fccl_costs_miss}" test_device_costs.np2 test_device_costs.np4
-    test_device_costs.np8 test_device_costs.mps.np4 test_device_costs.posted.np2 test_device_costs.posted.np4
-    test_device_costs.posted.np8 test_device_costs.mps.posted.np4)
+    test_device_costs.np8 test_device_costs.mps.np4 test_device_costs.check1.np2 test_device_costs.check1.np4
+    test_device_costs.check1.np8 test_device_costs.mps.check1.np4)
 else()
   add_executable(test_device_costs test_device_costs.c)
   target_link_libraries(test_device_costs PRIVATE ferroccl ${CMAKE_DL_LIBS})
   foreach(_n 2 4 8)
     _fccl_device_test(test_device_costs.np${_n} ${_n} "${_fccl_env}"
       "${FERROCCL_RUN}" -n ${_n} $<TARGET_FILE:test_device_costs>)
-    _fccl_device_test(test_device_costs.posted.np${_n} ${_n} "${_fccl_env};FERROCCL_CHECK=0"
+    _fccl_device_test(test_device_costs.check1.np${_n} ${_n} "${_fccl_env};FERROCCL_CHECK=1"
       "${FERROCCL_RUN}" -n ${_n} $<TARGET_FILE:test_device_costs>)
   endforeach()
   _fccl_device_test(test_device_costs.mps.np4 4 "${_fccl_env};FERROCCL_CUDA_MPS=1"
     "${FERROCCL_RUN}" -n 4 $<TARGET_FILE:test_device_costs>)
-  _fccl_device_test(test_device_costs.mps.posted.np4 4 "${_fccl_env};FERROCCL_CUDA_MPS=1;FERROCCL_CHECK=0"
+  _fccl_device_test(test_device_costs.mps.check1.np4 4 "${_fccl_env};FERROCCL_CUDA_MPS=1;FERROCCL_CHECK=1"
     "${FERROCCL_RUN}" -n 4 $<TARGET_FILE:test_device_costs>)
 endif()
 
@@ -192,7 +195,9 @@ endif()
 # rank 0 alone, captures its stream; fcclAllReduce and send/recv return fcclInvalidUsage
 # on every rank alike without a hang, the captures stay valid and their graphs replay, and
 # the same calls outside capture work. On the GPU-to-GPU path (processes, MPS shares,
-# rank threads of one process) and through host staging.
+# rank threads of one process) and through host staging. Processes run with
+# FERROCCL_CHECK=1, where one rank's capture fails the call alone; by default their
+# device calls are posted, and test_device_posted holds what one rank's capture does then.
 _fccl_missing_of(_fccl_graph_miss ${_fccl_dev_req})
 set(_fccl_graph_tests test_device_graph.np2 test_device_graph.np4 test_device_graph.mps.np2
     test_device_graph.staged.np2 test_device_graph.threads2 test_device_graph.threads4)
@@ -202,7 +207,7 @@ else()
   add_executable(test_device_graph test_device_graph.c)
   target_link_libraries(test_device_graph PRIVATE fccl_harness ${CMAKE_DL_LIBS})
   foreach(_n 2 4)
-    _fccl_device_test(test_device_graph.np${_n} ${_n} "${_fccl_env}"
+    _fccl_device_test(test_device_graph.np${_n} ${_n} "${_fccl_env};FERROCCL_CHECK=1"
       "${FERROCCL_RUN}" -n ${_n} $<TARGET_FILE:test_device_graph>)
     set(_fccl_zeros "0")
     foreach(_r RANGE 2 ${_n})
@@ -211,9 +216,9 @@ else()
     _fccl_device_test(test_device_graph.threads${_n} ${_n} "${_fccl_env}"
       $<TARGET_FILE:test_device_graph> --threads ${_n} --devlist ${_fccl_zeros})
   endforeach()
-  _fccl_device_test(test_device_graph.mps.np2 2 "${_fccl_env};FERROCCL_CUDA_MPS=1"
+  _fccl_device_test(test_device_graph.mps.np2 2 "${_fccl_env};FERROCCL_CUDA_MPS=1;FERROCCL_CHECK=1"
     "${FERROCCL_RUN}" -n 2 $<TARGET_FILE:test_device_graph>)
-  _fccl_device_test(test_device_graph.staged.np2 2 "${_fccl_env};FERROCCL_CUDA_IPC=0"
+  _fccl_device_test(test_device_graph.staged.np2 2 "${_fccl_env};FERROCCL_CUDA_IPC=0;FERROCCL_CHECK=1"
     "${FERROCCL_RUN}" -n 2 $<TARGET_FILE:test_device_graph>)
 endif()
 
@@ -222,12 +227,14 @@ endif()
 # rank's proxy reads them and enqueues its share). Right results over repeated, renewed
 # and host buffers; what a proxy finds afterwards (different counts, one rank's graph
 # capture) fails the communicator on every rank with the reason; every rank's capture is
-# refused alike and the communicator goes on. The whole device contract suite also runs
-# posted (test_device.posted.np3, test_device.mps.posted.np3).
+# refused alike and the communicator goes on. .default leaves FERROCCL_CHECK unset
+# (posting from the first call on device memory). The whole device contract suite runs
+# posted by default, and agreed call by call with FERROCCL_CHECK=1 (test_device.check1.np3,
+# test_device.mps.check1.np3).
 _fccl_missing_of(_fccl_posted_miss ${_fccl_dev_req} fcclCommGetLastPath fcclCommGetLastExchanges fcclCommAbort)
 if(_fccl_posted_miss)
   _fccl_missing_tests(test_device_posted "${_fccl_posted_miss}" test_device_posted.np2 test_device_posted.np4
-    test_device_posted.mps.np3 test_device.posted.np3 test_device.mps.posted.np3)
+    test_device_posted.mps.np3 test_device_posted.default.np2 test_device.check1.np3 test_device.mps.check1.np3)
 else()
   add_executable(test_device_posted test_device_posted.c)
   target_link_libraries(test_device_posted PRIVATE ferroccl ${CMAKE_DL_LIBS})
@@ -237,10 +244,12 @@ else()
   endforeach()
   _fccl_device_test(test_device_posted.mps.np3 3 "${_fccl_env};FERROCCL_CHECK=0;FERROCCL_CUDA_MPS=1"
     "${FERROCCL_RUN}" -n 3 $<TARGET_FILE:test_device_posted>)
+  _fccl_device_test(test_device_posted.default.np2 2 "${_fccl_env}"
+    "${FERROCCL_RUN}" -n 2 $<TARGET_FILE:test_device_posted>)
   if(TARGET test_device)
-    _fccl_device_test(test_device.posted.np3 3 "${_fccl_env};FERROCCL_CHECK=0"
+    _fccl_device_test(test_device.check1.np3 3 "${_fccl_env};FERROCCL_CHECK=1"
       "${FERROCCL_RUN}" -n 3 $<TARGET_FILE:test_device>)
-    _fccl_device_test(test_device.mps.posted.np3 3 "${_fccl_env};FERROCCL_CHECK=0;FERROCCL_CUDA_MPS=1"
+    _fccl_device_test(test_device.mps.check1.np3 3 "${_fccl_env};FERROCCL_CHECK=1;FERROCCL_CUDA_MPS=1"
       "${FERROCCL_RUN}" -n 3 $<TARGET_FILE:test_device>)
   endif()
 endif()

@@ -1,5 +1,5 @@
-/* Device collectives with FERROCCL_CHECK=0 on ranks sharing one GPU: after the first
- * call, which every rank agrees on, the ranks post their descriptors and only the
+/* Device collectives with FERROCCL_CHECK=0 (or checkMode unset: .default) on ranks
+ * sharing one GPU: after the first call on device memory, which every rank agrees on, the ranks post their descriptors and only the
  * proxy thread of the executor (rank 0) reads them (with FERROCCL_CUDA_MPS=1 every
  * rank's proxy thread, each enqueuing its rank's share), so no rank's calling thread
  * waits on the host for another rank.
@@ -23,8 +23,11 @@
  *      capture (fcclInvalidUsage).
  *   4. every rank's stream is being captured: every rank returns fcclInvalidUsage at once
  *      and the communicator stays usable (nothing was enqueued anywhere).
+ *   5. (checkMode unset) calls the path takes on host memory (all_gather_v) stay agreed
+ *      and go through the host until a call on device memory; after it the ranks post.
  * Each case runs on a communicator of its own. Start with
- * ferroccl-run -n N (N >= 2) and FERROCCL_CHECK=0; exits 77 without a driver or device. */
+ * ferroccl-run -n N (N >= 2) and FERROCCL_CHECK=0 or unset; exits 77 without a driver or
+ * device. */
 #ifndef _POSIX_C_SOURCE
 #define _POSIX_C_SOURCE 200809L
 #endif
@@ -61,7 +64,8 @@ static int expect(const char* what, int round, const float* got, const float* wa
 }
 
 /* A new communicator of the same ranks, through its own unique id; `checked`: this rank
- * sets checkMode on in its config. */
+ * sets checkMode on in its config; otherwise off, or left unset when FERROCCL_CHECK is
+ * (test_device_posted.default: posting from the first call on device memory). */
 static fcclComm_t fresh_with(fcclComm_t comm, int checked) {
   fcclUniqueId id;
   fcclComm_t sub = NULL;
@@ -69,7 +73,7 @@ static fcclComm_t fresh_with(fcclComm_t comm, int checked) {
   memset(&id, 0, sizeof id);
   if (g_rank == 0) OK(fcclGetUniqueId(&id));
   OK(fcclBroadcast(&id, &id, sizeof id, fcclUint8, 0, comm, NULL));
-  cfg.checkMode = checked ? FCCL_CHECK_FINGERPRINT : FCCL_CHECK_OFF;
+  if (checked || getenv("FERROCCL_CHECK")) cfg.checkMode = checked ? FCCL_CHECK_FINGERPRINT : FCCL_CHECK_OFF;
   OK(fcclCommInitRankConfig(&sub, g_n, id, g_rank, &cfg));
   return sub;
 }
@@ -120,6 +124,54 @@ static void posted(fcclComm_t comm, const char* what, int round) {
           round, g_rank, a);
   else if (g_rank == 0 && strcmp(b, "ipc") == 0)
     CHECK(strcmp(a, "exec-proxy") == 0, "%s, round %d: rank 0's algorithm %s, expected exec-proxy", what, round, a);
+}
+
+/* 5. checkMode unset: calls the GPU-to-GPU path takes on host memory (all_gather_v, as
+ * per-rank counts are agreed there) stay agreed (through the host, one exchange or more) until a
+ * call passes device memory on every rank; that one is agreed too, and from the next
+ * call on the ranks post (host memory then goes through lent device memory). */
+static void unset_waits_for_device(fcclComm_t comm) {
+  const size_t all = (size_t)C * g_n;
+  float* d = dev_alloc(all);
+  float* hs = malloc(C * sizeof(float));
+  float* hr = malloc(all * sizeof(float));
+  size_t* counts = calloc((size_t)g_n, sizeof(size_t));
+  size_t* displs = calloc((size_t)g_n, sizeof(size_t));
+  int x = -1;
+  for (int q = 0; q < g_n; q++) counts[q] = C, displs[q] = (size_t)q * C;
+  for (int round = 0; round < 5; round++) {
+    /* Rounds 0-1: before any device call; then the first device call (round 2, agreed)
+     * and rounds 2-4 once posting. */
+    const char* b = "?";
+    const char* a = "?";
+    if (round == 2) {
+      OK(fcclAllReduce(d, d, C, fcclFloat32, fcclSum, comm, NULL));
+      OK(fcclCommGetLastExchanges(comm, &x));
+      CHECK(x == 1, "checkMode unset, the first device call: %d host exchanges on rank %d, expected 1 (agreed)", x,
+            g_rank);
+    }
+    for (size_t i = 0; i < C; i++) hs[i] = in(g_rank, i, round);
+    OK(fcclAllGatherV(hs, C, hr, counts, displs, fcclFloat32, comm, NULL));
+    OK(fcclCommGetLastPath(comm, &b, &a));
+    OK(fcclCommGetLastExchanges(comm, &x));
+    if (round < 2)
+      CHECK(strcmp(b, "ipc") != 0 && x >= 1,
+            "checkMode unset, all_gather_v on host memory before any device call, round %d: served by %s/%s with %d "
+            "exchanges on rank %d; expected agreed and served through the host, not posted",
+            round, b, a, x, g_rank);
+    else
+      posted(comm, "checkMode unset, all_gather_v on host memory after a device call", round);
+    for (size_t i = 0; i < all; i++) {
+      float w = in((int)(i / C), i % C, round);
+      if (hr[i] != w) {
+        CHECK(0, "checkMode unset, all_gather_v round %d: element %zu is %g, expected %g", round, i, (double)hr[i],
+              (double)w);
+        break;
+      }
+    }
+  }
+  OK(fcclMemFree(d));
+  free(hs), free(hr), free(counts), free(displs);
 }
 
 /* 1. Results of posted calls over repeated, renewed and host buffers. */
@@ -339,8 +391,8 @@ int main(void) {
       return 77;
     }
   }
-  if (!getenv("FERROCCL_RANK") || !check || strcmp(check, "0") != 0) {
-    printf("skipped: start it with ferroccl-run -n N (N >= 2) and FERROCCL_CHECK=0\n");
+  if (!getenv("FERROCCL_RANK") || (check && strcmp(check, "0") != 0)) {
+    printf("skipped: start it with ferroccl-run -n N (N >= 2) and FERROCCL_CHECK=0 or unset\n");
     return 77;
   }
   {
@@ -375,6 +427,12 @@ int main(void) {
   capture(sub, 1);
   OK(fcclCommDestroy(sub));
   if (g_rank == 0) printf("posted calls: every rank's capture refused alike, the communicator goes on\n");
+  if (!check) {
+    sub = fresh(comm);
+    unset_waits_for_device(sub);
+    OK(fcclCommDestroy(sub));
+    if (g_rank == 0) printf("checkMode unset: host calls agreed until a call on device memory, then posted\n");
+  }
   OK(fcclCommDestroy(comm));
   if (failures) {
     fprintf(stderr, "rank %d: %d failures\n", g_rank, failures);

@@ -49,7 +49,7 @@
  * calls before data moves (a mismatch is then found from the call's first message,
  * and breaks the communicator). Ranks of one host always compare. Ranks in separate
  * processes sharing one GPU stop agreeing on device calls on the host once every rank
- * has checkMode off: each posts its call and goes on, and a mismatch (or one rank's
+ * has checkMode off (or unset, from a call on device memory): each posts its call and goes on, and a mismatch (or one rank's
  * graph capture) that a proxy thread (rank 0's; under MPS every rank's) finds
  * afterwards fails the communicator on every rank (fcclCommGetAsyncError names it).
  */
@@ -57,7 +57,11 @@
 
 /**
  * checkMode: fingerprint each call and compare across ranks to detect mismatches before
- * any data moves (the default).
+ * any data moves, so that a mismatch fails that call on every rank and the communicator
+ * stays usable. Left unset (FCCL_CONFIG_INITIALIZER) with FERROCCL_CHECK unset, a
+ * communicator does this too, except that ranks in separate processes sharing one GPU
+ * post their calls as with FCCL_CHECK_OFF once a call has passed device memory on every
+ * rank: device calls are then enqueued without waiting for the other ranks, as NCCL's.
  */
 #define FCCL_CHECK_FINGERPRINT 1
 
@@ -283,7 +287,8 @@ typedef struct {
    */
   const char *commName;
   /**
-   * FCCL_CHECK_FINGERPRINT (default, unless FERROCCL_CHECK=0) or FCCL_CHECK_OFF.
+   * FCCL_CHECK_FINGERPRINT or FCCL_CHECK_OFF; unset: FERROCCL_CHECK's, and if that is
+   * unset too, fingerprint except posted device calls on one GPU (FCCL_CHECK_FINGERPRINT).
    */
   int checkMode;
 } fcclConfig_t;

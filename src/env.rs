@@ -103,9 +103,9 @@ pub const PEER_LOST_MS: Var = Var {
 };
 pub const CHECK: Var = Var {
     name: "FERROCCL_CHECK",
-    default: "1",
+    default: "",
     doc:
-        "1: ranks on different hosts also show each other every collective's fingerprint before data moves (a mismatch fails every rank and leaves the communicator usable); 0: they skip that round, and a mismatch is found from the first message of the call instead (every receiving rank fails; the communicator is then unusable). On one host calls are always compared before data moves; ranks in separate processes sharing one GPU with 0 on every rank stop agreeing on device calls after the first: each posts its call and goes on, and a mismatch a proxy thread finds then (rank 0's; under MPS every rank's) fails the communicator on every rank (fcclCommGetAsyncError names it). NCCL programs on libnccl.so.2 get 0 unless this is set, as NCCL does not agree on calls before they run",
+        "checkMode for communicators whose fcclConfig_t leaves it unset. 1 (FCCL_CHECK_FINGERPRINT): every call is compared across the ranks before data moves, and a mismatch fails that call on every rank and leaves the communicator usable. 0 (FCCL_CHECK_OFF): ranks on different hosts skip the round that compares calls (a mismatch is found from the call's first message; the communicator is then unusable), and ranks in separate processes sharing one GPU stop agreeing on device calls after the first: each posts its call and goes on, and a mismatch that a proxy thread finds then (rank 0's; under MPS every rank's) fails the communicator on every rank (fcclCommGetAsyncError names it). Unset: as 1, except that ranks in separate processes sharing one GPU post their calls as with 0 once a call has passed device memory on every rank, as NCCL enqueues calls without agreeing on them. NCCL programs on libnccl.so.2 get 0 unless this is set",
 };
 pub const SINGLE_COPY: Var = Var {
     name: "FERROCCL_SINGLE_COPY",
@@ -371,9 +371,9 @@ pub fn default_timeout() -> Duration {
     timeout().unwrap_or(Duration::from_millis(600_000))
 }
 
-/// `FERROCCL_CHECK`: whether collectives are fingerprinted (default yes).
-pub fn check_mode() -> Result<bool> {
-    Ok(CHECK.flag()?.unwrap_or(true))
+/// `FERROCCL_CHECK`: whether collectives are fingerprinted; None when unset (see [`CHECK`]).
+pub fn check_mode() -> Result<Option<bool>> {
+    CHECK.flag()
 }
 
 /// `FERROCCL_TRANSPORT`: true for tcp (TCP between every pair), false for auto.

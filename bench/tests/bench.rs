@@ -842,9 +842,13 @@ fn device_soak_through_ipc_is_right_and_closes_mappings_of_freed_buffers() {
 
 /// What the one-GPU path (the ipc backend) names its ways of moving data: rank 0 moves
 /// a collective's data (exec-*), the others signal and wait (or, under MPS, each moves
-/// its share); send/recv pull from the peer's buffer. Not the bounce forms: those
+/// its share; posted calls, the default once a call passed device memory: rank 0's, or
+/// under MPS every rank's, proxy thread enqueues them); send/recv pull from the peer's
+/// buffer. Not the bounce forms: those
 /// stage through host memory.
-const IPC_ALGORITHMS: [&str; 14] = [
+const IPC_ALGORITHMS: [&str; 16] = [
+    "exec-proxy",
+    "mps-proxy",
     "exec-copy",
     "exec-reduce",
     "exec-copy2d",

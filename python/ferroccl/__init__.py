@@ -727,8 +727,9 @@ class Comm:
     def last_exchanges(self):
         """fcclCommGetLastExchanges: how many times the last call on this communicator
         waited for the other ranks on the host besides moving its data (0 for host
-        memory; 1 for a device call of ranks sharing one GPU: its descriptor exchange;
-        with FERROCCL_CHECK=0 on every rank, 0 after the first call)."""
+        memory; 1 for a device call of ranks sharing one GPU agreed on first: its
+        descriptor exchange; 0 once the ranks post their calls, from the first call on
+        device memory on, unless checkMode is on (check=True or FERROCCL_CHECK=1))."""
         self._live("fcclCommGetLastExchanges")
         n = c_int()
         self._call("fcclCommGetLastExchanges", self._h, byref(n))

@@ -53,7 +53,7 @@ pub enum Algo {
     ExecCopy,
     /// one GPU: in-place all_to_all through device scratch.
     ExecCopyScratch,
-    /// ipc, rank 0 of posted calls (FERROCCL_CHECK=0): handed to its proxy thread, which
+    /// ipc, rank 0 of posted calls (checkMode off or unset): handed to its proxy thread, which
     /// enqueues the call on its own stream once every rank's post is read.
     ExecProxy,
     /// one GPU: all_to_all in place on every rank, blocks exchanged pairwise in one launch.
@@ -70,7 +70,7 @@ pub enum Algo {
     MpsSlices,
     /// one GPU under MPS: every rank moves its share.
     MpsShares,
-    /// ipc under MPS, posted calls (FERROCCL_CHECK=0): every rank's proxy thread reads
+    /// ipc under MPS, posted calls (checkMode off or unset): every rank's proxy thread reads
     /// every post and enqueues this rank's share on its own stream.
     MpsProxy,
     /// one GPU, ranks in one process: this rank waited for the executor on the host.
@@ -136,6 +136,29 @@ impl Algo {
     }
 }
 
+/// When ranks in separate processes sharing one GPU stop agreeing on their device calls
+/// on the host and post them instead (the ipc backend's `posts`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Posting {
+    /// checkMode fingerprint, set: every call is agreed, so a mismatch fails it alone.
+    Never,
+    /// checkMode unset: from a call that passed device memory on every rank (NCCL's contract).
+    Device,
+    /// checkMode off: from the first call every rank can post.
+    Always,
+}
+
+impl Posting {
+    /// What a communicator's checkMode (None: unset) allows.
+    pub fn of(check_mode: Option<bool>) -> Posting {
+        match check_mode {
+            None => Posting::Device,
+            Some(false) => Posting::Always,
+            Some(true) => Posting::Never,
+        }
+    }
+}
+
 /// What a backend needs of its communicator to run calls.
 pub struct Exec<'a> {
     pub t: &'a mut Transport,
@@ -144,7 +167,11 @@ pub struct Exec<'a> {
     pub seq: &'a mut u64,
     pub timeout: Duration,
     pub abort: &'a AtomicBool,
+    /// checkMode: the ranks compare each call before data moves (over the links too).
     pub check: bool,
+    /// Whether ranks sharing one GPU may post their device calls instead of agreeing on
+    /// each one (checkMode off, or unset: see [`Posting`]).
+    pub posting: Posting,
     /// Whether CUDA is in use in this process (`cuda::active()`), asked once per run by
     /// whoever makes the `Exec`: without CUDA each ask walks the loaded libraries.
     pub cuda: bool,
@@ -401,6 +428,7 @@ mod tests {
             timeout: Duration::from_secs(1),
             abort: &abort,
             check: false,
+            posting: Posting::Never,
             cuda: false,
             backend: "",
             algo: Algo::None,

@@ -15,7 +15,7 @@ use crate::backend::builtin::Builtin;
 use crate::backend::ipc::{self, Ipc};
 use crate::backend::nccl::{Nccl, NcclBackend};
 use crate::backend::Algo;
-use crate::backend::{Exec, Router};
+use crate::backend::{Exec, Posting, Router};
 use crate::coll::{Call, Coll};
 use crate::error::{Code, Error, Result};
 use crate::log;
@@ -46,7 +46,9 @@ pub struct Options {
     pub timeout: Duration,
     pub backend: Backend,
     pub name: String,
-    pub check_mode: bool,
+    /// checkMode: Some(true) fingerprint, Some(false) off, None unset (fingerprint,
+    /// except device calls of ranks sharing one GPU: [`Posting::Device`]).
+    pub check_mode: Option<bool>,
     /// CUDA device of the rank; None: the device of the context current on the
     /// creating thread (captured at the C call, before a group defers the work).
     pub device: Option<i32>,
@@ -59,8 +61,7 @@ impl Default for Options {
             timeout: crate::env::default_timeout(),
             backend: Backend::Auto,
             name: String::new(),
-            // On by default: it costs about one cache-line round trip a call (docs/robustness.md).
-            check_mode: crate::env::check_mode().unwrap_or(true),
+            check_mode: crate::env::check_mode().unwrap_or(None),
             device: None,
         }
     }
@@ -438,7 +439,8 @@ impl Comm {
             seq: &mut st.seq,
             timeout: self.opts.timeout,
             abort: &self.abort,
-            check: self.opts.check_mode,
+            check: self.opts.check_mode != Some(false),
+            posting: Posting::of(self.opts.check_mode),
             cuda,
             backend: "host",
             algo: Algo::None,

@@ -89,8 +89,8 @@ unsafe fn options_from(config: *const fcclConfig_t, base: Options) -> Result<Opt
     }
     if !undef(c.checkMode) {
         o.check_mode = match c.checkMode {
-            FCCL_CHECK_OFF => false,
-            FCCL_CHECK_FINGERPRINT => true,
+            FCCL_CHECK_OFF => Some(false),
+            FCCL_CHECK_FINGERPRINT => Some(true),
             v => {
                 return Err(Error::invalid_arg(format!(
                     "config->checkMode is {v}; use FCCL_CHECK_OFF or FCCL_CHECK_FINGERPRINT"

@@ -488,6 +488,7 @@ mod tests {
             timeout: Duration::from_secs(20),
             abort: &abort,
             check: true,
+            posting: crate::backend::Posting::Never,
             cuda: false,
             backend: "host",
             algo: crate::backend::Algo::None,

@@ -28,10 +28,10 @@ pub(crate) mod fix {
     pub const CONTEXT: &str = "allocate every device buffer of a communicator in one context (the device's primary context, as the CUDA runtime and PyTorch do)";
     pub const MEMOPS: &str = "the path orders the ranks' streams with stream memory operations (the _v2 entry points, on by default since CUDA 11.7) on host-mapped memory: update the NVIDIA driver, or set FERROCCL_CUDA_IPC=0 to stage on purpose";
     pub const HOST_MEMORY: &str = "pass device memory on every rank (or host memory on every rank)";
-    /// Posted calls (FERROCCL_CHECK=0) cannot be staged, whoever passes host memory.
-    pub const HOST_MEMORY_POSTED: &str = "pass device memory (with FERROCCL_CHECK=0 the ranks do not agree on a call \
-        before it runs, so it cannot be staged through the host even when every rank passes host memory; \
-        FERROCCL_CHECK=1 stages such calls)";
+    /// Posted calls (checkMode off or unset) cannot be staged, whoever passes host memory.
+    pub const HOST_MEMORY_POSTED: &str = "pass device memory (posted calls are not agreed on before they run, so \
+        they cannot be staged through the host even when every rank passes host memory; FERROCCL_CHECK=1 or \
+        checkMode FCCL_CHECK_FINGERPRINT stages such calls)";
     pub const EXPORT: &str = "allocate buffers with cudaMalloc/cuMemAlloc, or with cuMemCreate requesting CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR (as PyTorch's expandable_segments:True does): managed and stream-ordered pool memory cannot be shared between processes";
     pub const VMM: &str = "allocate with requestedHandleTypes including CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR, as PyTorch's expandable segments do, on a driver that reports CU_DEVICE_ATTRIBUTE_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR_SUPPORTED; a buffer must lie in consecutive mappings";
 

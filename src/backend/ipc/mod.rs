@@ -8,8 +8,8 @@
 //! collective `k`:
 //! - every rank sends the others a descriptor of its buffers (host memory, through
 //!   the transport; an IPC handle is made once per allocation), or, with checkMode
-//!   off on every rank, posts it in the control region for rank 0's proxy thread (under
-//!   MPS: for every rank's) (`posts`);
+//!   off or unset on every rank (unset: from a call on device memory), posts it in the
+//!   control region for rank 0's proxy thread (under MPS: for every rank's) (`posts`);
 //! - rank r > 0 enqueues `ready[r] = k` (its inputs are ready: the work queued before
 //!   is done) and `wait done >= k` (nothing after the call runs before it is done);
 //! - rank 0 enqueues `wait ready[r] >= k` for every r, the copies and reduction
@@ -542,7 +542,7 @@ impl Ipc {
                     inner.k = k;
                     if posts && !self.posting.swap(true, Ordering::AcqRel) {
                         log::info(format_args!(
-                            "rank {}: FERROCCL_CHECK=0 on every rank: later device collectives post their descriptors instead of agreeing on them",
+                            "rank {}: checkMode off or unset on every rank: later device collectives post their descriptors instead of agreeing on them (FERROCCL_CHECK=1 agrees on each)",
                             self.rank
                         ));
                     }

@@ -5,7 +5,7 @@
 use super::desc::{Buf, Desc, Part};
 use super::fallback::{fix, Fallback};
 use super::{own_seq, Inner, Ipc, Mode, EXECUTOR};
-use crate::backend::{capture, Exec, Outcome};
+use crate::backend::{capture, Exec, Outcome, Posting};
 use crate::coll::{counts, fingerprint, Call, CollKind, VCounts};
 use crate::error::{Error, Result};
 use crate::mem::{cuda, cuda_reduce, Placement};
@@ -88,9 +88,15 @@ impl Ipc {
                 (Desc::new(part, fingerprint::one(call), c.v.clone()), Some(f))
             }
         };
-        // Without per-call checking, ranks ordered on the streams stop agreeing on the
-        // host once every rank can (see `posts`).
-        mine.posts = stream && !x.check;
+        // Unless every call must be agreed, ranks ordered on the streams stop agreeing
+        // on the host once every rank can (see `posts`); checkMode unset waits for a
+        // call on device memory, so host-memory programs keep their per-call verdicts.
+        mine.posts = stream
+            && match x.posting {
+                Posting::Never => false,
+                Posting::Device => c.placement != Placement::Host,
+                Posting::Always => true,
+            };
         let per_rank = c.v.is_some();
         let (all, got) = x.allgather(&mine.encode(n), own_seq(x, call))?;
         if let Outcome::Failed(_) = got {

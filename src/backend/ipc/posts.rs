@@ -1,5 +1,6 @@
 //! Collectives that are not agreed on the host. Once every rank of a communicator
-//! ordered on the streams (ranks in separate processes) runs with FERROCCL_CHECK=0, the
+//! ordered on the streams (ranks in separate processes) runs with checkMode off, or
+//! unset and a call has passed device memory on every rank, the
 //! descriptor exchange (`negotiate`) stops: each rank writes its descriptor of a call
 //! into its ring in the control region (`Ctl::post`) and goes on. A rank that moves
 //! data (the executor; under MPS every rank) marks on its caller's stream where its
@@ -33,10 +34,11 @@ use std::sync::{Arc, Condvar, Mutex};
 use std::time::{Duration, Instant};
 
 /// What every error found this way adds: the communicator is over, and how to avoid it.
-const FAILED: &str = "found by a proxy thread after the ranks' calls returned, as FERROCCL_CHECK=0 \
-    does not agree on device calls before enqueuing them; no data was moved for it, and the communicator's \
-    device calls now fail: destroy or abort it. Run with FERROCCL_CHECK=1 to have such a call fail alone \
-    on every rank and the communicator stay usable";
+const FAILED: &str = "found by a proxy thread after the ranks' calls returned, as ranks sharing one GPU \
+    post their device calls without agreeing on them first (checkMode off or unset, as NCCL); no data was moved \
+    for it, and the communicator's device calls now fail: destroy or abort it. Set FERROCCL_CHECK=1 (or \
+    checkMode FCCL_CHECK_FINGERPRINT) to have such a call fail alone on every rank and the communicator stay \
+    usable";
 
 impl Ipc {
     /// Runs one eligible collective by posting this rank's descriptor (a rank that moves
@@ -204,11 +206,15 @@ impl Ipc {
         }
         let mut algo = Algo::None;
         if let Outcome::Done = self.verdict(&mut algo, &call, descs, job.reg, (job.ctx, job.device), job.k)? {
+            // Named as the caller's line names it (seq, kind, count, type), which said exec-proxy.
             log::info(format_args!(
-                "rank {} device call #{} (collective #{}) enqueued by the proxy thread: algorithm {}",
+                "rank {} seq {} {} count {} {} device call #{} enqueued by the proxy thread: backend ipc algorithm {}",
                 self.rank,
-                job.k,
                 call.seq,
+                call.coll.kind.c_name(),
+                call.coll.count,
+                call.coll.dtype.short_name(),
+                job.k,
                 algo.name()
             ));
         }
@@ -537,10 +543,10 @@ impl Waiting {
 fn cannot(what: Named<'_>, rank: usize, why: Option<Fallback>) -> Error {
     let (reason, fix) = why.map(|f| (f.why, f.fix)).unwrap_or_default();
     Error::unavailable(format!(
-        "{what} on rank {rank}: it cannot take the call GPU to GPU ({reason}){}{fix}; with FERROCCL_CHECK=0 the \
-         ranks do not agree on device calls first, so it cannot be staged through host memory instead, and the \
-         communicator's device calls now fail: destroy or abort it, and run with FERROCCL_CHECK=1 to have such \
-         calls staged",
+        "{what} on rank {rank}: it cannot take the call GPU to GPU ({reason}){}{fix}; posted calls (checkMode \
+         off or unset) are not agreed on first, so it cannot be staged through host memory instead, and the \
+         communicator's device calls now fail: destroy or abort it, and set FERROCCL_CHECK=1 (or checkMode \
+         FCCL_CHECK_FINGERPRINT) to have such calls staged",
         if fix.is_empty() { "" } else { "; " }
     ))
 }
