@@ -652,7 +652,9 @@ class Comm:
     def init_rank(cls, nranks, unique_id, rank, *, timeout_ms=None, name=None, blocking=None, check=None):
         """fcclCommInitRank(Config): rank `rank` of `nranks` meeting at `unique_id`.
         Options: timeout_ms (bound on every wait), name (in logs and messages),
-        check (fingerprint calls to detect mismatched collectives)."""
+        check (True: fingerprint and agree on every call, so a mismatched collective
+        fails alone; False: off; None: the default, which posts device calls of ranks
+        sharing one GPU without agreeing on them, as NCCL)."""
         if not isinstance(unique_id, UniqueId):
             unique_id = UniqueId(unique_id)
         h = c_void_p()
