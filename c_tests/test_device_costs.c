@@ -41,9 +41,9 @@
  * agreed on it, and rank 0's proxy thread reads them (under MPS every rank's, each
  * enqueuing its share): every rank is held to none (the roofline's budget). With
  * FERROCCL_CHECK=1 (checkMode fingerprint, asked for) every call is agreed first: one
- * exchange per call, the descriptor exchange. The last line says which held. A proxy thread enqueues a posted call after it returned,
- * so each call is measured up to a synchronisation, less what a bare synchronisation
- * costs.
+ * exchange per call, the descriptor exchange. The last line says which held. A proxy
+ * thread enqueues a posted call after it returned, so each call is measured up to a
+ * synchronisation, less what a bare synchronisation costs.
  *
  * Start with ferroccl-run -n N (N >= 2) under scripts/sim-gpu.sh. */
 #ifndef _POSIX_C_SOURCE
@@ -229,8 +229,9 @@ int main(void) {
   if (g_rank == 0)
     printf("%d ranks on one simulated GPU, %zu KiB per rank and block, per call%s:\n"
            "%-20s %-18s %-10s %-6s %-8s %-6s %-8s %-12s %s\n",
-           g_n, C * sizeof(float) >> 10, g_posting ? " (descriptors posted)" : " (FERROCCL_CHECK=1: every call agreed)", "collective",
-           "algorithm", "traffic", "x min", "launches", "memops", "blocking", "driver calls", "exchanges (0/others)");
+           g_n, C * sizeof(float) >> 10,
+           g_posting ? " (descriptors posted)" : " (FERROCCL_CHECK=1: every call agreed)", "collective", "algorithm",
+           "traffic", "x min", "launches", "memops", "blocking", "driver calls", "exchanges (0/others)");
   for (k = 0; k < KINDS; k++) {
     const char* b = "?";
     const char* a = "?";

@@ -1,8 +1,8 @@
 /* Device collectives with FERROCCL_CHECK=0 (or checkMode unset: .default) on ranks
- * sharing one GPU: after the first call on device memory, which every rank agrees on, the ranks post their descriptors and only the
- * proxy thread of the executor (rank 0) reads them (with FERROCCL_CUDA_MPS=1 every
- * rank's proxy thread, each enqueuing its rank's share), so no rank's calling thread
- * waits on the host for another rank.
+ * sharing one GPU: after the first call on device memory, which every rank agrees on,
+ * the ranks post their descriptors and only the proxy thread of the executor (rank 0)
+ * reads them (with FERROCCL_CUDA_MPS=1 every rank's proxy thread, each enqueuing its
+ * rank's share), so no rank's calling thread waits on the host for another rank.
  *
  *   0. one rank has checkMode on (fcclConfig_t): no rank posts, every call is agreed
  *      (one host exchange on every rank) and right.
